@@ -1,0 +1,179 @@
+"""What a routing policy is: transfers in, rate-model rows ("flows") out.
+
+The engine hands a policy a :class:`TransferBatch` (the transfers of one collective stage, or a
+few mice) and gets back a :class:`RoutedBatch`: one row per *flow* of the rate model, with the
+link weights of that row (see :mod:`fabricpilot.dataplane.maxmin`), how many member streams it
+stands for, their payload size and their one-way path delay.
+
+Rows are formed the same way for every policy (:func:`assemble`): the coupled transfers of a
+ring (same ``group``) become one row whose weights add up its members' paths, so the ring moves
+at the pace of its slowest hop; every independent transfer (or each of its QPs) is its own row.
+
+Policies live in a string-keyed registry (:data:`POLICIES`); an unknown name is rejected at
+once with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from fabricpilot.errors import FabricpilotError
+from fabricpilot.topology.compiled import CompiledTopology
+
+
+@dataclass(frozen=True, slots=True)
+class TransferBatch:
+    """Transfers to route. ``group >= 0`` couples transfers (one ring); ``-1`` is independent.
+    ``job`` identifies the connection owner (its QPs keep their source ports for the job's
+    life); mice use ``-1``."""
+
+    src: NDArray[np.int64]
+    dst: NDArray[np.int64]
+    size_bytes: NDArray[np.int64]
+    group: NDArray[np.int64]
+    job: NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedBatch:
+    """Rate-model rows for a batch. ``weights`` is ``[rows, links]``; per row: ``members``
+    (streams it stands for), ``size_bytes`` (payload per member), ``path_delay_ns`` (one-way,
+    the largest over its members), a representative ``src`` / ``dst``, and ``n_paths`` (distinct
+    paths its members use)."""
+
+    weights: sp.csr_matrix
+    members: NDArray[np.int64]
+    size_bytes: NDArray[np.int64]
+    path_delay_ns: NDArray[np.int64]
+    src: NDArray[np.int64]
+    dst: NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class EcmpParams:
+    """ECMP settings: QPs per connection, whether source ports carry entropy, and whether every
+    switch hashes with its own seed (avoids polarisation across tiers)."""
+
+    qps_per_connection: int = 1
+    source_port_entropy: bool = True
+    per_switch_seed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """Everything a policy may read when it is created."""
+
+    topology: CompiledTopology
+    seed: int
+    switch_latency_ns: int
+    ecmp: EcmpParams = EcmpParams()
+
+
+class RoutingPolicy(Protocol):
+    """A load-balancing policy: decides which links each transfer's bytes cross."""
+
+    name: str
+
+    def route(self, batch: TransferBatch) -> RoutedBatch: ...
+
+
+class UnknownPolicyError(FabricpilotError):
+    pass
+
+
+POLICIES: dict[str, Callable[[PolicyContext], RoutingPolicy]] = {}
+
+
+def register_policy(name: str) -> Callable[[Callable[[PolicyContext], RoutingPolicy]],
+                                           Callable[[PolicyContext], RoutingPolicy]]:
+    def deco(factory: Callable[[PolicyContext], RoutingPolicy]) -> Callable[..., RoutingPolicy]:
+        POLICIES[name] = factory
+        return factory
+    return deco
+
+
+def make_policy(name: str, ctx: PolicyContext) -> RoutingPolicy:
+    """Instantiate a registered policy; unknown names raise with the list of known ones."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise UnknownPolicyError(
+            f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})"
+        ) from None
+    return factory(ctx)
+
+
+def split_qps(batch: TransferBatch, qps: int) -> tuple[TransferBatch, NDArray[np.int64]]:
+    """Split every transfer over ``qps`` queue pairs with sizes differing by at most one byte.
+
+    Returns the per-QP batch and the QP index of each row.
+
+    >>> b = TransferBatch(*(np.array([x]) for x in (0, 1, 10, -1, 0)))
+    >>> sub, qp = split_qps(b, 3)
+    >>> sub.size_bytes.tolist(), qp.tolist()
+    ([4, 3, 3], [0, 1, 2])
+    """
+    if qps <= 1:
+        return batch, np.zeros(len(batch), np.int64)
+    n = len(batch)
+    rep = np.repeat(np.arange(n), qps)
+    qp = np.tile(np.arange(qps, dtype=np.int64), n)
+    base, extra = np.divmod(batch.size_bytes, qps)
+    size = base[rep] + (qp < extra[rep])
+    return TransferBatch(batch.src[rep], batch.dst[rep], size.astype(np.int64),
+                         batch.group[rep], batch.job[rep]), qp
+
+
+def paths_to_weights(paths: NDArray[np.int32], n_links: int) -> sp.csr_matrix:
+    """Unit weights for padded link-id paths (``-1`` = padding), one row per path."""
+    valid = paths >= 0
+    rows = np.broadcast_to(np.arange(len(paths))[:, None], paths.shape)[valid]
+    return sp.csr_matrix((np.ones(int(valid.sum())), (rows, paths[valid])),
+                         shape=(len(paths), n_links))
+
+
+def assemble(
+    batch: TransferBatch,
+    weights: sp.csr_matrix,
+    path_delay_ns: NDArray[np.int64],
+    n_links: int,
+) -> RoutedBatch:
+    """Form rate-model rows: one per coupled group, one per independent transfer.
+
+    ``weights`` has one row per transfer of ``batch``.
+    """
+    n = len(batch)
+    group = batch.group
+    coupled = group >= 0
+    # entity id: coupled groups first (in group order), then independent transfers in order
+    g_ids, g_inv = np.unique(group[coupled], return_inverse=True)
+    entity = np.empty(n, np.int64)
+    entity[coupled] = g_inv
+    entity[~coupled] = len(g_ids) + np.arange(int((~coupled).sum()))
+    n_ent = len(g_ids) + int((~coupled).sum())
+    if not coupled.any():
+        return RoutedBatch(sp.csr_matrix(weights), np.ones(n, np.int64),
+                           batch.size_bytes.copy(), path_delay_ns.astype(np.int64),
+                           batch.src.copy(), batch.dst.copy())
+    member = sp.csr_matrix((np.ones(n), (entity, np.arange(n))), shape=(n_ent, n))
+    w = (member @ weights).tocsr()
+    members = np.bincount(entity, minlength=n_ent).astype(np.int64)
+    size = np.zeros(n_ent, np.int64)
+    np.maximum.at(size, entity, batch.size_bytes)
+    delay = np.zeros(n_ent, np.int64)
+    np.maximum.at(delay, entity, path_delay_ns)
+    first = np.full(n_ent, n, np.int64)
+    np.minimum.at(first, entity, np.arange(n))
+    return RoutedBatch(w, members, size, delay, batch.src[first], batch.dst[first])

@@ -1,0 +1,240 @@
+"""The ``fabricpilot`` command line: thin over the library.
+
+Errors: every :class:`~fabricpilot.errors.FabricpilotError` becomes one line on stderr
+(``error: FILE: FIELD: PROBLEM``) and exit status 2. Anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fabricpilot import __version__
+from fabricpilot.balancing import POLICIES
+from fabricpilot.errors import FabricpilotError
+from fabricpilot.units import UnitError, parse_quantity
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="fabricpilot: a digital twin and task-aware control plane for AI-training fabrics.",
+)
+topology_app = typer.Typer(no_args_is_help=True, help="Inspect and export topologies.")
+app.add_typer(topology_app, name="topology")
+
+out = Console()
+err = Console(stderr=True)
+
+EXIT_INPUT = 2
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_INPUT)
+
+
+def _load(scenario: Path | None):  # type: ignore[no-untyped-def]
+    from fabricpilot.scenario import default_scenario, default_scenario_path, load_scenario
+
+    if scenario is None:
+        return default_scenario(), str(default_scenario_path().name)
+    return load_scenario(scenario), str(scenario)
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path | None, typer.Argument(
+        help="Scenario YAML; the built-in default scenario when omitted.")] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", "-p", help="Policy to run (repeat to compare); default: scenario's.")] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Write the JSON summary here.")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Write CSV tables (flows, collectives, iterations, links) here, "
+                      "one sub-folder per policy.")] = None,
+    reproducible: Annotated[bool, typer.Option(
+        help="Write wall_time_s as 0 so that equal seeds give byte-identical JSON.")] = False,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+) -> None:
+    """Run one or several routing policies on a scenario and compare them."""
+    from fabricpilot.report import comparison_table, fabric_table
+    from fabricpilot.results import summary_json, write_tables
+    from fabricpilot.runner import prepare, run_policy
+
+    try:
+        sc, source = _load(scenario)
+        if seed is not None:
+            sc = sc.model_copy(update={"seed": seed})
+        policies = list(policy) if policy else list(sc.policies)
+        for name in policies:
+            if name not in POLICIES:
+                _fail(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+        # the comparison is against `ideal`; run it as the reference if it was not asked for
+        runs = policies + (["ideal"] if "ideal" not in policies else [])
+        prep = prepare(sc, source)
+        out.print(f"[bold]{sc.name}[/]: {prep.topology.topo.summary()}; "
+                  f"{len(prep.jobs)} jobs" + (f", {len(prep.mice)} mice" if prep.mice else ""),
+                  highlight=False)
+        total_units = sum(j.iterations * len(j.collectives) for j in prep.jobs)
+        results = []
+        with Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("collectives"), TimeElapsedColumn(), console=err,
+                      transient=True) as bar:
+            for name in runs:
+                task = bar.add_task(name, total=total_units)
+                results.append(run_policy(
+                    prep, name, progress=lambda d, t, task=task: bar.update(task, completed=d)))
+        reference = results[runs.index("ideal")]
+        shown = [r for r in results if r.policy in policies]
+        out.print(comparison_table(shown, reference))
+        out.print(fabric_table(shown))
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
+            out.print(f"summary written to {json_path}")
+        if out_dir is not None:
+            for r in shown:
+                write_tables(r, out_dir / r.policy)
+            out.print(f"tables written to {out_dir}/<policy>/")
+    except FabricpilotError as e:
+        _fail(str(e))
+
+
+@app.command()
+def validate(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML to check.")],
+) -> None:
+    """Check a scenario file (schema, units, GPUs, topology) without running it."""
+    from fabricpilot.runner import prepare
+
+    try:
+        sc, source = _load(scenario)
+        prep = prepare(sc, source)
+    except FabricpilotError as e:
+        _fail(str(e))
+        return
+    n_gpus = sum(j.n_gpus for j in prep.jobs)
+    out.print(f"{scenario}: ok ({prep.topology.topo.summary()}; {len(prep.jobs)} jobs on "
+              f"{n_gpus} GPUs; policies {', '.join(sc.policies)})", highlight=False)
+
+
+def _size(value: str, flag: str) -> int:
+    try:
+        return int(parse_quantity(value, "size"))
+    except UnitError as e:
+        _fail(f"{flag}: {e}")
+        raise AssertionError from None
+
+
+@app.command("nccl-test")
+def nccl_test(
+    op: Annotated[str, typer.Option(help="allreduce, allgather, reducescatter, alltoall, "
+                                          "broadcast")] = "allreduce",
+    gpus: Annotated[int, typer.Option(help="GPUs (ranks); the cluster is sized to fit.")] = 16,
+    min_bytes: Annotated[str, typer.Option("--min-bytes", "-b")] = "1M",
+    max_bytes: Annotated[str, typer.Option("--max-bytes", "-e")] = "1G",
+    step_factor: Annotated[int, typer.Option("--step-factor", "-f")] = 2,
+    policy: Annotated[str, typer.Option("--policy", "-p")] = "ecmp",
+    gpus_per_host: Annotated[int, typer.Option(help="GPUs per host (8 NICs, rails).")] = 8,
+    rate_gbps: Annotated[float, typer.Option(help="NIC and fabric link rate.")] = 400.0,
+    oversubscription: Annotated[float, typer.Option(help="Leaf down:up ratio.")] = 1.0,
+    algorithm: Annotated[str, typer.Option(help="auto, ring, hierarchical, flat")] = "auto",
+    seed: Annotated[int, typer.Option()] = 1,
+) -> None:
+    """nccl-tests-style sweep of one collective over message sizes on a built-in cluster."""
+    from fabricpilot.nccltests import (
+        HEADER,
+        average_busbw,
+        default_cluster,
+        format_row,
+        run_sweep,
+        sweep_sizes,
+    )
+    from fabricpilot.workload.plan import Op
+
+    try:
+        if op not in {o.value for o in Op}:
+            _fail(f"--op: unknown op {op!r} (known: {', '.join(o.value for o in Op)})")
+        if policy not in POLICIES:
+            _fail(f"--policy: unknown policy {policy!r} (known: {', '.join(sorted(POLICIES))})")
+        sizes = sweep_sizes(_size(min_bytes, "--min-bytes"), _size(max_bytes, "--max-bytes"),
+                            step_factor)
+        ct = default_cluster(gpus, gpus_per_host, rate_gbps, oversubscription)
+        print(f"# fabricpilot nccl-test: {op}, {gpus} GPUs ({ct.topo.summary()}), "
+              f"{rate_gbps:g} Gb/s, policy {policy}")
+        print("#")
+        print(HEADER)
+        rows = run_sweep(ct, op, sizes, policy, algorithm=algorithm, seed=seed,
+                         on_size=lambda r: print(format_row(r), flush=True))
+        print(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {average_busbw(rows):g}")
+    except (FabricpilotError, ValueError) as e:
+        _fail(str(e))
+
+
+@topology_app.command("show")
+def topology_show(
+    scenario: Annotated[Path | None, typer.Argument(help="Scenario YAML (default built-in).")]
+    = None,
+) -> None:
+    """Summarise a scenario's topology: GPUs, switches, links and ECMP fan-out."""
+    from fabricpilot.runner import build_scenario_topology
+    from fabricpilot.topology import compile_topology
+
+    try:
+        sc, source = _load(scenario)
+        ct = compile_topology(build_scenario_topology(sc, source))
+    except FabricpilotError as e:
+        _fail(str(e))
+        return
+    out.print(ct.topo.summary(), highlight=False)
+    out.print(f"{ct.n_links} directed links; max ECMP group size {int(ct.nh_count.max())}")
+
+
+@topology_app.command("export")
+def topology_export(
+    path: Annotated[Path, typer.Argument(help="Output JSON file.")],
+    scenario: Annotated[Path | None, typer.Option(help="Scenario YAML (default built-in).")]
+    = None,
+) -> None:
+    """Export a scenario's topology as JSON (re-importable with ``topology.kind: file``)."""
+    from fabricpilot.runner import build_scenario_topology
+    from fabricpilot.topology.io import save_topology_json
+
+    try:
+        sc, source = _load(scenario)
+        save_topology_json(build_scenario_topology(sc, source), path)
+    except FabricpilotError as e:
+        _fail(str(e))
+    out.print(f"topology written to {path}")
+
+
+@app.command()
+def policies() -> None:
+    """List the routing policies."""
+    for name in sorted(POLICIES):
+        doc = (sys.modules[POLICIES[name].__module__].__doc__ or "").strip().splitlines()
+        out.print(f"{name:<8} {doc[0] if doc else ''}", highlight=False)
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Show the version.")] = False,
+) -> None:
+    if version:
+        out.print(f"fabricpilot {__version__}")
+        raise typer.Exit()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""The event-driven engine: jobs' iteration loops, collective stages, mice and link sharing.
+
+Time is integer nanoseconds. Events sit in a heap ordered by ``(time_ns, seq)``; the sequence
+number makes ties deterministic (first scheduled, first served). Between events the active
+flows keep the rates the rate model gave them; the engine jumps to the earliest of (next event,
+earliest flow completion, the rate model's ``max_step_ns``).
+
+A flow is a row of the rate model (see :mod:`fabricpilot.balancing.base`): an independent
+transfer, or the coupled streams of a ring. When its last byte is sent, it is delivered
+``latency_ns`` later: ``hops * (one-way path delay + nic_latency_ns)``, the α term of the
+α-β model. A stage ends when every flow of it is delivered; then the next stage, collective
+or iteration starts.
+
+Flows whose completion falls within a relative ``batch_rel_eps`` of the earliest one finish
+together, so an AlltoAll of equal flows costs one rate recomputation, not one per flow.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from fabricpilot.balancing.base import RoutedBatch, RoutingPolicy, TransferBatch
+from fabricpilot.dataplane.maxmin import alone_rate_gbps
+from fabricpilot.dataplane.params import FabricParams
+from fabricpilot.dataplane.rates import ActiveFlows, LinkState, MaxMinRateModel, RateModel
+from fabricpilot.errors import SimulationError
+from fabricpilot.topology.compiled import CompiledTopology
+from fabricpilot.workload.jobs import JobSpec
+from fabricpilot.workload.mice import MiceArrivals
+from fabricpilot.workload.plan import CollectivePlan, busbw_factor
+
+MICE_OWNER = -1
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class FlowTable:
+    """Every flow the run created (struct of arrays, grown in batches)."""
+
+    chunks: list[dict[str, NDArray]] = field(default_factory=list)
+
+    def add(self, **cols: NDArray) -> None:
+        self.chunks.append(cols)
+
+    def columns(self) -> dict[str, NDArray]:
+        if not self.chunks:
+            return {}
+        return {k: np.concatenate([c[k] for c in self.chunks]) for k in self.chunks[0]}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRecord:
+    job: str
+    iteration: int
+    index: int
+    op: str
+    algorithm: str
+    n_ranks: int
+    size_bytes: int
+    start_ns: int
+    end_ns: int
+
+    @property
+    def time_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def algbw_GBps(self) -> float:
+        """``S / t``; bytes per nanosecond is exactly GB/s (10^9 bytes/s)."""
+        return self.size_bytes / self.time_ns if self.time_ns > 0 else 0.0
+
+    @property
+    def busbw_GBps(self) -> float:
+        from fabricpilot.workload.plan import Op
+
+        return self.algbw_GBps * busbw_factor(Op(self.op), self.n_ranks)
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    job: str
+    iteration: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class EngineOutput:
+    """Raw results of one run; :mod:`fabricpilot.results` turns them into tables."""
+
+    sim_time_ns: int
+    flows: dict[str, NDArray]
+    collectives: list[CollectiveRecord]
+    iterations: list[IterationRecord]
+    link_bytes: NDArray[np.float64]
+    link_peak_util: NDArray[np.float64]
+    n_rate_updates: int
+    n_events: int
+
+
+@dataclass
+class _Stage:
+    job: int
+    iteration: int
+    coll: int
+    stage: int
+    outstanding: int = 0
+    deliver_ns: int = 0
+
+
+class Engine:
+    """Runs jobs and mice over a compiled topology under one routing policy and rate model."""
+
+    def __init__(
+        self,
+        topology: CompiledTopology,
+        policy: RoutingPolicy,
+        jobs: list[JobSpec],
+        *,
+        fabric: FabricParams | None = None,
+        mice: MiceArrivals | None = None,
+        rate_model: RateModel | None = None,
+        batch_rel_eps: float = 1e-6,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.ct = topology
+        self.policy = policy
+        self.jobs = jobs
+        self.fabric = fabric or FabricParams()
+        self.mice = mice
+        self.model: RateModel = rate_model or MaxMinRateModel()
+        self.eps = batch_rel_eps
+        self.progress = progress
+        self.links = LinkState(topology.rate_gbps.copy(), topology.delay_ns.copy())
+        self._route_cache: dict[tuple[int, int, int], RoutedBatch] = {}
+
+    # ----------------------------------------------------------------- public
+    def run(self) -> EngineOutput:
+        self.model.reset(self.links)
+        self.now = 0
+        self._seq = 0
+        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._stages: dict[int, _Stage] = {}
+        self._next_stage_id = 0
+        self._flows = FlowTable()
+        self._n_flows = 0
+        self._collectives: list[CollectiveRecord] = []
+        self._iterations: list[IterationRecord] = []
+        self._coll_start: dict[tuple[int, int, int], int] = {}
+        self._iter_start: dict[tuple[int, int], int] = {}
+        # active rows
+        n_links = self.ct.n_links
+        self._w = sp.csr_matrix((0, n_links))
+        self._remaining = np.zeros(0)
+        self._row_flow = np.zeros(0, np.int64)
+        self._row_stage = np.zeros(0, np.int64)
+        self._row_latency = np.zeros(0, np.int64)
+        self._rates = np.zeros(0)
+        self._load = np.zeros(n_links)
+        self._link_bytes = np.zeros(n_links)
+        self._peak = np.zeros(n_links)
+        self._end_send: list[tuple[NDArray, NDArray]] = []
+        self._dirty = False
+        self._n_rate_updates = 0
+        self._n_events = 0
+        self._done_units = 0
+        self._total_units = sum(j.iterations * len(j.collectives) for j in self.jobs)
+
+        for j, job in enumerate(self.jobs):
+            self._at(job.start_ns, lambda j=j: self._start_iteration(j, 0))
+        mice_i = 0
+        mice_t = self.mice.time_ns if self.mice is not None and len(self.mice) else None
+
+        while True:
+            t_event = self._heap[0][0] if self._heap else math.inf
+            t_mice = float(mice_t[mice_i]) if mice_t is not None and mice_i < len(mice_t) \
+                else math.inf
+            t_next = min(t_event, t_mice)
+            if self._dirty:
+                self._recompute()
+            t_finish, batch = self._earliest_finish()
+            step_cap = self.now + self.model.max_step_ns()
+            if not self._remaining.size and t_next == math.inf:
+                break
+            if t_finish <= t_next and t_finish <= step_cap:
+                self._advance(int(t_finish))
+                self._complete(batch)
+                continue
+            if step_cap < t_next:
+                self._advance(math.ceil(step_cap))
+                continue
+            if t_next == math.inf:
+                raise SimulationError("flows are active but none can make progress")
+            self._advance(int(t_next))
+            if t_mice <= t_event and mice_t is not None:
+                j = int(np.searchsorted(mice_t, mice_t[mice_i], side="right"))
+                self._add_mice(mice_i, j)
+                mice_i = j
+            while self._heap and self._heap[0][0] == self.now:
+                _, _, fn = heapq.heappop(self._heap)
+                self._n_events += 1
+                fn()
+
+        unfinished = [s for s in self._stages.values() if s.outstanding > 0]
+        if unfinished:
+            raise SimulationError(f"{len(unfinished)} stages never completed")
+        flows = self._flows.columns()
+        if flows:
+            end = np.zeros(self._n_flows, np.int64)
+            for ids, t in self._end_send:
+                end[ids] = t
+            flows["end_send_ns"] = end
+            flows["deliver_ns"] = end + flows["latency_ns"]
+        return EngineOutput(
+            sim_time_ns=self.now,
+            flows=flows,
+            collectives=self._collectives,
+            iterations=self._iterations,
+            link_bytes=self._link_bytes,
+            link_peak_util=self._peak,
+            n_rate_updates=self._n_rate_updates,
+            n_events=self._n_events,
+        )
+
+    # ------------------------------------------------------------- scheduling
+    def _at(self, time_ns: int, fn: Callable[[], None]) -> None:
+        if time_ns < self.now:
+            raise SimulationError(f"event scheduled in the past ({time_ns} < {self.now})")
+        heapq.heappush(self._heap, (int(time_ns), self._seq, fn))
+        self._seq += 1
+
+    def _start_iteration(self, j: int, it: int) -> None:
+        self._iter_start[(j, it)] = self.now
+        self._at(self.now + self.jobs[j].compute_ns, lambda: self._start_collective(j, it, 0))
+
+    def _start_collective(self, j: int, it: int, c: int) -> None:
+        self._coll_start[(j, it, c)] = self.now
+        self._start_stage(j, it, c, 0)
+
+    def _start_stage(self, j: int, it: int, c: int, s: int) -> None:
+        plan = self.jobs[j].collectives[c]
+        if s >= len(plan.stages):
+            self._finish_collective(j, it, c)
+            return
+        stage = plan.stages[s]
+        sid = self._next_stage_id
+        self._next_stage_id += 1
+        st = _Stage(j, it, c, s, deliver_ns=self.now)
+        self._stages[sid] = st
+        if stage.n_transfers == 0:
+            self._at(self.now, lambda: self._stage_done(sid))
+            return
+        key = (j, c, s)
+        routed = self._route_cache.get(key)
+        if routed is None:
+            batch = TransferBatch(stage.src, stage.dst, stage.size_bytes, stage.group,
+                                  np.full(stage.n_transfers, j, np.int64))
+            routed = self.policy.route(batch)
+            if getattr(self.policy, "static", True):
+                self._route_cache[key] = routed
+        st.outstanding = len(routed)
+        self._add_rows(routed, sid, stage.hops, owner=j)
+
+    def _stage_done(self, sid: int) -> None:
+        st = self._stages.pop(sid)
+        self._start_stage(st.job, st.iteration, st.coll, st.stage + 1)
+
+    def _finish_collective(self, j: int, it: int, c: int) -> None:
+        job = self.jobs[j]
+        plan: CollectivePlan = job.collectives[c]
+        self._collectives.append(CollectiveRecord(
+            job=job.name, iteration=it, index=c, op=str(plan.op), algorithm=plan.algorithm,
+            n_ranks=plan.n_ranks, size_bytes=plan.size_bytes,
+            start_ns=self._coll_start.pop((j, it, c)), end_ns=self.now))
+        self._done_units += 1
+        if self.progress is not None:
+            self.progress(self._done_units, self._total_units)
+        if c + 1 < len(job.collectives):
+            self._start_collective(j, it, c + 1)
+            return
+        self._iterations.append(IterationRecord(job.name, it, self._iter_start.pop((j, it)),
+                                                self.now))
+        if it + 1 < job.iterations:
+            self._start_iteration(j, it + 1)
+
+    # ------------------------------------------------------------------ flows
+    def _add_mice(self, i: int, j: int) -> None:
+        m = self.mice
+        assert m is not None
+        n = j - i
+        batch = TransferBatch(m.src[i:j], m.dst[i:j], m.size_bytes[i:j],
+                              np.full(n, -1, np.int64), np.full(n, -1, np.int64))
+        self._add_rows(self.policy.route(batch), -1, 1, owner=MICE_OWNER)
+
+    def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int) -> None:
+        n = len(routed)
+        ids = np.arange(self._n_flows, self._n_flows + n, dtype=np.int64)
+        self._n_flows += n
+        wire = self.fabric.wire_bytes(routed.size_bytes)
+        latency = hops * (routed.path_delay_ns + self.fabric.nic_latency_ns)
+        alone = alone_rate_gbps(routed.weights, self.links.capacity_gbps)
+        alone_fct = latency + np.ceil(wire * 8.0 / alone).astype(np.int64)
+        meta = self._stages.get(sid)
+        self._flows.add(
+            owner=np.full(n, owner, np.int64),
+            iteration=np.full(n, meta.iteration if meta else -1, np.int64),
+            collective=np.full(n, meta.coll if meta else -1, np.int64),
+            stage=np.full(n, meta.stage if meta else -1, np.int64),
+            src=routed.src, dst=routed.dst, members=routed.members,
+            size_bytes=routed.size_bytes, wire_bytes=wire,
+            start_ns=np.full(n, self.now, np.int64), latency_ns=latency.astype(np.int64),
+            alone_fct_ns=alone_fct,
+        )
+        self._w = sp.vstack([self._w, routed.weights], format="csr")
+        self._remaining = np.concatenate([self._remaining, wire.astype(np.float64)])
+        self._row_flow = np.concatenate([self._row_flow, ids])
+        self._row_stage = np.concatenate([self._row_stage, np.full(n, sid, np.int64)])
+        self._row_latency = np.concatenate([self._row_latency, latency.astype(np.int64)])
+        self._dirty = True
+
+    def _recompute(self) -> None:
+        caps = np.full(len(self._remaining), np.inf)
+        self.model.on_change(ActiveFlows(self._w, self._remaining, caps))
+        self._rates = self.model.rates_gbps()
+        self._load = self._w.T @ self._rates if len(self._rates) else np.zeros(self.ct.n_links)
+        self._n_rate_updates += 1
+        self._dirty = False
+
+    def _earliest_finish(self) -> tuple[float, NDArray[np.bool_]]:
+        if not self._remaining.size:
+            return math.inf, np.zeros(0, bool)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ttf = np.where(self._remaining <= 0, 0.0, self._remaining * 8.0 / self._rates)
+        t_min = float(ttf.min())
+        if not np.isfinite(t_min):
+            return math.inf, np.zeros(len(ttf), bool)
+        batch = ttf <= t_min * (1.0 + self.eps) + 1.0
+        return self.now + math.ceil(t_min), batch
+
+    def _advance(self, t_ns: int) -> None:
+        dt = t_ns - self.now
+        if dt < 0:
+            raise SimulationError("time went backwards")
+        if dt > 0:
+            if self._remaining.size:
+                self._remaining -= self._rates * dt / 8.0
+                self._link_bytes += self._load * dt / 8.0
+                np.maximum(self._peak, self._load / self.links.capacity_gbps, out=self._peak)
+            self.model.advance(dt)
+            self.now = t_ns
+
+    def _complete(self, batch: NDArray[np.bool_]) -> None:
+        done = np.flatnonzero(batch)
+        ids = self._row_flow[done]
+        self._end_send.append((ids, np.full(len(ids), self.now, np.int64)))
+        deliver = self.now + self._row_latency[done]
+        stages = self._row_stage[done]
+        for sid, t in zip(stages.tolist(), deliver.tolist(), strict=True):
+            if sid < 0:
+                continue
+            st = self._stages[sid]
+            st.outstanding -= 1
+            st.deliver_ns = max(st.deliver_ns, t)
+            if st.outstanding == 0:
+                self._at(st.deliver_ns, lambda sid=sid: self._stage_done(sid))
+        keep = ~batch
+        self._w = self._w[keep]
+        self._remaining = np.maximum(self._remaining[keep], 0.0)
+        self._row_flow = self._row_flow[keep]
+        self._row_stage = self._row_stage[keep]
+        self._row_latency = self._row_latency[keep]
+        self._rates = self._rates[keep]
+        self._dirty = True

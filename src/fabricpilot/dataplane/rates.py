@@ -1,0 +1,91 @@
+"""Rate models: how the active flows share the links between two engine events.
+
+The engine owns the flows (rows of a sparse ``[flows, links]`` weight matrix and the bytes each
+still has to send) and asks a rate model for the rate of every row. A model sees the network
+through :class:`LinkState` and the flows through :class:`ActiveFlows`; it never touches the
+engine's event list.
+
+* :class:`MaxMinRateModel` (``flow``): max-min fair sharing, recomputed only when the set of
+  flows changes; rates are constant in between (``max_step_ns`` is infinite).
+* A time-stepped model (queues, ECN, DCQCN, PFC) implements the same protocol, returns a
+  finite ``max_step_ns`` and evolves its own state in ``advance``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from fabricpilot.dataplane.maxmin import max_min_rates
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    """Static link properties, indexed by link id."""
+
+    capacity_gbps: NDArray[np.float64]
+    delay_ns: NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveFlows:
+    """The rows currently sending: their weights, bytes still to send (per member) and the
+    rate cap of each (``inf`` = none)."""
+
+    weights: sp.csr_matrix
+    remaining_bytes: NDArray[np.float64]
+    rate_cap_gbps: NDArray[np.float64]
+
+
+class RateModel(Protocol):
+    """Computes per-row rates (Gb/s per member stream) for the active flows."""
+
+    name: str
+
+    def reset(self, links: LinkState) -> None: ...
+
+    def on_change(self, flows: ActiveFlows) -> None:
+        """The set of active flows (or their paths) changed."""
+
+    def rates_gbps(self) -> NDArray[np.float64]: ...
+
+    def advance(self, dt_ns: int) -> None:
+        """Time moved on by ``dt_ns`` with the current rates."""
+
+    def max_step_ns(self) -> float:
+        """How long the current rates stay valid without a change of flows."""
+
+
+class MaxMinRateModel:
+    """Flow-level model: max-min fair rates, piecewise constant between flow events."""
+
+    name = "flow"
+
+    def __init__(self) -> None:
+        self._links: LinkState | None = None
+        self._rates = np.zeros(0)
+
+    def reset(self, links: LinkState) -> None:
+        self._links = links
+        self._rates = np.zeros(0)
+
+    def on_change(self, flows: ActiveFlows) -> None:
+        assert self._links is not None, "reset() first"
+        cap = flows.rate_cap_gbps if np.isfinite(flows.rate_cap_gbps).any() else None
+        self._rates = max_min_rates(flows.weights, self._links.capacity_gbps, cap)
+
+    def rates_gbps(self) -> NDArray[np.float64]:
+        return self._rates
+
+    def advance(self, dt_ns: int) -> None:
+        return None
+
+    def max_step_ns(self) -> float:
+        return float("inf")
+
+
+RATE_MODELS = {"flow": MaxMinRateModel}

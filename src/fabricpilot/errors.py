@@ -1,0 +1,42 @@
+"""The exception hierarchy of fabricpilot, in one place.
+
+``FabricpilotError``            base of every error the library raises on purpose
+ ├─ ``ScenarioError``           a scenario / topology file is unreadable or invalid:
+ │                              carries ``source`` (file), ``field`` (dotted path) and ``problem``
+ ├─ ``TopologyError``           a topology cannot be built or routed (e.g. no path)
+ └─ ``SimulationError``         the engine reached an impossible state (a bug or a deadlock)
+
+The CLI maps every ``FabricpilotError`` to one line on stderr and a non-zero exit; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class FabricpilotError(Exception):
+    """Base of every error fabricpilot raises on purpose."""
+
+
+class ScenarioError(FabricpilotError):
+    """A scenario or topology file is invalid.
+
+    ``str(err)`` is the one-line message shown to users: ``FILE: FIELD: PROBLEM``.
+
+    >>> str(ScenarioError("a.yaml", "jobs[0].gpus", "must be > 0"))
+    'a.yaml: jobs[0].gpus: must be > 0'
+    """
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source = source
+        self.field = field
+        self.problem = problem
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {problem}")
+
+
+class TopologyError(FabricpilotError):
+    """A topology cannot be built, or two endpoints have no path between them."""
+
+
+class SimulationError(FabricpilotError):
+    """The engine reached a state it cannot continue from."""

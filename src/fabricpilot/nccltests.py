@@ -1,0 +1,125 @@
+"""An nccl-tests-style sweep: one collective over all GPUs, message size doubling from min to
+max, printed as nccl-tests prints it (size, count, type, redop, root, time, algbw, busbw).
+
+Sizes follow nccl-tests: bytes per rank for AllReduce / AlltoAll / Broadcast, total bytes for
+AllGather / ReduceScatter; like nccl-tests, sizes are rounded down to a multiple of
+``n_ranks * 4`` where the op splits the buffer across ranks (type ``float``, 4 bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fabricpilot.balancing import EcmpParams
+from fabricpilot.dataplane import FabricParams
+from fabricpilot.errors import FabricpilotError
+from fabricpilot.runner import Prepared, run_policy
+from fabricpilot.topology import CompiledTopology, compile_topology, leaf_spine
+from fabricpilot.workload.collectives import build_collective
+from fabricpilot.workload.jobs import JobSpec
+from fabricpilot.workload.plan import Op
+
+TYPE_BYTES = 4
+_SPLIT_OPS = {Op.ALLTOALL, Op.ALLGATHER, Op.REDUCESCATTER}
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow:
+    size_bytes: int
+    count: int
+    redop: str
+    root: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+
+
+def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.0,
+                    oversubscription: float = 1.0) -> CompiledTopology:
+    """A rail-optimised non-blocking leaf-spine sized for ``n_gpus`` (leaves of up to 64
+    NIC ports, the largest divisor of the host count)."""
+    if n_gpus < 2 or n_gpus % gpus_per_host:
+        raise FabricpilotError(f"--gpus must be >= 2 and a multiple of {gpus_per_host}")
+    hosts = n_gpus // gpus_per_host
+    per_leaf = max(d for d in range(1, min(hosts, 64) + 1) if hosts % d == 0)
+    if oversubscription > 1 and per_leaf % oversubscription:
+        raise FabricpilotError("oversubscription must divide the leaf port count")
+    return compile_topology(leaf_spine(
+        hosts=hosts, gpus_per_host=gpus_per_host, nics_per_leaf=per_leaf,
+        oversubscription=oversubscription, nic_rate_gbps=rate_gbps, fabric_rate_gbps=rate_gbps))
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
+    """Sizes min, min*f, ... <= max (like ``-b -e -f``).
+
+    >>> sweep_sizes(1024, 8192, 2)
+    [1024, 2048, 4096, 8192]
+    """
+    if min_bytes <= 0 or max_bytes < min_bytes or step_factor < 2:
+        raise FabricpilotError("need 0 < min-bytes <= max-bytes and step-factor >= 2")
+    sizes, s = [], min_bytes
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= step_factor
+    return sizes
+
+
+def run_sweep(
+    topology: CompiledTopology,
+    op: str,
+    sizes: list[int],
+    policy: str,
+    *,
+    n_gpus: int | None = None,
+    algorithm: str = "auto",
+    seed: int = 1,
+    fabric: FabricParams | None = None,
+    ecmp: EcmpParams | None = None,
+    on_size: Callable[[SweepRow], None] | None = None,
+) -> list[SweepRow]:
+    """Run ``op`` over the first ``n_gpus`` GPUs for every size; one engine run per size."""
+    the_op = Op(op)
+    n = n_gpus or topology.n_gpus
+    if n > topology.n_gpus:
+        raise FabricpilotError(f"{n} GPUs requested but the cluster has {topology.n_gpus}")
+    ranks = np.arange(n, dtype=np.int64)
+    rows = []
+    for size in sizes:
+        s = (size // (n * TYPE_BYTES)) * n * TYPE_BYTES if the_op in _SPLIT_OPS else size
+        s = max(s, TYPE_BYTES)
+        plan = build_collective(the_op, ranks, s, gpus_per_host=topology.topo.gpus_per_host,
+                                algorithm=algorithm)
+        job = JobSpec(op, tuple(range(n)), (plan,))
+        prep = Prepared(f"nccl-test-{op}", seed, topology, [job],
+                        fabric=fabric or FabricParams(), ecmp=ecmp or EcmpParams())
+        res = run_policy(prep, policy)
+        c = res.collectives[0]
+        row = SweepRow(
+            size_bytes=s, count=s // TYPE_BYTES,
+            redop="sum" if the_op in (Op.ALLREDUCE, Op.REDUCESCATTER) else "none",
+            root=0 if the_op is Op.BROADCAST else -1,
+            time_us=c.time_ns / 1e3, algbw_GBps=c.algbw_GBps, busbw_GBps=c.busbw_GBps)
+        rows.append(row)
+        if on_size is not None:
+            on_size(row)
+    return rows
+
+
+HEADER = (
+    "#                                                              out-of-place\n"
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong\n"
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+)
+
+
+def format_row(row: SweepRow) -> str:
+    """One line in nccl-tests' layout (``#wrong`` is N/A: the twin moves no data)."""
+    return (f"{row.size_bytes:>12} {row.count:>13} {'float':>9} {row.redop:>7} {row.root:>7} "
+            f"{row.time_us:>8.1f} {row.algbw_GBps:>7.2f} {row.busbw_GBps:>7.2f} {'N/A':>6}")
+
+
+def average_busbw(rows: list[SweepRow]) -> float:
+    return float(np.mean([r.busbw_GBps for r in rows])) if rows else 0.0

@@ -1,0 +1,186 @@
+"""Results of one run: per flow, per collective, per job, per link, and the JSON summary.
+
+Definitions (see ``metrics.md``): FCT = last byte delivered - first byte sent; slowdown = FCT /
+FCT alone on the empty fabric (latency + wire bytes / the flow's alone rate), clamped at >= 1;
+algbw = S / t in GB/s (10^9 bytes/s); busbw = algbw * the nccl-tests factor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fabricpilot.dataplane.engine import (
+    MICE_OWNER,
+    CollectiveRecord,
+    EngineOutput,
+    IterationRecord,
+)
+from fabricpilot.topology.compiled import LINK_KIND_CODES, CompiledTopology
+from fabricpilot.workload.jobs import JobSpec
+
+_KIND_NAMES = {v: str(k) for k, v in LINK_KIND_CODES.items()}
+
+
+def _stats(values: NDArray[np.float64]) -> dict[str, float | int]:
+    if len(values) == 0:
+        return {"count": 0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+    return {
+        "count": len(values),
+        "mean": _r(float(values.mean())),
+        "p50": _r(float(np.percentile(values, 50))),
+        "p99": _r(float(np.percentile(values, 99))),
+        "max": _r(float(values.max())),
+    }
+
+
+def _r(x: float, digits: int = 6) -> float:
+    """Round for stable, readable JSON."""
+    return float(f"{x:.{digits}g}")
+
+
+@dataclass
+class RunResult:
+    """Everything one (scenario, policy) run produced."""
+
+    scenario: str
+    policy: str
+    seed: int
+    sim_time_ns: int
+    wall_time_s: float
+    flows: dict[str, NDArray]
+    collectives: list[CollectiveRecord]
+    iterations: list[IterationRecord]
+    jobs: list[JobSpec]
+    link_names: list[str]
+    link_kind: list[str]
+    link_capacity_gbps: NDArray[np.float64]
+    link_bytes: NDArray[np.float64]
+    link_peak_util: NDArray[np.float64]
+    n_rate_updates: int
+
+    @classmethod
+    def from_engine(
+        cls,
+        out: EngineOutput,
+        *,
+        policy: str,
+        seed: int,
+        scenario: str,
+        topology: CompiledTopology,
+        jobs: list[JobSpec],
+        wall_time_s: float,
+    ) -> RunResult:
+        flows = dict(out.flows)
+        if flows:
+            fct = flows["deliver_ns"] - flows["start_ns"]
+            flows["fct_ns"] = fct
+            flows["slowdown"] = np.maximum(fct / np.maximum(flows["alone_fct_ns"], 1), 1.0)
+        return cls(
+            scenario=scenario, policy=policy, seed=seed, sim_time_ns=out.sim_time_ns,
+            wall_time_s=wall_time_s, flows=flows, collectives=out.collectives,
+            iterations=out.iterations, jobs=jobs,
+            link_names=[topology.link_name(i) for i in range(topology.n_links)],
+            link_kind=[_KIND_NAMES[int(k)] for k in topology.link_kind],
+            link_capacity_gbps=topology.rate_gbps.copy(), link_bytes=out.link_bytes,
+            link_peak_util=out.link_peak_util, n_rate_updates=out.n_rate_updates,
+        )
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes handed to the fabric (all flows, jobs and mice)."""
+        if not self.flows:
+            return 0
+        return int((self.flows["members"] * self.flows["size_bytes"]).sum())
+
+    @property
+    def bytes_delivered(self) -> int:
+        """Payload bytes of flows delivered by the end of the run."""
+        if not self.flows:
+            return 0
+        done = self.flows["deliver_ns"] <= self.sim_time_ns
+        return int((self.flows["members"] * self.flows["size_bytes"])[done].sum())
+
+    def job_collectives(self, job: str) -> list[CollectiveRecord]:
+        return [c for c in self.collectives if c.job == job]
+
+    def job_iterations(self, job: str) -> list[IterationRecord]:
+        return sorted((i for i in self.iterations if i.job == job), key=lambda i: i.iteration)
+
+    def mean_iteration_ns(self, job: str) -> float:
+        its = self.job_iterations(job)
+        return float(np.mean([i.end_ns - i.start_ns for i in its])) if its else 0.0
+
+    def mean_busbw_GBps(self, job: str) -> float:
+        """A job's busbw over all its collectives: total bus bytes / total collective time.
+
+        With one collective per iteration this is the mean busbw; with several, a slow one
+        weighs by the time it takes (as it does on the iteration time)."""
+        cs = self.job_collectives(job)
+        t = sum(c.time_ns for c in cs)
+        return sum(c.busbw_GBps * c.time_ns for c in cs) / t if t > 0 else 0.0
+
+    def slowdowns(self, which: str = "all") -> NDArray[np.float64]:
+        if not self.flows:
+            return np.zeros(0)
+        mice = self.flows["owner"] == MICE_OWNER
+        sel = {"all": np.ones_like(mice), "mice": mice, "jobs": ~mice}[which]
+        return self.flows["slowdown"][sel]
+
+    def link_utilization(self) -> NDArray[np.float64]:
+        """Mean utilisation of each link over the run."""
+        if self.sim_time_ns <= 0:
+            return np.zeros(len(self.link_bytes))
+        return self.link_bytes * 8.0 / (self.link_capacity_gbps * self.sim_time_ns)
+
+    # ----------------------------------------------------------------- summary
+    def summary(self, *, include_wall_time: bool = True) -> dict[str, Any]:
+        """The JSON summary. ``include_wall_time=False`` writes 0.0 so that two runs with the
+        same seed produce byte-identical files."""
+        jobs = []
+        for job in self.jobs:
+            its = self.job_iterations(job.name)
+            jobs.append({
+                "name": job.name,
+                "n_gpus": job.n_gpus,
+                "iterations": len(its),
+                "mean_iteration_ns": _r(self.mean_iteration_ns(job.name)),
+                "iteration_ns": [i.end_ns - i.start_ns for i in its],
+                "mean_busbw_GBps": _r(self.mean_busbw_GBps(job.name)),
+                "collectives": [
+                    {
+                        "op": c.op, "algorithm": c.algorithm, "iteration": c.iteration,
+                        "index": c.index, "n_ranks": c.n_ranks, "size_bytes": c.size_bytes,
+                        "start_ns": c.start_ns, "end_ns": c.end_ns, "time_ns": c.time_ns,
+                        "algbw_GBps": _r(c.algbw_GBps), "busbw_GBps": _r(c.busbw_GBps),
+                    }
+                    for c in self.job_collectives(job.name)
+                ],
+            })
+        fabric = np.array([k == "fabric" for k in self.link_kind])
+        util = self.link_utilization()
+        return {
+            "scenario": self.scenario,
+            "policy": self.policy,
+            "seed": self.seed,
+            "sim_time_ns": int(self.sim_time_ns),
+            "wall_time_s": round(self.wall_time_s, 3) if include_wall_time else 0.0,
+            "bytes_sent": self.bytes_sent,
+            "bytes_delivered": self.bytes_delivered,
+            "n_flows": len(self.flows.get("members", [])),
+            "rate_updates": self.n_rate_updates,
+            "jobs": jobs,
+            "fct_slowdown": {
+                "jobs": _stats(self.slowdowns("jobs")),
+                "mice": _stats(self.slowdowns("mice")),
+            },
+            "links": {
+                "fabric_peak_utilization": _r(float(self.link_peak_util[fabric].max()))
+                if fabric.any() else 0.0,
+                "fabric_mean_utilization": _r(float(util[fabric].mean())) if fabric.any() else 0.0,
+            },
+        }

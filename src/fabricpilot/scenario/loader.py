@@ -1,0 +1,265 @@
+"""Read a scenario YAML file into a validated :class:`Scenario`, or fail with one clear line.
+
+Every failure (missing file, YAML syntax, wrong shape, a pydantic validation error, a cross
+check) becomes a single :class:`~fabricpilot.errors.ScenarioError` about the *first* problem:
+``FILE: FIELD: PROBLEM``, where ``FIELD`` is a path such as ``jobs[0].collectives[1].size_bytes``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from fabricpilot.errors import ScenarioError
+from fabricpilot.scenario.models import FieldProblem, Scenario, check_fits
+
+__all__ = [
+    "check_gpu_count",
+    "default_scenario",
+    "default_scenario_path",
+    "format_loc",
+    "load_scenario",
+    "scenario_from_dict",
+]
+
+_MAX_REPR = 60
+
+
+# --- YAML -----------------------------------------------------------------------------------
+
+
+class _DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping repeats a key (PyYAML would silently keep the last one)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses duplicate keys in a mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                if key in seen:
+                    raise _DuplicateKey(
+                        problem=f"duplicate key {key!r}", problem_mark=key_node.start_mark
+                    )
+                seen.add(key)
+            except TypeError:  # an unhashable key: PyYAML reports it below
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line describing a YAML error, with its (1-based) line and column."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        what = err.problem or err.context or "syntax error"
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"invalid YAML{where}: {' '.join(str(what).split())}"
+    return f"invalid YAML: {' '.join(str(err).split())}"
+
+
+# --- validation errors ----------------------------------------------------------------------
+
+
+def format_loc(loc: Sequence[int | str]) -> str:
+    """Field path of a pydantic location: ``('jobs', 0, 'gpus')`` → ``jobs[0].gpus``.
+
+    >>> format_loc(("jobs", 0, "collectives", 1, "size_bytes"))
+    'jobs[0].collectives[1].size_bytes'
+    """
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _join(prefix: str, field: str) -> str:
+    """Append a relative field path (``"gpu_ids[3]"`` or ``"[3]"``) to ``prefix``."""
+    if not prefix:
+        return field
+    if not field:
+        return prefix
+    return prefix + field if field.startswith("[") else f"{prefix}.{field}"
+
+
+def _model_classes(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold, looking inside lists and optionals."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, list, tuple, typing.Annotated):
+        found: list[type[BaseModel]] = []
+        for arg in typing.get_args(annotation):
+            found += _model_classes(arg)
+        return found
+    return []
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model class that holds the keys at ``loc`` (from :class:`Scenario`), if any."""
+    model: type[BaseModel] = Scenario
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an index into a list: the element model is already selected
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        candidates = _model_classes(field.annotation)
+        if not candidates:
+            return None
+        model = candidates[0]
+    return model
+
+
+def _short(value: Any) -> str:
+    """A short repr of a user value for an error message."""
+    text = repr(value)
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def _readable(error: ErrorDetails) -> tuple[str, str]:
+    """``(field path, problem)`` of one pydantic error, in the words of a scenario file."""
+    loc = error["loc"]
+    field = format_loc(loc)
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    got = error.get("input")
+    cause = ctx.get("error")
+    if isinstance(cause, FieldProblem):
+        return _join(field, cause.field), cause.problem
+    if isinstance(cause, Exception):
+        return field, " ".join(str(cause).split())
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        if model is None:
+            return field, "unknown key"
+        allowed = list(model.model_fields)
+        problem = f"unknown key (allowed: {', '.join(allowed)})"
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        return field, problem + (f"; did you mean {close[0]!r}?" if close else "")
+    if kind == "missing":
+        return field, "required key is missing"
+    if kind == "literal_error":
+        return field, f"must be {ctx.get('expected')} (got {_short(got)})"
+    comparisons = {
+        "greater_than": ">",
+        "greater_than_equal": ">=",
+        "less_than": "<",
+        "less_than_equal": "<=",
+    }
+    if kind in comparisons:
+        bound = next(iter(ctx.values()), "?")
+        return field, f"must be {comparisons[kind]} {bound} (got {_short(got)})"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return field, f"must be an integer (got {_short(got)})"
+    if kind in ("float_type", "float_parsing", "finite_number"):
+        return field, f"must be a finite number (got {_short(got)})"
+    if kind in ("bool_type", "bool_parsing"):
+        return field, f"must be true or false (got {_short(got)})"
+    if kind in ("string_type",):
+        return field, f"must be a string (got {_short(got)})"
+    if kind in ("list_type", "tuple_type"):
+        return field, f"must be a list (got {_short(got)})"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return field, f"must be a mapping of keys (got {_short(got)})"
+    if kind == "too_short":
+        least = ctx.get("min_length", 1)
+        noun = "character" if isinstance(got, str) else "item"
+        return field, f"must have at least {least} {noun}{'s' if least != 1 else ''}"
+    message = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return field, " ".join(message.split())
+
+
+# --- public API -----------------------------------------------------------------------------
+
+
+def scenario_from_dict(
+    data: Any, source: str = "<scenario>", base_dir: str | Path | None = None
+) -> Scenario:
+    """Validate parsed YAML ``data`` into a :class:`Scenario`.
+
+    ``source`` names the origin in error messages. A ``kind: file`` topology path is resolved
+    against ``base_dir`` (the current directory if ``None``) and must exist; the returned
+    scenario carries the absolute path. Raises :class:`ScenarioError` on the first problem.
+    """
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ScenarioError(source, "", f"the top level must be a mapping of keys (got {got})")
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        field, problem = _readable(exc.errors(include_url=False)[0])
+        raise ScenarioError(source, field, problem) from None
+    topology = scenario.topology
+    if topology.kind == "file":
+        assert topology.path is not None
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        resolved = (base / Path(topology.path).expanduser()).resolve()
+        if not resolved.is_file():
+            raise ScenarioError(source, "topology.path", f"file not found: {resolved}")
+        scenario = scenario.model_copy(
+            update={"topology": topology.model_copy(update={"path": str(resolved)})}
+        )
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate the scenario file at ``path``.
+
+    Raises :class:`ScenarioError` (``FILE: FIELD: PROBLEM``) on the first problem.
+    """
+    file = Path(path)
+    source = str(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(source, "", "file not found") from None
+    except IsADirectoryError:
+        raise ScenarioError(source, "", "is a directory, not a scenario file") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(source, "", "not a UTF-8 text file") from None
+    except OSError as exc:
+        raise ScenarioError(source, "", f"cannot read file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ScenarioError(source, "", _yaml_problem(exc)) from None
+    return scenario_from_dict(data, source, base_dir=file.parent)
+
+
+def check_gpu_count(scenario: Scenario, n_gpus: int, source: str = "<scenario>") -> None:
+    """Raise :class:`ScenarioError` unless the jobs and mice fit ``n_gpus`` GPUs.
+
+    Built-in topologies are checked on load; the engine calls this for a ``kind: file``
+    topology once the file is built and its GPU count is known.
+    """
+    try:
+        check_fits(scenario, n_gpus)
+    except FieldProblem as problem:
+        raise ScenarioError(source, problem.field, problem.problem) from None
+
+
+def default_scenario_path() -> Path:
+    """Path of the built-in default scenario (``scenario/data/default.yaml``)."""
+    return Path(str(resources.files("fabricpilot.scenario") / "data" / "default.yaml"))
+
+
+def default_scenario() -> Scenario:
+    """The built-in default scenario: 128 GPUs, three concurrent jobs and mice."""
+    return load_scenario(default_scenario_path())

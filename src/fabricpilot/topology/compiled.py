@@ -1,0 +1,163 @@
+"""The topology compiled into arrays: directed links, GPU attachment and ECMP next-hop tables.
+
+Every undirected link ``(u, v)`` becomes two directed links (full duplex). Link ids are dense
+integers, so link state everywhere else (capacity, load, counters) is a numpy array indexed by
+link id.
+
+The next-hop table is what a switch's ECMP group holds: for switch ``u`` and destination leaf
+``t``, the neighbours of ``u`` one hop closer to ``t`` (by hop count over the switch graph). In a
+Clos network these shortest paths are exactly the up-down paths. Neighbours are listed in
+stable (link id) order, so a hash modulo the group size is a reproducible next-hop choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+from scipy.sparse.csgraph import shortest_path
+
+from fabricpilot.errors import TopologyError
+from fabricpilot.topology.model import LinkKind, NodeKind, Topology, gpu_name, validate_topology
+
+LINK_KIND_CODES: dict[str, int] = {LinkKind.NIC: 0, LinkKind.FABRIC: 1, LinkKind.NVLINK: 2}
+
+
+@dataclass(frozen=True)
+class CompiledTopology:
+    """Array form of a :class:`Topology` (see module docstring)."""
+
+    topo: Topology
+    node_names: tuple[str, ...]
+    node_index: dict[str, int]
+    link_src: NDArray[np.int32]      # node index
+    link_dst: NDArray[np.int32]
+    rate_gbps: NDArray[np.float64]
+    delay_ns: NDArray[np.int64]
+    link_kind: NDArray[np.int8]      # LINK_KIND_CODES
+    link_id: dict[tuple[int, int], int]
+    # GPUs
+    gpu_host: NDArray[np.int32]
+    gpu_up: NDArray[np.int32]        # link gpu -> leaf
+    gpu_down: NDArray[np.int32]      # link leaf -> gpu
+    gpu_leaf: NDArray[np.int32]      # switch index of the GPU's leaf
+    gpu_nv_up: NDArray[np.int32]     # link gpu -> nvswitch, -1 if the host has none
+    gpu_nv_down: NDArray[np.int32]
+    # switches
+    switch_node: NDArray[np.int32]   # switch index -> node index
+    switch_of_node: NDArray[np.int32]  # node index -> switch index or -1
+    switch_tier: NDArray[np.int32]
+    leaf_slot: NDArray[np.int32]     # switch index -> destination slot (tier-1 only) or -1
+    nh_count: NDArray[np.int32]      # [switch, dst slot] -> size of the ECMP group
+    nh_link: NDArray[np.int32]       # [switch, dst slot, i] -> link id of next hop i, -1 pad
+    hop_distance: NDArray[np.int32]  # [switch, dst slot] -> hops to that leaf
+
+    @property
+    def n_links(self) -> int:
+        return len(self.link_src)
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpu_host)
+
+    @property
+    def n_switches(self) -> int:
+        return len(self.switch_node)
+
+    def link_name(self, link: int) -> str:
+        return f"{self.node_names[self.link_src[link]]}->{self.node_names[self.link_dst[link]]}"
+
+
+def compile_topology(topo: Topology) -> CompiledTopology:
+    """Compile ``topo`` into arrays and ECMP tables.
+
+    >>> from fabricpilot.topology.builders import leaf_spine
+    >>> ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    >>> int(ct.nh_count[ct.gpu_leaf[0], ct.leaf_slot[ct.gpu_leaf[2]]])  # 2 spines to choose from
+    2
+    """
+    validate_topology(topo)
+    g = topo.graph
+    gpus = [gpu_name(i) for i in range(topo.n_gpus)]
+    switches = topo.switches
+    others = sorted(n for n in g.nodes if g.nodes[n]["kind"] == NodeKind.NVSWITCH)
+    names = tuple(gpus + switches + others)
+    index = {n: i for i, n in enumerate(names)}
+
+    edges = sorted((min(index[u], index[v]), max(index[u], index[v])) for u, v in g.edges)
+    n_links = 2 * len(edges)
+    src = np.empty(n_links, np.int32)
+    dst = np.empty(n_links, np.int32)
+    rate = np.empty(n_links, np.float64)
+    delay = np.empty(n_links, np.int64)
+    kind = np.empty(n_links, np.int8)
+    link_id: dict[tuple[int, int], int] = {}
+    for i, (a, b) in enumerate(edges):
+        attrs = g.edges[names[a], names[b]]
+        for j, (x, y) in enumerate(((a, b), (b, a))):
+            lid = 2 * i + j
+            src[lid], dst[lid] = x, y
+            rate[lid] = float(attrs["rate_gbps"])
+            delay[lid] = int(attrs["delay_ns"])
+            kind[lid] = LINK_KIND_CODES[attrs["kind"]]
+            link_id[(x, y)] = lid
+
+    n_gpus = len(gpus)
+    n_sw = len(switches)
+    switch_node = np.array([index[s] for s in switches], np.int32)
+    switch_of_node = np.full(len(names), -1, np.int32)
+    switch_of_node[switch_node] = np.arange(n_sw, dtype=np.int32)
+    tier = np.array([int(g.nodes[s]["tier"]) for s in switches], np.int32)
+
+    gpu_host = np.array([int(g.nodes[n]["host"]) for n in gpus], np.int32)
+    leaf_names = topo.gpu_leaf
+    gpu_leaf_node = np.array([index[n] for n in leaf_names], np.int32)
+    gpu_up = np.array([link_id[(i, int(gpu_leaf_node[i]))] for i in range(n_gpus)], np.int32)
+    gpu_down = np.array([link_id[(int(gpu_leaf_node[i]), i)] for i in range(n_gpus)], np.int32)
+    gpu_nv_up = np.full(n_gpus, -1, np.int32)
+    gpu_nv_down = np.full(n_gpus, -1, np.int32)
+    for i, n in enumerate(gpus):
+        for v in g.neighbors(n):
+            if g.edges[n, v]["kind"] == LinkKind.NVLINK:
+                gpu_nv_up[i] = link_id[(i, index[v])]
+                gpu_nv_down[i] = link_id[(index[v], i)]
+
+    # ECMP tables over the switch graph.
+    leaf_switches = np.unique(switch_of_node[gpu_leaf_node])
+    leaf_slot = np.full(n_sw, -1, np.int32)
+    leaf_slot[leaf_switches] = np.arange(len(leaf_switches), dtype=np.int32)
+    is_sw_link = (switch_of_node[src] >= 0) & (switch_of_node[dst] >= 0)
+    sw_links = np.flatnonzero(is_sw_link).astype(np.int32)
+    su = switch_of_node[src[sw_links]]
+    sv = switch_of_node[dst[sw_links]]
+    adj = sp.csr_matrix((np.ones(len(sw_links)), (su, sv)), shape=(n_sw, n_sw))
+    dist = shortest_path(adj, unweighted=True, directed=True, indices=leaf_switches)  # [T, S]
+    dist_to = dist.T  # [S, T]
+    if np.isinf(dist_to[leaf_switches]).any():
+        raise TopologyError("the switch graph is not connected: some leaves cannot reach others")
+    n_t = len(leaf_switches)
+    # a switch link u->v is a next hop of u toward t iff dist(v,t) == dist(u,t) - 1
+    closer = dist_to[sv] == (dist_to[su] - 1)  # [E, T]
+    e_idx, t_idx = np.nonzero(closer)
+    key = su[e_idx].astype(np.int64) * n_t + t_idx
+    order = np.lexsort((sw_links[e_idx], key))
+    key, e_sorted = key[order], e_idx[order]
+    counts = np.bincount(key, minlength=n_sw * n_t)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pos = np.arange(len(key)) - starts[key]
+    max_deg = int(counts.max()) if len(counts) else 0
+    nh_link = np.full((n_sw, n_t, max(max_deg, 1)), -1, np.int32)
+    nh_link.reshape(-1, max(max_deg, 1))[key, pos] = sw_links[e_sorted]
+    nh_count = counts.reshape(n_sw, n_t).astype(np.int32)
+    hop_distance = np.where(np.isinf(dist_to), -1, dist_to).astype(np.int32)
+
+    return CompiledTopology(
+        topo=topo, node_names=names, node_index=index, link_src=src, link_dst=dst,
+        rate_gbps=rate, delay_ns=delay, link_kind=kind, link_id=link_id,
+        gpu_host=gpu_host, gpu_up=gpu_up, gpu_down=gpu_down,
+        gpu_leaf=switch_of_node[gpu_leaf_node], gpu_nv_up=gpu_nv_up, gpu_nv_down=gpu_nv_down,
+        switch_node=switch_node, switch_of_node=switch_of_node, switch_tier=tier,
+        leaf_slot=leaf_slot, nh_count=nh_count, nh_link=nh_link, hop_distance=hop_distance,
+    )

@@ -1,0 +1,118 @@
+"""Import / export a topology as JSON (format ``fabricpilot-topology/1``).
+
+::
+
+    {"format": "fabricpilot-topology/1", "name": "...", "gpus_per_host": 8,
+     "nodes": [{"id": "gpu0", "kind": "gpu", "gpu": 0, "host": 0, ...},
+               {"id": "leaf0", "kind": "switch", "tier": 1, "role": "leaf"}, ...],
+     "links": [{"a": "gpu0", "b": "leaf0", "kind": "nic", "rate_gbps": 400.0,
+                "delay_ns": 100}, ...]}
+
+Every field is validated on import; errors name the file, the field and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fabricpilot.errors import ScenarioError, TopologyError
+from fabricpilot.topology.model import LinkKind, NodeKind, Topology, validate_topology
+
+FORMAT = "fabricpilot-topology/1"
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(min_length=1)
+    kind: NodeKind
+
+
+class _Link(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    a: str
+    b: str
+    kind: LinkKind
+    rate_gbps: float = Field(gt=0)
+    delay_ns: int = Field(ge=0)
+
+
+class _TopologyFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["fabricpilot-topology/1"]
+    name: str = "topology"
+    gpus_per_host: int = Field(ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[_Node]
+    links: list[_Link]
+
+
+def topology_to_dict(topo: Topology) -> dict[str, Any]:
+    """Plain-data form of ``topo``, stable in order (nodes and links sorted)."""
+    g = topo.graph
+    nodes = []
+    for n in sorted(g.nodes):
+        attrs = {k: (str(v) if k == "kind" else v) for k, v in sorted(g.nodes[n].items())}
+        nodes.append({"id": n, **attrs})
+    links = []
+    for u, v in sorted(tuple(sorted(e)) for e in g.edges):
+        d = g.edges[u, v]
+        links.append({"a": u, "b": v, "kind": str(d["kind"]), "rate_gbps": float(d["rate_gbps"]),
+                      "delay_ns": int(d["delay_ns"])})
+    return {"format": FORMAT, "name": topo.name, "gpus_per_host": topo.gpus_per_host,
+            "params": dict(topo.params), "nodes": nodes, "links": links}
+
+
+def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
+    """Build a :class:`Topology` from :func:`topology_to_dict` output; errors name the field."""
+    try:
+        parsed = _TopologyFile.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise ScenarioError(source, loc.lstrip("."), first["msg"]) from None
+    g = nx.Graph()
+    for i, node in enumerate(parsed.nodes):
+        if node.id in g:
+            raise ScenarioError(source, f"nodes[{i}].id", f"duplicate node {node.id!r}")
+        extra = dict(node.model_extra or {})
+        g.add_node(node.id, kind=node.kind, **extra)
+    for i, link in enumerate(parsed.links):
+        for end in ("a", "b"):
+            if getattr(link, end) not in g:
+                raise ScenarioError(source, f"links[{i}].{end}",
+                                    f"unknown node {getattr(link, end)!r}")
+        if g.has_edge(link.a, link.b):
+            raise ScenarioError(source, f"links[{i}]", f"duplicate link {link.a}-{link.b}")
+        g.add_edge(link.a, link.b, kind=link.kind, rate_gbps=link.rate_gbps,
+                   delay_ns=link.delay_ns)
+    topo = Topology(g, parsed.name, parsed.gpus_per_host, dict(parsed.params))
+    try:
+        validate_topology(topo)
+    except TopologyError as err:
+        raise ScenarioError(source, "", str(err)) from None
+    return topo
+
+
+def save_topology_json(topo: Topology, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(topology_to_dict(topo), indent=1) + "\n")
+
+
+def load_topology_json(path: str | Path) -> Topology:
+    """Read a topology JSON file; every problem becomes a one-line :class:`ScenarioError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ScenarioError(str(p), "", "file not found") from None
+    except OSError as err:
+        raise ScenarioError(str(p), "", f"cannot read: {err.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ScenarioError(str(p), f"line {err.lineno}", f"invalid JSON: {err.msg}") from None
+    return topology_from_dict(data, str(p))

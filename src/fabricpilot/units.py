@@ -1,0 +1,100 @@
+"""Units at the edges: parse human strings ("400Gbps", "1us", "256MiB") into canonical numbers.
+
+Inside fabricpilot every quantity is a plain number whose unit is in its name:
+``rate_gbps`` (10^9 bit/s, i.e. bits per nanosecond), ``delay_ns`` / ``start_ns`` (integer
+nanoseconds) and ``size_bytes`` (integer bytes). Strings with units are accepted only where a
+user types them (scenario files, CLI flags) and are converted here, once.
+
+Size suffixes follow nccl-tests for the bare forms: ``1K``/``1M``/``1G`` are powers of two
+(``-b 1M`` is 1048576 bytes); ``KiB``/``MiB``/``GiB`` are powers of two as well; ``KB``/``MB``/
+``GB`` with a ``B`` are powers of ten.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+_PATTERN = re.compile(rf"^\s*{_NUM}\s*([A-Za-z/]*)\s*$")
+
+RATE_UNITS_GBPS: dict[str, float] = {
+    "bps": 1e-9, "kbps": 1e-6, "mbps": 1e-3, "gbps": 1.0, "tbps": 1e3,
+    "b/s": 1e-9, "kb/s": 1e-6, "mb/s": 1e-3, "gb/s": 1.0, "tb/s": 1e3,
+}
+TIME_UNITS_NS: dict[str, float] = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+SIZE_UNITS_BYTES: dict[str, int] = {
+    "b": 1,
+    "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+
+_DIMENSIONS: dict[str, tuple[dict[str, float] | dict[str, int], str]] = {
+    "rate": (RATE_UNITS_GBPS, "Gbps"),
+    "time": (TIME_UNITS_NS, "ns"),
+    "size": (SIZE_UNITS_BYTES, "B"),
+}
+
+
+class UnitError(ValueError):
+    """A quantity string has no number, or a unit of the wrong dimension."""
+
+
+def parse_quantity(value: object, dimension: str) -> float:
+    """Convert ``value`` to the canonical unit of ``dimension`` (rate→Gb/s, time→ns, size→B).
+
+    Numbers pass through unchanged (they are already in the canonical unit of the key).
+
+    >>> parse_quantity("400Gbps", "rate")
+    400.0
+    >>> parse_quantity("1.5us", "time")
+    1500.0
+    >>> parse_quantity("1M", "size")
+    1048576.0
+    >>> parse_quantity(100, "time")
+    100.0
+    """
+    table, canonical = _DIMENSIONS[dimension]
+    if isinstance(value, bool):
+        raise UnitError(f"expected a {dimension} in {canonical}, got a boolean")
+    if isinstance(value, int | float):
+        return float(value)
+    if not isinstance(value, str):
+        raise UnitError(f"expected a {dimension} in {canonical}, got {type(value).__name__}")
+    match = _PATTERN.match(value)
+    if match is None:
+        raise UnitError(f"cannot read {value!r} as a {dimension}")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "":
+        return number
+    if unit not in table:
+        other = next((d for d, (t, _) in _DIMENSIONS.items() if unit in t), None)
+        hint = f" (that is a {other} unit)" if other else ""
+        raise UnitError(
+            f"wrong unit {match.group(2)!r} for a {dimension}{hint}; "
+            f"use one of {', '.join(sorted({k for k in table if k.isascii()}))}"
+        )
+    return number * table[unit]
+
+
+def format_bytes(size_bytes: float) -> str:
+    """Human-readable size with binary prefixes.
+
+    >>> format_bytes(1048576)
+    '1.0 MiB'
+    """
+    value = float(size_bytes)
+    for prefix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or prefix == "TiB":
+            return f"{value:.0f} {prefix}" if prefix == "B" else f"{value:.1f} {prefix}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def gbps_to_bytes_per_ns(rate_gbps: float) -> float:
+    """Gb/s is bits per nanosecond; divide by 8 for bytes per nanosecond.
+
+    >>> gbps_to_bytes_per_ns(400)
+    50.0
+    """
+    return rate_gbps / 8.0

@@ -1,0 +1,41 @@
+"""Jobs, placement, collective generators and mice: what the GPUs ask the fabric to carry."""
+
+from fabricpilot.workload.collectives import (
+    ALGORITHMS,
+    MODES,
+    alltoall,
+    broadcast,
+    build_collective,
+    hierarchical_allreduce,
+    hierarchical_alltoall,
+    host_matrix,
+    ring_allgather,
+    ring_allreduce,
+    ring_reducescatter,
+)
+from fabricpilot.workload.mice import MiceArrivals, poisson_mice
+from fabricpilot.workload.placement import POLICIES, PlacementError, place_gpus
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage, busbw_factor
+
+__all__ = [
+    "ALGORITHMS",
+    "MODES",
+    "POLICIES",
+    "CollectivePlan",
+    "MiceArrivals",
+    "Op",
+    "PlacementError",
+    "Stage",
+    "alltoall",
+    "broadcast",
+    "build_collective",
+    "busbw_factor",
+    "hierarchical_allreduce",
+    "hierarchical_alltoall",
+    "host_matrix",
+    "place_gpus",
+    "poisson_mice",
+    "ring_allgather",
+    "ring_allreduce",
+    "ring_reducescatter",
+]

@@ -1,0 +1,508 @@
+"""Collective generators: what an NCCL-style collective asks the fabric to carry.
+
+Every generator is a pure function of the ranks (global GPU ids, in ring order) and the
+nccl-tests size ``S`` (see ``fabricpilot.workload.plan.busbw_factor`` for what ``S`` means per
+operation). It returns a tuple of ``Stage`` (barrier-separated phases); ``build_collective``
+wraps them in a ``CollectivePlan``.
+
+GPU ids are global ints. With ``gpus_per_host`` ``g``, GPU ``x`` sits on host ``x // g`` with
+local rank ``x % g`` (on rail-optimised hosts the local rank is also the rail).
+
+Two modes for rings (see engine-notes, "Collectives as streams"):
+
+* ``"stream"``: one stage in which every neighbour pair of the ring streams its whole share at
+  once; the transfers share one coupled ``group`` (the ring advances at the pace of its slowest
+  hop) and ``hops`` carries the latency term (e.g. ``2(n-1)`` for AllReduce).
+* ``"steps"``: the textbook synchronised algorithm, one stage per ring step, chunks of
+  ``ceil(S/n)``, independent transfers, ``hops == 1``.
+
+Sizes are rounded up to whole bytes with ``ceil`` on the exact rational value, so the bytes a
+rank sends are never below the textbook cost. The arrays of the returned stages are read-only:
+the stages of a ``steps`` ring share them (2(n-1) copies of an 8192-rank ring would not fit).
+
+Construction is vectorised with numpy: no Python loop per transfer, only loops over ring steps
+(which build ``Stage`` objects around shared arrays).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage
+
+__all__ = [
+    "ALGORITHMS",
+    "MODES",
+    "alltoall",
+    "broadcast",
+    "build_collective",
+    "hierarchical_allreduce",
+    "hierarchical_alltoall",
+    "host_matrix",
+    "ring_allgather",
+    "ring_allreduce",
+    "ring_reducescatter",
+]
+
+ALGORITHMS: tuple[str, ...] = ("auto", "ring", "hierarchical", "flat")
+MODES: tuple[str, ...] = ("stream", "steps")
+
+Ranks = Sequence[int] | NDArray[np.integer]
+
+# Explicit algorithms each operation supports (``auto`` is resolved to one of these).
+_SUPPORTED: dict[Op, tuple[str, ...]] = {
+    Op.ALLREDUCE: ("ring", "hierarchical"),
+    Op.REDUCESCATTER: ("ring",),
+    Op.ALLGATHER: ("ring",),
+    Op.BROADCAST: ("ring",),
+    Op.ALLTOALL: ("flat", "hierarchical"),
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints, exact for any size (no float rounding)."""
+    return -(-a // b)
+
+
+def _ranks_array(ranks: Ranks | ArrayLike) -> NDArray[np.int64]:
+    """Validate ``ranks`` (1-D, integral, >= 0, distinct) and return them as int64."""
+    arr = np.asarray(ranks)
+    if arr.ndim != 1:
+        raise ValueError(f"ranks must be a 1-D sequence of GPU ids, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("ranks must not be empty")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"ranks must be integer GPU ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=True)  # ours: the stages built from it are read-only
+    if np.any(arr < 0):
+        raise ValueError("GPU ids in ranks must be >= 0")
+    uniq, counts = np.unique(arr, return_counts=True)
+    if len(uniq) != len(arr):
+        dups = uniq[counts > 1][:5].tolist()
+        raise ValueError(f"ranks must be distinct; repeated GPU ids: {dups}")
+    return arr
+
+
+def _size(size_bytes: int) -> int:
+    """Validate a byte count (integral, >= 0) and return it as a Python int."""
+    try:
+        s = operator.index(size_bytes)
+    except TypeError:
+        raise ValueError(f"size_bytes must be an integer, got {size_bytes!r}") from None
+    if s < 0:
+        raise ValueError(f"size_bytes must be >= 0, got {s}")
+    return s
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+def _full(n: int, value: int) -> NDArray[np.int64]:
+    return np.full(n, value, dtype=np.int64)
+
+
+def _frozen(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """Mark every array of ``stages`` read-only (step stages share their arrays)."""
+    for st in stages:
+        for a in (st.src, st.dst, st.size_bytes, st.group):
+            a.setflags(write=False)
+    return stages
+
+
+def _ordered_pairs(m: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """All ordered pairs ``(i, j)``, ``i != j``, of ``range(m)``, without an ``m x m`` mask.
+
+    >>> [a.tolist() for a in _ordered_pairs(3)]
+    [[0, 0, 1, 1, 2, 2], [1, 2, 0, 2, 0, 1]]
+    """
+    if m < 2:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty.copy()
+    idx = np.arange(m * (m - 1), dtype=np.int64)
+    i = idx // (m - 1)
+    k = idx % (m - 1)
+    j = k + (k >= i)
+    return i, j
+
+
+def _ring_stages(
+    src: NDArray[np.int64],
+    dst: NDArray[np.int64],
+    *,
+    share_num: int,
+    chunk: int,
+    steps: int,
+    group: NDArray[np.int64],
+    mode: str,
+    label: str,
+) -> tuple[Stage, ...]:
+    """Stages of one or more parallel rings (``src[i] -> dst[i]`` are the ring hops).
+
+    ``stream``: one stage where each hop carries ``share_num`` bytes (already rounded), coupled
+    by ``group``, ``hops == steps``. ``steps``: ``steps`` stages of ``chunk`` bytes, group -1.
+    """
+    t = len(src)
+    if mode == "stream":
+        return _frozen((
+            Stage(src=src, dst=dst, size_bytes=_full(t, share_num), group=group,
+                  hops=steps, label=label),
+        ))
+    sizes = _full(t, chunk)
+    indep = _full(t, -1)
+    return _frozen(tuple(
+        Stage(src=src, dst=dst, size_bytes=sizes, group=indep, hops=1,
+              label=f"{label} step {k + 1}/{steps}")
+        for k in range(steps)
+    ))
+
+
+def host_matrix(ranks: Ranks, gpus_per_host: int) -> NDArray[np.int64]:
+    """Arrange a job's GPUs as an ``(h, g_local)`` matrix: one row per host, one column per slot.
+
+    Hosts (rows) are ordered by first appearance in ``ranks``; within a host, GPUs are sorted by
+    local rank, so column ``k`` holds the ``k``-th lowest local rank of every host (the same rail
+    on every host when the job uses the same local ranks everywhere). Raises ``ValueError`` when
+    the hosts do not all hold the same number of the job's GPUs.
+
+    >>> host_matrix([5, 4, 0, 1], gpus_per_host=4).tolist()
+    [[4, 5], [0, 1]]
+    """
+    arr = _ranks_array(ranks)
+    g = operator.index(gpus_per_host)
+    if g < 1:
+        raise ValueError(f"gpus_per_host must be >= 1, got {g}")
+    hosts = arr // g
+    uniq, first, inverse, counts = np.unique(
+        hosts, return_index=True, return_inverse=True, return_counts=True
+    )
+    # position of each host in order of first appearance
+    order = np.argsort(first, kind="stable")
+    pos_of_uniq = np.empty(len(uniq), dtype=np.int64)
+    pos_of_uniq[order] = np.arange(len(uniq), dtype=np.int64)
+    host_pos = pos_of_uniq[inverse.reshape(-1)]
+    if np.any(counts != counts[0]):
+        detail = ", ".join(
+            f"host {int(uniq[i])}: {int(counts[i])}" for i in order[:8]
+        )
+        more = ", ..." if len(uniq) > 8 else ""
+        raise ValueError(
+            "hierarchical algorithms need the job to use the same number of GPUs on every "
+            f"host it spans (gpus_per_host={g}); got {detail}{more}"
+        )
+    sort = np.lexsort((arr, host_pos))
+    return arr[sort].reshape(len(uniq), int(counts[0]))
+
+
+# --------------------------------------------------------------------------- rings
+
+
+def ring_allreduce(ranks: Ranks, size_bytes: int, *, mode: str = "stream") -> tuple[Stage, ...]:
+    """Ring AllReduce of ``size_bytes`` (``S``, bytes per rank) over ``ranks`` in ring order.
+
+    ``stream``: one stage, ``ranks[i] -> ranks[i+1]`` each carrying ``ceil(2(n-1)S/n)``, all in
+    coupled group 0, ``hops = 2(n-1)``. ``steps``: ``2(n-1)`` stages (ReduceScatter then
+    AllGather) of ``ceil(S/n)`` per transfer, independent, ``hops = 1``. One rank: no stages.
+
+    >>> (st,) = ring_allreduce([0, 1, 2, 3], 1000)
+    >>> st.dst.tolist(), st.size_bytes.tolist(), st.hops
+    ([1, 2, 3, 0], [1500, 1500, 1500, 1500], 6)
+    >>> len(ring_allreduce([0, 1, 2, 3], 1000, mode="steps"))
+    6
+    """
+    _check_mode(mode)
+    arr = _ranks_array(ranks)
+    s = _size(size_bytes)
+    n = len(arr)
+    if n == 1:
+        return ()
+    return _ring_stages(
+        arr, np.roll(arr, -1), share_num=_ceil_div(2 * (n - 1) * s, n),
+        chunk=_ceil_div(s, n), steps=2 * (n - 1), group=_full(n, 0), mode=mode,
+        label="ring-allreduce",
+    )
+
+
+def ring_reducescatter(
+    ranks: Ranks, size_bytes: int, *, mode: str = "stream"
+) -> tuple[Stage, ...]:
+    """Ring ReduceScatter; ``size_bytes`` is ``S`` = per-rank output × n (nccl-tests).
+
+    ``stream``: one coupled stage, ``ceil((n-1)S/n)`` per hop, ``hops = n-1``. ``steps``:
+    ``n-1`` stages of ``ceil(S/n)``.
+
+    >>> (st,) = ring_reducescatter([0, 1, 2, 3], 1000)
+    >>> st.size_bytes.tolist(), st.hops
+    ([750, 750, 750, 750], 3)
+    """
+    return _ring_half(ranks, size_bytes, mode=mode, label="ring-reducescatter")
+
+
+def ring_allgather(ranks: Ranks, size_bytes: int, *, mode: str = "stream") -> tuple[Stage, ...]:
+    """Ring AllGather; ``size_bytes`` is ``S`` = per-rank input × n (nccl-tests).
+
+    Same traffic as ``ring_reducescatter``: ``stream`` is one coupled stage of
+    ``ceil((n-1)S/n)`` per hop with ``hops = n-1``; ``steps`` is ``n-1`` stages of ``ceil(S/n)``.
+
+    >>> stages = ring_allgather([7, 3, 5], 300, mode="steps")
+    >>> len(stages), stages[0].src.tolist(), stages[0].dst.tolist(), stages[0].size_bytes.tolist()
+    (2, [7, 3, 5], [3, 5, 7], [100, 100, 100])
+    """
+    return _ring_half(ranks, size_bytes, mode=mode, label="ring-allgather")
+
+
+def _ring_half(ranks: Ranks, size_bytes: int, *, mode: str, label: str) -> tuple[Stage, ...]:
+    _check_mode(mode)
+    arr = _ranks_array(ranks)
+    s = _size(size_bytes)
+    n = len(arr)
+    if n == 1:
+        return ()
+    return _ring_stages(
+        arr, np.roll(arr, -1), share_num=_ceil_div((n - 1) * s, n),
+        chunk=_ceil_div(s, n), steps=n - 1, group=_full(n, 0), mode=mode, label=label,
+    )
+
+
+def broadcast(ranks: Ranks, size_bytes: int, root: int = 0) -> tuple[Stage, ...]:
+    """Pipelined chain Broadcast of ``S`` bytes from ``ranks[root]`` (``root`` is an index).
+
+    The chain follows the ring order starting at the root: ``n-1`` transfers of ``S`` bytes,
+    coupled (group 0), ``hops = n-1``.
+
+    >>> (st,) = broadcast([0, 1, 2, 3], 64, root=2)
+    >>> st.src.tolist(), st.dst.tolist(), st.size_bytes.tolist(), st.hops
+    ([2, 3, 0], [3, 0, 1], [64, 64, 64], 3)
+    """
+    arr = _ranks_array(ranks)
+    s = _size(size_bytes)
+    n = len(arr)
+    r = operator.index(root)
+    if not 0 <= r < n:
+        raise ValueError(f"root must be an index into ranks (0..{n - 1}), got {r}")
+    if n == 1:
+        return ()
+    chain = np.roll(arr, -r)
+    return _frozen((
+        Stage(src=chain[:-1].copy(), dst=chain[1:].copy(), size_bytes=_full(n - 1, s),
+              group=_full(n - 1, 0), hops=n - 1, label="chain-broadcast"),
+    ))
+
+
+# --------------------------------------------------------------------------- alltoall
+
+
+def alltoall(ranks: Ranks, size_bytes: int) -> tuple[Stage, ...]:
+    """Flat AlltoAll: every ordered pair ``i != j`` sends ``ceil(S/n)`` (``S`` bytes per rank).
+
+    One stage of ``n(n-1)`` independent transfers (group -1), ``hops = 1``.
+
+    >>> (st,) = alltoall([0, 1, 2, 3], 400)
+    >>> st.n_transfers, set(st.size_bytes.tolist()), st.hops
+    (12, {100}, 1)
+    """
+    arr = _ranks_array(ranks)
+    s = _size(size_bytes)
+    n = len(arr)
+    if n == 1:
+        return ()
+    i, j = _ordered_pairs(n)
+    t = len(i)
+    return _frozen((
+        Stage(src=arr[i], dst=arr[j], size_bytes=_full(t, _ceil_div(s, n)), group=_full(t, -1),
+              hops=1, label="alltoall"),
+    ))
+
+
+def hierarchical_alltoall(
+    ranks: Ranks, size_bytes: int, gpus_per_host: int
+) -> tuple[Stage, ...]:
+    """AlltoAll in NCCL PXN style on rail-optimised hosts (``S`` bytes per rank).
+
+    With ``h`` hosts of ``g`` job GPUs each (``n = h g``, chunk ``c = ceil(S/n)``), see
+    ``host_matrix`` for the (host, slot) layout:
+
+    * stage A (intra-host, NVLink): ``(a, r) -> (a, r')`` for ``r' != r`` carries the chunks
+      ``(a, r)`` owes local slot ``r'`` of *every* host: ``h c`` bytes; skipped if ``g == 1``;
+    * stage B (inter-host, same rail): ``(a, r) -> (b, r)`` for ``b != a`` carries the chunks
+      every GPU of host ``a`` owes ``(b, r)``: ``g c`` bytes; skipped if ``h == 1``.
+
+    All transfers are independent (group -1), ``hops = 1``.
+
+    >>> a, b = hierarchical_alltoall(range(8), 800, gpus_per_host=4)
+    >>> a.n_transfers, int(a.size_bytes[0]), b.n_transfers, int(b.size_bytes[0])
+    (24, 200, 8, 400)
+    """
+    m = host_matrix(ranks, gpus_per_host)
+    s = _size(size_bytes)
+    h, g = m.shape
+    n = h * g
+    if n == 1:
+        return ()
+    c = _ceil_div(s, n)
+    stages: list[Stage] = []
+    if g > 1:
+        pi, pj = _ordered_pairs(g)
+        src = m[:, pi].reshape(-1)
+        dst = m[:, pj].reshape(-1)
+        stages.append(Stage(src=src, dst=dst, size_bytes=_full(len(src), h * c),
+                            group=_full(len(src), -1), hops=1, label="pxn-intra"))
+    if h > 1:
+        qi, qj = _ordered_pairs(h)
+        src = m[qi, :].reshape(-1)
+        dst = m[qj, :].reshape(-1)
+        stages.append(Stage(src=src, dst=dst, size_bytes=_full(len(src), g * c),
+                            group=_full(len(src), -1), hops=1, label="pxn-rail"))
+    return _frozen(tuple(stages))
+
+
+# --------------------------------------------------------------------------- hierarchical AR
+
+
+def hierarchical_allreduce(
+    ranks: Ranks, size_bytes: int, gpus_per_host: int, *, mode: str = "stream"
+) -> tuple[Stage, ...]:
+    """Hierarchical AllReduce: intra-host ReduceScatter, per-rail AllReduce, intra-host AllGather.
+
+    ``S`` is bytes per rank; ``h`` hosts with ``g`` job GPUs each (see ``host_matrix``).
+
+    * A: per host, a ring ReduceScatter of ``S`` over its ``g`` GPUs: ``ceil((g-1)S/g)`` per
+      hop, one coupled group per host (group id = host position), ``hops = g-1``; skipped if
+      ``g == 1``.
+    * B: per slot ``r`` (a rail), a ring AllReduce of ``S/g`` bytes per rank over the ``h``
+      hosts. ``stream``: ``ceil(2(h-1)S/(g h))`` per hop, one coupled group per rail (group id =
+      slot), ``hops = 2(h-1)``; ``steps``: ``2(h-1)`` stages of ``ceil(S/(g h))``, independent.
+      Skipped if ``h == 1``.
+    * C: per host, a ring AllGather, the mirror of A.
+
+    A and C are the same in both modes (NVLink streams); ``mode`` applies to the inter-host
+    stage B only.
+
+    >>> a, b, c = hierarchical_allreduce(range(8), 800, gpus_per_host=4)
+    >>> int(a.size_bytes[0]), a.hops, int(b.size_bytes[0]), b.hops, b.n_transfers
+    (600, 3, 200, 2, 8)
+    """
+    _check_mode(mode)
+    m = host_matrix(ranks, gpus_per_host)
+    s = _size(size_bytes)
+    h, g = m.shape
+    stages: list[Stage] = []
+    intra: Stage | None = None
+    if g > 1:
+        src = m.reshape(-1)
+        dst = np.roll(m, -1, axis=1).reshape(-1)
+        grp = np.repeat(np.arange(h, dtype=np.int64), g)
+        share = _ceil_div((g - 1) * s, g)
+        intra = Stage(src=src, dst=dst, size_bytes=_full(len(src), share), group=grp,
+                      hops=g - 1, label="intra-reducescatter")
+        stages.append(intra)
+    if h > 1:
+        src = m.reshape(-1)
+        dst = np.roll(m, -1, axis=0).reshape(-1)
+        grp = np.tile(np.arange(g, dtype=np.int64), h)
+        stages.extend(_ring_stages(
+            src, dst, share_num=_ceil_div(2 * (h - 1) * s, g * h),
+            chunk=_ceil_div(s, g * h), steps=2 * (h - 1), group=grp, mode=mode,
+            label="rail-allreduce",
+        ))
+    if intra is not None:
+        stages.append(Stage(src=intra.src, dst=intra.dst, size_bytes=intra.size_bytes,
+                            group=intra.group, hops=intra.hops, label="intra-allgather"))
+    return _frozen(tuple(stages))
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int) -> str:
+    """``auto``: hierarchical for AllReduce / AlltoAll on multi-GPU hosts, else ring / flat."""
+    flat_name = "flat" if op is Op.ALLTOALL else "ring"
+    if op not in (Op.ALLREDUCE, Op.ALLTOALL) or gpus_per_host <= 1:
+        return flat_name
+    _, counts = np.unique(arr // gpus_per_host, return_counts=True)
+    spans_hosts = len(counts) >= 2
+    multi_gpu_host = bool(np.any(counts > 1))
+    equal = bool(np.all(counts == counts[0]))
+    if spans_hosts and multi_gpu_host and equal:
+        return "hierarchical"
+    return flat_name
+
+
+def build_collective(
+    op: Op | str,
+    ranks: Ranks,
+    size_bytes: int,
+    *,
+    gpus_per_host: int = 1,
+    algorithm: str = "auto",
+    mode: str = "stream",
+    root: int = 0,
+) -> CollectivePlan:
+    """Build the ``CollectivePlan`` of one collective call.
+
+    ``size_bytes`` is nccl-tests' ``S`` for ``op``. ``algorithm``: ``"ring"`` (AllReduce,
+    ReduceScatter, AllGather, Broadcast), ``"flat"`` (AlltoAll), ``"hierarchical"`` (AllReduce,
+    AlltoAll; PXN for the latter) or ``"auto"``: hierarchical for AllReduce / AlltoAll when
+    ``gpus_per_host > 1``, the job spans >= 2 hosts, some host holds > 1 of its GPUs and every
+    host holds the same number (the hierarchical algorithms need that), else ring / flat.
+    ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll and Broadcast have a single
+    form. ``CollectivePlan.algorithm`` records what was used: ``ring``, ``ring-steps``,
+    ``hierarchical``, ``hierarchical-steps``, ``flat`` or ``pxn``.
+
+    >>> p = build_collective("allreduce", range(16), 1 << 20, gpus_per_host=8)
+    >>> p.algorithm, [s.label for s in p.stages]
+    ('hierarchical', ['intra-reducescatter', 'rail-allreduce', 'intra-allgather'])
+    >>> build_collective("alltoall", [0, 1, 2, 3], 400).algorithm
+    'flat'
+    """
+    try:
+        op = Op(op)
+    except ValueError:
+        allowed = ", ".join(o.value for o in Op)
+        raise ValueError(f"unknown collective op {op!r}; expected one of {allowed}") from None
+    if algorithm not in ALGORITHMS:
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}"
+        )
+    _check_mode(mode)
+    arr = _ranks_array(ranks)
+    s = _size(size_bytes)
+    g = operator.index(gpus_per_host)
+    if g < 1:
+        raise ValueError(f"gpus_per_host must be >= 1, got {g}")
+
+    algo = _resolve_auto(op, arr, g) if algorithm == "auto" else algorithm
+    if algo not in _SUPPORTED[op]:
+        raise ValueError(
+            f"algorithm {algo!r} is not available for {op.value}; "
+            f"use one of auto, {', '.join(_SUPPORTED[op])}"
+        )
+
+    stages: tuple[Stage, ...]
+    steps_suffix = "-steps" if mode == "steps" else ""
+    if op is Op.ALLREDUCE and algo == "ring":
+        stages, used = ring_allreduce(arr, s, mode=mode), "ring" + steps_suffix
+    elif op is Op.ALLREDUCE:
+        stages = hierarchical_allreduce(arr, s, g, mode=mode)
+        used = "hierarchical" + steps_suffix
+    elif op is Op.REDUCESCATTER:
+        stages, used = ring_reducescatter(arr, s, mode=mode), "ring" + steps_suffix
+    elif op is Op.ALLGATHER:
+        stages, used = ring_allgather(arr, s, mode=mode), "ring" + steps_suffix
+    elif op is Op.BROADCAST:
+        stages, used = broadcast(arr, s, root=root), "ring"
+    elif algo == "flat":
+        stages, used = alltoall(arr, s), "flat"
+    else:
+        stages, used = hierarchical_alltoall(arr, s, g), "pxn"
+    return CollectivePlan(
+        op=op, ranks=tuple(int(x) for x in arr), size_bytes=s, algorithm=used, stages=stages
+    )

@@ -1,0 +1,403 @@
+"""Collective generators: sizes, counts and routes checked against hand-computed numbers."""
+
+from __future__ import annotations
+
+import doctest
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+
+from fabricpilot.workload import collectives
+from fabricpilot.workload.collectives import (
+    alltoall,
+    broadcast,
+    build_collective,
+    hierarchical_allreduce,
+    hierarchical_alltoall,
+    host_matrix,
+    ring_allgather,
+    ring_allreduce,
+    ring_reducescatter,
+)
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage, busbw_factor
+
+
+def sent_per_gpu(stages: tuple[Stage, ...], gpus: list[int]) -> dict[int, int]:
+    """Bytes each GPU sends over all stages (a plain loop: independent of the generators)."""
+    out = dict.fromkeys(gpus, 0)
+    for st in stages:
+        for s, b in zip(st.src.tolist(), st.size_bytes.tolist(), strict=True):
+            out[s] += b
+    return out
+
+
+def received_per_gpu(stages: tuple[Stage, ...], gpus: list[int]) -> dict[int, int]:
+    out = dict.fromkeys(gpus, 0)
+    for st in stages:
+        for d, b in zip(st.dst.tolist(), st.size_bytes.tolist(), strict=True):
+            out[d] += b
+    return out
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(collectives)
+    assert result.attempted > 0
+    assert result.failed == 0
+
+
+# ------------------------------------------------------------------------ ring AllReduce
+
+
+def test_ring_allreduce_stream_n4() -> None:
+    (st,) = ring_allreduce([0, 1, 2, 3], 1000)
+    assert st.src.tolist() == [0, 1, 2, 3]
+    assert st.dst.tolist() == [1, 2, 3, 0]
+    assert st.size_bytes.tolist() == [1500] * 4  # ceil(2*3*1000/4)
+    assert st.group.tolist() == [0] * 4
+    assert st.hops == 6  # 2(n-1)
+    # textbook ring cost: every rank sends and receives 2(n-1)/n * S
+    assert set(sent_per_gpu((st,), [0, 1, 2, 3]).values()) == {1500}
+    assert set(received_per_gpu((st,), [0, 1, 2, 3]).values()) == {1500}
+
+
+def test_ring_allreduce_steps_n4() -> None:
+    stages = ring_allreduce([0, 1, 2, 3], 1000, mode="steps")
+    assert len(stages) == 6
+    for st in stages:
+        assert st.n_transfers == 4
+        assert st.size_bytes.tolist() == [250] * 4
+        assert st.group.tolist() == [-1] * 4
+        assert st.hops == 1
+        assert st.dst.tolist() == [1, 2, 3, 0]
+    assert set(sent_per_gpu(stages, [0, 1, 2, 3]).values()) == {1500}
+
+
+def test_ring_allreduce_rounds_up() -> None:
+    (st,) = ring_allreduce([0, 1, 2], 1000)
+    assert st.size_bytes.tolist() == [1334] * 3  # ceil(4000/3)
+    steps = ring_allreduce([0, 1, 2], 1000, mode="steps")
+    assert len(steps) == 4
+    assert {int(s.size_bytes[0]) for s in steps} == {334}  # ceil(1000/3)
+
+
+def test_ring_follows_given_order() -> None:
+    (st,) = ring_allreduce([7, 3, 5], 300)
+    assert st.src.tolist() == [7, 3, 5]
+    assert st.dst.tolist() == [3, 5, 7]
+
+
+def test_single_rank_has_no_stages() -> None:
+    assert ring_allreduce([4], 1000) == ()
+    assert ring_allreduce([4], 1000, mode="steps") == ()
+    assert ring_reducescatter([4], 1000) == ()
+    assert alltoall([4], 1000) == ()
+    assert broadcast([4], 1000) == ()
+    plan = build_collective(Op.ALLREDUCE, [4], 1000)
+    assert plan.stages == ()
+    assert plan.total_bytes == 0
+
+
+def test_two_ranks() -> None:
+    (st,) = ring_allreduce([0, 1], 1000)
+    assert st.src.tolist() == [0, 1]
+    assert st.dst.tolist() == [1, 0]
+    assert st.size_bytes.tolist() == [1000, 1000]  # 2*1/2*1000
+    assert st.hops == 2
+
+
+# ------------------------------------------------------------------------ RS / AG
+
+
+@pytest.mark.parametrize("fn", [ring_reducescatter, ring_allgather])
+def test_ring_half_collectives(fn: Callable[..., tuple[Stage, ...]]) -> None:
+    (st,) = fn([0, 1, 2, 3], 1000)
+    assert st.size_bytes.tolist() == [750] * 4  # ceil(3*1000/4)
+    assert st.group.tolist() == [0] * 4
+    assert st.hops == 3
+    steps = fn([0, 1, 2, 3], 1000, mode="steps")
+    assert len(steps) == 3
+    for s in steps:
+        assert s.size_bytes.tolist() == [250] * 4
+        assert s.group.tolist() == [-1] * 4
+        assert s.hops == 1
+
+
+# ------------------------------------------------------------------------ AlltoAll
+
+
+def test_alltoall_n4() -> None:
+    (st,) = alltoall([0, 1, 2, 3], 400)
+    assert st.n_transfers == 12
+    assert st.size_bytes.tolist() == [100] * 12
+    assert st.group.tolist() == [-1] * 12
+    assert st.hops == 1
+    pairs = set(zip(st.src.tolist(), st.dst.tolist(), strict=True))
+    assert pairs == {(i, j) for i in range(4) for j in range(4) if i != j}
+    assert set(sent_per_gpu((st,), [0, 1, 2, 3]).values()) == {300}  # (n-1)/n * S
+    assert set(received_per_gpu((st,), [0, 1, 2, 3]).values()) == {300}
+
+
+def test_alltoall_every_pair_once_larger() -> None:
+    ranks = list(range(100, 164))
+    (st,) = alltoall(ranks, 64 * 1000)
+    assert st.n_transfers == 64 * 63
+    keys = st.src * 1000 + st.dst
+    assert len(np.unique(keys)) == 64 * 63
+    assert not np.any(st.src == st.dst)
+    assert set(st.size_bytes.tolist()) == {1000}
+
+
+# ------------------------------------------------------------------------ Broadcast
+
+
+def test_broadcast_chain_from_root() -> None:
+    (st,) = broadcast([10, 11, 12, 13], 4096, root=1)
+    assert st.src.tolist() == [11, 12, 13]
+    assert st.dst.tolist() == [12, 13, 10]
+    assert st.size_bytes.tolist() == [4096] * 3
+    assert st.group.tolist() == [0] * 3
+    assert st.hops == 3
+
+
+def test_broadcast_bad_root() -> None:
+    with pytest.raises(ValueError, match="root"):
+        broadcast([0, 1, 2], 10, root=3)
+
+
+# ------------------------------------------------------------------------ hierarchical AlltoAll
+
+
+def _host(x: np.ndarray, g: int) -> np.ndarray:
+    return x // g
+
+
+def test_pxn_alltoall_2x4() -> None:
+    g = 4
+    ranks = list(range(8))  # hosts 0 and 1, four GPUs each
+    s = 800  # n = 8, chunk = 100
+    a, b = hierarchical_alltoall(ranks, s, g)
+    # stage A: per host, 4*3 ordered pairs, each carrying h * chunk = 2 * 100
+    assert a.n_transfers == 2 * 12
+    assert set(a.size_bytes.tolist()) == {200}
+    assert np.all(_host(a.src, g) == _host(a.dst, g))
+    # stage B: per rail, 2*1 ordered host pairs, each carrying g * chunk = 4 * 100
+    assert b.n_transfers == 4 * 2
+    assert set(b.size_bytes.tolist()) == {400}
+    assert np.all(_host(b.src, g) != _host(b.dst, g))  # only crosses hosts
+    assert np.all(b.src % g == b.dst % g)  # stays on the rail
+    for st in (a, b):
+        assert set(st.group.tolist()) == {-1}
+        assert st.hops == 1
+
+    # payload that ends at each GPU: everything arriving by rail (stage B) is final; of what
+    # arrives over NVLink (stage A), 1 chunk of the h per transfer is for the receiver itself
+    # and h-1 are forwarded in stage B. Total final payload = (n-1) chunks = (n-1)/n * S.
+    recv_b = received_per_gpu((b,), ranks)
+    recv_a = received_per_gpu((a,), ranks)
+    for gpu in ranks:
+        final = recv_b[gpu] + recv_a[gpu] // 2
+        assert final == 700  # 7/8 * 800
+    # inter-host bytes per GPU equal flat AlltoAll's: (h-1) * g chunks
+    assert set(sent_per_gpu((b,), ranks).values()) == {400}
+
+
+def test_pxn_alltoall_3x4_payload() -> None:
+    g = 4
+    ranks = list(range(12))
+    a, b = hierarchical_alltoall(ranks, 1200, g)  # n = 12, chunk = 100, h = 3
+    assert (a.n_transfers, int(a.size_bytes[0])) == (3 * 12, 300)
+    assert (b.n_transfers, int(b.size_bytes[0])) == (4 * 6, 400)
+    recv_a = received_per_gpu((a,), ranks)
+    recv_b = received_per_gpu((b,), ranks)
+    for gpu in ranks:
+        assert recv_b[gpu] + recv_a[gpu] // 3 == 1100  # 11/12 * 1200
+
+
+def test_pxn_skips_empty_stages() -> None:
+    (only_a,) = hierarchical_alltoall([0, 1, 2, 3], 400, 4)  # one host
+    assert only_a.label == "pxn-intra"
+    assert set(only_a.size_bytes.tolist()) == {100}  # h = 1
+    (only_b,) = hierarchical_alltoall([0, 4, 8], 300, 4)  # one GPU per host
+    assert only_b.label == "pxn-rail"
+    assert only_b.n_transfers == 6
+    assert set(only_b.size_bytes.tolist()) == {100}  # g = 1
+
+
+# ------------------------------------------------------------------------ hierarchical AllReduce
+
+
+def test_hier_allreduce_2x4_stream() -> None:
+    g = 4
+    ranks = list(range(8))
+    a, b, c = hierarchical_allreduce(ranks, 800, g)
+    # A: intra-host ring ReduceScatter, ceil(3*800/4) = 600 per hop, hops 3
+    assert a.src.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert a.dst.tolist() == [1, 2, 3, 0, 5, 6, 7, 4]
+    assert set(a.size_bytes.tolist()) == {600}
+    assert a.group.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert a.hops == 3
+    # B: per rail, ring AllReduce of 800/4 = 200 bytes per rank over 2 hosts: 2*1*200/2 = 200
+    assert b.n_transfers == 8
+    assert set(b.size_bytes.tolist()) == {200}
+    assert b.hops == 2
+    assert np.all(_host(b.src, g) != _host(b.dst, g))
+    assert np.all(b.src % g == b.dst % g)
+    assert sorted(set(b.group.tolist())) == [0, 1, 2, 3]  # one coupled group per rail
+    # C mirrors A
+    assert c.src.tolist() == a.src.tolist()
+    assert c.dst.tolist() == a.dst.tolist()
+    assert c.size_bytes.tolist() == a.size_bytes.tolist()
+    assert c.hops == 3
+
+
+def test_hier_allreduce_4x2_matches_textbook_cost() -> None:
+    g = 2
+    ranks = list(range(8))
+    a, b, c = hierarchical_allreduce(ranks, 1000, g)
+    assert set(a.size_bytes.tolist()) == {500}  # ceil(1*1000/2)
+    assert a.hops == 1
+    assert set(b.size_bytes.tolist()) == {750}  # S/g = 500 per rank, 2*3*500/4
+    assert b.hops == 6
+    # total per GPU = 2(n-1)/n * S = 1750, same as a flat ring
+    assert set(sent_per_gpu((a, b, c), ranks).values()) == {1750}
+
+    steps = hierarchical_allreduce(ranks, 1000, g, mode="steps")
+    assert len(steps) == 1 + 6 + 1
+    mids = steps[1:-1]
+    for st in mids:
+        assert set(st.size_bytes.tolist()) == {125}  # ceil(1000/8)
+        assert set(st.group.tolist()) == {-1}
+        assert st.hops == 1
+        assert st.n_transfers == 8
+    assert set(sent_per_gpu(steps, ranks).values()) == {1750}
+
+
+def test_hier_allreduce_degenerate_shapes() -> None:
+    # one host: A and C only (an intra-host ring AllReduce)
+    stages = hierarchical_allreduce([0, 1, 2, 3], 1000, 4)
+    assert [s.label for s in stages] == ["intra-reducescatter", "intra-allgather"]
+    # one GPU per host: B only, a ring AllReduce across hosts
+    (b,) = hierarchical_allreduce([0, 8, 16, 24], 1000, 8)
+    assert set(b.size_bytes.tolist()) == {1500}
+    assert b.hops == 6
+
+
+def test_hosts_ordered_by_first_appearance() -> None:
+    m = host_matrix([6, 7, 4, 5, 1, 0, 3, 2], 4)
+    assert m.tolist() == [[4, 5, 6, 7], [0, 1, 2, 3]]
+    a, _b, _c = hierarchical_allreduce([6, 7, 4, 5, 1, 0, 3, 2], 800, 4)
+    assert a.src.tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("fn", [hierarchical_allreduce, hierarchical_alltoall])
+def test_unequal_hosts_raise(fn: Callable[..., tuple[Stage, ...]]) -> None:
+    with pytest.raises(ValueError, match="same number of GPUs on every host"):
+        fn([0, 1, 2, 4], 1000, 4)
+
+
+# ------------------------------------------------------------------------ build_collective
+
+
+@pytest.mark.parametrize(
+    ("op", "ranks", "gph", "expected"),
+    [
+        (Op.ALLREDUCE, range(16), 8, "hierarchical"),
+        (Op.ALLREDUCE, range(8), 8, "ring"),  # one host
+        (Op.ALLREDUCE, [0, 8, 16, 24], 8, "ring"),  # one GPU per host
+        (Op.ALLREDUCE, range(16), 1, "ring"),  # gpus_per_host == 1
+        (Op.ALLREDUCE, [0, 1, 2, 8], 8, "ring"),  # unequal hosts: hierarchical impossible
+        (Op.ALLTOALL, range(16), 8, "pxn"),
+        (Op.ALLTOALL, range(8), 8, "flat"),
+        (Op.ALLTOALL, [0, 8], 8, "flat"),
+        (Op.REDUCESCATTER, range(16), 8, "ring"),
+        (Op.ALLGATHER, range(16), 8, "ring"),
+        (Op.BROADCAST, range(16), 8, "ring"),
+    ],
+)
+def test_auto_algorithm(op: Op, ranks: Sequence[int], gph: int, expected: str) -> None:
+    plan = build_collective(op, ranks, 1 << 20, gpus_per_host=gph)
+    assert plan.algorithm == expected
+
+
+def test_plan_fields() -> None:
+    plan = build_collective("allreduce", [3, 1, 2, 0], 1000)
+    assert isinstance(plan, CollectivePlan)
+    assert plan.op is Op.ALLREDUCE
+    assert plan.ranks == (3, 1, 2, 0)
+    assert plan.size_bytes == 1000
+    assert plan.algorithm == "ring"
+    assert plan.total_bytes == 4 * 1500
+    steps = build_collective("allreduce", [3, 1, 2, 0], 1000, mode="steps")
+    assert steps.algorithm == "ring-steps"
+    assert steps.total_bytes == plan.total_bytes  # stream and steps agree when n | S
+    hier = build_collective("allreduce", range(16), 1600, gpus_per_host=8, mode="steps")
+    assert hier.algorithm == "hierarchical-steps"
+
+
+def test_explicit_algorithms() -> None:
+    flat = build_collective("allreduce", range(16), 1600, gpus_per_host=8, algorithm="ring")
+    assert flat.algorithm == "ring"
+    assert len(flat.stages) == 1
+    a2a = build_collective("alltoall", range(16), 1600, gpus_per_host=8, algorithm="flat")
+    assert a2a.algorithm == "flat"
+    with pytest.raises(ValueError, match="same number of GPUs"):
+        build_collective("allreduce", [0, 1, 2, 8], 100, gpus_per_host=8,
+                         algorithm="hierarchical")
+    with pytest.raises(ValueError, match="not available for allreduce"):
+        build_collective("allreduce", range(4), 100, algorithm="flat")
+    with pytest.raises(ValueError, match="not available for reducescatter"):
+        build_collective("reducescatter", range(4), 100, algorithm="hierarchical")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"algorithm": "tree"}, "auto, ring, hierarchical, flat"),
+        ({"mode": "chunks"}, "stream, steps"),
+        ({"gpus_per_host": 0}, "gpus_per_host"),
+    ],
+)
+def test_bad_options(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_collective("allreduce", range(4), 100, **kwargs)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        build_collective("allreduce", [0, 1, 1, 2], 100)
+    with pytest.raises(ValueError, match=">= 0"):
+        build_collective("allreduce", [0, 1], -1)
+    with pytest.raises(ValueError, match="unknown collective op"):
+        build_collective("reduce_all", [0, 1], 100)
+    with pytest.raises(ValueError, match="stream, steps"):
+        ring_allreduce([0, 1], 100, mode="bogus")
+
+
+@pytest.mark.parametrize("op", list(Op))
+def test_per_rank_bytes_match_busbw_factor(op: Op) -> None:
+    """On a flat ring / flat AlltoAll, the busiest GPU sends busbw_factor * S (n | S)."""
+    n, s = 8, 8000
+    plan = build_collective(op, range(n), s, algorithm="flat" if op is Op.ALLTOALL else "auto")
+    busiest = max(sent_per_gpu(plan.stages, list(range(n))).values())
+    assert busiest == busbw_factor(op, n) * s
+
+
+def test_arrays_int64_and_read_only() -> None:
+    plan = build_collective("allreduce", range(16), 1 << 20, gpus_per_host=8)
+    for st in plan.stages:
+        for arr in (st.src, st.dst, st.size_bytes, st.group):
+            assert arr.dtype == np.int64
+            assert not arr.flags.writeable
+    ranks = np.arange(4)
+    ring_allreduce(ranks, 100)
+    assert ranks.flags.writeable  # the caller's array is not touched
+
+
+def test_large_ring_is_cheap() -> None:
+    n = 8192
+    plan = build_collective("allreduce", range(n), 1 << 30)
+    (st,) = plan.stages
+    assert st.n_transfers == n
+    assert st.hops == 2 * (n - 1)
+    assert int(st.size_bytes[0]) == -(-2 * (n - 1) * (1 << 30) // n)

@@ -1,0 +1,280 @@
+"""Scenario files: the default, the examples, unit strings, and one-line errors for bad files."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fabricpilot.errors import ScenarioError
+from fabricpilot.scenario import (
+    Scenario,
+    check_gpu_count,
+    default_scenario,
+    default_scenario_path,
+    load_scenario,
+    scenario_from_dict,
+)
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "topology": {"kind": "leaf_spine", "hosts": 16, "gpus_per_host": 8, "nics_per_leaf": 16},
+    "jobs": [
+        {"name": "a", "gpus": 8, "collectives": [{"op": "allreduce", "size_bytes": 1024}]},
+        {"name": "b", "gpus": 8, "collectives": [{"op": "alltoall", "size_bytes": 1024}]},
+    ],
+}
+
+
+def base() -> dict[str, Any]:
+    """A fresh copy of a small valid scenario (128 GPUs, two 8-GPU jobs)."""
+    return copy.deepcopy(BASE)
+
+
+def write(tmp_path: Path, data: dict[str, Any] | str, name: str = "bad.yaml") -> Path:
+    """Write ``data`` (a dict or raw YAML text) to ``tmp_path / name``."""
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def load_error(path: Path) -> ScenarioError:
+    """Load ``path``, expecting a ScenarioError; check it is one line naming the file."""
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    err = info.value
+    message = str(err)
+    assert "\n" not in message
+    assert path.name in message
+    assert message == f"{err.source}: {err.field}: {err.problem}" or not err.field
+    return err
+
+
+# --- what loads ---------------------------------------------------------------------------
+
+
+def test_default_scenario() -> None:
+    scenario = default_scenario()
+    assert scenario.name == "default"
+    assert scenario.topology.n_gpus is not None and scenario.topology.n_gpus >= 128
+    assert scenario.topology.gpus_per_host == 8
+    assert scenario.topology.n_leaves == 8 and scenario.topology.n_spines == 16
+    assert len(scenario.jobs) >= 3
+    ops = {c.op for job in scenario.jobs for c in job.collectives}
+    assert {"allreduce", "alltoall"} <= ops
+    assert scenario.mice is not None and scenario.mice.size_bytes == 16 * 1024
+    assert scenario.seed == 7 and scenario.policies == ["ecmp", "ideal"]
+    assert sum(job.gpus for job in scenario.jobs) <= scenario.topology.n_gpus
+    assert default_scenario_path().is_file()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_load(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.jobs
+
+
+def test_expected_examples_exist() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {
+        "oversubscribed_2to1.yaml",
+        "fat_tree_k8.yaml",
+        "permutation_ecmp_collisions.yaml",
+        "qp_scaling.yaml",
+    } <= names
+
+
+def test_quantity_strings_convert() -> None:
+    data = base()
+    data["topology"].update(nic_rate_gbps="0.1Tbps", link_delay_ns="1.5us")
+    data["jobs"][0].update(start_ns="2ms", compute_ns=250)
+    data["jobs"][0]["collectives"][0]["size_bytes"] = "256MiB"
+    data["fabric"] = {"mtu_bytes": "4KiB"}
+    scenario = scenario_from_dict(data, "t.yaml")
+    job = scenario.jobs[0]
+    assert job.collectives[0].size_bytes == 268435456
+    assert job.start_ns == 2000000 and isinstance(job.start_ns, int)
+    assert job.compute_ns == 250
+    assert scenario.topology.nic_rate_gbps == pytest.approx(100.0)
+    assert isinstance(scenario.topology.nic_rate_gbps, float)
+    assert scenario.topology.link_delay_ns == 1500
+    assert scenario.fabric.mtu_bytes == 4096
+
+
+def test_models_are_frozen() -> None:
+    scenario = scenario_from_dict(base(), "t.yaml")
+    with pytest.raises(ValueError):
+        scenario.seed = 3  # type: ignore[misc]
+
+
+def test_fat_tree_and_topology_counts() -> None:
+    data = base()
+    data["topology"] = {"kind": "fat_tree", "k": 8, "gpus_per_host": 4}
+    topology = scenario_from_dict(data, "t.yaml").topology
+    assert topology.n_gpus == 128 and topology.n_hosts == 32
+
+
+def test_file_topology_resolved_relative_to_scenario(tmp_path: Path) -> None:
+    (tmp_path / "topo.json").write_text("{}")
+    data = base()
+    data["topology"] = {"kind": "file", "path": "topo.json"}
+    scenario = load_scenario(write(tmp_path, data, "s.yaml"))
+    assert scenario.topology.path == str((tmp_path / "topo.json").resolve())
+    assert scenario.topology.n_gpus is None
+    with pytest.raises(ScenarioError, match=r"s\.yaml: jobs: jobs need 16 GPUs but the cluster"):
+        check_gpu_count(scenario, 8, "s.yaml")
+
+
+def test_mice_gpus_list() -> None:
+    data = base()
+    data["mice"] = {"rate_per_s": 1000, "duration_ns": "1ms", "gpus": [0, 5, 9]}
+    mice = scenario_from_dict(data, "t.yaml").mice
+    assert mice is not None and mice.gpus == [0, 5, 9] and mice.duration_ns == 1_000_000
+
+
+def test_scenario_constructible_directly() -> None:
+    assert Scenario.model_validate(base()).topology.n_gpus == 128
+
+
+# --- bad files: one line, the exact field, the problem -------------------------------------
+
+
+def _typo(d: dict[str, Any]) -> None:
+    d["topology"]["rate_gpbs"] = 400
+
+
+def _wrong_unit(d: dict[str, Any]) -> None:
+    d["topology"]["link_delay_ns"] = "5Gbps"
+
+
+def _negative_size(d: dict[str, Any]) -> None:
+    d["jobs"][1]["collectives"][0]["size_bytes"] = -5
+
+
+def _gpu_id_out_of_range(d: dict[str, Any]) -> None:
+    d["jobs"][1].update(placement="explicit", gpus=4, gpu_ids=[0, 1, 2, 128])
+
+
+def _job_too_big(d: dict[str, Any]) -> None:
+    d["jobs"][0]["gpus"] = 300
+
+
+def _total_too_big(d: dict[str, Any]) -> None:
+    d["jobs"][0]["gpus"] = 100
+    d["jobs"][1]["gpus"] = 100
+
+
+def _duplicate_names(d: dict[str, Any]) -> None:
+    d["jobs"][1]["name"] = "a"
+
+
+def _explicit_overlap(d: dict[str, Any]) -> None:
+    d["jobs"][0].update(placement="explicit", gpus=3, gpu_ids=[0, 1, 2])
+    d["jobs"][1].update(placement="explicit", gpus=3, gpu_ids=[5, 2, 7])
+
+
+def _k_on_leaf_spine(d: dict[str, Any]) -> None:
+    d["topology"]["k"] = 8
+
+
+def _unknown_literal(d: dict[str, Any]) -> None:
+    d["fabric"] = {"model": "packet"}
+
+
+def _root_out_of_range(d: dict[str, Any]) -> None:
+    d["jobs"][0]["collectives"].append({"op": "broadcast", "size_bytes": 1, "root": 8})
+
+
+def _spines_not_whole(d: dict[str, Any]) -> None:
+    d["topology"]["oversubscription"] = 3
+
+
+def _rail_hosts(d: dict[str, Any]) -> None:
+    d["topology"]["hosts"] = 12
+
+
+def _missing_collectives(d: dict[str, Any]) -> None:
+    del d["jobs"][0]["collectives"]
+
+
+def _mice_out_of_range(d: dict[str, Any]) -> None:
+    d["mice"] = {"rate_per_s": 10, "duration_ns": 1000, "gpus": [0, 200]}
+
+
+def _explicit_without_ids(d: dict[str, Any]) -> None:
+    d["jobs"][0]["placement"] = "explicit"
+
+
+BAD_CASES = [
+    (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
+    (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
+    (_negative_size, "jobs[1].collectives[0].size_bytes", "must be > 0"),
+    (_gpu_id_out_of_range, "jobs[1].gpu_ids[3]", "GPU 128 is outside the cluster"),
+    (_job_too_big, "jobs[0].gpus", "job needs 300 GPUs but the cluster has 128"),
+    (_total_too_big, "jobs", "jobs need 200 GPUs but the cluster has 128"),
+    (_duplicate_names, "jobs[1].name", "duplicate job name 'a'"),
+    (_explicit_overlap, "jobs[1].gpu_ids[1]", "GPU 2 is already used by job 'a'"),
+    (_k_on_leaf_spine, "topology.k", "only valid for kind fat_tree"),
+    (_unknown_literal, "fabric.model", "must be 'flow' (got 'packet')"),
+    (_root_out_of_range, "jobs[0].collectives[1].root", "root rank 8"),
+    (_spines_not_whole, "topology.oversubscription", "whole number"),
+    (_rail_hosts, "topology.hosts", "multiple of nics_per_leaf"),
+    (_missing_collectives, "jobs[0].collectives", "required key is missing"),
+    (_mice_out_of_range, "mice.gpus[1]", "GPU 200 is outside the cluster"),
+    (_explicit_without_ids, "jobs[0].gpu_ids", "required when placement is explicit"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "problem"), BAD_CASES, ids=[c[0].__name__.strip("_") for c in BAD_CASES]
+)
+def test_bad_scenario(tmp_path: Path, mutate: Any, field: str, problem: str) -> None:
+    data = base()
+    mutate(data)
+    err = load_error(write(tmp_path, data))
+    assert err.field == field
+    assert problem in err.problem
+    assert str(err).startswith(f"{tmp_path / 'bad.yaml'}: {field}: ")
+
+
+def test_typo_suggests_the_key(tmp_path: Path) -> None:
+    data = base()
+    data["ecmp"] = {"qps_per_conection": 2}
+    err = load_error(write(tmp_path, data))
+    assert err.field == "ecmp.qps_per_conection"
+    assert "did you mean 'qps_per_connection'?" in err.problem
+
+
+def test_yaml_syntax_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\ntopology:\n  kind: leaf_spine\n  hosts: [16\njobs: []\n")
+    err = load_error(path)
+    assert "invalid YAML at line" in err.problem
+
+
+def test_yaml_duplicate_key(tmp_path: Path) -> None:
+    err = load_error(write(tmp_path, "name: x\nseed: 1\nseed: 2\n"))
+    assert "duplicate key 'seed'" in err.problem and "line 3" in err.problem
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    err = load_error(tmp_path / "nope.yaml")
+    assert err.problem == "file not found"
+
+
+@pytest.mark.parametrize("text", ["", "- 1\n- 2\n", "just a string\n"])
+def test_top_level_not_a_mapping(tmp_path: Path, text: str) -> None:
+    err = load_error(write(tmp_path, text))
+    assert "top level must be a mapping" in err.problem
+
+
+def test_missing_topology_file(tmp_path: Path) -> None:
+    data = base()
+    data["topology"] = {"kind": "file", "path": "missing.json"}
+    err = load_error(write(tmp_path, data))
+    assert err.field == "topology.path"
+    assert err.problem.startswith("file not found: ")

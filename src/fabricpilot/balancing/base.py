@@ -82,9 +82,16 @@ class PolicyContext:
 
 
 class RoutingPolicy(Protocol):
-    """A load-balancing policy: decides which links each transfer's bytes cross."""
+    """A load-balancing policy: decides which links each transfer's bytes cross.
+
+    The columns of the weights a policy returns are links, unless it sets
+    ``column_of_link`` (link id -> column id): then links of one column are interchangeable
+    for it (they always carry the same share) and the engine gives the column the sum of
+    their capacities.
+    """
 
     name: str
+    column_of_link: NDArray[np.int32] | None
 
     def route(self, batch: TransferBatch) -> RoutedBatch: ...
 

@@ -19,34 +19,54 @@ from fabricpilot.balancing.base import (
     assemble,
     register_policy,
 )
-from fabricpilot.topology.paths import intra_host, path_delay_ns, split_fractions, walk_paths
+from fabricpilot.topology.paths import (
+    intra_host,
+    path_delay_ns,
+    split_fractions,
+    symmetric_link_groups,
+    walk_paths,
+)
 
 
 class Ideal:
-    """Fluid spraying over every equal-cost path."""
+    """Fluid spraying over every equal-cost path.
+
+    Links that carry identical load under spraying (the uplinks of a leaf, the spine links
+    into a leaf, ...) are merged into one rate-model column (``column_of_link``), which keeps
+    the rows short on large fabrics without changing any rate (see
+    :func:`~fabricpilot.topology.paths.symmetric_link_groups`).
+    """
 
     name = "ideal"
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
+        self.column_of_link = symmetric_link_groups(ctx.topology)
         self._cache: dict[tuple[int, int], tuple[NDArray[np.int32], NDArray[np.float64]]] = {}
 
     def _split(self, src_sw: int, dst_slot: int) -> tuple[NDArray[np.int32], NDArray]:
+        """Columns (not links) between two leaves and the flow's summed share on each."""
         key = (src_sw, dst_slot)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = split_fractions(self.ctx.topology, src_sw, dst_slot)
+            links, frac = split_fractions(self.ctx.topology, src_sw, dst_slot)
+            cols, inv = np.unique(self.column_of_link[links], return_inverse=True)
+            hit = self._cache[key] = (cols.astype(np.int32),
+                                      np.bincount(inv.reshape(-1), weights=frac))
         return hit
 
     def weights(self, batch: TransferBatch) -> sp.csr_matrix:
-        """One row per transfer: NIC links at 1, fabric links at their spraying share."""
+        """One row per transfer over rate-model columns: NIC links at 1, fabric columns at the
+        flow's spraying share."""
         ct = self.ctx.topology
+        col = self.column_of_link
+        n_cols = int(col.max()) + 1
         n = len(batch)
         nv = intra_host(ct, batch.src, batch.dst)
         first = np.where(nv, ct.gpu_nv_up[batch.src], ct.gpu_up[batch.src])
         last = np.where(nv, ct.gpu_nv_down[batch.dst], ct.gpu_down[batch.dst])
         rows = [np.arange(n), np.arange(n)]
-        cols = [first, last]
+        cols = [col[first], col[last]]
         data = [np.ones(n), np.ones(n)]
         fabric = np.flatnonzero(~nv)
         if len(fabric):
@@ -68,7 +88,7 @@ class Ideal:
             data.append(all_frac[pos])
         return sp.csr_matrix(
             (np.concatenate(data), (np.concatenate(rows), np.concatenate(cols))),
-            shape=(n, ct.n_links),
+            shape=(n, n_cols),
         )
 
     def route(self, batch: TransferBatch) -> RoutedBatch:

@@ -139,7 +139,16 @@ class Engine:
         self.model: RateModel = rate_model or MaxMinRateModel()
         self.eps = batch_rel_eps
         self.progress = progress
-        self.links = LinkState(topology.rate_gbps.copy(), topology.delay_ns.copy())
+        # rate-model columns: links, or groups of interchangeable links chosen by the policy
+        col = getattr(policy, "column_of_link", None)
+        self._col = (np.arange(topology.n_links, dtype=np.int32) if col is None
+                     else np.asarray(col, np.int32))
+        n_cols = int(self._col.max()) + 1 if len(self._col) else 0
+        cap = np.bincount(self._col, weights=topology.rate_gbps, minlength=n_cols)
+        delay = np.zeros(n_cols, np.int64)
+        np.maximum.at(delay, self._col, topology.delay_ns)
+        self.links = LinkState(cap, delay)
+        self._link_share = topology.rate_gbps / cap[self._col]
         self._route_cache: dict[tuple[int, int, int], RoutedBatch] = {}
 
     # ----------------------------------------------------------------- public
@@ -157,7 +166,7 @@ class Engine:
         self._coll_start: dict[tuple[int, int, int], int] = {}
         self._iter_start: dict[tuple[int, int], int] = {}
         # active rows
-        n_links = self.ct.n_links
+        n_links = len(self.links.capacity_gbps)
         self._w = sp.csr_matrix((0, n_links))
         self._remaining = np.zeros(0)
         self._row_flow = np.zeros(0, np.int64)
@@ -219,13 +228,15 @@ class Engine:
                 end[ids] = t
             flows["end_send_ns"] = end
             flows["deliver_ns"] = end + flows["latency_ns"]
+            # the last bytes (e.g. of a mouse) may still be in flight when the last send ends
+            self.now = max(self.now, int(flows["deliver_ns"].max()))
         return EngineOutput(
             sim_time_ns=self.now,
             flows=flows,
             collectives=self._collectives,
             iterations=self._iterations,
-            link_bytes=self._link_bytes,
-            link_peak_util=self._peak,
+            link_bytes=self._link_bytes[self._col] * self._link_share,
+            link_peak_util=self._peak[self._col],
             n_rate_updates=self._n_rate_updates,
             n_events=self._n_events,
         )
@@ -330,7 +341,8 @@ class Engine:
         caps = np.full(len(self._remaining), np.inf)
         self.model.on_change(ActiveFlows(self._w, self._remaining, caps))
         self._rates = self.model.rates_gbps()
-        self._load = self._w.T @ self._rates if len(self._rates) else np.zeros(self.ct.n_links)
+        self._load = (self._w.T @ self._rates if len(self._rates)
+                      else np.zeros(len(self.links.capacity_gbps)))
         self._n_rate_updates += 1
         self._dirty = False
 
@@ -371,6 +383,10 @@ class Engine:
             st.deliver_ns = max(st.deliver_ns, t)
             if st.outstanding == 0:
                 self._at(st.deliver_ns, lambda sid=sid: self._stage_done(sid))
+        # integer-ns steps overshoot (remaining < 0) and batching finishes early (remaining > 0)
+        # by a few bytes: settle them on the links so link bytes equal wire bytes exactly
+        left = self._remaining[done]
+        self._link_bytes += self._w[done].T @ left
         keep = ~batch
         self._w = self._w[keep]
         self._remaining = np.maximum(self._remaining[keep], 0.0)

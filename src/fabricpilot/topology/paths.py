@@ -157,3 +157,63 @@ def path_delay_ns(
     prop = np.where(valid, ct.delay_ns[np.where(valid, paths, 0)], 0).sum(axis=1)
     hops = np.maximum(valid.sum(axis=1) - 1, 0)
     return (prop + hops * int(switch_latency_ns)).astype(np.int64)
+
+
+def symmetric_link_groups(ct: CompiledTopology, seed: int = 12345) -> NDArray[np.int32]:
+    """Group switch-to-switch links that carry identical load under even ECMP spraying.
+
+    Two links are interchangeable for a fluid that every switch splits evenly over its ECMP
+    group when, for every (source leaf, destination leaf) pair, the pair's share on both links
+    is the same, i.e. their columns in any flow x link weight matrix are equal. Their capacity
+    constraints are then identical and can be merged into one (weights and capacities added).
+    This turns the ``S`` uplinks of a leaf (or the ``S`` spine links into a leaf) into one
+    trunk, so the ideal policy's rows shrink from ``2 + 2S`` to 4 non-zeros on a leaf-spine.
+
+    The test uses two random projections of each column over all leaf pairs, computed by
+    dynamic programming over the ECMP DAG toward each destination; links with equal
+    projections and equal capacity share a group. NIC and NVLink links stay alone.
+
+    Returns the group id of every link (``0..n_groups-1``).
+
+    >>> from fabricpilot.topology.builders import leaf_spine
+    >>> from fabricpilot.topology.compiled import compile_topology
+    >>> ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    >>> # 8 NIC links + 2 trunks: leaf0's uplinks and the spine links into leaf1 carry exactly
+    >>> # the flows leaf0 -> leaf1, so all four share one column (and likewise the other way)
+    >>> int(symmetric_link_groups(ct).max()) + 1
+    10
+    """
+    rng = np.random.default_rng(seed)
+    n_sw, n_t = ct.nh_count.shape
+    sw_links = np.flatnonzero((ct.switch_of_node[ct.link_src] >= 0)
+                              & (ct.switch_of_node[ct.link_dst] >= 0))
+    su = ct.switch_of_node[ct.link_src[sw_links]]
+    sv = ct.switch_of_node[ct.link_dst[sw_links]]
+    dist = ct.hop_distance
+    closer = dist[sv] == dist[su] - 1  # [E, T]
+    leaf_sw = np.flatnonzero(ct.leaf_slot >= 0)
+    cnt = np.maximum(ct.nh_count, 1).astype(np.float64)
+    sigs = []
+    for _ in range(2):
+        r_src = rng.random(n_t) + 0.5
+        r_dst = rng.random(n_t) + 0.5
+        arrive = np.zeros((n_sw, n_t))
+        arrive[leaf_sw, :] = r_src[ct.leaf_slot[leaf_sw]][:, None]
+        arrive[leaf_sw, ct.leaf_slot[leaf_sw]] = 0.0
+        per_link = np.zeros(closer.shape)
+        for d in range(int(dist.max(initial=0)), 0, -1):
+            e_idx, t_idx = np.nonzero(closer & (dist[su] == d))
+            u = su[e_idx]
+            part = arrive[u, t_idx] / cnt[u, t_idx]
+            per_link[e_idx, t_idx] = part
+            np.add.at(arrive, (sv[e_idx], t_idx), part)
+        sigs.append(per_link @ r_dst)
+    groups = np.arange(ct.n_links, dtype=np.int64)
+    if len(sw_links):
+        scale = max(float(np.abs(sigs[0]).max()), float(np.abs(sigs[1]).max()), 1e-300)
+        key = np.stack([np.round(sigs[0] / scale, 9), np.round(sigs[1] / scale, 9),
+                        ct.rate_gbps[sw_links]], 1)
+        _, inv = np.unique(key, axis=0, return_inverse=True)
+        groups[sw_links] = ct.n_links + inv.reshape(-1)
+    _, dense = np.unique(groups, return_inverse=True)
+    return dense.reshape(-1).astype(np.int32)

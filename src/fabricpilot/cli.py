@@ -72,10 +72,10 @@ def run(
         sc, source = _load(scenario)
         if seed is not None:
             sc = sc.model_copy(update={"seed": seed})
-        policies = list(policy) if policy else list(sc.policies)
-        for name in policies:
+        for name in policy or []:
             if name not in POLICIES:
                 _fail(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+        policies = list(policy) if policy else list(sc.policies)
         # the comparison is against `ideal`; run it as the reference if it was not asked for
         runs = policies + (["ideal"] if "ideal" not in policies else [])
         prep = prepare(sc, source)

@@ -20,7 +20,7 @@ from fabricpilot.balancing.base import (
     register_policy,
     split_qps,
 )
-from fabricpilot.balancing.hashing import ecmp_hash, gpu_ip, qp_source_port, switch_seed
+from fabricpilot.balancing.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.topology.paths import path_delay_ns, walk_paths
 
 
@@ -34,8 +34,8 @@ def ecmp_paths(
                            entropy=ctx.ecmp.source_port_entropy)
 
     def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64]) -> NDArray:
-        seeds = switch_seed(ctx.seed, switch, ctx.ecmp.per_switch_seed)
-        return ecmp_hash(src_ip[rows], dst_ip[rows], sport[rows], seeds)
+        return switch_hash(src_ip[rows], dst_ip[rows], sport[rows], switch, ctx.seed,
+                           ctx.ecmp.per_switch_seed)
 
     return walk_paths(ct, batch.src, batch.dst, choose)
 

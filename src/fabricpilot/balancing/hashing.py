@@ -76,13 +76,10 @@ def qp_source_port(
         return np.full(len(np.asarray(src)), ROCE_UDP_PORT, np.uint32)
     # QP numbers are allocated by the NIC and look arbitrary to the fabric: model them with a
     # non-linear mix (a CRC of structured ids would be linear and collide in patterns).
-    key = (
-        (np.asarray(job).astype(np.uint64) << np.uint64(48))
-        ^ (np.asarray(src).astype(np.uint64) << np.uint64(24))
-        ^ np.asarray(dst).astype(np.uint64)
-        ^ (np.asarray(qp).astype(np.uint64) << np.uint64(40))
-    )
-    h = splitmix64(key)
+    u = np.uint64
+    h = splitmix64(np.asarray(job).astype(u) ^ (np.asarray(qp).astype(u) << u(32)))
+    h = splitmix64(h ^ np.asarray(src).astype(u))
+    h = splitmix64(h ^ np.asarray(dst).astype(u))
     return (np.uint32(0xC000) | (h & np.uint64(0x3FFF)).astype(np.uint32)).astype(np.uint32)
 
 
@@ -134,3 +131,27 @@ def switch_seed(base_seed: int, switch: NDArray[np.integer], per_switch: bool) -
     if not per_switch:
         return np.full(len(sw), base_seed & 0xFFFFFFFF, np.uint64)
     return crc32_words([(np.full(len(sw), base_seed), 4), (sw, 4)]).astype(np.uint64)
+
+
+def switch_hash(
+    src_ip: NDArray[np.integer],
+    dst_ip: NDArray[np.integer],
+    sport: NDArray[np.integer],
+    switch: NDArray[np.integer],
+    base_seed: int,
+    per_switch: bool,
+) -> NDArray[np.uint32]:
+    """The hash switch ``switch`` resolves its ECMP group with.
+
+    Shared seed: ``ecmp_hash(tuple, base_seed)`` at every switch, so the tiers of a fat-tree
+    pick correlated next hops (polarisation). Per-switch: each switch hashes with its own seed
+    *and* its own bit window (the CRC rotated by ``seed % 32``), as ASICs offer "hash bit
+    selection": a CRC is affine in its input, so a different seed alone would only XOR a
+    constant onto every hash and keep the tiers correlated.
+    """
+    seeds = switch_seed(base_seed, switch, per_switch)
+    h = ecmp_hash(src_ip, dst_ip, sport, seeds)
+    if not per_switch:
+        return h
+    rot = (seeds % np.uint64(32)).astype(np.uint32)
+    return ((h >> rot) | (h << ((np.uint32(32) - rot) % np.uint32(32)))).astype(np.uint32)

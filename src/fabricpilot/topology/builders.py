@@ -64,6 +64,8 @@ def leaf_spine(
     """
     if hosts < 1 or gpus_per_host < 1 or nics_per_leaf < 1:
         raise TopologyError("hosts, gpus_per_host and nics_per_leaf must be >= 1")
+    if not (oversubscription > 0 and nic_rate_gbps > 0 and fabric_rate_gbps > 0):
+        raise TopologyError("oversubscription and link rates must be > 0")
     spines = Fraction(nics_per_leaf) * Fraction(nic_rate_gbps) / (
         Fraction(oversubscription) * Fraction(fabric_rate_gbps)
     )
@@ -128,8 +130,9 @@ def fat_tree(
     n_gpus = k**3 // 4
     if n_gpus % gpus_per_host:
         raise TopologyError(f"k^3/4 = {n_gpus} NICs is not a multiple of gpus_per_host")
-    if rail_optimized and gpus_per_host > 1 and half % gpus_per_host:
-        raise TopologyError("a rail-optimised fat-tree needs k/2 to be a multiple of gpus_per_host")
+    if gpus_per_host > 1 and half % gpus_per_host:
+        raise TopologyError("a fat-tree with multi-GPU hosts needs k/2 to be a multiple of "
+                            "gpus_per_host (a host's NICs fit one edge group)")
     g = nx.Graph()
     _add_hosts(g, n_gpus, gpus_per_host, nvlink_rate_gbps, nvlink_delay_ns)
     for c in range(half * half):

@@ -14,6 +14,7 @@ Links (undirected, full duplex: each direction has the full ``rate_gbps``)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -100,11 +101,15 @@ class Topology:
         return f"{self.name}: {self.n_gpus} GPUs on {self.n_hosts} hosts, switches: {sw}"
 
 
-def _natural(name: str) -> tuple[str, int]:
-    """Sort key that orders ``leaf2`` before ``leaf10``."""
+def _natural(name: str) -> tuple[str, tuple[int, ...]]:
+    """Sort key that orders ``leaf2`` before ``leaf10`` and ``edge1_10`` before ``edge11_0``.
+
+    >>> sorted(["edge11_0", "edge1_10", "leaf10", "leaf2"], key=_natural)
+    ['edge1_10', 'edge11_0', 'leaf2', 'leaf10']
+    """
     head = name.rstrip("0123456789_")
-    digits = "".join(c for c in name[len(head):] if c.isdigit())
-    return (head, int(digits) if digits else -1)
+    groups = tuple(int(g) for g in re.findall(r"\d+", name[len(head):]))
+    return (head, groups)
 
 
 def validate_topology(topo: Topology) -> None:

@@ -1,0 +1,5 @@
+"""``python -m fabricpilot`` runs the command line."""
+
+from fabricpilot.cli import main
+
+main()

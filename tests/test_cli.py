@@ -1,0 +1,168 @@
+"""The command line as a user meets it: exit codes, one-line errors, reproducible output,
+every example scenario runs, and nccl-test prints nccl-tests' layout with consistent numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fabricpilot.scenario import default_scenario_path
+from fabricpilot.workload.plan import Op, busbw_factor
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fabricpilot", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def small_scenario(tmp_path: Path, **changes: object) -> dict:
+    data = {
+        "name": "small", "seed": 3, "policies": ["ecmp", "ideal"],
+        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                     "nics_per_leaf": 4, "rail_optimized": False},
+        "jobs": [{"name": "a2a", "gpus": 8, "iterations": 2, "compute_ns": "10us",
+                  "collectives": [{"op": "alltoall", "size_bytes": "8MiB"}]}],
+        "mice": {"rate_per_s": 100000, "duration_ns": "1ms"},
+    }
+    data.update(changes)
+    return data
+
+
+def write(tmp_path: Path, data: dict, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates_and_runs(path: Path, tmp_path: Path) -> None:
+    assert cli("validate", str(path)).returncode == 0
+    res = cli("run", str(path), "--json", str(tmp_path / "s.json"))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    runs = summary.get("runs", [summary])
+    for run in runs:
+        assert run["bytes_delivered"] == run["bytes_sent"] > 0
+
+
+def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        res = cli("run", "--policy", "ecmp", "--json", str(out), "--reproducible")
+        assert res.returncode == 0, res.stderr
+    assert a.read_bytes() == b.read_bytes()
+    s = json.loads(a.read_text())
+    for key in ("policy", "seed", "sim_time_ns", "wall_time_s", "bytes_sent", "bytes_delivered"):
+        assert key in s
+    assert s["policy"] == "ecmp" and s["seed"] == 7
+    job = s["jobs"][0]
+    for key in ("name", "n_gpus", "mean_iteration_ns", "collectives"):
+        assert key in job
+    c = job["collectives"][0]
+    for key in ("op", "n_ranks", "size_bytes", "start_ns", "end_ns", "algbw_GBps", "busbw_GBps"):
+        assert key in c
+    # algbw and busbw follow the nccl-tests definitions from the recorded size and times
+    algbw = c["size_bytes"] / (c["end_ns"] - c["start_ns"])
+    assert c["algbw_GBps"] == pytest.approx(algbw, rel=1e-5)
+    assert c["busbw_GBps"] == pytest.approx(algbw * busbw_factor(Op(c["op"]), c["n_ranks"]),
+                                            rel=1e-5)
+
+
+def test_seed_changes_ecmp_but_same_seed_does_not(tmp_path: Path) -> None:
+    data = small_scenario(tmp_path)
+    path = write(tmp_path, data)
+    outs = []
+    for seed, name in ((3, "a"), (3, "b"), (4, "c")):
+        out = tmp_path / f"{name}.json"
+        assert cli("run", str(path), "-p", "ecmp", "--seed", str(seed), "--json", str(out),
+                   "--reproducible").returncode == 0
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]
+    assert outs[0] != outs[2]
+
+
+def test_out_dir_writes_tables(tmp_path: Path) -> None:
+    path = write(tmp_path, small_scenario(tmp_path))
+    assert cli("run", str(path), "--out", str(tmp_path / "t")).returncode == 0
+    for policy in ("ecmp", "ideal"):
+        for table in ("flows", "collectives", "iterations", "links"):
+            lines = (tmp_path / "t" / policy / f"{table}.csv").read_text().splitlines()
+            assert len(lines) > 1
+    flows = (tmp_path / "t" / "ecmp" / "flows.csv").read_text().splitlines()
+    assert flows[0].startswith("job,iteration")
+    # 2 iterations x 8*7 AlltoAll pairs + the mice (1 ms at 100k/s: ~100)
+    assert 2 * 56 + 50 < len(flows) - 1 < 2 * 56 + 160
+
+
+def _bad(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
+    data = small_scenario(tmp_path)
+    mutate(data)
+    return write(tmp_path, data, "bad.yaml")
+
+
+BAD_CASES = {
+    "unknown key": (lambda d: d["topology"].update(rate_gpbs=400), "topology.rate_gpbs"),
+    "wrong unit": (lambda d: d["topology"].update(link_delay_ns="5Gbps"),
+                   "topology.link_delay_ns"),
+    "negative size": (lambda d: d["jobs"][0]["collectives"][0].update(size_bytes=-5),
+                      "jobs[0].collectives[0].size_bytes"),
+    "gpu does not exist": (lambda d: d["jobs"][0].update(placement="explicit", gpus=2,
+                                                         gpu_ids=[0, 99]),
+                           "jobs[0].gpu_ids[1]"),
+    "job larger than cluster": (lambda d: d["jobs"][0].update(gpus=9), "jobs[0].gpus"),
+    "unknown policy": (lambda d: d.update(policies=["ecmp", "magic"]), "policies[1]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_bad_scenarios_fail_with_one_line(case: str, command: str, tmp_path: Path) -> None:
+    mutate, field = BAD_CASES[case]
+    path = _bad(tmp_path, mutate)
+    res = cli(command, str(path))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "bad.yaml" in lines[0] and field in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
+    res = cli("run", str(tmp_path / "nope.yaml"))
+    assert res.returncode == 2 and "nope.yaml" in res.stderr and "not found" in res.stderr
+    res = cli("run", "--policy", "magic")
+    assert res.returncode == 2 and "magic" in res.stderr
+    res = cli("nccl-test", "--min-bytes", "1ms")
+    assert res.returncode == 2 and "--min-bytes" in res.stderr
+
+
+def test_nccl_test_table(tmp_path: Path) -> None:
+    res = cli("nccl-test", "--op", "alltoall", "--gpus", "32", "--min-bytes", "1M",
+              "--max-bytes", "8M", "--policy", "ideal")
+    assert res.returncode == 0, res.stderr
+    rows = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
+    assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    for size, count, dtype, _redop, root, time_us, algbw, busbw, _wrong in rows:
+        assert int(count) == int(size) // 4 and dtype == "float" and root == "-1"
+        assert float(algbw) == pytest.approx(int(size) / (float(time_us) * 1e3), rel=0.01)
+        assert float(busbw) == pytest.approx(float(algbw) * 31 / 32, rel=0.01)
+    assert "Avg bus bandwidth" in res.stdout
+
+
+def test_topology_export_round_trips_through_a_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "topo.json"
+    assert cli("topology", "export", str(out)).returncode == 0
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data["topology"] = {"kind": "file", "path": str(out), "gpus_per_host": 8}
+    path = write(tmp_path, data, "from_file.yaml")
+    res = cli("validate", str(path))
+    assert res.returncode == 0, res.stderr
+    assert "128 GPUs" in res.stdout

@@ -63,7 +63,12 @@ def test_default_scenario() -> None:
     assert scenario.name == "default"
     assert scenario.topology.n_gpus is not None and scenario.topology.n_gpus >= 128
     assert scenario.topology.gpus_per_host == 8
-    assert scenario.topology.n_leaves == 8 and scenario.topology.n_spines == 16
+    # 16 hosts, 8 NIC ports per leaf: 2 leaves per rail x 8 rails; non-blocking: a leaf's
+    # uplink capacity (spines x fabric rate) equals its downlink capacity (8 x NIC rate)
+    topo = scenario.topology
+    assert topo.n_leaves == 16 and topo.n_spines == 8
+    assert topo.n_spines * topo.fabric_rate_gbps == topo.nics_per_leaf * topo.nic_rate_gbps
+    assert topo.nic_rate_gbps == 400 and topo.rail_optimized
     assert len(scenario.jobs) >= 3
     ops = {c.op for job in scenario.jobs for c in job.collectives}
     assert {"allreduce", "alltoall"} <= ops

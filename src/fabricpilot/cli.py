@@ -29,7 +29,8 @@ app = typer.Typer(
 topology_app = typer.Typer(no_args_is_help=True, help="Inspect and export topologies.")
 app.add_typer(topology_app, name="topology")
 
-out = Console()
+# tables stay readable when the output is a pipe or a file (rich would assume 80 columns)
+out = Console(width=None if sys.stdout.isatty() else 110)
 err = Console(stderr=True)
 
 EXIT_INPUT = 2

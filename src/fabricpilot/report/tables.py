@@ -17,8 +17,8 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
     table = Table(title=f"scenario {results[0].scenario!r}, seed {results[0].seed}",
                   title_justify="left")
     for col, just in (("job", "left"), ("GPUs", "right"), ("policy", "left"),
-                      ("mean iteration (ms)", "right"), ("busbw (GB/s)", "right"),
-                      ("fraction of ideal", "right")):
+                      ("iteration ms", "right"), ("busbw GB/s", "right"),
+                      ("of ideal", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for job in results[0].jobs:
         for k, r in enumerate(results):
@@ -36,8 +36,8 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
 def fabric_table(results: Sequence[RunResult]) -> Table:
     """Per policy: simulated time, mice FCT slowdown, fabric utilisation and wall time."""
     table = Table(title="fabric", title_justify="left")
-    for col in ("policy", "sim time (ms)", "mice p50 slowdown", "mice p99 slowdown",
-                "peak fabric util", "bytes delivered", "wall (s)"):
+    for col in ("policy", "sim ms", "mice p50 slowdown", "mice p99 slowdown",
+                "peak fabric util", "delivered", "wall s"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
         s = r.summary()

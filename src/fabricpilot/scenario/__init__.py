@@ -2,7 +2,7 @@
 
 >>> scenario = default_scenario()
 >>> scenario.topology.n_gpus, [job.name for job in scenario.jobs]
-(128, ['llm-dp', 'moe-ep', 'vision-dp'])
+(128, ['vision-dp', 'llm-dp', 'moe-ep'])
 """
 
 from fabricpilot.scenario.loader import (

@@ -51,6 +51,10 @@ def test_every_example_validates_and_runs(path: Path, tmp_path: Path) -> None:
     runs = summary.get("runs", [summary])
     for run in runs:
         assert run["bytes_delivered"] == run["bytes_sent"] > 0
+    by_policy = {run["policy"]: run for run in runs}
+    if {"ecmp", "ideal"} <= by_policy.keys():  # no load balancer beats even spraying
+        for e, i in zip(by_policy["ecmp"]["jobs"], by_policy["ideal"]["jobs"], strict=True):
+            assert i["mean_busbw_GBps"] >= e["mean_busbw_GBps"] * (1 - 1e-6)
 
 
 def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:

@@ -10,11 +10,13 @@ import pytest
 
 from conftest import run_one
 from fabricpilot.balancing import PolicyContext, TransferBatch, make_policy
-from fabricpilot.dataplane import FabricParams, max_min_rates
+from fabricpilot.dataplane import Engine, FabricParams, max_min_rates
 from fabricpilot.runner import prepare, run_policy
 from fabricpilot.scenario import default_scenario
 from fabricpilot.topology import compile_topology, fat_tree, leaf_spine
 from fabricpilot.topology.paths import symmetric_link_groups
+from fabricpilot.workload.collectives import build_collective
+from fabricpilot.workload.jobs import JobSpec
 
 FP = FabricParams()
 EFF = 4096 / (4096 + 58 + 20)  # the stated header model: RoCEv2 headers + preamble/IFG
@@ -189,3 +191,21 @@ def test_ideal_is_at_least_ecmp_on_the_default_scenario(default_runs) -> None:  
     for job in runs["ideal"].jobs:
         assert runs["ideal"].mean_busbw_GBps(job.name) >= \
             runs["ecmp"].mean_busbw_GBps(job.name) * (1 - 1e-9)
+
+
+def test_completion_tolerance_bounds_the_error_and_saves_updates() -> None:
+    # ECMP spreads an AlltoAll's completion times; batching near-simultaneous completions
+    # must not move any collective by more than the tolerance.
+    ct = compile_topology(leaf_spine(hosts=64, gpus_per_host=1, nics_per_leaf=8,
+                                     rail_optimized=False))
+    plan = build_collective("alltoall", np.arange(64), 64 << 20)
+    job = JobSpec("a2a", tuple(range(64)), (plan,))
+    outs = {}
+    for eps in (0.0, 1e-3):
+        pol = make_policy("ecmp", PolicyContext(ct, 5, 600))
+        outs[eps] = Engine(ct, pol, [job], batch_rel_eps=eps).run()
+    exact, fast = outs[0.0], outs[1e-3]
+    assert fast.collectives[0].time_ns == pytest.approx(exact.collectives[0].time_ns, rel=1e-3)
+    fct = {e: o.flows["deliver_ns"] - o.flows["start_ns"] for e, o in outs.items()}
+    assert np.all(np.abs(fct[1e-3] - fct[0.0]) <= 2e-3 * fct[0.0] + 2)
+    assert fast.n_rate_updates < 0.75 * exact.n_rate_updates

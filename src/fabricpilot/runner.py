@@ -41,6 +41,7 @@ class Prepared:
     fabric: FabricParams = field(default_factory=FabricParams)
     ecmp: EcmpParams = field(default_factory=EcmpParams)
     rate_model: str = "flow"
+    completion_tolerance: float = 1e-3
 
 
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
@@ -125,7 +126,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     ecmp = EcmpParams(qps_per_connection=e.qps_per_connection,
                       source_port_entropy=e.source_port_entropy, per_switch_seed=e.per_switch_seed)
     return Prepared(scenario.name, scenario.seed, ct, jobs, mice, fabric, ecmp,
-                    scenario.fabric.model)
+                    scenario.fabric.model, scenario.fabric.completion_tolerance)
 
 
 def run_policy(
@@ -137,7 +138,7 @@ def run_policy(
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp)
     engine = Engine(prep.topology, make_policy(policy, ctx), prep.jobs, fabric=prep.fabric,
                     mice=prep.mice, rate_model=RATE_MODELS[prep.rate_model](),
-                    progress=progress)
+                    batch_rel_eps=prep.completion_tolerance, progress=progress)
     t0 = time.perf_counter()
     out = engine.run()
     wall = time.perf_counter() - t0

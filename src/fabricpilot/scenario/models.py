@@ -281,7 +281,17 @@ class FabricSpec(_Model):
     header_bytes: int = Field(default=58, ge=0, description="RoCEv2 headers incl. FCS")
     wire_overhead_bytes: int = Field(default=20, ge=0, description="preamble + inter-frame gap")
     switch_latency_ns: int = Field(default=600, ge=0, description="per switch traversal")
-    nic_latency_ns: int = Field(default=1000, ge=0, description="per NIC (send or receive)")
+    nic_latency_ns: int = Field(
+        default=1000, ge=0, description="per message: NIC and collective-library step cost"
+    )
+    completion_tolerance: float = Field(
+        default=1e-3,
+        ge=0,
+        le=0.05,
+        allow_inf_nan=False,
+        description="flows this close (fraction of their running time) to finishing complete "
+        "together with the earliest one: fewer rate updates, FCT error at most this fraction",
+    )
 
     _quantities = field_validator(
         "mtu_bytes",

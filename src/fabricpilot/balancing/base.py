@@ -88,10 +88,15 @@ class RoutingPolicy(Protocol):
     ``column_of_link`` (link id -> column id): then links of one column are interchangeable
     for it (they always carry the same share) and the engine gives the column the sum of
     their capacities.
+
+    ``static = True`` declares that a policy routes the same transfers the same way whatever
+    the state of the fabric (ECMP, ideal), so the engine may reuse a stage's routing in every
+    iteration; state-dependent policies set it to ``False``.
     """
 
     name: str
     column_of_link: NDArray[np.int32] | None
+    static: bool
 
     def route(self, batch: TransferBatch) -> RoutedBatch: ...
 

@@ -44,6 +44,7 @@ class Ecmp:
     """Static per-flow (per-QP) ECMP hashing."""
 
     name = "ecmp"
+    static = True
     column_of_link = None
 
     def __init__(self, ctx: PolicyContext) -> None:

@@ -38,6 +38,7 @@ class Ideal:
     """
 
     name = "ideal"
+    static = True
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

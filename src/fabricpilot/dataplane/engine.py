@@ -278,7 +278,7 @@ class Engine:
             batch = TransferBatch(stage.src, stage.dst, stage.size_bytes, stage.group,
                                   np.full(stage.n_transfers, j, np.int64))
             routed = self.policy.route(batch)
-            if getattr(self.policy, "static", True):
+            if self.policy.static:
                 self._route_cache[key] = routed
         st.outstanding = len(routed)
         self._add_rows(routed, sid, stage.hops, owner=j)
@@ -380,14 +380,19 @@ class Engine:
         self._end_send.append((ids, np.full(len(ids), self.now, np.int64)))
         deliver = self.now + self._row_latency[done]
         stages = self._row_stage[done]
-        for sid, t in zip(stages.tolist(), deliver.tolist(), strict=True):
-            if sid < 0:
-                continue
-            st = self._stages[sid]
-            st.outstanding -= 1
-            st.deliver_ns = max(st.deliver_ns, t)
-            if st.outstanding == 0:
-                self._at(st.deliver_ns, lambda sid=sid: self._stage_done(sid))
+        owned = stages >= 0  # mice belong to no stage
+        if owned.any():
+            order = np.argsort(stages[owned], kind="stable")
+            sids, first, counts = np.unique(stages[owned][order], return_index=True,
+                                            return_counts=True)
+            last = np.maximum.reduceat(deliver[owned][order], first)
+            for sid, n_done, t in zip(sids.tolist(), counts.tolist(), last.tolist(),
+                                      strict=True):
+                st = self._stages[sid]
+                st.outstanding -= n_done
+                st.deliver_ns = max(st.deliver_ns, t)
+                if st.outstanding == 0:
+                    self._at(st.deliver_ns, lambda sid=sid: self._stage_done(sid))
         # integer-ns steps overshoot (remaining < 0) and batching finishes early (remaining > 0)
         # by a few bytes: settle them on the links so link bytes equal wire bytes exactly
         left = self._remaining[done]

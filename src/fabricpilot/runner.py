@@ -16,8 +16,7 @@ import numpy as np
 
 from fabricpilot.balancing import EcmpParams, PolicyContext, make_policy
 from fabricpilot.balancing.base import POLICIES
-from fabricpilot.dataplane import Engine, FabricParams
-from fabricpilot.dataplane.rates import RATE_MODELS
+from fabricpilot.dataplane import RATE_MODELS, Engine, FabricParams, make_rate_model
 from fabricpilot.errors import ScenarioError, TopologyError
 from fabricpilot.results import RunResult
 from fabricpilot.scenario import Scenario, check_gpu_count
@@ -42,6 +41,8 @@ class Prepared:
     ecmp: EcmpParams = field(default_factory=EcmpParams)
     rate_model: str = "flow"
     completion_tolerance: float = 1e-3
+    model_params: dict[str, object] = field(default_factory=dict)
+    mice_class: str = "rdma"
 
 
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
@@ -135,10 +136,12 @@ def run_policy(
     progress: Callable[[int, int], None] | None = None,
 ) -> RunResult:
     """Run the prepared scenario under ``policy``; wall time is measured here."""
-    ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp)
+    model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
+    ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
+                        member_routes=model.needs_paths)
     engine = Engine(prep.topology, make_policy(policy, ctx), prep.jobs, fabric=prep.fabric,
-                    mice=prep.mice, rate_model=RATE_MODELS[prep.rate_model](),
-                    batch_rel_eps=prep.completion_tolerance, progress=progress)
+                    mice=prep.mice, rate_model=model, batch_rel_eps=prep.completion_tolerance,
+                    progress=progress, mice_class=prep.mice_class)
     t0 = time.perf_counter()
     out = engine.run()
     wall = time.perf_counter() - t0

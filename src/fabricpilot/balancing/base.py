@@ -44,6 +44,21 @@ class TransferBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberRoutes:
+    """The paths behind the rows of a :class:`RoutedBatch`, for path-following rate models.
+
+    One entry per member: ``row`` (index into the batch's rows), ``stream`` (index of the
+    stream within its row), ``share`` (fraction of that stream's bytes on this path) and
+    ``path`` (link ids, -1 padded).
+    """
+
+    row: NDArray[np.int64]
+    stream: NDArray[np.int64]
+    share: NDArray[np.float64]
+    path: NDArray[np.int32]
+
+
+@dataclass(frozen=True, slots=True)
 class RoutedBatch:
     """Rate-model rows for a batch. ``weights`` is ``[rows, links]``; per row: ``members``
     (streams it stands for), ``size_bytes`` (payload per member), ``path_delay_ns`` (one-way,
@@ -56,6 +71,7 @@ class RoutedBatch:
     path_delay_ns: NDArray[np.int64]
     src: NDArray[np.int64]
     dst: NDArray[np.int64]
+    routes: MemberRoutes | None = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -79,6 +95,7 @@ class PolicyContext:
     seed: int
     switch_latency_ns: int
     ecmp: EcmpParams = EcmpParams()
+    member_routes: bool = False  # the rate model follows paths: policies must give routes
 
 
 class RoutingPolicy(Protocol):
@@ -156,29 +173,56 @@ def paths_to_weights(paths: NDArray[np.int32], n_links: int) -> sp.csr_matrix:
                          shape=(len(paths), n_links))
 
 
+def entity_of(group: NDArray[np.int64]) -> tuple[NDArray[np.int64], int]:
+    """Row of every transfer: coupled groups first (in group order), then each independent
+    transfer in order.
+
+    >>> entity_of(np.array([-1, 5, -1, 5, 2]))[0].tolist()
+    [2, 1, 3, 1, 0]
+    """
+    coupled = group >= 0
+    g_ids, g_inv = np.unique(group[coupled], return_inverse=True)
+    entity = np.empty(len(group), np.int64)
+    entity[coupled] = g_inv.reshape(-1)
+    entity[~coupled] = len(g_ids) + np.arange(int((~coupled).sum()))
+    return entity, len(g_ids) + int((~coupled).sum())
+
+
+def stream_index(entity: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Position of each transfer among the transfers of its row (its stream index).
+
+    >>> stream_index(np.array([0, 1, 0, 0, 1])).tolist()
+    [0, 0, 1, 2, 1]
+    """
+    order = np.argsort(entity, kind="stable")
+    counts = np.bincount(entity)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pos = np.empty(len(entity), np.int64)
+    pos[order] = np.arange(len(entity)) - np.repeat(starts, counts)
+    return pos
+
+
 def assemble(
     batch: TransferBatch,
     weights: sp.csr_matrix,
     path_delay_ns: NDArray[np.int64],
-    n_links: int,
+    paths: NDArray[np.int32] | None = None,
 ) -> RoutedBatch:
     """Form rate-model rows: one per coupled group, one per independent transfer.
 
-    ``weights`` has one row per transfer of ``batch``.
+    ``weights`` has one row per transfer of ``batch``; ``paths`` (one per transfer), when
+    given, become the rows' member routes (each transfer one stream on one path).
     """
     n = len(batch)
-    group = batch.group
-    coupled = group >= 0
-    # entity id: coupled groups first (in group order), then independent transfers in order
-    g_ids, g_inv = np.unique(group[coupled], return_inverse=True)
-    entity = np.empty(n, np.int64)
-    entity[coupled] = g_inv
-    entity[~coupled] = len(g_ids) + np.arange(int((~coupled).sum()))
-    n_ent = len(g_ids) + int((~coupled).sum())
+    coupled = batch.group >= 0
+    entity, n_ent = entity_of(batch.group)
+    routes = None
+    if paths is not None:
+        routes = MemberRoutes(entity, stream_index(entity), np.ones(n), paths)
     if not coupled.any():
         return RoutedBatch(sp.csr_matrix(weights), np.ones(n, np.int64),
                            batch.size_bytes.copy(), path_delay_ns.astype(np.int64),
-                           batch.src.copy(), batch.dst.copy())
+                           batch.src.copy(), batch.dst.copy(), routes)
     member = sp.csr_matrix((np.ones(n), (entity, np.arange(n))), shape=(n_ent, n))
     w = (member @ weights).tocsr()
     members = np.bincount(entity, minlength=n_ent).astype(np.int64)
@@ -188,4 +232,4 @@ def assemble(
     np.maximum.at(delay, entity, path_delay_ns)
     first = np.full(n_ent, n, np.int64)
     np.minimum.at(first, entity, np.arange(n))
-    return RoutedBatch(w, members, size, delay, batch.src[first], batch.dst[first])
+    return RoutedBatch(w, members, size, delay, batch.src[first], batch.dst[first], routes)

@@ -55,7 +55,7 @@ class Ecmp:
         paths = ecmp_paths(self.ctx, sub, qp)
         ct = self.ctx.topology
         delay = path_delay_ns(ct, paths, self.ctx.switch_latency_ns)
-        return assemble(sub, paths_to_weights(paths, ct.n_links), delay, ct.n_links)
+        return assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
 
 
 register_policy("ecmp")(Ecmp)

@@ -8,19 +8,25 @@ load balancer can reach for permutation and uniform traffic; with asymmetric cap
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from fabricpilot.balancing.base import (
+    MemberRoutes,
     PolicyContext,
     RoutedBatch,
     TransferBatch,
     assemble,
+    entity_of,
     register_policy,
+    stream_index,
 )
 from fabricpilot.topology.paths import (
     intra_host,
+    max_path_links,
     path_delay_ns,
     split_fractions,
     symmetric_link_groups,
@@ -44,6 +50,7 @@ class Ideal:
         self.ctx = ctx
         self.column_of_link = symmetric_link_groups(ctx.topology)
         self._cache: dict[tuple[int, int], tuple[NDArray[np.int32], NDArray[np.float64]]] = {}
+        self._paths_cache: dict[tuple[int, int], NDArray[np.int32]] = {}
 
     def _split(self, src_sw: int, dst_slot: int) -> tuple[NDArray[np.int32], NDArray]:
         """Columns (not links) between two leaves and the flow's summed share on each."""
@@ -96,7 +103,62 @@ class Ideal:
         ct = self.ctx.topology
         rep = walk_paths(ct, batch.src, batch.dst, lambda s, sw, r: np.zeros(len(r), np.int64))
         delay = path_delay_ns(ct, rep, self.ctx.switch_latency_ns)
-        return assemble(batch, self.weights(batch), delay, ct.n_links)
+        routed = assemble(batch, self.weights(batch), delay)
+        if not self.ctx.member_routes:
+            return routed
+        entity, _ = entity_of(batch.group)
+        return replace(routed, routes=self.spray_routes(batch, entity))
+
+    def _switch_paths(self, src_sw: int, dst_slot: int) -> NDArray[np.int32]:
+        """Every equal-cost switch-level path between two leaves, ``[paths, hops]``."""
+        key = (src_sw, dst_slot)
+        hit = self._paths_cache.get(key)
+        if hit is None:
+            ct = self.ctx.topology
+            found: list[list[int]] = []
+
+            def dfs(sw: int, prefix: list[int]) -> None:
+                if ct.hop_distance[sw, dst_slot] == 0:
+                    found.append(prefix)
+                    return
+                for link in ct.nh_link[sw, dst_slot, : ct.nh_count[sw, dst_slot]].tolist():
+                    dfs(int(ct.switch_of_node[ct.link_dst[link]]), [*prefix, link])
+
+            dfs(src_sw, [])
+            width = max((len(p) for p in found), default=0)
+            hit = np.full((len(found), width), -1, np.int32)
+            for i, p in enumerate(found):
+                hit[i, : len(p)] = p
+            self._paths_cache[key] = hit
+        return hit
+
+    def spray_routes(self, batch: TransferBatch, entity: NDArray[np.int64]) -> MemberRoutes:
+        """Each transfer as one stream spread evenly over all its equal-cost paths."""
+        ct = self.ctx.topology
+        width = max_path_links(ct)
+        stream = stream_index(entity)
+        rows, streams, shares, paths = [], [], [], []
+        nv = intra_host(ct, batch.src, batch.dst)
+        for i in range(len(batch)):
+            s, d = int(batch.src[i]), int(batch.dst[i])
+            if nv[i]:
+                p = np.full((1, width), -1, np.int32)
+                p[0, :2] = (ct.gpu_nv_up[s], ct.gpu_nv_down[d])
+            else:
+                sw = self._switch_paths(int(ct.gpu_leaf[s]), int(ct.leaf_slot[ct.gpu_leaf[d]]))
+                k = max(len(sw), 1)
+                p = np.full((k, width), -1, np.int32)
+                p[:, 0] = ct.gpu_up[s]
+                hops = sw.shape[1] if len(sw) else 0
+                if hops:
+                    p[:, 1 : 1 + hops] = sw
+                p[:, 1 + hops] = ct.gpu_down[d]
+            rows.append(np.full(len(p), entity[i]))
+            streams.append(np.full(len(p), stream[i]))
+            shares.append(np.full(len(p), 1.0 / len(p)))
+            paths.append(p)
+        return MemberRoutes(np.concatenate(rows), np.concatenate(streams),
+                            np.concatenate(shares), np.concatenate(paths))
 
 
 register_policy("ideal")(Ideal)

@@ -31,9 +31,17 @@ from numpy.typing import NDArray
 from fabricpilot.balancing.base import RoutedBatch, RoutingPolicy, TransferBatch
 from fabricpilot.dataplane.maxmin import alone_rate_gbps
 from fabricpilot.dataplane.params import FabricParams
-from fabricpilot.dataplane.rates import ActiveFlows, LinkState, MaxMinRateModel, RateModel
+from fabricpilot.dataplane.qos import TRAFFIC_CLASSES
+from fabricpilot.dataplane.rates import (
+    ActiveFlows,
+    LinkState,
+    MaxMinRateModel,
+    MemberPaths,
+    RateModel,
+)
 from fabricpilot.errors import SimulationError
 from fabricpilot.topology.compiled import CompiledTopology
+from fabricpilot.topology.paths import max_path_links
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals
 from fabricpilot.workload.plan import CollectivePlan, busbw_factor
@@ -106,6 +114,7 @@ class EngineOutput:
     link_peak_util: NDArray[np.float64]
     n_rate_updates: int
     n_events: int
+    model_report: object | None = None
 
 
 @dataclass
@@ -132,6 +141,7 @@ class Engine:
         rate_model: RateModel | None = None,
         batch_rel_eps: float = 1e-3,
         progress: ProgressFn | None = None,
+        mice_class: str = "rdma",
     ) -> None:
         self.ct = topology
         self.policy = policy
@@ -141,6 +151,8 @@ class Engine:
         self.model: RateModel = rate_model or MaxMinRateModel()
         self.eps = batch_rel_eps
         self.progress = progress
+        self._stepping = bool(getattr(self.model, "needs_paths", False))
+        self._mice_class = TRAFFIC_CLASSES.index(mice_class)
         # rate-model columns: links, or groups of interchangeable links chosen by the policy
         col = getattr(policy, "column_of_link", None)
         self._col = (np.arange(topology.n_links, dtype=np.int32) if col is None
@@ -175,6 +187,18 @@ class Engine:
         self._row_stage = np.zeros(0, np.int64)
         self._row_latency = np.zeros(0, np.int64)
         self._row_start = np.zeros(0, np.int64)
+        self._row_class = np.zeros(0, np.int64)
+        self._row_bytes = np.zeros(0)
+        # members (path-following models only): one row per path of a stream
+        width = max_path_links(self.ct)
+        self._m_flow = np.zeros(0, np.int64)
+        self._m_stream = np.zeros(0, np.int64)
+        self._m_share = np.zeros(0)
+        self._m_path = np.zeros((0, width), np.int32)
+        self._m_key = np.zeros(0, np.int64)
+        self._n_members = 0
+        self._link_bytes_direct = np.zeros(self.ct.n_links)
+        self._peak_direct = np.zeros(self.ct.n_links)
         self._rates = np.zeros(0)
         self._load = np.zeros(n_links)
         self._link_bytes = np.zeros(n_links)
@@ -198,21 +222,27 @@ class Engine:
             t_next = min(t_event, t_mice)
             if self._dirty:
                 self._recompute()
-            t_finish, batch = self._earliest_finish()
-            step_cap = self.now + self.model.max_step_ns()
             if not self._remaining.size and t_next == math.inf:
                 break
-            if t_finish <= t_next and t_finish <= step_cap:
-                self._advance(int(t_finish))
-                self._complete(batch)
-                continue
-            if step_cap < t_next:
-                self._advance(math.ceil(step_cap))
-                continue
-            if t_next == math.inf:
-                raise SimulationError("flows are active but none can make progress")
-            self._advance(int(t_next))
-            if t_mice <= t_event and mice_t is not None:
+            if self._stepping:
+                if self._remaining.size:
+                    step_end = min(self.now + math.ceil(self.model.max_step_ns()), t_next)
+                    self._advance(int(step_end))
+                    self._complete(self._remaining <= 1e-6 * self._row_bytes + 1e-3)
+                    if self.now < t_next:
+                        continue
+                else:
+                    self._advance(int(t_next))
+            else:
+                t_finish, batch = self._earliest_finish()
+                if t_finish <= t_next:
+                    self._advance(int(t_finish))
+                    self._complete(batch)
+                    continue
+                if t_next == math.inf:
+                    raise SimulationError("flows are active but none can make progress")
+                self._advance(int(t_next))
+            if t_mice <= t_event and mice_t is not None and t_mice == self.now:
                 j = int(np.searchsorted(mice_t, mice_t[mice_i], side="right"))
                 self._add_mice(mice_i, j)
                 mice_i = j
@@ -231,17 +261,27 @@ class Engine:
                 end[ids] = t
             flows["end_send_ns"] = end
             flows["deliver_ns"] = end + flows["latency_ns"]
+            flows["retx_bytes"] = np.zeros(self._n_flows)
             # the last bytes (e.g. of a mouse) may still be in flight when the last send ends
             self.now = max(self.now, int(flows["deliver_ns"].max()))
+        report = None
+        finish = getattr(self.model, "finish", None)
+        if finish is not None:
+            report = finish()
+            retx = getattr(report, "flow_retx_bytes", {})
+            if flows and retx:
+                ids = np.fromiter(retx.keys(), np.int64, len(retx))
+                flows["retx_bytes"][ids] = np.fromiter(retx.values(), np.float64, len(retx))
         return EngineOutput(
             sim_time_ns=self.now,
             flows=flows,
             collectives=self._collectives,
             iterations=self._iterations,
-            link_bytes=self._link_bytes[self._col] * self._link_share,
-            link_peak_util=self._peak[self._col],
+            link_bytes=self._link_bytes[self._col] * self._link_share + self._link_bytes_direct,
+            link_peak_util=np.maximum(self._peak[self._col], self._peak_direct),
             n_rate_updates=self._n_rate_updates,
             n_events=self._n_events,
+            model_report=report,
         )
 
     # ------------------------------------------------------------- scheduling
@@ -281,7 +321,8 @@ class Engine:
             if self.policy.static:
                 self._route_cache[key] = routed
         st.outstanding = len(routed)
-        self._add_rows(routed, sid, stage.hops, owner=j)
+        self._add_rows(routed, sid, stage.hops, owner=j,
+                       tclass=TRAFFIC_CLASSES.index(self.jobs[j].traffic_class))
 
     def _stage_done(self, sid: int) -> None:
         st = self._stages.pop(sid)
@@ -312,9 +353,11 @@ class Engine:
         n = j - i
         batch = TransferBatch(m.src[i:j], m.dst[i:j], m.size_bytes[i:j],
                               np.full(n, -1, np.int64), np.full(n, -1, np.int64))
-        self._add_rows(self.policy.route(batch), -1, 1, owner=MICE_OWNER)
+        self._add_rows(self.policy.route(batch), -1, 1, owner=MICE_OWNER,
+                       tclass=self._mice_class)
 
-    def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int) -> None:
+    def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int,
+                  tclass: int = 0) -> None:
         n = len(routed)
         ids = np.arange(self._n_flows, self._n_flows + n, dtype=np.int64)
         self._n_flows += n
@@ -339,11 +382,32 @@ class Engine:
         self._row_stage = np.concatenate([self._row_stage, np.full(n, sid, np.int64)])
         self._row_latency = np.concatenate([self._row_latency, latency.astype(np.int64)])
         self._row_start = np.concatenate([self._row_start, np.full(n, self.now, np.int64)])
+        self._row_class = np.concatenate([self._row_class, np.full(n, tclass, np.int64)])
+        self._row_bytes = np.concatenate([self._row_bytes, wire.astype(np.float64)])
+        if self._stepping:
+            r = routed.routes
+            if r is None:
+                raise SimulationError(
+                    f"policy {self.policy.name!r} gives no paths for the {self.model.name} model")
+            k = len(r.row)
+            self._m_flow = np.concatenate([self._m_flow, ids[r.row]])
+            self._m_stream = np.concatenate([self._m_stream, r.stream])
+            self._m_share = np.concatenate([self._m_share, r.share])
+            self._m_path = np.concatenate([self._m_path, r.path], axis=0)
+            self._m_key = np.concatenate(
+                [self._m_key, np.arange(self._n_members, self._n_members + k, dtype=np.int64)])
+            self._n_members += k
         self._dirty = True
 
     def _recompute(self) -> None:
         caps = np.full(len(self._remaining), np.inf)
-        self.model.on_change(ActiveFlows(self._w, self._remaining, caps))
+        members = None
+        if self._stepping:
+            members = MemberPaths(
+                row=np.searchsorted(self._row_flow, self._m_flow), stream=self._m_stream,
+                share=self._m_share, path=self._m_path, flow_id=self._m_flow, key=self._m_key)
+        self.model.on_change(ActiveFlows(self._w, self._remaining, caps, self._row_bytes,
+                                         self._row_class, members))
         self._rates = self.model.rates_gbps()
         self._load = (self._w.T @ self._rates if len(self._rates)
                       else np.zeros(len(self.links.capacity_gbps)))
@@ -367,14 +431,23 @@ class Engine:
         if dt < 0:
             raise SimulationError("time went backwards")
         if dt > 0:
-            if self._remaining.size:
+            delivered = self.model.advance(dt)
+            if delivered is not None:  # a path-following model moved the bytes itself
+                if self._remaining.size:
+                    self._remaining -= delivered
+                step = self.model.link_bytes_last_step()  # type: ignore[attr-defined]
+                self._link_bytes_direct += step
+                np.maximum(self._peak_direct, step * 8.0 / (self.ct.rate_gbps * dt),
+                           out=self._peak_direct)
+            elif self._remaining.size:
                 self._remaining -= self._rates * dt / 8.0
                 self._link_bytes += self._load * dt / 8.0
                 np.maximum(self._peak, self._load / self.links.capacity_gbps, out=self._peak)
-            self.model.advance(dt)
             self.now = t_ns
 
     def _complete(self, batch: NDArray[np.bool_]) -> None:
+        if not batch.any():
+            return
         done = np.flatnonzero(batch)
         ids = self._row_flow[done]
         self._end_send.append((ids, np.full(len(ids), self.now, np.int64)))
@@ -396,7 +469,8 @@ class Engine:
         # integer-ns steps overshoot (remaining < 0) and batching finishes early (remaining > 0)
         # by a few bytes: settle them on the links so link bytes equal wire bytes exactly
         left = self._remaining[done]
-        self._link_bytes += self._w[done].T @ left
+        if not self._stepping:
+            self._link_bytes += self._w[done].T @ left
         keep = ~batch
         self._w = self._w[keep]
         self._remaining = np.maximum(self._remaining[keep], 0.0)
@@ -404,5 +478,14 @@ class Engine:
         self._row_stage = self._row_stage[keep]
         self._row_latency = self._row_latency[keep]
         self._row_start = self._row_start[keep]
+        self._row_class = self._row_class[keep]
+        self._row_bytes = self._row_bytes[keep]
+        if self._stepping:
+            stay = ~np.isin(self._m_flow, ids)
+            self._m_flow = self._m_flow[stay]
+            self._m_stream = self._m_stream[stay]
+            self._m_share = self._m_share[stay]
+            self._m_path = self._m_path[stay]
+            self._m_key = self._m_key[stay]
         self._rates = self._rates[keep]
         self._dirty = True

@@ -47,3 +47,92 @@ class FabricParams:
         p = np.asarray(payload_bytes, np.int64)
         packets = -(-p // self.mtu_bytes)
         return p + packets * (self.header_bytes + self.wire_overhead_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class EcnParams:
+    """RED-style ECN marking at switch egress queues (DCQCN paper defaults: Zhu et al.,
+    "Congestion Control for Large-Scale RDMA Deployments", SIGCOMM 2015, section 6)."""
+
+    kmin_bytes: int = 5 * 1024
+    kmax_bytes: int = 200 * 1024
+    pmax: float = 0.01
+
+    def mark_probability(self, queue_bytes: NDArray[np.float64]) -> NDArray[np.float64]:
+        """0 below kmin, rising linearly to pmax at kmax, 1 above kmax.
+
+        >>> EcnParams(kmin_bytes=10, kmax_bytes=110, pmax=0.1).mark_probability(
+        ...     np.array([5.0, 60.0, 200.0])).tolist()
+        [0.0, 0.05, 1.0]
+        """
+        q = np.asarray(queue_bytes, np.float64)
+        span = max(self.kmax_bytes - self.kmin_bytes, 1)
+        p = self.pmax * (q - self.kmin_bytes) / span
+        return np.where(q <= self.kmin_bytes, 0.0, np.where(q >= self.kmax_bytes, 1.0, p))
+
+
+@dataclass(frozen=True, slots=True)
+class DcqcnParams:
+    """DCQCN reaction point (sender NIC) and notification point (receiver NIC) parameters.
+
+    Defaults are the SIGCOMM 2015 paper's: g = 1/256, rate-increase timer 55 us, byte counter
+    10 MB, F = 5 fast-recovery steps, CNPs at most every 50 us per flow, alpha updated every
+    55 us without a CNP. The paper's additive increase, 40 Mb/s on 40 Gb/s NICs, is kept as a
+    fraction of the line rate (1e-3: 400 Mb/s at 400 Gb/s), hyper increase 10x that (the
+    paper leaves it to the implementation). ``min_rate_gbps`` floors the rate.
+    """
+
+    g: float = 1 / 256
+    timer_ns: int = 55_000
+    byte_counter_bytes: int = 10 * 1024 * 1024
+    fast_recovery_steps: int = 5
+    rate_ai_fraction: float = 1e-3
+    rate_hai_fraction: float = 1e-2
+    cnp_interval_ns: int = 50_000
+    alpha_update_ns: int = 55_000
+    initial_alpha: float = 1.0
+    min_rate_gbps: float = 0.1
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PfcParams:
+    """Priority flow control per ingress port and priority.
+
+    A switch ingress whose buffered bytes (of one priority) reach ``xoff_bytes`` pauses the
+    upstream egress of that priority; below ``xon_bytes`` it resumes it. The pause acts
+    ``response_ns`` plus the link delay later. A pause that spreads ``storm_hops`` hops or
+    lasts ``storm_duration_ns`` is a storm; a cycle of paused ports that lasts
+    ``deadlock_detect_ns`` is a deadlock, which the PFC watchdog breaks by dropping the stuck
+    queues (as switch PFC watchdogs do).
+    """
+
+    enabled: bool = True
+    xoff_bytes: int = 512 * 1024
+    xon_bytes: int = 256 * 1024
+    response_ns: int = 500
+    storm_hops: int = 3
+    storm_duration_ns: int = 1_000_000
+    deadlock_detect_ns: int = 200_000
+    watchdog: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FluidParams:
+    """The fluid model's clock, buffers and loss recovery.
+
+    ``buffer_bytes_per_port`` caps each lossy switch egress queue; ``buffer_bytes_per_switch``
+    is a switch's shared buffer, which lossless queues may fill only if PFC headroom is
+    exhausted (then they drop too).
+    Lost bytes are recovered by go-back-N: the sender resends everything after the loss, and
+    learns of it one NACK round trip (``nack_ns``) later. ``window_bytes`` bounds how far a
+    ring stream may run ahead of the slowest stream of its ring (NCCL's buffers).
+    """
+
+    step_ns: int = 500
+    max_quiet_step_ns: int = 20_000
+    buffer_bytes_per_port: int = 4 * 1024 * 1024
+    buffer_bytes_per_switch: int = 64 * 1024 * 1024
+    nack_ns: int = 5_000
+    window_bytes: int = 4 * 1024 * 1024
+    sample_interval_ns: int = 10_000

@@ -32,19 +32,45 @@ class LinkState:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberPaths:
+    """Paths of the members of the active rows, for models that follow bytes hop by hop.
+
+    A member is one path of one stream of a row: ``row`` (index into the active rows),
+    ``stream`` (index within the row: the row progresses at the pace of its slowest stream),
+    ``share`` (fraction of the stream's bytes on this path), ``path`` (link ids, -1 padded),
+    ``flow_id`` (the row's global flow id) and ``key`` (a stable, increasing member id).
+    """
+
+    row: NDArray[np.int64]
+    stream: NDArray[np.int64]
+    share: NDArray[np.float64]
+    path: NDArray[np.int32]
+    flow_id: NDArray[np.int64]
+    key: NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
 class ActiveFlows:
     """The rows currently sending: their weights, bytes still to send (per member) and the
-    rate cap of each (``inf`` = none)."""
+    rate cap of each (``inf`` = none); for path-following models also each row's bytes per
+    stream, traffic class (index into ``qos.TRAFFIC_CLASSES``) and member paths."""
 
     weights: sp.csr_matrix
     remaining_bytes: NDArray[np.float64]
     rate_cap_gbps: NDArray[np.float64]
+    member_bytes: NDArray[np.float64] | None = None
+    row_class: NDArray[np.int64] | None = None
+    members: MemberPaths | None = None
 
 
 class RateModel(Protocol):
-    """Computes per-row rates (Gb/s per member stream) for the active flows."""
+    """Computes per-row rates (Gb/s per member stream) for the active flows.
+
+    ``needs_paths``: the model follows bytes hop by hop and needs ``ActiveFlows.members``.
+    """
 
     name: str
+    needs_paths: bool
 
     def reset(self, links: LinkState) -> None: ...
 
@@ -53,8 +79,10 @@ class RateModel(Protocol):
 
     def rates_gbps(self) -> NDArray[np.float64]: ...
 
-    def advance(self, dt_ns: int) -> None:
-        """Time moved on by ``dt_ns`` with the current rates."""
+    def advance(self, dt_ns: int) -> NDArray[np.float64] | None:
+        """Time moves on by ``dt_ns``. A path-following model returns the bytes each row
+        delivered; a piecewise-constant one returns ``None`` (the engine integrates its
+        rates exactly)."""
 
     def max_step_ns(self) -> float:
         """How long the current rates stay valid without a change of flows."""
@@ -64,6 +92,7 @@ class MaxMinRateModel:
     """Flow-level model: max-min fair rates, piecewise constant between flow events."""
 
     name = "flow"
+    needs_paths = False
 
     def __init__(self) -> None:
         self._links: LinkState | None = None
@@ -87,5 +116,3 @@ class MaxMinRateModel:
     def max_step_ns(self) -> float:
         return float("inf")
 
-
-RATE_MODELS = {"flow": MaxMinRateModel}

@@ -22,6 +22,7 @@ class JobSpec:
     start_ns: int = 0
     iterations: int = 1
     compute_ns: int = 0
+    traffic_class: str = "rdma"  # QoS class of the job's flows (rdma, tcp, control)
 
     def __post_init__(self) -> None:
         if self.iterations < 1:

@@ -1,0 +1,595 @@
+"""The fluid rate model: egress queues, ECN, DCQCN, PFC (pause, HoL, storms, deadlock),
+lossy drops with go-back-N, and QoS priorities, advanced in small time steps.
+
+State is per *member*: one path of one stream of a rate-model row (an independent transfer has
+one member; the streams of a ring one member each; a sprayed flow one member per path). Each
+member holds its bytes queued at the egress of every hop of its path (``backlog[M, H]``; hop 0
+is the sending NIC). One step of ``dt``:
+
+1. the NIC injects up to the DCQCN rate (and one step's worth of line rate per QP);
+2. every egress (port, priority) serves its queue: the scheduler splits the port's capacity
+   among priorities that are not paused (strict or weighted) and each queue serves its members
+   in proportion to their backlog (FIFO as a fluid); served bytes move one hop on, or are
+   delivered at the last hop;
+3. arrivals beyond a queue's buffer are dropped, and the member goes back N: it resends its
+   dropped bytes and everything it had sent after them;
+4. PFC: a switch ingress whose buffered bytes (per priority) cross XOFF pauses the upstream
+   egress of that priority after the link delay, XON resumes it; a paused egress sends nothing
+   of that priority, whichever port its bytes are bound for (head-of-line blocking);
+5. ECN marks by RED on each egress queue; receivers turn marks into CNPs and senders run
+   DCQCN (:mod:`fabricpilot.dataplane.dcqcn`);
+6. the pause graph (which paused egress waits on which) gives the depth of every pause
+   (storms) and its cycles (deadlocks, broken by the PFC watchdog if enabled).
+
+The step grows to ``max_quiet_step_ns`` while nothing is queued, paused or recovering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+
+from fabricpilot.dataplane.dcqcn import DcqcnState, notification_point, reaction_point
+from fabricpilot.dataplane.params import (
+    DcqcnParams,
+    EcnParams,
+    FabricParams,
+    FluidParams,
+    PfcParams,
+)
+from fabricpilot.dataplane.qos import N_PRIORITIES, QosParams, schedule
+from fabricpilot.dataplane.rates import ActiveFlows, LinkState
+from fabricpilot.errors import SimulationError
+from fabricpilot.topology.compiled import CompiledTopology
+
+P = N_PRIORITIES
+
+
+@dataclass
+class PfcEvent:
+    """A pause storm or a deadlock, for the report."""
+
+    kind: str  # "storm" or "deadlock"
+    time_ns: int
+    ports: list[str]
+    hops: int = 0
+    cleared_by_watchdog: bool = False
+
+
+@dataclass
+class FluidReport:
+    """What the fluid model measured over a run."""
+
+    ecn_marks: float = 0.0
+    drops_bytes: float = 0.0
+    retransmitted_bytes: float = 0.0
+    pause_frames: int = 0
+    pfc_pause_ns_total: float = 0.0
+    events: list[PfcEvent] = field(default_factory=list)
+    flow_retx_bytes: dict[int, float] = field(default_factory=dict)
+    port_pause_ns: NDArray[np.float64] | None = None      # [links, priorities]
+    port_pause_frames: NDArray[np.int64] | None = None
+    port_ecn_marks: NDArray[np.float64] | None = None
+    port_drops_bytes: NDArray[np.float64] | None = None
+    samples: list[dict[str, NDArray]] = field(default_factory=list)
+
+    @property
+    def pfc_storms(self) -> int:
+        return sum(1 for e in self.events if e.kind == "storm")
+
+    @property
+    def deadlocks(self) -> int:
+        return sum(1 for e in self.events if e.kind == "deadlock")
+
+
+class FluidRateModel:
+    """Time-stepped fluid model of queues, ECN, DCQCN and PFC (see the module docstring)."""
+
+    name = "fluid"
+    needs_paths = True
+
+    def __init__(
+        self,
+        topology: CompiledTopology,
+        fabric: FabricParams | None = None,
+        *,
+        ecn: EcnParams | None = None,
+        dcqcn: DcqcnParams | None = None,
+        pfc: PfcParams | None = None,
+        fluid: FluidParams | None = None,
+        qos: QosParams | None = None,
+    ) -> None:
+        self.ct = topology
+        self.fabric = fabric or FabricParams()
+        self.ecn = ecn or EcnParams()
+        self.cc = dcqcn or DcqcnParams()
+        self.pfc = pfc or PfcParams()
+        self.fp = fluid or FluidParams()
+        self.qos = qos or QosParams()
+        ct = topology
+        n_links = ct.n_links
+        self.n_links = n_links
+        # node -> priority of each class at that node's egress (hosts: the fabric-wide map)
+        node_names = list(ct.node_names)
+        self._prio_of_node = self.qos.priority_table(node_names)
+        self._is_switch_node = ct.switch_of_node >= 0
+        self._src_is_switch = self._is_switch_node[ct.link_src]
+        self._dst_is_switch = self._is_switch_node[ct.link_dst]
+        self._lossless = self.qos.lossless_mask() & self.pfc.enabled
+        self._weights = np.array([self.qos.weights.get(p, 1.0) for p in range(P)])
+        self._pause_delay = ct.delay_ns.astype(np.float64) + self.pfc.response_ns
+        self.reset(LinkState(ct.rate_gbps.copy(), ct.delay_ns.copy()))
+
+    # ------------------------------------------------------------------ protocol
+    def reset(self, links: LinkState) -> None:
+        n = self.n_links
+        self.now = 0.0
+        self._keys = np.zeros(0, np.int64)
+        self._m = _Members.empty()
+        self._rates_row = np.zeros(0)
+        self._rx_xoff = np.zeros((n, P), bool)      # ingress (at dst(l)) has sent XOFF
+        self._tx_paused = np.zeros((n, P), bool)    # egress (at src(l)) is paused
+        self._pending_at = np.full((n, P), np.inf)
+        self._pending_val = np.zeros((n, P), bool)
+        self._paused_since = np.full((n, P), np.inf)
+        self._in_storm = np.zeros((n, P), bool)
+        self._deadlock_since: dict[frozenset[int], float] = {}
+        self._link_bytes_step = np.zeros(n)
+        self._queue = np.zeros((n, P))
+        self.report = FluidReport(
+            port_pause_ns=np.zeros((n, P)), port_pause_frames=np.zeros((n, P), np.int64),
+            port_ecn_marks=np.zeros((n, P)), port_drops_bytes=np.zeros((n, P)))
+        self._next_sample = 0.0
+        self._sample_acc = np.zeros(n)
+        self._sample_marks = np.zeros(n)
+        self._sample_t0 = 0.0
+        self._quiet = False
+
+    def on_change(self, flows: ActiveFlows) -> None:
+        mem = flows.members
+        if mem is None:
+            raise SimulationError("the fluid model needs per-member paths from the policy")
+        old, old_keys = self._m, self._keys
+        new = _Members.build(self, flows)
+        if len(old_keys):
+            pos = np.searchsorted(old_keys, new.key)
+            pos = np.minimum(pos, len(old_keys) - 1)
+            found = old_keys[pos] == new.key
+            src = pos[found]
+            dst = np.flatnonzero(found)
+            new.backlog[dst] = old.backlog[src]
+            new.injected[dst] = old.injected[src]
+            new.delivered[dst] = old.delivered[src]
+            new.retx[dst] = old.retx[src]
+            new.stall_until[dst] = old.stall_until[src]
+            new.cc.put(dst, old.cc.take(src))
+            # members that left carry their retransmission count into the report
+            gone = np.ones(len(old_keys), bool)
+            gone[src] = False
+            self._archive_retx(old, np.flatnonzero(gone))
+        self._m, self._keys = new, new.key
+        self._progress_row = new.row_progress()
+        self._rates_row = np.zeros(new.n_rows)
+        self._quiet = False
+
+    def rates_gbps(self) -> NDArray[np.float64]:
+        return self._rates_row
+
+    def max_step_ns(self) -> float:
+        return float(self.fp.max_quiet_step_ns if self._quiet else self.fp.step_ns)
+
+    def link_bytes_last_step(self) -> NDArray[np.float64]:
+        return self._link_bytes_step
+
+    def advance(self, dt_ns: int) -> NDArray[np.float64]:
+        """Move ``dt_ns`` on; returns the bytes each row delivered (progress of its slowest
+        stream)."""
+        m = self._m
+        if m.n == 0:
+            self._link_bytes_step = np.zeros(self.n_links)
+            self.now += dt_ns
+            return np.zeros(0)
+        dt = float(dt_ns)
+        self._apply_pending_pauses()
+        sent = self._inject(m, dt)
+        served_lp, delivered = self._serve(m, dt)
+        self._pfc(m, dt)
+        p_mark = self._mark(m, served_lp, delivered, dt)
+        if self.cc.enabled:
+            reaction_point(m.cc, sent, m.line_rate, self.now + dt, dt, self.cc)
+        self._last_mark = p_mark
+        self._count(served_lp, dt)
+        self.now += dt
+        self._sample(dt)
+        old = self._progress_row
+        self._progress_row = m.row_progress()
+        done_bytes = self._progress_row - old
+        self._rates_row = done_bytes * 8.0 / dt
+        self._quiet = self._is_quiet(m)
+        return done_bytes
+
+    # ------------------------------------------------------------------ steps
+    def _inject(self, m: _Members, dt: float) -> NDArray[np.float64]:
+        credit = m.cc.rc * dt / 8.0
+        room = np.maximum(m.line_rate * dt / 8.0 - m.backlog[:, 0], 0.0)
+        left = np.maximum(m.target - m.injected, 0.0)
+        allow = np.minimum(np.minimum(credit, room), left)
+        if m.coupled_any:
+            stream_inj = np.bincount(m.stream, weights=m.injected, minlength=m.n_streams)
+            ahead = (self._row_progress_bytes(m)[m.stream_row] + self.fp.window_bytes
+                     - stream_inj)
+            allow = np.minimum(allow, np.maximum(ahead[m.stream] * m.share, 0.0))
+        allow[m.stall_until > self.now] = 0.0
+        m.backlog[:, 0] += allow
+        m.injected += allow
+        return allow
+
+    def _row_progress_bytes(self, m: _Members) -> NDArray[np.float64]:
+        return m.row_progress()
+
+    def _serve(self, m: _Members, dt: float) -> tuple[NDArray[np.float64], NDArray]:
+        """Serve the egress queues for one step, in passes: bytes served at one hop arrive
+        at the next and may go on in the same step with the capacity left there (cut-through
+        when uncongested; newly arrived bytes queue behind those already waiting)."""
+        valid = m.valid
+        pidx = np.where(valid, m.pidx, 0)
+        back = m.backlog
+        cap = self.ct.rate_gbps * dt / 8.0
+        eligible = ~self._tx_paused
+        total = np.zeros((self.n_links, P))
+        delivered = np.zeros(m.n)
+        rows = np.arange(m.n)
+        last = m.plen - 1
+        fresh = back.copy()
+        for _ in range(back.shape[1]):
+            demand = np.bincount(pidx[valid], weights=fresh[valid],
+                                 minlength=self.n_links * P).reshape(self.n_links, P)
+            if not (demand > 1e-9).any():
+                break
+            served = schedule(demand, cap, eligible, self.qos.scheduler, self._weights)
+            cap = np.maximum(cap - served.sum(axis=1), 0.0)
+            total += served
+            with np.errstate(divide="ignore", invalid="ignore"):
+                frac = np.where(demand > 0, served / demand, 0.0).reshape(-1)
+            s = np.where(valid, fresh * frac[pidx], 0.0)
+            back -= s
+            delivered += s[rows, last]
+            arr = np.zeros_like(back)
+            arr[:, 1:] = s[:, :-1]
+            arr[~valid] = 0.0
+            self._drop(m, arr)
+            back += arr
+            fresh = arr
+        np.maximum(back, 0.0, out=back)
+        m.delivered += delivered
+        self._delivered_step = delivered
+        return total, delivered
+
+    def _drop(self, m: _Members, arr: NDArray[np.float64]) -> None:
+        """Arrivals beyond the buffer are dropped and the member goes back N. Lossy queues
+        are limited per port; every queue by the switch's shared buffer (for lossless ones,
+        PFC should keep it from filling: a drop there means too little headroom)."""
+        valid = m.valid & m.at_switch
+        if not arr[valid].any():
+            return
+        pidx = np.where(valid, m.pidx, 0)
+        after = np.where(valid, m.backlog + arr, 0.0)
+        queued = np.bincount(pidx[valid], weights=after[valid], minlength=self.n_links * P)
+        lossy = ~np.broadcast_to(self._lossless, (self.n_links, P)).reshape(-1)
+        over = np.where(lossy, queued - self.fp.buffer_bytes_per_port, 0.0)
+        sw = m.egress_switch
+        per_switch = np.bincount(sw[valid], weights=after[valid],
+                                 minlength=self.ct.n_switches)
+        sw_over = per_switch - self.fp.buffer_bytes_per_switch
+        if not ((over > 0).any() or (sw_over > 0).any()):
+            return
+        incoming = np.bincount(pidx[valid], weights=arr[valid], minlength=self.n_links * P)
+        sw_in = np.bincount(sw[valid], weights=arr[valid], minlength=self.ct.n_switches)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            port_frac = np.where((over > 0) & (incoming > 0),
+                                 np.minimum(over / incoming, 1.0), 0.0)
+            sw_frac = np.where((sw_over > 0) & (sw_in > 0), np.minimum(sw_over / sw_in, 1.0),
+                               0.0)
+        frac = np.maximum(port_frac[pidx], sw_frac[np.where(valid, sw, 0)])
+        dropped = np.where(valid, arr * frac, 0.0)
+        if not (dropped > 0).any():
+            return
+        arr -= dropped
+        lost_rows = np.flatnonzero(dropped.sum(axis=1) > 0)
+        np.add.at(self.report.port_drops_bytes.reshape(-1), pidx[valid], dropped[valid])
+        self.report.drops_bytes += float(dropped.sum())
+        # go-back-N: the dropped bytes and everything the member sent after them (its bytes
+        # still upstream of the drop) are resent, once the NACK has come back
+        first = np.argmax(dropped[lost_rows] > 0, axis=1)
+        upstream = np.arange(arr.shape[1])[None, :] <= first[:, None]
+        lost = dropped[lost_rows].sum(axis=1)
+        lost += np.where(upstream, m.backlog[lost_rows] + arr[lost_rows], 0.0).sum(axis=1)
+        m.backlog[lost_rows] = np.where(upstream, 0.0, m.backlog[lost_rows])
+        arr[lost_rows] = np.where(upstream, 0.0, arr[lost_rows])
+        m.injected[lost_rows] -= lost
+        m.retx[lost_rows] += lost
+        self.report.retransmitted_bytes += float(lost.sum())
+        m.stall_until[lost_rows] = self.now + m.rtt[lost_rows] + self.fp.nack_ns
+
+    def _apply_pending_pauses(self) -> None:
+        due = self._pending_at <= self.now
+        if due.any():
+            self._tx_paused[due] = self._pending_val[due]
+            self._pending_at[due] = np.inf
+            newly = due & self._tx_paused & ~np.isfinite(self._paused_since)
+            self._paused_since[newly] = self.now
+            self._paused_since[due & ~self._tx_paused] = np.inf
+
+    def _pfc(self, m: _Members, dt: float) -> None:
+        if not self._lossless.any():
+            return
+        # bytes buffered in each switch, by the ingress link they arrived on
+        nxt = m.ingress_valid
+        ingress = np.bincount(m.ingress_pidx[nxt], weights=m.backlog[:, 1:][nxt],
+                              minlength=self.n_links * P).reshape(self.n_links, P)
+        watch = self._dst_is_switch[:, None] & self._lossless[None, :]
+        xoff = watch & ~self._rx_xoff & (ingress >= self.pfc.xoff_bytes)
+        xon = self._rx_xoff & (ingress <= self.pfc.xon_bytes)
+        change = xoff | xon
+        if change.any():
+            self._rx_xoff ^= change
+            when = self.now + dt + self._pause_delay[:, None]
+            self._pending_at = np.where(change, when, self._pending_at)
+            self._pending_val = np.where(change, self._rx_xoff, self._pending_val)
+            self.report.port_pause_frames += xoff
+            self.report.pause_frames += int(xoff.sum())
+        if self._tx_paused.any():
+            self._pause_graph(m)
+
+    def _pause_graph(self, m: _Members) -> None:
+        """Pause depth (storms) and cycles (deadlocks) among paused egress ports."""
+        paused = self._tx_paused
+        # edge (l, p) -> (l', p'): bytes that entered the switch over paused egress l wait at
+        # egress l' of that switch, which is itself paused
+        e_from = m.ingress_pidx[m.ingress_valid]
+        e_to = m.pidx[:, 1:][m.ingress_valid]
+        has = m.backlog[:, 1:][m.ingress_valid] > 0
+        flat = paused.reshape(-1)
+        keep = has & flat[e_from] & flat[e_to]
+        e_from, e_to = e_from[keep], e_to[keep]
+        depth = np.where(flat, 1, 0).astype(np.int64)
+        for _ in range(min(self.pfc.storm_hops + 1, 16)):
+            if not len(e_from):
+                break
+            np.maximum.at(depth, e_from, depth[e_to] + 1)
+        depth = depth.reshape(self.n_links, P)
+        long = paused & (self.now - self._paused_since >= self.pfc.storm_duration_ns)
+        storm = paused & ((depth >= self.pfc.storm_hops) | long)
+        rising = storm & ~self._in_storm
+        if rising.any():
+            for link, prio in zip(*np.nonzero(rising), strict=True):
+                self.report.events.append(PfcEvent(
+                    "storm", int(self.now), [f"{self.ct.link_name(int(link))} prio {prio}"],
+                    hops=int(depth[link, prio])))
+        self._in_storm = storm
+        if len(e_from):
+            self._deadlocks(e_from, e_to)
+
+    def _deadlocks(self, e_from: NDArray[np.int64], e_to: NDArray[np.int64]) -> None:
+        nodes, inv = np.unique(np.concatenate([e_from, e_to]), return_inverse=True)
+        k = len(nodes)
+        a, b = inv[: len(e_from)], inv[len(e_from):]
+        graph = csr_matrix((np.ones(len(a)), (a, b)), shape=(k, k))
+        n_comp, label = connected_components(graph, directed=True, connection="strong")
+        sizes = np.bincount(label, minlength=n_comp)
+        self_loop = np.zeros(n_comp, bool)
+        self_loop[label[a[a == b]]] = True
+        cycles = []
+        for c in np.flatnonzero((sizes >= 2) | self_loop):
+            cycles.append(frozenset(nodes[label == c].tolist()))
+        alive = {}
+        for cyc in cycles:
+            since = self._deadlock_since.get(cyc, self.now)
+            alive[cyc] = since
+            if self.now - since >= self.pfc.deadlock_detect_ns:
+                self._break_deadlock(cyc)
+                alive.pop(cyc)
+        self._deadlock_since = alive
+
+    def _break_deadlock(self, ports: frozenset[int]) -> None:
+        names = sorted(f"{self.ct.link_name(p // P)} prio {p % P}" for p in ports)
+        if not self.pfc.watchdog:
+            raise SimulationError(
+                "PFC deadlock that does not clear (PFC watchdog disabled): "
+                + ", ".join(names))
+        self.report.events.append(PfcEvent("deadlock", int(self.now), names,
+                                           cleared_by_watchdog=True))
+        # the watchdog drops what the stuck queues hold and ignores pauses for a while
+        m = self._m
+        flat = np.zeros(self.n_links * P, bool)
+        flat[list(ports)] = True
+        stuck = m.valid & flat[np.where(m.valid, m.pidx, 0)] & (m.backlog > 0)
+        rows = np.flatnonzero(stuck.any(axis=1))
+        lost = np.where(stuck, m.backlog, 0.0)
+        self.report.drops_bytes += float(lost.sum())
+        # go-back-N: resend from the dropped bytes on (they and everything upstream)
+        first = np.argmax(stuck[rows], axis=1)
+        upstream = np.arange(m.backlog.shape[1])[None, :] <= first[:, None]
+        resend = np.where(upstream | stuck[rows], m.backlog[rows], 0.0).sum(axis=1)
+        m.backlog[rows] = np.where(upstream | stuck[rows], 0.0, m.backlog[rows])
+        m.injected[rows] -= resend
+        m.retx[rows] += resend
+        self.report.retransmitted_bytes += float(resend.sum())
+        m.stall_until[rows] = self.now + m.rtt[rows] + self.fp.nack_ns
+        idx = np.array(sorted(ports))
+        links, prios = idx // P, idx % P
+        self._rx_xoff[links, prios] = False
+        self._tx_paused[links, prios] = False
+        self._pending_at[links, prios] = np.inf
+        self._paused_since[links, prios] = np.inf
+
+    def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
+        queue = np.bincount(m.pidx[m.valid], weights=m.backlog[m.valid],
+                            minlength=self.n_links * P).reshape(self.n_links, P)
+        self._queue = queue
+        p_port = self.ecn.mark_probability(queue)
+        p_port[~self._src_is_switch] = 0.0
+        self.report.port_ecn_marks += served_lp * p_port / self.fabric.mtu_bytes
+        marks = float((served_lp * p_port).sum() / self.fabric.mtu_bytes)
+        self.report.ecn_marks += marks
+        self._sample_marks += (served_lp * p_port).sum(axis=1) / self.fabric.mtu_bytes
+        logq = np.log1p(-np.minimum(p_port.reshape(-1), 1.0 - 1e-12))
+        per_hop = np.where(m.valid, logq[np.where(m.valid, m.pidx, 0)], 0.0)
+        p_path = 1.0 - np.exp(per_hop.sum(axis=1))
+        if self.cc.enabled:
+            notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.rtt / 2.0,
+                               self.now + dt, dt, self.cc)
+        return p_path
+
+    def _count(self, served_lp: NDArray[np.float64], dt: float) -> None:
+        self._link_bytes_step = served_lp.sum(axis=1)
+        self._sample_acc += self._link_bytes_step
+        self.report.port_pause_ns += self._tx_paused * dt
+        self.report.pfc_pause_ns_total += float(self._tx_paused.sum() * dt)
+
+    def _sample(self, dt: float) -> None:
+        if self.now < self._next_sample:
+            return
+        span = max(self.now - self._sample_t0, 1.0)
+        active = (self._sample_acc > 0) | (self._queue.sum(axis=1) > 0) | \
+            self._tx_paused.any(axis=1)
+        links = np.flatnonzero(active)
+        if len(links):
+            self.report.samples.append({
+                "time_ns": np.full(len(links), int(self.now), np.int64),
+                "link": links.astype(np.int64),
+                "queue_bytes": self._queue[links].sum(axis=1),
+                "utilization": self._sample_acc[links] * 8.0 / (self.ct.rate_gbps[links] * span),
+                "ecn_marks": self._sample_marks[links],
+                "paused": self._tx_paused[links].any(axis=1),
+            })
+        self._sample_acc[:] = 0.0
+        self._sample_marks[:] = 0.0
+        self._sample_t0 = self.now
+        self._next_sample = self.now + self.fp.sample_interval_ns
+
+    def _is_quiet(self, m: _Members) -> bool:
+        switch_q = self._queue[self._src_is_switch].sum()
+        return bool(
+            switch_q < 1.0 and not self._tx_paused.any() and not self._rx_xoff.any()
+            and not np.isfinite(self._pending_at).any()
+            and np.all(m.cc.rc >= m.line_rate * (1 - 1e-9))
+            and not np.isfinite(m.cc.cnp_due_ns).any()
+            and not (m.stall_until > self.now).any()
+        )
+
+    def _archive_retx(self, m: _Members, idx: NDArray[np.int64]) -> None:
+        for fid, r in zip(m.flow_id[idx].tolist(), m.retx[idx].tolist(), strict=True):
+            if r > 0:
+                self.report.flow_retx_bytes[fid] = self.report.flow_retx_bytes.get(fid, 0.0) + r
+
+    def finish(self) -> FluidReport:
+        """Close the run: fold the retransmissions of members still known into the report."""
+        self._archive_retx(self._m, np.arange(self._m.n))
+        self._m = _Members.empty()
+        self._keys = np.zeros(0, np.int64)
+        return self.report
+
+
+@dataclass
+class _Members:
+    """Per-member arrays of the fluid model (see the module docstring)."""
+
+    key: NDArray[np.int64]
+    flow_id: NDArray[np.int64]
+    row: NDArray[np.int64]
+    stream: NDArray[np.int64]          # global stream index
+    stream_row: NDArray[np.int64]      # stream -> row
+    share: NDArray[np.float64]
+    target: NDArray[np.float64]
+    path: NDArray[np.int32]
+    plen: NDArray[np.int64]
+    valid: NDArray[np.bool_]
+    pidx: NDArray[np.int64]            # link * P + priority, per hop
+    at_switch: NDArray[np.bool_]       # hop's egress is on a switch
+    egress_switch: NDArray[np.int64]   # switch index owning the hop's egress (0 if a host)
+    ingress_pidx: NDArray[np.int64]    # [M, H-1]: ingress (link of hop k, priority at k+1)
+    ingress_valid: NDArray[np.bool_]
+    line_rate: NDArray[np.float64]
+    rtt: NDArray[np.float64]
+    backlog: NDArray[np.float64]
+    injected: NDArray[np.float64]
+    delivered: NDArray[np.float64]
+    retx: NDArray[np.float64]
+    stall_until: NDArray[np.float64]
+    cc: DcqcnState
+    n_rows: int
+    n_streams: int
+    coupled_any: bool
+
+    @property
+    def n(self) -> int:
+        return len(self.key)
+
+    @classmethod
+    def empty(cls) -> _Members:
+        z = np.zeros(0, np.int64)
+        f = np.zeros(0)
+        return cls(z, z, z, z, z, f, f, np.zeros((0, 1), np.int32), z, np.zeros((0, 1), bool),
+                   np.zeros((0, 1), np.int64), np.zeros((0, 1), bool), np.zeros((0, 1), np.int64),
+                   np.zeros((0, 0), np.int64),
+                   np.zeros((0, 0), bool), f, f, np.zeros((0, 1)), f, f, f, f,
+                   DcqcnState.new(f, DcqcnParams()), 0, 0, False)
+
+    @classmethod
+    def build(cls, model: FluidRateModel, flows: ActiveFlows) -> _Members:
+        mem = flows.members
+        assert mem is not None
+        ct = model.ct
+        path = mem.path
+        n, h = path.shape
+        valid = path >= 0
+        plen = valid.sum(axis=1).astype(np.int64)
+        safe = np.where(valid, path, 0)
+        cls_code = flows.row_class[mem.row]
+        # priority at each hop = the classification of the node that owns the egress
+        egress_node = ct.link_src[safe]
+        prio = model._prio_of_node[egress_node, cls_code[:, None]].astype(np.int64)
+        pidx = np.where(valid, safe.astype(np.int64) * P + prio, 0)
+        at_switch = valid & model._src_is_switch[safe]
+        egress_switch = np.maximum(ct.switch_of_node[ct.link_src[safe]], 0).astype(np.int64)
+        ingress_valid = valid[:, 1:] & valid[:, :-1]
+        ingress_pidx = np.where(ingress_valid, safe[:, :-1].astype(np.int64) * P + prio[:, 1:],
+                                0)
+        stream_key = mem.row * (int(mem.stream.max(initial=0)) + 1) + mem.stream
+        uniq, stream = np.unique(stream_key, return_inverse=True)
+        stream = stream.reshape(-1)
+        stream_row = np.zeros(len(uniq), np.int64)
+        stream_row[stream] = mem.row
+        streams_per_row = np.bincount(stream_row, minlength=len(flows.remaining_bytes))
+        target = mem.share * flows.member_bytes[mem.row]
+        line = ct.rate_gbps[safe[:, 0]]
+        delay = np.where(valid, ct.delay_ns[safe], 0).sum(axis=1) + \
+            np.maximum(plen - 1, 0) * model.fabric.switch_latency_ns
+        return cls(
+            key=mem.key, flow_id=mem.flow_id, row=mem.row, stream=stream, stream_row=stream_row,
+            share=mem.share, target=target, path=path, plen=plen, valid=valid, pidx=pidx,
+            at_switch=at_switch, egress_switch=egress_switch, ingress_pidx=ingress_pidx,
+            ingress_valid=ingress_valid,
+            line_rate=line, rtt=2.0 * delay, backlog=np.zeros((n, h)), injected=np.zeros(n),
+            delivered=np.zeros(n), retx=np.zeros(n), stall_until=np.full(n, -np.inf),
+            cc=DcqcnState.new(line, model.cc), n_rows=len(flows.remaining_bytes),
+            n_streams=len(uniq), coupled_any=bool((streams_per_row > 1).any()),
+        )
+
+    def row_progress(self) -> NDArray[np.float64]:
+        """Bytes per member stream delivered in order: the slowest stream of each row."""
+        per_stream = np.bincount(self.stream, weights=self.delivered, minlength=self.n_streams)
+        per_stream_target = np.bincount(self.stream, weights=self.target,
+                                        minlength=self.n_streams)
+        # a stream is done when all its paths are; round-off below a byte counts as done
+        per_stream = np.where(per_stream >= per_stream_target - 1e-6, per_stream_target,
+                              per_stream)
+        out = np.full(self.n_rows, np.inf)
+        np.minimum.at(out, self.stream_row, per_stream)
+        out[~np.isfinite(out)] = 0.0
+        return out

@@ -117,6 +117,15 @@ class EngineOutput:
     model_report: object | None = None
 
 
+def _pad(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
+    """Pad link-id paths with -1 to ``width`` columns."""
+    if paths.shape[1] == width:
+        return paths
+    out = np.full((len(paths), width), -1, np.int32)
+    out[:, : paths.shape[1]] = paths
+    return out
+
+
 @dataclass
 class _Stage:
     job: int
@@ -227,6 +236,11 @@ class Engine:
             if self._stepping:
                 if self._remaining.size:
                     step_end = min(self.now + math.ceil(self.model.max_step_ns()), t_next)
+                    rates = self.model.rates_gbps()
+                    if len(rates) == len(self._remaining) and (rates > 0).all():
+                        # do not step far past the earliest completion the last rates predict
+                        eta = float((self._remaining * 8.0 / rates).min())
+                        step_end = min(step_end, self.now + max(math.ceil(eta), 1))
                     self._advance(int(step_end))
                     self._complete(self._remaining <= 1e-6 * self._row_bytes + 1e-3)
                     if self.now < t_next:
@@ -393,7 +407,9 @@ class Engine:
             self._m_flow = np.concatenate([self._m_flow, ids[r.row]])
             self._m_stream = np.concatenate([self._m_stream, r.stream])
             self._m_share = np.concatenate([self._m_share, r.share])
-            self._m_path = np.concatenate([self._m_path, r.path], axis=0)
+            width = max(self._m_path.shape[1], r.path.shape[1])
+            self._m_path = np.concatenate([_pad(self._m_path, width), _pad(r.path, width)],
+                                          axis=0)
             self._m_key = np.concatenate(
                 [self._m_key, np.arange(self._n_members, self._n_members + k, dtype=np.int64)])
             self._n_members += k

@@ -136,6 +136,7 @@ class FluidRateModel:
         self._pending_at = np.full((n, P), np.inf)
         self._pending_val = np.zeros((n, P), bool)
         self._paused_since = np.full((n, P), np.inf)
+        self._wd_until = np.full((n, P), -np.inf)  # PFC watchdog: pauses ignored until then
         self._in_storm = np.zeros((n, P), bool)
         self._deadlock_since: dict[frozenset[int], float] = {}
         self._link_bytes_step = np.zeros(n)
@@ -331,7 +332,8 @@ class FluidRateModel:
         nxt = m.ingress_valid
         ingress = np.bincount(m.ingress_pidx[nxt], weights=m.backlog[:, 1:][nxt],
                               minlength=self.n_links * P).reshape(self.n_links, P)
-        watch = self._dst_is_switch[:, None] & self._lossless[None, :]
+        watch = (self._dst_is_switch[:, None] & self._lossless[None, :]
+                 & (self._wd_until <= self.now))
         xoff = watch & ~self._rx_xoff & (ingress >= self.pfc.xoff_bytes)
         xon = self._rx_xoff & (ingress <= self.pfc.xon_bytes)
         change = xoff | xon
@@ -426,6 +428,7 @@ class FluidRateModel:
         self._tx_paused[links, prios] = False
         self._pending_at[links, prios] = np.inf
         self._paused_since[links, prios] = np.inf
+        self._wd_until[links, prios] = self.now + self.pfc.watchdog_recovery_ns
 
     def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
         queue = np.bincount(m.pidx[m.valid], weights=m.backlog[m.valid],

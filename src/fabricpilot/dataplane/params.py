@@ -104,7 +104,8 @@ class PfcParams:
     ``response_ns`` plus the link delay later. A pause that spreads ``storm_hops`` hops or
     lasts ``storm_duration_ns`` is a storm; a cycle of paused ports that lasts
     ``deadlock_detect_ns`` is a deadlock, which the PFC watchdog breaks by dropping the stuck
-    queues (as switch PFC watchdogs do).
+    queues and ignoring pauses on them for ``watchdog_recovery_ns`` (as switch PFC watchdogs
+    do).
     """
 
     enabled: bool = True
@@ -115,6 +116,7 @@ class PfcParams:
     storm_duration_ns: int = 1_000_000
     deadlock_detect_ns: int = 200_000
     watchdog: bool = True
+    watchdog_recovery_ns: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

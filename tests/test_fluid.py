@@ -1,0 +1,221 @@
+"""The fluid model against behaviour derived independently: line rate alone, DCQCN fair share
+with a queue inside [Kmin, Kmax], incast under PFC (no drops, pauses upstream, a head-of-line
+victim that another priority protects), incast without PFC (drops, go-back-N), a cyclic
+buffer dependency detected as a deadlock, a misconfigured hop breaking lossless, and
+agreement with the flow-level model where nothing queues."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from fabricpilot.balancing import PolicyContext, make_policy
+from fabricpilot.balancing.explicit import ExplicitPaths
+from fabricpilot.dataplane import (
+    DcqcnParams,
+    Engine,
+    EngineOutput,
+    FabricParams,
+    FluidParams,
+    FluidRateModel,
+    PfcParams,
+    QosParams,
+)
+from fabricpilot.dataplane.params import EcnParams
+from fabricpilot.errors import SimulationError
+from fabricpilot.topology import compile_topology, leaf_spine
+from fabricpilot.topology.model import LinkKind, NodeKind, Topology
+from fabricpilot.workload.collectives import build_collective
+from fabricpilot.workload.jobs import JobSpec
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage
+
+WIRE = (4096 + 78) / 4096  # wire bytes per payload byte (full packets)
+
+
+def p2p(name: str, pairs: list[tuple[int, int]], size: int, **kw: object) -> JobSpec:
+    """A job whose only 'collective' is a set of independent point-to-point transfers."""
+    src = np.array([a for a, _ in pairs])
+    dst = np.array([b for _, b in pairs])
+    stage = Stage(src, dst, np.full(len(pairs), size), np.full(len(pairs), -1))
+    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), size,
+                          "p2p", (stage,))
+    return JobSpec(name, plan.ranks, (plan,), **kw)  # type: ignore[arg-type]
+
+
+def run(ct, jobs, policy="ecmp", paths=None, **model_kw) -> EngineOutput:  # type: ignore[no-untyped-def]
+    ctx = PolicyContext(ct, 1, 600, member_routes=True)
+    pol = ExplicitPaths(ctx, paths) if paths is not None else make_policy(policy, ctx)
+    model = FluidRateModel(ct, FabricParams(), **model_kw)
+    return Engine(ct, pol, jobs, rate_model=model).run()
+
+
+def throughput_gbps(out: EngineOutput, i: int) -> float:
+    f = out.flows
+    return float(f["wire_bytes"][i] * 8 / (f["end_send_ns"][i] - f["start_ns"][i]))
+
+
+@pytest.fixture(scope="module")
+def one_leaf():  # type: ignore[no-untyped-def]
+    return compile_topology(leaf_spine(hosts=16, gpus_per_host=1, nics_per_leaf=16))
+
+
+def test_single_flow_reaches_line_rate(one_leaf) -> None:  # type: ignore[no-untyped-def]
+    out = run(one_leaf, [p2p("one", [(0, 1)], 64 << 20)])
+    assert throughput_gbps(out, 0) == pytest.approx(400, rel=0.01)
+    assert out.model_report.ecn_marks == 0 and out.model_report.pause_frames == 0
+
+
+def test_two_dcqcn_flows_share_fairly_with_queue_in_marking_band(one_leaf) -> None:  # type: ignore[no-untyped-def]
+    ecn = EcnParams()
+    out = run(one_leaf, [p2p("two", [(0, 2), (1, 2)], 320 << 20)],
+              fluid=FluidParams(sample_interval_ns=20_000))
+    t = [throughput_gbps(out, i) for i in range(2)]
+    assert t[0] == pytest.approx(t[1], rel=0.10)
+    # the bottleneck (leaf -> gpu2), sampled, over the second half of the run: once DCQCN
+    # has converged it is busy and its queue sits in the marking band
+    rep = out.model_report
+    ct = one_leaf
+    link = ct.gpu_down[2]
+    times = np.concatenate([s["time_ns"] for s in rep.samples])
+    links = np.concatenate([s["link"] for s in rep.samples])
+    queue = np.concatenate([s["queue_bytes"] for s in rep.samples])
+    late = (links == link) & (times > times.max() / 2)
+    assert late.sum() > 20
+    util = np.concatenate([s["utilization"] for s in rep.samples])
+    assert util[late].mean() > 0.9
+    assert ecn.kmin_bytes <= queue[late].mean() <= ecn.kmax_bytes
+    assert np.percentile(queue[late], 95) <= ecn.kmax_bytes
+    assert rep.drops_bytes == 0
+
+
+@pytest.fixture(scope="module")
+def two_tier():  # type: ignore[no-untyped-def]
+    # 4 leaves x 8 hosts, 8 spines, one GPU per host
+    return compile_topology(leaf_spine(hosts=32, gpus_per_host=1, nics_per_leaf=8,
+                                       rail_optimized=False))
+
+
+INCAST = [(s, 0) for s in range(8, 24)]  # 16 senders on leaves 1 and 2 -> gpu0 on leaf 0
+VICTIM = (24, 1)                          # leaf 3 -> gpu1 on leaf 0: shares only spine links
+
+
+def test_incast_with_pfc_pauses_upstream_without_drops_and_hurts_a_victim(two_tier) -> None:  # type: ignore[no-untyped-def]
+    ct = two_tier
+    size = 4 << 20
+    alone = run(ct, [p2p("victim", [VICTIM], size)])
+    both = run(ct, [p2p("incast", INCAST, size), p2p("victim", [VICTIM], size)])
+    rep = both.model_report
+    assert rep.drops_bytes == 0 and rep.retransmitted_bytes == 0
+    assert rep.pause_frames > 0
+    # pauses sit upstream of the bottleneck (leaf0 -> gpu0): on spine -> leaf0 links
+    paused = rep.port_pause_ns.sum(axis=1) > 0
+    names = [ct.link_name(i) for i in np.flatnonzero(paused)]
+    assert any(n.startswith("spine") and n.endswith("->leaf0") for n in names)
+    assert ct.link_name(int(ct.gpu_down[0])) not in names  # the host never pauses the leaf
+    v_alone = throughput_gbps(alone, 0)
+    victim_row = int(np.flatnonzero(both.flows["owner"] == 1)[0])
+    v_both = throughput_gbps(both, victim_row)
+    assert v_alone == pytest.approx(400, rel=0.02)
+    assert v_both < 0.7 * v_alone  # head-of-line blocked behind paused spine egress queues
+
+    # the same victim in another priority (control: not lossless, so never paused, and
+    # above RDMA in the strict scheduler) keeps its speed through the paused spine ports
+    other = run(ct, [p2p("incast", INCAST, size),
+                     p2p("victim", [VICTIM], size, traffic_class="control")])
+    v_other = throughput_gbps(other, int(np.flatnonzero(other.flows["owner"] == 1)[0]))
+    assert v_other > 0.9 * v_alone
+
+
+def test_incast_without_pfc_drops_and_retransmits(two_tier) -> None:  # type: ignore[no-untyped-def]
+    out = run(two_tier, [p2p("incast", INCAST, 4 << 20)], pfc=PfcParams(enabled=False))
+    rep = out.model_report
+    assert rep.pause_frames == 0 and rep.pfc_pause_ns_total == 0
+    assert rep.drops_bytes > 0
+    assert rep.retransmitted_bytes >= rep.drops_bytes
+    assert out.flows["retx_bytes"].sum() == pytest.approx(rep.retransmitted_bytes)
+    # every byte still arrives
+    assert len(out.collectives) == 1
+
+
+def test_misconfigured_hop_loses_lossless(two_tier) -> None:  # type: ignore[no-untyped-def]
+    # leaf0 maps the RDMA DSCP to a lossy priority: PFC no longer protects the incast there
+    qos = QosParams(switch_overrides={"leaf0": {26: 0}})
+    out = run(two_tier, [p2p("incast", INCAST, 4 << 20)], qos=qos,
+              fluid=FluidParams(buffer_bytes_per_port=1 << 20))
+    assert out.model_report.drops_bytes > 0
+
+
+def ring_topology() -> Topology:
+    """Three switches in a ring, two GPUs on each (gpu 2i and 2i+1 on switch i)."""
+    g = nx.Graph()
+    for i in range(3):
+        g.add_node(f"sw{i}", kind=NodeKind.SWITCH, tier=1, role="leaf")
+        for j in (2 * i, 2 * i + 1):
+            g.add_node(f"gpu{j}", kind=NodeKind.GPU, gpu=j, host=j, local_rank=0, rail=0)
+            g.add_edge(f"gpu{j}", f"sw{i}", kind=LinkKind.NIC, rate_gbps=400.0, delay_ns=100)
+    for i in range(3):
+        g.add_edge(f"sw{i}", f"sw{(i + 1) % 3}", kind=LinkKind.FABRIC, rate_gbps=400.0,
+                   delay_ns=100)
+    return Topology(g, "ring-3", 1)
+
+
+def test_cyclic_buffer_dependency_is_a_deadlock() -> None:
+    ct = compile_topology(ring_topology())
+    nid = ct.node_index
+    lid = ct.link_id
+
+    def path(*nodes: str) -> list[int]:
+        return [lid[(nid[a], nid[b])] for a, b in itertools.pairwise(nodes)]
+
+    # both GPUs of every switch send two hops clockwise (a detour: the direct link exists).
+    # Each ring link then carries transit traffic whose next hop is the next ring link, so
+    # the three switches' buffers wait on each other in a cycle.
+    loop = {}
+    for i in range(3):
+        a, b, c = f"sw{i}", f"sw{(i + 1) % 3}", f"sw{(i + 2) % 3}"
+        for j in (2 * i, 2 * i + 1):
+            dst = 2 * ((i + 2) % 3)
+            loop[(j, dst)] = path(f"gpu{j}", a, b, c, f"gpu{dst}")
+    jobs = [p2p("loop", list(loop), 32 << 20)]
+    no_cc = DcqcnParams(enabled=False)
+    out = run(ct, jobs, paths=loop, dcqcn=no_cc)
+    rep = out.model_report
+    assert rep.deadlocks >= 1
+    dl = next(e for e in rep.events if e.kind == "deadlock")
+    assert {p.split(" ")[0] for p in dl.ports} == {"sw0->sw1", "sw1->sw2", "sw2->sw0"}
+    assert dl.cleared_by_watchdog and len(out.collectives) == 1
+    assert rep.retransmitted_bytes > 0  # the watchdog dropped the stuck queues
+
+    # the same flows on their direct (shortest) paths: no cycle, no deadlock
+    direct = {k: [v[0], lid[(nid[f"sw{k[0] // 2}"], nid[f"sw{k[1] // 2}"])], v[-1]]
+              for k, v in loop.items()}
+    out = run(ct, jobs, paths=direct, dcqcn=no_cc)
+    assert out.model_report.deadlocks == 0
+    assert out.model_report.pause_frames > 0  # congested and paused, but not stuck
+
+    # without the PFC watchdog the deadlock never clears: reported, not a hang
+    with pytest.raises(SimulationError, match="deadlock"):
+        run(ct, jobs, paths=loop, dcqcn=no_cc, pfc=replace(PfcParams(), watchdog=False))
+
+
+@pytest.mark.parametrize("op,size", [("allreduce", 256 << 20), ("alltoall", 64 << 20)])
+def test_fluid_agrees_with_flow_level_when_nothing_queues(one_leaf, op: str, size: int) -> None:  # type: ignore[no-untyped-def]
+    ranks = np.arange(8)
+    plan = build_collective(op, ranks, size)
+    job = JobSpec(op, tuple(range(8)), (plan,))
+    ctx = PolicyContext(one_leaf, 1, 600, member_routes=True)
+    flow = Engine(one_leaf, make_policy("ecmp", ctx), [job]).run()
+    fluid = Engine(one_leaf, make_policy("ecmp", ctx), [job],
+                   rate_model=FluidRateModel(one_leaf)).run()
+    t_flow, t_fluid = flow.collectives[0].time_ns, fluid.collectives[0].time_ns
+    assert t_fluid == pytest.approx(t_flow, rel=0.05)
+    # and both approach the bound: the busiest NIC's wire bytes at line rate
+    busiest = max(plan.stages[0].size_bytes) * WIRE
+    if op == "alltoall":
+        busiest = 7 * math.ceil(size / 8) * WIRE
+    assert t_flow >= busiest * 8 / 400

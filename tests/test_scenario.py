@@ -225,7 +225,7 @@ BAD_CASES = [
     (_duplicate_names, "jobs[1].name", "duplicate job name 'a'"),
     (_explicit_overlap, "jobs[1].gpu_ids[1]", "GPU 2 is already used by job 'a'"),
     (_k_on_leaf_spine, "topology.k", "only valid for kind fat_tree"),
-    (_unknown_literal, "fabric.model", "must be 'flow' (got 'packet')"),
+    (_unknown_literal, "fabric.model", "must be 'flow' or 'fluid' (got 'packet')"),
     (_root_out_of_range, "jobs[0].collectives[1].root", "root rank 8"),
     (_spines_not_whole, "topology.oversubscription", "whole number"),
     (_rail_hosts, "topology.hosts", "multiple of nics_per_leaf"),

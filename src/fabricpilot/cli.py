@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fabricpilot import __version__
@@ -41,6 +42,13 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_INPUT)
 
 
+def _warn(source: str, lines: list[str]) -> None:
+    """One ``warning: FILE: FIELD: MESSAGE`` line on stderr per line; the exit status is kept."""
+    for line in lines:
+        err.print(f"[yellow]warning:[/] {escape(source)}: {escape(line)}", highlight=False,
+                  soft_wrap=True)
+
+
 def _load(scenario: Path | None):  # type: ignore[no-untyped-def]
     from fabricpilot.scenario import default_scenario, default_scenario_path, load_scenario
 
@@ -58,16 +66,17 @@ def run(
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Write the JSON summary here.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="Write CSV tables (flows, collectives, iterations, links) here, "
-                      "one sub-folder per policy.")] = None,
+        "--out", help="Write CSV tables (flows, collectives, iterations, links; with the "
+                      "fluid model also timeseries, ports) here, one sub-folder per policy.")]
+        = None,
     reproducible: Annotated[bool, typer.Option(
         help="Write wall_time_s as 0 so that equal seeds give byte-identical JSON.")] = False,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
 ) -> None:
     """Run one or several routing policies on a scenario and compare them."""
-    from fabricpilot.report import comparison_table, fabric_table
+    from fabricpilot.report import comparison_table, fabric_table, pfc_event_lines
     from fabricpilot.results import summary_json, write_tables
-    from fabricpilot.runner import prepare, run_policy
+    from fabricpilot.runner import config_warnings, prepare, run_policy
 
     try:
         sc, source = _load(scenario)
@@ -80,6 +89,7 @@ def run(
         # the comparison is against `ideal`; run it as the reference if it was not asked for
         runs = policies + (["ideal"] if "ideal" not in policies else [])
         prep = prepare(sc, source)
+        _warn(source, config_warnings(sc, prep))
         out.print(f"[bold]{sc.name}[/]: {prep.topology.topo.summary()}; "
                   f"{len(prep.jobs)} jobs" + (f", {len(prep.mice)} mice" if prep.mice else ""),
                   highlight=False)
@@ -96,6 +106,11 @@ def run(
         shown = [r for r in results if r.policy in policies]
         out.print(comparison_table(shown, reference))
         out.print(fabric_table(shown))
+        events = pfc_event_lines(shown)
+        if events:
+            out.print("PFC storms and deadlocks:")
+            for line in events:
+                out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
@@ -113,7 +128,7 @@ def validate(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML to check.")],
 ) -> None:
     """Check a scenario file (schema, units, GPUs, topology) without running it."""
-    from fabricpilot.runner import prepare
+    from fabricpilot.runner import config_warnings, prepare
 
     try:
         sc, source = _load(scenario)
@@ -121,6 +136,7 @@ def validate(
     except FabricpilotError as e:
         _fail(str(e))
         return
+    _warn(source, config_warnings(sc, prep))
     n_gpus = sum(j.n_gpus for j in prep.jobs)
     out.print(f"{scenario}: ok ({prep.topology.topo.summary()}; {len(prep.jobs)} jobs on "
               f"{n_gpus} GPUs; policies {', '.join(sc.policies)})", highlight=False)

@@ -17,6 +17,7 @@ import numpy as np
 from fabricpilot.balancing import EcmpParams, PolicyContext, make_policy
 from fabricpilot.balancing.base import POLICIES
 from fabricpilot.dataplane import RATE_MODELS, Engine, FabricParams, make_rate_model
+from fabricpilot.dataplane.qos import mapping_mismatches
 from fabricpilot.errors import ScenarioError, TopologyError
 from fabricpilot.results import RunResult
 from fabricpilot.scenario import Scenario, check_gpu_count
@@ -43,6 +44,7 @@ class Prepared:
     completion_tolerance: float = 1e-3
     model_params: dict[str, object] = field(default_factory=dict)
     mice_class: str = "rdma"
+    qos_mismatches: list[str] = field(default_factory=list)
 
 
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
@@ -80,6 +82,13 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                                 f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
     if scenario.fabric.model not in RATE_MODELS:
         raise ScenarioError(source, "fabric.model", f"unknown rate model {scenario.fabric.model!r}")
+    qos = scenario.fabric.qos
+    switches = list(ct.topo.switches)
+    for name in qos.switch_overrides:
+        if name not in switches:
+            raise ScenarioError(source, f"fabric.qos.switch_overrides.{name}",
+                                f"unknown switch ({_switch_examples(switches)})")
+    qos_params = qos.to_params()
 
     rng = np.random.default_rng([scenario.seed, 1])
     free = np.ones(ct.n_gpus, bool)
@@ -110,7 +119,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                 raise ScenarioError(source, f"jobs[{i}].collectives[{c}]", str(err)) from None
         jobs.append(JobSpec(job.name, tuple(int(x) for x in placed[i]), tuple(plans),
                             start_ns=job.start_ns, iterations=job.iterations,
-                            compute_ns=job.compute_ns))
+                            compute_ns=job.compute_ns, traffic_class=job.traffic_class))
 
     mice = None
     if scenario.mice is not None:
@@ -126,8 +135,48 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     e = scenario.ecmp
     ecmp = EcmpParams(qps_per_connection=e.qps_per_connection,
                       source_port_entropy=e.source_port_entropy, per_switch_seed=e.per_switch_seed)
+    # the fluid model's parameters (make_rate_model ignores them for the flow model)
+    model_params: dict[str, object] = {
+        "ecn": f.ecn.to_params(), "dcqcn": f.dcqcn.to_params(), "pfc": f.pfc.to_params(),
+        "fluid": f.fluid.to_params(), "qos": qos_params,
+    }
     return Prepared(scenario.name, scenario.seed, ct, jobs, mice, fabric, ecmp,
-                    scenario.fabric.model, scenario.fabric.completion_tolerance)
+                    scenario.fabric.model, scenario.fabric.completion_tolerance,
+                    model_params=model_params,
+                    mice_class=scenario.mice.traffic_class if scenario.mice else "rdma",
+                    qos_mismatches=mapping_mismatches(qos_params, switches) if switches else [])
+
+
+def _switch_examples(switches: list[str]) -> str:
+    """``switches are e.g. leaf0, spine0``: the first switch of every kind (name prefix)."""
+    if not switches:
+        return "the topology has no switches"
+    first: dict[str, str] = {}
+    for name in switches:
+        first.setdefault(name.rstrip("0123456789_"), name)
+    return f"switches are e.g. {', '.join(list(first.values())[:4])}"
+
+
+FLUID_ONLY_SETTINGS = ("ecn", "dcqcn", "pfc", "fluid", "qos")
+
+
+def config_warnings(scenario: Scenario, prep: Prepared) -> list[str]:
+    """Problems that do not stop a run, as ``FIELD: MESSAGE`` lines: QoS mapping mismatches
+    between switches, and fluid-model settings given to the flow model (which ignores them)."""
+    lines = [f"fabric.qos: {m}" for m in qos_warnings(prep)]
+    if scenario.fabric.model == "flow":
+        given = [k for k in FLUID_ONLY_SETTINGS if k in scenario.fabric.model_fields_set]
+        if given:
+            lines.append(f"fabric: {', '.join(given)} {'is' if len(given) == 1 else 'are'} "
+                         f"ignored by the flow model (set fabric.model: fluid to use "
+                         f"{'it' if len(given) == 1 else 'them'})")
+    return lines
+
+
+def qos_warnings(prep: Prepared) -> list[str]:
+    """The QoS problems of a prepared scenario: one message per switch whose DSCP -> priority
+    mapping differs from the other switches' (lossless silently lost mid-path)."""
+    return list(prep.qos_mismatches)
 
 
 def run_policy(
@@ -147,4 +196,5 @@ def run_policy(
     wall = time.perf_counter() - t0
     return RunResult.from_engine(out, policy=policy, seed=prep.seed,
                                  scenario=prep.name, topology=prep.topology,
-                                 jobs=prep.jobs, wall_time_s=wall)
+                                 jobs=prep.jobs, wall_time_s=wall, model=prep.rate_model,
+                                 qos_mismatches=prep.qos_mismatches)

@@ -1,5 +1,5 @@
 """Reports: terminal tables now; plots and HTML reports build on the same results."""
 
-from fabricpilot.report.tables import comparison_table, fabric_table
+from fabricpilot.report.tables import comparison_table, fabric_table, pfc_event_lines
 
-__all__ = ["comparison_table", "fabric_table"]
+__all__ = ["comparison_table", "fabric_table", "pfc_event_lines"]

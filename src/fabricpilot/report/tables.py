@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.console import Group, RenderableType
 from rich.table import Table
 
 from fabricpilot.results import RunResult
+from fabricpilot.units import format_bytes
 
 
 def comparison_table(results: Sequence[RunResult], reference: RunResult | None) -> Table:
@@ -33,12 +35,24 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
     return table
 
 
-def fabric_table(results: Sequence[RunResult]) -> Table:
-    """Per policy: simulated time, mice FCT slowdown, fabric utilisation and wall time."""
+FLUID_COLUMNS = ("ECN marks", "pause ms", "storms", "deadlocks", "drops", "retx")
+
+
+def fabric_table(results: Sequence[RunResult]) -> RenderableType:
+    """Per policy: simulated time, mice FCT slowdown, fabric utilisation and wall time.
+
+    When a run used the fluid model, the fluid columns follow: ECN marks, PFC pause time
+    (summed over paused ports and priorities, ms), pause storms, deadlocks, dropped and
+    retransmitted bytes. They go in a second table of the same rows ("-" for flow-model
+    runs) so that both stay readable in 110 columns.
+    """
     table = Table(title="fabric", title_justify="left")
     for col in ("policy", "sim ms", "mice p50 slowdown", "mice p99 slowdown",
                 "peak fabric util", "delivered", "wall s"):
         table.add_column(col, justify="left" if col == "policy" else "right")
+    fluid = Table(title="fabric, fluid model", title_justify="left")
+    for col in ("policy", *FLUID_COLUMNS):
+        fluid.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
         s = r.summary()
         mice = s["fct_slowdown"]["mice"]
@@ -49,4 +63,31 @@ def fabric_table(results: Sequence[RunResult]) -> Table:
             f"{s['links']['fabric_peak_utilization']:.0%}",
             f"{r.bytes_delivered / 1e9:.2f} GB", f"{r.wall_time_s:.2f}",
         )
+        fluid.add_row(r.policy, *([
+            f"{s['ecn_marks']:,}", f"{s['pfc_pause_ns_total'] / 1e6:.3f}",
+            str(s["pfc_storms"]), str(s["deadlocks"]), format_bytes(s["drops_bytes"]),
+            format_bytes(s["retransmitted_bytes"]),
+        ] if r.model == "fluid" else ["-"] * len(FLUID_COLUMNS)))
+    if any(r.model == "fluid" for r in results):
+        return Group(table, fluid)
     return table
+
+
+def pfc_event_lines(results: Sequence[RunResult], limit: int = 10) -> list[str]:
+    """Short lines on the pause storms and deadlocks of each run (at most ``limit`` per run,
+    then ``... and N more``), e.g. ``ecmp: pause storm at 1.234 ms: leaf0->spine1 prio 3
+    (4 hops)``."""
+    out = []
+    for r in results:
+        events = r.model_report.events if r.model_report is not None else []
+        for e in events[:limit]:
+            where = ", ".join(e.ports)
+            if e.kind == "storm":
+                what = f"pause storm at {e.time_ns / 1e6:.3f} ms: {where} ({e.hops} hops)"
+            else:
+                cleared = ", cleared by the PFC watchdog" if e.cleared_by_watchdog else ""
+                what = f"PFC deadlock at {e.time_ns / 1e6:.3f} ms: {where}{cleared}"
+            out.append(f"{r.policy}: {what}")
+        if len(events) > limit:
+            out.append(f"{r.policy}: ... and {len(events) - limit} more")
+    return out

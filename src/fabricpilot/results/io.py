@@ -1,4 +1,5 @@
-"""Write results: CSV tables (flows, collectives, iterations, links) and the JSON summary."""
+"""Write results: CSV tables (flows, collectives, iterations, links; with the fluid model also
+timeseries and ports) and the JSON summary."""
 
 from __future__ import annotations
 
@@ -9,16 +10,21 @@ from typing import Any
 
 import numpy as np
 
+from fabricpilot.dataplane.qos import N_PRIORITIES
 from fabricpilot.results.run import RunResult
 
 FLOW_COLUMNS = [
     "owner", "iteration", "collective", "stage", "src", "dst", "members", "size_bytes",
     "wire_bytes", "start_ns", "end_send_ns", "deliver_ns", "fct_ns", "alone_fct_ns", "slowdown",
+    "retx_bytes",
 ]
+TIMESERIES_COLUMNS = ["time_ns", "link", "queue_bytes", "utilization", "ecn_marks", "paused"]
+PORT_COLUMNS = ["link", "priority", "pause_ns", "pause_frames", "ecn_marks", "drops_bytes"]
 
 
 def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
-    """Write ``flows.csv``, ``collectives.csv``, ``iterations.csv`` and ``links.csv``."""
+    """Write ``flows.csv``, ``collectives.csv``, ``iterations.csv`` and ``links.csv``; with a
+    fluid-model report also ``timeseries.csv`` (if it sampled anything) and ``ports.csv``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -29,11 +35,14 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
         w = csv.writer(fh)
         w.writerow(["job" if c == "owner" else c for c in FLOW_COLUMNS])
         if result.flows:
-            cols = [result.flows[c] for c in FLOW_COLUMNS]
+            n = len(result.flows["owner"])
+            retx = result.flows.get("retx_bytes", np.zeros(n))
+            cols = [result.flows[c] for c in FLOW_COLUMNS[:-1]] + [retx]
             for row in zip(*cols, strict=True):
                 vals: list[Any] = [owner_names[int(row[0])]]
-                vals += [int(v) for v in row[1:-1]]
-                vals.append(f"{float(row[-1]):.6g}")
+                vals += [int(v) for v in row[1:-2]]
+                vals.append(f"{float(row[-2]):.6g}")
+                vals.append(round(float(row[-1])))
                 w.writerow(vals)
     written.append(path)
 
@@ -66,7 +75,53 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
                         f"{result.link_capacity_gbps[i]:g}", round(result.link_bytes[i]),
                         f"{util[i]:.6g}", f"{result.link_peak_util[i]:.6g}"])
     written.append(path)
+
+    report = result.model_report
+    if report is not None and report.samples:
+        path = out / "timeseries.csv"
+        _write_timeseries(result, path)
+        written.append(path)
+    if report is not None and report.port_pause_ns is not None:
+        path = out / "ports.csv"
+        _write_ports(result, path)
+        written.append(path)
     return written
+
+
+def _write_timeseries(result: RunResult, path: Path) -> None:
+    """One row per (sample time, active link) of the fluid model's samples."""
+    assert result.model_report is not None
+    samples = result.model_report.samples
+    cols = {c: np.concatenate([np.asarray(s[c]) for s in samples]) for c in TIMESERIES_COLUMNS}
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(TIMESERIES_COLUMNS)
+        for t, link, queue, util, marks, paused in zip(
+            *(cols[c] for c in TIMESERIES_COLUMNS), strict=True
+        ):
+            w.writerow([int(t), result.link_names[int(link)], round(float(queue)),
+                        f"{float(util):.6g}", f"{float(marks):.6g}", int(bool(paused))])
+
+
+def _write_ports(result: RunResult, path: Path) -> None:
+    """One row per (link, priority) with any pause, ECN mark or drop."""
+    rep = result.model_report
+    assert rep is not None
+    n = len(result.link_names)
+
+    def arr(a: Any) -> np.ndarray:
+        return np.zeros((n, N_PRIORITIES)) if a is None else np.asarray(a)
+
+    pause_ns, frames = arr(rep.port_pause_ns), arr(rep.port_pause_frames)
+    marks, drops = arr(rep.port_ecn_marks), arr(rep.port_drops_bytes)
+    any_value = (pause_ns > 0) | (frames > 0) | (marks > 0) | (drops > 0)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(PORT_COLUMNS)
+        for link, prio in zip(*np.nonzero(any_value), strict=True):
+            w.writerow([result.link_names[link], int(prio), round(float(pause_ns[link, prio])),
+                        int(frames[link, prio]), f"{float(marks[link, prio]):.6g}",
+                        round(float(drops[link, prio]))])
 
 
 def summary_json(results: list[RunResult], *, include_wall_time: bool = True) -> str:

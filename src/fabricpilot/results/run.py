@@ -7,7 +7,7 @@ algbw = S / t in GB/s (10^9 bytes/s); busbw = algbw * the nccl-tests factor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,14 @@ from fabricpilot.dataplane.engine import (
     EngineOutput,
     IterationRecord,
 )
+from fabricpilot.dataplane.fluid import FluidReport
 from fabricpilot.topology.compiled import LINK_KIND_CODES, CompiledTopology
 from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAMES = {v: str(k) for k, v in LINK_KIND_CODES.items()}
+
+MAX_PFC_EVENTS = 100
+"""PFC events listed in the summary; the rest are counted in ``pfc_events_truncated``."""
 
 
 def _stats(values: NDArray[np.float64]) -> dict[str, float | int]:
@@ -61,6 +65,9 @@ class RunResult:
     link_bytes: NDArray[np.float64]
     link_peak_util: NDArray[np.float64]
     n_rate_updates: int
+    model: str = "flow"
+    model_report: FluidReport | None = None
+    qos_mismatches: list[str] = field(default_factory=list)
 
     @classmethod
     def from_engine(
@@ -73,8 +80,13 @@ class RunResult:
         topology: CompiledTopology,
         jobs: list[JobSpec],
         wall_time_s: float,
+        model: str = "flow",
+        qos_mismatches: list[str] | None = None,
     ) -> RunResult:
         flows = dict(out.flows)
+        report = out.model_report
+        if report is not None and not isinstance(report, FluidReport):
+            raise TypeError(f"unexpected model report {type(report).__name__}")
         if flows:
             fct = flows["deliver_ns"] - flows["start_ns"]
             flows["fct_ns"] = fct
@@ -87,6 +99,7 @@ class RunResult:
             link_kind=[_KIND_NAMES[int(k)] for k in topology.link_kind],
             link_capacity_gbps=topology.rate_gbps.copy(), link_bytes=out.link_bytes,
             link_peak_util=out.link_peak_util, n_rate_updates=out.n_rate_updates,
+            model=model, model_report=report, qos_mismatches=list(qos_mismatches or []),
         )
 
     # ----------------------------------------------------------------- derived
@@ -137,6 +150,31 @@ class RunResult:
             return np.zeros(len(self.link_bytes))
         return self.link_bytes * 8.0 / (self.link_capacity_gbps * self.sim_time_ns)
 
+    def fabric_events(self) -> dict[str, Any]:
+        """ECN, loss and PFC counters of the run (all zero for the flow model), and the PFC
+        storm / deadlock events (the first :data:`MAX_PFC_EVENTS`; the rest counted)."""
+        rep = self.model_report
+        if rep is None:
+            rep = FluidReport()
+        events = [
+            {"kind": e.kind, "time_ns": int(e.time_ns), "ports": list(e.ports),
+             "hops": int(e.hops), "cleared_by_watchdog": bool(e.cleared_by_watchdog)}
+            for e in rep.events
+        ]
+        out: dict[str, Any] = {
+            "ecn_marks": round(float(rep.ecn_marks)),
+            "drops_bytes": round(float(rep.drops_bytes)),
+            "retransmitted_bytes": round(float(rep.retransmitted_bytes)),
+            "pfc_pause_ns_total": round(float(rep.pfc_pause_ns_total)),
+            "pause_frames": int(rep.pause_frames),
+            "pfc_storms": int(rep.pfc_storms),
+            "deadlocks": int(rep.deadlocks),
+            "pfc_events": events[:MAX_PFC_EVENTS],
+        }
+        if len(events) > MAX_PFC_EVENTS:
+            out["pfc_events_truncated"] = len(events) - MAX_PFC_EVENTS
+        return out
+
     # ----------------------------------------------------------------- summary
     def summary(self, *, include_wall_time: bool = True) -> dict[str, Any]:
         """The JSON summary. ``include_wall_time=False`` writes 0.0 so that two runs with the
@@ -166,6 +204,7 @@ class RunResult:
         return {
             "scenario": self.scenario,
             "policy": self.policy,
+            "model": self.model,
             "seed": self.seed,
             "sim_time_ns": int(self.sim_time_ns),
             "wall_time_s": round(self.wall_time_s, 3) if include_wall_time else 0.0,
@@ -183,4 +222,6 @@ class RunResult:
                 if fabric.any() else 0.0,
                 "fabric_mean_utilization": _r(float(util[fabric].mean())) if fabric.any() else 0.0,
             },
+            **self.fabric_events(),
+            "qos_mismatches": list(self.qos_mismatches),
         }

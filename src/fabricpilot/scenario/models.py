@@ -35,6 +35,8 @@ from pydantic import (
     model_validator,
 )
 
+from fabricpilot.dataplane.params import DcqcnParams, EcnParams, FluidParams, PfcParams
+from fabricpilot.dataplane.qos import N_PRIORITIES, TRAFFIC_CLASSES, QosParams
 from fabricpilot.units import UnitError, parse_quantity
 
 __all__ = [
@@ -42,15 +44,21 @@ __all__ = [
     "CollectiveMode",
     "CollectiveOp",
     "CollectiveSpec",
+    "DcqcnSpec",
     "EcmpSpec",
+    "EcnSpec",
     "FabricSpec",
     "FieldProblem",
+    "FluidSpec",
     "JobSpec",
     "MiceSpec",
+    "PfcSpec",
     "Placement",
+    "QosSpec",
     "Scenario",
     "TopologyKind",
     "TopologySpec",
+    "TrafficClass",
 ]
 
 TopologyKind = Literal["leaf_spine", "fat_tree", "file"]
@@ -58,6 +66,8 @@ Placement = Literal["contiguous", "random", "explicit"]
 CollectiveOp = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
 Algorithm = Literal["auto", "ring", "hierarchical", "flat"]
 CollectiveMode = Literal["stream", "steps"]
+TrafficClass = Literal["rdma", "tcp", "control"]
+RateModelName = Literal["flow", "fluid"]
 
 
 class FieldProblem(ValueError):
@@ -79,10 +89,15 @@ class FieldProblem(ValueError):
 # --- quantity and integer coercion -----------------------------------------------------------
 
 _DIMENSION_OF_SUFFIX = {"_gbps": "rate", "_ns": "time", "_bytes": "size"}
+_DIMENSION_OF_INFIX = {"_bytes_per_": "size"}  # buffer_bytes_per_port: a size, per port
 
 
 def _dimension(field_name: str) -> str:
-    """The dimension a key's unit suffix names (``rate_gbps`` → ``"rate"``)."""
+    """The dimension a key's unit names (``rate_gbps`` → ``"rate"``; ``buffer_bytes_per_port``
+    → ``"size"``)."""
+    for infix, dimension in _DIMENSION_OF_INFIX.items():
+        if infix in field_name:
+            return dimension
     for suffix, dimension in _DIMENSION_OF_SUFFIX.items():
         if field_name.endswith(suffix):
             return dimension
@@ -270,13 +285,343 @@ class TopologySpec(_Model):
         return round(self.nics_per_leaf / self.oversubscription)
 
 
+# --- fabric: the fluid model's ECN, DCQCN, PFC, clock and QoS ------------------------------
+#
+# Each spec mirrors a dataplane dataclass field by field and takes its defaults from it (one
+# source of truth); ``to_params()`` builds the dataclass.
+
+_ECN = EcnParams()
+_DCQCN = DcqcnParams()
+_PFC = PfcParams()
+_FLUID = FluidParams()
+_QOS = QosParams()
+
+_CLASSES = ", ".join(TRAFFIC_CLASSES)
+_MAX_DSCP = 63
+_MAX_PRIORITY = N_PRIORITIES - 1
+
+
+def _kib(n: int) -> str:
+    return f"{n} B ({n / 1024:g} KiB)"
+
+
+class EcnSpec(_Model):
+    """RED-style ECN marking at switch egress queues (fluid model)."""
+
+    kmin_bytes: int = Field(
+        default=_ECN.kmin_bytes, ge=0, description="queue below which nothing is marked"
+    )
+    kmax_bytes: int = Field(
+        default=_ECN.kmax_bytes, ge=0, description="queue at which marking reaches pmax; "
+        "every packet is marked above it"
+    )
+    pmax: float = Field(
+        default=_ECN.pmax, gt=0, le=1, allow_inf_nan=False,
+        description="marking probability at kmax (0 < pmax <= 1)",
+    )
+
+    _quantities = field_validator("kmin_bytes", "kmax_bytes", mode="before")(_convert_quantity)
+
+    @model_validator(mode="after")
+    def _check_thresholds(self) -> EcnSpec:
+        if self.kmin_bytes > self.kmax_bytes:
+            raise FieldProblem(
+                "kmin_bytes",
+                f"must be <= kmax_bytes (kmin {_kib(self.kmin_bytes)} > kmax "
+                f"{_kib(self.kmax_bytes)})",
+            )
+        return self
+
+    def to_params(self) -> EcnParams:
+        return EcnParams(kmin_bytes=self.kmin_bytes, kmax_bytes=self.kmax_bytes, pmax=self.pmax)
+
+
+class DcqcnSpec(_Model):
+    """DCQCN congestion control at the NICs (fluid model); SIGCOMM 2015 defaults."""
+
+    enabled: bool = Field(
+        default=_DCQCN.enabled, description="false: senders ignore ECN (PFC alone)"
+    )
+    g: float = Field(
+        default=_DCQCN.g, gt=0, le=1, allow_inf_nan=False, description="alpha gain (0 < g <= 1)"
+    )
+    timer_ns: int = Field(
+        default=_DCQCN.timer_ns, gt=0, description="rate-increase timer period"
+    )
+    byte_counter_bytes: int = Field(
+        default=_DCQCN.byte_counter_bytes, gt=0, description="rate-increase byte counter"
+    )
+    fast_recovery_steps: Int = Field(
+        default=_DCQCN.fast_recovery_steps, ge=0,
+        description="F: increase events of fast recovery before additive increase",
+    )
+    rate_ai_fraction: float = Field(
+        default=_DCQCN.rate_ai_fraction, gt=0, le=1, allow_inf_nan=False,
+        description="additive increase, as a fraction of the NIC line rate",
+    )
+    rate_hai_fraction: float = Field(
+        default=_DCQCN.rate_hai_fraction, gt=0, le=1, allow_inf_nan=False,
+        description="hyper increase, as a fraction of the NIC line rate",
+    )
+    cnp_interval_ns: int = Field(
+        default=_DCQCN.cnp_interval_ns, ge=0, description="at most one CNP per QP per interval"
+    )
+    alpha_update_ns: int = Field(
+        default=_DCQCN.alpha_update_ns, gt=0, description="alpha decays every period without CNP"
+    )
+    initial_alpha: float = Field(
+        default=_DCQCN.initial_alpha, ge=0, le=1, allow_inf_nan=False,
+        description="alpha of a new QP (0..1)",
+    )
+    min_rate_gbps: float = Field(
+        default=_DCQCN.min_rate_gbps, gt=0, description="floor of a QP's rate"
+    )
+
+    _quantities = field_validator(
+        "timer_ns", "byte_counter_bytes", "cnp_interval_ns", "alpha_update_ns", "min_rate_gbps",
+        mode="before",
+    )(_convert_quantity)
+
+    def to_params(self) -> DcqcnParams:
+        return DcqcnParams(**{name: getattr(self, name) for name in DcqcnSpec.model_fields})
+
+
+class PfcSpec(_Model):
+    """Priority flow control on the lossless priorities (fluid model)."""
+
+    enabled: bool = Field(default=_PFC.enabled, description="false: lossless priorities drop")
+    xoff_bytes: int = Field(
+        default=_PFC.xoff_bytes, gt=0,
+        description="ingress bytes (per port and priority) that send a pause upstream",
+    )
+    xon_bytes: int = Field(
+        default=_PFC.xon_bytes, ge=0, description="ingress bytes below which it resumes"
+    )
+    response_ns: int = Field(
+        default=_PFC.response_ns, ge=0, description="pause reaction time (plus the link delay)"
+    )
+    storm_hops: Int = Field(
+        default=_PFC.storm_hops, ge=1, description="a pause that spreads this many hops is a storm"
+    )
+    storm_duration_ns: int = Field(
+        default=_PFC.storm_duration_ns, gt=0, description="a pause that lasts this long is a storm"
+    )
+    deadlock_detect_ns: int = Field(
+        default=_PFC.deadlock_detect_ns, ge=0,
+        description="a cycle of pauses lasting this long is a deadlock",
+    )
+    watchdog: bool = Field(
+        default=_PFC.watchdog,
+        description="the PFC watchdog breaks deadlocks by dropping the stuck queues "
+        "(false: a deadlock stops the run with an error)",
+    )
+    watchdog_recovery_ns: int = Field(
+        default=_PFC.watchdog_recovery_ns, ge=0,
+        description="after clearing a deadlock the watchdog ignores pauses on those queues "
+        "for this long",
+    )
+
+    _quantities = field_validator(
+        "xoff_bytes", "xon_bytes", "response_ns", "storm_duration_ns", "deadlock_detect_ns",
+        "watchdog_recovery_ns", mode="before",
+    )(_convert_quantity)
+
+    @model_validator(mode="after")
+    def _check_thresholds(self) -> PfcSpec:
+        if self.xon_bytes > self.xoff_bytes:
+            raise FieldProblem(
+                "xon_bytes",
+                f"must be <= xoff_bytes (xon {_kib(self.xon_bytes)} > xoff "
+                f"{_kib(self.xoff_bytes)})",
+            )
+        return self
+
+    def to_params(self) -> PfcParams:
+        return PfcParams(**{name: getattr(self, name) for name in PfcSpec.model_fields})
+
+
+class FluidSpec(_Model):
+    """The fluid model's clock, buffers and loss recovery."""
+
+    step_ns: int = Field(default=_FLUID.step_ns, gt=0, description="time step while busy")
+    max_quiet_step_ns: int = Field(
+        default=_FLUID.max_quiet_step_ns, gt=0,
+        description="longest step while nothing is queued, paused or recovering",
+    )
+    buffer_bytes_per_port: int = Field(
+        default=_FLUID.buffer_bytes_per_port, gt=0, description="cap of a lossy egress queue"
+    )
+    buffer_bytes_per_switch: int = Field(
+        default=_FLUID.buffer_bytes_per_switch, gt=0, description="a switch's shared buffer"
+    )
+    nack_ns: int = Field(
+        default=_FLUID.nack_ns, ge=0, description="go-back-N: extra delay before a resend"
+    )
+    window_bytes: int = Field(
+        default=_FLUID.window_bytes, gt=0,
+        description="how far a ring stream may run ahead of its ring's slowest",
+    )
+    sample_interval_ns: int = Field(
+        default=_FLUID.sample_interval_ns, gt=0, description="period of timeseries.csv samples"
+    )
+
+    _quantities = field_validator(
+        "step_ns", "max_quiet_step_ns", "buffer_bytes_per_port", "buffer_bytes_per_switch",
+        "nack_ns", "window_bytes", "sample_interval_ns", mode="before",
+    )(_convert_quantity)
+
+    @model_validator(mode="after")
+    def _check_steps(self) -> FluidSpec:
+        if self.max_quiet_step_ns < self.step_ns:
+            raise FieldProblem(
+                "max_quiet_step_ns",
+                f"must be >= step_ns ({self.max_quiet_step_ns} < {self.step_ns})",
+            )
+        return self
+
+    def to_params(self) -> FluidParams:
+        return FluidParams(**{name: getattr(self, name) for name in FluidSpec.model_fields})
+
+
+def _as_int(value: Any, where: str, what: str, low: int, high: int) -> int:
+    """``value`` as an int in ``low..high`` (YAML may quote a key: ``"26"`` is accepted)."""
+    number: Any = value
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise FieldProblem(where, f"must be {what} {low}..{high} (got {value!r})")
+    if not low <= number <= high:
+        raise FieldProblem(where, f"must be {what} {low}..{high} (got {number})")
+    return number
+
+
+def _mapping(value: Any, where: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise FieldProblem(where, f"must be a mapping (got {value!r})")
+    return value
+
+
+def _dscp_map(value: Any, where: str) -> dict[int, int]:
+    """A DSCP -> priority mapping; problems name ``where[dscp]``."""
+    out: dict[int, int] = {}
+    for key, prio in _mapping(value, where).items():
+        dscp = _as_int(key, f"{where}[{key}]", "a DSCP key", 0, _MAX_DSCP)
+        if dscp in out:
+            raise FieldProblem(f"{where}[{key}]", f"DSCP {dscp} listed twice")
+        out[dscp] = _as_int(prio, f"{where}[{key}]", "a priority", 0, _MAX_PRIORITY)
+    return out
+
+
+class QosSpec(_Model):
+    """Traffic classes -> DSCP -> priority, lossless priorities and the egress scheduler.
+
+    DSCP and priority keys are integers (``26: 3``); ``switch_overrides`` gives a switch its
+    own DSCP -> priority entries (e.g. a misconfigured hop), reported as a warning.
+    """
+
+    dscp: dict[str, int] = Field(
+        default_factory=lambda: dict(_QOS.dscp),
+        description=f"DSCP (0..63) each traffic class is marked with; keys: {_CLASSES}",
+    )
+    dscp_to_priority: dict[int, int] = Field(
+        default_factory=lambda: dict(_QOS.dscp_to_priority),
+        description="switch map DSCP (0..63) -> priority (0..7), replacing the default map; "
+        "unmapped DSCPs get priority 0",
+    )
+    lossless_priorities: list[int] = Field(
+        default_factory=lambda: sorted(_QOS.lossless_priorities),
+        description="priorities (0..7) protected by PFC",
+    )
+    scheduler: Literal["strict", "weighted"] = Field(
+        default="strict", description="egress scheduler: strict priority or weighted shares"
+    )
+    weights: dict[int, float] = Field(
+        default_factory=lambda: dict(_QOS.weights),
+        description="weighted scheduler: priority (0..7) -> weight > 0 (unlisted: 1)",
+    )
+    switch_overrides: dict[str, dict[int, int]] = Field(
+        default_factory=dict,
+        description="switch name -> DSCP -> priority entries that replace the fabric-wide ones",
+    )
+
+    @field_validator("dscp", mode="before")
+    @classmethod
+    def _check_dscp(cls, value: Any) -> dict[str, int]:
+        value = _mapping(value, "")
+        out: dict[str, int] = {}
+        for key, dscp in value.items():
+            if key not in TRAFFIC_CLASSES:
+                raise FieldProblem(str(key), f"unknown traffic class (classes: {_CLASSES})")
+            out[key] = _as_int(dscp, key, "a DSCP", 0, _MAX_DSCP)
+        missing = [c for c in TRAFFIC_CLASSES if c not in out]
+        if missing:
+            raise FieldProblem(
+                "", f"missing class {missing[0]!r} (every class needs a DSCP: {_CLASSES})"
+            )
+        return {c: out[c] for c in TRAFFIC_CLASSES}
+
+    @field_validator("dscp_to_priority", mode="before")
+    @classmethod
+    def _check_map(cls, value: Any) -> dict[int, int]:
+        return _dscp_map(value, "")
+
+    @field_validator("lossless_priorities", mode="before")
+    @classmethod
+    def _check_lossless(cls, value: Any) -> list[int]:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"must be a list of priorities 0..7 (got {value!r})")
+        out: list[int] = []
+        for i, prio in enumerate(value):
+            p = _as_int(prio, f"[{i}]", "a priority", 0, _MAX_PRIORITY)
+            if p in out:
+                raise FieldProblem(f"[{i}]", f"priority {p} listed twice")
+            out.append(p)
+        return out
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _check_weights(cls, value: Any) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for key, weight in _mapping(value, "").items():
+            prio = _as_int(key, f"[{key}]", "a priority key", 0, _MAX_PRIORITY)
+            ok = isinstance(weight, int | float) and not isinstance(weight, bool)
+            if not ok or not math.isfinite(weight) or weight <= 0:
+                raise FieldProblem(f"[{key}]", f"must be a weight > 0 (got {weight!r})")
+            out[prio] = float(weight)
+        return out
+
+    @field_validator("switch_overrides", mode="before")
+    @classmethod
+    def _check_overrides(cls, value: Any) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {}
+        for name, mapping in _mapping(value, "").items():
+            if not isinstance(name, str) or not name:
+                raise FieldProblem(str(name), "must be a switch name (e.g. leaf0, spine0)")
+            out[name] = _dscp_map(mapping, name)
+        return out
+
+    def to_params(self) -> QosParams:
+        return QosParams(
+            dscp=dict(self.dscp),
+            dscp_to_priority=dict(self.dscp_to_priority),
+            lossless_priorities=frozenset(self.lossless_priorities),
+            scheduler=self.scheduler,
+            weights=dict(self.weights),
+            switch_overrides={k: dict(v) for k, v in self.switch_overrides.items()},
+        )
+
+
 # --- fabric and load balancing --------------------------------------------------------------
 
 
 class FabricSpec(_Model):
     """How the data plane is modelled, and the per-packet costs it accounts for."""
 
-    model: Literal["flow"] = Field(default="flow", description="rate model (max-min flow level)")
+    model: RateModelName = Field(
+        default="flow",
+        description="rate model: flow (max-min fair rates, fast) or fluid (time-stepped queues, "
+        "ECN, DCQCN, PFC and QoS; needed for pauses, drops and storms)",
+    )
     mtu_bytes: int = Field(default=4096, gt=0, description="RDMA payload per packet")
     header_bytes: int = Field(default=58, ge=0, description="RoCEv2 headers incl. FCS")
     wire_overhead_bytes: int = Field(default=20, ge=0, description="preamble + inter-frame gap")
@@ -291,6 +636,15 @@ class FabricSpec(_Model):
         allow_inf_nan=False,
         description="flows this close (fraction of their running time) to finishing complete "
         "together with the earliest one: fewer rate updates, FCT error at most this fraction",
+    )
+    ecn: EcnSpec = Field(default_factory=EcnSpec, description="fluid: ECN marking")
+    dcqcn: DcqcnSpec = Field(default_factory=DcqcnSpec, description="fluid: DCQCN at the NICs")
+    pfc: PfcSpec = Field(default_factory=PfcSpec, description="fluid: priority flow control")
+    fluid: FluidSpec = Field(
+        default_factory=FluidSpec, description="fluid: time step, buffers and loss recovery"
+    )
+    qos: QosSpec = Field(
+        default_factory=QosSpec, description="fluid: classes, DSCP, priorities and scheduler"
     )
 
     _quantities = field_validator(
@@ -366,6 +720,9 @@ class JobSpec(_Model):
     declare_intent: bool = Field(
         default=True, description="the job declares its collectives to the controller"
     )
+    traffic_class: TrafficClass = Field(
+        default="rdma", description="QoS class of the job's flows: rdma, tcp or control"
+    )
     collectives: list[CollectiveSpec] = Field(
         min_length=1, description="run in order, every iteration"
     )
@@ -413,6 +770,9 @@ class MiceSpec(_Model):
     duration_ns: int = Field(gt=0, description="arrivals during [start, start + duration)")
     gpus: Literal["all"] | list[int] = Field(
         default="all", description="'all' or the GPU ids mice run between"
+    )
+    traffic_class: TrafficClass = Field(
+        default="rdma", description="QoS class of the mice: rdma, tcp or control"
     )
 
     _quantities = field_validator("size_bytes", "start_ns", "duration_ns", mode="before")(

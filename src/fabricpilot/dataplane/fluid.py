@@ -140,7 +140,7 @@ class FluidRateModel:
         self._in_storm = np.zeros((n, P), bool)
         self._deadlock_since: dict[frozenset[int], float] = {}
         self._link_bytes_step = np.zeros(n)
-        self._queue = np.zeros((n, P))
+        self._queue = np.zeros(n)
         self.report = FluidReport(
             port_pause_ns=np.zeros((n, P)), port_pause_frames=np.zeros((n, P), np.int64),
             port_ecn_marks=np.zeros((n, P)), port_drops_bytes=np.zeros((n, P)))
@@ -203,7 +203,7 @@ class FluidRateModel:
         if self.cc.enabled:
             reaction_point(m.cc, sent, m.line_rate, self.now + dt, dt, self.cc)
         self._last_mark = p_mark
-        self._count(served_lp, dt)
+        self._count(m, served_lp, dt)
         self.now += dt
         self._sample(dt)
         old = self._progress_row
@@ -232,31 +232,41 @@ class FluidRateModel:
     def _row_progress_bytes(self, m: _Members) -> NDArray[np.float64]:
         return m.row_progress()
 
+    def _grid(self, m: _Members) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Index of the used (link, priority) grid into the [links, priorities] state."""
+        return np.ix_(m.ulinks, m.uprios)  # type: ignore[return-value]
+
     def _serve(self, m: _Members, dt: float) -> tuple[NDArray[np.float64], NDArray]:
         """Serve the egress queues for one step, in passes: bytes served at one hop arrive
         at the next and may go on in the same step with the capacity left there (cut-through
-        when uncongested; newly arrived bytes queue behind those already waiting)."""
+        when uncongested; newly arrived bytes queue behind those already waiting).
+
+        Returns the bytes each used (link, priority) sent, ``[used links, used priorities]``.
+        """
         valid = m.valid
-        pidx = np.where(valid, m.pidx, 0)
+        cidx = m.cidx
         back = m.backlog
-        cap = self.ct.rate_gbps * dt / 8.0
-        eligible = ~self._tx_paused
-        total = np.zeros((self.n_links, P))
+        shape = (len(m.ulinks), len(m.uprios))
+        cells = shape[0] * shape[1]
+        cap = self.ct.rate_gbps[m.ulinks] * dt / 8.0
+        eligible = ~self._tx_paused[self._grid(m)]
+        weights = self._weights[m.uprios]
+        total = np.zeros(shape)
         delivered = np.zeros(m.n)
         rows = np.arange(m.n)
         last = m.plen - 1
         fresh = back.copy()
         for _ in range(back.shape[1]):
-            demand = np.bincount(pidx[valid], weights=fresh[valid],
-                                 minlength=self.n_links * P).reshape(self.n_links, P)
+            demand = np.bincount(cidx[valid], weights=fresh[valid],
+                                 minlength=cells).reshape(shape)
             if not (demand > 1e-9).any():
                 break
-            served = schedule(demand, cap, eligible, self.qos.scheduler, self._weights)
+            served = schedule(demand, cap, eligible, self.qos.scheduler, weights)
             cap = np.maximum(cap - served.sum(axis=1), 0.0)
             total += served
             with np.errstate(divide="ignore", invalid="ignore"):
                 frac = np.where(demand > 0, served / demand, 0.0).reshape(-1)
-            s = np.where(valid, fresh * frac[pidx], 0.0)
+            s = np.where(valid, fresh * frac[cidx], 0.0)
             back -= s
             delivered += s[rows, last]
             arr = np.zeros_like(back)
@@ -277,10 +287,12 @@ class FluidRateModel:
         valid = m.valid & m.at_switch
         if not arr[valid].any():
             return
-        pidx = np.where(valid, m.pidx, 0)
+        cidx = m.cidx
+        shape = (len(m.ulinks), len(m.uprios))
+        cells = shape[0] * shape[1]
         after = np.where(valid, m.backlog + arr, 0.0)
-        queued = np.bincount(pidx[valid], weights=after[valid], minlength=self.n_links * P)
-        lossy = ~np.broadcast_to(self._lossless, (self.n_links, P)).reshape(-1)
+        queued = np.bincount(cidx[valid], weights=after[valid], minlength=cells)
+        lossy = ~np.broadcast_to(self._lossless[m.uprios], shape).reshape(-1)
         over = np.where(lossy, queued - self.fp.buffer_bytes_per_port, 0.0)
         sw = m.egress_switch
         per_switch = np.bincount(sw[valid], weights=after[valid],
@@ -288,20 +300,21 @@ class FluidRateModel:
         sw_over = per_switch - self.fp.buffer_bytes_per_switch
         if not ((over > 0).any() or (sw_over > 0).any()):
             return
-        incoming = np.bincount(pidx[valid], weights=arr[valid], minlength=self.n_links * P)
+        incoming = np.bincount(cidx[valid], weights=arr[valid], minlength=cells)
         sw_in = np.bincount(sw[valid], weights=arr[valid], minlength=self.ct.n_switches)
         with np.errstate(divide="ignore", invalid="ignore"):
             port_frac = np.where((over > 0) & (incoming > 0),
                                  np.minimum(over / incoming, 1.0), 0.0)
             sw_frac = np.where((sw_over > 0) & (sw_in > 0), np.minimum(sw_over / sw_in, 1.0),
                                0.0)
-        frac = np.maximum(port_frac[pidx], sw_frac[np.where(valid, sw, 0)])
+        frac = np.maximum(port_frac[cidx], sw_frac[np.where(valid, sw, 0)])
         dropped = np.where(valid, arr * frac, 0.0)
         if not (dropped > 0).any():
             return
         arr -= dropped
         lost_rows = np.flatnonzero(dropped.sum(axis=1) > 0)
-        np.add.at(self.report.port_drops_bytes.reshape(-1), pidx[valid], dropped[valid])
+        per_cell = np.bincount(cidx[valid], weights=dropped[valid], minlength=cells)
+        self.report.port_drops_bytes[self._grid(m)] += per_cell.reshape(shape)
         self.report.drops_bytes += float(dropped.sum())
         # go-back-N: the dropped bytes and everything the member sent after them (its bytes
         # still upstream of the drop) are resent, once the NACK has come back
@@ -328,22 +341,33 @@ class FluidRateModel:
     def _pfc(self, m: _Members, dt: float) -> None:
         if not self._lossless.any():
             return
-        # bytes buffered in each switch, by the ingress link they arrived on
+        # bytes buffered in each switch, by the ingress link they arrived on (on the grid of
+        # used links and priorities: a link nobody uses has an empty ingress)
+        grid = self._grid(m)
+        shape = (len(m.ulinks), len(m.uprios))
         nxt = m.ingress_valid
-        ingress = np.bincount(m.ingress_pidx[nxt], weights=m.backlog[:, 1:][nxt],
-                              minlength=self.n_links * P).reshape(self.n_links, P)
-        watch = (self._dst_is_switch[:, None] & self._lossless[None, :]
-                 & (self._wd_until <= self.now))
-        xoff = watch & ~self._rx_xoff & (ingress >= self.pfc.xoff_bytes)
-        xon = self._rx_xoff & (ingress <= self.pfc.xon_bytes)
+        ingress = np.bincount(m.ingress_cidx[nxt], weights=m.backlog[:, 1:][nxt],
+                              minlength=shape[0] * shape[1]).reshape(shape)
+        rx = self._rx_xoff[grid]
+        watch = (self._dst_is_switch[m.ulinks][:, None] & self._lossless[m.uprios][None, :]
+                 & (self._wd_until[grid] <= self.now))
+        xoff = watch & ~rx & (ingress >= self.pfc.xoff_bytes)
+        xon = rx & (ingress <= self.pfc.xon_bytes)
         change = xoff | xon
-        if change.any():
-            self._rx_xoff ^= change
+        # ingresses of links no member uses any more have drained: resume them
+        stale = self._rx_xoff.copy()
+        stale[grid] = False
+        if change.any() or stale.any():
+            full_change = stale
+            full_change[grid] |= change
+            full_xoff = np.zeros_like(stale)
+            full_xoff[grid] = xoff
+            self._rx_xoff ^= full_change
             when = self.now + dt + self._pause_delay[:, None]
-            self._pending_at = np.where(change, when, self._pending_at)
-            self._pending_val = np.where(change, self._rx_xoff, self._pending_val)
-            self.report.port_pause_frames += xoff
-            self.report.pause_frames += int(xoff.sum())
+            self._pending_at = np.where(full_change, when, self._pending_at)
+            self._pending_val = np.where(full_change, self._rx_xoff, self._pending_val)
+            self.report.port_pause_frames += full_xoff
+            self.report.pause_frames += int(full_xoff.sum())
         if self._tx_paused.any():
             self._pause_graph(m)
 
@@ -431,25 +455,28 @@ class FluidRateModel:
         self._wd_until[links, prios] = self.now + self.pfc.watchdog_recovery_ns
 
     def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
-        queue = np.bincount(m.pidx[m.valid], weights=m.backlog[m.valid],
-                            minlength=self.n_links * P).reshape(self.n_links, P)
-        self._queue = queue
+        shape = (len(m.ulinks), len(m.uprios))
+        queue = np.bincount(m.cidx[m.valid], weights=m.backlog[m.valid],
+                            minlength=shape[0] * shape[1]).reshape(shape)
+        self._queue = np.zeros(self.n_links)
+        self._queue[m.ulinks] = queue.sum(axis=1)
         p_port = self.ecn.mark_probability(queue)
-        p_port[~self._src_is_switch] = 0.0
-        self.report.port_ecn_marks += served_lp * p_port / self.fabric.mtu_bytes
-        marks = float((served_lp * p_port).sum() / self.fabric.mtu_bytes)
-        self.report.ecn_marks += marks
-        self._sample_marks += (served_lp * p_port).sum(axis=1) / self.fabric.mtu_bytes
+        p_port[~self._src_is_switch[m.ulinks]] = 0.0
+        marked = served_lp * p_port / self.fabric.mtu_bytes
+        self.report.port_ecn_marks[self._grid(m)] += marked
+        self.report.ecn_marks += float(marked.sum())
+        self._sample_marks[m.ulinks] += marked.sum(axis=1)
         logq = np.log1p(-np.minimum(p_port.reshape(-1), 1.0 - 1e-12))
-        per_hop = np.where(m.valid, logq[np.where(m.valid, m.pidx, 0)], 0.0)
+        per_hop = np.where(m.valid, logq[m.cidx], 0.0)
         p_path = 1.0 - np.exp(per_hop.sum(axis=1))
         if self.cc.enabled:
             notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.rtt / 2.0,
                                self.now + dt, dt, self.cc)
         return p_path
 
-    def _count(self, served_lp: NDArray[np.float64], dt: float) -> None:
-        self._link_bytes_step = served_lp.sum(axis=1)
+    def _count(self, m: _Members, served_lp: NDArray[np.float64], dt: float) -> None:
+        self._link_bytes_step = np.zeros(self.n_links)
+        self._link_bytes_step[m.ulinks] = served_lp.sum(axis=1)
         self._sample_acc += self._link_bytes_step
         self.report.port_pause_ns += self._tx_paused * dt
         self.report.pfc_pause_ns_total += float(self._tx_paused.sum() * dt)
@@ -458,14 +485,13 @@ class FluidRateModel:
         if self.now < self._next_sample:
             return
         span = max(self.now - self._sample_t0, 1.0)
-        active = (self._sample_acc > 0) | (self._queue.sum(axis=1) > 0) | \
-            self._tx_paused.any(axis=1)
+        active = (self._sample_acc > 0) | (self._queue > 0) | self._tx_paused.any(axis=1)
         links = np.flatnonzero(active)
         if len(links):
             self.report.samples.append({
                 "time_ns": np.full(len(links), int(self.now), np.int64),
                 "link": links.astype(np.int64),
-                "queue_bytes": self._queue[links].sum(axis=1),
+                "queue_bytes": self._queue[links],
                 "utilization": self._sample_acc[links] * 8.0 / (self.ct.rate_gbps[links] * span),
                 "ecn_marks": self._sample_marks[links],
                 "paused": self._tx_paused[links].any(axis=1),
@@ -517,6 +543,11 @@ class _Members:
     egress_switch: NDArray[np.int64]   # switch index owning the hop's egress (0 if a host)
     ingress_pidx: NDArray[np.int64]    # [M, H-1]: ingress (link of hop k, priority at k+1)
     ingress_valid: NDArray[np.bool_]
+    # the (used links x used priorities) grid the per-step arithmetic runs on
+    ulinks: NDArray[np.int64]
+    uprios: NDArray[np.int64]
+    cidx: NDArray[np.int64]            # [M, H] cell of (link, priority) in the grid
+    ingress_cidx: NDArray[np.int64]    # [M, H-1]
     line_rate: NDArray[np.float64]
     rtt: NDArray[np.float64]
     backlog: NDArray[np.float64]
@@ -540,7 +571,8 @@ class _Members:
         return cls(z, z, z, z, z, f, f, np.zeros((0, 1), np.int32), z, np.zeros((0, 1), bool),
                    np.zeros((0, 1), np.int64), np.zeros((0, 1), bool), np.zeros((0, 1), np.int64),
                    np.zeros((0, 0), np.int64),
-                   np.zeros((0, 0), bool), f, f, np.zeros((0, 1)), f, f, f, f,
+                   np.zeros((0, 0), bool), z, z, np.zeros((0, 1), np.int64),
+                   np.zeros((0, 0), np.int64), f, f, np.zeros((0, 1)), f, f, f, f,
                    DcqcnState.new(f, DcqcnParams()), 0, 0, False)
 
     @classmethod
@@ -563,6 +595,16 @@ class _Members:
         ingress_valid = valid[:, 1:] & valid[:, :-1]
         ingress_pidx = np.where(ingress_valid, safe[:, :-1].astype(np.int64) * P + prio[:, 1:],
                                 0)
+        ulinks = np.unique(safe[valid]).astype(np.int64)
+        uprios = np.unique(np.concatenate([prio[valid], np.zeros(0, np.int64)])).astype(np.int64)
+        link_pos = np.zeros(ct.n_links, np.int64)
+        link_pos[ulinks] = np.arange(len(ulinks))
+        prio_pos = np.zeros(P, np.int64)
+        prio_pos[uprios] = np.arange(len(uprios))
+        width = max(len(uprios), 1)
+        cidx = np.where(valid, link_pos[safe] * width + prio_pos[prio], 0)
+        ingress_cidx = np.where(ingress_valid,
+                                link_pos[safe[:, :-1]] * width + prio_pos[prio[:, 1:]], 0)
         stream_key = mem.row * (int(mem.stream.max(initial=0)) + 1) + mem.stream
         uniq, stream = np.unique(stream_key, return_inverse=True)
         stream = stream.reshape(-1)
@@ -577,7 +619,8 @@ class _Members:
             key=mem.key, flow_id=mem.flow_id, row=mem.row, stream=stream, stream_row=stream_row,
             share=mem.share, target=target, path=path, plen=plen, valid=valid, pidx=pidx,
             at_switch=at_switch, egress_switch=egress_switch, ingress_pidx=ingress_pidx,
-            ingress_valid=ingress_valid,
+            ingress_valid=ingress_valid, ulinks=ulinks, uprios=uprios, cidx=cidx,
+            ingress_cidx=ingress_cidx,
             line_rate=line, rtt=2.0 * delay, backlog=np.zeros((n, h)), injected=np.zeros(n),
             delivered=np.zeros(n), retx=np.zeros(n), stall_until=np.full(n, -np.inf),
             cc=DcqcnState.new(line, model.cc), n_rows=len(flows.remaining_bytes),

@@ -237,9 +237,10 @@ class Engine:
                 if self._remaining.size:
                     step_end = min(self.now + math.ceil(self.model.max_step_ns()), t_next)
                     rates = self.model.rates_gbps()
-                    if len(rates) == len(self._remaining) and (rates > 0).all():
+                    moving = rates > 0
+                    if len(rates) == len(self._remaining) and moving.any():
                         # do not step far past the earliest completion the last rates predict
-                        eta = float((self._remaining * 8.0 / rates).min())
+                        eta = float((self._remaining[moving] * 8.0 / rates[moving]).min())
                         step_end = min(step_end, self.now + max(math.ceil(eta), 1))
                     self._advance(int(step_end))
                     self._complete(self._remaining <= 1e-6 * self._row_bytes + 1e-3)

@@ -21,7 +21,10 @@ is the sending NIC). One step of ``dt``:
 6. the pause graph (which paused egress waits on which) gives the depth of every pause
    (storms) and its cycles (deadlocks, broken by the PFC watchdog if enabled).
 
-The step grows to ``max_quiet_step_ns`` while nothing is queued, paused or recovering.
+The step grows up to ``max_quiet_step_ns`` while nothing can change abruptly: no pause is in
+force or pending, no loss is being recovered, and the next DCQCN event (a CNP, an increase
+timer or byte counter) and the next queue threshold crossing (Kmin, Kmax, XOFF, a buffer
+limit, or a queue emptying, extrapolated from the last step) are further away than the step.
 """
 
 from __future__ import annotations
@@ -148,7 +151,9 @@ class FluidRateModel:
         self._sample_acc = np.zeros(n)
         self._sample_marks = np.zeros(n)
         self._sample_t0 = 0.0
-        self._quiet = False
+        self._horizon = float(self.fp.step_ns)
+        self._prev_cells: NDArray[np.float64] | None = None
+        self._prev_ingress: NDArray[np.float64] | None = None
 
     def on_change(self, flows: ActiveFlows) -> None:
         mem = flows.members
@@ -175,13 +180,15 @@ class FluidRateModel:
         self._m, self._keys = new, new.key
         self._progress_row = new.row_progress()
         self._rates_row = np.zeros(new.n_rows)
-        self._quiet = False
+        self._horizon = float(self.fp.step_ns)
+        self._prev_cells = None
+        self._prev_ingress = None
 
     def rates_gbps(self) -> NDArray[np.float64]:
         return self._rates_row
 
     def max_step_ns(self) -> float:
-        return float(self.fp.max_quiet_step_ns if self._quiet else self.fp.step_ns)
+        return self._horizon
 
     def link_bytes_last_step(self) -> NDArray[np.float64]:
         return self._link_bytes_step
@@ -210,7 +217,7 @@ class FluidRateModel:
         self._progress_row = m.row_progress()
         done_bytes = self._progress_row - old
         self._rates_row = done_bytes * 8.0 / dt
-        self._quiet = self._is_quiet(m)
+        self._horizon = self._next_horizon(m, dt)
         return done_bytes
 
     # ------------------------------------------------------------------ steps
@@ -243,7 +250,6 @@ class FluidRateModel:
 
         Returns the bytes each used (link, priority) sent, ``[used links, used priorities]``.
         """
-        valid = m.valid
         cidx = m.cidx
         back = m.backlog
         shape = (len(m.ulinks), len(m.uprios))
@@ -255,26 +261,36 @@ class FluidRateModel:
         delivered = np.zeros(m.n)
         rows = np.arange(m.n)
         last = m.plen - 1
-        fresh = back.copy()
-        for _ in range(back.shape[1]):
-            demand = np.bincount(cidx[valid], weights=fresh[valid],
-                                 minlength=cells).reshape(shape)
-            if not (demand > 1e-9).any():
-                break
-            served = schedule(demand, cap, eligible, self.qos.scheduler, weights)
-            cap = np.maximum(cap - served.sum(axis=1), 0.0)
-            total += served
-            with np.errstate(divide="ignore", invalid="ignore"):
-                frac = np.where(demand > 0, served / demand, 0.0).reshape(-1)
-            s = np.where(valid, fresh * frac[cidx], 0.0)
-            back -= s
-            delivered += s[rows, last]
-            arr = np.zeros_like(back)
-            arr[:, 1:] = s[:, :-1]
-            arr[~valid] = 0.0
-            self._drop(m, arr)
-            back += arr
-            fresh = arr
+        cell_prio = cidx % shape[1]
+        # strict priority holds for bytes arriving during the step too: each priority (highest
+        # first) moves through the fabric with what the ones above it left of each link
+        if self.qos.scheduler == "strict" and shape[1] > 1:
+            classes = [m.valid & (cell_prio == c) for c in range(shape[1] - 1, -1, -1)]
+        else:
+            classes = [m.valid]
+        fresh_all = back.copy()
+        for valid in classes:
+            fresh = np.where(valid, fresh_all, 0.0)
+            for _ in range(back.shape[1]):
+                demand = np.bincount(cidx[valid], weights=fresh[valid],
+                                     minlength=cells).reshape(shape)
+                if not (demand > 1e-9).any():
+                    break
+                served = schedule(demand, cap, eligible, self.qos.scheduler, weights)
+                cap = np.maximum(cap - served.sum(axis=1), 0.0)
+                total += served
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    frac = np.where(demand > 0, served / demand, 0.0).reshape(-1)
+                s = np.where(valid, fresh * frac[cidx], 0.0)
+                back -= s
+                delivered += s[rows, last]
+                arr = np.zeros_like(back)
+                arr[:, 1:] = s[:, :-1]
+                arr[~m.valid] = 0.0
+                self._drop(m, arr)
+                back += arr
+                # bytes that moved into another priority's queue wait for the next step
+                fresh = np.where(valid, arr, 0.0)
         np.maximum(back, 0.0, out=back)
         m.delivered += delivered
         self._delivered_step = delivered
@@ -348,6 +364,7 @@ class FluidRateModel:
         nxt = m.ingress_valid
         ingress = np.bincount(m.ingress_cidx[nxt], weights=m.backlog[:, 1:][nxt],
                               minlength=shape[0] * shape[1]).reshape(shape)
+        self._ingress_cells = ingress
         rx = self._rx_xoff[grid]
         watch = (self._dst_is_switch[m.ulinks][:, None] & self._lossless[m.uprios][None, :]
                  & (self._wd_until[grid] <= self.now))
@@ -460,6 +477,8 @@ class FluidRateModel:
                             minlength=shape[0] * shape[1]).reshape(shape)
         self._queue = np.zeros(self.n_links)
         self._queue[m.ulinks] = queue.sum(axis=1)
+        self._queue_cells = queue
+        self._p_path = None
         p_port = self.ecn.mark_probability(queue)
         p_port[~self._src_is_switch[m.ulinks]] = 0.0
         marked = served_lp * p_port / self.fabric.mtu_bytes
@@ -469,6 +488,7 @@ class FluidRateModel:
         logq = np.log1p(-np.minimum(p_port.reshape(-1), 1.0 - 1e-12))
         per_hop = np.where(m.valid, logq[m.cidx], 0.0)
         p_path = 1.0 - np.exp(per_hop.sum(axis=1))
+        self._p_path = p_path
         if self.cc.enabled:
             notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.rtt / 2.0,
                                self.now + dt, dt, self.cc)
@@ -501,15 +521,47 @@ class FluidRateModel:
         self._sample_t0 = self.now
         self._next_sample = self.now + self.fp.sample_interval_ns
 
-    def _is_quiet(self, m: _Members) -> bool:
-        switch_q = self._queue[self._src_is_switch].sum()
-        return bool(
-            switch_q < 1.0 and not self._tx_paused.any() and not self._rx_xoff.any()
-            and not np.isfinite(self._pending_at).any()
-            and np.all(m.cc.rc >= m.line_rate * (1 - 1e-9))
-            and not np.isfinite(m.cc.cnp_due_ns).any()
-            and not (m.stall_until > self.now).any()
-        )
+    def _next_horizon(self, m: _Members, dt: float) -> float:
+        """How far the next step may reach before something changes abruptly (see the
+        module docstring); never below ``step_ns``."""
+        base = float(self.fp.step_ns)
+        limit = float(self.fp.max_quiet_step_ns)
+        if limit <= base or m.n == 0:
+            return base
+        if (self._tx_paused.any() or self._rx_xoff.any() or np.isfinite(self._pending_at).any()
+                or (m.stall_until > self.now).any()):
+            return base
+        h = limit
+        cc = m.cc
+        if self.cc.enabled:
+            due = cc.cnp_due_ns[np.isfinite(cc.cnp_due_ns)]
+            if len(due):
+                h = min(h, float(due.min()) - self.now)
+            below = cc.rc < m.line_rate * (1 - 1e-9)
+            if below.any():
+                h = min(h, float((self.cc.timer_ns - cc.timer_ns[below]).min()))
+                bps = cc.rc[below] / 8.0
+                h = min(h, float(((self.cc.byte_counter_bytes - cc.bytes_since[below])
+                                  / np.maximum(bps, 1e-9)).min()))
+            p = self._p_path
+            if p is not None and (p > 0).any():
+                marking = p > 0
+                wait = np.maximum(self.cc.cnp_interval_ns - cc.since_cnp_ns[marking], 0.0)
+                rate = self._delivered_step[marking] / dt / self.fabric.mtu_bytes * p[marking]
+                fill = np.where(rate > 0, (1.0 - cc.marks[marking]) / np.maximum(rate, 1e-30),
+                                np.inf)
+                h = min(h, float(np.maximum(wait, fill).min()))
+        # queue levels: time for any queue to cross a threshold or empty, at the last slope
+        q = self._queue_cells
+        thresholds = [self.ecn.kmin_bytes, self.ecn.kmax_bytes, self.fp.buffer_bytes_per_port]
+        h = min(h, _crossing(q, self._prev_cells, dt, thresholds))
+        self._prev_cells = q
+        ing = getattr(self, "_ingress_cells", None)
+        if ing is not None and ing.shape == q.shape and self._lossless.any():
+            h = min(h, _crossing(ing, self._prev_ingress, dt,
+                                 [self.pfc.xon_bytes, self.pfc.xoff_bytes]))
+            self._prev_ingress = ing
+        return float(max(base, min(h, limit)))
 
     def _archive_retx(self, m: _Members, idx: NDArray[np.int64]) -> None:
         for fid, r in zip(m.flow_id[idx].tolist(), m.retx[idx].tolist(), strict=True):
@@ -522,6 +574,35 @@ class FluidRateModel:
         self._m = _Members.empty()
         self._keys = np.zeros(0, np.int64)
         return self.report
+
+
+def _crossing(
+    level: NDArray[np.float64],
+    prev: NDArray[np.float64] | None,
+    dt: float,
+    thresholds: list[float],
+) -> float:
+    """Earliest time at which any ``level`` (moving at its last slope) crosses a threshold or
+    reaches zero; ``inf`` if none will. Unknown slope (no previous level) gives 0.
+
+    >>> _crossing(np.array([10.0]), np.array([0.0]), 1.0, [25.0])
+    1.5
+    """
+    if prev is None or prev.shape != level.shape:
+        return 0.0
+    slope = (level - prev) / dt
+    best = np.inf
+    for t in thresholds:
+        up = (slope > 1e-9) & (level < t)
+        if up.any():
+            best = min(best, float(((t - level[up]) / slope[up]).min()))
+        down = (slope < -1e-9) & (level > t)
+        if down.any():
+            best = min(best, float(((level[down] - t) / -slope[down]).min()))
+    empty = (slope < -1e-9) & (level > 0)
+    if empty.any():
+        best = min(best, float((level[empty] / -slope[empty]).min()))
+    return best
 
 
 @dataclass

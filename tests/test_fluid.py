@@ -219,3 +219,12 @@ def test_fluid_agrees_with_flow_level_when_nothing_queues(one_leaf, op: str, siz
     if op == "alltoall":
         busiest = 7 * math.ceil(size / 8) * WIRE
     assert t_flow >= busiest * 8 / 400
+
+
+def test_longer_quiet_steps_do_not_change_a_congested_run(two_tier) -> None:  # type: ignore[no-untyped-def]
+    # the adaptive step must give the result of the fixed small step (its reference)
+    jobs = [p2p("incast", INCAST[:8], 2 << 20), p2p("victim", [VICTIM], 8 << 20)]
+    fixed = run(two_tier, jobs, fluid=FluidParams(max_quiet_step_ns=500))
+    adaptive = run(two_tier, jobs)
+    for a, b in zip(fixed.collectives, adaptive.collectives, strict=True):
+        assert b.time_ns == pytest.approx(a.time_ns, rel=0.02)

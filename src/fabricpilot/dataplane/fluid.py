@@ -134,6 +134,7 @@ class FluidRateModel:
         self.now = 0.0
         self._keys = np.zeros(0, np.int64)
         self._m = _Members.empty()
+        self._progress_row = np.zeros(0)
         self._rates_row = np.zeros(0)
         self._rx_xoff = np.zeros((n, P), bool)      # ingress (at dst(l)) has sent XOFF
         self._tx_paused = np.zeros((n, P), bool)    # egress (at src(l)) is paused
@@ -215,10 +216,9 @@ class FluidRateModel:
             m.injected -= excess
             sent = sent - excess
         self._pfc(m, dt)
-        p_mark = self._mark(m, served_lp, delivered, dt)
+        self._mark(m, served_lp, delivered, dt)
         if self.cc.enabled:
             reaction_point(m.cc, sent, m.line_rate, self.now + dt, dt, self.cc)
-        self._last_mark = p_mark
         self._count(m, served_lp, dt)
         self.now += dt
         self._sample(dt)
@@ -237,16 +237,13 @@ class FluidRateModel:
         allow = np.minimum(np.minimum(credit, room), left)
         if m.coupled_any:
             stream_inj = np.bincount(m.stream, weights=m.injected, minlength=m.n_streams)
-            ahead = (self._row_progress_bytes(m)[m.stream_row] + self.fp.window_bytes
-                     - stream_inj)
+            # progress of each row as of the end of the last step (nothing delivered since)
+            ahead = self._progress_row[m.stream_row] + self.fp.window_bytes - stream_inj
             allow = np.minimum(allow, np.maximum(ahead[m.stream] * m.share, 0.0))
         allow[m.stall_until > self.now] = 0.0
         m.backlog[:, 0] += allow
         m.injected += allow
         return allow
-
-    def _row_progress_bytes(self, m: _Members) -> NDArray[np.float64]:
-        return m.row_progress()
 
     def _grid(self, m: _Members) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Index of the used (link, priority) grid into the [links, priorities] state."""

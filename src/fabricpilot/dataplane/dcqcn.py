@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numpy.typing import NDArray
 
@@ -71,15 +72,33 @@ def notification_point(
     dt_ns: float,
     p: DcqcnParams,
 ) -> None:
-    """Receiver side: count expected marked packets and schedule CNPs (in place)."""
-    s.marks += delivered_bytes / mtu_bytes * mark_probability
-    s.since_cnp_ns += dt_ns
-    send = (s.marks >= 1.0) & (s.since_cnp_ns >= p.cnp_interval_ns)
-    if send.any():
-        s.since_cnp_ns[send] = 0.0
-        s.marks[send] = 0.0
-        due = now_ns + return_delay_ns[send]
-        s.cnp_due_ns[send] = np.minimum(s.cnp_due_ns[send], due)
+    """Receiver side: count expected marked packets and schedule CNPs (in place).
+
+    >>> st = DcqcnState.new(np.array([100.0]), DcqcnParams())
+    >>> notification_point(st, np.array([8192.0]), np.array([0.5]), 4096, np.array([2e3]),
+    ...                    1e3, 1e3, DcqcnParams())
+    >>> float(st.cnp_due_ns[0])  # one marked packet: a CNP, back at the sender 2 us later
+    3000.0
+    """
+    _np_kernel(s.marks, s.since_cnp_ns, s.cnp_due_ns, delivered_bytes, mark_probability,
+               float(mtu_bytes), return_delay_ns, float(now_ns), float(dt_ns),
+               float(p.cnp_interval_ns))
+
+
+@numba.njit(cache=True, nogil=True)
+def _np_kernel(marks: NDArray[np.float64], since_cnp: NDArray[np.float64],
+               cnp_due: NDArray[np.float64], delivered: NDArray[np.float64],
+               prob: NDArray[np.float64], mtu: float, ret_delay: NDArray[np.float64],
+               now: float, dt: float, cnp_interval: float) -> None:
+    for i in range(marks.shape[0]):
+        marks[i] += delivered[i] / mtu * prob[i]
+        since_cnp[i] += dt
+        if marks[i] >= 1.0 and since_cnp[i] >= cnp_interval:
+            since_cnp[i] = 0.0
+            marks[i] = 0.0
+            due = now + ret_delay[i]
+            if due < cnp_due[i]:
+                cnp_due[i] = due
 
 
 def reaction_point(
@@ -98,41 +117,56 @@ def reaction_point(
     >>> float(st.rc[0]), float(st.rt[0])  # alpha = 1: the first cut halves the rate
     (50.0, 100.0)
     """
-    cut = s.cnp_due_ns <= now_ns
-    if cut.any():
-        s.cnps[cut] += 1
-        s.cnp_due_ns[cut] = np.inf
-        s.rt[cut] = s.rc[cut]
-        s.rc[cut] = np.maximum(s.rc[cut] * (1.0 - s.alpha[cut] / 2.0), p.min_rate_gbps)
-        s.alpha[cut] = (1.0 - p.g) * s.alpha[cut] + p.g
-        s.timer_ns[cut] = 0.0
-        s.alpha_timer_ns[cut] = 0.0
-        s.bytes_since[cut] = 0.0
-        s.i_timer[cut] = 0
-        s.i_bytes[cut] = 0
-    idle = ~cut
-    s.alpha_timer_ns[idle] += dt_ns
-    decay = idle & (s.alpha_timer_ns >= p.alpha_update_ns)
-    s.alpha[decay] *= 1.0 - p.g
-    s.alpha_timer_ns[decay] -= p.alpha_update_ns
+    _rp_kernel(s.rc, s.rt, s.alpha, s.timer_ns, s.alpha_timer_ns, s.bytes_since, s.i_timer,
+               s.i_bytes, s.cnp_due_ns, s.cnps, sent_bytes, line_rate_gbps, float(now_ns),
+               float(dt_ns), float(p.g), float(p.alpha_update_ns), float(p.timer_ns),
+               float(p.byte_counter_bytes), int(p.fast_recovery_steps),
+               float(p.rate_ai_fraction), float(p.rate_hai_fraction), float(p.min_rate_gbps))
 
-    below = idle & (s.rc < line_rate_gbps)
-    s.timer_ns[below] += dt_ns
-    s.bytes_since[below] += sent_bytes[below]
-    by_timer = below & (s.timer_ns >= p.timer_ns)
-    by_bytes = below & (s.bytes_since >= p.byte_counter_bytes)
-    s.timer_ns[by_timer] -= p.timer_ns
-    s.bytes_since[by_bytes] -= p.byte_counter_bytes
-    s.i_timer[by_timer] += 1
-    s.i_bytes[by_bytes] += 1
-    event = by_timer | by_bytes
-    if event.any():
-        f = p.fast_recovery_steps
-        hyper = event & (s.i_timer > f) & (s.i_bytes > f)
-        additive = event & ~hyper & ((s.i_timer > f) | (s.i_bytes > f))
-        s.rt[additive] += p.rate_ai_fraction * line_rate_gbps[additive]
-        s.rt[hyper] += p.rate_hai_fraction * line_rate_gbps[hyper]
-        s.rt[event] = np.minimum(s.rt[event], line_rate_gbps[event])
-        s.rc[event] = (s.rt[event] + s.rc[event]) / 2.0
-    at_line = s.rc >= line_rate_gbps * (1 - 1e-9)
-    s.rc[at_line] = line_rate_gbps[at_line]
+
+@numba.njit(cache=True, nogil=True)
+def _rp_kernel(rc: NDArray[np.float64], rt: NDArray[np.float64], alpha: NDArray[np.float64],
+               timer: NDArray[np.float64], alpha_timer: NDArray[np.float64],
+               bytes_since: NDArray[np.float64], i_timer: NDArray[np.int64],
+               i_bytes: NDArray[np.int64], cnp_due: NDArray[np.float64],
+               cnps: NDArray[np.int64], sent: NDArray[np.float64], line: NDArray[np.float64],
+               now: float, dt: float, g: float, alpha_update_ns: float, timer_ns: float,
+               byte_counter: float, f: int, ai_fraction: float, hai_fraction: float,
+               min_rate: float) -> None:
+    for i in range(rc.shape[0]):
+        if cnp_due[i] <= now:
+            cnps[i] += 1
+            cnp_due[i] = np.inf
+            rt[i] = rc[i]
+            rc[i] = max(rc[i] * (1.0 - alpha[i] / 2.0), min_rate)
+            alpha[i] = (1.0 - g) * alpha[i] + g
+            timer[i] = 0.0
+            alpha_timer[i] = 0.0
+            bytes_since[i] = 0.0
+            i_timer[i] = 0
+            i_bytes[i] = 0
+        else:
+            alpha_timer[i] += dt
+            if alpha_timer[i] >= alpha_update_ns:
+                alpha[i] *= 1.0 - g
+                alpha_timer[i] -= alpha_update_ns
+            if rc[i] < line[i]:
+                timer[i] += dt
+                bytes_since[i] += sent[i]
+                by_timer = timer[i] >= timer_ns
+                by_bytes = bytes_since[i] >= byte_counter
+                if by_timer:
+                    timer[i] -= timer_ns
+                    i_timer[i] += 1
+                if by_bytes:
+                    bytes_since[i] -= byte_counter
+                    i_bytes[i] += 1
+                if by_timer or by_bytes:
+                    if i_timer[i] > f and i_bytes[i] > f:
+                        rt[i] += hai_fraction * line[i]       # hyper increase
+                    elif i_timer[i] > f or i_bytes[i] > f:
+                        rt[i] += ai_fraction * line[i]        # additive increase
+                    rt[i] = min(rt[i], line[i])
+                    rc[i] = (rt[i] + rc[i]) / 2.0             # (and fast recovery)
+        if rc[i] >= line[i] * (1 - 1e-9):
+            rc[i] = line[i]

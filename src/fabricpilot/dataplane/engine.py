@@ -206,8 +206,6 @@ class Engine:
         self._m_path = np.zeros((0, width), np.int32)
         self._m_key = np.zeros(0, np.int64)
         self._n_members = 0
-        self._link_bytes_direct = np.zeros(self.ct.n_links)
-        self._peak_direct = np.zeros(self.ct.n_links)
         self._rates = np.zeros(0)
         self._load = np.zeros(n_links)
         self._link_bytes = np.zeros(n_links)
@@ -279,6 +277,12 @@ class Engine:
             flows["retx_bytes"] = np.zeros(self._n_flows)
             # the last bytes (e.g. of a mouse) may still be in flight when the last send ends
             self.now = max(self.now, int(flows["deliver_ns"].max()))
+        link_bytes = self._link_bytes[self._col] * self._link_share
+        link_peak = self._peak[self._col]
+        usage = self.model.link_usage()
+        if usage is not None:
+            link_bytes = link_bytes + usage[0]
+            link_peak = np.maximum(link_peak, usage[1])
         report = None
         finish = getattr(self.model, "finish", None)
         if finish is not None:
@@ -292,8 +296,8 @@ class Engine:
             flows=flows,
             collectives=self._collectives,
             iterations=self._iterations,
-            link_bytes=self._link_bytes[self._col] * self._link_share + self._link_bytes_direct,
-            link_peak_util=np.maximum(self._peak[self._col], self._peak_direct),
+            link_bytes=link_bytes,
+            link_peak_util=link_peak,
             n_rate_updates=self._n_rate_updates,
             n_events=self._n_events,
             model_report=report,
@@ -452,10 +456,6 @@ class Engine:
             if delivered is not None:  # a path-following model moved the bytes itself
                 if self._remaining.size:
                     self._remaining -= delivered
-                step = self.model.link_bytes_last_step()  # type: ignore[attr-defined]
-                self._link_bytes_direct += step
-                np.maximum(self._peak_direct, step * 8.0 / (self.ct.rate_gbps * dt),
-                           out=self._peak_direct)
             elif self._remaining.size:
                 self._remaining -= self._rates * dt / 8.0
                 self._link_bytes += self._load * dt / 8.0

@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
+from fabricpilot.dataplane import fluid_kernels as fk
 from fabricpilot.dataplane.dcqcn import DcqcnState, notification_point, reaction_point
 from fabricpilot.dataplane.params import (
     DcqcnParams,
@@ -45,7 +46,7 @@ from fabricpilot.dataplane.params import (
     FluidParams,
     PfcParams,
 )
-from fabricpilot.dataplane.qos import N_PRIORITIES, QosParams, schedule
+from fabricpilot.dataplane.qos import N_PRIORITIES, QosParams
 from fabricpilot.dataplane.rates import ActiveFlows, LinkState
 from fabricpilot.errors import SimulationError
 from fabricpilot.topology.compiled import CompiledTopology
@@ -144,8 +145,18 @@ class FluidRateModel:
         self._wd_until = np.full((n, P), -np.inf)  # PFC watchdog: pauses ignored until then
         self._in_storm = np.zeros((n, P), bool)
         self._deadlock_since: dict[frozenset[int], float] = {}
-        self._link_bytes_step = np.zeros(n)
-        self._queue = np.zeros(n)
+        self._link_bytes_total = np.zeros(n)
+        self._link_peak = np.zeros(n)
+        self._grid_peak = np.zeros(0)
+        self._queue_cells = np.zeros((0, 0))
+        self._n_xoff = 0            # ingresses with XOFF asserted
+        self._n_paused = 0          # egresses paused
+        self._next_pending = np.inf  # earliest pause / resume still on its way
+        self._wd_active_until = -np.inf
+        # per-step accumulators on the grid of the current members, folded into the per-link
+        # arrays when the grid changes, at each sample and at the end
+        self._grid_bytes = np.zeros(0)
+        self._grid_marks = np.zeros((0, 0))
         self.report = FluidReport(
             port_pause_ns=np.zeros((n, P)), port_pause_frames=np.zeros((n, P), np.int64),
             port_ecn_marks=np.zeros((n, P)), port_drops_bytes=np.zeros((n, P)))
@@ -162,6 +173,7 @@ class FluidRateModel:
         if mem is None:
             raise SimulationError("the fluid model needs per-member paths from the policy")
         old, old_keys = self._m, self._keys
+        self._fold_grid(old)
         new = _Members.build(self, flows)
         if len(old_keys):
             pos = np.searchsorted(old_keys, new.key)
@@ -185,6 +197,25 @@ class FluidRateModel:
         self._horizon = float(self.fp.step_ns)
         self._prev_cells = None
         self._prev_ingress = None
+        self._grid_bytes = np.zeros(len(new.ulinks))
+        self._grid_peak = np.zeros(len(new.ulinks))
+        self._grid_marks = np.zeros((len(new.ulinks), len(new.uprios)))
+        self._queue_cells = np.zeros((len(new.ulinks), len(new.uprios)))
+
+    def _fold_grid(self, m: _Members) -> None:
+        """Add the grid accumulators of members ``m`` into the per-link arrays."""
+        if len(self._grid_bytes) == len(m.ulinks) and len(m.ulinks):
+            self._sample_acc[m.ulinks] += self._grid_bytes
+            self._link_bytes_total[m.ulinks] += self._grid_bytes
+            np.maximum(self._link_peak[m.ulinks], self._grid_peak,
+                       out=self._grid_peak)
+            self._link_peak[m.ulinks] = self._grid_peak
+            self._sample_marks[m.ulinks] += self._grid_marks.sum(axis=1)
+            assert self.report.port_ecn_marks is not None
+            self.report.port_ecn_marks[self._grid(m)] += self._grid_marks
+        self._grid_bytes = np.zeros(len(m.ulinks))
+        self._grid_peak = np.zeros(len(m.ulinks))
+        self._grid_marks = np.zeros((len(m.ulinks), len(m.uprios)))
 
     def rates_gbps(self) -> NDArray[np.float64]:
         return self._rates_row
@@ -192,15 +223,15 @@ class FluidRateModel:
     def max_step_ns(self) -> float:
         return self._horizon
 
-    def link_bytes_last_step(self) -> NDArray[np.float64]:
-        return self._link_bytes_step
+    def link_usage(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        self._fold_grid(self._m)
+        return self._link_bytes_total.copy(), self._link_peak.copy()
 
     def advance(self, dt_ns: int) -> NDArray[np.float64]:
         """Move ``dt_ns`` on; returns the bytes each row delivered (progress of its slowest
         stream)."""
         m = self._m
         if m.n == 0:
-            self._link_bytes_step = np.zeros(self.n_links)
             self.now += dt_ns
             return np.zeros(0)
         dt = float(dt_ns)
@@ -209,12 +240,7 @@ class FluidRateModel:
         served_lp, delivered = self._serve(m, dt)
         # a NIC holds about one base step of each QP's bytes; what the port could not send in
         # this step stays with the QP (back-pressure), however long the step
-        hold = m.line_rate * self.fp.step_ns / 8.0
-        excess = np.maximum(m.backlog[:, 0] - hold, 0.0)
-        if excess.any():
-            m.backlog[:, 0] -= excess
-            m.injected -= excess
-            sent = sent - excess
+        fk.nic_hold(m.backlog, m.injected, sent, m.hold_bytes)
         self._pfc(m, dt)
         self._mark(m, served_lp, delivered, dt)
         if self.cc.enabled:
@@ -231,19 +257,10 @@ class FluidRateModel:
 
     # ------------------------------------------------------------------ steps
     def _inject(self, m: _Members, dt: float) -> NDArray[np.float64]:
-        credit = m.cc.rc * dt / 8.0
-        room = np.maximum(m.line_rate * dt / 8.0 - m.backlog[:, 0], 0.0)
-        left = np.maximum(m.target - m.injected, 0.0)
-        allow = np.minimum(np.minimum(credit, room), left)
-        if m.coupled_any:
-            stream_inj = np.bincount(m.stream, weights=m.injected, minlength=m.n_streams)
-            # progress of each row as of the end of the last step (nothing delivered since)
-            ahead = self._progress_row[m.stream_row] + self.fp.window_bytes - stream_inj
-            allow = np.minimum(allow, np.maximum(ahead[m.stream] * m.share, 0.0))
-        allow[m.stall_until > self.now] = 0.0
-        m.backlog[:, 0] += allow
-        m.injected += allow
-        return allow
+        # coupled streams: the row's progress as of the end of the last step
+        return fk.inject(m.backlog, m.injected, m.target, m.cc.rc, m.line_rate, m.stall_until,
+                         self.now, dt, m.coupled_any, m.stream, m.stream_row, m.share,
+                         self._progress_row, float(self.fp.window_bytes))
 
     def _grid(self, m: _Members) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Index of the used (link, priority) grid into the [links, priorities] state."""
@@ -256,102 +273,33 @@ class FluidRateModel:
 
         Returns the bytes each used (link, priority) sent, ``[used links, used priorities]``.
         """
-        cidx = m.cidx
-        back = m.backlog
-        shape = (len(m.ulinks), len(m.uprios))
-        cells = shape[0] * shape[1]
-        cap = self.ct.rate_gbps[m.ulinks] * dt / 8.0
-        eligible = ~self._tx_paused[self._grid(m)]
-        weights = self._weights[m.uprios]
-        total = np.zeros(shape)
-        delivered = np.zeros(m.n)
-        rows = np.arange(m.n)
-        last = m.plen - 1
-        cell_prio = cidx % shape[1]
-        # strict priority holds for bytes arriving during the step too: each priority (highest
-        # first) moves through the fabric with what the ones above it left of each link
-        if self.qos.scheduler == "strict" and shape[1] > 1:
-            classes = [m.valid & (cell_prio == c) for c in range(shape[1] - 1, -1, -1)]
+        width = len(m.uprios)
+        cap = m.ulink_rate * dt / 8.0
+        if self._n_paused:
+            eligible = ~self._tx_paused[self._grid(m)].reshape(-1)
         else:
-            classes = [m.valid]
-        fresh_all = back.copy()
-        for valid in classes:
-            fresh = np.where(valid, fresh_all, 0.0)
-            for _ in range(back.shape[1]):
-                demand = np.bincount(cidx[valid], weights=fresh[valid],
-                                     minlength=cells).reshape(shape)
-                if not (demand > 1e-9).any():
-                    break
-                served = schedule(demand, cap, eligible, self.qos.scheduler, weights)
-                cap = np.maximum(cap - served.sum(axis=1), 0.0)
-                total += served
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    frac = np.where(demand > 0, served / demand, 0.0).reshape(-1)
-                s = np.where(valid, fresh * frac[cidx], 0.0)
-                back -= s
-                delivered += s[rows, last]
-                arr = np.zeros_like(back)
-                arr[:, 1:] = s[:, :-1]
-                arr[~m.valid] = 0.0
-                self._drop(m, arr)
-                back += arr
-                # bytes that moved into another priority's queue wait for the next step
-                fresh = np.where(valid, arr, 0.0)
-        np.maximum(back, 0.0, out=back)
+            eligible = np.ones(len(m.ulinks) * width, bool)
+        total = np.zeros(len(m.ulinks) * width)
+        delivered = np.zeros(m.n)
+        cell_drops = np.zeros(len(m.ulinks) * width)
+        dropped, resent = fk.serve_step(
+            m.backlog, m.cidx, m.plen, m.cell_col, cap, eligible,
+            self.qos.scheduler == "strict", self._weights[m.uprios], width, m.at_switch,
+            m.egress_switch, m.cell_lossy, m.cell_switch, float(self.fp.buffer_bytes_per_port),
+            float(self.fp.buffer_bytes_per_switch), self.ct.n_switches, m.injected, m.retx,
+            m.stall_until, m.rtt, self.now + self.fp.nack_ns, total, delivered, cell_drops)
+        if dropped > 0:
+            assert self.report.port_drops_bytes is not None
+            self.report.port_drops_bytes[self._grid(m)] += cell_drops.reshape(-1, width)
+            self.report.drops_bytes += dropped
+            self.report.retransmitted_bytes += resent
         m.delivered += delivered
         self._delivered_step = delivered
-        return total, delivered
-
-    def _drop(self, m: _Members, arr: NDArray[np.float64]) -> None:
-        """Arrivals beyond the buffer are dropped and the member goes back N. Lossy queues
-        are limited per port; every queue by the switch's shared buffer (for lossless ones,
-        PFC should keep it from filling: a drop there means too little headroom)."""
-        valid = m.valid & m.at_switch
-        if not arr[valid].any():
-            return
-        cidx = m.cidx
-        shape = (len(m.ulinks), len(m.uprios))
-        cells = shape[0] * shape[1]
-        after = np.where(valid, m.backlog + arr, 0.0)
-        queued = np.bincount(cidx[valid], weights=after[valid], minlength=cells)
-        lossy = ~np.broadcast_to(self._lossless[m.uprios], shape).reshape(-1)
-        over = np.where(lossy, queued - self.fp.buffer_bytes_per_port, 0.0)
-        sw = m.egress_switch
-        per_switch = np.bincount(sw[valid], weights=after[valid],
-                                 minlength=self.ct.n_switches)
-        sw_over = per_switch - self.fp.buffer_bytes_per_switch
-        if not ((over > 0).any() or (sw_over > 0).any()):
-            return
-        incoming = np.bincount(cidx[valid], weights=arr[valid], minlength=cells)
-        sw_in = np.bincount(sw[valid], weights=arr[valid], minlength=self.ct.n_switches)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            port_frac = np.where((over > 0) & (incoming > 0),
-                                 np.minimum(over / incoming, 1.0), 0.0)
-            sw_frac = np.where((sw_over > 0) & (sw_in > 0), np.minimum(sw_over / sw_in, 1.0),
-                               0.0)
-        frac = np.maximum(port_frac[cidx], sw_frac[np.where(valid, sw, 0)])
-        dropped = np.where(valid, arr * frac, 0.0)
-        if not (dropped > 0).any():
-            return
-        arr -= dropped
-        lost_rows = np.flatnonzero(dropped.sum(axis=1) > 0)
-        per_cell = np.bincount(cidx[valid], weights=dropped[valid], minlength=cells)
-        self.report.port_drops_bytes[self._grid(m)] += per_cell.reshape(shape)
-        self.report.drops_bytes += float(dropped.sum())
-        # go-back-N: the dropped bytes and everything the member sent after them (its bytes
-        # still upstream of the drop) are resent, once the NACK has come back
-        first = np.argmax(dropped[lost_rows] > 0, axis=1)
-        upstream = np.arange(arr.shape[1])[None, :] <= first[:, None]
-        lost = dropped[lost_rows].sum(axis=1)
-        lost += np.where(upstream, m.backlog[lost_rows] + arr[lost_rows], 0.0).sum(axis=1)
-        m.backlog[lost_rows] = np.where(upstream, 0.0, m.backlog[lost_rows])
-        arr[lost_rows] = np.where(upstream, 0.0, arr[lost_rows])
-        m.injected[lost_rows] -= lost
-        m.retx[lost_rows] += lost
-        self.report.retransmitted_bytes += float(lost.sum())
-        m.stall_until[lost_rows] = self.now + m.rtt[lost_rows] + self.fp.nack_ns
+        return total.reshape(len(m.ulinks), width), delivered
 
     def _apply_pending_pauses(self) -> None:
+        if self._next_pending > self.now:
+            return
         due = self._pending_at <= self.now
         if due.any():
             self._tx_paused[due] = self._pending_val[due]
@@ -359,21 +307,35 @@ class FluidRateModel:
             newly = due & self._tx_paused & ~np.isfinite(self._paused_since)
             self._paused_since[newly] = self.now
             self._paused_since[due & ~self._tx_paused] = np.inf
+        self._pause_state_changed()
+
+    def _pause_state_changed(self) -> None:
+        """Refresh the counters that let quiet steps skip the per-port PFC arrays."""
+        self._n_paused = int(self._tx_paused.sum())
+        self._n_xoff = int(self._rx_xoff.sum())
+        self._next_pending = float(self._pending_at.min()) if self._pending_at.size else np.inf
+        self._wd_active_until = float(self._wd_until.max()) if self._wd_until.size else -np.inf
 
     def _pfc(self, m: _Members, dt: float) -> None:
         if not self._lossless.any():
             return
         # bytes buffered in each switch, by the ingress link they arrived on (on the grid of
         # used links and priorities: a link nobody uses has an empty ingress)
-        grid = self._grid(m)
         shape = (len(m.ulinks), len(m.uprios))
-        nxt = m.ingress_valid
-        ingress = np.bincount(m.ingress_cidx[nxt], weights=m.backlog[:, 1:][nxt],
-                              minlength=shape[0] * shape[1]).reshape(shape)
+        ingress = fk.cell_sums(m.backlog[:, 1:], m.ingress_cidx, m.plen, 1,
+                               shape[0] * shape[1]).reshape(shape)
         self._ingress_cells = ingress
+        watch = m.pfc_watch
+        if self._wd_active_until > self.now:
+            watch = watch & (self._wd_until[self._grid(m)] <= self.now)
+        if self._n_xoff == 0:
+            xoff = watch & (ingress >= self.pfc.xoff_bytes)
+            if not xoff.any():
+                if self._n_paused:
+                    self._pause_graph(m)
+                return
+        grid = self._grid(m)
         rx = self._rx_xoff[grid]
-        watch = (self._dst_is_switch[m.ulinks][:, None] & self._lossless[m.uprios][None, :]
-                 & (self._wd_until[grid] <= self.now))
         xoff = watch & ~rx & (ingress >= self.pfc.xoff_bytes)
         xon = rx & (ingress <= self.pfc.xon_bytes)
         change = xoff | xon
@@ -391,7 +353,8 @@ class FluidRateModel:
             self._pending_val = np.where(full_change, self._rx_xoff, self._pending_val)
             self.report.port_pause_frames += full_xoff
             self.report.pause_frames += int(full_xoff.sum())
-        if self._tx_paused.any():
+            self._pause_state_changed()
+        if self._n_paused:
             self._pause_graph(m)
 
     def _pause_graph(self, m: _Members) -> None:
@@ -476,24 +439,19 @@ class FluidRateModel:
         self._pending_at[links, prios] = np.inf
         self._paused_since[links, prios] = np.inf
         self._wd_until[links, prios] = self.now + self.pfc.watchdog_recovery_ns
+        self._pause_state_changed()
 
     def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
         shape = (len(m.ulinks), len(m.uprios))
-        queue = np.bincount(m.cidx[m.valid], weights=m.backlog[m.valid],
-                            minlength=shape[0] * shape[1]).reshape(shape)
-        self._queue = np.zeros(self.n_links)
-        self._queue[m.ulinks] = queue.sum(axis=1)
+        queue = fk.cell_sums(m.backlog, m.cidx, m.plen, 0, shape[0] * shape[1]).reshape(shape)
         self._queue_cells = queue
         self._p_path = None
-        p_port = self.ecn.mark_probability(queue)
-        p_port[~self._src_is_switch[m.ulinks]] = 0.0
-        marked = served_lp * p_port / self.fabric.mtu_bytes
-        self.report.port_ecn_marks[self._grid(m)] += marked
-        self.report.ecn_marks += float(marked.sum())
-        self._sample_marks[m.ulinks] += marked.sum(axis=1)
-        logq = np.log1p(-np.minimum(p_port.reshape(-1), 1.0 - 1e-12))
-        per_hop = np.where(m.valid, logq[m.cidx], 0.0)
-        p_path = 1.0 - np.exp(per_hop.sum(axis=1))
+        p_port, marked = fk.red_marks(
+            queue.reshape(-1), served_lp.reshape(-1), m.cell_marks, float(self.ecn.kmin_bytes),
+            float(self.ecn.kmax_bytes), float(self.ecn.pmax), float(self.fabric.mtu_bytes),
+            self._grid_marks.reshape(-1))
+        self.report.ecn_marks += marked
+        p_path = fk.path_probability(p_port, m.cidx, m.plen)
         self._p_path = p_path
         if self.cc.enabled:
             notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.rtt / 2.0,
@@ -501,23 +459,28 @@ class FluidRateModel:
         return p_path
 
     def _count(self, m: _Members, served_lp: NDArray[np.float64], dt: float) -> None:
-        self._link_bytes_step = np.zeros(self.n_links)
-        self._link_bytes_step[m.ulinks] = served_lp.sum(axis=1)
-        self._sample_acc += self._link_bytes_step
-        self.report.port_pause_ns += self._tx_paused * dt
-        self.report.pfc_pause_ns_total += float(self._tx_paused.sum() * dt)
+        per_link = served_lp.sum(axis=1)
+        self._grid_bytes += per_link
+        np.maximum(self._grid_peak, per_link * 8.0 / (m.ulink_rate * dt), out=self._grid_peak)
+        if self._n_paused:
+            self.report.port_pause_ns += self._tx_paused * dt
+            self.report.pfc_pause_ns_total += float(self._n_paused * dt)
 
     def _sample(self, dt: float) -> None:
         if self.now < self._next_sample:
             return
         span = max(self.now - self._sample_t0, 1.0)
-        active = (self._sample_acc > 0) | (self._queue > 0) | self._tx_paused.any(axis=1)
+        self._fold_grid(self._m)
+        queue = np.zeros(self.n_links)
+        if self._queue_cells.shape[0] == len(self._m.ulinks):
+            queue[self._m.ulinks] = self._queue_cells.sum(axis=1)
+        active = (self._sample_acc > 0) | (queue > 0) | self._tx_paused.any(axis=1)
         links = np.flatnonzero(active)
         if len(links):
             self.report.samples.append({
                 "time_ns": np.full(len(links), int(self.now), np.int64),
                 "link": links.astype(np.int64),
-                "queue_bytes": self._queue[links],
+                "queue_bytes": queue[links],
                 "utilization": self._sample_acc[links] * 8.0 / (self.ct.rate_gbps[links] * span),
                 "ecn_marks": self._sample_marks[links],
                 "paused": self._tx_paused[links].any(axis=1),
@@ -534,7 +497,7 @@ class FluidRateModel:
         limit = float(self.fp.max_quiet_step_ns)
         if limit <= base or m.n == 0:
             return base
-        if (self._tx_paused.any() or self._rx_xoff.any() or np.isfinite(self._pending_at).any()
+        if (self._n_paused or self._n_xoff or np.isfinite(self._next_pending)
                 or (m.stall_until > self.now).any()):
             return base
         cc = m.cc
@@ -542,7 +505,7 @@ class FluidRateModel:
         # steps through congested periods, bounded by the next DCQCN event and threshold
         # crossing below, ran up to 10x faster but drifted from the fixed small step by up to
         # 14% on a PFC-paused incast, so they are not used yet.
-        if (self._queue[self._src_is_switch].sum() >= 1.0
+        if (self._queue_cells[m.u_src_switch].sum() >= 1.0
                 or (cc.rc < m.line_rate * (1 - 1e-9)).any()):
             return base
         h = limit
@@ -583,6 +546,7 @@ class FluidRateModel:
 
     def finish(self) -> FluidReport:
         """Close the run: fold the retransmissions of members still known into the report."""
+        self._fold_grid(self._m)
         self._archive_retx(self._m, np.arange(self._m.n))
         self._m = _Members.empty()
         self._keys = np.zeros(0, np.int64)
@@ -653,6 +617,14 @@ class _Members:
     n_rows: int
     n_streams: int
     coupled_any: bool
+    cell_col: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    cell_lossy: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    u_src_switch: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    pfc_watch: NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), bool))
+    cell_marks: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    hold_bytes: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    cell_switch: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    ulink_rate: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:
@@ -719,17 +691,19 @@ class _Members:
             delivered=np.zeros(n), retx=np.zeros(n), stall_until=np.full(n, -np.inf),
             cc=DcqcnState.new(line, model.cc), n_rows=len(flows.remaining_bytes),
             n_streams=len(uniq), coupled_any=bool((streams_per_row > 1).any()),
+            cell_col=np.tile(np.arange(width, dtype=np.int64), len(ulinks)),
+            cell_lossy=np.tile(~model._lossless[uprios], len(ulinks)),
+            u_src_switch=model._src_is_switch[ulinks],
+            ulink_rate=ct.rate_gbps[ulinks].astype(np.float64),
+            cell_marks=np.repeat(model._src_is_switch[ulinks], width),
+            cell_switch=np.repeat(ct.switch_of_node[ct.link_src[ulinks]], width).astype(np.int64),
+            # a NIC holds about one base step of each QP's bytes
+            hold_bytes=line * model.fp.step_ns / 8.0,
+            # ingresses that may send PFC: a switch receiving a lossless priority
+            pfc_watch=model._dst_is_switch[ulinks][:, None] & model._lossless[uprios][None, :],
         )
 
     def row_progress(self) -> NDArray[np.float64]:
         """Bytes per member stream delivered in order: the slowest stream of each row."""
-        per_stream = np.bincount(self.stream, weights=self.delivered, minlength=self.n_streams)
-        per_stream_target = np.bincount(self.stream, weights=self.target,
-                                        minlength=self.n_streams)
-        # a stream is done when all its paths are; round-off below a byte counts as done
-        per_stream = np.where(per_stream >= per_stream_target - 1e-6, per_stream_target,
-                              per_stream)
-        out = np.full(self.n_rows, np.inf)
-        np.minimum.at(out, self.stream_row, per_stream)
-        out[~np.isfinite(out)] = 0.0
-        return out
+        return fk.row_progress(self.stream, self.stream_row, self.delivered, self.target,
+                               self.n_rows)

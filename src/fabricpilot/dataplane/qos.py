@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.dataplane.fluid_kernels import schedule_cells
+
 N_PRIORITIES = 8
 TRAFFIC_CLASSES: tuple[str, ...] = ("rdma", "tcp", "control")
 
@@ -105,23 +107,9 @@ def schedule(
     >>> schedule(d, np.array([100.0]), np.ones((1, 8), bool), "weighted", w).tolist()
     [[25.0, 0.0, 0.0, 75.0, 0.0, 0.0, 0.0, 0.0]]
     """
-    want = np.where(eligible, demand, 0.0)
-    served = np.zeros_like(want)
-    left = capacity.astype(np.float64).copy()
-    if scheduler == "strict":
-        for p in range(want.shape[1] - 1, -1, -1):
-            take = np.minimum(want[:, p], left)
-            served[:, p] = take
-            left -= take
-        return served
-    w = np.broadcast_to(np.maximum(weights, 1e-9), want.shape)
-    for _ in range(want.shape[1]):
-        active = want - served > 1e-12
-        if not active.any() or not (left > 1e-12).any():
-            break
-        wsum = np.where(active, w, 0.0).sum(axis=1)
-        share = np.where(active, w * (left / np.maximum(wsum, 1e-300))[:, None], 0.0)
-        take = np.minimum(share, want - served)
-        served += take
-        left -= take.sum(axis=1)
-    return served
+    n_ports, width = demand.shape
+    served = np.zeros(n_ports * width)
+    schedule_cells(np.ascontiguousarray(demand, np.float64).reshape(-1),
+                   np.asarray(capacity, np.float64), np.ascontiguousarray(eligible).reshape(-1),
+                   scheduler == "strict", np.asarray(weights, np.float64), width, served)
+    return served.reshape(n_ports, width)

@@ -87,6 +87,10 @@ class RateModel(Protocol):
     def max_step_ns(self) -> float:
         """How long the current rates stay valid without a change of flows."""
 
+    def link_usage(self) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
+        """For a model that moves bytes itself: the bytes each link carried so far and its
+        peak utilisation over any step; ``None`` if the engine integrates the rates."""
+
 
 class MaxMinRateModel:
     """Flow-level model: max-min fair rates, piecewise constant between flow events."""
@@ -101,6 +105,9 @@ class MaxMinRateModel:
     def reset(self, links: LinkState) -> None:
         self._links = links
         self._rates = np.zeros(0)
+
+    def link_usage(self) -> None:
+        return None
 
     def on_change(self, flows: ActiveFlows) -> None:
         assert self._links is not None, "reset() first"

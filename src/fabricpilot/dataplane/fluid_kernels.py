@@ -1,0 +1,529 @@
+"""Compiled inner loops of the fluid model (numba): one pass of egress service over the
+members' hops, and the per-cell sums the model reads every step.
+
+The fluid model's arrays are small (members x hops, a few thousand cells) but it steps hundreds
+of thousands of times per run, so the cost is in launching many tiny numpy operations, not in
+arithmetic. These kernels do one step's bookkeeping in a single loop over members and hops
+with the same arithmetic as the array form they replace.
+
+Conventions: ``cidx[i, k]`` is the cell (used link x used priority, row-major with ``width``
+priorities per link) of member ``i``'s hop ``k``; hops ``0 .. plen[i]-1`` are valid.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numpy.typing import NDArray
+
+_JIT = {"cache": True, "nogil": True}
+
+
+@numba.njit(**_JIT)
+def schedule_cells(
+    demand: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+    eligible: NDArray[np.bool_],
+    strict: bool,
+    weights: NDArray[np.float64],
+    width: int,
+    served: NDArray[np.float64],
+) -> None:
+    """Bytes each (port, priority) cell sends: :func:`fabricpilot.dataplane.qos.schedule` on
+    the flattened grid (``demand``, ``eligible``, ``served`` hold ``width`` cells per port;
+    ``weights`` one per column). Writes ``served``.
+
+    >>> out = np.zeros(2)
+    >>> schedule_cells(np.array([50.0, 80.0]), np.array([100.0]), np.ones(2, np.bool_),
+    ...                True, np.ones(2), 2, out)
+    >>> out.tolist()
+    [20.0, 80.0]
+    """
+    n_ports = capacity.shape[0]
+    for port in range(n_ports):
+        base = port * width
+        left = capacity[port]
+        if strict:
+            for c in range(width - 1, -1, -1):
+                want = demand[base + c] if eligible[base + c] else 0.0
+                take = want if want < left else left
+                served[base + c] = take
+                left -= take
+            continue
+        for c in range(width):
+            served[base + c] = 0.0
+        for _ in range(width):
+            wsum = 0.0
+            for c in range(width):
+                want = demand[base + c] if eligible[base + c] else 0.0
+                if want - served[base + c] > 1e-12:
+                    wsum += weights[c] if weights[c] > 1e-9 else 1e-9
+            if wsum == 0.0 or left <= 1e-12:
+                break
+            scale = left / wsum
+            used = 0.0
+            for c in range(width):
+                want = demand[base + c] if eligible[base + c] else 0.0
+                gap = want - served[base + c]
+                if gap > 1e-12:
+                    w = weights[c] if weights[c] > 1e-9 else 1e-9
+                    take = w * scale
+                    if take > gap:
+                        take = gap
+                    served[base + c] += take
+                    used += take
+            left -= used
+
+
+@numba.njit(**_JIT)
+def _serve_pass(
+    back: NDArray[np.float64],
+    fresh: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    cell_col: NDArray[np.int64],
+    klass: int,
+    cap: NDArray[np.float64],
+    eligible: NDArray[np.bool_],
+    strict: bool,
+    weights: NDArray[np.float64],
+    width: int,
+    total: NDArray[np.float64],
+    delivered: NDArray[np.float64],
+    arr: NDArray[np.float64],
+) -> bool:
+    """One service pass of priority column ``klass`` (``-1``: all): the queues serve the bytes
+    in ``fresh`` (those that may still move this step) with the capacity ``cap`` left on each
+    port, in proportion to demand. Served bytes leave ``back``; those of a last hop add to
+    ``delivered``, the others are written to ``arr`` one hop on (not yet in ``back``).
+    Updates ``cap`` and ``total``; returns False (and does nothing) if there was no demand.
+    """
+    n_cells = cap.shape[0] * width
+    demand = np.zeros(n_cells)
+    m, h = back.shape
+    for i in range(m):
+        for k in range(plen[i]):
+            c = cidx[i, k]
+            if klass >= 0 and cell_col[c] != klass:
+                continue
+            demand[c] += fresh[i, k]
+    any_demand = False
+    for c in range(n_cells):
+        if demand[c] > 1e-9:
+            any_demand = True
+            break
+    if not any_demand:
+        return False
+    served = np.empty(n_cells)
+    schedule_cells(demand, cap, eligible, strict, weights, width, served)
+    frac = np.zeros(n_cells)
+    for c in range(n_cells):
+        total[c] += served[c]
+        if demand[c] > 0:
+            frac[c] = served[c] / demand[c]
+    for port in range(cap.shape[0]):
+        used = 0.0
+        for j in range(width):
+            used += served[port * width + j]
+        cap[port] = cap[port] - used if cap[port] > used else 0.0
+    for i in range(m):
+        for k in range(h):
+            arr[i, k] = 0.0
+        last = plen[i] - 1
+        for k in range(plen[i]):
+            c = cidx[i, k]
+            if klass >= 0 and cell_col[c] != klass:
+                continue
+            s = fresh[i, k] * frac[c]
+            back[i, k] -= s
+            if k == last:
+                delivered[i] += s
+            else:
+                arr[i, k + 1] = s
+    return True
+
+
+@numba.njit(**_JIT)
+def _drop(
+    back: NDArray[np.float64],
+    arr: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    at_switch: NDArray[np.bool_],
+    egress_switch: NDArray[np.int64],
+    cell_lossy: NDArray[np.bool_],
+    port_limit_bytes: float,
+    switch_limit_bytes: float,
+    n_switches: int,
+    injected: NDArray[np.float64],
+    retx: NDArray[np.float64],
+    stall_until: NDArray[np.float64],
+    rtt_ns: NDArray[np.float64],
+    resume_ns: float,
+    cell_drops: NDArray[np.float64],
+) -> tuple[float, float]:
+    """Arrivals ``arr`` beyond the buffers are dropped: a lossy queue holds at most
+    ``port_limit_bytes``, a switch at most ``switch_limit_bytes`` in all; each over-full
+    queue or switch drops the same fraction of everything arriving at it. A member that lost
+    bytes goes back N: its dropped bytes and all it sent after them (its bytes still upstream
+    of the first drop) leave the fabric to be resent once the NACK is back (``stall_until =
+    resume_ns + rtt``). Returns (bytes dropped, bytes to resend); adds drops per cell."""
+    m = back.shape[0]
+    n_cells = cell_lossy.shape[0]
+    queued = np.zeros(n_cells)
+    incoming = np.zeros(n_cells)
+    per_switch = np.zeros(n_switches)
+    sw_in = np.zeros(n_switches)
+    arriving = False
+    for i in range(m):
+        for k in range(plen[i]):
+            if at_switch[i, k]:
+                a = arr[i, k]
+                if a != 0.0:
+                    arriving = True
+                v = back[i, k] + a
+                queued[cidx[i, k]] += v
+                incoming[cidx[i, k]] += a
+                per_switch[egress_switch[i, k]] += v
+                sw_in[egress_switch[i, k]] += a
+    if not arriving:
+        return 0.0, 0.0
+    port_frac = np.zeros(n_cells)
+    sw_frac = np.zeros(n_switches)
+    over_any = False
+    for c in range(n_cells):
+        over = queued[c] - port_limit_bytes
+        if cell_lossy[c] and over > 0 and incoming[c] > 0:
+            port_frac[c] = min(over / incoming[c], 1.0)
+            over_any = True
+    for s in range(n_switches):
+        over = per_switch[s] - switch_limit_bytes
+        if over > 0 and sw_in[s] > 0:
+            sw_frac[s] = min(over / sw_in[s], 1.0)
+            over_any = True
+    if not over_any:
+        return 0.0, 0.0
+    dropped_total = 0.0
+    resent_total = 0.0
+    for i in range(m):
+        first = -1
+        lost = 0.0
+        for k in range(plen[i]):
+            if not at_switch[i, k]:
+                continue
+            f = max(port_frac[cidx[i, k]], sw_frac[egress_switch[i, k]])
+            d = arr[i, k] * f
+            if d > 0:
+                arr[i, k] -= d
+                cell_drops[cidx[i, k]] += d
+                dropped_total += d
+                lost += d
+                if first < 0:
+                    first = k
+        if first < 0:
+            continue
+        for k in range(first + 1):
+            lost += back[i, k] + arr[i, k]
+            back[i, k] = 0.0
+            arr[i, k] = 0.0
+        injected[i] -= lost
+        retx[i] += lost
+        resent_total += lost
+        stall_until[i] = resume_ns + rtt_ns[i]
+    return dropped_total, resent_total
+
+
+@numba.njit(**_JIT)
+def _overflows(
+    back: NDArray[np.float64],
+    arr: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    cell_lossy: NDArray[np.bool_],
+    cell_switch: NDArray[np.int64],
+    port_limit_bytes: float,
+    switch_limit_bytes: float,
+    n_switches: int,
+) -> bool:
+    """Whether the arrivals ``arr`` put any lossy switch queue over its port buffer or any
+    switch over its shared buffer (``cell_switch``: the switch of each cell, -1 for a host)."""
+    queued = np.zeros(cell_lossy.shape[0])
+    for i in range(back.shape[0]):
+        for k in range(plen[i]):
+            queued[cidx[i, k]] += back[i, k] + arr[i, k]
+    per_switch = np.zeros(n_switches)
+    for c in range(queued.shape[0]):
+        sw = cell_switch[c]
+        if sw < 0:
+            continue
+        if cell_lossy[c] and queued[c] > port_limit_bytes:
+            return True
+        per_switch[sw] += queued[c]
+    return bool(np.any(per_switch > switch_limit_bytes))
+
+
+@numba.njit(**_JIT)
+def serve_step(
+    back: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    cell_col: NDArray[np.int64],
+    cap: NDArray[np.float64],
+    eligible: NDArray[np.bool_],
+    strict: bool,
+    weights: NDArray[np.float64],
+    width: int,
+    at_switch: NDArray[np.bool_],
+    egress_switch: NDArray[np.int64],
+    cell_lossy: NDArray[np.bool_],
+    cell_switch: NDArray[np.int64],
+    port_limit_bytes: float,
+    switch_limit_bytes: float,
+    n_switches: int,
+    injected: NDArray[np.float64],
+    retx: NDArray[np.float64],
+    stall_until: NDArray[np.float64],
+    rtt_ns: NDArray[np.float64],
+    resume_ns: float,
+    total: NDArray[np.float64],
+    delivered: NDArray[np.float64],
+    cell_drops: NDArray[np.float64],
+) -> tuple[float, float]:
+    """Serve every egress queue for one step, in passes: bytes served at one hop arrive at
+    the next and may go on in the same step with the capacity left there (cut-through when
+    uncongested; newly arrived bytes queue behind those already waiting). Under strict
+    priority each priority (highest first) moves through the fabric with what the ones above
+    it left of each link; bytes that moved into another priority's queue wait for the next
+    step. Arrivals beyond the buffers are dropped (:func:`_drop`).
+
+    ``cap`` (bytes each used link may send) is consumed; ``total`` (bytes sent per cell),
+    ``delivered`` (per member) and ``cell_drops`` accumulate. Returns (dropped, resent) bytes.
+    """
+    m, h = back.shape
+    start = back.copy()
+    fresh = np.empty_like(back)
+    arr = np.empty_like(back)
+    dropped = 0.0
+    resent = 0.0
+    # the buffers can only overflow if all bytes in the fabric exceed the smallest limit
+    in_flight = 0.0
+    for i in range(m):
+        for k in range(plen[i]):
+            in_flight += back[i, k]
+    lossy_any = False
+    for c in range(cell_lossy.shape[0]):
+        if cell_lossy[c] and cell_switch[c] >= 0:
+            lossy_any = True
+    limit = min(port_limit_bytes, switch_limit_bytes) if lossy_any else switch_limit_bytes
+    n_classes = width if strict and width > 1 else 1
+    for ci in range(n_classes):
+        klass = width - 1 - ci if n_classes > 1 else -1
+        fresh[:, :] = start
+        for _ in range(h):
+            if not _serve_pass(back, fresh, cidx, plen, cell_col, klass, cap, eligible, strict,
+                               weights, width, total, delivered, arr):
+                break
+            if in_flight > limit and _overflows(back, arr, cidx, plen, cell_lossy, cell_switch,
+                                                port_limit_bytes, switch_limit_bytes,
+                                                n_switches):
+                d, r = _drop(back, arr, cidx, plen, at_switch, egress_switch, cell_lossy,
+                             port_limit_bytes, switch_limit_bytes, n_switches, injected, retx,
+                             stall_until, rtt_ns, resume_ns, cell_drops)
+                dropped += d
+                resent += r
+            for i in range(m):
+                for k in range(1, plen[i]):
+                    a = arr[i, k]
+                    back[i, k] += a
+                    fresh[i, k] = a
+                fresh[i, 0] = 0.0
+    for i in range(m):
+        for k in range(h):
+            if back[i, k] < 0.0:
+                back[i, k] = 0.0
+    return dropped, resent
+
+
+@numba.njit(**_JIT)
+def cell_sums(
+    values: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    first_hop: int,
+    n_cells: int,
+) -> NDArray[np.float64]:
+    """Sum of ``values[i, k]`` per cell ``cidx[i, k]`` over valid hops ``k >= first_hop``
+    (``values`` and ``cidx`` may be offset views: hop ``k`` of the member is column
+    ``k - first_hop``)."""
+    out = np.zeros(n_cells)
+    for i in range(values.shape[0]):
+        for k in range(first_hop, plen[i]):
+            out[cidx[i, k - first_hop]] += values[i, k - first_hop]
+    return out
+
+
+@numba.njit(**_JIT)
+def path_probability(
+    p_cell: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+) -> NDArray[np.float64]:
+    """Probability that a packet of each member is marked somewhere on its path, given the
+    marking probability of every cell: ``1 - prod(1 - p)`` over the member's hops.
+
+    >>> path_probability(np.array([0.5, 0.5]), np.array([[0, 1]]), np.array([2])).tolist()
+    [0.75]
+    """
+    m = cidx.shape[0]
+    out = np.zeros(m)
+    for i in range(m):
+        keep = 1.0
+        for k in range(plen[i]):
+            p = p_cell[cidx[i, k]]
+            keep *= 1.0 - (p if p < 1.0 else 1.0)
+        out[i] = 1.0 - keep
+    return out
+
+
+@numba.njit(**_JIT)
+def inject(
+    back: NDArray[np.float64],
+    injected: NDArray[np.float64],
+    target: NDArray[np.float64],
+    rate_gbps: NDArray[np.float64],
+    line_rate_gbps: NDArray[np.float64],
+    stall_until: NDArray[np.float64],
+    now_ns: float,
+    dt_ns: float,
+    coupled: bool,
+    stream: NDArray[np.int64],
+    stream_row: NDArray[np.int64],
+    share: NDArray[np.float64],
+    row_progress: NDArray[np.float64],
+    window_bytes: float,
+) -> NDArray[np.float64]:
+    """The NICs inject for one step: each member up to its congestion-control rate, what its
+    NIC queue has room for (one step at line rate) and what it still has to send; members of
+    coupled streams (a ring) stay within ``window_bytes`` of their row's progress at the end
+    of the last step; a member waiting for a NACK sends nothing. Returns the bytes injected.
+
+    >>> b = np.zeros((1, 2)); inj = np.zeros(1)
+    >>> inject(b, inj, np.array([1e6]), np.array([8.0]), np.array([16.0]),
+    ...        np.array([-np.inf]), 0.0, 100.0, False, np.zeros(1, np.int64),
+    ...        np.zeros(1, np.int64), np.ones(1), np.zeros(1), 0.0).tolist()
+    [100.0]
+    """
+    m = back.shape[0]
+    ahead = np.zeros(0)
+    if coupled:
+        stream_inj = np.zeros(stream_row.shape[0])
+        for i in range(m):
+            stream_inj[stream[i]] += injected[i]
+        ahead = np.empty(stream_row.shape[0])
+        for s in range(stream_row.shape[0]):
+            ahead[s] = row_progress[stream_row[s]] + window_bytes - stream_inj[s]
+    sent = np.zeros(m)
+    for i in range(m):
+        if stall_until[i] > now_ns:
+            continue
+        allow = rate_gbps[i] * dt_ns / 8.0
+        room = line_rate_gbps[i] * dt_ns / 8.0 - back[i, 0]
+        if room < 0.0:
+            room = 0.0
+        left = target[i] - injected[i]
+        if left < 0.0:
+            left = 0.0
+        allow = min(allow, room, left)
+        if coupled:
+            a = ahead[stream[i]] * share[i]
+            allow = min(allow, a if a > 0.0 else 0.0)
+        back[i, 0] += allow
+        injected[i] += allow
+        sent[i] = allow
+    return sent
+
+
+@numba.njit(**_JIT)
+def nic_hold(
+    back: NDArray[np.float64],
+    injected: NDArray[np.float64],
+    sent: NDArray[np.float64],
+    hold_bytes: NDArray[np.float64],
+) -> None:
+    """A NIC holds at most ``hold_bytes`` of each member: what its port could not send stays
+    with the QP (back-pressure, un-injected), however long the step."""
+    for i in range(back.shape[0]):
+        excess = back[i, 0] - hold_bytes[i]
+        if excess > 0.0:
+            back[i, 0] -= excess
+            injected[i] -= excess
+            sent[i] -= excess
+
+
+@numba.njit(**_JIT)
+def red_marks(
+    queue: NDArray[np.float64],
+    served: NDArray[np.float64],
+    marking: NDArray[np.bool_],
+    kmin_bytes: float,
+    kmax_bytes: float,
+    pmax: float,
+    mtu_bytes: float,
+    marks: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], float]:
+    """RED marking (:meth:`EcnParams.mark_probability`) of each cell whose egress marks
+    (``marking``: a switch port): returns the probability per cell and the expected marked
+    packets of the step (``served`` bytes / MTU x probability), also added to ``marks``.
+
+    >>> red_marks(np.array([5.0, 60.0, 200.0]), np.full(3, 100.0), np.ones(3, np.bool_),
+    ...           10.0, 110.0, 0.1, 10.0, np.zeros(3))[0].tolist()
+    [0.0, 0.05, 1.0]
+    """
+    n = queue.shape[0]
+    p = np.zeros(n)
+    span = max(kmax_bytes - kmin_bytes, 1.0)
+    total = 0.0
+    for c in range(n):
+        if not marking[c]:
+            continue
+        q = queue[c]
+        if q <= kmin_bytes:
+            continue
+        p[c] = 1.0 if q >= kmax_bytes else pmax * (q - kmin_bytes) / span
+        mk = served[c] * p[c] / mtu_bytes
+        marks[c] += mk
+        total += mk
+    return p, total
+
+
+@numba.njit(**_JIT)
+def row_progress(
+    stream: NDArray[np.int64],
+    stream_row: NDArray[np.int64],
+    delivered: NDArray[np.float64],
+    target: NDArray[np.float64],
+    n_rows: int,
+) -> NDArray[np.float64]:
+    """Bytes of each row delivered in order: the progress of its slowest stream (a stream is
+    done when all its paths are; round-off below a byte counts as done).
+
+    >>> row_progress(np.array([0, 1]), np.array([0, 0]), np.array([5.0, 3.0]),
+    ...              np.array([10.0, 10.0]), 1).tolist()
+    [3.0]
+    """
+    n_streams = stream_row.shape[0]
+    got = np.zeros(n_streams)
+    want = np.zeros(n_streams)
+    for i in range(stream.shape[0]):
+        got[stream[i]] += delivered[i]
+        want[stream[i]] += target[i]
+    out = np.full(n_rows, np.inf)
+    for s in range(n_streams):
+        v = want[s] if got[s] >= want[s] - 1e-6 else got[s]
+        r = stream_row[s]
+        if v < out[r]:
+            out[r] = v
+    for r in range(n_rows):
+        if not np.isfinite(out[r]):
+            out[r] = 0.0
+    return out

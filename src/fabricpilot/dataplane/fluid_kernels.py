@@ -20,27 +20,19 @@ _JIT = {"cache": True, "nogil": True}
 
 
 @numba.njit(**_JIT)
-def schedule_cells(
+def _schedule_ports(
     demand: NDArray[np.float64],
     capacity: NDArray[np.float64],
     eligible: NDArray[np.bool_],
     strict: bool,
     weights: NDArray[np.float64],
     width: int,
+    ports: NDArray[np.int64],
     served: NDArray[np.float64],
 ) -> None:
-    """Bytes each (port, priority) cell sends: :func:`fabricpilot.dataplane.qos.schedule` on
-    the flattened grid (``demand``, ``eligible``, ``served`` hold ``width`` cells per port;
-    ``weights`` one per column). Writes ``served``.
-
-    >>> out = np.zeros(2)
-    >>> schedule_cells(np.array([50.0, 80.0]), np.array([100.0]), np.ones(2, np.bool_),
-    ...                True, np.ones(2), 2, out)
-    >>> out.tolist()
-    [20.0, 80.0]
-    """
-    n_ports = capacity.shape[0]
-    for port in range(n_ports):
+    """Split ``capacity[port]`` among each listed port's ``width`` priority cells (see
+    :func:`schedule_cells`)."""
+    for port in ports:
         base = port * width
         left = capacity[port]
         if strict:
@@ -76,6 +68,31 @@ def schedule_cells(
 
 
 @numba.njit(**_JIT)
+def schedule_cells(
+    demand: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+    eligible: NDArray[np.bool_],
+    strict: bool,
+    weights: NDArray[np.float64],
+    width: int,
+    served: NDArray[np.float64],
+) -> None:
+    """Bytes each (port, priority) cell sends in one step; ``demand``, ``eligible`` (not
+    paused) and ``served`` hold ``width`` cells per port, ``capacity`` bytes per port.
+    Strict: the highest priority column first; weighted: shares by ``weights`` (one per
+    column) among eligible cells with demand, leftovers redistributed. Writes ``served``.
+
+    >>> out = np.zeros(2)
+    >>> schedule_cells(np.array([50.0, 80.0]), np.array([100.0]), np.ones(2, np.bool_),
+    ...                True, np.ones(2), 2, out)
+    >>> out.tolist()
+    [20.0, 80.0]
+    """
+    _schedule_ports(demand, capacity, eligible, strict, weights, width,
+                    np.arange(capacity.shape[0]), served)
+
+
+@numba.njit(**_JIT)
 def _serve_pass(
     back: NDArray[np.float64],
     fresh: NDArray[np.float64],
@@ -91,55 +108,88 @@ def _serve_pass(
     total: NDArray[np.float64],
     delivered: NDArray[np.float64],
     arr: NDArray[np.float64],
+    demand: NDArray[np.float64],
+    served: NDArray[np.float64],
+    frac: NDArray[np.float64],
+    cells: NDArray[np.int64],
+    cell_seen: NDArray[np.bool_],
+    ports: NDArray[np.int64],
+    port_seen: NDArray[np.bool_],
 ) -> bool:
     """One service pass of priority column ``klass`` (``-1``: all): the queues serve the bytes
     in ``fresh`` (those that may still move this step) with the capacity ``cap`` left on each
     port, in proportion to demand. Served bytes leave ``back``; those of a last hop add to
-    ``delivered``, the others are written to ``arr`` one hop on (not yet in ``back``).
+    ``delivered``, the others are added to ``arr`` one hop on (not yet in ``back``).
     Updates ``cap`` and ``total``; returns False (and does nothing) if there was no demand.
+    Only the cells and ports with demand are visited (``demand`` to ``port_seen``: zeroed
+    work arrays, left zeroed).
     """
-    n_cells = cap.shape[0] * width
-    demand = np.zeros(n_cells)
-    m, h = back.shape
-    for i in range(m):
+    n_cells = 0
+    for i in range(back.shape[0]):
         for k in range(plen[i]):
+            f = fresh[i, k]
+            if f == 0.0:
+                continue
             c = cidx[i, k]
             if klass >= 0 and cell_col[c] != klass:
                 continue
-            demand[c] += fresh[i, k]
+            if not cell_seen[c]:
+                cell_seen[c] = True
+                cells[n_cells] = c
+                n_cells += 1
+            demand[c] += f
     any_demand = False
-    for c in range(n_cells):
-        if demand[c] > 1e-9:
+    for j in range(n_cells):
+        if demand[cells[j]] > 1e-9:
             any_demand = True
             break
     if not any_demand:
+        for j in range(n_cells):
+            demand[cells[j]] = 0.0
+            cell_seen[cells[j]] = False
         return False
-    served = np.empty(n_cells)
-    schedule_cells(demand, cap, eligible, strict, weights, width, served)
-    frac = np.zeros(n_cells)
-    for c in range(n_cells):
-        total[c] += served[c]
-        if demand[c] > 0:
-            frac[c] = served[c] / demand[c]
-    for port in range(cap.shape[0]):
+    n_ports = 0
+    for j in range(n_cells):
+        port = cells[j] // width
+        if not port_seen[port]:
+            port_seen[port] = True
+            ports[n_ports] = port
+            n_ports += 1
+    _schedule_ports(demand, cap, eligible, strict, weights, width, ports[:n_ports], served)
+    for j in range(n_ports):
+        port = ports[j]
         used = 0.0
-        for j in range(width):
-            used += served[port * width + j]
+        for col in range(width):
+            c = port * width + col
+            used += served[c]
+            total[c] += served[c]
+            if demand[c] > 0:
+                frac[c] = served[c] / demand[c]
         cap[port] = cap[port] - used if cap[port] > used else 0.0
-    for i in range(m):
-        for k in range(h):
-            arr[i, k] = 0.0
+    for i in range(back.shape[0]):
         last = plen[i] - 1
         for k in range(plen[i]):
+            f = fresh[i, k]
+            if f == 0.0:
+                continue
             c = cidx[i, k]
             if klass >= 0 and cell_col[c] != klass:
                 continue
-            s = fresh[i, k] * frac[c]
+            s = f * frac[c]
             back[i, k] -= s
             if k == last:
                 delivered[i] += s
             else:
-                arr[i, k + 1] = s
+                arr[i, k + 1] += s
+    for j in range(n_ports):
+        port = ports[j]
+        port_seen[port] = False
+        for col in range(width):
+            c = port * width + col
+            demand[c] = 0.0
+            served[c] = 0.0
+            frac[c] = 0.0
+            cell_seen[c] = False
     return True
 
 
@@ -302,7 +352,15 @@ def serve_step(
     m, h = back.shape
     start = back.copy()
     fresh = np.empty_like(back)
-    arr = np.empty_like(back)
+    arr = np.zeros_like(back)
+    n_cells = cell_col.shape[0]
+    demand = np.zeros(n_cells)
+    served = np.zeros(n_cells)
+    frac = np.zeros(n_cells)
+    cells = np.zeros(n_cells, np.int64)
+    cell_seen = np.zeros(n_cells, np.bool_)
+    ports = np.zeros(cap.shape[0], np.int64)
+    port_seen = np.zeros(cap.shape[0], np.bool_)
     dropped = 0.0
     resent = 0.0
     # the buffers can only overflow if all bytes in the fabric exceed the smallest limit
@@ -321,7 +379,8 @@ def serve_step(
         fresh[:, :] = start
         for _ in range(h):
             if not _serve_pass(back, fresh, cidx, plen, cell_col, klass, cap, eligible, strict,
-                               weights, width, total, delivered, arr):
+                               weights, width, total, delivered, arr, demand, served, frac,
+                               cells, cell_seen, ports, port_seen):
                 break
             if in_flight > limit and _overflows(back, arr, cidx, plen, cell_lossy, cell_switch,
                                                 port_limit_bytes, switch_limit_bytes,
@@ -332,11 +391,12 @@ def serve_step(
                 dropped += d
                 resent += r
             for i in range(m):
+                fresh[i, 0] = 0.0
                 for k in range(1, plen[i]):
                     a = arr[i, k]
                     back[i, k] += a
                     fresh[i, k] = a
-                fresh[i, 0] = 0.0
+                    arr[i, k] = 0.0
     for i in range(m):
         for k in range(h):
             if back[i, k] < 0.0:

@@ -149,6 +149,7 @@ class FluidRateModel:
         self._link_peak = np.zeros(n)
         self._grid_peak = np.zeros(0)
         self._queue_cells = np.zeros((0, 0))
+        self._switch_queue_bytes = 0.0
         self._n_xoff = 0            # ingresses with XOFF asserted
         self._n_paused = 0          # egresses paused
         self._next_pending = np.inf  # earliest pause / resume still on its way
@@ -322,18 +323,17 @@ class FluidRateModel:
         # bytes buffered in each switch, by the ingress link they arrived on (on the grid of
         # used links and priorities: a link nobody uses has an empty ingress)
         shape = (len(m.ulinks), len(m.uprios))
-        ingress = fk.cell_sums(m.backlog[:, 1:], m.ingress_cidx, m.plen, 1,
-                               shape[0] * shape[1]).reshape(shape)
-        self._ingress_cells = ingress
         watch = m.pfc_watch
         if self._wd_active_until > self.now:
             watch = watch & (self._wd_until[self._grid(m)] <= self.now)
-        if self._n_xoff == 0:
-            xoff = watch & (ingress >= self.pfc.xoff_bytes)
-            if not xoff.any():
-                if self._n_paused:
-                    self._pause_graph(m)
-                return
+        ingress_flat, any_xoff = fk.ingress_xoff(m.backlog, m.ingress_cidx, m.plen,
+                                                 watch.reshape(-1), float(self.pfc.xoff_bytes))
+        ingress = ingress_flat.reshape(shape)
+        self._ingress_cells = ingress
+        if self._n_xoff == 0 and not any_xoff:
+            if self._n_paused:
+                self._pause_graph(m)
+            return
         grid = self._grid(m)
         rx = self._rx_xoff[grid]
         xoff = watch & ~rx & (ingress >= self.pfc.xoff_bytes)
@@ -442,26 +442,21 @@ class FluidRateModel:
         self._pause_state_changed()
 
     def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
-        shape = (len(m.ulinks), len(m.uprios))
-        queue = fk.cell_sums(m.backlog, m.cidx, m.plen, 0, shape[0] * shape[1]).reshape(shape)
-        self._queue_cells = queue
-        self._p_path = None
-        p_port, marked = fk.red_marks(
-            queue.reshape(-1), served_lp.reshape(-1), m.cell_marks, float(self.ecn.kmin_bytes),
-            float(self.ecn.kmax_bytes), float(self.ecn.pmax), float(self.fabric.mtu_bytes),
-            self._grid_marks.reshape(-1))
+        queue, p_path, marked, self._switch_queue_bytes = fk.queue_marks(
+            m.backlog, m.cidx, m.plen, served_lp.reshape(-1), m.cell_marks,
+            float(self.ecn.kmin_bytes), float(self.ecn.kmax_bytes), float(self.ecn.pmax),
+            float(self.fabric.mtu_bytes), self._grid_marks.reshape(-1))
+        self._queue_cells = queue.reshape(len(m.ulinks), len(m.uprios))
         self.report.ecn_marks += marked
-        p_path = fk.path_probability(p_port, m.cidx, m.plen)
         self._p_path = p_path
         if self.cc.enabled:
-            notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.rtt / 2.0,
+            notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.half_rtt,
                                self.now + dt, dt, self.cc)
         return p_path
 
     def _count(self, m: _Members, served_lp: NDArray[np.float64], dt: float) -> None:
-        per_link = served_lp.sum(axis=1)
-        self._grid_bytes += per_link
-        np.maximum(self._grid_peak, per_link * 8.0 / (m.ulink_rate * dt), out=self._grid_peak)
+        fk.count_links(served_lp.reshape(-1), len(m.uprios), m.ulink_rate, dt,
+                       self._grid_bytes, self._grid_peak)
         if self._n_paused:
             self.report.port_pause_ns += self._tx_paused * dt
             self.report.pfc_pause_ns_total += float(self._n_paused * dt)
@@ -498,15 +493,14 @@ class FluidRateModel:
         if limit <= base or m.n == 0:
             return base
         if (self._n_paused or self._n_xoff or np.isfinite(self._next_pending)
-                or (m.stall_until > self.now).any()):
+                or self._switch_queue_bytes >= 1.0 or (m.stall_until > self.now).any()):
             return base
         cc = m.cc
         # Only while nothing is queued in the fabric and every QP runs at line rate. Longer
         # steps through congested periods, bounded by the next DCQCN event and threshold
         # crossing below, ran up to 10x faster but drifted from the fixed small step by up to
         # 14% on a PFC-paused incast, so they are not used yet.
-        if (self._queue_cells[m.u_src_switch].sum() >= 1.0
-                or (cc.rc < m.line_rate * (1 - 1e-9)).any()):
+        if (cc.rc < m.line_rate * (1 - 1e-9)).any():
             return base
         h = limit
         if self.cc.enabled:
@@ -619,12 +613,12 @@ class _Members:
     coupled_any: bool
     cell_col: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     cell_lossy: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
-    u_src_switch: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     pfc_watch: NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), bool))
     cell_marks: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     hold_bytes: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     cell_switch: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     ulink_rate: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    half_rtt: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:
@@ -693,8 +687,8 @@ class _Members:
             n_streams=len(uniq), coupled_any=bool((streams_per_row > 1).any()),
             cell_col=np.tile(np.arange(width, dtype=np.int64), len(ulinks)),
             cell_lossy=np.tile(~model._lossless[uprios], len(ulinks)),
-            u_src_switch=model._src_is_switch[ulinks],
             ulink_rate=ct.rate_gbps[ulinks].astype(np.float64),
+            half_rtt=delay.astype(np.float64),
             cell_marks=np.repeat(model._src_is_switch[ulinks], width),
             cell_switch=np.repeat(ct.switch_of_node[ct.link_src[ulinks]], width).astype(np.int64),
             # a NIC holds about one base step of each QP's bytes

@@ -587,3 +587,67 @@ def row_progress(
         if not np.isfinite(out[r]):
             out[r] = 0.0
     return out
+
+
+@numba.njit(**_JIT)
+def queue_marks(
+    back: NDArray[np.float64],
+    cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    served: NDArray[np.float64],
+    cell_marks: NDArray[np.bool_],
+    kmin_bytes: float,
+    kmax_bytes: float,
+    pmax: float,
+    mtu_bytes: float,
+    marks: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float, float]:
+    """Queue depth per cell, RED marking of the step (:func:`red_marks`) and the marking
+    probability along each member's path (:func:`path_probability`). Returns (queue per
+    cell, path probability per member, expected marked packets, bytes queued at switches)."""
+    queue = cell_sums(back, cidx, plen, 0, served.shape[0])
+    p_cell, marked = red_marks(queue, served, cell_marks, kmin_bytes, kmax_bytes, pmax,
+                               mtu_bytes, marks)
+    at_switches = 0.0
+    for c in range(queue.shape[0]):
+        if cell_marks[c]:
+            at_switches += queue[c]
+    return queue, path_probability(p_cell, cidx, plen), marked, at_switches
+
+
+@numba.njit(**_JIT)
+def ingress_xoff(
+    back: NDArray[np.float64],
+    ingress_cidx: NDArray[np.int64],
+    plen: NDArray[np.int64],
+    watch: NDArray[np.bool_],
+    xoff_bytes: float,
+) -> tuple[NDArray[np.float64], bool]:
+    """Bytes buffered in each switch per ingress cell (the link they arrived on, the priority
+    they wait in) and whether any watched ingress reached ``xoff_bytes``."""
+    ingress = cell_sums(back[:, 1:], ingress_cidx, plen, 1, watch.shape[0])
+    for c in range(watch.shape[0]):
+        if watch[c] and ingress[c] >= xoff_bytes:
+            return ingress, True
+    return ingress, False
+
+
+@numba.njit(**_JIT)
+def count_links(
+    served: NDArray[np.float64],
+    width: int,
+    rate_gbps: NDArray[np.float64],
+    dt_ns: float,
+    link_bytes: NDArray[np.float64],
+    link_peak: NDArray[np.float64],
+) -> None:
+    """Add each used link's bytes of the step (``served`` per cell, ``width`` per link) to
+    ``link_bytes`` and keep the peak utilisation of any step in ``link_peak``."""
+    for port in range(rate_gbps.shape[0]):
+        b = 0.0
+        for j in range(width):
+            b += served[port * width + j]
+        link_bytes[port] += b
+        u = b * 8.0 / (rate_gbps[port] * dt_ns)
+        if u > link_peak[port]:
+            link_peak[port] = u

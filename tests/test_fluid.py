@@ -81,12 +81,11 @@ def test_two_dcqcn_flows_share_fairly_with_queue_in_marking_band(one_leaf) -> No
     rep = out.model_report
     ct = one_leaf
     link = ct.gpu_down[2]
-    times = np.concatenate([s["time_ns"] for s in rep.samples])
-    links = np.concatenate([s["link"] for s in rep.samples])
-    queue = np.concatenate([s["queue_bytes"] for s in rep.samples])
+    cols = rep.timeseries.columns()
+    times, links, queue = cols["time_ns"], cols["link"], cols["queue_bytes"]
     late = (links == link) & (times > times.max() / 2)
     assert late.sum() > 20
-    util = np.concatenate([s["utilization"] for s in rep.samples])
+    util = cols["utilization"]
     assert util[late].mean() > 0.9
     assert ecn.kmin_bytes <= queue[late].mean() <= ecn.kmax_bytes
     assert np.percentile(queue[late], 95) <= ecn.kmax_bytes

@@ -264,3 +264,25 @@ def test_pfc_events_are_capped_and_counted() -> None:
     lines = pfc_event_lines([result])
     assert lines[1] == "ecmp: pause storm at 0.001 ms: leaf0->spine1 prio 3 (3 hops)"
     assert len(lines) == 11 and lines[-1] == f"ecmp: ... and {MAX_PFC_EVENTS - 4} more"
+
+
+def test_a_run_longer_than_the_row_budget_coarsens_its_timeseries(tmp_path: Path) -> None:
+    data = tiny(fluid={"sample_interval_ns": "1us", "max_timeseries_rows": 50})
+    data["topology"]["oversubscription"] = 2
+    path = write(tmp_path, data)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fabricpilot", "run", str(path), "--policy", "ecmp",
+         "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json")],
+        capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    # a power-of-two multiple of the configured period, and said so on the terminal
+    interval = s["timeseries_interval_ns"]
+    assert interval > 1000 and (interval // 1000) & (interval // 1000 - 1) == 0
+    assert "max_timeseries_rows=50" in proc.stdout
+    with (tmp_path / "out" / "ecmp" / "timeseries.csv").open() as fh:
+        rows = list(csv.reader(fh))[1:]
+    assert 0 < len(rows) <= 50
+    # it still covers the whole run: every ECN mark of the run is in some row
+    assert s["ecn_marks"] > 0
+    assert sum(float(r[4]) for r in rows) == pytest.approx(s["ecn_marks"], abs=1.0)

@@ -118,6 +118,13 @@ def run(
         if out_dir is not None:
             for r in shown:
                 write_tables(r, out_dir / r.policy)
+                ts = r.model_report.timeseries if r.model_report is not None else None
+                if ts is not None and ts.interval_ns > sc.fabric.fluid.sample_interval_ns:
+                    out.print(f"{r.policy}: timeseries.csv has one sample every "
+                              f"{ts.interval_ns / 1e3:g} us (configured "
+                              f"{sc.fabric.fluid.sample_interval_ns / 1e3:g} us; the run needed "
+                              f"more than fabric.fluid.max_timeseries_rows="
+                              f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False)
             out.print(f"tables written to {out_dir}/<policy>/")
     except FabricpilotError as e:
         _fail(str(e))

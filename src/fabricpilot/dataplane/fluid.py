@@ -48,6 +48,7 @@ from fabricpilot.dataplane.params import (
 )
 from fabricpilot.dataplane.qos import N_PRIORITIES, QosParams
 from fabricpilot.dataplane.rates import ActiveFlows, LinkState
+from fabricpilot.dataplane.timeseries import TimeSeries
 from fabricpilot.errors import SimulationError
 from fabricpilot.topology.compiled import CompiledTopology
 
@@ -80,7 +81,7 @@ class FluidReport:
     port_pause_frames: NDArray[np.int64] | None = None
     port_ecn_marks: NDArray[np.float64] | None = None
     port_drops_bytes: NDArray[np.float64] | None = None
-    samples: list[dict[str, NDArray]] = field(default_factory=list)
+    timeseries: TimeSeries = field(default_factory=lambda: TimeSeries(10_000.0, 2_000_000))
 
     @property
     def pfc_storms(self) -> int:
@@ -160,7 +161,8 @@ class FluidRateModel:
         self._grid_marks = np.zeros((0, 0))
         self.report = FluidReport(
             port_pause_ns=np.zeros((n, P)), port_pause_frames=np.zeros((n, P), np.int64),
-            port_ecn_marks=np.zeros((n, P)), port_drops_bytes=np.zeros((n, P)))
+            port_ecn_marks=np.zeros((n, P)), port_drops_bytes=np.zeros((n, P)),
+            timeseries=TimeSeries(float(self.fp.sample_interval_ns), self.fp.max_timeseries_rows))
         self._next_sample = 0.0
         self._sample_acc = np.zeros(n)
         self._sample_marks = np.zeros(n)
@@ -248,7 +250,7 @@ class FluidRateModel:
             reaction_point(m.cc, sent, m.line_rate, self.now + dt, dt, self.cc)
         self._count(m, served_lp, dt)
         self.now += dt
-        self._sample(dt)
+        self._sample()
         old = self._progress_row
         self._progress_row = m.row_progress()
         done_bytes = self._progress_row - old
@@ -461,8 +463,8 @@ class FluidRateModel:
             self.report.port_pause_ns += self._tx_paused * dt
             self.report.pfc_pause_ns_total += float(self._n_paused * dt)
 
-    def _sample(self, dt: float) -> None:
-        if self.now < self._next_sample:
+    def _sample(self, force: bool = False) -> None:
+        if self.now < self._next_sample and not force:
             return
         span = max(self.now - self._sample_t0, 1.0)
         self._fold_grid(self._m)
@@ -472,14 +474,11 @@ class FluidRateModel:
         active = (self._sample_acc > 0) | (queue > 0) | self._tx_paused.any(axis=1)
         links = np.flatnonzero(active)
         if len(links):
-            self.report.samples.append({
-                "time_ns": np.full(len(links), int(self.now), np.int64),
-                "link": links.astype(np.int64),
-                "queue_bytes": queue[links],
-                "utilization": self._sample_acc[links] * 8.0 / (self.ct.rate_gbps[links] * span),
-                "ecn_marks": self._sample_marks[links],
-                "paused": self._tx_paused[links].any(axis=1),
-            })
+            self.report.timeseries.append(
+                int(self.now), span, links.astype(np.int64), queue[links],
+                self._sample_acc[links] * 8.0 / (self.ct.rate_gbps[links] * span),
+                self._sample_marks[links], self._tx_paused[links].any(axis=1),
+                float(self.fp.sample_interval_ns))
         self._sample_acc[:] = 0.0
         self._sample_marks[:] = 0.0
         self._sample_t0 = self.now
@@ -540,7 +539,9 @@ class FluidRateModel:
 
     def finish(self) -> FluidReport:
         """Close the run: fold the retransmissions of members still known into the report."""
-        self._fold_grid(self._m)
+        if self.now > self._sample_t0:  # what the last, partial interval saw
+            self._sample(force=True)
+        self.report.timeseries.finish()
         self._archive_retx(self._m, np.arange(self._m.n))
         self._m = _Members.empty()
         self._keys = np.zeros(0, np.int64)

@@ -138,3 +138,4 @@ class FluidParams:
     nack_ns: int = 5_000
     window_bytes: int = 4 * 1024 * 1024
     sample_interval_ns: int = 10_000
+    max_timeseries_rows: int = 2_000_000

@@ -77,7 +77,7 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     written.append(path)
 
     report = result.model_report
-    if report is not None and report.samples:
+    if report is not None and len(report.timeseries):
         path = out / "timeseries.csv"
         _write_timeseries(result, path)
         written.append(path)
@@ -91,8 +91,7 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
 def _write_timeseries(result: RunResult, path: Path) -> None:
     """One row per (sample time, active link) of the fluid model's samples."""
     assert result.model_report is not None
-    samples = result.model_report.samples
-    cols = {c: np.concatenate([np.asarray(s[c]) for s in samples]) for c in TIMESERIES_COLUMNS}
+    cols = result.model_report.timeseries.columns()
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(TIMESERIES_COLUMNS)

@@ -171,6 +171,10 @@ class RunResult:
             "deadlocks": int(rep.deadlocks),
             "pfc_events": events[:MAX_PFC_EVENTS],
         }
+        if self.model_report is not None:
+            # the period of timeseries.csv (doubled from the configured one if the run was
+            # too long for the row budget)
+            out["timeseries_interval_ns"] = round(self.model_report.timeseries.interval_ns)
         if len(events) > MAX_PFC_EVENTS:
             out["pfc_events_truncated"] = len(events) - MAX_PFC_EVENTS
         return out

@@ -464,6 +464,10 @@ class FluidSpec(_Model):
     sample_interval_ns: int = Field(
         default=_FLUID.sample_interval_ns, gt=0, description="period of timeseries.csv samples"
     )
+    max_timeseries_rows: int = Field(
+        default=_FLUID.max_timeseries_rows, gt=0,
+        description="memory bound of timeseries.csv: beyond it the period doubles",
+    )
 
     _quantities = field_validator(
         "step_ns", "max_quiet_step_ns", "buffer_bytes_per_port", "buffer_bytes_per_switch",

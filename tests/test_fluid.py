@@ -220,10 +220,22 @@ def test_fluid_agrees_with_flow_level_when_nothing_queues(one_leaf, op: str, siz
     assert t_flow >= busiest * 8 / 400
 
 
-def test_longer_quiet_steps_do_not_change_a_congested_run(two_tier) -> None:  # type: ignore[no-untyped-def]
-    # the adaptive step must give the result of the fixed small step (its reference)
-    jobs = [p2p("incast", INCAST[:8], 2 << 20), p2p("victim", [VICTIM], 8 << 20)]
-    fixed = run(two_tier, jobs, fluid=FluidParams(max_quiet_step_ns=500))
-    adaptive = run(two_tier, jobs)
-    for a, b in zip(fixed.collectives, adaptive.collectives, strict=True):
-        assert b.time_ns == pytest.approx(a.time_ns, rel=0.02)
+def test_longer_steps_do_not_change_a_congested_run(two_tier) -> None:  # type: ignore[no-untyped-def]
+    # the adaptive step must give the result of the fixed small step (its reference): a PFC
+    # incast with a victim, then AlltoAll and a ring on a 2:1 fabric (ECN, DCQCN, some PFC)
+    over = compile_topology(leaf_spine(hosts=32, gpus_per_host=1, nics_per_leaf=8,
+                                       rail_optimized=False, oversubscription=2))
+    ring = build_collective("allreduce", np.random.default_rng(1).permutation(32), 32 << 20,
+                            gpus_per_host=1, algorithm="ring")
+    a2a = build_collective("alltoall", np.arange(32), 4 << 20, gpus_per_host=1)
+    cases = [
+        (two_tier, [p2p("incast", INCAST[:8], 2 << 20), p2p("victim", [VICTIM], 8 << 20)]),
+        (over, [JobSpec("a2a", a2a.ranks, (a2a,))]),
+        (over, [JobSpec("ring", ring.ranks, (ring,))]),
+    ]
+    for ct, jobs in cases:
+        fixed = run(ct, jobs, fluid=FluidParams(max_quiet_step_ns=500, max_busy_step_ns=500))
+        adaptive = run(ct, jobs)
+        assert adaptive.model_report.pause_frames > 0
+        for a, b in zip(fixed.collectives, adaptive.collectives, strict=True):
+            assert b.time_ns == pytest.approx(a.time_ns, rel=0.02)

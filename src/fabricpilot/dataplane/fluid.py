@@ -21,9 +21,11 @@ is the sending NIC). One step of ``dt``:
 6. the pause graph (which paused egress waits on which) gives the depth of every pause
    (storms) and its cycles (deadlocks, broken by the PFC watchdog if enabled).
 
-The step grows up to ``max_quiet_step_ns`` while the fabric is quiet: nothing queued at any
-switch, every QP at line rate, no pause in force or pending, no loss being recovered, and the
-next DCQCN event and queue threshold crossing (extrapolated from the last step) further away.
+The step is ``step_ns`` while PFC acts (a pause in force or on its way, an ingress above
+XON) or a loss is being recovered. Otherwise it grows, never past the next DCQCN event or
+queue threshold crossing (extrapolated from the last step): up to ``max_busy_step_ns`` while
+switches queue or QPs run below line rate, up to ``max_quiet_step_ns`` while the fabric is
+quiet (see :class:`~fabricpilot.dataplane.params.FluidParams` for what each costs in accuracy).
 A QP keeps at most one base step of bytes in its NIC whatever the step (back-pressure), so a
 long step cannot let NIC-side queues absorb DCQCN's rate cuts.
 """
@@ -489,18 +491,23 @@ class FluidRateModel:
         module docstring); never below ``step_ns``."""
         base = float(self.fp.step_ns)
         limit = float(self.fp.max_quiet_step_ns)
+        # the levels of this step and the last give each queue's slope
+        q, prev_q = self._queue_cells, self._prev_cells
+        ing, prev_ing = getattr(self, "_ingress_cells", None), self._prev_ingress
+        self._prev_cells, self._prev_ingress = q, ing
         if limit <= base or m.n == 0:
             return base
         if (self._n_paused or self._n_xoff or np.isfinite(self._next_pending)
-                or self._switch_queue_bytes >= 1.0 or (m.stall_until > self.now).any()):
+                or (m.stall_until > self.now).any()):
             return base
         cc = m.cc
-        # Only while nothing is queued in the fabric and every QP runs at line rate. Longer
-        # steps through congested periods, bounded by the next DCQCN event and threshold
-        # crossing below, ran up to 10x faster but drifted from the fixed small step by up to
-        # 14% on a PFC-paused incast, so they are not used yet.
-        if (cc.rc < m.line_rate * (1 - 1e-9)).any():
-            return base
+        if self._switch_queue_bytes >= 1.0 or (cc.rc < m.line_rate * (1 - 1e-9)).any():
+            limit = float(self.fp.max_busy_step_ns)
+            if limit <= base:
+                return base
+            if ing is not None and self._lossless.any() and ing.size and \
+                    float(ing.max()) >= self.pfc.xon_bytes:
+                return base
         h = limit
         if self.cc.enabled:
             due = cc.cnp_due_ns[np.isfinite(cc.cnp_due_ns)]
@@ -521,15 +528,10 @@ class FluidRateModel:
                                 np.inf)
                 h = min(h, float(np.maximum(wait, fill).min()))
         # queue levels: time for any queue to cross a threshold or empty, at the last slope
-        q = self._queue_cells
         thresholds = [self.ecn.kmin_bytes, self.ecn.kmax_bytes, self.fp.buffer_bytes_per_port]
-        h = min(h, _crossing(q, self._prev_cells, dt, thresholds))
-        self._prev_cells = q
-        ing = getattr(self, "_ingress_cells", None)
+        h = min(h, _crossing(q, prev_q, dt, thresholds))
         if ing is not None and ing.shape == q.shape and self._lossless.any():
-            h = min(h, _crossing(ing, self._prev_ingress, dt,
-                                 [self.pfc.xon_bytes, self.pfc.xoff_bytes]))
-            self._prev_ingress = ing
+            h = min(h, _crossing(ing, prev_ing, dt, [self.pfc.xon_bytes, self.pfc.xoff_bytes]))
         return float(max(base, min(h, limit)))
 
     def _archive_retx(self, m: _Members, idx: NDArray[np.int64]) -> None:

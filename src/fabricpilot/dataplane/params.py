@@ -129,10 +129,19 @@ class FluidParams:
     Lost bytes are recovered by go-back-N: the sender resends everything after the loss, and
     learns of it one NACK round trip (``nack_ns``) later. ``window_bytes`` bounds how far a
     ring stream may run ahead of the slowest stream of its ring (NCCL's buffers).
+
+    The clock: ``step_ns`` while PFC is acting (a pause in force or on its way, an ingress
+    above XON) or a loss is being recovered; up to ``max_busy_step_ns`` while queues or rate
+    cuts are active without PFC; up to ``max_quiet_step_ns`` while nothing queues and every
+    QP runs at line rate. A longer step never crosses the next DCQCN event or a queue
+    threshold (extrapolated from the last step). Against the fixed 500 ns step the default
+    2 us busy step changed collective times by at most 2.2% (AlltoAll on a 2:1 fabric; ring
+    AllReduce and PFC incast by < 1.1%), 5 us by up to 5%.
     """
 
     step_ns: int = 500
     max_quiet_step_ns: int = 20_000
+    max_busy_step_ns: int = 2_000
     buffer_bytes_per_port: int = 4 * 1024 * 1024
     buffer_bytes_per_switch: int = 64 * 1024 * 1024
     nack_ns: int = 5_000

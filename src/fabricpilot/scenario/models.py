@@ -448,6 +448,11 @@ class FluidSpec(_Model):
         default=_FLUID.max_quiet_step_ns, gt=0,
         description="longest step while nothing is queued, paused or recovering",
     )
+    max_busy_step_ns: int = Field(
+        default=_FLUID.max_busy_step_ns, gt=0,
+        description="longest step while queues or rate cuts are active but PFC is not "
+        "(= step_ns: the fixed-step reference)",
+    )
     buffer_bytes_per_port: int = Field(
         default=_FLUID.buffer_bytes_per_port, gt=0, description="cap of a lossy egress queue"
     )
@@ -470,8 +475,9 @@ class FluidSpec(_Model):
     )
 
     _quantities = field_validator(
-        "step_ns", "max_quiet_step_ns", "buffer_bytes_per_port", "buffer_bytes_per_switch",
-        "nack_ns", "window_bytes", "sample_interval_ns", mode="before",
+        "step_ns", "max_quiet_step_ns", "max_busy_step_ns", "buffer_bytes_per_port",
+        "buffer_bytes_per_switch", "nack_ns", "window_bytes", "sample_interval_ns",
+        mode="before",
     )(_convert_quantity)
 
     @model_validator(mode="after")
@@ -480,6 +486,12 @@ class FluidSpec(_Model):
             raise FieldProblem(
                 "max_quiet_step_ns",
                 f"must be >= step_ns ({self.max_quiet_step_ns} < {self.step_ns})",
+            )
+        if not self.step_ns <= self.max_busy_step_ns <= self.max_quiet_step_ns:
+            raise FieldProblem(
+                "max_busy_step_ns",
+                f"must be between step_ns and max_quiet_step_ns ({self.step_ns} <= "
+                f"{self.max_busy_step_ns} <= {self.max_quiet_step_ns} does not hold)",
             )
         return self
 

@@ -130,6 +130,10 @@ class FluidRateModel:
         self._lossless = self.qos.lossless_mask() & self.pfc.enabled
         self._weights = np.array([self.qos.weights.get(p, 1.0) for p in range(P)])
         self._pause_delay = ct.delay_ns.astype(np.float64) + self.pfc.response_ns
+        self._queue_thresholds = np.array([self.ecn.kmin_bytes, self.ecn.kmax_bytes,
+                                           self.fp.buffer_bytes_per_port], np.float64)
+        self._ingress_thresholds = np.array([self.pfc.xon_bytes, self.pfc.xoff_bytes],
+                                            np.float64)
         self.reset(LinkState(ct.rate_gbps.copy(), ct.delay_ns.copy()))
 
     # ------------------------------------------------------------------ protocol
@@ -167,6 +171,7 @@ class FluidRateModel:
             timeseries=TimeSeries(float(self.fp.sample_interval_ns), self.fp.max_timeseries_rows))
         self._next_sample = 0.0
         self._sample_acc = np.zeros(n)
+        self._sample_in_links = False  # the per-link sample arrays hold something
         self._sample_marks = np.zeros(n)
         self._sample_t0 = 0.0
         self._horizon = float(self.fp.step_ns)
@@ -207,15 +212,18 @@ class FluidRateModel:
         self._grid_marks = np.zeros((len(new.ulinks), len(new.uprios)))
         self._queue_cells = np.zeros((len(new.ulinks), len(new.uprios)))
 
-    def _fold_grid(self, m: _Members) -> None:
-        """Add the grid accumulators of members ``m`` into the per-link arrays."""
+    def _fold_grid(self, m: _Members, into_sample: bool = True) -> None:
+        """Add the grid accumulators of members ``m`` into the per-link arrays (also into
+        the current sample's unless ``into_sample`` is False: it was just taken)."""
         if len(self._grid_bytes) == len(m.ulinks) and len(m.ulinks):
-            self._sample_acc[m.ulinks] += self._grid_bytes
+            if into_sample:
+                self._sample_acc[m.ulinks] += self._grid_bytes
+                self._sample_marks[m.ulinks] += self._grid_marks.sum(axis=1)
+                self._sample_in_links = True
             self._link_bytes_total[m.ulinks] += self._grid_bytes
             np.maximum(self._link_peak[m.ulinks], self._grid_peak,
                        out=self._grid_peak)
             self._link_peak[m.ulinks] = self._grid_peak
-            self._sample_marks[m.ulinks] += self._grid_marks.sum(axis=1)
             assert self.report.port_ecn_marks is not None
             self.report.port_ecn_marks[self._grid(m)] += self._grid_marks
         self._grid_bytes = np.zeros(len(m.ulinks))
@@ -469,7 +477,23 @@ class FluidRateModel:
         if self.now < self._next_sample and not force:
             return
         span = max(self.now - self._sample_t0, 1.0)
-        self._fold_grid(self._m)
+        m = self._m
+        on_grid = (len(self._grid_bytes) == len(m.ulinks) == self._queue_cells.shape[0])
+        if on_grid and not self._sample_in_links and not self._n_paused:
+            # the common case: all the sample saw is on the grid of the current members
+            acc, queue = self._grid_bytes, self._queue_cells.sum(axis=1)
+            keep = (acc > 0) | (queue > 0)
+            if keep.any():
+                self.report.timeseries.append(
+                    int(self.now), span, m.ulinks[keep], queue[keep],
+                    acc[keep] * 8.0 / (m.ulink_rate[keep] * span),
+                    self._grid_marks.sum(axis=1)[keep], np.zeros(int(keep.sum()), bool),
+                    float(self.fp.sample_interval_ns))
+            self._fold_grid(m, into_sample=False)
+            self._sample_t0 = self.now
+            self._next_sample = self.now + self.fp.sample_interval_ns
+            return
+        self._fold_grid(m)
         queue = np.zeros(self.n_links)
         if self._queue_cells.shape[0] == len(self._m.ulinks):
             queue[self._m.ulinks] = self._queue_cells.sum(axis=1)
@@ -483,6 +507,7 @@ class FluidRateModel:
                 float(self.fp.sample_interval_ns))
         self._sample_acc[:] = 0.0
         self._sample_marks[:] = 0.0
+        self._sample_in_links = False
         self._sample_t0 = self.now
         self._next_sample = self.now + self.fp.sample_interval_ns
 
@@ -497,41 +522,30 @@ class FluidRateModel:
         self._prev_cells, self._prev_ingress = q, ing
         if limit <= base or m.n == 0:
             return base
-        if (self._n_paused or self._n_xoff or np.isfinite(self._next_pending)
-                or (m.stall_until > self.now).any()):
+        if self._n_paused or self._n_xoff or np.isfinite(self._next_pending):
             return base
         cc = m.cc
-        if self._switch_queue_bytes >= 1.0 or (cc.rc < m.line_rate * (1 - 1e-9)).any():
+        p_path = self._p_path if self._p_path is not None else np.zeros(m.n)
+        h_qp, below, stalled = fk.qp_horizon(
+            self.now, cc.rc, m.line_rate, m.stall_until, cc.cnp_due_ns, cc.timer_ns,
+            cc.bytes_since, cc.since_cnp_ns, cc.marks, p_path, self._delivered_step, dt,
+            float(self.fabric.mtu_bytes), float(self.cc.timer_ns),
+            float(self.cc.byte_counter_bytes), float(self.cc.cnp_interval_ns))
+        if stalled:
+            return base
+        if self._switch_queue_bytes >= 1.0 or below:
             limit = float(self.fp.max_busy_step_ns)
             if limit <= base:
                 return base
             if ing is not None and self._lossless.any() and ing.size and \
                     float(ing.max()) >= self.pfc.xon_bytes:
                 return base
-        h = limit
-        if self.cc.enabled:
-            due = cc.cnp_due_ns[np.isfinite(cc.cnp_due_ns)]
-            if len(due):
-                h = min(h, float(due.min()) - self.now)
-            below = cc.rc < m.line_rate * (1 - 1e-9)
-            if below.any():
-                h = min(h, float((self.cc.timer_ns - cc.timer_ns[below]).min()))
-                bps = cc.rc[below] / 8.0
-                h = min(h, float(((self.cc.byte_counter_bytes - cc.bytes_since[below])
-                                  / np.maximum(bps, 1e-9)).min()))
-            p = self._p_path
-            if p is not None and (p > 0).any():
-                marking = p > 0
-                wait = np.maximum(self.cc.cnp_interval_ns - cc.since_cnp_ns[marking], 0.0)
-                rate = self._delivered_step[marking] / dt / self.fabric.mtu_bytes * p[marking]
-                fill = np.where(rate > 0, (1.0 - cc.marks[marking]) / np.maximum(rate, 1e-30),
-                                np.inf)
-                h = min(h, float(np.maximum(wait, fill).min()))
-        # queue levels: time for any queue to cross a threshold or empty, at the last slope
-        thresholds = [self.ecn.kmin_bytes, self.ecn.kmax_bytes, self.fp.buffer_bytes_per_port]
-        h = min(h, _crossing(q, prev_q, dt, thresholds))
+        h = min(limit, h_qp) if self.cc.enabled else limit
+        if h <= base:
+            return base
+        h = min(h, _crossing(q, prev_q, dt, self._queue_thresholds))
         if ing is not None and ing.shape == q.shape and self._lossless.any():
-            h = min(h, _crossing(ing, prev_ing, dt, [self.pfc.xon_bytes, self.pfc.xoff_bytes]))
+            h = min(h, _crossing(ing, prev_ing, dt, self._ingress_thresholds))
         return float(max(base, min(h, limit)))
 
     def _archive_retx(self, m: _Members, idx: NDArray[np.int64]) -> None:
@@ -554,29 +568,17 @@ def _crossing(
     level: NDArray[np.float64],
     prev: NDArray[np.float64] | None,
     dt: float,
-    thresholds: list[float],
+    thresholds: NDArray[np.float64],
 ) -> float:
     """Earliest time at which any ``level`` (moving at its last slope) crosses a threshold or
     reaches zero; ``inf`` if none will. Unknown slope (no previous level) gives 0.
 
-    >>> _crossing(np.array([10.0]), np.array([0.0]), 1.0, [25.0])
+    >>> _crossing(np.array([10.0]), np.array([0.0]), 1.0, np.array([25.0]))
     1.5
     """
     if prev is None or prev.shape != level.shape:
         return 0.0
-    slope = (level - prev) / dt
-    best = np.inf
-    for t in thresholds:
-        up = (slope > 1e-9) & (level < t)
-        if up.any():
-            best = min(best, float(((t - level[up]) / slope[up]).min()))
-        down = (slope < -1e-9) & (level > t)
-        if down.any():
-            best = min(best, float(((level[down] - t) / -slope[down]).min()))
-    empty = (slope < -1e-9) & (level > 0)
-    if empty.any():
-        best = min(best, float((level[empty] / -slope[empty]).min()))
-    return best
+    return float(fk.crossing_ns(level.reshape(-1), prev.reshape(-1), dt, thresholds))
 
 
 @dataclass

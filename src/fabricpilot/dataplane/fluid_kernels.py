@@ -651,3 +651,77 @@ def count_links(
         u = b * 8.0 / (rate_gbps[port] * dt_ns)
         if u > link_peak[port]:
             link_peak[port] = u
+
+
+@numba.njit(**_JIT)
+def crossing_ns(
+    level: NDArray[np.float64],
+    prev: NDArray[np.float64],
+    dt_ns: float,
+    thresholds: NDArray[np.float64],
+) -> float:
+    """Earliest time at which any ``level`` (moving at the slope from ``prev`` over ``dt_ns``)
+    crosses a threshold or reaches zero; ``inf`` if none will.
+
+    >>> crossing_ns(np.array([10.0, 5.0]), np.array([0.0, 6.0]), 1.0, np.array([25.0]))
+    1.5
+    """
+    best = np.inf
+    for i in range(level.shape[0]):
+        x = level[i]
+        slope = (x - prev[i]) / dt_ns
+        if slope > 1e-9:
+            for t in thresholds:
+                if x < t:
+                    best = min(best, (t - x) / slope)
+        elif slope < -1e-9:
+            for t in thresholds:
+                if x > t:
+                    best = min(best, (x - t) / -slope)
+            if x > 0:
+                best = min(best, x / -slope)
+    return best
+
+
+@numba.njit(**_JIT)
+def qp_horizon(
+    now_ns: float,
+    rate_gbps: NDArray[np.float64],
+    line_rate_gbps: NDArray[np.float64],
+    stall_until: NDArray[np.float64],
+    cnp_due_ns: NDArray[np.float64],
+    timer_ns: NDArray[np.float64],
+    bytes_since: NDArray[np.float64],
+    since_cnp_ns: NDArray[np.float64],
+    marks: NDArray[np.float64],
+    mark_probability: NDArray[np.float64],
+    delivered_bytes: NDArray[np.float64],
+    dt_ns: float,
+    mtu_bytes: float,
+    period_ns: float,
+    byte_counter_bytes: float,
+    cnp_interval_ns: float,
+) -> tuple[float, bool, bool]:
+    """Time to the next DCQCN event of any QP: a CNP arriving, a rate-increase timer or byte
+    counter firing (QPs below line rate), a receiver's next CNP (marked packets arriving at
+    the last step's rate, no sooner than its CNP interval allows). Returns (that time, any QP
+    below line rate, any QP waiting for a NACK)."""
+    h = np.inf
+    below_any = False
+    stalled_any = False
+    for i in range(rate_gbps.shape[0]):
+        if stall_until[i] > now_ns:
+            stalled_any = True
+        if cnp_due_ns[i] < np.inf:
+            h = min(h, cnp_due_ns[i] - now_ns)
+        if rate_gbps[i] < line_rate_gbps[i] * (1 - 1e-9):
+            below_any = True
+            h = min(h, period_ns - timer_ns[i])
+            h = min(h, (byte_counter_bytes - bytes_since[i]) / max(rate_gbps[i] / 8.0, 1e-9))
+        p = mark_probability[i]
+        if p > 0:
+            wait = max(cnp_interval_ns - since_cnp_ns[i], 0.0)
+            rate = delivered_bytes[i] / dt_ns / mtu_bytes * p
+            fill = (1.0 - marks[i]) / rate if rate > 0 else np.inf
+            h = min(h, max(wait, fill))
+    return h, below_any, stalled_any

@@ -15,7 +15,8 @@ Targets: 1024-GPU AlltoAll <= 60 s and <= 8 GB; 8192-GPU AllReduce <= 30 s.
 
 Fluid model (queues, ECN, DCQCN, PFC; ``fluid-`` cases, ``--only fluid``): 128-GPU AlltoAll
 of 64 MiB per GPU (PXN and flat) and a 1024-GPU ring AllReduce of 1 GiB (also 64 MiB, which
-shows the cost per simulated millisecond). Target <= 60 s each.
+shows the cost per simulated millisecond). Target <= 60 s each. The first fluid case after
+an install also compiles the model's kernels (~10 s; cached for later runs).
 """
 
 from __future__ import annotations

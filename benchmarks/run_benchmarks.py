@@ -45,7 +45,7 @@ CASES = [
     ("fluid-ar-1024-64M", "allreduce", 1024, 64 << 20, "ring", "fluid"),
     ("fluid-ar-1024-ring", "allreduce", 1024, 1 << 30, "ring", "fluid"),
 ]
-POLICIES = ("ecmp", "ideal")
+POLICIES = ("ecmp", "adaptive", "ideal")
 
 
 def run_case(op: str, gpus: int, size: int, algorithm: str, policy: str,

@@ -88,6 +88,46 @@ class EcmpParams:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkTelemetry:
+    """What the switches know of their own egress ports at one instant, per link id:
+    ``load_gbps`` (the rate of the traffic currently on the link), ``queue_bytes`` (its
+    egress queue) and ``demand_gbps`` (what the flows on it would send if nothing held them
+    back: their NICs' rates). The flow-level model has no queues; a demand above capacity is
+    where a real switch would hold a standing queue."""
+
+    load_gbps: NDArray[np.float64]
+    queue_bytes: NDArray[np.float64]
+    demand_gbps: NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveMembers:
+    """The paths of the active flows, for a policy that may move them: one entry per member
+    (one path of one stream of a row): its ``row``, ``path`` (link ids, -1 padded), ``share``
+    of its stream's bytes, and ``hold`` (True while it waits for its old path to drain)."""
+
+    row: NDArray[np.int64]
+    path: NDArray[np.int32]
+    share: NDArray[np.float64]
+    hold: NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Moves:
+    """Members to move (indices into :class:`ActiveMembers`) and their new paths. With
+    ``drain_safe`` a moved stream waits until the bytes it has in flight on the old path are
+    delivered before it sends on the new one (no reordering, an idle gap); without, it
+    switches at once and bytes on a faster new path overtake those still on the old one."""
+
+    member: NDArray[np.int64]
+    path: NDArray[np.int32]
+    drain_safe: bool = True
+
+
+TelemetryFn = Callable[[], LinkTelemetry]
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyContext:
     """Everything a policy may read when it is created."""
 
@@ -108,7 +148,11 @@ class RoutingPolicy(Protocol):
 
     ``static = True`` declares that a policy routes the same transfers the same way whatever
     the state of the fabric (ECMP, ideal), so the engine may reuse a stage's routing in every
-    iteration; state-dependent policies set it to ``False``.
+    iteration; state-dependent policies set it to ``False`` and may define
+    ``bind(telemetry: TelemetryFn)``: the engine calls it before a run with a function that
+    returns the current :class:`LinkTelemetry`. A policy that moves flows mid-life also sets
+    ``rebalance_interval_ns`` and defines ``rebalance(members: ActiveMembers) -> Moves``,
+    which the engine calls at that interval while flows are active (flow-level model).
     """
 
     name: str

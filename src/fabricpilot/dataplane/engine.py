@@ -28,7 +28,15 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
-from fabricpilot.balancing.base import RoutedBatch, RoutingPolicy, TransferBatch
+from fabricpilot.balancing.base import (
+    ActiveMembers,
+    LinkTelemetry,
+    Moves,
+    RoutedBatch,
+    RoutingPolicy,
+    TransferBatch,
+    paths_to_weights,
+)
 from fabricpilot.dataplane.maxmin import alone_rate_gbps
 from fabricpilot.dataplane.params import FabricParams
 from fabricpilot.dataplane.qos import TRAFFIC_CLASSES
@@ -41,7 +49,7 @@ from fabricpilot.dataplane.rates import (
 )
 from fabricpilot.errors import SimulationError
 from fabricpilot.topology.compiled import CompiledTopology
-from fabricpilot.topology.paths import max_path_links
+from fabricpilot.topology.paths import max_path_links, path_delay_ns
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals
 from fabricpilot.workload.plan import CollectivePlan, busbw_factor
@@ -115,6 +123,7 @@ class EngineOutput:
     n_rate_updates: int
     n_events: int
     model_report: object | None = None
+    path_moves: int = 0  # streams moved to another path mid-flow (rebalancing policies)
 
 
 def _pad(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
@@ -173,6 +182,12 @@ class Engine:
         self.links = LinkState(cap, delay)
         self._link_share = topology.rate_gbps / cap[self._col]
         self._route_cache: dict[tuple[int, int, int], RoutedBatch] = {}
+        bind = getattr(policy, "bind", None)
+        if bind is not None:
+            bind(self._telemetry)
+        # policies that move flows mid-life (flow-level model): the engine keeps member paths
+        self._rebalancing = hasattr(policy, "rebalance") and not self._stepping
+        self._track = self._stepping or self._rebalancing
 
     # ----------------------------------------------------------------- public
     def run(self) -> EngineOutput:
@@ -206,6 +221,12 @@ class Engine:
         self._m_path = np.zeros((0, width), np.int32)
         self._m_key = np.zeros(0, np.int64)
         self._n_members = 0
+        self._row_hold = np.zeros(0)        # a row sends nothing until then (draining)
+        self._row_demand = np.zeros(0)      # what a member stream of the row would send, Gb/s
+        self._row_src = np.zeros(0, np.int64)
+        self._reorder = np.zeros(0, np.int64)  # per flow id
+        self._moves = 0
+        self._rebalance_pending = False
         self._rates = np.zeros(0)
         self._load = np.zeros(n_links)
         self._link_bytes = np.zeros(n_links)
@@ -275,6 +296,8 @@ class Engine:
             flows["end_send_ns"] = end
             flows["deliver_ns"] = end + flows["latency_ns"]
             flows["retx_bytes"] = np.zeros(self._n_flows)
+            flows["reorder_events"] = np.zeros(self._n_flows, np.int64)
+            flows["reorder_events"][: len(self._reorder)] = self._reorder
             # the last bytes (e.g. of a mouse) may still be in flight when the last send ends
             self.now = max(self.now, int(flows["deliver_ns"].max()))
         link_bytes = self._link_bytes[self._col] * self._link_share
@@ -299,9 +322,81 @@ class Engine:
             link_bytes=link_bytes,
             link_peak_util=link_peak,
             n_rate_updates=self._n_rate_updates,
+            path_moves=self._moves,
             n_events=self._n_events,
             model_report=report,
         )
+
+    def _telemetry(self) -> LinkTelemetry:
+        """The load and queue of every link now, for state-dependent policies."""
+        state = self.model.link_state_now()
+        if state is not None:
+            return LinkTelemetry(state[0], state[1], state[0])
+        if self._dirty:
+            self._recompute()
+        load = self._load[self._col] * self._link_share
+        demand = np.zeros(self.ct.n_links)
+        if len(self._row_demand):
+            # a stream would send its NIC's rate, shared with the other streams of that NIC
+            per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
+            row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
+            demand = (self._w.T @ row)[self._col] * self._link_share
+        return LinkTelemetry(load, np.zeros(self.ct.n_links), demand)
+
+    def _rebalance(self) -> None:
+        """Let the policy move active streams to other paths (see :class:`Moves`)."""
+        self._rebalance_pending = False
+        if not self._remaining.size:
+            return
+        if self._dirty:
+            self._recompute()
+        row = np.searchsorted(self._row_flow, self._m_flow)
+        moves: Moves = self.policy.rebalance(  # type: ignore[attr-defined]
+            ActiveMembers(row, self._m_path, self._m_share, self._row_hold[row] > self.now))
+        if len(moves.member):
+            self._apply_moves(row, moves)
+        self._rebalance_pending = True
+        self._at(self.now + int(self.policy.rebalance_interval_ns),  # type: ignore[attr-defined]
+                 self._rebalance)
+
+    def _apply_moves(self, row: NDArray[np.int64], moves: Moves) -> None:
+        lat = self.fabric.switch_latency_ns
+        mem = moves.member
+        old = self._m_path[mem]
+        new = _pad(moves.path.astype(np.int32), self._m_path.shape[1])
+        d_old = path_delay_ns(self.ct, old, lat)
+        d_new = path_delay_ns(self.ct, new, lat)
+        rows = row[mem]
+        if moves.drain_safe:
+            # the stream (and so its row) sends nothing until its last byte on the old path
+            # has arrived: no reordering, an idle gap of one old-path delay
+            until = self.now + d_old.astype(np.float64)
+            np.maximum.at(self._row_hold, rows, until)
+            for t in np.unique(until).tolist():
+                self._at(math.ceil(t), self._mark_dirty)
+        else:
+            # bytes sent on a faster new path while older ones are still on the old path
+            # arrive first: one reorder event per packet sent in that window
+            rate = self._rates[rows] if len(self._rates) == len(self._remaining) else 0.0
+            ahead = np.maximum(d_old - d_new, 0) * rate / 8.0
+            events = np.ceil(ahead / self.fabric.mtu_bytes).astype(np.int64)
+            fids = self._row_flow[rows]
+            if len(self._reorder) < self._n_flows:
+                self._reorder = np.concatenate(
+                    [self._reorder, np.zeros(self._n_flows - len(self._reorder), np.int64)])
+            np.add.at(self._reorder, fids, events)
+        self._m_path[mem] = new
+        self._moves += len(mem)
+        # the rows' weights: the sum of their members' paths
+        unit = paths_to_weights(self._m_path, self.ct.n_links)
+        n_rows = len(self._remaining)
+        member_of = sp.csr_matrix((self._m_share, (row, np.arange(len(row)))),
+                                  shape=(n_rows, len(row)))
+        self._w = (member_of @ unit).tocsr()
+        self._dirty = True
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
 
     # ------------------------------------------------------------- scheduling
     def _at(self, time_ns: int, fn: Callable[[], None]) -> None:
@@ -403,7 +498,11 @@ class Engine:
         self._row_start = np.concatenate([self._row_start, np.full(n, self.now, np.int64)])
         self._row_class = np.concatenate([self._row_class, np.full(n, tclass, np.int64)])
         self._row_bytes = np.concatenate([self._row_bytes, wire.astype(np.float64)])
-        if self._stepping:
+        self._row_hold = np.concatenate([self._row_hold, np.full(n, -np.inf)])
+        nic = self.ct.rate_gbps[self.ct.gpu_up[routed.src]].astype(np.float64)
+        self._row_demand = np.concatenate([self._row_demand, nic])
+        self._row_src = np.concatenate([self._row_src, routed.src.astype(np.int64)])
+        if self._track:
             r = routed.routes
             if r is None:
                 raise SimulationError(
@@ -419,9 +518,13 @@ class Engine:
                 [self._m_key, np.arange(self._n_members, self._n_members + k, dtype=np.int64)])
             self._n_members += k
         self._dirty = True
+        if self._rebalancing and not self._rebalance_pending:
+            self._rebalance_pending = True
+            self._at(self.now + int(self.policy.rebalance_interval_ns),  # type: ignore[attr-defined]
+                     self._rebalance)
 
     def _recompute(self) -> None:
-        caps = np.full(len(self._remaining), np.inf)
+        caps = np.where(self._row_hold > self.now, 0.0, np.inf)
         members = None
         if self._stepping:
             members = MemberPaths(
@@ -497,7 +600,10 @@ class Engine:
         self._row_start = self._row_start[keep]
         self._row_class = self._row_class[keep]
         self._row_bytes = self._row_bytes[keep]
-        if self._stepping:
+        self._row_hold = self._row_hold[keep]
+        self._row_demand = self._row_demand[keep]
+        self._row_src = self._row_src[keep]
+        if self._track:
             stay = ~np.isin(self._m_flow, ids)
             self._m_flow = self._m_flow[stay]
             self._m_stream = self._m_stream[stay]

@@ -157,6 +157,8 @@ class FluidRateModel:
         self._grid_peak = np.zeros(0)
         self._queue_cells = np.zeros((0, 0))
         self._switch_queue_bytes = 0.0
+        self._step_bytes = np.zeros(0)
+        self._last_dt = 0.0
         self._n_xoff = 0            # ingresses with XOFF asserted
         self._n_paused = 0          # egresses paused
         self._next_pending = np.inf  # earliest pause / resume still on its way
@@ -239,6 +241,16 @@ class FluidRateModel:
     def link_usage(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         self._fold_grid(self._m)
         return self._link_bytes_total.copy(), self._link_peak.copy()
+
+    def link_state_now(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        load = np.zeros(self.n_links)
+        queue = np.zeros(self.n_links)
+        m = self._m
+        if len(m.ulinks) and self._last_dt > 0 and len(self._step_bytes) == len(m.ulinks):
+            load[m.ulinks] = self._step_bytes * 8.0 / self._last_dt
+        if len(m.ulinks) and self._queue_cells.shape[0] == len(m.ulinks):
+            queue[m.ulinks] = self._queue_cells.sum(axis=1)
+        return load, queue
 
     def advance(self, dt_ns: int) -> NDArray[np.float64]:
         """Move ``dt_ns`` on; returns the bytes each row delivered (progress of its slowest
@@ -469,6 +481,8 @@ class FluidRateModel:
     def _count(self, m: _Members, served_lp: NDArray[np.float64], dt: float) -> None:
         fk.count_links(served_lp.reshape(-1), len(m.uprios), m.ulink_rate, dt,
                        self._grid_bytes, self._grid_peak)
+        self._step_bytes = served_lp.sum(axis=1)
+        self._last_dt = dt
         if self._n_paused:
             self.report.port_pause_ns += self._tx_paused * dt
             self.report.pfc_pause_ns_total += float(self._n_paused * dt)

@@ -91,6 +91,10 @@ class RateModel(Protocol):
         """For a model that moves bytes itself: the bytes each link carried so far and its
         peak utilisation over any step; ``None`` if the engine integrates the rates."""
 
+    def link_state_now(self) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
+        """For a model that moves bytes itself: each link's rate over the last step (Gb/s)
+        and its egress queue (bytes) now; ``None`` if the engine derives loads from rates."""
+
 
 class MaxMinRateModel:
     """Flow-level model: max-min fair rates, piecewise constant between flow events."""
@@ -107,6 +111,9 @@ class MaxMinRateModel:
         self._rates = np.zeros(0)
 
     def link_usage(self) -> None:
+        return None
+
+    def link_state_now(self) -> None:
         return None
 
     def on_change(self, flows: ActiveFlows) -> None:

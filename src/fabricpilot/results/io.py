@@ -16,7 +16,7 @@ from fabricpilot.results.run import RunResult
 FLOW_COLUMNS = [
     "owner", "iteration", "collective", "stage", "src", "dst", "members", "size_bytes",
     "wire_bytes", "start_ns", "end_send_ns", "deliver_ns", "fct_ns", "alone_fct_ns", "slowdown",
-    "retx_bytes",
+    "retx_bytes", "reorder_events",
 ]
 TIMESERIES_COLUMNS = ["time_ns", "link", "queue_bytes", "utilization", "ecn_marks", "paused"]
 PORT_COLUMNS = ["link", "priority", "pause_ns", "pause_frames", "ecn_marks", "drops_bytes"]
@@ -37,12 +37,14 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
         if result.flows:
             n = len(result.flows["owner"])
             retx = result.flows.get("retx_bytes", np.zeros(n))
-            cols = [result.flows[c] for c in FLOW_COLUMNS[:-1]] + [retx]
+            reorder = result.flows.get("reorder_events", np.zeros(n, np.int64))
+            cols = [result.flows[c] for c in FLOW_COLUMNS[:-2]] + [retx, reorder]
             for row in zip(*cols, strict=True):
                 vals: list[Any] = [owner_names[int(row[0])]]
-                vals += [int(v) for v in row[1:-2]]
-                vals.append(f"{float(row[-2]):.6g}")
-                vals.append(round(float(row[-1])))
+                vals += [int(v) for v in row[1:-3]]
+                vals.append(f"{float(row[-3]):.6g}")
+                vals.append(round(float(row[-2])))
+                vals.append(int(row[-1]))
                 w.writerow(vals)
     written.append(path)
 

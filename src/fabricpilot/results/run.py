@@ -67,6 +67,7 @@ class RunResult:
     n_rate_updates: int
     model: str = "flow"
     model_report: FluidReport | None = None
+    path_moves: int = 0
     qos_mismatches: list[str] = field(default_factory=list)
 
     @classmethod
@@ -99,6 +100,7 @@ class RunResult:
             link_kind=[_KIND_NAMES[int(k)] for k in topology.link_kind],
             link_capacity_gbps=topology.rate_gbps.copy(), link_bytes=out.link_bytes,
             link_peak_util=out.link_peak_util, n_rate_updates=out.n_rate_updates,
+            path_moves=out.path_moves,
             model=model, model_report=report, qos_mismatches=list(qos_mismatches or []),
         )
 
@@ -227,5 +229,8 @@ class RunResult:
                 "fabric_mean_utilization": _r(float(util[fabric].mean())) if fabric.any() else 0.0,
             },
             **self.fabric_events(),
+            # packets that arrived before earlier packets of their flow (path changes, spraying)
+            "reorder_events": int(np.asarray(self.flows.get("reorder_events", [0])).sum()),
+            "path_moves": int(self.path_moves),
             "qos_mismatches": list(self.qos_mismatches),
         }

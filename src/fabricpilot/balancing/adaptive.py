@@ -1,0 +1,291 @@
+"""``adaptive``: switch-local adaptive routing (the way Spectrum-X / InfiniBand AR and
+Broadcom DLB pick a port).
+
+At every switch with several equal-cost next hops, a new flow (each QP of a connection) takes
+the eligible port that is least loaded *as that switch sees it*: a port's load is its egress
+utilisation (the traffic already on the link plus the flows this switch has just placed on
+it) plus its queue (a queue of :data:`QUEUE_NORM_NS` at line rate counts as one fully used
+link). Beyond its own ports a switch also knows the load of the links a choice commits the
+flow to until the next switch that has a choice (on a leaf-spine: the spine's downlink to
+the destination leaf), as CONGA-style path feedback carried back in packets gives a leaf;
+the cost of a choice is its most loaded link. Nothing else global is consulted, but the
+choice can be steered from outside: a *congestion table* of weights per
+link (``set_congestion_table``; 1 = neutral, larger = preferred, 0 = not eligible) divides
+each port's load, which is how a controller's hints reach the switches. Ties go to the port
+the ECMP hash would pick, so an idle fabric is routed exactly like ECMP.
+
+The choice is made when a flow starts and kept for its life, so a flow never changes path
+and nothing is reordered (flowlet and drain-safe switching change paths mid-flow).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numpy.typing import NDArray
+
+from fabricpilot.balancing.base import (
+    ActiveMembers,
+    LinkTelemetry,
+    Moves,
+    PolicyContext,
+    RoutedBatch,
+    TelemetryFn,
+    TransferBatch,
+    assemble,
+    paths_to_weights,
+    register_policy,
+    split_qps,
+)
+from fabricpilot.balancing.hashing import gpu_ip, qp_source_port, switch_hash
+from fabricpilot.errors import FabricpilotError
+from fabricpilot.topology.compiled import CompiledTopology
+from fabricpilot.topology.paths import max_path_links, path_delay_ns, walk_paths
+
+QUEUE_NORM_NS = 10_000.0
+HYSTERESIS = 0.25  # a stream moves only to a path lighter by a quarter of a link (no flapping)
+
+
+@numba.njit(cache=True)
+def least_loaded(
+    segments: NDArray[np.int32],
+    group: NDArray[np.int64],
+    count: NDArray[np.int64],
+    first: NDArray[np.int64],
+    load: NDArray[np.float64],
+    weight: NDArray[np.float64],
+    demand: NDArray[np.float64],
+) -> NDArray[np.int64]:
+    """For each row ``i`` in order, the index ``j < count[i]`` of its cheapest eligible
+    choice: choice ``j`` loads the links ``segments[group[i], j, :]`` (-1 padded), its cost
+    is the largest ``load / weight`` among them, and a link of weight 0 makes it ineligible.
+    Ties go to the first such choice counting from ``first[i]``. The chosen links' loads grow
+    by ``demand[i]`` before the next row chooses (``load`` is updated in place). A row with
+    no eligible choice takes ``first[i]``.
+
+    >>> seg = np.array([[[0], [1]]], np.int32)
+    >>> least_loaded(seg, np.zeros(3, np.int64), np.array([2, 2, 2]), np.array([0, 0, 1]),
+    ...              np.array([0.5, 0.0]), np.ones(2), np.full(3, 1.0)).tolist()
+    [1, 0, 1]
+    """
+    n = group.shape[0]
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        g = group[i]
+        k = count[i]
+        best = -1
+        best_cost = np.inf
+        for j in range(k):
+            jj = (first[i] + j) % k
+            cost = 0.0
+            for d in range(segments.shape[2]):
+                link = segments[g, jj, d]
+                if link < 0:
+                    break
+                w = weight[link]
+                c = load[link] / w if w > 0.0 else np.inf
+                if c > cost:
+                    cost = c
+            if cost < best_cost - 1e-12:
+                best_cost = cost
+                best = jj
+        if best < 0:
+            best = first[i] % k
+        out[i] = best
+        for d in range(segments.shape[2]):
+            link = segments[g, best, d]
+            if link < 0:
+                break
+            load[link] += demand[i]
+    return out
+
+
+def onward_segments(ct: CompiledTopology, switch: NDArray[np.int32],
+                    tgt: NDArray[np.int64]) -> tuple[NDArray[np.int32], NDArray[np.int64]]:
+    """For each (switch, target leaf slot): its equal-cost next-hop links, each followed by
+    the links the path must take after it until the next switch with a choice (or the
+    destination leaf). Returns ``[rows, max group, depth]`` link ids (-1 padded) and the
+    group sizes.
+
+    >>> from fabricpilot.topology.builders import leaf_spine
+    >>> from fabricpilot.topology.compiled import compile_topology
+    >>> ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    >>> seg, n = onward_segments(ct, np.array([ct.gpu_leaf[0]], np.int32),
+    ...                          np.array([ct.leaf_slot[ct.gpu_leaf[3]]]))
+    >>> [[ct.link_name(int(x)) for x in c if x >= 0] for c in seg[0, : n[0]]]
+    [['leaf0->spine0', 'spine0->leaf1'], ['leaf0->spine1', 'spine1->leaf1']]
+    """
+    count = ct.nh_count[switch, tgt].astype(np.int64)
+    first = ct.nh_link[switch, tgt].astype(np.int32)            # [rows, max group]
+    depth = max_path_links(ct)
+    seg = np.full((*first.shape, depth), -1, np.int32)
+    seg[..., 0] = np.where(np.arange(first.shape[1])[None, :] < count[:, None], first, -1)
+    link = seg[..., 0]
+    tgt2 = np.broadcast_to(tgt[:, None], link.shape)
+    for d in range(1, depth):
+        ok = link >= 0
+        nxt = np.where(ok, ct.switch_of_node[ct.link_dst[np.maximum(link, 0)]], -1)
+        ok &= nxt >= 0
+        safe = np.maximum(nxt, 0)
+        ok &= (ct.hop_distance[safe, tgt2] > 0) & (ct.nh_count[safe, tgt2] == 1)
+        link = np.where(ok, ct.nh_link[safe, tgt2, 0], -1).astype(np.int32)
+        if not ok.any():
+            break
+        seg[..., d] = link
+    return seg, count
+
+
+class Adaptive:
+    """Least-loaded next hop per flow at every switch, from local port state and an optional
+    congestion table (see the module docstring)."""
+
+    name = "adaptive"
+    static = False
+    column_of_link = None
+
+    rebalance_interval_ns = 50_000
+    drain_safe = True
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+        ct = ctx.topology
+        self._telemetry: TelemetryFn | None = None
+        self.congestion_table = np.ones(ct.n_links)
+        # which GPU a host link belongs to (-1: not a host link), to read a path's ends
+        self._gpu_of_up = np.full(ct.n_links, -1, np.int64)
+        self._gpu_of_up[ct.gpu_up] = np.arange(len(ct.gpu_up))
+        self._gpu_of_down = np.full(ct.n_links, -1, np.int64)
+        self._gpu_of_down[ct.gpu_down] = np.arange(len(ct.gpu_down))
+
+    def bind(self, telemetry: TelemetryFn) -> None:
+        self._telemetry = telemetry
+
+    def set_congestion_table(self, weights: NDArray[np.float64]) -> None:
+        """Weights per link id pushed from outside: a port's load is divided by its weight
+        (1 neutral, 0 = never chosen while another port is eligible)."""
+        w = np.asarray(weights, np.float64)
+        if w.shape != (self.ctx.topology.n_links,):
+            raise FabricpilotError(
+                f"congestion table: expected {self.ctx.topology.n_links} link weights, "
+                f"got shape {w.shape}")
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise FabricpilotError("congestion table: weights must be finite and >= 0")
+        self.congestion_table = w.copy()
+
+    def port_load(self, tel: LinkTelemetry) -> NDArray[np.float64]:
+        """Each port's load as its switch sees it, in links: the larger of its utilisation and
+        the demand of the flows on it (over-committed: a standing queue), plus its queue."""
+        rate = self.ctx.topology.rate_gbps
+        drain_ns = tel.queue_bytes * 8.0 / rate
+        return np.maximum(tel.load_gbps, tel.demand_gbps) / rate + drain_ns / QUEUE_NORM_NS
+
+    def _load_now(self) -> NDArray[np.float64]:
+        if self._telemetry is None:
+            return np.zeros(self.ctx.topology.n_links)
+        return self.port_load(self._telemetry()).copy()
+
+    def _walk(self, src: NDArray[np.int64], dst: NDArray[np.int64], sport: NDArray[np.int64],
+              load: NDArray[np.float64], demand_gbps: NDArray[np.float64] | None = None,
+              ) -> NDArray[np.int32]:
+        """Paths for (src, dst) pairs chosen hop by hop, least loaded first (``load`` in links,
+        updated as flows are placed with ``demand_gbps`` each, by default their NIC's rate);
+        ties go to the ECMP hash of the 5-tuple."""
+        ctx = self.ctx
+        ct = ctx.topology
+        src_ip, dst_ip = gpu_ip(src), gpu_ip(dst)
+        nic_gbps = ct.rate_gbps[ct.gpu_up[src]] if demand_gbps is None else demand_gbps
+
+        def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64]) -> NDArray:
+            tgt = ct.leaf_slot[ct.gpu_leaf[dst[rows]]].astype(np.int64)
+            count = ct.nh_count[switch, tgt].astype(np.int64)
+            h = switch_hash(src_ip[rows], dst_ip[rows], sport[rows], switch, ctx.seed,
+                            ctx.ecmp.per_switch_seed)
+            pick = (h.astype(np.uint64) % np.maximum(count, 1).astype(np.uint64)).astype(np.int64)
+            m = np.flatnonzero(count > 1)
+            if len(m):
+                # the choices depend only on (switch, target): work on the distinct pairs
+                slots = ct.nh_count.shape[1]
+                pair, grp = np.unique(switch[m].astype(np.int64) * slots + tgt[m],
+                                      return_inverse=True)
+                seg, _ = onward_segments(ct, (pair // slots).astype(np.int32), pair % slots)
+                grp = grp.reshape(-1)
+                demand = nic_gbps[rows[m]] / ct.rate_gbps[seg[grp, 0, 0]]
+                pick[m] = least_loaded(seg, grp, count[m], pick[m], load,
+                                       self.congestion_table, demand)
+            return pick
+
+        return walk_paths(ct, src, dst, choose)
+
+    def route(self, batch: TransferBatch) -> RoutedBatch:
+        ctx = self.ctx
+        ct = ctx.topology
+        sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
+        sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
+                               entropy=ctx.ecmp.source_port_entropy)
+        paths = self._walk(sub.src, sub.dst, sport, self._load_now())
+        delay = path_delay_ns(ct, paths, ctx.switch_latency_ns)
+        return assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
+
+    def rebalance(self, members: ActiveMembers) -> Moves:
+        """Re-place the streams whose path crosses an over-committed link (demand above one
+        link): each takes the least-loaded path given everything else (as a new flow would)
+        and moves only if that path is lighter than its old one by :data:`HYSTERESIS`. Moved
+        streams wait for their old path to drain (``drain_safe``) unless told otherwise.
+
+        This is local: a leaf cannot move the streams of other leaves, so a collision whose
+        every alternative is taken stays until flows end (a global planner can do better).
+        """
+        ct = self.ctx.topology
+        path = members.path
+        valid = path >= 0
+        safe = np.where(valid, path, 0)
+        empty = Moves(np.zeros(0, np.int64), np.zeros((0, path.shape[1]), np.int32),
+                      self.drain_safe)
+        load = self._load_now()
+        w = self.congestion_table
+        link_cost = np.where(w > 0, load / np.maximum(w, 1e-300), np.inf)
+        hot = link_cost > 1.0 + 1e-6
+        # nothing over-committed, or no link light enough to be worth a move: nothing to do
+        if not hot.any() or link_cost.min() > link_cost[hot].max() - HYSTERESIS:
+            return empty
+        cost = np.where(valid, link_cost[safe], 0.0).max(axis=1, initial=0.0)
+        src = self._gpu_of_up[safe[:, 0]]
+        last = np.maximum(valid.sum(axis=1) - 1, 0)
+        dst = self._gpu_of_down[safe[np.arange(len(path)), last]]
+        cand = np.flatnonzero(~members.hold & (members.share >= 1 - 1e-9) & (src >= 0)
+                              & (dst >= 0) & (cost > 1.0 + 1e-6))
+        if not len(cand):
+            return empty
+        # a stream's demand: its NIC's rate shared among the streams leaving that NIC
+        per_nic = np.bincount(src[src >= 0], minlength=len(ct.gpu_up))
+        own = ct.rate_gbps[ct.gpu_up[src[cand]]] / np.maximum(per_nic[src[cand]], 1)
+        old = path[cand]
+        _add_load(load, old, -own, ct.rate_gbps)
+        new = self._walk(src[cand], dst[cand], cand.astype(np.int64), load,
+                         demand_gbps=own)
+        nv = new >= 0
+        link_cost = np.where(w > 0, load / np.maximum(w, 1e-300), np.inf)
+        new_cost = np.where(nv, link_cost[np.where(nv, new, 0)], 0.0).max(axis=1)
+        width = max(new.shape[1], old.shape[1])
+        changed = (_pad(new, width) != _pad(old, width)).any(axis=1)
+        move = changed & (new_cost < cost[cand] - HYSTERESIS)
+        if not move.any():
+            return empty
+        return Moves(cand[move], new[move], self.drain_safe)
+
+
+def _add_load(load: NDArray[np.float64], paths: NDArray[np.int32], gbps: NDArray[np.float64],
+              rate_gbps: NDArray[np.float64]) -> None:
+    """Add ``gbps`` (per path; negative to remove) to the load, in links, of each path's links."""
+    for h in range(paths.shape[1]):
+        on = paths[:, h] >= 0
+        np.add.at(load, paths[on, h], gbps[on] / rate_gbps[paths[on, h]])
+
+
+def _pad(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
+    out = np.full((len(paths), width), -1, np.int32)
+    out[:, : paths.shape[1]] = paths
+    return out
+
+
+register_policy("adaptive")(Adaptive)

@@ -1,0 +1,196 @@
+"""Adaptive routing against outcomes derived by hand: pigeonhole placement where ECMP collides,
+the congestion table steering ports, drain-safe moves costing exactly one old-path delay and
+never reordering, and immediate moves onto a faster path reordering by the bytes that overtake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fabricpilot.balancing import PolicyContext, make_policy
+from fabricpilot.balancing.adaptive import Adaptive, least_loaded, onward_segments
+from fabricpilot.balancing.base import ActiveMembers, Moves
+from fabricpilot.dataplane import Engine, FabricParams
+from fabricpilot.errors import FabricpilotError
+from fabricpilot.topology import compile_topology, leaf_spine
+from fabricpilot.workload.jobs import JobSpec
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage
+
+WIRE = (4096 + 78) / 4096
+LINE_GBPS = 400.0
+
+
+def p2p(pairs: list[tuple[int, int]], size: int) -> JobSpec:
+    src = np.array([a for a, _ in pairs])
+    dst = np.array([b for _, b in pairs])
+    stage = Stage(src, dst, np.full(len(pairs), size), np.full(len(pairs), -1))
+    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), size,
+                          "p2p", (stage,))
+    return JobSpec("p2p", plan.ranks, (plan,))
+
+
+def run(ct, jobs, policy):  # type: ignore[no-untyped-def]
+    pol = policy if not isinstance(policy, str) else make_policy(policy, PolicyContext(ct, 1, 600))
+    return Engine(ct, pol, jobs).run()
+
+
+@pytest.fixture(scope="module")
+def tor():  # type: ignore[no-untyped-def]
+    # 8 leaves of 8 single-GPU hosts, 8 spines: a leaf's 8 flows fit its 8 uplinks exactly
+    return compile_topology(leaf_spine(hosts=64, gpus_per_host=1, nics_per_leaf=8,
+                                       rail_optimized=False))
+
+
+def test_one_leaf_to_eight_leaves_takes_eight_uplinks(tor) -> None:  # type: ignore[no-untyped-def]
+    # hosts 0..7 (leaf 0) each send to a different leaf: 8 flows, 8 uplinks, no shared
+    # downlink; every flow can run at line rate only if the uplinks are all different
+    pairs = [(i, 8 * (i + 1) % 64 + i) for i in range(7)] + [(7, 15)]
+    size = 32 << 20
+    ad = run(tor, [p2p(pairs, size)], "adaptive")
+    ec = run(tor, [p2p(pairs, size)], "ecmp")
+    alone_ns = size * WIRE * 8 / LINE_GBPS
+    f = ad.flows
+    assert np.all(f["end_send_ns"] - f["start_ns"] == pytest.approx(alone_ns, rel=1e-3))
+    # ECMP (seeded hash) puts at least two of them on one uplink: the slowest takes 2x
+    e = ec.flows
+    assert (e["end_send_ns"] - e["start_ns"]).max() == pytest.approx(2 * alone_ns, rel=1e-3)
+    assert ad.flows["reorder_events"].sum() == 0
+
+
+def test_a_lone_flow_on_an_idle_fabric_takes_the_ecmp_path(tor) -> None:  # type: ignore[no-untyped-def]
+    ctx = PolicyContext(tor, 1, 600, member_routes=True)
+    from fabricpilot.balancing.base import TransferBatch
+
+    b = TransferBatch(*(np.array([x]) for x in (3, 42, 1 << 20, -1, 0)))
+    ad = make_policy("adaptive", ctx).route(b)
+    ec = make_policy("ecmp", ctx).route(b)
+    assert ad.routes is not None and ec.routes is not None
+    assert ad.routes.path.tolist() == ec.routes.path.tolist()
+
+
+def test_congestion_table_steers_and_excludes_ports() -> None:
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    pol = make_policy("adaptive", PolicyContext(ct, 1, 600))
+    assert isinstance(pol, Adaptive)
+    names = [ct.link_name(i) for i in range(ct.n_links)]
+    table = np.ones(ct.n_links)
+    table[[i for i, n in enumerate(names) if "spine0" in n]] = 0.0  # spine0 out of service
+    pol.set_congestion_table(table)
+    out = run(ct, [p2p([(0, 2), (1, 3)], 8 << 20)], pol)
+    # both flows on spine1: they share leaf0->spine1 and run at half rate
+    assert out.link_bytes[names.index("leaf0->spine0")] == 0
+    alone_ns = (8 << 20) * WIRE * 8 / LINE_GBPS
+    f = out.flows
+    assert np.all(f["end_send_ns"] - f["start_ns"] == pytest.approx(2 * alone_ns, rel=1e-3))
+    with pytest.raises(FabricpilotError, match="expected 16 link weights"):
+        pol.set_congestion_table(np.ones(3))
+    with pytest.raises(FabricpilotError, match=">= 0"):
+        pol.set_congestion_table(-table)
+
+
+class _OpenLater(Adaptive):
+    """Starts with spine0 forbidden (both flows collide on spine1), then the table is
+    reset at the first rebalance: one flow should move to spine0."""
+
+    def __init__(self, ctx: PolicyContext, drain_safe: bool) -> None:
+        super().__init__(ctx)
+        names = [ctx.topology.link_name(i) for i in range(ctx.topology.n_links)]
+        table = np.ones(ctx.topology.n_links)
+        table[[i for i, n in enumerate(names) if "spine0" in n]] = 0.0
+        self.set_congestion_table(table)
+        self.drain_safe = drain_safe
+        self.moved: list[Moves] = []
+
+    def rebalance(self, members: ActiveMembers) -> Moves:
+        self.congestion_table = np.ones(self.ctx.topology.n_links)
+        mv = super().rebalance(members)
+        if len(mv.member):
+            self.moved.append(mv)
+        return mv
+
+
+def _two_spines(spine0_delay_ns: int):  # type: ignore[no-untyped-def]
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    for i in range(ct.n_links):
+        if "spine0" in ct.link_name(i):
+            ct.delay_ns[i] = spine0_delay_ns
+    return ct
+
+
+def test_drain_safe_move_costs_one_old_path_delay_and_never_reorders() -> None:
+    ct = _two_spines(100)
+    pol = _OpenLater(PolicyContext(ct, 1, 600), drain_safe=True)
+    size = 16 << 20
+    out = run(ct, [p2p([(0, 2), (1, 3)], size)], pol)
+    assert len(pol.moved) == 1 and len(pol.moved[0].member) == 1
+    t_move = pol.rebalance_interval_ns
+    # old path: 4 links of 100 ns and 3 switches of 600 ns
+    drain = 4 * 100 + 3 * 600
+    wire = size * WIRE
+    rate = LINE_GBPS / 8  # bytes per ns
+    # both at half rate until the move; then the one that stays runs alone at line rate while
+    # the moved one waits for its old path to drain; then both at line rate
+    left = wire - rate / 2 * t_move
+    stay_end = t_move + left / rate
+    move_end = t_move + drain + left / rate
+    end = sorted((out.flows["end_send_ns"] - out.flows["start_ns"]).tolist())
+    assert end[0] == pytest.approx(stay_end, abs=2)
+    assert end[1] == pytest.approx(move_end, abs=2)
+    assert out.flows["reorder_events"].sum() == 0
+
+
+def test_an_immediate_move_to_a_faster_path_reorders_the_bytes_that_overtake() -> None:
+    # spine1 (where both flows start) is slow: 5 us per link; spine0 is 100 ns per link
+    ct = _two_spines(100)
+    for i in range(ct.n_links):
+        if "spine1" in ct.link_name(i):
+            ct.delay_ns[i] = 5_000
+    pol = _OpenLater(PolicyContext(ct, 1, 600), drain_safe=False)
+    out = run(ct, [p2p([(0, 2), (1, 3)], 16 << 20)], pol)
+    assert len(pol.moved) == 1
+    # packets sent on the new path during the delay difference arrive before those still on
+    # the old one; the paths differ in their two spine links: (2 x 5000 - 2 x 100) ns at half
+    # line rate, in 4096 B packets
+    ahead_bytes = (2 * 5_000 - 2 * 100) * (LINE_GBPS / 2) / 8
+    assert out.flows["reorder_events"].sum() == math.ceil(ahead_bytes / 4096)
+
+
+def test_least_loaded_fills_the_emptiest_first_and_skips_excluded_ports() -> None:
+    seg = np.array([[[0], [1], [2]]], np.int32)  # one group of three single-link choices
+    load = np.array([0.0, 0.5, 0.0])
+    weight = np.array([1.0, 1.0, 0.0])  # port 2 excluded
+    pick = least_loaded(seg, np.zeros(4, np.int64), np.full(4, 3), np.zeros(4, np.int64), load,
+                        weight, np.ones(4))
+    # 0 (load 0) -> 1 (0.5 < 1) -> 0 (1 <= 1.5, first from 0) -> 1
+    assert pick.tolist() == [0, 1, 0, 1]
+    assert load.tolist() == [2.0, 2.5, 0.0]
+
+
+def test_onward_segments_follow_the_path_to_the_next_choice() -> None:
+    from fabricpilot.topology import fat_tree
+
+    ct = compile_topology(fat_tree(k=4))
+    src, dst = 0, 15
+    leaf = ct.gpu_leaf[src]
+    seg, n = onward_segments(ct, np.array([leaf], np.int32),
+                             np.array([ct.leaf_slot[ct.gpu_leaf[dst]]]))
+    # from an edge switch towards another pod: 2 aggregation uplinks, and each aggregation
+    # switch has a choice of core again, so a segment is one link
+    assert n.tolist() == [2]
+    assert [(s >= 0).sum() for s in seg[0, :2]] == [1, 1]
+
+
+def test_adaptive_routes_under_the_fluid_model() -> None:
+    from fabricpilot.dataplane import FluidRateModel
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    pol = make_policy("adaptive", PolicyContext(ct, 1, 600, member_routes=True))
+    model = FluidRateModel(ct, FabricParams())
+    out = Engine(ct, pol, [p2p([(0, 2), (1, 3)], 4 << 20)], rate_model=model).run()
+    alone_ns = (4 << 20) * WIRE * 8 / LINE_GBPS
+    f = out.flows
+    # two flows from one leaf to another over two spines: one each, both near line rate
+    assert np.all(f["end_send_ns"] - f["start_ns"] <= 1.05 * alone_ns)

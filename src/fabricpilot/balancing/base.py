@@ -72,6 +72,10 @@ class RoutedBatch:
     src: NDArray[np.int64]
     dst: NDArray[np.int64]
     routes: MemberRoutes | None = None
+    # receiver cost of a policy that reorders (per row): wire bytes sent per byte delivered
+    # (>= 1: the rest is retransmission) and reorder events per packet delivered
+    wire_factor: NDArray[np.float64] | None = None
+    reorder_per_packet: NDArray[np.float64] | None = None
 
     def __len__(self) -> int:
         return len(self.members)

@@ -224,7 +224,11 @@ class Engine:
         self._row_hold = np.zeros(0)        # a row sends nothing until then (draining)
         self._row_demand = np.zeros(0)      # what a member stream of the row would send, Gb/s
         self._row_src = np.zeros(0, np.int64)
-        self._reorder = np.zeros(0, np.int64)  # per flow id
+        # per flow id, in chunks of added rows: reorder events and resent bytes that a
+        # policy's receiver model charges up front; moves add to _reorder_moves
+        self._reorder_chunks: list[NDArray[np.int64]] = []
+        self._resend_chunks: list[NDArray[np.float64]] = []
+        self._reorder_moves: dict[int, int] = {}
         self._moves = 0
         self._rebalance_pending = False
         self._rates = np.zeros(0)
@@ -295,9 +299,10 @@ class Engine:
                 end[ids] = t
             flows["end_send_ns"] = end
             flows["deliver_ns"] = end + flows["latency_ns"]
-            flows["retx_bytes"] = np.zeros(self._n_flows)
-            flows["reorder_events"] = np.zeros(self._n_flows, np.int64)
-            flows["reorder_events"][: len(self._reorder)] = self._reorder
+            flows["retx_bytes"] = np.concatenate(self._resend_chunks)
+            flows["reorder_events"] = np.concatenate(self._reorder_chunks)
+            for fid, ev in self._reorder_moves.items():
+                flows["reorder_events"][fid] += ev
             # the last bytes (e.g. of a mouse) may still be in flight when the last send ends
             self.now = max(self.now, int(flows["deliver_ns"].max()))
         link_bytes = self._link_bytes[self._col] * self._link_share
@@ -313,7 +318,7 @@ class Engine:
             retx = getattr(report, "flow_retx_bytes", {})
             if flows and retx:
                 ids = np.fromiter(retx.keys(), np.int64, len(retx))
-                flows["retx_bytes"][ids] = np.fromiter(retx.values(), np.float64, len(retx))
+                flows["retx_bytes"][ids] += np.fromiter(retx.values(), np.float64, len(retx))
         return EngineOutput(
             sim_time_ns=self.now,
             flows=flows,
@@ -380,11 +385,8 @@ class Engine:
             rate = self._rates[rows] if len(self._rates) == len(self._remaining) else 0.0
             ahead = np.maximum(d_old - d_new, 0) * rate / 8.0
             events = np.ceil(ahead / self.fabric.mtu_bytes).astype(np.int64)
-            fids = self._row_flow[rows]
-            if len(self._reorder) < self._n_flows:
-                self._reorder = np.concatenate(
-                    [self._reorder, np.zeros(self._n_flows - len(self._reorder), np.int64)])
-            np.add.at(self._reorder, fids, events)
+            for fid, ev in zip(self._row_flow[rows].tolist(), events.tolist(), strict=True):
+                self._reorder_moves[fid] = self._reorder_moves.get(fid, 0) + ev
         self._m_path[mem] = new
         self._moves += len(mem)
         # the rows' weights: the sum of their members' paths
@@ -490,8 +492,18 @@ class Engine:
             start_ns=np.full(n, self.now, np.int64), latency_ns=latency.astype(np.int64),
             alone_fct_ns=alone_fct,
         )
+        # a receiver that cannot take reordered packets makes the sender resend some
+        resend = np.zeros(n)
+        if routed.wire_factor is not None:
+            resend = wire * (routed.wire_factor - 1.0)
+        events = np.zeros(n, np.int64)
+        if routed.reorder_per_packet is not None:
+            packets = -(-routed.size_bytes // self.fabric.mtu_bytes) * routed.members
+            events = np.round(packets * routed.reorder_per_packet).astype(np.int64)
+        self._resend_chunks.append(resend * routed.members)
+        self._reorder_chunks.append(events)
         self._w = sp.vstack([self._w, routed.weights], format="csr")
-        self._remaining = np.concatenate([self._remaining, wire.astype(np.float64)])
+        self._remaining = np.concatenate([self._remaining, (wire + resend).astype(np.float64)])
         self._row_flow = np.concatenate([self._row_flow, ids])
         self._row_stage = np.concatenate([self._row_stage, np.full(n, sid, np.int64)])
         self._row_latency = np.concatenate([self._row_latency, latency.astype(np.int64)])

@@ -223,3 +223,28 @@ def test_permutation_and_alltoall_reach_the_spraying_bound(oversubscription: int
     assert ratio["ecmp"][0] <= 0.75 and ratio["ecmp"][1] <= 0.9
     for o in runs["adaptive"]:
         assert o.flows["reorder_events"].sum() == 0
+
+
+def test_mice_split_cuts_mice_tail_at_the_cost_of_one_spine() -> None:
+    from pathlib import Path
+
+    from fabricpilot.runner import prepare, run_policy
+    from fabricpilot.scenario import load_scenario
+
+    path = Path(__file__).parent.parent / "examples" / "mice_elephants.yaml"
+    prep = prepare(load_scenario(path), str(path))
+    plain, split = run_policy(prep, "adaptive"), run_policy(prep, "adaptive-split")
+    p99 = {r.policy: r.summary()["fct_slowdown"]["mice"]["p99"] for r in (plain, split)}
+    assert p99["adaptive-split"] <= 0.6 * p99["adaptive"]
+    # the AlltoAll is bound by the 2:1 uplinks; giving one spine of four to the mice leaves
+    # the elephants 3 uplinks instead of 4: its time grows by 4/3
+    t = [r.collectives[0].time_ns for r in (plain, split)]
+    assert t[1] / t[0] == pytest.approx(4 / 3, rel=0.02)
+    # the reserved spine carries exactly the mice that cross leaves (two spine links each),
+    # and no elephant byte
+    names = split.link_names
+    spine0 = [i for i, n in enumerate(names) if "spine0" in n]
+    f = split.flows
+    leaf = prep.topology.gpu_leaf
+    cross_mice = (f["owner"] == -1) & (leaf[f["src"]] != leaf[f["dst"]])
+    assert split.link_bytes[spine0].sum() == pytest.approx(2 * f["wire_bytes"][cross_mice].sum())

@@ -91,6 +91,7 @@ def test_expected_examples_exist() -> None:
         "fat_tree_k8.yaml",
         "permutation_ecmp_collisions.yaml",
         "qp_scaling.yaml",
+        "mice_elephants.yaml",
     } <= names
 
 

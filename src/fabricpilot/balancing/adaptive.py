@@ -289,3 +289,72 @@ def _pad(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
 
 
 register_policy("adaptive")(Adaptive)
+
+
+class AdaptiveSplit(Adaptive):
+    """``adaptive-split``: adaptive routing with mice kept off the elephants' paths.
+
+    A transfer smaller than :attr:`mice_bytes` (by its declared size) is a mouse. The first
+    :attr:`reserved_spines` switches of the top tier carry only mice: mice choose among them
+    (least loaded), elephants among the others, so a mouse never queues behind an elephant
+    inside the fabric; the host links stay shared. Elephants give up that share of the
+    bisection. Under the fluid model, giving the mice a higher-priority class
+    (``mice.traffic_class``) protects them on the host links too.
+    """
+
+    name = "adaptive-split"
+    mice_bytes = 64 << 10
+    reserved_spines = 1
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        ct = ctx.topology
+        top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
+        spines = np.flatnonzero(ct.switch_tier == top)[: self.reserved_spines]
+        node_is_reserved = np.zeros(len(ct.node_names), bool)
+        node_is_reserved[ct.switch_node[spines]] = True
+        self.reserved_link = node_is_reserved[ct.link_src] | node_is_reserved[ct.link_dst]
+
+    def _tables(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Congestion tables for mice and for elephants (the pushed table, split)."""
+        mice = np.where(self.reserved_link, self.congestion_table, 0.0)
+        elephants = np.where(self.reserved_link, 0.0, self.congestion_table)
+        return mice, elephants
+
+    def route(self, batch: TransferBatch) -> RoutedBatch:
+        ctx = self.ctx
+        ct = ctx.topology
+        sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
+        sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
+                               entropy=ctx.ecmp.source_port_entropy)
+        mouse = sub.size_bytes < self.mice_bytes
+        load = self._load_now()
+        paths = np.full((len(sub), max_path_links(ct)), -1, np.int32)
+        pushed = self.congestion_table
+        try:
+            for sel, table in zip((mouse, ~mouse), self._tables(), strict=True):
+                idx = np.flatnonzero(sel)
+                if len(idx):
+                    self.congestion_table = table
+                    paths[idx] = self._walk(sub.src[idx], sub.dst[idx], sport[idx], load)
+        finally:
+            self.congestion_table = pushed
+        delay = path_delay_ns(ct, paths, ctx.switch_latency_ns)
+        return assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
+
+    def rebalance(self, members: ActiveMembers) -> Moves:
+        # elephants only (mice are short), and only among the elephants' spines
+        pushed = self.congestion_table
+        try:
+            self.congestion_table = self._tables()[1]
+            valid = members.path >= 0
+            on_reserved = (self.reserved_link[np.where(valid, members.path, 0)]
+                           & valid).any(axis=1)
+            mv = super().rebalance(ActiveMembers(members.row, members.path, members.share,
+                                                 members.hold | on_reserved))
+        finally:
+            self.congestion_table = pushed
+        return mv
+
+
+register_policy("adaptive-split")(AdaptiveSplit)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fabricpilot.balancing import PolicyContext, make_policy
-from fabricpilot.balancing.adaptive import Adaptive, least_loaded, onward_segments
+from fabricpilot.balancing.adaptive import Adaptive, Flowlet, least_loaded, onward_segments
 from fabricpilot.balancing.base import ActiveMembers, Moves
 from fabricpilot.dataplane import Engine, FabricParams
 from fabricpilot.errors import FabricpilotError
@@ -248,3 +248,57 @@ def test_mice_split_cuts_mice_tail_at_the_cost_of_one_spine() -> None:
     leaf = prep.topology.gpu_leaf
     cross_mice = (f["owner"] == -1) & (leaf[f["src"]] != leaf[f["dst"]])
     assert split.link_bytes[spine0].sum() == pytest.approx(2 * f["wire_bytes"][cross_mice].sum())
+
+
+class _Alternate(Flowlet):
+    """Flowlet switching where the first flowlet may only use spine1 and later ones only
+    spine0 (a congestion table pushed in between), with a given gap threshold."""
+
+    def __init__(self, ctx: PolicyContext, gap_ns: int) -> None:
+        super().__init__(ctx)
+        self.gap_ns = gap_ns
+        self._names = [ctx.topology.link_name(i) for i in range(ctx.topology.n_links)]
+        self._calls = 0
+
+    def route(self, batch):  # type: ignore[no-untyped-def]
+        avoid = "spine0" if self._calls == 0 else "spine1"
+        self.congestion_table = np.array([0.0 if avoid in n else 1.0 for n in self._names])
+        self._calls += 1
+        return super().route(batch)
+
+
+@pytest.mark.parametrize(("gap_threshold_ns", "idle_ns", "switches", "reorders"), [
+    (1_000, 2_000, True, True),      # allowed to switch inside the delay difference: reorders
+    (20_000, 2_000, False, False),   # threshold above the difference: stays on its path
+    (20_000, 30_000, True, False),   # switches, but after the old path has drained
+])
+def test_flowlets_reorder_only_when_the_gap_is_below_the_delay_difference(
+        gap_threshold_ns: int, idle_ns: int, switches: bool, reorders: bool) -> None:
+    from fabricpilot.workload.mice import MiceArrivals
+
+    ct = _two_spines(100)
+    for i in range(ct.n_links):
+        if "spine1" in ct.link_name(i):
+            ct.delay_ns[i] = 5_000
+    size = 1 << 20
+    send_ns = math.ceil(size * WIRE * 8 / LINE_GBPS)
+    # two messages on one connection: the second starts idle_ns after the first's last byte
+    mice = MiceArrivals(np.array([0, send_ns + idle_ns]), np.array([0, 0]), np.array([2, 2]),
+                        np.array([size, size]))
+    pol = _Alternate(PolicyContext(ct, 1, 600), gap_threshold_ns)
+    out = Engine(ct, pol, [], mice=mice).run()
+    spine0 = [i for i, n in enumerate(out_names(ct)) if "spine0" in n]
+    moved = bool(out.link_bytes[spine0].sum() > 0)
+    assert moved == switches
+    events = int(out.flows["reorder_events"].sum())
+    if reorders:
+        # the paths differ by 2 x (5000 - 100) ns; the new flowlet's packets sent in that
+        # time minus the idle gap, at line rate, overtake the old one's tail
+        ahead = (2 * (5_000 - 100) - idle_ns) * LINE_GBPS / 8
+        assert events == math.ceil(ahead / 4096)
+    else:
+        assert events == 0
+
+
+def out_names(ct) -> list[str]:  # type: ignore[no-untyped-def]
+    return [ct.link_name(i) for i in range(ct.n_links)]

@@ -20,6 +20,8 @@ and nothing is reordered (flowlet and drain-safe switching change paths mid-flow
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numba
 import numpy as np
 from numpy.typing import NDArray
@@ -33,6 +35,7 @@ from fabricpilot.balancing.base import (
     TelemetryFn,
     TransferBatch,
     assemble,
+    entity_of,
     paths_to_weights,
     register_policy,
     split_qps,
@@ -358,3 +361,73 @@ class AdaptiveSplit(Adaptive):
 
 
 register_policy("adaptive-split")(AdaptiveSplit)
+
+
+class Flowlet(Adaptive):
+    """``flowlet``: adaptive routing per flowlet. A connection (job, source, destination, QP)
+    may take a new path only when it has been idle for at least :attr:`gap_ns` since its
+    last byte; a flow that starts sooner continues on its connection's path. RDMA elephants
+    seldom pause, so within one long transfer nothing moves; between the steps of a
+    collective or the iterations of a job, connections do pause.
+
+    A switch whose new path is faster than the old one by more than the gap lets the new
+    flowlet's first packets arrive before the old one's last: ``(d_old - d_new - gap)`` of
+    line-rate sending, in packets, counted as reorder events. A gap threshold above every path
+    delay difference makes that impossible.
+    """
+
+    name = "flowlet"
+    gap_ns = 100_000
+    rebalance_interval_ns = float("inf")  # paths change at flowlet boundaries only
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        # connection -> [path (link ids), time its last byte was sent (inf: still sending)]
+        self._conn: dict[tuple[int, int, int], tuple[NDArray[np.int32], float]] = {}
+
+    def flows_done(self, job: NDArray[np.int64], src: NDArray[np.int64],
+                   dst: NDArray[np.int64], end_ns: int) -> None:
+        for key in zip(job.tolist(), src.tolist(), dst.tolist(), strict=True):
+            hit = self._conn.get(key)
+            if hit is not None:
+                self._conn[key] = (hit[0], float(end_ns))
+
+    def route(self, batch: TransferBatch) -> RoutedBatch:
+        ctx = self.ctx
+        ct = ctx.topology
+        sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
+        sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
+                               entropy=ctx.ecmp.source_port_entropy)
+        tel = self._telemetry() if self._telemetry is not None else None
+        now = tel.now_ns if tel is not None else 0.0
+        load = self.port_load(tel).copy() if tel is not None else np.zeros(ct.n_links)
+        paths = self._walk(sub.src, sub.dst, sport, load)
+        lat = ctx.switch_latency_ns
+        new_delay = path_delay_ns(ct, paths, lat)
+        events = np.zeros(len(sub), np.int64)
+        line = ct.rate_gbps[ct.gpu_up[sub.src]]
+        for i, key in enumerate(zip(sub.job.tolist(), sub.src.tolist(), sub.dst.tolist(),
+                                    strict=True)):
+            hit = self._conn.get(key)
+            if hit is not None:
+                old, last_ns = hit
+                gap = now - last_ns
+                if gap < self.gap_ns:
+                    paths[i] = old        # too soon: the flowlet continues on its path
+                elif not np.array_equal(old, paths[i]):
+                    d_old = float(path_delay_ns(ct, old[None, :], lat)[0])
+                    ahead_ns = d_old - float(new_delay[i]) - gap
+                    if ahead_ns > 0:
+                        sent = ahead_ns * line[i] / 8.0
+                        packets = -(-int(sub.size_bytes[i]) // 4096)
+                        events[i] = min(packets, int(np.ceil(sent / 4096)))
+            self._conn[key] = (paths[i].copy(), np.inf)
+        delay = path_delay_ns(ct, paths, lat)
+        routed = assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
+        entity, n_rows = entity_of(sub.group)
+        per_row = np.zeros(n_rows, np.int64)
+        np.add.at(per_row, entity, events)
+        return replace(routed, reorder_events=per_row)
+
+
+register_policy("flowlet")(Flowlet)

@@ -76,6 +76,7 @@ class RoutedBatch:
     # (>= 1: the rest is retransmission) and reorder events per packet delivered
     wire_factor: NDArray[np.float64] | None = None
     reorder_per_packet: NDArray[np.float64] | None = None
+    reorder_events: NDArray[np.int64] | None = None  # counted when routed (a path change)
 
     def __len__(self) -> int:
         return len(self.members)
@@ -102,6 +103,7 @@ class LinkTelemetry:
     load_gbps: NDArray[np.float64]
     queue_bytes: NDArray[np.float64]
     demand_gbps: NDArray[np.float64]
+    now_ns: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +158,9 @@ class RoutingPolicy(Protocol):
     ``bind(telemetry: TelemetryFn)``: the engine calls it before a run with a function that
     returns the current :class:`LinkTelemetry`. A policy that moves flows mid-life also sets
     ``rebalance_interval_ns`` and defines ``rebalance(members: ActiveMembers) -> Moves``,
-    which the engine calls at that interval while flows are active (flow-level model).
+    which the engine calls at that interval while flows are active (flow-level model). A
+    policy that remembers connections may define ``flows_done(job, src, dst, end_ns)``: the
+    engine tells it when single-stream flows send their last byte.
     """
 
     name: str

@@ -186,7 +186,8 @@ class Engine:
         if bind is not None:
             bind(self._telemetry)
         # policies that move flows mid-life (flow-level model): the engine keeps member paths
-        self._rebalancing = hasattr(policy, "rebalance") and not self._stepping
+        self._rebalancing = (hasattr(policy, "rebalance") and not self._stepping
+                             and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf)))
         self._track = self._stepping or self._rebalancing
 
     # ----------------------------------------------------------------- public
@@ -224,6 +225,9 @@ class Engine:
         self._row_hold = np.zeros(0)        # a row sends nothing until then (draining)
         self._row_demand = np.zeros(0)      # what a member stream of the row would send, Gb/s
         self._row_src = np.zeros(0, np.int64)
+        self._row_dst = np.zeros(0, np.int64)
+        self._row_owner = np.zeros(0, np.int64)
+        self._row_single = np.zeros(0, bool)  # one stream (not a ring row)
         # per flow id, in chunks of added rows: reorder events and resent bytes that a
         # policy's receiver model charges up front; moves add to _reorder_moves
         self._reorder_chunks: list[NDArray[np.int64]] = []
@@ -336,7 +340,7 @@ class Engine:
         """The load and queue of every link now, for state-dependent policies."""
         state = self.model.link_state_now()
         if state is not None:
-            return LinkTelemetry(state[0], state[1], state[0])
+            return LinkTelemetry(state[0], state[1], state[0], float(self.now))
         if self._dirty:
             self._recompute()
         load = self._load[self._col] * self._link_share
@@ -346,7 +350,7 @@ class Engine:
             per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
             row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
             demand = (self._w.T @ row)[self._col] * self._link_share
-        return LinkTelemetry(load, np.zeros(self.ct.n_links), demand)
+        return LinkTelemetry(load, np.zeros(self.ct.n_links), demand, float(self.now))
 
     def _rebalance(self) -> None:
         """Let the policy move active streams to other paths (see :class:`Moves`)."""
@@ -500,6 +504,8 @@ class Engine:
         if routed.reorder_per_packet is not None:
             packets = -(-routed.size_bytes // self.fabric.mtu_bytes) * routed.members
             events = np.round(packets * routed.reorder_per_packet).astype(np.int64)
+        if routed.reorder_events is not None:
+            events = events + routed.reorder_events
         self._resend_chunks.append(resend * routed.members)
         self._reorder_chunks.append(events)
         self._w = sp.vstack([self._w, routed.weights], format="csr")
@@ -514,6 +520,9 @@ class Engine:
         nic = self.ct.rate_gbps[self.ct.gpu_up[routed.src]].astype(np.float64)
         self._row_demand = np.concatenate([self._row_demand, nic])
         self._row_src = np.concatenate([self._row_src, routed.src.astype(np.int64)])
+        self._row_dst = np.concatenate([self._row_dst, routed.dst.astype(np.int64)])
+        self._row_owner = np.concatenate([self._row_owner, np.full(n, owner, np.int64)])
+        self._row_single = np.concatenate([self._row_single, routed.members == 1])
         if self._track:
             r = routed.routes
             if r is None:
@@ -583,6 +592,10 @@ class Engine:
         done = np.flatnonzero(batch)
         ids = self._row_flow[done]
         self._end_send.append((ids, np.full(len(ids), self.now, np.int64)))
+        flows_done = getattr(self.policy, "flows_done", None)
+        if flows_done is not None:
+            one = done[self._row_single[done]]
+            flows_done(self._row_owner[one], self._row_src[one], self._row_dst[one], self.now)
         deliver = self.now + self._row_latency[done]
         stages = self._row_stage[done]
         owned = stages >= 0  # mice belong to no stage
@@ -615,6 +628,9 @@ class Engine:
         self._row_hold = self._row_hold[keep]
         self._row_demand = self._row_demand[keep]
         self._row_src = self._row_src[keep]
+        self._row_dst = self._row_dst[keep]
+        self._row_owner = self._row_owner[keep]
+        self._row_single = self._row_single[keep]
         if self._track:
             stay = ~np.isin(self._m_flow, ids)
             self._m_flow = self._m_flow[stay]

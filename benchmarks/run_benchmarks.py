@@ -78,7 +78,10 @@ def run_case(op: str, gpus: int, size: int, algorithm: str, policy: str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run cases whose name contains this")
-    parser.add_argument("--policy", action="append", choices=POLICIES)
+    from fabricpilot.balancing import POLICIES as REGISTERED
+
+    parser.add_argument("--policy", action="append", choices=sorted(REGISTERED),
+                        help=f"policies to run (default: {', '.join(POLICIES)})")
     parser.add_argument("--case", nargs=6, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     args = parser.parse_args()

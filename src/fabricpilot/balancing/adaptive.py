@@ -148,6 +148,7 @@ class Adaptive:
 
     rebalance_interval_ns = 50_000
     drain_safe = True
+    table_version = 0  # bumped by every pushed congestion table
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -174,6 +175,7 @@ class Adaptive:
         if not np.isfinite(w).all() or (w < 0).any():
             raise FabricpilotError("congestion table: weights must be finite and >= 0")
         self.congestion_table = w.copy()
+        self.table_version += 1
 
     def port_load(self, tel: LinkTelemetry) -> NDArray[np.float64]:
         """Each port's load as its switch sees it, in links: the larger of its utilisation and

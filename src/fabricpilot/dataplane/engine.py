@@ -235,6 +235,7 @@ class Engine:
         self._reorder_moves: dict[int, int] = {}
         self._moves = 0
         self._rebalance_pending = False
+        self._quiet_key: tuple[int, int] | None = None
         self._rates = np.zeros(0)
         self._load = np.zeros(n_links)
         self._link_bytes = np.zeros(n_links)
@@ -359,11 +360,17 @@ class Engine:
             return
         if self._dirty:
             self._recompute()
-        row = np.searchsorted(self._row_flow, self._m_flow)
-        moves: Moves = self.policy.rebalance(  # type: ignore[attr-defined]
-            ActiveMembers(row, self._m_path, self._m_share, self._row_hold[row] > self.now))
-        if len(moves.member):
-            self._apply_moves(row, moves)
+        # nothing changed since a round that moved nothing (same flows and rates, same
+        # congestion table): the answer would be the same
+        key = (self._n_rate_updates, int(getattr(self.policy, "table_version", 0)))
+        if key != self._quiet_key:
+            row = np.searchsorted(self._row_flow, self._m_flow)
+            moves: Moves = self.policy.rebalance(  # type: ignore[attr-defined]
+                ActiveMembers(row, self._m_path, self._m_share, self._row_hold[row] > self.now))
+            if len(moves.member):
+                self._apply_moves(row, moves)
+            else:
+                self._quiet_key = key
         self._rebalance_pending = True
         self._at(self.now + int(self.policy.rebalance_interval_ns),  # type: ignore[attr-defined]
                  self._rebalance)

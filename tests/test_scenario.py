@@ -284,3 +284,39 @@ def test_missing_topology_file(tmp_path: Path) -> None:
     err = load_error(write(tmp_path, data))
     assert err.field == "topology.path"
     assert err.problem.startswith("file not found: ")
+
+
+def test_adaptive_settings_convert_and_reach_the_policies(tmp_path: Path) -> None:
+    from fabricpilot.balancing import PolicyContext, make_policy
+    from fabricpilot.runner import prepare
+
+    data = base()
+    data["adaptive"] = {"rebalance_interval_ns": "20us", "drain_safe": False,
+                        "flowlet_gap_ns": "250us", "mice_bytes": "100KiB",
+                        "reserved_spines": 2, "hysteresis": 0.5}
+    sc = load_scenario(write(tmp_path, data, "ok.yaml"))
+    prep = prepare(sc)
+    a = prep.adaptive
+    assert (a.rebalance_interval_ns, a.drain_safe, a.flowlet_gap_ns, a.mice_bytes,
+            a.reserved_spines, a.hysteresis) == (20_000, False, 250_000, 100 * 1024, 2, 0.5)
+    ctx = PolicyContext(prep.topology, 1, 600, adaptive=a)
+    assert make_policy("flowlet", ctx).gap_ns == 250_000  # type: ignore[attr-defined]
+    split = make_policy("adaptive-split", ctx)
+    assert split.mice_bytes == 100 * 1024 and split.drain_safe is False  # type: ignore[attr-defined]
+    data["adaptive"] = {"rebalance_interval_ns": None}
+    never = prepare(load_scenario(write(tmp_path, data, "never.yaml")))
+    assert never.adaptive.rebalance_interval_ns == float("inf")
+
+
+@pytest.mark.parametrize(("adaptive", "field", "problem"), [
+    ({"flowlet_gap_ns": 0}, "adaptive.flowlet_gap_ns", "must be > 0 (got 0)"),
+    ({"reserved_spines": 0}, "adaptive.reserved_spines", "must be >= 1 (got 0)"),
+    ({"mice_bytes": "1ms"}, "adaptive.mice_bytes", "unit"),
+    ({"drain_safe": "maybe"}, "adaptive.drain_safe", "must be true or false"),
+])
+def test_bad_adaptive_settings_are_one_line_errors(tmp_path: Path, adaptive: dict[str, Any],
+                                                    field: str, problem: str) -> None:
+    data = base()
+    data["adaptive"] = adaptive
+    err = load_error(write(tmp_path, data))
+    assert err.field == field and problem in err.problem

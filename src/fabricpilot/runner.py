@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fabricpilot.balancing import EcmpParams, PolicyContext, make_policy
-from fabricpilot.balancing.base import POLICIES
+from fabricpilot.balancing.base import POLICIES, AdaptiveParams
 from fabricpilot.dataplane import RATE_MODELS, Engine, FabricParams, make_rate_model
 from fabricpilot.dataplane.qos import mapping_mismatches
 from fabricpilot.errors import ScenarioError, TopologyError
@@ -40,6 +40,7 @@ class Prepared:
     mice: MiceArrivals | None = None
     fabric: FabricParams = field(default_factory=FabricParams)
     ecmp: EcmpParams = field(default_factory=EcmpParams)
+    adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
     rate_model: str = "flow"
     completion_tolerance: float = 1e-3
     model_params: dict[str, object] = field(default_factory=dict)
@@ -140,7 +141,13 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
         "ecn": f.ecn.to_params(), "dcqcn": f.dcqcn.to_params(), "pfc": f.pfc.to_params(),
         "fluid": f.fluid.to_params(), "qos": qos_params,
     }
-    return Prepared(scenario.name, scenario.seed, ct, jobs, mice, fabric, ecmp,
+    a = scenario.adaptive
+    adaptive = AdaptiveParams(
+        rebalance_interval_ns=(float(a.rebalance_interval_ns) if a.rebalance_interval_ns
+                               is not None else float("inf")),
+        drain_safe=a.drain_safe, hysteresis=a.hysteresis, flowlet_gap_ns=a.flowlet_gap_ns,
+        mice_bytes=a.mice_bytes, reserved_spines=a.reserved_spines)
+    return Prepared(scenario.name, scenario.seed, ct, jobs, mice, fabric, ecmp, adaptive,
                     scenario.fabric.model, scenario.fabric.completion_tolerance,
                     model_params=model_params,
                     mice_class=scenario.mice.traffic_class if scenario.mice else "rdma",
@@ -187,7 +194,7 @@ def run_policy(
     """Run the prepared scenario under ``policy``; wall time is measured here."""
     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
-                        member_routes=model.needs_paths)
+                        member_routes=model.needs_paths, adaptive=prep.adaptive)
     engine = Engine(prep.topology, make_policy(policy, ctx), prep.jobs, fabric=prep.fabric,
                     mice=prep.mice, rate_model=model, batch_rel_eps=prep.completion_tolerance,
                     progress=progress, mice_class=prep.mice_class)

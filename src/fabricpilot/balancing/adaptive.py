@@ -46,7 +46,6 @@ from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import max_path_links, path_delay_ns, walk_paths
 
 QUEUE_NORM_NS = 10_000.0
-HYSTERESIS = 0.25  # a stream moves only to a path lighter by a quarter of a link (no flapping)
 
 
 @numba.njit(cache=True)
@@ -146,13 +145,15 @@ class Adaptive:
     static = False
     column_of_link = None
 
-    rebalance_interval_ns = 50_000
-    drain_safe = True
     table_version = 0  # bumped by every pushed congestion table
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
         ct = ctx.topology
+        p = ctx.adaptive
+        self.rebalance_interval_ns = float(p.rebalance_interval_ns)
+        self.drain_safe = p.drain_safe
+        self.hysteresis = p.hysteresis
         self._telemetry: TelemetryFn | None = None
         self.congestion_table = np.ones(ct.n_links)
         # which GPU a host link belongs to (-1: not a host link), to read a path's ends
@@ -234,7 +235,7 @@ class Adaptive:
     def rebalance(self, members: ActiveMembers) -> Moves:
         """Re-place the streams whose path crosses an over-committed link (demand above one
         link): each takes the least-loaded path given everything else (as a new flow would)
-        and moves only if that path is lighter than its old one by :data:`HYSTERESIS`. Moved
+        and moves only if that path is lighter than its old one by ``hysteresis``. Moved
         streams wait for their old path to drain (``drain_safe``) unless told otherwise.
 
         This is local: a leaf cannot move the streams of other leaves, so a collision whose
@@ -251,7 +252,7 @@ class Adaptive:
         link_cost = np.where(w > 0, load / np.maximum(w, 1e-300), np.inf)
         hot = link_cost > 1.0 + 1e-6
         # nothing over-committed, or no link light enough to be worth a move: nothing to do
-        if not hot.any() or link_cost.min() > link_cost[hot].max() - HYSTERESIS:
+        if not hot.any() or link_cost.min() > link_cost[hot].max() - self.hysteresis:
             return empty
         cost = np.where(valid, link_cost[safe], 0.0).max(axis=1, initial=0.0)
         src = self._gpu_of_up[safe[:, 0]]
@@ -273,7 +274,7 @@ class Adaptive:
         new_cost = np.where(nv, link_cost[np.where(nv, new, 0)], 0.0).max(axis=1)
         width = max(new.shape[1], old.shape[1])
         changed = (_pad(new, width) != _pad(old, width)).any(axis=1)
-        move = changed & (new_cost < cost[cand] - HYSTERESIS)
+        move = changed & (new_cost < cost[cand] - self.hysteresis)
         if not move.any():
             return empty
         return Moves(cand[move], new[move], self.drain_safe)
@@ -308,12 +309,12 @@ class AdaptiveSplit(Adaptive):
     """
 
     name = "adaptive-split"
-    mice_bytes = 64 << 10
-    reserved_spines = 1
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         ct = ctx.topology
+        self.mice_bytes = ctx.adaptive.mice_bytes
+        self.reserved_spines = ctx.adaptive.reserved_spines
         top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
         spines = np.flatnonzero(ct.switch_tier == top)[: self.reserved_spines]
         node_is_reserved = np.zeros(len(ct.node_names), bool)
@@ -379,11 +380,11 @@ class Flowlet(Adaptive):
     """
 
     name = "flowlet"
-    gap_ns = 100_000
-    rebalance_interval_ns = float("inf")  # paths change at flowlet boundaries only
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
+        self.gap_ns = ctx.adaptive.flowlet_gap_ns
+        self.rebalance_interval_ns = float("inf")  # paths change at flowlet boundaries only
         # connection -> [path (link ids), time its last byte was sent (inf: still sending)]
         self._conn: dict[tuple[int, int, int], tuple[NDArray[np.int32], float]] = {}
 

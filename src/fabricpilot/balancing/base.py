@@ -93,6 +93,22 @@ class EcmpParams:
 
 
 @dataclass(frozen=True, slots=True)
+class AdaptiveParams:
+    """Settings of the adaptive family of policies (``adaptive``, ``flowlet``,
+    ``adaptive-split``): how often streams are re-placed (``inf``: never), whether a moved
+    stream waits for its old path to drain, how much lighter (in links) a new path must be,
+    the idle gap that ends a flowlet, and the mice threshold and reserved top-tier switches of
+    the mice/elephant split."""
+
+    rebalance_interval_ns: float = 50_000
+    drain_safe: bool = True
+    hysteresis: float = 0.25
+    flowlet_gap_ns: int = 100_000
+    mice_bytes: int = 64 << 10
+    reserved_spines: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class LinkTelemetry:
     """What the switches know of their own egress ports at one instant, per link id:
     ``load_gbps`` (the rate of the traffic currently on the link), ``queue_bytes`` (its
@@ -142,6 +158,7 @@ class PolicyContext:
     switch_latency_ns: int
     ecmp: EcmpParams = EcmpParams()
     member_routes: bool = False  # the rate model follows paths: policies must give routes
+    adaptive: AdaptiveParams = AdaptiveParams()
 
 
 class RoutingPolicy(Protocol):

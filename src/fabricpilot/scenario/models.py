@@ -696,6 +696,37 @@ class EcmpSpec(_Model):
     )
 
 
+class AdaptiveSpec(_Model):
+    """Settings of the adaptive policies (adaptive, flowlet, adaptive-split)."""
+
+    rebalance_interval_ns: int | None = Field(
+        default=50_000, gt=0,
+        description="adaptive: how often streams on over-committed links are re-placed "
+        "(null: never)",
+    )
+    drain_safe: bool = Field(
+        default=True,
+        description="a moved stream waits for its old path to drain (no reordering)",
+    )
+    hysteresis: float = Field(
+        default=0.25, ge=0, allow_inf_nan=False,
+        description="a stream moves only to a path lighter by this many links",
+    )
+    flowlet_gap_ns: int = Field(
+        default=100_000, gt=0, description="flowlet: idle time after which a path may change"
+    )
+    mice_bytes: int = Field(
+        default=64 << 10, gt=0, description="adaptive-split: transfers below this are mice"
+    )
+    reserved_spines: Int = Field(
+        default=1, ge=1, description="adaptive-split: top-tier switches kept for mice"
+    )
+
+    _quantities = field_validator(
+        "rebalance_interval_ns", "flowlet_gap_ns", "mice_bytes", mode="before",
+    )(_convert_quantity)
+
+
 # --- jobs -----------------------------------------------------------------------------------
 
 
@@ -836,6 +867,7 @@ class Scenario(_Model):
     topology: TopologySpec
     fabric: FabricSpec = Field(default_factory=FabricSpec)
     ecmp: EcmpSpec = Field(default_factory=EcmpSpec)
+    adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     jobs: list[JobSpec] = Field(min_length=1, description="training jobs sharing the fabric")
     mice: MiceSpec | None = Field(default=None, description="optional background small flows")
 

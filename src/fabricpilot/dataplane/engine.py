@@ -186,8 +186,11 @@ class Engine:
         if bind is not None:
             bind(self._telemetry)
         # policies that move flows mid-life (flow-level model): the engine keeps member paths
-        self._rebalancing = (hasattr(policy, "rebalance") and not self._stepping
-                             and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf)))
+        # (a path-following model must be able to say when a stream's old path has drained)
+        self._rebalancing = (
+            hasattr(policy, "rebalance")
+            and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf))
+            and (not self._stepping or hasattr(self.model, "in_flight_bytes")))
         self._track = self._stepping or self._rebalancing
 
     # ----------------------------------------------------------------- public
@@ -236,6 +239,7 @@ class Engine:
         self._moves = 0
         self._rebalance_pending = False
         self._quiet_key: tuple[int, int] | None = None
+        self._pending_moves: dict[int, NDArray[np.int32]] = {}  # member key -> new path
         self._rates = np.zeros(0)
         self._load = np.zeros(n_links)
         self._link_bytes = np.zeros(n_links)
@@ -272,6 +276,8 @@ class Engine:
                         step_end = min(step_end, self.now + max(math.ceil(eta), 1))
                     self._advance(int(step_end))
                     self._complete(self._remaining <= 1e-6 * self._row_bytes + 1e-3)
+                    if self._pending_moves:
+                        self._settle_moves()
                     if self.now < t_next:
                         continue
                 else:
@@ -339,19 +345,20 @@ class Engine:
 
     def _telemetry(self) -> LinkTelemetry:
         """The load and queue of every link now, for state-dependent policies."""
-        state = self.model.link_state_now()
-        if state is not None:
-            return LinkTelemetry(state[0], state[1], state[0], float(self.now))
         if self._dirty:
             self._recompute()
-        load = self._load[self._col] * self._link_share
+        state = self.model.link_state_now()
+        if state is not None:
+            load, queue = state
+        else:
+            load, queue = self._load[self._col] * self._link_share, np.zeros(self.ct.n_links)
         demand = np.zeros(self.ct.n_links)
         if len(self._row_demand):
             # a stream would send its NIC's rate, shared with the other streams of that NIC
             per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
             row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
             demand = (self._w.T @ row)[self._col] * self._link_share
-        return LinkTelemetry(load, np.zeros(self.ct.n_links), demand, float(self.now))
+        return LinkTelemetry(load, queue, demand, float(self.now))
 
     def _rebalance(self) -> None:
         """Let the policy move active streams to other paths (see :class:`Moves`)."""
@@ -376,6 +383,16 @@ class Engine:
                  self._rebalance)
 
     def _apply_moves(self, row: NDArray[np.int64], moves: Moves) -> None:
+        if self._stepping:
+            # the model follows the bytes: hold the streams until the model reports their old
+            # paths empty (queues included), then switch (always drain-safe here)
+            new = _pad(moves.path.astype(np.int32), self._m_path.shape[1])
+            for k, p in zip(self._m_key[moves.member].tolist(), new, strict=True):
+                self._pending_moves[k] = p
+            self._row_hold[row[moves.member]] = math.inf
+            self._moves += len(moves.member)
+            self._dirty = True
+            return
         lat = self.fabric.switch_latency_ns
         mem = moves.member
         old = self._m_path[mem]
@@ -409,6 +426,35 @@ class Engine:
         self._dirty = True
 
     def _mark_dirty(self) -> None:
+        self._dirty = True
+
+    def _settle_moves(self) -> None:
+        """Switch the held streams whose old path has drained (path-following models)."""
+        keys = np.fromiter(self._pending_moves, np.int64, len(self._pending_moves))
+        pos = np.minimum(np.searchsorted(self._m_key, keys), max(len(self._m_key) - 1, 0))
+        alive = (len(self._m_key) > 0) & (self._m_key[pos] == keys) if len(self._m_key) \
+            else np.zeros(len(keys), bool)
+        in_flight = self.model.in_flight_bytes(keys)  # type: ignore[attr-defined]
+        ready = ~alive | (in_flight <= 1e-3)
+        if not ready.any():
+            return
+        row = np.searchsorted(self._row_flow, self._m_flow)
+        for k, a, r in zip(keys.tolist(), alive.tolist(), ready.tolist(), strict=True):
+            if not r:
+                continue
+            p = self._pending_moves.pop(k)
+            if a:
+                i = int(np.searchsorted(self._m_key, k))
+                self._m_path[i] = p
+        waiting = {int(np.searchsorted(self._m_key, k)) for k in self._pending_moves}
+        held_rows = {int(row[i]) for i in waiting if i < len(row)}
+        release = [r for r in np.flatnonzero(np.isinf(self._row_hold)).tolist()
+                   if r not in held_rows]
+        self._row_hold[release] = -np.inf
+        unit = paths_to_weights(self._m_path, self.ct.n_links)
+        member_of = sp.csr_matrix((self._m_share, (row, np.arange(len(row)))),
+                                  shape=(len(self._remaining), len(row)))
+        self._w = (member_of @ unit).tocsr()
         self._dirty = True
 
     # ------------------------------------------------------------- scheduling

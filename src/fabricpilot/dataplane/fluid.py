@@ -203,6 +203,10 @@ class FluidRateModel:
             gone = np.ones(len(old_keys), bool)
             gone[src] = False
             self._archive_retx(old, np.flatnonzero(gone))
+        # a row capped at zero (its stream is waiting for an old path to drain) injects nothing
+        held = flows.rate_cap_gbps[new.row] <= 0 if len(new.row) else np.zeros(0, bool)
+        new.stall_until[held] = np.inf
+        new.stall_until[~held & np.isposinf(new.stall_until)] = -np.inf
         self._m, self._keys = new, new.key
         self._progress_row = new.row_progress()
         self._rates_row = np.zeros(new.n_rows)
@@ -241,6 +245,17 @@ class FluidRateModel:
     def link_usage(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         self._fold_grid(self._m)
         return self._link_bytes_total.copy(), self._link_peak.copy()
+
+    def in_flight_bytes(self, keys: NDArray[np.int64]) -> NDArray[np.float64]:
+        """Bytes of each member (by key) still inside the fabric, past its NIC (0 if the
+        member is gone)."""
+        out = np.zeros(len(keys))
+        if not len(self._keys):
+            return out
+        pos = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        found = self._keys[pos] == keys
+        out[found] = self._m.backlog[pos[found], 1:].sum(axis=1)
+        return out
 
     def link_state_now(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         load = np.zeros(self.n_links)

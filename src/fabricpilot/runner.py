@@ -146,7 +146,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
         rebalance_interval_ns=(float(a.rebalance_interval_ns) if a.rebalance_interval_ns
                                is not None else float("inf")),
         drain_safe=a.drain_safe, hysteresis=a.hysteresis, flowlet_gap_ns=a.flowlet_gap_ns,
-        mice_bytes=a.mice_bytes, reserved_spines=a.reserved_spines)
+        mice_bytes=a.mice_bytes, reserved_spines=a.reserved_spines, mice_by=a.mice_by)
     return Prepared(scenario.name, scenario.seed, ct, jobs, mice, fabric, ecmp, adaptive,
                     scenario.fabric.model, scenario.fabric.completion_tolerance,
                     model_params=model_params,

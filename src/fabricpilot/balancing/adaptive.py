@@ -315,6 +315,11 @@ class AdaptiveSplit(Adaptive):
         ct = ctx.topology
         self.mice_bytes = ctx.adaptive.mice_bytes
         self.reserved_spines = ctx.adaptive.reserved_spines
+        if ctx.adaptive.mice_by not in ("size", "bytes_seen"):
+            raise FabricpilotError(
+                f"adaptive.mice_by: must be 'size' or 'bytes_seen' (got {ctx.adaptive.mice_by!r})")
+        # bytes_seen: every flow starts as a mouse and is promoted once it has sent mice_bytes
+        self.watches_bytes_sent = ctx.adaptive.mice_by == "bytes_seen"
         top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
         spines = np.flatnonzero(ct.switch_tier == top)[: self.reserved_spines]
         node_is_reserved = np.zeros(len(ct.node_names), bool)
@@ -333,7 +338,7 @@ class AdaptiveSplit(Adaptive):
         sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
         sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
                                entropy=ctx.ecmp.source_port_entropy)
-        mouse = sub.size_bytes < self.mice_bytes
+        mouse = (sub.size_bytes < self.mice_bytes) | self.watches_bytes_sent
         load = self._load_now()
         paths = np.full((len(sub), max_path_links(ct)), -1, np.int32)
         pushed = self.congestion_table
@@ -356,11 +361,29 @@ class AdaptiveSplit(Adaptive):
             valid = members.path >= 0
             on_reserved = (self.reserved_link[np.where(valid, members.path, 0)]
                            & valid).any(axis=1)
+            if self.watches_bytes_sent and members.sent_bytes is not None:
+                grown = np.flatnonzero(on_reserved & ~members.hold
+                                       & (members.sent_bytes >= self.mice_bytes)
+                                       & (members.share >= 1 - 1e-9))
+                if len(grown):
+                    return self._promote(members, grown)
             mv = super().rebalance(ActiveMembers(members.row, members.path, members.share,
                                                  members.hold | on_reserved))
         finally:
             self.congestion_table = pushed
         return mv
+
+    def _promote(self, members: ActiveMembers, idx: NDArray[np.int64]) -> Moves:
+        """Move streams that have outgrown the mice class onto the elephants' spines."""
+        p = members.path[idx]
+        valid = p >= 0
+        last = valid.sum(axis=1) - 1
+        src = self._gpu_of_up[p[:, 0]]
+        dst = self._gpu_of_down[p[np.arange(len(idx)), last]]
+        ok = (src >= 0) & (dst >= 0)
+        idx, src, dst = idx[ok], src[ok], dst[ok]
+        new = self._walk(src, dst, idx.astype(np.int64), self._load_now())
+        return Moves(idx, new, self.drain_safe)
 
 
 register_policy("adaptive-split")(AdaptiveSplit)

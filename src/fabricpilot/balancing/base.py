@@ -106,6 +106,7 @@ class AdaptiveParams:
     flowlet_gap_ns: int = 100_000
     mice_bytes: int = 64 << 10
     reserved_spines: int = 1
+    mice_by: str = "size"  # "size": declared size; "bytes_seen": mice until mice_bytes sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +127,14 @@ class LinkTelemetry:
 class ActiveMembers:
     """The paths of the active flows, for a policy that may move them: one entry per member
     (one path of one stream of a row): its ``row``, ``path`` (link ids, -1 padded), ``share``
-    of its stream's bytes, and ``hold`` (True while it waits for its old path to drain)."""
+    of its stream's bytes, ``hold`` (True while it waits for its old path to drain) and
+    ``sent_bytes`` (what it has sent so far)."""
 
     row: NDArray[np.int64]
     path: NDArray[np.int32]
     share: NDArray[np.float64]
     hold: NDArray[np.bool_]
+    sent_bytes: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True, slots=True)

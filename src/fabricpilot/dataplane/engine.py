@@ -370,10 +370,13 @@ class Engine:
         # nothing changed since a round that moved nothing (same flows and rates, same
         # congestion table): the answer would be the same
         key = (self._n_rate_updates, int(getattr(self.policy, "table_version", 0)))
-        if key != self._quiet_key:
+        if key != self._quiet_key or getattr(self.policy, "watches_bytes_sent", False):
             row = np.searchsorted(self._row_flow, self._m_flow)
+            sent = (self._row_bytes - np.minimum(self._remaining, self._row_bytes))[row] \
+                * self._m_share
             moves: Moves = self.policy.rebalance(  # type: ignore[attr-defined]
-                ActiveMembers(row, self._m_path, self._m_share, self._row_hold[row] > self.now))
+                ActiveMembers(row, self._m_path, self._m_share, self._row_hold[row] > self.now,
+                              sent))
             if len(moves.member):
                 self._apply_moves(row, moves)
             else:

@@ -721,6 +721,10 @@ class AdaptiveSpec(_Model):
     reserved_spines: Int = Field(
         default=1, ge=1, description="adaptive-split: top-tier switches kept for mice"
     )
+    mice_by: Literal["size", "bytes_seen"] = Field(
+        default="size",
+        description="adaptive-split: a mouse by declared size, or until it has sent mice_bytes",
+    )
 
     _quantities = field_validator(
         "rebalance_interval_ns", "flowlet_gap_ns", "mice_bytes", mode="before",

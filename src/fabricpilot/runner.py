@@ -195,7 +195,11 @@ def run_policy(
     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
                         member_routes=model.needs_paths, adaptive=prep.adaptive)
-    engine = Engine(prep.topology, make_policy(policy, ctx), prep.jobs, fabric=prep.fabric,
+    pol = make_policy(policy, ctx)
+    attach = getattr(pol, "attach_jobs", None)
+    if attach is not None:  # a controller-driven policy: the jobs declare themselves
+        attach(prep.jobs)
+    engine = Engine(prep.topology, pol, prep.jobs, fabric=prep.fabric,
                     mice=prep.mice, rate_model=model, batch_rel_eps=prep.completion_tolerance,
                     progress=progress, mice_class=prep.mice_class)
     t0 = time.perf_counter()

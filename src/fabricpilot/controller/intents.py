@@ -98,8 +98,12 @@ reducescatter, alltoall, broadcast
     sla_us: float
     period_ns: int
     priority: int = 0
+    # the (source, destination) GPU pairs that exchange data, as the communication library
+    # arranges them (its ring / tree / PXN choices); empty: derived from the pattern
+    pairs: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
         if self.pattern not in PATTERNS:
             raise ValueError(f"pattern: unknown pattern {self.pattern!r}; "
                              f"known: {', '.join(PATTERNS)}")

@@ -96,9 +96,10 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 background: Mapping[int, float] | None = None, split: int = 1,
                 max_moves: int = 10_000) -> Plan:
     """Place every demand (in ``split`` equal parts) on its candidates, heaviest first, each
-    part on the candidate whose most loaded link stays lowest; then move parts off the links
-    at ``lambda`` while that lowers ``lambda``, or the number of links at it, or the sum of
-    squared utilisations (at most ``max_moves`` moves).
+    part on the candidate whose most loaded link stays lowest (counting only the links that
+    differ between its candidates; ties by the sum of squared utilisations); then move parts
+    off the links at ``lambda`` while that lowers ``lambda``, or the number of links at it, or
+    the sum of squared utilisations (at most ``max_moves`` moves).
 
     Two 300 Gb/s demands with the same two 400 Gb/s candidate links go one each:
 
@@ -117,13 +118,17 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     choice = np.full((len(prob.demands), split), -1, np.int64)
     for d in order:
         part = prob.rate[d] / split
+        cols = [int(prob.col[d] + c) for c in range(int(prob.n_cand[d]))]
+        # links every candidate shares (the NICs, ...) do not tell candidates apart
+        common = set.intersection(*(set(prob.cand_links(c).tolist()) for c in cols))
+        own = [np.array([x for x in prob.cand_links(c).tolist() if x not in common], np.int64)
+               for c in cols]
         for k in range(split):
-            best, best_cost = -1, np.inf
-            for c in range(int(prob.n_cand[d])):
-                col = int(prob.col[d] + c)
-                lk = prob.cand_links(col)
-                cost = float(((load[lk] + part) / prob.cap[lk]).max()) if len(lk) else 0.0
-                if cost < best_cost - 1e-12:
+            best, best_cost = -1, (np.inf, np.inf)
+            for col, lk in zip(cols, own, strict=True):
+                u = (load[lk] + part) / prob.cap[lk]
+                cost = (float(u.max()), float((u * u).sum())) if len(lk) else (0.0, 0.0)
+                if cost < best_cost:
                     best, best_cost = col, cost
             choice[d, k] = best
             load[prob.cand_links(best)] += part

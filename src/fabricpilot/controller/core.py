@@ -1,0 +1,126 @@
+"""The controller: declared intents in, planned path sets out, through a data plane.
+
+:class:`Controller` keeps the jobs' intents, turns each call into demands between GPU pairs
+(the pairs the job declared, or the pattern's pairs over its GPUs in rank order), gives every
+demand its equal-cost shortest paths as candidates, plans all opted-in jobs together
+(:func:`~fabricpilot.controller.planner.plan_greedy`, each demand in ``parts`` equal parts:
+one per QP of the connection) and installs the result as :class:`PathSet` rules keyed
+``"<task>:<src>-><dst>"``. Heavier (hotter) jobs are placed first. It reads and acts only
+through a :class:`~fabricpilot.controller.southbound.DataPlane`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import networkx as nx
+
+from fabricpilot.controller.intents import Intent, transit_graph
+from fabricpilot.controller.planner import Demand, Plan, plan_greedy
+from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
+
+
+def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, float]]:
+    """GPU pairs a collective exchanges data between, with the share of the sender's NIC
+    each pair uses while the call runs: a ring (each GPU to the next, all of its NIC) for
+    allreduce, allgather, reducescatter and broadcast; every ordered pair (the NIC shared by
+    ``n - 1`` peers) for alltoall.
+
+    >>> pattern_pairs("allreduce", (4, 7, 9))
+    [(4, 7, 1.0), (7, 9, 1.0), (9, 4, 1.0)]
+    >>> pattern_pairs("alltoall", (0, 1, 2))[:2]
+    [(0, 1, 0.5), (0, 2, 0.5)]
+    """
+    n = len(gpus)
+    if n < 2:
+        return []
+    if pattern == "alltoall":
+        return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
+    return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
+
+
+def rule_key(task_id: str, src: int, dst: int) -> str:
+    """The match key of a planned pair: ``"<task>:<src>-><dst>"``."""
+    return f"{task_id}:{src}->{dst}"
+
+
+@dataclass
+class PlanReport:
+    """What the last planning round did."""
+
+    plan: Plan
+    rules: int
+    demands: int
+
+
+class Controller:
+    """Plans paths for declared jobs and installs them through a data plane."""
+
+    def __init__(self, dataplane: DataPlane, *, parts: int = 4, nic_gbps: float | None = None,
+                 ) -> None:
+        self.dp = dataplane
+        self.view: FabricView = dataplane.fabric()
+        self.parts = parts
+        self.intents: dict[str, Intent] = {}
+        self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+        self._nic_gbps = nic_gbps
+
+    # --------------------------------------------------------------- intents
+    def declare(self, intent: Intent) -> None:
+        """Add or replace a job's intent (it is planned at the next :meth:`plan`)."""
+        self.intents[intent.task_id] = intent
+
+    def withdraw(self, task_id: str) -> None:
+        self.intents.pop(task_id, None)
+
+    # --------------------------------------------------------------- planning
+    def candidates(self, src_gpu: int, dst_gpu: int) -> list[tuple[int, ...]]:
+        """Every fewest-hop path between two GPUs, as link ids (cached per node pair)."""
+        a, b = self.view.gpu_node[src_gpu], self.view.gpu_node[dst_gpu]
+        hit = self._paths.get((a, b))
+        if hit is None:
+            g = transit_graph(self.view, a, b)
+            hit = sorted(tuple(self.view.path_links(p)) for p in nx.all_shortest_paths(g, a, b))
+            self._paths[(a, b)] = hit
+        return hit
+
+    def _nic(self, gpu: int) -> float:
+        if self._nic_gbps is not None:
+            return self._nic_gbps
+        node = self.view.gpu_node[gpu]
+        return max(d["capacity_gbps"] for _, _, d in self.view.graph.out_edges(node, data=True))
+
+    def demands(self) -> list[Demand]:
+        """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat."""
+        out: dict[str, Demand] = {}
+        for intent in self.intents.values():
+            if not intent.opt_in:
+                continue
+            for call in intent.calls:
+                if call.pairs:
+                    fan = {a: sum(1 for x, _ in call.pairs if x == a) for a, _ in call.pairs}
+                    pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
+                else:
+                    pairs = pattern_pairs(call.pattern, intent.gpus)
+                for a, b, share in pairs:
+                    if a == b or self.view.gpu_node[a] == self.view.gpu_node[b]:
+                        continue
+                    key = rule_key(intent.task_id, a, b)
+                    rate = self._nic(a) * share
+                    prev = out.get(key)
+                    if prev is not None and prev.rate_gbps >= rate:
+                        continue  # the same pair in several calls: its largest demand
+                    out[key] = Demand(key, rate, tuple(self.candidates(a, b)),
+                                      weight=intent.heat)
+        return list(out.values())
+
+    def plan(self) -> PlanReport:
+        """Plan every opted-in job together and install the path sets."""
+        demands = self.demands()
+        capacity = {lid: li.capacity_gbps for lid, li in self.view.links.items()}
+        plan = plan_greedy(demands, capacity, split=self.parts)
+        rules = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
+                 for key, shares in plan.paths.items()]
+        self.dp.install(rules)
+        return PlanReport(plan, len(rules), len(demands))

@@ -12,11 +12,12 @@ through a :class:`~fabricpilot.controller.southbound.DataPlane`.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 import networkx as nx
 
-from fabricpilot.controller.intents import Intent, transit_graph
+from fabricpilot.controller.intents import Intent
 from fabricpilot.controller.planner import Demand, Plan, plan_greedy
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
 
@@ -64,6 +65,10 @@ class Controller:
         self.parts = parts
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+        self._sw_paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+        g = self.view.graph
+        self._switch_graph = g.subgraph(
+            [n for n, k in g.nodes(data="kind") if k != "gpu"]).copy()
         self._nic_gbps = nic_gbps
 
     # --------------------------------------------------------------- intents
@@ -76,13 +81,44 @@ class Controller:
 
     # --------------------------------------------------------------- planning
     def candidates(self, src_gpu: int, dst_gpu: int) -> list[tuple[int, ...]]:
-        """Every fewest-hop path between two GPUs, as link ids (cached per node pair)."""
+        """Every fewest-hop path between two GPUs, as link ids. GPUs do not forward traffic,
+        so a path leaves its GPU into a switch and stays on switches: the switch-level
+        shortest paths are computed once per pair of first and last switches."""
         a, b = self.view.gpu_node[src_gpu], self.view.gpu_node[dst_gpu]
         hit = self._paths.get((a, b))
+        if hit is not None:
+            return hit
+        g = self.view.graph
+        best: list[tuple[int, ...]] = []
+        for first in g.successors(a):
+            for last in g.predecessors(b):
+                if g.nodes[first].get("kind") == "gpu" or g.nodes[last].get("kind") == "gpu":
+                    continue
+                up, down = self.view.link_between(a, first), self.view.link_between(last, b)
+                for mid in self._switch_paths(first, last):
+                    p = (up, *mid, down)
+                    if not best or len(p) < len(best[0]):
+                        best = [p]
+                    elif len(p) == len(best[0]):
+                        best.append(p)
+        hit = sorted(best)
+        self._paths[(a, b)] = hit
+        return hit
+
+    def _switch_paths(self, first: str, last: str) -> list[tuple[int, ...]]:
+        """Fewest-hop switch paths between two switches, as link ids (cached)."""
+        key = (first, last)
+        hit = self._sw_paths.get(key)
         if hit is None:
-            g = transit_graph(self.view, a, b)
-            hit = sorted(tuple(self.view.path_links(p)) for p in nx.all_shortest_paths(g, a, b))
-            self._paths[(a, b)] = hit
+            if first == last:
+                hit = [()]
+            else:
+                try:
+                    hit = [tuple(self.view.path_links(list(p))) for p in
+                           nx.all_shortest_paths(self._switch_graph, first, last)]
+                except nx.NetworkXNoPath:
+                    hit = []
+            self._sw_paths[key] = hit
         return hit
 
     def _nic(self, gpu: int) -> float:
@@ -99,7 +135,7 @@ class Controller:
                 continue
             for call in intent.calls:
                 if call.pairs:
-                    fan = {a: sum(1 for x, _ in call.pairs if x == a) for a, _ in call.pairs}
+                    fan = Counter(a for a, _ in call.pairs)
                     pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus)

@@ -16,9 +16,11 @@ utilisation ``lambda = max_l (background_l + load_l) / capacity_l``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
@@ -59,13 +61,13 @@ class _Problem:
 
     def __init__(self, demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None) -> None:
-        links = sorted({lk for d in demands for p in d.candidates for lk in p}
-                       | set(capacity))
+        used = np.unique(np.fromiter(itertools.chain.from_iterable(
+            itertools.chain.from_iterable(d.candidates for d in demands)), np.int64))
+        links = sorted(set(used.tolist()) | set(capacity))
         missing = [lk for lk in links if lk not in capacity]
         if missing:
             raise ValueError(f"no capacity for links {missing[:5]}")
         self.links = np.array(links, np.int64)
-        pos = {lk: i for i, lk in enumerate(links)}
         self.cap = np.array([float(capacity[lk]) for lk in links])
         if (self.cap <= 0).any():
             raise ValueError("link capacities must be > 0")
@@ -75,12 +77,11 @@ class _Problem:
         self.rate = np.array([d.rate_gbps for d in demands], np.float64)
         self.n_cand = np.array([len(d.candidates) for d in demands], np.int64)
         self.col = np.concatenate(([0], np.cumsum(self.n_cand)[:-1])).astype(np.int64)
-        rows, cols = [], []
-        for d, dem in enumerate(demands):
-            for c, path in enumerate(dem.candidates):
-                for lk in path:
-                    rows.append(pos[lk])
-                    cols.append(int(self.col[d] + c))
+        all_paths = [p for dem in demands for p in dem.candidates]
+        plen = np.fromiter((len(p) for p in all_paths), np.int64, len(all_paths))
+        flat = np.fromiter(itertools.chain.from_iterable(all_paths), np.int64, int(plen.sum()))
+        rows = np.searchsorted(self.links, flat)
+        cols = np.repeat(np.arange(len(all_paths)), plen)
         n_cols = int(self.n_cand.sum())
         # [links, candidates] incidence
         self.inc = sp.csr_matrix((np.ones(len(rows)), (rows, cols)),
@@ -94,12 +95,14 @@ class _Problem:
 
 def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 background: Mapping[int, float] | None = None, split: int = 1,
-                max_moves: int = 10_000) -> Plan:
+                sweeps: int = 2, max_moves: int | None = None) -> Plan:
     """Place every demand (in ``split`` equal parts) on its candidates, heaviest first, each
     part on the candidate whose most loaded link stays lowest (counting only the links that
-    differ between its candidates; ties by the sum of squared utilisations); then move parts
-    off the links at ``lambda`` while that lowers ``lambda``, or the number of links at it, or
-    the sum of squared utilisations (at most ``max_moves`` moves).
+    differ between its candidates; ties by the sum of squared utilisations); then ``sweeps``
+    rounds that take every part out and put it back on its best candidate given all the
+    others; then, on instances of at most 2 000 parts (or ``max_moves`` if given), a local
+    search that moves parts off the links at ``lambda`` while that lowers ``lambda``, or the
+    number of links at it, or the sum of squared utilisations.
 
     Two 300 Gb/s demands with the same two 400 Gb/s candidate links go one each:
 
@@ -114,25 +117,15 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     load = prob.bg.copy()
     order = sorted(range(len(prob.demands)),
                    key=lambda d: (-prob.demands[d].weight * prob.rate[d], prob.demands[d].key))
-    # chosen candidate column of every (demand, part)
-    choice = np.full((len(prob.demands), split), -1, np.int64)
-    for d in order:
-        part = prob.rate[d] / split
-        cols = [int(prob.col[d] + c) for c in range(int(prob.n_cand[d]))]
-        # links every candidate shares (the NICs, ...) do not tell candidates apart
-        common = set.intersection(*(set(prob.cand_links(c).tolist()) for c in cols))
-        own = [np.array([x for x in prob.cand_links(c).tolist() if x not in common], np.int64)
-               for c in cols]
-        for k in range(split):
-            best, best_cost = -1, (np.inf, np.inf)
-            for col, lk in zip(cols, own, strict=True):
-                u = (load[lk] + part) / prob.cap[lk]
-                cost = (float(u.max()), float((u * u).sum())) if len(lk) else (0.0, 0.0)
-                if cost < best_cost:
-                    best, best_cost = col, cost
-            choice[d, k] = best
-            load[prob.cand_links(best)] += part
+    # chosen candidate column of every (demand, part): greedy placement, then re-insertion
+    # sweeps (each part taken out and put back on its best candidate given all the others)
+    s_csc = prob.inc_csc
+    choice = _greedy_kernel(np.array(order, np.int64), prob.col, prob.n_cand, prob.rate,
+                            s_csc.indptr.astype(np.int64), s_csc.indices.astype(np.int64),
+                            prob.cap, load, split, sweeps)
     moves = 0
+    if max_moves is None:
+        max_moves = 10_000 if len(prob.demands) * split <= 2_000 else 0
 
     def score(ld: NDArray[np.float64]) -> tuple[float, int, float]:
         # lambda first; then fewer links at lambda; then a flatter load overall
@@ -173,6 +166,59 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
             break
         moves += 1
     return _plan_from_choice(prob, choice, load, "greedy", moves)
+
+
+@numba.njit(cache=True)
+def _greedy_kernel(order: NDArray[np.int64], col0: NDArray[np.int64],
+                   n_cand: NDArray[np.int64], rate: NDArray[np.float64],
+                   indptr: NDArray[np.int64], indices: NDArray[np.int64],
+                   cap: NDArray[np.float64], load: NDArray[np.float64], split: int,
+                   sweeps: int) -> NDArray[np.int64]:
+    """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
+    updated in place. A candidate's cost counts only the links not shared by all of its
+    demand's candidates: (largest utilisation after adding the part, sum of squares)."""
+    n_links = cap.shape[0]
+    mark = np.zeros(n_links, np.int64)
+    choice = np.full((len(n_cand), split), -1, np.int64)
+    for rnd in range(sweeps + 1):
+        for d in order:
+            k_c = n_cand[d]
+            part = rate[d] / split
+            # links on every candidate of d
+            for c in range(k_c):
+                col = col0[d] + c
+                for q in range(indptr[col], indptr[col + 1]):
+                    mark[indices[q]] += 1
+            for k in range(split):
+                if rnd > 0:  # take the part out before placing it again
+                    old = choice[d, k]
+                    for q in range(indptr[old], indptr[old + 1]):
+                        load[indices[q]] -= part
+                best = -1
+                best_max = np.inf
+                best_sq = np.inf
+                for c in range(k_c):
+                    col = col0[d] + c
+                    mx = 0.0
+                    sq = 0.0
+                    for q in range(indptr[col], indptr[col + 1]):
+                        lk = indices[q]
+                        if mark[lk] == k_c:
+                            continue
+                        u = (load[lk] + part) / cap[lk]
+                        if u > mx:
+                            mx = u
+                        sq += u * u
+                    if mx < best_max - 1e-12 or (mx <= best_max + 1e-12 and sq < best_sq - 1e-12):
+                        best, best_max, best_sq = col, mx, sq
+                choice[d, k] = best
+                for q in range(indptr[best], indptr[best + 1]):
+                    load[indices[q]] += part
+            for c in range(k_c):
+                col = col0[d] + c
+                for q in range(indptr[col], indptr[col + 1]):
+                    mark[indices[q]] = 0
+    return choice
 
 
 def _plan_from_choice(prob: _Problem, choice: NDArray[np.int64], load: NDArray[np.float64],

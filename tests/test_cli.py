@@ -52,7 +52,9 @@ def test_every_example_validates_and_runs(path: Path, tmp_path: Path) -> None:
     for run in runs:
         assert run["bytes_delivered"] == run["bytes_sent"] > 0
     by_policy = {run["policy"]: run for run in runs}
-    if {"ecmp", "ideal"} <= by_policy.keys():  # no load balancer beats even spraying
+    # for one job on a symmetric Clos no load balancer beats even spraying (with several
+    # jobs a policy may happen to keep them apart better than spraying does)
+    if {"ecmp", "ideal"} <= by_policy.keys() and len(runs[0]["jobs"]) == 1:
         for e, i in zip(by_policy["ecmp"]["jobs"], by_policy["ideal"]["jobs"], strict=True):
             assert i["mean_busbw_GBps"] >= e["mean_busbw_GBps"] * (1 - 1e-6)
 

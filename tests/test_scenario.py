@@ -320,3 +320,14 @@ def test_bad_adaptive_settings_are_one_line_errors(tmp_path: Path, adaptive: dic
     data["adaptive"] = adaptive
     err = load_error(write(tmp_path, data))
     assert err.field == field and problem in err.problem
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[1] / "examples" / "large").glob("*.yaml")),
+    ids=lambda p: p.name)
+def test_large_examples_validate(path: Path) -> None:
+    # too long to run in the suite (see benchmarks/); they must still load and prepare
+    from fabricpilot.runner import prepare
+
+    prep = prepare(load_scenario(path), str(path))
+    assert sum(j.n_gpus for j in prep.jobs) == 1024

@@ -46,6 +46,7 @@ from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import max_path_links, path_delay_ns, walk_paths
 
 QUEUE_NORM_NS = 10_000.0
+MAX_MOVES_PER_ROUND = 256
 
 
 @numba.njit(cache=True)
@@ -262,6 +263,8 @@ class Adaptive:
                               & (dst >= 0) & (cost > 1.0 + 1e-6))
         if not len(cand):
             return empty
+        # the worst first, and a bounded number per round (each move costs a rate update)
+        cand = cand[np.argsort(-cost[cand], kind="stable")[: MAX_MOVES_PER_ROUND]]
         # a stream's demand: its NIC's rate shared among the streams leaving that NIC
         per_nic = np.bincount(src[src >= 0], minlength=len(ct.gpu_up))
         own = ct.rate_gbps[ct.gpu_up[src[cand]]] / np.maximum(per_nic[src[cand]], 1)

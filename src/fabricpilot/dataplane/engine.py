@@ -405,11 +405,12 @@ class Engine:
         rows = row[mem]
         if moves.drain_safe:
             # the stream (and so its row) sends nothing until its last byte on the old path
-            # has arrived: no reordering, an idle gap of one old-path delay
-            until = self.now + d_old.astype(np.float64)
-            np.maximum.at(self._row_hold, rows, until)
-            for t in np.unique(until).tolist():
-                self._at(math.ceil(t), self._mark_dirty)
+            # has arrived: no reordering, an idle gap of one old-path delay (the streams moved
+            # in one round resume together, after the longest of their delays: one rate
+            # update instead of one per distinct delay)
+            until = self.now + float(d_old.max())
+            self._row_hold[rows] = np.maximum(self._row_hold[rows], until)
+            self._at(math.ceil(until), self._mark_dirty)
         else:
             # bytes sent on a faster new path while older ones are still on the old path
             # arrive first: one reorder event per packet sent in that window

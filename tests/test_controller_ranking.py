@@ -249,6 +249,8 @@ def test_rank_candidate_cap(view: FabricView, monkeypatch: pytest.MonkeyPatch) -
             yield list(SPINE0_PATH)               # never in L1 scope
 
     monkeypatch.setattr(ranking.nx, "shortest_simple_paths", endless)
+    # too few least-delay paths in scope: the general enumeration is used, and capped
+    monkeypatch.setattr(ranking.nx, "all_shortest_paths", lambda *a, **k: [list(SPINE0_PATH)])
     res = rank_paths(view, 0, 2, 30.0, k=3)
     assert isinstance(res, SlaUnmet)
     assert examined == 8 * 3

@@ -112,3 +112,27 @@ def test_task_aware_reaches_the_bound_on_the_default_scenario() -> None:
     for job in prep.jobs:
         assert ta.mean_busbw_GBps(job.name) >= 0.95 * ideal.mean_busbw_GBps(job.name)
     assert ta.summary()["reorder_events"] == 0
+
+
+def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from fabricpilot.balancing import PolicyContext, make_policy
+    from fabricpilot.runner import prepare
+    from fabricpilot.scenario import load_scenario
+    from fabricpilot.scenario.loader import default_scenario_path
+
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data["jobs"][0]["declare_intent"] = False     # a canary run: this job stays on its own
+    data["jobs"][1]["sla_us"] = 80                 # L2
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    prep = prepare(load_scenario(path), str(path))
+    pol = make_policy("task-aware", PolicyContext(prep.topology, 1, 600))
+    pol.attach_jobs(prep.jobs)  # type: ignore[attr-defined]
+    ctl = pol.controller  # type: ignore[attr-defined]
+    names = [j.name for j in prep.jobs]
+    assert not ctl.intents[names[0]].opt_in
+    assert ctl.intents[names[1]].strictest_level == "L2"
+    keys = {k.split(":", 1)[0] for k in pol._rules}  # type: ignore[attr-defined]
+    assert names[0] not in keys and names[1] in keys

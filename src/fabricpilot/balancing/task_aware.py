@@ -104,9 +104,10 @@ class TaskAware(Adaptive):
                                 for a, b in zip(st.src.tolist(), st.dst.tolist(),
                                                 strict=True) if a != b})
                 calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
-                                      DEFAULT_SLA_US, job.compute_ns, pairs=tuple(pairs)))
+                                      job.sla_us or DEFAULT_SLA_US, job.compute_ns,
+                                      pairs=tuple(pairs)))
             self.controller.declare(Intent(job.name, "default", tuple(job.gpus),
-                                           tuple(calls)))
+                                           tuple(calls), opt_in=job.declare_intent))
         self.last_plan = self.controller.plan()
         return self.last_plan
 

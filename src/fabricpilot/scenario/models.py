@@ -771,6 +771,11 @@ class JobSpec(_Model):
     declare_intent: bool = Field(
         default=True, description="the job declares its collectives to the controller"
     )
+    sla_us: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="latency SLA of its calls in microseconds (L1 < 50, L2 <= 100, L3 above; "
+        "none: L3)",
+    )
     traffic_class: TrafficClass = Field(
         default="rdma", description="QoS class of the job's flows: rdma, tcp or control"
     )

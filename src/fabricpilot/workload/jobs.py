@@ -23,6 +23,8 @@ class JobSpec:
     iterations: int = 1
     compute_ns: int = 0
     traffic_class: str = "rdma"  # QoS class of the job's flows (rdma, tcp, control)
+    declare_intent: bool = True  # the job declares its calls to the controller
+    sla_us: float | None = None  # latency SLA of its calls (None: no SLA, level L3)
 
     def __post_init__(self) -> None:
         if self.iterations < 1:

@@ -106,6 +106,10 @@ def run(
         shown = [r for r in results if r.policy in policies]
         out.print(comparison_table(shown, reference))
         out.print(fabric_table(shown))
+        for r in shown:
+            if r.sla_unmet:
+                out.print(f"{r.policy}: {len(r.sla_unmet)} GPU pairs whose SLA no path meets, "
+                          f"e.g. {escape(r.sla_unmet[0])}", highlight=False, soft_wrap=True)
         events = pfc_event_lines(shown)
         if events:
             out.print("PFC storms and deadlocks:")

@@ -206,7 +206,11 @@ def run_policy(
     t0 = time.perf_counter()
     out = engine.run()
     wall = time.perf_counter() - t0
-    return RunResult.from_engine(out, policy=policy, seed=prep.seed,
-                                 scenario=prep.name, topology=prep.topology,
-                                 jobs=prep.jobs, wall_time_s=wall, model=prep.rate_model,
-                                 qos_mismatches=prep.qos_mismatches)
+    result = RunResult.from_engine(out, policy=policy, seed=prep.seed,
+                                   scenario=prep.name, topology=prep.topology,
+                                   jobs=prep.jobs, wall_time_s=wall, model=prep.rate_model,
+                                   qos_mismatches=prep.qos_mismatches)
+    report = getattr(pol, "report", None)
+    if report is not None:  # e.g. SLAs no path could meet
+        result.sla_unmet = list(report())
+    return result

@@ -2,7 +2,7 @@
 (ECMP hashing, ideal fluid spraying; adaptive, flowlet and spraying variants build on the same
 interface)."""
 
-from fabricpilot.balancing import adaptive, ecmp, ideal, spray, task_aware  # noqa: F401
+from fabricpilot.balancing import adaptive, ecmp, ideal, sla_aware, spray, task_aware  # noqa: F401
 from fabricpilot.balancing.base import (
     POLICIES,
     EcmpParams,

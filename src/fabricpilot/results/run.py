@@ -68,6 +68,7 @@ class RunResult:
     model: str = "flow"
     model_report: FluidReport | None = None
     path_moves: int = 0
+    sla_unmet: list[str] = field(default_factory=list)  # "<job>: gpuA -> gpuB: <why>"
     qos_mismatches: list[str] = field(default_factory=list)
 
     @classmethod
@@ -232,5 +233,6 @@ class RunResult:
             # packets that arrived before earlier packets of their flow (path changes, spraying)
             "reorder_events": int(np.asarray(self.flows.get("reorder_events", [0])).sum()),
             "path_moves": int(self.path_moves),
+            "sla_unmet": list(self.sla_unmet),
             "qos_mismatches": list(self.qos_mismatches),
         }

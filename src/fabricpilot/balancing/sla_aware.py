@@ -1,0 +1,91 @@
+"""``sla-aware``: paths by SLA level and ranking (the twin's side of the ranking service).
+
+A job that declares a latency SLA (``sla_us``) has each of its flows placed on the best path
+:func:`~fabricpilot.controller.ranking.rank_paths` ranks for it: the k = 5 shortest paths in
+the SLA level's scope (L1: at most one switch; L2: no spine; L3: any), penalised for per-link
+delay above 0.8 x SLA and for little free buffer (from the current queues). When no path can
+meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet`` list) and
+the flow still runs, on the path switch-local adaptive routing gives it. Jobs without an SLA
+are routed by switch-local adaptive routing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fabricpilot.balancing.adaptive import Adaptive
+from fabricpilot.balancing.base import (
+    PolicyContext,
+    RoutedBatch,
+    TransferBatch,
+    assemble,
+    paths_to_weights,
+    register_policy,
+)
+from fabricpilot.balancing.hashing import qp_source_port
+from fabricpilot.balancing.task_aware import fabric_view
+from fabricpilot.controller.ranking import SlaUnmet, rank_paths
+from fabricpilot.controller.southbound import FabricView
+from fabricpilot.topology.paths import max_path_links, path_delay_ns
+from fabricpilot.workload.jobs import JobSpec
+
+BUFFER_BYTES = 16 * 1024 * 1024  # per egress port, for the free-buffer penalty
+
+
+class SlaAware(Adaptive):
+    """SLA-level scoped, ranked paths for jobs with an SLA (see the module docstring)."""
+
+    name = "sla-aware"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.view: FabricView = fabric_view(ctx)
+        self.sla_us: list[float | None] = []
+        self.job_names: list[str] = []
+        self.unmet: dict[tuple[str, int, int], str] = {}
+        self.chosen: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (job, src, dst)
+
+    def attach_jobs(self, jobs: list[JobSpec]) -> None:
+        self.job_names = [j.name for j in jobs]
+        self.sla_us = [j.sla_us for j in jobs]
+
+    def route(self, batch: TransferBatch) -> RoutedBatch:
+        ct = self.ctx.topology
+        n = len(batch)
+        sport = qp_source_port(batch.job, batch.src, batch.dst, np.zeros(n, np.int64),
+                               entropy=self.ctx.ecmp.source_port_entropy)
+        paths = self._walk(batch.src, batch.dst, sport, self._load_now())
+        tel = self._telemetry() if self._telemetry is not None else None
+        free = None
+        if tel is not None:
+            free = {int(i): BUFFER_BYTES - float(q) for i, q in enumerate(tel.queue_bytes)
+                    if q > 0}
+        width = max_path_links(ct)
+        for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
+                                          batch.dst.tolist(), strict=True)):
+            if not (0 <= j < len(self.sla_us)) or self.sla_us[j] is None:
+                continue
+            key = (j, s, d)
+            hit = self.chosen.get(key)
+            if hit is None:
+                if self.view.gpu_node[s] == self.view.gpu_node[d]:
+                    continue
+                ranked = rank_paths(self.view, s, d, float(self.sla_us[j]),  # type: ignore[arg-type]
+                                    free_buffer_bytes=free)
+                if isinstance(ranked, SlaUnmet):
+                    self.unmet[(self.job_names[j], s, d)] = ranked.reason
+                    continue
+                hit = self.chosen[key] = ranked[0].links
+            row = np.full(width, -1, np.int32)
+            row[: len(hit)] = hit
+            paths[i] = row
+        delay = path_delay_ns(ct, paths, self.ctx.switch_latency_ns)
+        return assemble(batch, paths_to_weights(paths, ct.n_links), delay, paths)
+
+    def report(self) -> list[str]:
+        """One line per job and GPU pair whose SLA no path could meet."""
+        return [f"{job}: gpu{s} -> gpu{d}: {why}"
+                for (job, s, d), why in sorted(self.unmet.items())]
+
+
+register_policy("sla-aware")(SlaAware)

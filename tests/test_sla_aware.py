@@ -1,0 +1,82 @@
+"""sla-aware: L1 / L2 jobs never get paths outside their scope, an impossible SLA is reported
+(never silently served by a worse path), and jobs without an SLA are left to the switches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fabricpilot.balancing import PolicyContext, make_policy
+from fabricpilot.balancing.sla_aware import SlaAware
+from fabricpilot.dataplane import Engine
+from fabricpilot.topology import compile_topology, leaf_spine
+from fabricpilot.workload.jobs import JobSpec
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage
+
+
+def p2p(name: str, pairs: list[tuple[int, int]], sla_us: float | None) -> JobSpec:
+    src = np.array([a for a, _ in pairs])
+    dst = np.array([b for _, b in pairs])
+    stage = Stage(src, dst, np.full(len(pairs), 1 << 20), np.full(len(pairs), -1))
+    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), 1 << 20,
+                          "p2p", (stage,))
+    return JobSpec(name, plan.ranks, (plan,), sla_us=sla_us)
+
+
+def test_levels_scope_paths_and_impossible_slas_are_reported() -> None:
+    # 4 leaves of 4 single-GPU hosts, 4 spines
+    ct = compile_topology(leaf_spine(hosts=16, gpus_per_host=1, nics_per_leaf=4,
+                                     rail_optimized=False))
+    jobs = [
+        p2p("l1-local", [(0, 1), (2, 3)], 30.0),      # same leaf: one switch, L1 is possible
+        p2p("l1-remote", [(4, 8)], 30.0),             # other leaf: needs a spine, L1 is not
+        p2p("l2-remote", [(5, 9)], 80.0),             # L2 may not cross a spine either
+        p2p("l3", [(6, 10), (7, 11)], 500.0),         # any path
+        p2p("none", [(12, 0)], None),                 # no SLA: switch-local adaptive routing
+    ]
+    pol = make_policy("sla-aware", PolicyContext(ct, 1, 600))
+    assert isinstance(pol, SlaAware)
+    pol.attach_jobs(jobs)
+    out = Engine(ct, pol, jobs).run()
+    assert len(out.collectives) == len(jobs)          # every job still completes
+    names = [ct.link_name(i) for i in range(ct.n_links)]
+    tier = {ct.node_names[int(ct.switch_node[s])]: int(ct.switch_tier[s])
+            for s in range(len(ct.switch_node))}
+    for (j, _src, _dst), links in pol.chosen.items():
+        switches = {names[lk].split("->")[1] for lk in links[:-1]}
+        if jobs[j].sla_us is not None and jobs[j].sla_us < 50:
+            assert len(switches) == 1                 # L1: a single switch
+        elif jobs[j].sla_us is not None and jobs[j].sla_us <= 100:
+            assert all(tier[sw] < 2 for sw in switches)  # L2: no spine
+    placed = {pol.job_names[j] for j, _, _ in pol.chosen}
+    assert placed == {"l1-local", "l3"}
+    # the two remote L1 / L2 pairs are reported, each with the level and why
+    report = pol.report()
+    assert len(report) == 2
+    assert report[0].startswith("l1-remote: gpu4 -> gpu8: L1")
+    assert report[1].startswith("l2-remote: gpu5 -> gpu9: L2")
+    assert "spine" in report[1]
+
+
+def test_the_cli_reports_unmet_slas(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = {
+        "name": "sla", "seed": 1, "policies": ["sla-aware"],
+        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                     "rail_optimized": False, "nics_per_leaf": 4},
+        "jobs": [{"name": "tight", "gpus": 8, "placement": "contiguous", "sla_us": 20,
+                  "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}],
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    res = subprocess.run([sys.executable, "-m", "fabricpilot", "run", str(path), "--policy",
+                          "sla-aware", "--json", str(tmp_path / "s.json")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "GPU pairs whose SLA no path meets" in res.stdout
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["sla_unmet"] and all(s.startswith("tight: ") for s in summary["sla_unmet"])

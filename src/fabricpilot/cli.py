@@ -246,9 +246,14 @@ def topology_export(
 @app.command()
 def policies() -> None:
     """List the routing policies."""
+    width = max(len(n) for n in POLICIES)
     for name in sorted(POLICIES):
-        doc = (sys.modules[POLICIES[name].__module__].__doc__ or "").strip().splitlines()
-        out.print(f"{name:<8} {doc[0] if doc else ''}", highlight=False)
+        # the policy class's own summary (several policies share a module)
+        factory = POLICIES[name]
+        doc = (factory.__doc__ or sys.modules[factory.__module__].__doc__ or "").strip()
+        first = " ".join(doc.split("\n\n")[0].split()).replace(" (see the module docstring)",
+                                                                 "")
+        out.print(f"{name:<{width}}  {first}", highlight=False, soft_wrap=True)
 
 
 @app.callback(invoke_without_command=True)

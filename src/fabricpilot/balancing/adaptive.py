@@ -301,7 +301,7 @@ register_policy("adaptive")(Adaptive)
 
 
 class AdaptiveSplit(Adaptive):
-    """``adaptive-split``: adaptive routing with mice kept off the elephants' paths.
+    """Adaptive routing with mice kept on reserved spines, off the elephants' paths.
 
     A transfer smaller than :attr:`mice_bytes` (by its declared size) is a mouse. The first
     :attr:`reserved_spines` switches of the top tier carry only mice: mice choose among them
@@ -393,11 +393,13 @@ register_policy("adaptive-split")(AdaptiveSplit)
 
 
 class Flowlet(Adaptive):
-    """``flowlet``: adaptive routing per flowlet. A connection (job, source, destination, QP)
-    may take a new path only when it has been idle for at least :attr:`gap_ns` since its
-    last byte; a flow that starts sooner continues on its connection's path. RDMA elephants
-    seldom pause, so within one long transfer nothing moves; between the steps of a
-    collective or the iterations of a job, connections do pause.
+    """Adaptive routing per flowlet: a connection changes path only after an idle gap.
+
+    A connection (job, source, destination, QP) may take a new path only when it has been
+    idle for at least :attr:`gap_ns` since its last byte; a flow that starts sooner
+    continues on its connection's path. RDMA elephants seldom pause, so within one long
+    transfer nothing moves; between the steps of a collective or the iterations of a job,
+    connections do pause.
 
     A switch whose new path is faster than the old one by more than the gap lets the new
     flowlet's first packets arrive before the old one's last: ``(d_old - d_new - gap)`` of

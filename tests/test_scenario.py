@@ -73,7 +73,7 @@ def test_default_scenario() -> None:
     ops = {c.op for job in scenario.jobs for c in job.collectives}
     assert {"allreduce", "alltoall"} <= ops
     assert scenario.mice is not None and scenario.mice.size_bytes == 16 * 1024
-    assert scenario.seed == 7 and scenario.policies == ["ecmp", "adaptive", "ideal"]
+    assert scenario.seed == 7 and scenario.policies == ["ecmp", "adaptive", "task-aware", "ideal"]
     assert sum(job.gpus for job in scenario.jobs) <= scenario.topology.n_gpus
     assert default_scenario_path().is_file()
 

@@ -9,6 +9,18 @@ from fabricpilot.runner import Prepared, run_policy
 from fabricpilot.topology import CompiledTopology
 from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
+from fabricpilot.workload.plan import CollectivePlan, Op, Stage
+
+
+def p2p_job(name: str, pairs: list[tuple[int, int]], size_bytes: int, **kw: object) -> JobSpec:
+    """A job whose only 'collective' is a set of independent point-to-point transfers of
+    ``size_bytes`` each (one stage); ``kw`` go to :class:`JobSpec`."""
+    src = np.array([a for a, _ in pairs])
+    dst = np.array([b for _, b in pairs])
+    stage = Stage(src, dst, np.full(len(pairs), size_bytes), np.full(len(pairs), -1))
+    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})),
+                          size_bytes, "p2p", (stage,))
+    return JobSpec(name, plan.ranks, (plan,), **kw)  # type: ignore[arg-type]
 
 
 def run_one(

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import p2p_job
 from fabricpilot.balancing import PolicyContext, make_policy
 from fabricpilot.balancing.adaptive import Adaptive, Flowlet, least_loaded, onward_segments
 from fabricpilot.balancing.base import ActiveMembers, Moves
@@ -17,19 +18,13 @@ from fabricpilot.dataplane import Engine, FabricParams
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.topology import compile_topology, leaf_spine
 from fabricpilot.workload.jobs import JobSpec
-from fabricpilot.workload.plan import CollectivePlan, Op, Stage
 
 WIRE = (4096 + 78) / 4096
 LINE_GBPS = 400.0
 
 
 def p2p(pairs: list[tuple[int, int]], size: int) -> JobSpec:
-    src = np.array([a for a, _ in pairs])
-    dst = np.array([b for _, b in pairs])
-    stage = Stage(src, dst, np.full(len(pairs), size), np.full(len(pairs), -1))
-    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), size,
-                          "p2p", (stage,))
-    return JobSpec("p2p", plan.ranks, (plan,))
+    return p2p_job("p2p", pairs, size)
 
 
 def run(ct, jobs, policy):  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from conftest import p2p_job
 from fabricpilot.balancing import PolicyContext, make_policy
 from fabricpilot.balancing.explicit import ExplicitPaths
 from fabricpilot.dataplane import (
@@ -32,19 +33,13 @@ from fabricpilot.topology import compile_topology, leaf_spine
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology
 from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
-from fabricpilot.workload.plan import CollectivePlan, Op, Stage
 
 WIRE = (4096 + 78) / 4096  # wire bytes per payload byte (full packets)
 
 
 def p2p(name: str, pairs: list[tuple[int, int]], size: int, **kw: object) -> JobSpec:
     """A job whose only 'collective' is a set of independent point-to-point transfers."""
-    src = np.array([a for a, _ in pairs])
-    dst = np.array([b for _, b in pairs])
-    stage = Stage(src, dst, np.full(len(pairs), size), np.full(len(pairs), -1))
-    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), size,
-                          "p2p", (stage,))
-    return JobSpec(name, plan.ranks, (plan,), **kw)  # type: ignore[arg-type]
+    return p2p_job(name, pairs, size, **kw)
 
 
 def run(ct, jobs, policy="ecmp", paths=None, **model_kw) -> EngineOutput:  # type: ignore[no-untyped-def]

@@ -3,23 +3,16 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from conftest import p2p_job
 from fabricpilot.balancing import PolicyContext, make_policy
 from fabricpilot.balancing.sla_aware import SlaAware
 from fabricpilot.dataplane import Engine
 from fabricpilot.topology import compile_topology, leaf_spine
 from fabricpilot.workload.jobs import JobSpec
-from fabricpilot.workload.plan import CollectivePlan, Op, Stage
 
 
 def p2p(name: str, pairs: list[tuple[int, int]], sla_us: float | None) -> JobSpec:
-    src = np.array([a for a, _ in pairs])
-    dst = np.array([b for _, b in pairs])
-    stage = Stage(src, dst, np.full(len(pairs), 1 << 20), np.full(len(pairs), -1))
-    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), 1 << 20,
-                          "p2p", (stage,))
-    return JobSpec(name, plan.ranks, (plan,), sla_us=sla_us)
+    return p2p_job(name, pairs, 1 << 20, sla_us=sla_us)
 
 
 def test_levels_scope_paths_and_impossible_slas_are_reported() -> None:

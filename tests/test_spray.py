@@ -5,27 +5,21 @@ ECMP, by exactly the efficiency of the packet-level calculation."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
+from conftest import p2p_job
 from fabricpilot.balancing import PolicyContext, make_policy
 from fabricpilot.balancing.spray import MTU_WIRE_BYTES, go_back_n
 from fabricpilot.dataplane import Engine
 from fabricpilot.topology import compile_topology, leaf_spine
 from fabricpilot.workload.jobs import JobSpec
-from fabricpilot.workload.plan import CollectivePlan, Op, Stage
 
 SIZE = 16 << 20
 PAIRS = [(0, 2), (1, 3)]  # leaf0 -> leaf1, two flows, two spines
 
 
 def p2p(pairs: list[tuple[int, int]], size: int) -> JobSpec:
-    src = np.array([a for a, _ in pairs])
-    dst = np.array([b for _, b in pairs])
-    stage = Stage(src, dst, np.full(len(pairs), size), np.full(len(pairs), -1))
-    plan = CollectivePlan(Op.ALLTOALL, tuple(sorted({*src.tolist(), *dst.tolist()})), size,
-                          "p2p", (stage,))
-    return JobSpec("p2p", plan.ranks, (plan,))
+    return p2p_job("p2p", pairs, size)
 
 
 def fabric(spine1_link_ns: int):  # type: ignore[no-untyped-def]

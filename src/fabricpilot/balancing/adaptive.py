@@ -43,7 +43,7 @@ from fabricpilot.balancing.base import (
 from fabricpilot.balancing.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.topology.compiled import CompiledTopology
-from fabricpilot.topology.paths import max_path_links, path_delay_ns, walk_paths
+from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns, walk_paths
 
 QUEUE_NORM_NS = 10_000.0
 MAX_MOVES_PER_ROUND = 256
@@ -223,15 +223,24 @@ class Adaptive:
 
         return walk_paths(ct, src, dst, choose)
 
+    def _qps(self, batch: TransferBatch) -> tuple[TransferBatch, NDArray[np.int64]]:
+        """The batch split into QPs (``ecmp.qps_per_connection``) and each QP's UDP source
+        port (the 5-tuple whose ECMP hash breaks ties)."""
+        sub, qp = split_qps(batch, self.ctx.ecmp.qps_per_connection)
+        return sub, qp_source_port(sub.job, sub.src, sub.dst, qp,
+                                   entropy=self.ctx.ecmp.source_port_entropy)
+
+    def _routed(self, batch: TransferBatch, paths: NDArray[np.int32],
+                **extra: object) -> RoutedBatch:
+        """Rate-model rows for ``batch`` on one path per transfer."""
+        ct = self.ctx.topology
+        delay = path_delay_ns(ct, paths, self.ctx.switch_latency_ns)
+        routed = assemble(batch, paths_to_weights(paths, ct.n_links), delay, paths)
+        return replace(routed, **extra) if extra else routed  # type: ignore[arg-type]
+
     def route(self, batch: TransferBatch) -> RoutedBatch:
-        ctx = self.ctx
-        ct = ctx.topology
-        sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
-        sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
-                               entropy=ctx.ecmp.source_port_entropy)
-        paths = self._walk(sub.src, sub.dst, sport, self._load_now())
-        delay = path_delay_ns(ct, paths, ctx.switch_latency_ns)
-        return assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
+        sub, sport = self._qps(batch)
+        return self._routed(sub, self._walk(sub.src, sub.dst, sport, self._load_now()))
 
     def rebalance(self, members: ActiveMembers) -> Moves:
         """Re-place the streams whose path crosses an over-committed link (demand above one
@@ -276,7 +285,7 @@ class Adaptive:
         link_cost = np.where(w > 0, load / np.maximum(w, 1e-300), np.inf)
         new_cost = np.where(nv, link_cost[np.where(nv, new, 0)], 0.0).max(axis=1)
         width = max(new.shape[1], old.shape[1])
-        changed = (_pad(new, width) != _pad(old, width)).any(axis=1)
+        changed = (pad_paths(new, width) != pad_paths(old, width)).any(axis=1)
         move = changed & (new_cost < cost[cand] - self.hysteresis)
         if not move.any():
             return empty
@@ -289,12 +298,6 @@ def _add_load(load: NDArray[np.float64], paths: NDArray[np.int32], gbps: NDArray
     for h in range(paths.shape[1]):
         on = paths[:, h] >= 0
         np.add.at(load, paths[on, h], gbps[on] / rate_gbps[paths[on, h]])
-
-
-def _pad(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
-    out = np.full((len(paths), width), -1, np.int32)
-    out[:, : paths.shape[1]] = paths
-    return out
 
 
 register_policy("adaptive")(Adaptive)
@@ -336,11 +339,8 @@ class AdaptiveSplit(Adaptive):
         return mice, elephants
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
-        ctx = self.ctx
-        ct = ctx.topology
-        sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
-        sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
-                               entropy=ctx.ecmp.source_port_entropy)
+        ct = self.ctx.topology
+        sub, sport = self._qps(batch)
         mouse = (sub.size_bytes < self.mice_bytes) | self.watches_bytes_sent
         load = self._load_now()
         paths = np.full((len(sub), max_path_links(ct)), -1, np.int32)
@@ -353,8 +353,7 @@ class AdaptiveSplit(Adaptive):
                     paths[idx] = self._walk(sub.src[idx], sub.dst[idx], sport[idx], load)
         finally:
             self.congestion_table = pushed
-        delay = path_delay_ns(ct, paths, ctx.switch_latency_ns)
-        return assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
+        return self._routed(sub, paths)
 
     def rebalance(self, members: ActiveMembers) -> Moves:
         # elephants only (mice are short), and only among the elephants' spines
@@ -426,9 +425,7 @@ class Flowlet(Adaptive):
     def route(self, batch: TransferBatch) -> RoutedBatch:
         ctx = self.ctx
         ct = ctx.topology
-        sub, qp = split_qps(batch, ctx.ecmp.qps_per_connection)
-        sport = qp_source_port(sub.job, sub.src, sub.dst, qp,
-                               entropy=ctx.ecmp.source_port_entropy)
+        sub, sport = self._qps(batch)
         tel = self._telemetry() if self._telemetry is not None else None
         now = tel.now_ns if tel is not None else 0.0
         load = self.port_load(tel).copy() if tel is not None else np.zeros(ct.n_links)
@@ -453,12 +450,10 @@ class Flowlet(Adaptive):
                         packets = -(-int(sub.size_bytes[i]) // 4096)
                         events[i] = min(packets, int(np.ceil(sent / 4096)))
             self._conn[key] = (paths[i].copy(), np.inf)
-        delay = path_delay_ns(ct, paths, lat)
-        routed = assemble(sub, paths_to_weights(paths, ct.n_links), delay, paths)
         entity, n_rows = entity_of(sub.group)
         per_row = np.zeros(n_rows, np.int64)
         np.add.at(per_row, entity, events)
-        return replace(routed, reorder_events=per_row)
+        return self._routed(sub, paths, reorder_events=per_row)
 
 
 register_policy("flowlet")(Flowlet)

@@ -18,15 +18,13 @@ from fabricpilot.balancing.base import (
     PolicyContext,
     RoutedBatch,
     TransferBatch,
-    assemble,
-    paths_to_weights,
     register_policy,
 )
 from fabricpilot.balancing.hashing import qp_source_port
 from fabricpilot.balancing.task_aware import fabric_view
 from fabricpilot.controller.ranking import SlaUnmet, rank_paths
 from fabricpilot.controller.southbound import FabricView
-from fabricpilot.topology.paths import max_path_links, path_delay_ns
+from fabricpilot.topology.paths import max_path_links
 from fabricpilot.workload.jobs import JobSpec
 
 BUFFER_BYTES = 16 * 1024 * 1024  # per egress port, for the free-buffer penalty
@@ -79,8 +77,7 @@ class SlaAware(Adaptive):
             row = np.full(width, -1, np.int32)
             row[: len(hit)] = hit
             paths[i] = row
-        delay = path_delay_ns(ct, paths, self.ctx.switch_latency_ns)
-        return assemble(batch, paths_to_weights(paths, ct.n_links), delay, paths)
+        return self._routed(batch, paths)
 
     def report(self) -> list[str]:
         """One line per job and GPU pair whose SLA no path could meet."""

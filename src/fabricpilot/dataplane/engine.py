@@ -49,7 +49,7 @@ from fabricpilot.dataplane.rates import (
 )
 from fabricpilot.errors import SimulationError
 from fabricpilot.topology.compiled import CompiledTopology
-from fabricpilot.topology.paths import max_path_links, path_delay_ns
+from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals
 from fabricpilot.workload.plan import CollectivePlan, busbw_factor
@@ -126,15 +126,6 @@ class EngineOutput:
     path_moves: int = 0  # streams moved to another path mid-flow (rebalancing policies)
 
 
-def _pad(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
-    """Pad link-id paths with -1 to ``width`` columns."""
-    if paths.shape[1] == width:
-        return paths
-    out = np.full((len(paths), width), -1, np.int32)
-    out[:, : paths.shape[1]] = paths
-    return out
-
-
 @dataclass
 class _Stage:
     job: int
@@ -192,6 +183,7 @@ class Engine:
             and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf))
             and (not self._stepping or hasattr(self.model, "in_flight_bytes")))
         self._track = self._stepping or self._rebalancing
+        self._flows_done_hook = getattr(policy, "flows_done", None)
 
     # ----------------------------------------------------------------- public
     def run(self) -> EngineOutput:
@@ -389,7 +381,7 @@ class Engine:
         if self._stepping:
             # the model follows the bytes: hold the streams until the model reports their old
             # paths empty (queues included), then switch (always drain-safe here)
-            new = _pad(moves.path.astype(np.int32), self._m_path.shape[1])
+            new = pad_paths(moves.path.astype(np.int32), self._m_path.shape[1])
             for k, p in zip(self._m_key[moves.member].tolist(), new, strict=True):
                 self._pending_moves[k] = p
             self._row_hold[row[moves.member]] = math.inf
@@ -399,7 +391,7 @@ class Engine:
         lat = self.fabric.switch_latency_ns
         mem = moves.member
         old = self._m_path[mem]
-        new = _pad(moves.path.astype(np.int32), self._m_path.shape[1])
+        new = pad_paths(moves.path.astype(np.int32), self._m_path.shape[1])
         d_old = path_delay_ns(self.ct, old, lat)
         d_new = path_delay_ns(self.ct, new, lat)
         rows = row[mem]
@@ -421,11 +413,14 @@ class Engine:
                 self._reorder_moves[fid] = self._reorder_moves.get(fid, 0) + ev
         self._m_path[mem] = new
         self._moves += len(mem)
-        # the rows' weights: the sum of their members' paths
+        self._weights_from_members(row)
+
+    def _weights_from_members(self, row: NDArray[np.int64]) -> None:
+        """Rows' weights again from their members' paths (after a path change): the sum of
+        each member's path, scaled by its share (``row``: each member's row)."""
         unit = paths_to_weights(self._m_path, self.ct.n_links)
-        n_rows = len(self._remaining)
         member_of = sp.csr_matrix((self._m_share, (row, np.arange(len(row)))),
-                                  shape=(n_rows, len(row)))
+                                  shape=(len(self._remaining), len(row)))
         self._w = (member_of @ unit).tocsr()
         self._dirty = True
 
@@ -455,11 +450,7 @@ class Engine:
         release = [r for r in np.flatnonzero(np.isinf(self._row_hold)).tolist()
                    if r not in held_rows]
         self._row_hold[release] = -np.inf
-        unit = paths_to_weights(self._m_path, self.ct.n_links)
-        member_of = sp.csr_matrix((self._m_share, (row, np.arange(len(row)))),
-                                  shape=(len(self._remaining), len(row)))
-        self._w = (member_of @ unit).tocsr()
-        self._dirty = True
+        self._weights_from_members(row)
 
     # ------------------------------------------------------------- scheduling
     def _at(self, time_ns: int, fn: Callable[[], None]) -> None:
@@ -590,8 +581,8 @@ class Engine:
             self._m_stream = np.concatenate([self._m_stream, r.stream])
             self._m_share = np.concatenate([self._m_share, r.share])
             width = max(self._m_path.shape[1], r.path.shape[1])
-            self._m_path = np.concatenate([_pad(self._m_path, width), _pad(r.path, width)],
-                                          axis=0)
+            self._m_path = np.concatenate(
+                [pad_paths(self._m_path, width), pad_paths(r.path, width)], axis=0)
             self._m_key = np.concatenate(
                 [self._m_key, np.arange(self._n_members, self._n_members + k, dtype=np.int64)])
             self._n_members += k
@@ -649,7 +640,7 @@ class Engine:
         done = np.flatnonzero(batch)
         ids = self._row_flow[done]
         self._end_send.append((ids, np.full(len(ids), self.now, np.int64)))
-        flows_done = getattr(self.policy, "flows_done", None)
+        flows_done = self._flows_done_hook
         if flows_done is not None:
             one = done[self._row_single[done]]
             flows_done(self._row_owner[one], self._row_src[one], self._row_dst[one], self.now)

@@ -86,6 +86,19 @@ def walk_paths(
     return out
 
 
+def pad_paths(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
+    """Link-id paths padded with -1 to ``width`` columns (unchanged if already that wide).
+
+    >>> pad_paths(np.array([[3, 4]], np.int32), 4).tolist()
+    [[3, 4, -1, -1]]
+    """
+    if paths.shape[1] == width:
+        return paths
+    out = np.full((len(paths), width), -1, np.int32)
+    out[:, : paths.shape[1]] = paths
+    return out
+
+
 def equal_cost_paths(ct: CompiledTopology, src_gpu: int, dst_gpu: int) -> list[tuple[int, ...]]:
     """Every equal-cost (up-down) path from ``src_gpu`` to ``dst_gpu``, as tuples of link ids.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
@@ -136,3 +137,29 @@ def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  #
     assert ctl.intents[names[1]].strictest_level == "L2"
     keys = {k.split(":", 1)[0] for k in pol._rules}  # type: ignore[attr-defined]
     assert names[0] not in keys and names[1] in keys
+
+
+def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:
+    from fabricpilot.balancing import PolicyContext, make_policy
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.controller.congestion import CongestionMap
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    pol = make_policy("task-aware", PolicyContext(ct, 1, 600))
+    now = {"t": 0.0}
+    load = np.zeros(ct.n_links)
+    load[3] = 200.0                                   # one link at half of 400 Gb/s
+    queue = np.zeros(ct.n_links)
+    queue[5] = 1000.0
+    pol.bind(lambda: LinkTelemetry(load, queue, load, now["t"]))  # type: ignore[attr-defined]
+    assert pol.telemetry() == []                      # no interval yet  # type: ignore[attr-defined]
+    now["t"] = 1_000_000.0                            # 1 ms later
+    deltas = {d.link_id: d for d in pol.telemetry()}  # type: ignore[attr-defined]
+    assert set(deltas) == {3, 5}
+    # 200 Gb/s for 1 ms = 25 MB; the congestion map reads it back as 50% utilisation
+    assert deltas[3].tx_bytes == pytest.approx(25e6) and deltas[3].interval_ns == 1_000_000
+    cmap = CongestionMap(pol.fabric())                # type: ignore[attr-defined]
+    cmap.update(list(deltas.values()))
+    assert cmap.state(3).utilization == pytest.approx(0.5)
+    assert cmap.state(5).queue_bytes == 1000.0

@@ -69,14 +69,28 @@ class TaskAware(Adaptive):
         self.job_names: list[str] = []
         self.controller: Controller | None = None
         self.last_plan: PlanReport | None = None
-        self.qos: dict[int, int] = {}
+        self.qos: dict[int, int] = {}  # recorded; the twin's QoS comes from the scenario
+        self._last_telemetry_ns = 0.0
 
     # ------------------------------------------------------------ DataPlane
     def fabric(self) -> FabricView:
         return fabric_view(self.ctx)
 
     def telemetry(self) -> list[PortDelta]:
-        return []
+        """Counter deltas since the last call, as the switches would report them: each
+        link's bytes at its current rate over the interval, and its queue now (links with
+        neither are left out: only deltas are sent)."""
+        if self._telemetry is None:
+            return []
+        tel = self._telemetry()
+        interval = int(tel.now_ns - self._last_telemetry_ns)
+        self._last_telemetry_ns = tel.now_ns
+        if interval <= 0:
+            return []
+        busy = (tel.load_gbps > 0) | (tel.queue_bytes > 0)
+        return [PortDelta(int(i), interval, tx_bytes=float(tel.load_gbps[i]) * interval / 8.0,
+                          queue_bytes=float(tel.queue_bytes[i]))
+                for i in np.flatnonzero(busy).tolist()]
 
     def install(self, rules: list[PathSet]) -> None:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0

@@ -23,10 +23,11 @@ from fabricpilot.balancing import (
     TransferBatch,
     UnknownPolicyError,
     base,
-    hashing,
     make_policy,
 )
-from fabricpilot.balancing.hashing import (
+from fabricpilot.balancing.ideal import Ideal
+from fabricpilot.net import hashing
+from fabricpilot.net.hashing import (
     ROCE_UDP_PORT,
     crc32_words,
     ecmp_hash,
@@ -35,7 +36,6 @@ from fabricpilot.balancing.hashing import (
     splitmix64,
     switch_seed,
 )
-from fabricpilot.balancing.ideal import Ideal
 from fabricpilot.topology import (
     CompiledTopology,
     Topology,

@@ -40,8 +40,8 @@ from fabricpilot.balancing.base import (
     register_policy,
     split_qps,
 )
-from fabricpilot.balancing.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.errors import FabricpilotError
+from fabricpilot.net.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns, walk_paths
 

@@ -20,7 +20,7 @@ from fabricpilot.balancing.base import (
     register_policy,
     split_qps,
 )
-from fabricpilot.balancing.hashing import gpu_ip, qp_source_port, switch_hash
+from fabricpilot.net.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.topology.paths import path_delay_ns, walk_paths
 
 

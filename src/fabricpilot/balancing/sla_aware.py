@@ -20,10 +20,10 @@ from fabricpilot.balancing.base import (
     TransferBatch,
     register_policy,
 )
-from fabricpilot.balancing.hashing import qp_source_port
 from fabricpilot.balancing.task_aware import fabric_view
 from fabricpilot.controller.ranking import SlaUnmet, rank_paths
 from fabricpilot.controller.southbound import FabricView
+from fabricpilot.net.hashing import qp_source_port
 from fabricpilot.topology.paths import max_path_links
 from fabricpilot.workload.jobs import JobSpec
 

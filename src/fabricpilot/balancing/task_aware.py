@@ -31,10 +31,10 @@ from fabricpilot.balancing.base import (
     register_policy,
     stream_index,
 )
-from fabricpilot.balancing.hashing import qp_source_port
 from fabricpilot.controller.core import Controller, PlanReport, rule_key
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
+from fabricpilot.net.hashing import qp_source_port
 from fabricpilot.topology.compiled import LINK_KIND_CODES
 from fabricpilot.topology.paths import max_path_links, path_delay_ns
 from fabricpilot.workload.jobs import JobSpec

@@ -11,6 +11,7 @@ import pytest
 
 from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent
+from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
 
 
@@ -55,12 +56,12 @@ class FakeDataPlane:
 
 def test_two_jobs_crossing_the_same_leaves_get_disjoint_spines() -> None:
     dp = FakeDataPlane()
-    ctl = Controller(dp, parts=1)
+    ctl = Controller(dp, ControllerParams(parts=1))
     # job a: gpu0 -> gpu2 and back; job b: gpu1 -> gpu3 and back (a 2-GPU "ring" each)
     ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
     ctl.declare(Intent("b", "t2", (1, 3), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
     report = ctl.plan()
-    assert report.demands == 4 and report.rules == 4
+    assert report.demands == 4 and report.path_sets == 4
     # each direction of the leaf0 <-> leaf1 crossing has two flows at line rate and two
     # spines: the plan puts them on different spines, so no fabric link carries more than
     # one; the NIC links are at exactly 1.0 either way

@@ -16,13 +16,14 @@ once with the list of known ones.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
+from fabricpilot.controller.params import ControllerParams
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.topology.compiled import CompiledTopology
 
@@ -162,6 +163,7 @@ class PolicyContext:
     ecmp: EcmpParams = EcmpParams()
     member_routes: bool = False  # the rate model follows paths: policies must give routes
     adaptive: AdaptiveParams = AdaptiveParams()
+    controller: ControllerParams = field(default_factory=ControllerParams)
 
 
 class RoutingPolicy(Protocol):

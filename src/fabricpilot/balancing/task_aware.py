@@ -14,10 +14,12 @@ collective is a call whose pairs are the GPU pairs its stages exchange data betw
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
+from numpy.typing import NDArray
 
 from fabricpilot.balancing.adaptive import Adaptive
 from fabricpilot.balancing.base import (
@@ -33,10 +35,16 @@ from fabricpilot.balancing.base import (
 )
 from fabricpilot.controller.core import Controller, PlanReport, rule_key
 from fabricpilot.controller.intents import CommCall, Intent
-from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
-from fabricpilot.net.hashing import qp_source_port
+from fabricpilot.controller.southbound import (
+    EcmpSpec,
+    FabricView,
+    LinkInfo,
+    PathSet,
+    PortDelta,
+)
+from fabricpilot.net.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.topology.compiled import LINK_KIND_CODES
-from fabricpilot.topology.paths import max_path_links, path_delay_ns
+from fabricpilot.topology.paths import max_path_links, path_delay_ns, walk_paths
 from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAME = {code: str(kind) for kind, code in LINK_KIND_CODES.items()}
@@ -54,14 +62,31 @@ def fabric_view(ctx: PolicyContext) -> FabricView:
                       float(ct.rate_gbps[i]), int(ct.delay_ns[i]),
                       _KIND_NAME[int(ct.link_kind[i])]) for i in range(ct.n_links)]
     gpu_node = {g: names[int(ct.link_src[ct.gpu_up[g]])] for g in range(len(ct.gpu_up))}
-    return FabricView.from_links(links, kind, tier, gpu_node)
+    return FabricView.from_links(links, kind, tier, gpu_node, ecmp=ecmp_spec(ctx),
+                                 rule_capacity=ctx.controller.switch_rule_capacity)
+
+
+def ecmp_spec(ctx: PolicyContext) -> EcmpSpec:
+    """The twin's switches' hash as a controller reads it: seeds, NIC entropy, and every
+    ECMP group's members in bucket order (the order :func:`walk_paths` indexes)."""
+    ct = ctx.topology
+    names = list(ct.node_names)
+    sw_name = [names[int(n)] for n in ct.switch_node]
+    leaf_of_slot = {int(ct.leaf_slot[s]): sw_name[s] for s in np.flatnonzero(ct.leaf_slot >= 0)}
+    groups = {}
+    for s, t in zip(*np.nonzero(ct.nh_count > 0), strict=True):
+        count = int(ct.nh_count[s, t])
+        groups[(sw_name[s], leaf_of_slot[int(t)])] = tuple(int(x) for x in
+                                                            ct.nh_link[s, t, :count])
+    return EcmpSpec(ctx.seed, ctx.ecmp.per_switch_seed, ctx.ecmp.source_port_entropy,
+                    {n: i for i, n in enumerate(sw_name)}, groups,
+                    {g: sw_name[int(ct.gpu_leaf[g])] for g in range(len(ct.gpu_leaf))})
 
 
 class TaskAware(Adaptive):
     """Controller-planned path sets with switch-local adaptation (see the module docstring)."""
 
     name = "task-aware"
-    control_latency_ns = 10_000
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -71,6 +96,8 @@ class TaskAware(Adaptive):
         self.last_plan: PlanReport | None = None
         self.qos: dict[int, int] = {}  # recorded; the twin's QoS comes from the scenario
         self._last_telemetry_ns = 0.0
+        # rule key -> (the path set, the link-id rows its QPs are forwarded on)
+        self._forwarded: dict[str, tuple[PathSet, list[NDArray[np.int32]]]] = {}
 
     # ------------------------------------------------------------ DataPlane
     def fabric(self) -> FabricView:
@@ -93,9 +120,26 @@ class TaskAware(Adaptive):
                 for i in np.flatnonzero(busy).tolist()]
 
     def install(self, rules: list[PathSet]) -> None:
+        """Take path sets (effective after the control-channel latency). A switch whose
+        rule table would overflow rejects the update, as an ASIC does."""
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
+        table = self.switch_rules() - Counter(
+            sw for r in rules if r.key in self._rules
+            for pinned in self._rules[r.key][0].rules for sw, _ in pinned)
+        table.update(sw for r in rules for pinned in r.rules for sw, _ in pinned)
+        cap = self.ctx.controller.switch_rule_capacity
+        full = [(sw, n) for sw, n in table.items() if n > cap]
+        if full:
+            sw, n = max(full, key=lambda x: x[1])
+            raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
         for r in rules:
-            self._rules[r.key] = (r, now + self.control_latency_ns)
+            self._rules[r.key] = (r, now + self.ctx.controller.control_latency_ns)
+            self._forwarded.pop(r.key, None)
+
+    def switch_rules(self) -> Counter[str]:
+        """Explicit forwarding rules each switch holds now."""
+        return Counter(sw for r, _ in self._rules.values() for pinned in r.rules
+                       for sw, _ in pinned)
 
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         table = self.congestion_table.copy()
@@ -110,7 +154,7 @@ class TaskAware(Adaptive):
     def attach_jobs(self, jobs: list[JobSpec]) -> PlanReport:
         """Declare every job from the scenario and plan them all (at time 0)."""
         self.job_names = [j.name for j in jobs]
-        self.controller = Controller(self)
+        self.controller = Controller(self, self.ctx.controller)
         for job in jobs:
             calls = []
             for plan in job.collectives:
@@ -126,6 +170,61 @@ class TaskAware(Adaptive):
         return self.last_plan
 
     # ------------------------------------------------------------ forwarding
+    def _forward(self, batch: TransferBatch, rule_of: dict[int, PathSet]) -> None:
+        """Resolve, once per installed path set, the paths its QPs take: each QP's source
+        port through every switch's ECMP hash, except where a pinned rule sets the next
+        hop (a set without ports is forwarded on its paths by rules)."""
+        ct = self.ctx.topology
+        todo = {}
+        for i, rule in rule_of.items():
+            if rule.key not in self._forwarded or self._forwarded[rule.key][0] is not rule:
+                todo[rule.key] = (i, rule)
+        if not todo:
+            return
+        width = max_path_links(ct)
+        src, dst, port, owner = [], [], [], []
+        override: dict[tuple[int, int], int] = {}
+        sw_index = {str(ct.node_names[int(n)]): k for k, n in enumerate(ct.switch_node)}
+        for key, (i, rule) in todo.items():
+            if not rule.ports:
+                rows = [np.pad(np.array(p, np.int32), (0, width - len(p)), constant_values=-1)
+                        for p in rule.paths]
+                self._forwarded[key] = (rule, rows)
+                continue
+            for q, p in enumerate(rule.ports):
+                for sw, link in (rule.rules[q] if rule.rules else ()):
+                    override[(len(src), sw_index[sw])] = link
+                src.append(int(batch.src[i]))
+                dst.append(int(batch.dst[i]))
+                port.append(p)
+                owner.append(key)
+        if not src:
+            return
+        s_arr, d_arr = np.array(src, np.int64), np.array(dst, np.int64)
+        src_ip, dst_ip = gpu_ip(s_arr), gpu_ip(d_arr)
+        sport = np.array(port, np.int64)
+        tgt = ct.leaf_slot[ct.gpu_leaf[d_arr]]
+
+        pinned_rows = np.array(sorted({row for row, _ in override}), np.int64)
+
+        def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64]) -> NDArray:
+            h = switch_hash(src_ip[rows], dst_ip[rows], sport[rows], switch, self.ctx.seed,
+                            self.ctx.ecmp.per_switch_seed).astype(np.int64)
+            for k in np.flatnonzero(np.isin(rows, pinned_rows)).tolist():
+                row, sw = int(rows[k]), int(switch[k])
+                link = override.get((row, sw))
+                if link is not None:
+                    group = ct.nh_link[sw, tgt[row], : ct.nh_count[sw, tgt[row]]].tolist()
+                    h[k] = group.index(link)
+            return h
+
+        paths = walk_paths(ct, s_arr, d_arr, choose)
+        rows_of: dict[str, list[NDArray[np.int32]]] = {}
+        for r, key in enumerate(owner):
+            rows_of.setdefault(key, []).append(paths[r])
+        for key, rows in rows_of.items():
+            self._forwarded[key] = (todo[key][1], rows)
+
     def route(self, batch: TransferBatch) -> RoutedBatch:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         ct = self.ctx.topology
@@ -138,14 +237,16 @@ class TaskAware(Adaptive):
                     planned.append((i, hit[0]))
         if not planned:
             return super().route(batch)
-        # planned transfers: each one stream spread over its set's paths by their weights;
-        # the others on the path switch-local adaptive routing gives them
+        # planned transfers: one QP per path of the set, carrying the path's share and
+        # forwarded by the switches' hash of its source port (and any pinned rules); the
+        # others on the path switch-local adaptive routing gives them
         width = max_path_links(ct)
         n = len(batch)
         sport = qp_source_port(batch.job, batch.src, batch.dst, np.zeros(n, np.int64),
                                entropy=self.ctx.ecmp.source_port_entropy)
         adaptive_paths = self._walk(batch.src, batch.dst, sport, self._load_now())
         rule_of = dict(planned)
+        self._forward(batch, rule_of)
         t_idx, m_share, m_path = [], [], []
         for i in range(n):
             rule = rule_of.get(i)
@@ -155,9 +256,8 @@ class TaskAware(Adaptive):
                 m_path.append(adaptive_paths[i])
                 continue
             w = np.array(rule.weights, np.float64)
-            for p, share in zip(rule.paths, (w / w.sum()).tolist(), strict=True):
-                row = np.full(width, -1, np.int32)
-                row[: len(p)] = p
+            rows = self._forwarded[rule.key][1]
+            for row, share in zip(rows, (w / w.sum()).tolist(), strict=True):
                 t_idx.append(i)
                 m_share.append(share)
                 m_path.append(row)

@@ -12,12 +12,15 @@ through a :class:`~fabricpilot.controller.southbound.DataPlane`.
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
+from fabricpilot.controller.entropy import Steering, SteerRequest, hash_path, steer
 from fabricpilot.controller.intents import Intent
+from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import Demand, Plan, plan_greedy
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
 
@@ -48,21 +51,34 @@ def rule_key(task_id: str, src: int, dst: int) -> str:
 
 @dataclass
 class PlanReport:
-    """What the last planning round did."""
+    """What the last planning round did: the plan, how many path sets and demands, and how
+    the paths are held: by source-port entropy alone (``steered``), with explicit rules
+    (``pinned``; ``switch_rules`` counts them per switch) or, where a switch's rule table
+    was full, left to the hash of their port (``unpinned``)."""
 
     plan: Plan
-    rules: int
+    path_sets: int
     demands: int
+    steered: int = 0
+    pinned: int = 0
+    unpinned: int = 0
+    switch_rules: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def max_switch_rules(self) -> int:
+        return max(self.switch_rules.values(), default=0)
 
 
 class Controller:
     """Plans paths for declared jobs and installs them through a data plane."""
 
-    def __init__(self, dataplane: DataPlane, *, parts: int = 4, nic_gbps: float | None = None,
-                 ) -> None:
+    def __init__(self, dataplane: DataPlane, params: ControllerParams | None = None, *,
+                 nic_gbps: float | None = None) -> None:
         self.dp = dataplane
         self.view: FabricView = dataplane.fabric()
-        self.parts = parts
+        self.params = params or ControllerParams()
+        self.parts = self.params.parts
+        self._endpoints: dict[str, tuple[int, int]] = {}
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
@@ -149,14 +165,59 @@ class Controller:
                         continue  # the same pair in several calls: its largest demand
                     out[key] = Demand(key, rate, tuple(self.candidates(a, b)),
                                       weight=intent.heat)
+                    self._endpoints[key] = (a, b)
         return list(out.values())
 
     def plan(self) -> PlanReport:
-        """Plan every opted-in job together and install the path sets."""
+        """Plan every opted-in job together, steer the planned paths and install them."""
         demands = self.demands()
         capacity = {lid: li.capacity_gbps for lid, li in self.view.links.items()}
         plan = plan_greedy(demands, capacity, split=self.parts)
-        rules = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
-                 for key, shares in plan.paths.items()]
+        weight = {d.key: d.weight for d in demands}
+        rules, report = self.steer_plan(plan, weight)
         self.dp.install(rules)
-        return PlanReport(plan, len(rules), len(demands))
+        report.demands = len(demands)
+        return report
+
+    def steer_plan(self, plan: Plan, weight: dict[str, float]
+                   ) -> tuple[list[PathSet], PlanReport]:
+        """Path sets for a plan, each path steered by a QP source port
+        (:mod:`~fabricpilot.controller.entropy`) and pinned by explicit rules where the hash
+        cannot reach it. Rules go to the heaviest demands first while every switch on the
+        way has room (``switch_rule_capacity``); a path that does not fit follows the hash
+        of its port, and the path set says so (it carries the path actually taken)."""
+        if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
+            sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
+                    for key, shares in plan.paths.items()]
+            return sets, PlanReport(plan, len(sets), 0)
+        reqs: list[SteerRequest] = []
+        for key, shares in plan.paths.items():
+            a, b = self._endpoints[key]
+            reqs += [SteerRequest(a, b, p, zlib.crc32(f"{key}#{i}".encode()))
+                     for i, (p, _) in enumerate(shares)]
+        got = steer(self.view, reqs, max_tries=self.params.steer_tries)
+        keys = [key for key, shares in plan.paths.items() for _ in shares]
+        used: Counter[str] = Counter()
+        paths = [q.path for q in reqs]
+        unpinned = 0
+        cap = self.view.rule_capacity
+        for r in sorted(range(len(reqs)), key=lambda r: (-weight.get(keys[r], 0.0), r)):
+            need = Counter(sw for sw, _ in got[r].rules)
+            if not need:
+                continue
+            if all(used[sw] + n <= cap for sw, n in need.items()):
+                used.update(need)
+            else:
+                unpinned += 1
+                got[r] = Steering(got[r].port, ())
+                paths[r] = hash_path(self.view, reqs[r].src, reqs[r].dst, got[r].port)
+        sets, r = [], 0
+        for key, shares in plan.paths.items():
+            n = len(shares)
+            sets.append(PathSet(key, tuple(paths[r:r + n]), tuple(w for _, w in shares),
+                                tuple(s.port for s in got[r:r + n]),
+                                tuple(s.rules for s in got[r:r + n])))
+            r += n
+        pinned = sum(1 for s in got if s.rules)
+        return sets, PlanReport(plan, len(sets), 0, len(reqs) - pinned - unpinned, pinned,
+                                unpinned, dict(used))

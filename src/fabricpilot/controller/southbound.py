@@ -32,13 +32,32 @@ class LinkInfo:
 
 
 @dataclass(frozen=True)
+class EcmpSpec:
+    """How the switches resolve their ECMP groups, as read from them: the hash seed
+    (``base_seed``, or a seed per switch derived from it and ``switch_index``), whether NICs
+    vary the UDP source port per QP, each group's members in bucket order (``groups[(switch,
+    destination leaf)]``: link ids, member ``hash % len`` is taken) and each GPU's leaf. With
+    this a controller evaluates exactly the next hop a switch picks for a 5-tuple
+    (:mod:`fabricpilot.net.hashing`)."""
+
+    base_seed: int
+    per_switch_seed: bool
+    source_port_entropy: bool
+    switch_index: dict[str, int]
+    groups: dict[tuple[str, str], tuple[int, ...]]
+    gpu_leaf: dict[int, str]
+
+
+@dataclass(frozen=True)
 class FabricView:
     """The fabric as the controller sees it.
 
     ``graph`` is a :class:`networkx.DiGraph` whose edges carry ``link_id``, ``capacity_gbps``,
     ``delay_ns`` and ``kind``, and whose nodes carry ``kind`` (``"gpu"``, ``"switch"``,
     ``"nvswitch"``) and, for switches, ``tier`` (1 = leaf / ToR, 2 = spine or aggregation, ...).
-    ``gpu_node`` maps a GPU index to its node name.
+    ``gpu_node`` maps a GPU index to its node name. ``ecmp`` describes the switches' hash
+    (``None`` if the data plane does not expose it) and ``rule_capacity`` how many explicit
+    forwarding rules one switch holds.
 
     >>> v = FabricView.from_links(
     ...     [LinkInfo(0, "gpu0", "leaf0", 400, 100, "host"),
@@ -52,17 +71,20 @@ class FabricView:
     graph: nx.DiGraph
     gpu_node: dict[int, str]
     links: dict[int, LinkInfo] = field(default_factory=dict)
+    ecmp: EcmpSpec | None = None
+    rule_capacity: int = 4096
 
     @classmethod
     def from_links(cls, links: list[LinkInfo], node_kind: dict[str, str],
-                   tier: dict[str, int], gpu_node: dict[int, str]) -> FabricView:
+                   tier: dict[str, int], gpu_node: dict[int, str], *,
+                   ecmp: EcmpSpec | None = None, rule_capacity: int = 4096) -> FabricView:
         g = nx.DiGraph()
         for name, kind in node_kind.items():
             g.add_node(name, kind=kind, tier=tier.get(name, 0))
         for li in links:
             g.add_edge(li.src, li.dst, link_id=li.link_id, capacity_gbps=li.capacity_gbps,
                        delay_ns=li.delay_ns, kind=li.kind)
-        return cls(g, dict(gpu_node), {li.link_id: li for li in links})
+        return cls(g, dict(gpu_node), {li.link_id: li for li in links}, ecmp, rule_capacity)
 
     def link(self, link_id: int) -> LinkInfo:
         return self.links[link_id]
@@ -95,11 +117,18 @@ class PortDelta:
 
 @dataclass(frozen=True, slots=True)
 class PathSet:
-    """Paths (link ids) and their traffic shares for one match key (a job, a flow, a class)."""
+    """Paths (link ids) and their traffic shares for one match key (a job, a flow, a class).
+
+    Steered path sets also say how: ``ports[i]`` is the UDP source port of the QP that carries
+    path ``i`` (the switches' ECMP hash of it lands on the path) and ``rules[i]`` the explicit
+    ``(switch, link)`` rules still needed where the hash does not (empty tuples when the data
+    plane forwards the paths by rules alone)."""
 
     key: str
     paths: tuple[tuple[int, ...], ...]
     weights: tuple[float, ...]
+    ports: tuple[int, ...] = ()
+    rules: tuple[tuple[tuple[str, int], ...], ...] = ()
 
 
 class DataPlane(Protocol):

@@ -27,7 +27,7 @@ def _crc_table() -> NDArray[np.uint32]:
     return table
 
 
-_TABLE = _crc_table()
+CRC32_TABLE = _crc_table()
 
 
 def crc32_words(fields: list[tuple[NDArray[np.integer], int]]) -> NDArray[np.uint32]:
@@ -46,7 +46,7 @@ def crc32_words(fields: list[tuple[NDArray[np.integer], int]]) -> NDArray[np.uin
         v = np.asarray(values).astype(np.uint64)
         for shift in range(8 * (n_bytes - 1), -1, -8):
             byte = ((v >> np.uint64(shift)) & np.uint64(0xFF)).astype(np.uint32)
-            crc = _TABLE[(crc ^ byte) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+            crc = CRC32_TABLE[(crc ^ byte) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
     return crc ^ np.uint32(0xFFFFFFFF)
 
 

@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from fabricpilot.controller.params import ControllerParams
 from fabricpilot.dataplane.params import DcqcnParams, EcnParams, FluidParams, PfcParams
 from fabricpilot.dataplane.qos import N_PRIORITIES, TRAFFIC_CLASSES, QosParams
 from fabricpilot.units import UnitError, parse_quantity
@@ -731,6 +732,51 @@ class AdaptiveSpec(_Model):
     )(_convert_quantity)
 
 
+class ControllerSpec(_Model):
+    """Settings of the task-aware controller and the switches it programs."""
+
+    control_latency_ns: Int = Field(
+        default=10_000, ge=0, description="rule updates take effect this long after sending"
+    )
+    parts: Int = Field(
+        default=4, ge=1, le=64, description="QPs (plan parts) per planned GPU-pair connection"
+    )
+    switch_rule_capacity: Int = Field(
+        default=4096, ge=0, description="explicit forwarding rules one switch holds"
+    )
+    replan_interval_ns: int | None = Field(
+        default=200_000, gt=0,
+        description="how often the controller reads telemetry and re-plans (null: never)",
+    )
+    replan_gain: float = Field(
+        default=0.1, ge=0, le=1, allow_inf_nan=False,
+        description="a re-plan is installed for a job only if it lowers the job's bottleneck "
+        "utilisation by this fraction (hysteresis)",
+    )
+    pressure_fuse: float = Field(
+        default=0.9, gt=0, le=1, allow_inf_nan=False,
+        description="buffer occupancy at which new flows avoid a planned path",
+    )
+    l3_rate_cap: float = Field(
+        default=0.8, gt=0, le=1, allow_inf_nan=False,
+        description="share of a link L3 jobs may be planned on while L1/L2 jobs share it",
+    )
+    steer_tries: Int = Field(
+        default=1024, ge=1, le=16384,
+        description="source ports tried per QP when steering it onto its planned path",
+    )
+
+    _quantities = field_validator(
+        "control_latency_ns", "replan_interval_ns", mode="before",
+    )(_convert_quantity)
+
+    def to_params(self) -> ControllerParams:
+        return ControllerParams(
+            self.control_latency_ns, self.parts, self.switch_rule_capacity,
+            float(self.replan_interval_ns) if self.replan_interval_ns else float("inf"),
+            self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries)
+
+
 # --- jobs -----------------------------------------------------------------------------------
 
 
@@ -877,6 +923,7 @@ class Scenario(_Model):
     fabric: FabricSpec = Field(default_factory=FabricSpec)
     ecmp: EcmpSpec = Field(default_factory=EcmpSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
+    controller: ControllerSpec = Field(default_factory=ControllerSpec)
     jobs: list[JobSpec] = Field(min_length=1, description="training jobs sharing the fabric")
     mice: MiceSpec | None = Field(default=None, description="optional background small flows")
 

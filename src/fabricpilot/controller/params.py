@@ -1,0 +1,23 @@
+"""The controller's settings (a plain dataclass, so a data plane can carry them cheaply)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerParams:
+    """How the controller runs: control-channel latency of rule updates, QPs (plan parts)
+    per planned connection, the rules one switch holds, how often it re-plans from telemetry
+    and by how much a re-plan must lower a job's bottleneck to be installed (hysteresis), the
+    buffer occupancy that trips the pressure fuse, the rate cap of L3 traffic while L1/L2
+    jobs share the fabric, and how many source ports it tries per QP when steering."""
+
+    control_latency_ns: int = 10_000
+    parts: int = 4
+    switch_rule_capacity: int = 4096
+    replan_interval_ns: float = 200_000
+    replan_gain: float = 0.1
+    pressure_fuse: float = 0.9
+    l3_rate_cap: float = 0.8
+    steer_tries: int = 1024

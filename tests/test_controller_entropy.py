@@ -1,0 +1,183 @@
+"""Entropy steering: source ports chosen by the controller land QPs on planned paths, checked
+against the twin's own forwarding (``walk_paths`` with the switches' hash), and explicit rules
+only where the hash cannot reach, within each switch's rule budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fabricpilot.balancing import EcmpParams, PolicyContext
+from fabricpilot.balancing.task_aware import TaskAware, fabric_view
+from fabricpilot.controller.core import Controller
+from fabricpilot.controller.entropy import (
+    PORT_LO,
+    SteerRequest,
+    constraints,
+    hash_path,
+    rules_per_switch,
+    steer,
+)
+from fabricpilot.controller.intents import CommCall, Intent
+from fabricpilot.controller.params import ControllerParams
+from fabricpilot.controller.southbound import PathSet
+from fabricpilot.net.hashing import ROCE_UDP_PORT, gpu_ip, switch_hash
+from fabricpilot.topology import compile_topology
+from fabricpilot.topology.builders import fat_tree
+from fabricpilot.topology.paths import walk_paths
+
+K = 8  # fat-tree: 128 GPUs, 8 pods; 4 aggregations per pod, 4 cores per aggregation
+
+
+def _ctx(per_switch: bool, entropy: bool = True, rules: int = 4096) -> PolicyContext:
+    ct = compile_topology(fat_tree(k=K))
+    return PolicyContext(ct, 7, 600, EcmpParams(1, entropy, per_switch),
+                         controller=ControllerParams(switch_rule_capacity=rules))
+
+
+def _twin_path(ctx: PolicyContext, src: int, dst: int, port: int) -> tuple[int, ...]:
+    """The path the twin's switches give a QP with this source port (no rules)."""
+    s, d = np.array([src]), np.array([dst])
+
+    def choose(step: int, switch: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return switch_hash(gpu_ip(s[rows]), gpu_ip(d[rows]), np.array([port] * len(rows)),
+                           switch, ctx.seed, ctx.ecmp.per_switch_seed)
+
+    p = walk_paths(ctx.topology, s, d, choose)[0]
+    return tuple(int(x) for x in p if x >= 0)
+
+
+def _inter_pod_candidates(ctx: PolicyContext, src: int, dst: int) -> list[tuple[int, ...]]:
+    ctl = Controller(TaskAware(ctx), ctx.controller)
+    return ctl.candidates(src, dst)
+
+
+def test_per_switch_seeds_every_planned_path_is_reached_by_a_port() -> None:
+    ctx = _ctx(per_switch=True)
+    view = fabric_view(ctx)
+    cands = _inter_pod_candidates(ctx, 0, 127)
+    assert len(cands) == (K // 2) ** 2  # 4 aggregations x 4 cores
+    rng = np.random.default_rng(3)
+    reqs = [SteerRequest(0, 127, p, int(rng.integers(1 << 20))) for p in cands]
+    for g in rng.choice(128, 40, replace=False).tolist():
+        h = int((g + 64) % 128)
+        cs = _inter_pod_candidates(ctx, g, h)
+        reqs.append(SteerRequest(g, h, cs[int(rng.integers(len(cs)))], g))
+    got = steer(view, reqs)
+    for q, s in zip(reqs, got, strict=True):
+        assert s.rules == ()
+        assert PORT_LO <= s.port <= 0xFFFF
+        assert _twin_path(ctx, q.src, q.dst, s.port) == q.path
+        assert hash_path(view, q.src, q.dst, s.port) == q.path
+
+
+def test_a_shared_seed_polarises_tiers_and_rules_fill_the_gap() -> None:
+    """One seed everywhere: the edge and the aggregation switch hash the same 5-tuple to the
+    same value and both groups have 4 members, so the core a QP reaches is fixed by the
+    aggregation it took: of the 16 paths between pods, entropy reaches exactly 4 (one per
+    aggregation); each of the other 12 needs exactly one rule."""
+    ctx = _ctx(per_switch=False)
+    view = fabric_view(ctx)
+    cands = _inter_pod_candidates(ctx, 0, 127)
+    got = steer(view, [SteerRequest(0, 127, p, i) for i, p in enumerate(cands)])
+    n_rules = sorted(len(s.rules) for s in got)
+    assert n_rules == [0] * 4 + [1] * 12
+    for p, s in zip(cands, got, strict=True):
+        if not s.rules:
+            assert _twin_path(ctx, 0, 127, s.port) == p
+
+
+def test_without_nic_entropy_only_the_hash_path_needs_no_rule() -> None:
+    ctx = _ctx(per_switch=True, entropy=False)
+    view = fabric_view(ctx)
+    cands = _inter_pod_candidates(ctx, 5, 100)
+    got = steer(view, [SteerRequest(5, 100, p) for p in cands])
+    assert {s.port for s in got} == {ROCE_UDP_PORT}
+    free = [p for p, s in zip(cands, got, strict=True) if not s.rules]
+    assert free == [_twin_path(ctx, 5, 100, ROCE_UDP_PORT)]
+    # every rule sits on a switch of its path whose hash disagrees
+    for p, s in zip(cands, got, strict=True):
+        for sw, link in s.rules:
+            assert view.links[link].src == sw and link in p
+
+
+def test_constraints_skip_single_member_groups() -> None:
+    ctx = _ctx(per_switch=True)
+    view = fabric_view(ctx)
+    path = _inter_pod_candidates(ctx, 0, 127)[0]
+    # edge -> aggregation (4 choices) and aggregation -> core (4); downward groups have one
+    assert [len(g) for _, g, _ in constraints(view, 127, path)] == [4, 4]
+    # same edge switch: no hash decision at all
+    assert constraints(view, 1, _inter_pod_candidates(ctx, 0, 1)[0]) == []
+
+
+def _alltoall_controller(ctx: PolicyContext) -> tuple[TaskAware, Controller]:
+    twin = TaskAware(ctx)
+    ctl = Controller(twin, ctx.controller)
+    gpus = tuple(range(0, 128, 2))  # 64 GPUs spread over all pods
+    ctl.declare(Intent("a2a", "t", gpus, (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
+    return twin, ctl
+
+
+def test_the_rule_budget_is_respected_and_what_does_not_fit_follows_its_hash() -> None:
+    cap = 20
+    ctx = _ctx(per_switch=True, entropy=False, rules=cap)
+    twin, ctl = _alltoall_controller(ctx)
+    rep = ctl.plan()
+    assert rep.pinned > 0 and rep.unpinned > 0
+    assert 0 < rep.max_switch_rules <= cap
+    assert twin.switch_rules() == rules_per_switch_of(twin)
+    assert max(twin.switch_rules().values()) <= cap
+    view = fabric_view(ctx)
+    for rule, _ in twin._rules.values():
+        a, b = (int(x) for x in rule.key.split(":")[1].split("->"))
+        for path, port, pinned in zip(rule.paths, rule.ports, rule.rules, strict=True):
+            if not pinned:  # not pinned: the installed path is the hash path of its port
+                assert path == _twin_path(ctx, a, b, port) == hash_path(view, a, b, port)
+
+
+def rules_per_switch_of(twin: TaskAware) -> dict[str, int]:
+    from fabricpilot.controller.entropy import Steering
+
+    return rules_per_switch([Steering(0, pinned) for r, _ in twin._rules.values()
+                             for pinned in r.rules])
+
+
+def test_with_entropy_a_large_alltoall_needs_no_rules() -> None:
+    ctx = _ctx(per_switch=True)
+    _, ctl = _alltoall_controller(ctx)
+    rep = ctl.plan()
+    assert rep.pinned == rep.unpinned == 0 and rep.switch_rules == {}
+    assert rep.steered == sum(len(s) for s in rep.plan.paths.values())
+
+
+def test_the_twin_rejects_a_rule_table_overflow() -> None:
+    ctx = _ctx(per_switch=True, rules=2)
+    twin = TaskAware(ctx)
+    leaf = str(ctx.topology.node_names[int(ctx.topology.switch_node[0])])
+    rules = tuple(((leaf, 0),) for _ in range(3))
+    with pytest.raises(ValueError, match=f"switch {leaf}: rule table full \\(3 rules > "
+                                         "capacity 2\\)"):
+        twin.install([PathSet("j:0->1", ((0,),) * 3, (1.0,) * 3, (1, 2, 3), rules)])
+    twin.install([PathSet("j:0->1", ((0,),) * 2, (1.0,) * 2, (1, 2), rules[:2])])
+    assert twin.switch_rules() == {leaf: 2}
+    # replacing a key's set frees its old rules first
+    twin.install([PathSet("j:0->1", ((0,),) * 2, (1.0,) * 2, (1, 2), rules[:2])])
+    assert twin.switch_rules() == {leaf: 2}
+
+
+def test_the_twin_forwards_planned_qps_on_the_planned_paths() -> None:
+    """End to end on the default scenario: every path of every installed set is what the
+    twin's forwarding (hash of the port, plus pinned rules) resolves it to."""
+    from fabricpilot.runner import prepare
+    from fabricpilot.scenario.loader import default_scenario
+
+    prep = prepare(default_scenario())
+    twin = TaskAware(PolicyContext(prep.topology, prep.seed, 600, prep.ecmp))
+    rep = twin.attach_jobs(prep.jobs)
+    assert rep.steered > 0
+    for rule, _ in twin._rules.values():
+        a, b = (int(x) for x in rule.key.split(":")[1].split("->"))
+        for path, port in zip(rule.paths, rule.ports, strict=True):
+            assert _twin_path(twin.ctx, a, b, port) == path
+    assert len(twin._rules) == rep.path_sets

@@ -137,7 +137,11 @@ def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  #
     assert not ctl.intents[names[0]].opt_in
     assert ctl.intents[names[1]].strictest_level == "L2"
     keys = {k.split(":", 1)[0] for k in pol._rules}  # type: ignore[attr-defined]
-    assert names[0] not in keys and names[1] in keys
+    # the L2 job spans leaves: no path avoids the spines, so it is told and not planned
+    assert names[0] not in keys and names[1] not in keys and names[2] in keys
+    assert set(ctl.sla_unmet) == {names[1]}
+    assert "(L2): no path from gpu" in ctl.sla_unmet[names[1]]
+    assert ctl.sla_unmet[names[1]].endswith("within its leaves (no spine)")
 
 
 def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:
@@ -164,3 +168,141 @@ def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:
     cmap.update(list(deltas.values()))
     assert cmap.state(3).utilization == pytest.approx(0.5)
     assert cmap.state(5).queue_bytes == 1000.0
+
+
+class TelemetryPlane(FakeDataPlane):
+    """The fake fabric, reporting the counter deltas a test sets and recording the
+    congestion tables it is pushed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deltas: list[PortDelta] = []
+        self.tables: list[dict[int, float]] = []
+
+    def telemetry(self) -> list[PortDelta]:
+        return list(self.deltas)
+
+    def push_congestion_table(self, weights: dict[int, float]) -> None:
+        self.tables.append(dict(weights))
+
+
+def _two_pair_job() -> tuple[TelemetryPlane, Controller, int, int]:
+    """Job ``a`` sends 100 Gb/s gpu0 -> gpu2 and gpu1 -> gpu3 (one part each). Returns the
+    data plane, the controller and the leaf0 uplinks of the spine gpu0 -> gpu2 was planned on
+    and of the other spine."""
+    dp = TelemetryPlane()
+    ctl = Controller(dp, ControllerParams(parts=1), nic_gbps=100.0)
+    ctl.declare(Intent("a", "t", (0, 1, 2, 3), (CommCall("broadcast", 1 << 30, 500.0, 0,
+                                                         pairs=((0, 2), (1, 3))),)))
+    ctl.plan()
+    v = dp.view
+    up = {v.link_between("leaf0", f"spine{s}"): s for s in (0, 1)}
+    (used,) = [lk for lk in ctl._installed[rule_key("a", 0, 2)].paths[0] if lk in up]
+    (other,) = [lk for lk in up if lk != used]
+    # the greedy spreads the two 100 Gb/s demands over both spines
+    assert other in ctl._installed[rule_key("a", 1, 3)].paths[0]
+    return dp, ctl, used, other
+
+
+def _util(link: int, u: float) -> PortDelta:
+    return PortDelta(link, 1000, tx_bytes=u * 400.0 * 1000 / 8)
+
+
+def test_a_replan_moves_a_job_off_a_link_loaded_by_undeclared_traffic() -> None:
+    dp, ctl, used, other = _two_pair_job()
+    n_installed = len(dp.installed)
+    # gpu0 -> gpu2's uplink runs at 90 %: 360 Gb/s of which the plan accounts for 100
+    dp.deltas = [_util(used, 0.9)]
+    rep = ctl.tick()
+    assert rep.background_gbps == {used: pytest.approx(260.0)}
+    assert rep.hot_links == [used]
+    # before: (260 + 100) / 400; after, both demands on the other spine: the background
+    # link alone at 260 / 400 (the other uplink carries 200 / 400)
+    assert rep.lambda_before == pytest.approx(0.9)
+    assert rep.replanned and rep.lambda_after == pytest.approx(0.65)
+    moved = dp.installed[n_installed:]
+    assert [r.key for r in moved] == [rule_key("a", 0, 2)]  # only the set that changed
+    assert other in moved[0].paths[0]
+    # the congestion table went to the switches: 1 / (1 + 4 * (0.9 - 0.5)) on the hot link
+    assert dp.tables[-1][used] == pytest.approx(1 / 2.6) and dp.tables[-1][other] == 1.0
+    # the same report again (the plan now accounts for nothing on that link): no flapping
+    again = ctl.tick()
+    assert not again.replanned and len(dp.installed) == n_installed + 1
+    assert ctl.replans == 1
+
+
+@pytest.mark.parametrize("u", [0.3, 0.5])
+def test_small_or_unhelpful_changes_do_not_replan(u: float) -> None:
+    """u = 0.3: 120 - 100 = 20 Gb/s unaccounted, not above the 5 % floor (20 Gb/s): no
+    background at all. u = 0.5: 100 Gb/s of background, but moving gpu0 -> gpu2 would put
+    200 Gb/s on the other uplink, 0.5 either way: not better by 10 %."""
+    dp, ctl, used, _ = _two_pair_job()
+    n_installed = len(dp.installed)
+    dp.deltas = [_util(used, u)]
+    rep = ctl.tick()
+    assert not rep.replanned and len(dp.installed) == n_installed
+    assert (rep.background_gbps == {}) == (u == 0.3)
+
+
+def test_l3_demands_are_capped_while_an_l1_or_l2_job_shares_the_fabric() -> None:
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("bulk", "t", (0, 2), (CommCall("allgather", 1 << 30, 5000.0, 0),)))
+    assert {d.rate_gbps for d in ctl.demands()} == {400.0}
+    # an L1 job within leaf0: now L3 demands are planned at 80 % of the NIC
+    ctl.declare(Intent("tight", "t", (0, 1), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
+    rates = {d.key: d.rate_gbps for d in ctl.demands()}
+    assert rates[rule_key("bulk", 0, 2)] == pytest.approx(320.0)
+    assert rates[rule_key("tight", 0, 1)] == 400.0
+    assert ctl.sla_unmet == {}
+
+
+def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    ctl.declare(Intent("far", "t", (0, 2), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    ctl.declare(Intent("near", "t", (0, 1), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    ctl.plan()
+    assert set(ctl.sla_unmet) == {"far"}
+    assert "(L1): no path from gpu0 to gpu2 within one switch" in ctl.sla_unmet["far"]
+    keys = {r.key.split(":")[0] for r in dp.installed}
+    assert keys == {"near"}
+    for r in dp.installed:  # L1: gpu -> leaf -> gpu only
+        assert all(len(p) == 2 for p in r.paths)
+
+
+def test_the_pressure_fuse_steers_new_transfers_to_the_second_best_path() -> None:
+    from fabricpilot.balancing import PolicyContext, TransferBatch, make_policy
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.topology import compile_topology, leaf_spine
+    from fabricpilot.topology.paths import equal_cost_paths
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    pol = make_policy("task-aware", PolicyContext(ct, 1, 600))
+    pol.job_names = ["j"]  # type: ignore[attr-defined]
+    paths = equal_cost_paths(ct, 0, 3)
+    assert len(paths) == 2
+    pol.install([PathSet(rule_key("j", 0, 3), tuple(paths), (0.5, 0.5))])
+    queue = np.zeros(ct.n_links)
+    hot = paths[0][1]  # the first path's leaf -> spine link
+    buf = pol.ctx.port_buffer_bytes
+    state = {"q": 0.89 * buf}
+
+    def telemetry() -> LinkTelemetry:
+        q = queue.copy()
+        q[hot] = state["q"]
+        return LinkTelemetry(np.zeros(ct.n_links), q, np.zeros(ct.n_links), 1e6)
+
+    pol.bind(telemetry)  # type: ignore[attr-defined]
+    batch = TransferBatch(*(np.array([x]) for x in (0, 3, 1 << 20, 0, 0)))
+
+    def shares() -> dict[int, float]:
+        r = pol.route(batch)
+        row = r.weights.getrow(0)
+        return dict(zip(row.indices.tolist(), row.data.tolist(), strict=True))
+
+    assert shares()[hot] == pytest.approx(0.5)  # 89 %: below the fuse
+    state["q"] = 0.9 * buf  # at the fuse: the path gets nothing, the other all
+    s = shares()
+    assert hot not in s and s[paths[1][1]] == pytest.approx(1.0)
+    assert pol.fuse_trips == 1  # type: ignore[attr-defined]

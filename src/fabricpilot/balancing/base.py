@@ -93,6 +93,9 @@ class EcmpParams:
     per_switch_seed: bool = False
 
 
+DEFAULT_PORT_BUFFER_BYTES = 4 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class AdaptiveParams:
     """Settings of the adaptive family of policies (``adaptive``, ``flowlet``,
@@ -164,6 +167,7 @@ class PolicyContext:
     member_routes: bool = False  # the rate model follows paths: policies must give routes
     adaptive: AdaptiveParams = AdaptiveParams()
     controller: ControllerParams = field(default_factory=ControllerParams)
+    port_buffer_bytes: float = DEFAULT_PORT_BUFFER_BYTES  # a switch egress port's buffer
 
 
 class RoutingPolicy(Protocol):

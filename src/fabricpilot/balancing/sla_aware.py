@@ -27,8 +27,6 @@ from fabricpilot.net.hashing import qp_source_port
 from fabricpilot.topology.paths import max_path_links
 from fabricpilot.workload.jobs import JobSpec
 
-BUFFER_BYTES = 16 * 1024 * 1024  # per egress port, for the free-buffer penalty
-
 
 class SlaAware(Adaptive):
     """SLA-level scoped, ranked paths for jobs with an SLA (see the module docstring)."""
@@ -56,8 +54,8 @@ class SlaAware(Adaptive):
         tel = self._telemetry() if self._telemetry is not None else None
         free = None
         if tel is not None:
-            free = {int(i): BUFFER_BYTES - float(q) for i, q in enumerate(tel.queue_bytes)
-                    if q > 0}
+            buf = self.ctx.port_buffer_bytes
+            free = {int(i): buf - float(q) for i, q in enumerate(tel.queue_bytes) if q > 0}
         width = max_path_links(ct)
         for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
                                           batch.dst.tolist(), strict=True)):

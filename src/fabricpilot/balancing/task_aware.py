@@ -23,7 +23,9 @@ from numpy.typing import NDArray
 
 from fabricpilot.balancing.adaptive import Adaptive
 from fabricpilot.balancing.base import (
+    ActiveMembers,
     MemberRoutes,
+    Moves,
     PolicyContext,
     RoutedBatch,
     TransferBatch,
@@ -33,7 +35,7 @@ from fabricpilot.balancing.base import (
     register_policy,
     stream_index,
 )
-from fabricpilot.controller.core import Controller, PlanReport, rule_key
+from fabricpilot.controller.core import Controller, PlanReport, TickReport, rule_key
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.southbound import (
     EcmpSpec,
@@ -96,6 +98,10 @@ class TaskAware(Adaptive):
         self.last_plan: PlanReport | None = None
         self.qos: dict[int, int] = {}  # recorded; the twin's QoS comes from the scenario
         self._last_telemetry_ns = 0.0
+        self._was_busy = np.zeros(ctx.topology.n_links, bool)
+        self._last_tick_ns = -float("inf")
+        self.ticks: list[TickReport] = []
+        self.fuse_trips = 0
         # rule key -> (the path set, the link-id rows its QPs are forwarded on)
         self._forwarded: dict[str, tuple[PathSet, list[NDArray[np.int32]]]] = {}
 
@@ -105,19 +111,22 @@ class TaskAware(Adaptive):
 
     def telemetry(self) -> list[PortDelta]:
         """Counter deltas since the last call, as the switches would report them: each
-        link's bytes at its current rate over the interval, and its queue now (links with
-        neither are left out: only deltas are sent)."""
+        link's bytes at its current rate over the interval, and its queue now. Links idle
+        now and at the previous report are left out (only changes are sent); a link that
+        went idle reports its zeros once."""
         if self._telemetry is None:
             return []
         tel = self._telemetry()
         interval = int(tel.now_ns - self._last_telemetry_ns)
-        self._last_telemetry_ns = tel.now_ns
         if interval <= 0:
             return []
+        self._last_telemetry_ns = tel.now_ns
         busy = (tel.load_gbps > 0) | (tel.queue_bytes > 0)
+        report = busy | self._was_busy
+        self._was_busy = busy
         return [PortDelta(int(i), interval, tx_bytes=float(tel.load_gbps[i]) * interval / 8.0,
                           queue_bytes=float(tel.queue_bytes[i]))
-                for i in np.flatnonzero(busy).tolist()]
+                for i in np.flatnonzero(report).tolist()]
 
     def install(self, rules: list[PathSet]) -> None:
         """Take path sets (effective after the control-channel latency). A switch whose
@@ -168,6 +177,12 @@ class TaskAware(Adaptive):
                                            tuple(calls), opt_in=job.declare_intent))
         self.last_plan = self.controller.plan()
         return self.last_plan
+
+    def report(self) -> list[str]:
+        """One line per declared job whose SLA no path can meet (it was not planned)."""
+        if self.controller is None:
+            return []
+        return [f"{job}: {why}" for job, why in sorted(self.controller.sla_unmet.items())]
 
     # ------------------------------------------------------------ forwarding
     def _forward(self, batch: TransferBatch, rule_of: dict[int, PathSet]) -> None:
@@ -225,6 +240,35 @@ class TaskAware(Adaptive):
         for key, rows in rows_of.items():
             self._forwarded[key] = (todo[key][1], rows)
 
+    def _fused(self, weights: NDArray[np.float64], rows: list[NDArray[np.int32]],
+               queue: NDArray[np.float64] | None) -> NDArray[np.float64]:
+        """The pressure fuse: a new transfer gives no share to a path of its set whose
+        fullest egress buffer is at ``pressure_fuse`` or more; that share goes to the set's
+        least-occupied path (its second best), unless every path is that full."""
+        if queue is None or len(rows) < 2 or not queue.any():
+            return weights
+        occ = (np.array([queue[r[r >= 0]].max(initial=0.0) for r in rows])
+               / self.ctx.port_buffer_bytes)
+        tripped = occ >= self.ctx.controller.pressure_fuse
+        if not tripped.any() or tripped.all():
+            return weights
+        self.fuse_trips += 1
+        out = np.where(tripped, 0.0, weights)
+        out[int(np.argmin(np.where(tripped, np.inf, occ)))] += weights[tripped].sum()
+        return out
+
+    def rebalance(self, members: ActiveMembers) -> Moves:
+        """Switch-local re-placement (as ``adaptive``), and every ``replan_interval_ns`` a
+        controller period (:meth:`Controller.tick`): telemetry in, congestion table and,
+        when worth it, a new plan out."""
+        moves = super().rebalance(members)
+        if self.controller is not None and self._telemetry is not None:
+            now = self._telemetry().now_ns
+            if now - self._last_tick_ns >= self.ctx.controller.replan_interval_ns:
+                self._last_tick_ns = now
+                self.ticks.append(self.controller.tick())
+        return moves
+
     def route(self, batch: TransferBatch) -> RoutedBatch:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         ct = self.ctx.topology
@@ -247,6 +291,7 @@ class TaskAware(Adaptive):
         adaptive_paths = self._walk(batch.src, batch.dst, sport, self._load_now())
         rule_of = dict(planned)
         self._forward(batch, rule_of)
+        queue = self._telemetry().queue_bytes if self._telemetry is not None else None
         t_idx, m_share, m_path = [], [], []
         for i in range(n):
             rule = rule_of.get(i)
@@ -255,8 +300,8 @@ class TaskAware(Adaptive):
                 m_share.append(1.0)
                 m_path.append(adaptive_paths[i])
                 continue
-            w = np.array(rule.weights, np.float64)
             rows = self._forwarded[rule.key][1]
+            w = self._fused(np.array(rule.weights, np.float64), rows, queue)
             for row, share in zip(rows, (w / w.sum()).tolist(), strict=True):
                 t_idx.append(i)
                 m_share.append(share)

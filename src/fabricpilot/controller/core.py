@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import Steering, SteerRequest, hash_path, steer
 from fabricpilot.controller.intents import Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import Demand, Plan, plan_greedy
+from fabricpilot.controller.ranking import in_scope
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
 
 
@@ -44,6 +46,9 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, f
     return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
 
 
+_SCOPE = {"L1": "one switch", "L2": "its leaves (no spine)"}
+
+
 def rule_key(task_id: str, src: int, dst: int) -> str:
     """The match key of a planned pair: ``"<task>:<src>-><dst>"``."""
     return f"{task_id}:{src}->{dst}"
@@ -64,9 +69,25 @@ class PlanReport:
     unpinned: int = 0
     switch_rules: dict[str, int] = field(default_factory=dict)
 
+    installed: int = 0  # path sets sent (the ones that changed)
+
     @property
     def max_switch_rules(self) -> int:
         return max(self.switch_rules.values(), default=0)
+
+
+@dataclass
+class TickReport:
+    """What one control period saw and did: whether it installed a new plan, the hot links,
+    the background load it planned around and the largest link utilisation before and
+    after (the new plan's, installed or not)."""
+
+    replanned: bool
+    hot_links: list[int]
+    background_gbps: dict[int, float]
+    lambda_before: float = 0.0
+    lambda_after: float = 0.0
+    plan: PlanReport | None = None
 
 
 class Controller:
@@ -79,6 +100,12 @@ class Controller:
         self.params = params or ControllerParams()
         self.parts = self.params.parts
         self._endpoints: dict[str, tuple[int, int]] = {}
+        self.sla_unmet: dict[str, str] = {}  # task -> why its SLA cannot be met
+        self.map = CongestionMap(self.view)
+        self.current: Plan | None = None
+        self._installed: dict[str, PathSet] = {}
+        self._weight: dict[str, float] = {}
+        self.replans = 0
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
@@ -143,41 +170,125 @@ class Controller:
         node = self.view.gpu_node[gpu]
         return max(d["capacity_gbps"] for _, _, d in self.view.graph.out_edges(node, data=True))
 
+    def _path_nodes(self, path: tuple[int, ...]) -> list[str]:
+        return [self.view.links[path[0]].src] + [self.view.links[lk].dst for lk in path]
+
     def demands(self) -> list[Demand]:
-        """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat."""
+        """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat.
+
+        A pair's candidates are its fewest-hop paths within the scope of its call's SLA level
+        (L1: one switch, L2: no spine; see :func:`~fabricpilot.controller.ranking.in_scope`);
+        a job with a pair that has none is not planned and is told why
+        (:attr:`sla_unmet`). While any L1/L2 job is declared, L3 demands are planned at
+        ``l3_rate_cap`` of their rate, leaving the rest of every link to the stricter jobs.
+        """
         out: dict[str, Demand] = {}
-        for intent in self.intents.values():
-            if not intent.opt_in:
-                continue
+        self.sla_unmet = {}
+        opted = [i for i in self.intents.values() if i.opt_in]
+        strict = any(c.level != "L3" for i in opted for c in i.calls)
+        for intent in opted:
+            pending: dict[str, Demand] = {}
             for call in intent.calls:
                 if call.pairs:
                     fan = Counter(a for a, _ in call.pairs)
                     pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
+                cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 for a, b, share in pairs:
                     if a == b or self.view.gpu_node[a] == self.view.gpu_node[b]:
                         continue
                     key = rule_key(intent.task_id, a, b)
-                    rate = self._nic(a) * share
-                    prev = out.get(key)
+                    rate = self._nic(a) * share * cap
+                    prev = pending.get(key)
                     if prev is not None and prev.rate_gbps >= rate:
                         continue  # the same pair in several calls: its largest demand
-                    out[key] = Demand(key, rate, tuple(self.candidates(a, b)),
-                                      weight=intent.heat)
+                    cands = self.candidates(a, b)
+                    if call.level != "L3":
+                        cands = [p for p in cands
+                                 if in_scope(self.view, self._path_nodes(p), call.level)]
+                    if not cands:
+                        self.sla_unmet[intent.task_id] = (
+                            f"{call.pattern} at {call.sla_us:g} us ({call.level}): no path "
+                            f"from gpu{a} to gpu{b} within {_SCOPE[call.level]}")
+                        break
+                    pending[key] = Demand(key, rate, tuple(cands), weight=intent.heat)
                     self._endpoints[key] = (a, b)
+            if intent.task_id not in self.sla_unmet:
+                out.update(pending)
         return list(out.values())
 
-    def plan(self) -> PlanReport:
-        """Plan every opted-in job together, steer the planned paths and install them."""
+    def _capacity(self) -> dict[int, float]:
+        return {lid: li.capacity_gbps for lid, li in self.view.links.items()}
+
+    def plan(self, background: dict[int, float] | None = None) -> PlanReport:
+        """Plan every opted-in job together, steer the planned paths and install them.
+        ``background`` is load (Gb/s per link) the plan must route around."""
         demands = self.demands()
-        capacity = {lid: li.capacity_gbps for lid, li in self.view.links.items()}
-        plan = plan_greedy(demands, capacity, split=self.parts)
-        weight = {d.key: d.weight for d in demands}
-        rules, report = self.steer_plan(plan, weight)
-        self.dp.install(rules)
-        report.demands = len(demands)
+        plan = plan_greedy(demands, self._capacity(), background=background, split=self.parts)
+        self._weight = {d.key: d.weight for d in demands}
+        return self._install(plan, len(demands))
+
+    def _install(self, plan: Plan, n_demands: int) -> PlanReport:
+        sets, report = self.steer_plan(plan, self._weight)
+        changed = [r for r in sets if self._installed.get(r.key) != r]
+        self.dp.install(changed)
+        self._installed = {r.key: r for r in sets}
+        self.current = plan
+        report.demands = n_demands
+        report.installed = len(changed)
         return report
+
+    def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
+        """Measured load the current plan does not account for: per link, the smoothed
+        utilisation of the congestion map times capacity, less the planned load, where that
+        exceeds ``floor`` of the link (traffic of jobs that did not declare, mice, or
+        declared jobs sending more than they said).
+
+        >>> from fabricpilot.controller.southbound import LinkInfo, PortDelta
+        >>> class DP:
+        ...     def fabric(self): return FabricView.from_links(
+        ...         [LinkInfo(0, "a", "b", 400, 1)], {"a": "switch", "b": "switch"}, {}, {})
+        >>> ctl = Controller(DP())
+        >>> ctl.map.update([PortDelta(0, 1000, tx_bytes=25_000)])  # 200 Gb/s
+        >>> ctl.background_gbps()
+        {0: 200.0}
+        """
+        planned = self.current.link_load_gbps if self.current else {}
+        out = {}
+        for lid, u in self.map.utilization().items():
+            cap = self.view.links[lid].capacity_gbps
+            extra = u * cap - planned.get(lid, 0.0)
+            if extra > floor * cap:
+                out[lid] = extra
+        return out
+
+    def tick(self) -> TickReport:
+        """One control period, "global view + local response": fold the telemetry deltas
+        into the congestion map, push the map as the switches' congestion table (they adapt
+        locally until the next plan), and re-plan around the load the plan does not account
+        for. The new plan is installed only if it lowers the largest link utilisation
+        (background included) by at least ``replan_gain`` of the current one, and only the
+        path sets that changed are sent: small fluctuations never move traffic, and a plan
+        never flaps back, since it is compared against itself at the next tick."""
+        self.map.update(self.dp.telemetry())
+        self.dp.push_congestion_table(self.map.congestion_table())
+        hot = self.map.hot_links()
+        bg = self.background_gbps()
+        if self.current is None or not bg:
+            return TickReport(False, hot, bg)
+        cap = self._capacity()
+        load = dict(self.current.link_load_gbps)
+        before = max(((bg.get(lk, 0.0) + load.get(lk, 0.0)) / cap[lk]
+                      for lk in set(bg) | set(load)), default=0.0)
+        demands = self.demands()
+        plan = plan_greedy(demands, cap, background=bg, split=self.parts)
+        if plan.max_utilization > (1.0 - self.params.replan_gain) * before:
+            return TickReport(False, hot, bg, before, plan.max_utilization)
+        self._weight = {d.key: d.weight for d in demands}
+        report = self._install(plan, len(demands))
+        self.replans += 1
+        return TickReport(True, hot, bg, before, plan.max_utilization, report)
 
     def steer_plan(self, plan: Plan, weight: dict[str, float]
                    ) -> tuple[list[PathSet], PlanReport]:

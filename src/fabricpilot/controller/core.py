@@ -240,10 +240,12 @@ class Controller:
         return report
 
     def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
-        """Measured load the current plan does not account for: per link, the smoothed
-        utilisation of the congestion map times capacity, less the planned load, where that
-        exceeds ``floor`` of the link (traffic of jobs that did not declare, mice, or
-        declared jobs sending more than they said).
+        """Measured load the current plan does not account for, on the fabric links (the
+        switch-to-switch links a plan can route around): the smoothed utilisation of the
+        congestion map times capacity, less the planned load, where that exceeds ``floor``
+        of the link (traffic of jobs that did not declare, mice, or declared jobs sending
+        more than they said). A saturated link shows at most its capacity, so this is a
+        lower bound there; the re-plan is still triggered, by the link it saturates.
 
         >>> from fabricpilot.controller.southbound import LinkInfo, PortDelta
         >>> class DP:
@@ -257,17 +259,25 @@ class Controller:
         planned = self.current.link_load_gbps if self.current else {}
         out = {}
         for lid, u in self.map.utilization().items():
-            cap = self.view.links[lid].capacity_gbps
-            extra = u * cap - planned.get(lid, 0.0)
-            if extra > floor * cap:
+            li = self.view.links[lid]
+            if li.kind != "fabric":
+                continue
+            extra = u * li.capacity_gbps - planned.get(lid, 0.0)
+            if extra > floor * li.capacity_gbps:
                 out[lid] = extra
         return out
+
+    def _fabric_lambda(self, load: dict[int, float], bg: dict[int, float]) -> float:
+        """Largest utilisation of a fabric link under ``load`` plus ``bg`` (Gb/s)."""
+        links = self.view.links
+        return max(((bg.get(lk, 0.0) + load.get(lk, 0.0)) / links[lk].capacity_gbps
+                    for lk in set(bg) | set(load) if links[lk].kind == "fabric"), default=0.0)
 
     def tick(self) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas
         into the congestion map, push the map as the switches' congestion table (they adapt
         locally until the next plan), and re-plan around the load the plan does not account
-        for. The new plan is installed only if it lowers the largest link utilisation
+        for. The new plan is installed only if it lowers the largest fabric-link utilisation
         (background included) by at least ``replan_gain`` of the current one, and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
         never flaps back, since it is compared against itself at the next tick."""
@@ -277,18 +287,16 @@ class Controller:
         bg = self.background_gbps()
         if self.current is None or not bg:
             return TickReport(False, hot, bg)
-        cap = self._capacity()
-        load = dict(self.current.link_load_gbps)
-        before = max(((bg.get(lk, 0.0) + load.get(lk, 0.0)) / cap[lk]
-                      for lk in set(bg) | set(load)), default=0.0)
+        before = self._fabric_lambda(self.current.link_load_gbps, bg)
         demands = self.demands()
-        plan = plan_greedy(demands, cap, background=bg, split=self.parts)
-        if plan.max_utilization > (1.0 - self.params.replan_gain) * before:
-            return TickReport(False, hot, bg, before, plan.max_utilization)
+        plan = plan_greedy(demands, self._capacity(), background=bg, split=self.parts)
+        after = self._fabric_lambda(plan.link_load_gbps, bg)
+        if after > (1.0 - self.params.replan_gain) * before:
+            return TickReport(False, hot, bg, before, after)
         self._weight = {d.key: d.weight for d in demands}
         report = self._install(plan, len(demands))
         self.replans += 1
-        return TickReport(True, hot, bg, before, plan.max_utilization, report)
+        return TickReport(True, hot, bg, before, after, report)
 
     def steer_plan(self, plan: Plan, weight: dict[str, float]
                    ) -> tuple[list[PathSet], PlanReport]:

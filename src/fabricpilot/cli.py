@@ -66,17 +66,23 @@ def run(
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Write the JSON summary here.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="Write CSV tables (flows, collectives, iterations, links; with the "
-                      "fluid model also timeseries, ports) here, one sub-folder per policy.")]
+        "--out", help="Write CSV tables (flows, collectives, iterations, links; with "
+                      "--interference also interference; with the fluid model also "
+                      "timeseries, ports) here, one sub-folder per policy.")]
         = None,
     reproducible: Annotated[bool, typer.Option(
         help="Write wall_time_s as 0 so that equal seeds give byte-identical JSON.")] = False,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    with_interference: Annotated[bool, typer.Option(
+        "--interference",
+        help="Also run every job alone (same seed, policy and mice, without the other jobs) "
+             "and report busbw alone / busbw shared per job and policy; one extra run per "
+             "job and policy.")] = False,
 ) -> None:
     """Run one or several routing policies on a scenario and compare them."""
     from fabricpilot.report import comparison_table, fabric_table, pfc_event_lines
     from fabricpilot.results import summary_json, write_tables
-    from fabricpilot.runner import config_warnings, prepare, run_policy
+    from fabricpilot.runner import config_warnings, interference, prepare, run_policy
 
     try:
         sc, source = _load(scenario)
@@ -102,8 +108,18 @@ def run(
                 task = bar.add_task(name, total=total_units)
                 results.append(run_policy(
                     prep, name, progress=lambda d, t, task=task: bar.update(task, completed=d)))
+            shown = [r for r in results if r.policy in policies]
+            if with_interference:
+                # one bar per policy over its alone runs: a job's units follow the previous jobs'
+                units = [j.iterations * len(j.collectives) for j in prep.jobs]
+                offset = {j.name: sum(units[:i]) for i, j in enumerate(prep.jobs)}
+                for r in shown:
+                    task = bar.add_task(f"{r.policy} alone", total=total_units)
+                    r.interference = interference(
+                        prep, r.policy, r,
+                        progress=lambda job, d, t, task=task: bar.update(
+                            task, completed=offset[job] + d))
         reference = results[runs.index("ideal")]
-        shown = [r for r in results if r.policy in policies]
         out.print(comparison_table(shown, reference))
         out.print(fabric_table(shown))
         for r in shown:

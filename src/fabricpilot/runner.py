@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
 from fabricpilot.balancing import EcmpParams, PolicyContext, make_policy
-from fabricpilot.balancing.base import POLICIES, AdaptiveParams
+from fabricpilot.balancing.base import DEFAULT_PORT_BUFFER_BYTES, POLICIES, AdaptiveParams
+from fabricpilot.controller.params import ControllerParams
 from fabricpilot.dataplane import RATE_MODELS, Engine, FabricParams, make_rate_model
+from fabricpilot.dataplane.engine import EngineOutput
 from fabricpilot.dataplane.qos import mapping_mismatches
 from fabricpilot.errors import ScenarioError, TopologyError
 from fabricpilot.results import RunResult
@@ -27,6 +30,7 @@ from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals, poisson_mice
 from fabricpilot.workload.placement import PlacementError, place_gpus
+from fabricpilot.workload.plan import CollectivePlan
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Prepared:
     completion_tolerance: float = 1e-3
     model_params: dict[str, object] = field(default_factory=dict)
     mice_class: str = "rdma"
+    controller: ControllerParams = field(default_factory=ControllerParams)
     qos_mismatches: list[str] = field(default_factory=list)
 
 
@@ -152,7 +157,8 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                     scenario.fabric.model, scenario.fabric.completion_tolerance,
                     model_params=model_params,
                     mice_class=scenario.mice.traffic_class if scenario.mice else "rdma",
-                    qos_mismatches=mapping_mismatches(qos_params, switches) if switches else [])
+                    qos_mismatches=mapping_mismatches(qos_params, switches) if switches else [],
+                    controller=scenario.controller.to_params())
 
 
 def _switch_examples(switches: list[str]) -> str:
@@ -187,15 +193,18 @@ def qos_warnings(prep: Prepared) -> list[str]:
     return list(prep.qos_mismatches)
 
 
-def run_policy(
+def _simulate(
     prep: Prepared,
     policy: str,
     progress: Callable[[int, int], None] | None = None,
-) -> RunResult:
-    """Run the prepared scenario under ``policy``; wall time is measured here."""
+) -> tuple[EngineOutput, object, float]:
+    """Run the engine on ``prep.jobs`` under ``policy``: its output, the policy object and
+    the wall time of the run in seconds."""
     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
-                        member_routes=model.needs_paths, adaptive=prep.adaptive)
+                        member_routes=model.needs_paths, adaptive=prep.adaptive,
+                        controller=prep.controller,
+                        port_buffer_bytes=_port_buffer_bytes(prep))
     pol = make_policy(policy, ctx)
     attach = getattr(pol, "attach_jobs", None)
     if attach is not None:  # a controller-driven policy: the jobs declare themselves
@@ -205,12 +214,141 @@ def run_policy(
                     progress=progress, mice_class=prep.mice_class)
     t0 = time.perf_counter()
     out = engine.run()
-    wall = time.perf_counter() - t0
+    return out, pol, time.perf_counter() - t0
+
+
+def _result(prep: Prepared, policy: str, out: EngineOutput, pol: object, wall: float,
+            jobs: list[JobSpec]) -> RunResult:
+    """The :class:`RunResult` of an engine run whose reported jobs are ``jobs``."""
     result = RunResult.from_engine(out, policy=policy, seed=prep.seed,
                                    scenario=prep.name, topology=prep.topology,
-                                   jobs=prep.jobs, wall_time_s=wall, model=prep.rate_model,
+                                   jobs=jobs, wall_time_s=wall, model=prep.rate_model,
                                    qos_mismatches=prep.qos_mismatches)
     report = getattr(pol, "report", None)
     if report is not None:  # e.g. SLAs no path could meet
         result.sla_unmet = list(report())
     return result
+
+
+def _port_buffer_bytes(prep: Prepared) -> float:
+    """A switch egress port's buffer: the fluid model's, else the default."""
+    fluid = prep.model_params.get("fluid")
+    per_port = getattr(fluid, "buffer_bytes_per_port", None)
+    return float(per_port) if per_port else DEFAULT_PORT_BUFFER_BYTES
+
+
+def run_policy(
+    prep: Prepared,
+    policy: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Run the prepared scenario under ``policy``; wall time is measured here."""
+    out, pol, wall = _simulate(prep, policy, progress)
+    return _result(prep, policy, out, pol, wall, prep.jobs)
+
+
+# ----------------------------------------------------------------------------- interference
+def _idle(job: JobSpec) -> JobSpec:
+    """A stand-in for ``job`` that sends nothing: one iteration at time 0 of collectives
+    without stages (they complete the instant they start) and no intent to the controller.
+
+    It keeps the job's name and GPUs, so the job list keeps its length and every other job
+    its position, which is its identity in the engine (ECMP hashes the connection's owner
+    index into the source port) and in the controller-driven policies (rules by position).
+    """
+    empty = tuple(CollectivePlan(p.op, p.ranks, p.size_bytes, p.algorithm) for p in
+                  job.collectives)
+    return replace(job, collectives=empty, start_ns=0, iterations=1, compute_ns=0,
+                   declare_intent=False, sla_us=None)
+
+
+def _discount(progress: Callable[[int, int], None], n: int) -> Callable[[int, int], None]:
+    """``progress`` without the first ``n`` units (the idle stand-ins' collectives)."""
+    def report(done: int, total: int) -> None:
+        progress(max(done - n, 0), total - n)
+    return report
+
+
+def alone_prepared(prep: Prepared, job_name: str) -> Prepared:
+    """``prep`` with every job but ``job_name`` replaced by an idle stand-in (see
+    :func:`run_alone`). Raises ``KeyError`` for an unknown job."""
+    names = [j.name for j in prep.jobs]
+    if job_name not in names:
+        raise KeyError(f"unknown job {job_name!r} (jobs: {', '.join(names)})")
+    return replace(prep, jobs=[j if j.name == job_name else _idle(j) for j in prep.jobs])
+
+
+def run_alone(
+    prep: Prepared,
+    policy: str,
+    job_name: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Run ``job_name`` alone under ``policy``: same scenario, seed, topology, placement,
+    parameters and **mice**, without the other jobs.
+
+    Mice are kept on purpose: they are the fabric's background (traffic no job owns), not a
+    co-tenant, so "alone" means "without the other jobs" and an interference ratio measures
+    what the other jobs cost a job, not what the background costs it.
+
+    The other jobs are replaced by idle stand-ins (they send nothing and finish at time 0)
+    rather than dropped, so that the job keeps its position in the job list: the engine
+    identifies a job by position and ECMP hashes it into the source port, so dropping the
+    others would move the job's connections to other paths and mix hash luck into the
+    comparison. The result reports only ``job_name`` (its flows' ``owner`` is 0, its index in
+    ``result.jobs``); ``progress`` counts only its collectives. With a single job this is
+    exactly :func:`run_policy`.
+    """
+    solo = alone_prepared(prep, job_name)
+    k = next(i for i, j in enumerate(prep.jobs) if j.name == job_name)
+    n_idle = sum(len(j.collectives) for i, j in enumerate(solo.jobs) if i != k)
+    report = None if progress is None else _discount(progress, n_idle)
+    out, pol, wall = _simulate(solo, policy, report)
+    flows = dict(out.flows)
+    if flows:  # owner ids become indices into result.jobs (the job alone is 0; mice stay)
+        owner = flows["owner"]
+        flows["owner"] = np.where(owner == k, 0, owner)
+    out = replace(out, flows=flows,
+                  collectives=[c for c in out.collectives if c.job == job_name],
+                  iterations=[i for i in out.iterations if i.job == job_name])
+    return _result(solo, policy, out, pol, wall, [prep.jobs[k]])
+
+
+def interference_ratio(busbw_alone: float, busbw_shared: float) -> float:
+    """How much sharing the fabric slows a job: busbw alone / busbw shared, which is also
+    communication time shared / time alone (the bus bytes are the same). 1.0 = unaffected,
+    2.0 = its collectives take twice as long. A job with no busbw in either run (nothing
+    measured) gets 1.0; one that moves data alone but not shared gets ``inf``.
+
+    >>> interference_ratio(200.0, 100.0)
+    2.0
+    >>> interference_ratio(50.0, 50.0)
+    1.0
+    """
+    if busbw_shared > 0:
+        return busbw_alone / busbw_shared
+    return 1.0 if busbw_alone <= 0 else float("inf")
+
+
+def interference(
+    prep: Prepared,
+    policy: str,
+    shared: RunResult,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, float]:
+    """Per job of ``prep``, its :func:`interference_ratio` under ``policy``: its busbw in
+    :func:`run_alone` over its busbw in ``shared`` (the run of all jobs under ``policy``).
+
+    Costs one extra run per job (a single job's alone run is its shared run, so its ratio is
+    1.0). ``progress(job, done, total)`` reports each alone run. Deterministic for a given
+    seed, like the runs themselves.
+    """
+    if shared.policy != policy:
+        raise ValueError(f"shared run is of policy {shared.policy!r}, not {policy!r}")
+    out: dict[str, float] = {}
+    for job in prep.jobs:
+        cb = None if progress is None else partial(progress, job.name)
+        alone = run_alone(prep, policy, job.name, cb)
+        out[job.name] = interference_ratio(alone.mean_busbw_GBps(job.name),
+                                           shared.mean_busbw_GBps(job.name))
+    return out

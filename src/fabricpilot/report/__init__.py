@@ -1,5 +1,10 @@
 """Reports: terminal tables now; plots and HTML reports build on the same results."""
 
-from fabricpilot.report.tables import comparison_table, fabric_table, pfc_event_lines
+from fabricpilot.report.tables import (
+    comparison_table,
+    fabric_table,
+    format_interference,
+    pfc_event_lines,
+)
 
-__all__ = ["comparison_table", "fabric_table", "pfc_event_lines"]
+__all__ = ["comparison_table", "fabric_table", "format_interference", "pfc_event_lines"]

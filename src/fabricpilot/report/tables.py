@@ -14,13 +14,16 @@ from fabricpilot.units import format_bytes
 def comparison_table(results: Sequence[RunResult], reference: RunResult | None) -> Table:
     """One row per (job, policy): mean iteration time, mean busbw and fraction of ``ideal``.
 
-    ``reference`` is the ``ideal`` run; without it the fraction column shows "-".
+    ``reference`` is the ``ideal`` run; without it the fraction column shows "-". When any
+    run carries interference ratios (``run --interference``) an "interference" column
+    follows: busbw alone / busbw shared, see :func:`format_interference`.
     """
     table = Table(title=f"scenario {results[0].scenario!r}, seed {results[0].seed}",
                   title_justify="left")
-    for col, just in (("job", "left"), ("GPUs", "right"), ("policy", "left"),
-                      ("iteration ms", "right"), ("busbw GB/s", "right"),
-                      ("of ideal", "right")):
+    with_ratio = any(r.interference for r in results)
+    columns = [("job", "left"), ("GPUs", "right"), ("policy", "left"),
+               ("iteration ms", "right"), ("busbw GB/s", "right"), ("of ideal", "right")]
+    for col, just in columns + ([("interference", "right")] if with_ratio else []):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for job in results[0].jobs:
         for k, r in enumerate(results):
@@ -29,10 +32,22 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
             if reference is not None:
                 ref = reference.mean_busbw_GBps(job.name)
                 frac = f"{busbw / ref:.1%}" if ref > 0 else "-"
-            table.add_row(job.name if k == 0 else "", str(job.n_gpus) if k == 0 else "",
-                          r.policy, f"{r.mean_iteration_ns(job.name) / 1e6:.3f}",
-                          f"{busbw:.1f}", frac, end_section=k == len(results) - 1)
+            cells = [job.name if k == 0 else "", str(job.n_gpus) if k == 0 else "",
+                     r.policy, f"{r.mean_iteration_ns(job.name) / 1e6:.3f}",
+                     f"{busbw:.1f}", frac]
+            if with_ratio:
+                cells.append(format_interference(r.interference.get(job.name)))
+            table.add_row(*cells, end_section=k == len(results) - 1)
     return table
+
+
+def format_interference(ratio: float | None) -> str:
+    """An interference ratio as the tables show it; "-" when it was not measured.
+
+    >>> format_interference(1.23456), format_interference(None)
+    ('1.235x', '-')
+    """
+    return "-" if ratio is None else f"{ratio:.3f}x"
 
 
 FLUID_COLUMNS = ("ECN marks", "pause ms", "storms", "deadlocks", "drops", "retx")

@@ -1,5 +1,5 @@
-"""Write results: CSV tables (flows, collectives, iterations, links; with the fluid model also
-timeseries and ports) and the JSON summary."""
+"""Write results: CSV tables (flows, collectives, iterations, links; with interference ratios
+also interference; with the fluid model also timeseries and ports) and the JSON summary."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ FLOW_COLUMNS = [
     "retx_bytes", "reorder_events",
 ]
 TIMESERIES_COLUMNS = ["time_ns", "link", "queue_bytes", "utilization", "ecn_marks", "paused"]
+INTERFERENCE_COLUMNS = ["job", "busbw_GBps", "alone_busbw_GBps", "interference"]
 PORT_COLUMNS = ["link", "priority", "pause_ns", "pause_frames", "ecn_marks", "drops_bytes"]
 
 
 def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
-    """Write ``flows.csv``, ``collectives.csv``, ``iterations.csv`` and ``links.csv``; with a
-    fluid-model report also ``timeseries.csv`` (if it sampled anything) and ``ports.csv``."""
+    """Write ``flows.csv``, ``collectives.csv``, ``iterations.csv`` and ``links.csv``; with
+    interference ratios also ``interference.csv``; with a fluid-model report also
+    ``timeseries.csv`` (if it sampled anything) and ``ports.csv``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -78,6 +80,11 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
                         f"{util[i]:.6g}", f"{result.link_peak_util[i]:.6g}"])
     written.append(path)
 
+    if result.interference:
+        path = out / "interference.csv"
+        _write_interference(result, path)
+        written.append(path)
+
     report = result.model_report
     if report is not None and len(report.timeseries):
         path = out / "timeseries.csv"
@@ -88,6 +95,20 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
         _write_ports(result, path)
         written.append(path)
     return written
+
+
+def _write_interference(result: RunResult, path: Path) -> None:
+    """One row per job with a measured interference ratio: its busbw in this run (shared),
+    alone (ratio x shared) and the ratio."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(INTERFERENCE_COLUMNS)
+        for job in result.jobs:
+            ratio = result.interference.get(job.name)
+            if ratio is None:
+                continue
+            shared = result.mean_busbw_GBps(job.name)
+            w.writerow([job.name, f"{shared:.6g}", f"{ratio * shared:.6g}", f"{ratio:.6g}"])
 
 
 def _write_timeseries(result: RunResult, path: Path) -> None:

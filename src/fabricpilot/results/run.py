@@ -46,6 +46,15 @@ def _r(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def _ratio(x: float) -> float | None:
+    """An interference ratio for JSON: rounded, ``None`` when not finite (JSON has no inf).
+
+    >>> _ratio(1.23456789), _ratio(float("inf"))
+    (1.23457, None)
+    """
+    return _r(x) if np.isfinite(x) else None
+
+
 @dataclass
 class RunResult:
     """Everything one (scenario, policy) run produced."""
@@ -70,6 +79,8 @@ class RunResult:
     path_moves: int = 0
     sla_unmet: list[str] = field(default_factory=list)  # "<job>: gpuA -> gpuB: <why>"
     qos_mismatches: list[str] = field(default_factory=list)
+    # job -> busbw alone / busbw here (fabricpilot.runner.interference); empty: not measured
+    interference: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_engine(
@@ -196,6 +207,8 @@ class RunResult:
                 "mean_iteration_ns": _r(self.mean_iteration_ns(job.name)),
                 "iteration_ns": [i.end_ns - i.start_ns for i in its],
                 "mean_busbw_GBps": _r(self.mean_busbw_GBps(job.name)),
+                **({"interference": _ratio(self.interference[job.name])}
+                   if job.name in self.interference else {}),
                 "collectives": [
                     {
                         "op": c.op, "algorithm": c.algorithm, "iteration": c.iteration,

@@ -51,6 +51,11 @@ def test_every_example_validates_and_runs(path: Path, tmp_path: Path) -> None:
     runs = summary.get("runs", [summary])
     for run in runs:
         assert run["bytes_delivered"] == run["bytes_sent"] > 0
+        c = run.get("controller")
+        if c:  # a controller-driven run: its rule tables never overflow
+            assert c["switch_rules_max"] == max(c["switch_rules"].values(), default=0)
+            assert c["switch_rules_max"] <= c["switch_rule_capacity"]
+            assert c["qps_steered"] + c["qps_pinned"] + c["qps_unpinned"] > 0
     by_policy = {run["policy"]: run for run in runs}
     # for one job on a symmetric Clos no load balancer beats even spraying (with several
     # jobs a policy may happen to keep them apart better than spraying does)

@@ -80,7 +80,12 @@ def run(
              "job and policy.")] = False,
 ) -> None:
     """Run one or several routing policies on a scenario and compare them."""
-    from fabricpilot.report import comparison_table, fabric_table, pfc_event_lines
+    from fabricpilot.report import (
+        comparison_table,
+        controller_line,
+        fabric_table,
+        pfc_event_lines,
+    )
     from fabricpilot.results import summary_json, write_tables
     from fabricpilot.runner import config_warnings, interference, prepare, run_policy
 
@@ -124,8 +129,10 @@ def run(
         out.print(fabric_table(shown))
         for r in shown:
             if r.sla_unmet:
-                out.print(f"{r.policy}: {len(r.sla_unmet)} GPU pairs whose SLA no path meets, "
+                out.print(f"{r.policy}: {len(r.sla_unmet)} SLAs no path meets, "
                           f"e.g. {escape(r.sla_unmet[0])}", highlight=False, soft_wrap=True)
+            if r.controller:
+                out.print(controller_line(r), highlight=False, soft_wrap=True)
         events = pfc_event_lines(shown)
         if events:
             out.print("PFC storms and deadlocks:")

@@ -227,6 +227,9 @@ def _result(prep: Prepared, policy: str, out: EngineOutput, pol: object, wall: f
     report = getattr(pol, "report", None)
     if report is not None:  # e.g. SLAs no path could meet
         result.sla_unmet = list(report())
+    stats = getattr(pol, "stats", None)
+    if stats is not None:  # a controller-driven policy: what the controller did
+        result.controller = stats()
     return result
 
 

@@ -178,6 +178,25 @@ class TaskAware(Adaptive):
         self.last_plan = self.controller.plan()
         return self.last_plan
 
+    def stats(self) -> dict[str, object]:
+        """What the controller did in this run: QPs steered by their source port alone,
+        pinned by explicit rules or left to their hash (a full rule table), the explicit
+        rules per switch against the capacity, control periods, re-plans and fuse trips."""
+        rep = self.last_plan
+        rules = self.switch_rules()
+        return {
+            "path_sets": rep.path_sets if rep else 0,
+            "qps_steered": rep.steered if rep else 0,
+            "qps_pinned": rep.pinned if rep else 0,
+            "qps_unpinned": rep.unpinned if rep else 0,
+            "switch_rules_max": max(rules.values(), default=0),
+            "switch_rule_capacity": self.ctx.controller.switch_rule_capacity,
+            "switch_rules": dict(sorted(rules.items())),
+            "control_periods": len(self.ticks),
+            "replans": sum(t.replanned for t in self.ticks),
+            "fuse_trips": self.fuse_trips,
+        }
+
     def report(self) -> list[str]:
         """One line per declared job whose SLA no path can meet (it was not planned)."""
         if self.controller is None:

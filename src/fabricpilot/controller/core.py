@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
@@ -46,6 +46,21 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, f
     return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
 
 
+def _set_load(sets: list[PathSet], rate_gbps: dict[str, float]) -> dict[int, float]:
+    """Load per link (Gb/s) of path sets whose keys carry ``rate_gbps``.
+
+    >>> _set_load([PathSet("a", ((0, 1), (0, 2)), (0.5, 0.5))], {"a": 100.0})
+    {0: 100.0, 1: 50.0, 2: 50.0}
+    """
+    load: dict[int, float] = {}
+    for s in sets:
+        total = sum(s.weights)
+        for path, w in zip(s.paths, s.weights, strict=True):
+            for lk in path:
+                load[lk] = load.get(lk, 0.0) + rate_gbps[s.key] * w / total
+    return load
+
+
 _SCOPE = {"L1": "one switch", "L2": "its leaves (no spine)"}
 
 
@@ -70,6 +85,7 @@ class PlanReport:
     switch_rules: dict[str, int] = field(default_factory=dict)
 
     installed: int = 0  # path sets sent (the ones that changed)
+    spilled: set[str] = field(default_factory=set, repr=False)  # keys with unpinned paths
 
     @property
     def max_switch_rules(self) -> int:
@@ -225,12 +241,41 @@ class Controller:
         """Plan every opted-in job together, steer the planned paths and install them.
         ``background`` is load (Gb/s per link) the plan must route around."""
         demands = self.demands()
-        plan = plan_greedy(demands, self._capacity(), background=background, split=self.parts)
         self._weight = {d.key: d.weight for d in demands}
-        return self._install(plan, len(demands))
+        return self._install(*self._solve(demands, background), len(demands))
 
-    def _install(self, plan: Plan, n_demands: int) -> PlanReport:
+    def _solve(self, demands: list[Demand], background: dict[int, float] | None
+               ) -> tuple[Plan, list[PathSet], PlanReport]:
+        """Plan and steer. If some planned paths could be neither reached by entropy nor
+        pinned (full rule tables), plan again with those demands restricted to the paths
+        entropy reaches, which frees rules for the others, and keep whichever of the two
+        loads the fabric less once every path is the one its QP really takes."""
+        cap = self._capacity()
+        plan = plan_greedy(demands, cap, background=background, split=self.parts)
         sets, report = self.steer_plan(plan, self._weight)
+        if not report.spilled:
+            return plan, sets, report
+        narrowed = [self._entropy_only(d) if d.key in report.spilled else d for d in demands]
+        plan2 = plan_greedy(narrowed, cap, background=background, split=self.parts)
+        sets2, report2 = self.steer_plan(plan2, self._weight)
+        rate = {d.key: d.rate_gbps for d in demands}
+        bg = background or {}
+        if (self._fabric_lambda(_set_load(sets2, rate), bg)
+                <= self._fabric_lambda(_set_load(sets, rate), bg)):
+            return plan2, sets2, report2
+        return plan, sets, report
+
+    def _entropy_only(self, d: Demand) -> Demand:
+        """``d`` with only the candidates some source port reaches without a rule (all of
+        them if none is)."""
+        a, b = self._endpoints[d.key]
+        got = steer(self.view, [SteerRequest(a, b, p, i) for i, p in enumerate(d.candidates)],
+                    max_tries=self.params.steer_tries)
+        free = tuple(p for p, s in zip(d.candidates, got, strict=True) if not s.rules)
+        return replace(d, candidates=free) if free else d
+
+    def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int
+                 ) -> PlanReport:
         changed = [r for r in sets if self._installed.get(r.key) != r]
         self.dp.install(changed)
         self._installed = {r.key: r for r in sets}
@@ -289,12 +334,12 @@ class Controller:
             return TickReport(False, hot, bg)
         before = self._fabric_lambda(self.current.link_load_gbps, bg)
         demands = self.demands()
-        plan = plan_greedy(demands, self._capacity(), background=bg, split=self.parts)
+        self._weight = {d.key: d.weight for d in demands}
+        plan, sets, report = self._solve(demands, bg)
         after = self._fabric_lambda(plan.link_load_gbps, bg)
         if after > (1.0 - self.params.replan_gain) * before:
             return TickReport(False, hot, bg, before, after)
-        self._weight = {d.key: d.weight for d in demands}
-        report = self._install(plan, len(demands))
+        report = self._install(plan, sets, report, len(demands))
         self.replans += 1
         return TickReport(True, hot, bg, before, after, report)
 
@@ -319,6 +364,7 @@ class Controller:
         used: Counter[str] = Counter()
         paths = [q.path for q in reqs]
         unpinned = 0
+        spilled: set[str] = set()
         cap = self.view.rule_capacity
         for r in sorted(range(len(reqs)), key=lambda r: (-weight.get(keys[r], 0.0), r)):
             need = Counter(sw for sw, _ in got[r].rules)
@@ -328,6 +374,7 @@ class Controller:
                 used.update(need)
             else:
                 unpinned += 1
+                spilled.add(keys[r])
                 got[r] = Steering(got[r].port, ())
                 paths[r] = hash_path(self.view, reqs[r].src, reqs[r].dst, got[r].port)
         sets, r = [], 0
@@ -339,4 +386,4 @@ class Controller:
             r += n
         pinned = sum(1 for s in got if s.rules)
         return sets, PlanReport(plan, len(sets), 0, len(reqs) - pinned - unpinned, pinned,
-                                unpinned, dict(used))
+                                unpinned, dict(used), spilled=spilled)

@@ -2,9 +2,16 @@
 
 from fabricpilot.report.tables import (
     comparison_table,
+    controller_line,
     fabric_table,
     format_interference,
     pfc_event_lines,
 )
 
-__all__ = ["comparison_table", "fabric_table", "format_interference", "pfc_event_lines"]
+__all__ = [
+    "comparison_table",
+    "controller_line",
+    "fabric_table",
+    "format_interference",
+    "pfc_event_lines",
+]

@@ -106,3 +106,25 @@ def pfc_event_lines(results: Sequence[RunResult], limit: int = 10) -> list[str]:
         if len(events) > limit:
             out.append(f"{r.policy}: ... and {len(events) - limit} more")
     return out
+
+
+def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its fields
+    """One line on what a controller-driven policy did (``RunResult.controller``).
+
+    >>> from types import SimpleNamespace
+    >>> c = {"qps_steered": 90, "qps_pinned": 6, "qps_unpinned": 0, "switch_rules_max": 4,
+    ...      "switch_rule_capacity": 4096, "control_periods": 12, "replans": 1,
+    ...      "fuse_trips": 0}
+    >>> print(controller_line(SimpleNamespace(policy="task-aware", controller=c)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
+    on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
+    trips
+    """
+    c = r.controller
+    plural = "" if c["replans"] == 1 else "s"
+    return (f"{r.policy} controller: {c['qps_steered']} QPs steered by source port, "
+            f"{c['qps_pinned']} pinned by rules (at most {c['switch_rules_max']} rules on a "
+            f"switch, capacity {c['switch_rule_capacity']}), {c['qps_unpinned']} left to the "
+            f"hash; {c['control_periods']} control periods, {c['replans']} re-plan{plural}, "
+            f"{c['fuse_trips']} fuse trips")

@@ -81,6 +81,8 @@ class RunResult:
     qos_mismatches: list[str] = field(default_factory=list)
     # job -> busbw alone / busbw here (fabricpilot.runner.interference); empty: not measured
     interference: dict[str, float] = field(default_factory=dict)
+    # what a controller-driven policy did (fabricpilot.balancing.task_aware.TaskAware.stats)
+    controller: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def from_engine(
@@ -248,4 +250,5 @@ class RunResult:
             "path_moves": int(self.path_moves),
             "sla_unmet": list(self.sla_unmet),
             "qos_mismatches": list(self.qos_mismatches),
+            **({"controller": dict(self.controller)} if self.controller else {}),
         }

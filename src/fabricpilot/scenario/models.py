@@ -38,6 +38,7 @@ from pydantic import (
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.dataplane.params import DcqcnParams, EcnParams, FluidParams, PfcParams
 from fabricpilot.dataplane.qos import N_PRIORITIES, TRAFFIC_CLASSES, QosParams
+from fabricpilot.faults.model import FaultParams
 from fabricpilot.units import UnitError, parse_quantity
 
 __all__ = [
@@ -46,16 +47,21 @@ __all__ = [
     "CollectiveOp",
     "CollectiveSpec",
     "DcqcnSpec",
+    "DebounceSpec",
     "EcmpSpec",
     "EcnSpec",
     "FabricSpec",
+    "FaultEventSpec",
+    "FaultsSpec",
     "FieldProblem",
     "FluidSpec",
     "JobSpec",
     "MiceSpec",
+    "NoiseSpec",
     "PfcSpec",
     "Placement",
     "QosSpec",
+    "RandomFaultsSpec",
     "Scenario",
     "TopologyKind",
     "TopologySpec",
@@ -69,6 +75,7 @@ Algorithm = Literal["auto", "ring", "hierarchical", "flat"]
 CollectiveMode = Literal["stream", "steps"]
 TrafficClass = Literal["rdma", "tcp", "control"]
 RateModelName = Literal["flow", "fluid"]
+FaultKind = Literal["link_down", "link_up", "switch_down", "flap", "gray"]
 
 
 class FieldProblem(ValueError):
@@ -905,6 +912,230 @@ class MiceSpec(_Model):
         return list(value)
 
 
+# --- faults ---------------------------------------------------------------------------------
+#
+# Link and switch names are checked against the topology by fabricpilot.faults.resolve_faults
+# (they are not known before it is built); everything else is checked here.
+
+_FAULTS = FaultParams()
+
+# the optional keys each kind of fault event takes (kind and at_ns: every kind)
+_FAULT_KEYS: dict[str, tuple[str, ...]] = {
+    "link_down": ("link", "until_ns"),
+    "link_up": ("link",),
+    "switch_down": ("switch", "until_ns"),
+    "flap": ("link", "down_ns", "up_ns", "count"),
+    "gray": ("link", "ber", "drop_probability", "until_ns"),
+}
+_FAULT_REQUIRED: dict[str, tuple[str, ...]] = {
+    "link_down": ("link",),
+    "link_up": ("link",),
+    "switch_down": ("switch",),
+    "flap": ("link", "down_ns", "up_ns", "count"),
+    "gray": ("link",),
+}
+
+
+def _check_ber(cls: type[BaseModel], value: float | None) -> float | None:
+    """A pre-FEC bit error rate: ``0 < ber <= 0.5`` (0.5: a link of pure noise)."""
+    if value is not None and not 0 < value <= 0.5:
+        raise ValueError(f"must be a bit error rate in (0, 0.5] (got {value!r})")
+    return value
+
+
+class DebounceSpec(_Model):
+    """Act on a link only after ``count`` detections of it within ``window_ns``."""
+
+    count: Int = Field(
+        default=_FAULTS.debounce_count, ge=1,
+        description="detections of the same link needed to act (1: no debounce)",
+    )
+    window_ns: int = Field(
+        default=_FAULTS.debounce_window_ns, gt=0,
+        description="the detections must fall within this window",
+    )
+
+    _quantities = field_validator("window_ns", mode="before")(_convert_quantity)
+
+
+class NoiseSpec(_Model):
+    """Noisy error counters: spurious FEC error-rate spikes on healthy links."""
+
+    spike_probability: float = Field(
+        default=_FAULTS.noise_spike_probability, ge=0, le=1, allow_inf_nan=False,
+        description="chance that one sample of one link shows a spurious spike (seeded)",
+    )
+    spike_ber: float = Field(
+        default=_FAULTS.noise_spike_ber, ge=0, le=0.5, allow_inf_nan=False,
+        description="the FEC-corrected bit error rate a spike shows",
+    )
+
+    @model_validator(mode="after")
+    def _check_spike(self) -> NoiseSpec:
+        if self.spike_probability > 0 and self.spike_ber == 0:
+            raise FieldProblem(
+                "spike_ber",
+                f"must be > 0 when spike_probability is > 0 "
+                f"(spike_probability {self.spike_probability:g})",
+            )
+        return self
+
+
+class FaultEventSpec(_Model):
+    """One scheduled fault: a link or switch going down, a flapping link or a gray link.
+
+    ``link`` is a cable ``"leaf0-spine1"`` (both directions) or one direction
+    ``"leaf0->spine1"``.
+    """
+
+    kind: FaultKind = Field(
+        description="link_down, link_up, switch_down, flap (down/up cycles) or gray "
+        "(bit errors: the link stays up but loses packets)"
+    )
+    at_ns: int = Field(ge=0, description="when the fault starts")
+    link: str | None = Field(
+        default=None, min_length=1,
+        description="link kinds: 'a-b' (a cable, both directions) or 'a->b' (one direction)",
+    )
+    switch: str | None = Field(
+        default=None, min_length=1, description="switch_down: every link of this switch"
+    )
+    until_ns: int | None = Field(
+        default=None, ge=0,
+        description="link_down, switch_down: up again then; gray: cleared then "
+        "(default: lasts to the end)",
+    )
+    down_ns: int | None = Field(default=None, gt=0, description="flap: down time of a cycle")
+    up_ns: int | None = Field(default=None, gt=0, description="flap: up time of a cycle")
+    count: Int | None = Field(default=None, ge=1, description="flap: number of down/up cycles")
+    ber: float | None = Field(
+        default=None, allow_inf_nan=False,
+        description="gray: pre-FEC bit error rate, 0 < ber <= 0.5 (what FEC counters see)",
+    )
+    drop_probability: float | None = Field(
+        default=None, ge=0, le=1, allow_inf_nan=False,
+        description="gray: per-packet loss after FEC (default: derived from ber with the "
+        "RS(544,514) FEC; without ber the loss is invisible to the FEC counters)",
+    )
+
+    _quantities = field_validator(
+        "at_ns", "until_ns", "down_ns", "up_ns", mode="before",
+    )(_convert_quantity)
+    _ber = field_validator("ber")(_check_ber)
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> FaultEventSpec:
+        """Each kind takes its own keys; the keys of other kinds are refused."""
+        own = _FAULT_KEYS[self.kind]
+        for key in ("link", "switch", "until_ns", "down_ns", "up_ns", "count", "ber",
+                    "drop_probability"):
+            if key in own or getattr(self, key) is None:
+                continue
+            kinds = [k for k, keys in _FAULT_KEYS.items() if key in keys]
+            raise FieldProblem(
+                key, f"not valid for kind {self.kind} (only for {', '.join(kinds)})"
+            )
+        for key in _FAULT_REQUIRED[self.kind]:
+            if getattr(self, key) is None:
+                raise FieldProblem(key, f"required for kind {self.kind}")
+        if self.kind == "gray" and self.ber is None and self.drop_probability is None:
+            raise FieldProblem("ber", "required for kind gray (or give drop_probability)")
+        if self.until_ns is not None and self.until_ns <= self.at_ns:
+            raise FieldProblem(
+                "until_ns", f"must be after at_ns ({self.until_ns} ns <= {self.at_ns} ns)"
+            )
+        return self
+
+
+class RandomFaultsSpec(_Model):
+    """Link failures drawn from a mean time between failures, with the scenario seed."""
+
+    link_mtbf_ns: int = Field(
+        gt=0, description="mean up time of a cable between failures (exponential)"
+    )
+    repair_ns: int = Field(gt=0, description="how long each drawn failure lasts")
+    horizon_ns: int = Field(gt=0, description="failures start in [0, horizon)")
+    gray_fraction: float = Field(
+        default=0.0, ge=0, le=1, allow_inf_nan=False,
+        description="share of the drawn failures that are gray instead of down",
+    )
+    gray_ber: float = Field(
+        default=1e-5, allow_inf_nan=False,
+        description="pre-FEC bit error rate of a drawn gray failure (0 < ber <= 0.5)",
+    )
+    scope: Literal["fabric", "all"] = Field(
+        default="fabric",
+        description="cables that may fail: fabric (switch to switch) or all (also NIC links)",
+    )
+
+    _quantities = field_validator(
+        "link_mtbf_ns", "repair_ns", "horizon_ns", mode="before",
+    )(_convert_quantity)
+    _ber = field_validator("gray_ber")(_check_ber)
+
+
+class FaultsSpec(_Model):
+    """Faults injected into the fabric, and how the fabric detects and reacts to them.
+
+    >>> f = FaultsSpec.model_validate({"convergence_delay_ns": "50ms", "events": [
+    ...     {"kind": "link_down", "link": "leaf0-spine1", "at_ns": "2ms", "until_ns": "5ms"}]})
+    >>> f.events[0].until_ns, f.to_params().convergence_delay_ns
+    (5000000, 50000000)
+    """
+
+    detection_delay_ns: int = Field(
+        default=_FAULTS.detection_delay_ns, ge=0,
+        description="a down link's neighbours see loss of signal this long after it fails",
+    )
+    convergence_delay_ns: int = Field(
+        default=_FAULTS.convergence_delay_ns, ge=0,
+        description="routing has moved traffic off a down link this long after detection",
+    )
+    rdma_timeout_ns: int = Field(
+        default=_FAULTS.rdma_timeout_ns, gt=0,
+        description="RoCE retransmission timeout: a lost packet is resent after this",
+    )
+    fec_threshold: float = Field(
+        default=_FAULTS.fec_threshold, gt=0, le=0.5, allow_inf_nan=False,
+        description="a link whose FEC-corrected bit error rate exceeds this is flagged gray",
+    )
+    debounce: DebounceSpec = Field(
+        default_factory=DebounceSpec, description="detections needed before acting on a link"
+    )
+    telemetry_interval_ns: int = Field(
+        default=_FAULTS.telemetry_interval_ns, gt=0,
+        description="how often the error counters are sampled",
+    )
+    noise: NoiseSpec = Field(
+        default_factory=NoiseSpec, description="spurious spikes in the error counters"
+    )
+    events: list[FaultEventSpec] = Field(
+        default_factory=list, description="scheduled faults (link_down, link_up, switch_down, "
+        "flap, gray)",
+    )
+    random: RandomFaultsSpec | None = Field(
+        default=None, description="optional: link failures drawn from rates with the seed"
+    )
+
+    _quantities = field_validator(
+        "detection_delay_ns", "convergence_delay_ns", "rdma_timeout_ns",
+        "telemetry_interval_ns", mode="before",
+    )(_convert_quantity)
+
+    def to_params(self) -> FaultParams:
+        return FaultParams(
+            detection_delay_ns=self.detection_delay_ns,
+            convergence_delay_ns=self.convergence_delay_ns,
+            rdma_timeout_ns=self.rdma_timeout_ns,
+            fec_threshold=self.fec_threshold,
+            debounce_count=self.debounce.count,
+            debounce_window_ns=self.debounce.window_ns,
+            telemetry_interval_ns=self.telemetry_interval_ns,
+            noise_spike_probability=self.noise.spike_probability,
+            noise_spike_ber=self.noise.spike_ber,
+        )
+
+
 # --- the scenario ---------------------------------------------------------------------------
 
 
@@ -926,6 +1157,9 @@ class Scenario(_Model):
     controller: ControllerSpec = Field(default_factory=ControllerSpec)
     jobs: list[JobSpec] = Field(min_length=1, description="training jobs sharing the fabric")
     mice: MiceSpec | None = Field(default=None, description="optional background small flows")
+    faults: FaultsSpec | None = Field(
+        default=None, description="optional: link and switch failures, flaps and gray links"
+    )
 
     @field_validator("policies")
     @classmethod

@@ -12,7 +12,7 @@ stable (link id) order, so a hash modulo the group size is a reproducible next-h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -128,17 +128,41 @@ def compile_topology(topo: Topology) -> CompiledTopology:
     leaf_switches = np.unique(switch_of_node[gpu_leaf_node])
     leaf_slot = np.full(n_sw, -1, np.int32)
     leaf_slot[leaf_switches] = np.arange(len(leaf_switches), dtype=np.int32)
-    is_sw_link = (switch_of_node[src] >= 0) & (switch_of_node[dst] >= 0)
+    nh_count, nh_link, hop_distance = ecmp_tables(src, dst, switch_of_node, leaf_switches,
+                                                  np.ones(len(src), bool))
+    if (hop_distance[leaf_switches] < 0).any():
+        raise TopologyError("the switch graph is not connected: some leaves cannot reach others")
+
+    return CompiledTopology(
+        topo=topo, node_names=names, node_index=index, link_src=src, link_dst=dst,
+        rate_gbps=rate, delay_ns=delay, link_kind=kind, link_id=link_id,
+        gpu_host=gpu_host, gpu_up=gpu_up, gpu_down=gpu_down,
+        gpu_leaf=switch_of_node[gpu_leaf_node], gpu_nv_up=gpu_nv_up, gpu_nv_down=gpu_nv_down,
+        switch_node=switch_node, switch_of_node=switch_of_node, switch_tier=tier,
+        leaf_slot=leaf_slot, nh_count=nh_count, nh_link=nh_link, hop_distance=hop_distance,
+    )
+
+
+def ecmp_tables(
+    src: NDArray[np.int32],
+    dst: NDArray[np.int32],
+    switch_of_node: NDArray[np.int32],
+    leaf_switches: NDArray[np.int32],
+    alive: NDArray[np.bool_],
+) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+    """ECMP groups over the switch links that are ``alive``: ``(nh_count, nh_link,
+    hop_distance)`` indexed ``[switch, destination slot]`` (``hop_distance`` -1 and an empty
+    group where a leaf cannot be reached). A switch link u -> v is a next hop of u towards
+    leaf t iff ``dist(v, t) == dist(u, t) - 1``; members are kept in link-id order."""
+    n_sw = int(switch_of_node.max()) + 1 if len(switch_of_node) else 0
+    is_sw_link = (switch_of_node[src] >= 0) & (switch_of_node[dst] >= 0) & alive
     sw_links = np.flatnonzero(is_sw_link).astype(np.int32)
     su = switch_of_node[src[sw_links]]
     sv = switch_of_node[dst[sw_links]]
     adj = sp.csr_matrix((np.ones(len(sw_links)), (su, sv)), shape=(n_sw, n_sw))
     dist = shortest_path(adj, unweighted=True, directed=True, indices=leaf_switches)  # [T, S]
     dist_to = dist.T  # [S, T]
-    if np.isinf(dist_to[leaf_switches]).any():
-        raise TopologyError("the switch graph is not connected: some leaves cannot reach others")
     n_t = len(leaf_switches)
-    # a switch link u->v is a next hop of u toward t iff dist(v,t) == dist(u,t) - 1
     closer = dist_to[sv] == (dist_to[su] - 1)  # [E, T]
     e_idx, t_idx = np.nonzero(closer)
     key = su[e_idx].astype(np.int64) * n_t + t_idx
@@ -152,12 +176,37 @@ def compile_topology(topo: Topology) -> CompiledTopology:
     nh_link.reshape(-1, max(max_deg, 1))[key, pos] = sw_links[e_sorted]
     nh_count = counts.reshape(n_sw, n_t).astype(np.int32)
     hop_distance = np.where(np.isinf(dist_to), -1, dist_to).astype(np.int32)
+    return nh_count, nh_link, hop_distance
 
-    return CompiledTopology(
-        topo=topo, node_names=names, node_index=index, link_src=src, link_dst=dst,
-        rate_gbps=rate, delay_ns=delay, link_kind=kind, link_id=link_id,
-        gpu_host=gpu_host, gpu_up=gpu_up, gpu_down=gpu_down,
-        gpu_leaf=switch_of_node[gpu_leaf_node], gpu_nv_up=gpu_nv_up, gpu_nv_down=gpu_nv_down,
-        switch_node=switch_node, switch_of_node=switch_of_node, switch_tier=tier,
-        leaf_slot=leaf_slot, nh_count=nh_count, nh_link=nh_link, hop_distance=hop_distance,
-    )
+
+def with_links_down(ct: CompiledTopology, down: NDArray[np.bool_]) -> CompiledTopology:
+    """The topology as routing sees it once it has converged around the links ``down``
+    (a mask over link ids): the same links and ids, ECMP groups rebuilt without them.
+    Groups of a switch that lost every way to a leaf are empty (:func:`walk_paths` then
+    reports no path); the widths of ``nh_link`` and the path width stay those of the
+    intact fabric, so paths computed before and after line up.
+
+    >>> from fabricpilot.topology.builders import leaf_spine
+    >>> ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    >>> leaf0, leaf1 = (int(ct.gpu_leaf[g]) for g in (0, 2))
+    >>> slot1 = int(ct.leaf_slot[leaf1])
+    >>> int(ct.nh_count[leaf0, slot1])
+    2
+    >>> down = np.zeros(ct.n_links, bool)
+    >>> down[int(ct.nh_link[leaf0, slot1, 0])] = True
+    >>> cut = with_links_down(ct, down)
+    >>> survivor = int(ct.nh_link[leaf0, slot1, 1])
+    >>> int(cut.nh_count[leaf0, slot1]), int(cut.nh_link[leaf0, slot1, 0]) == survivor
+    (1, True)
+    """
+    leaf_switches = np.flatnonzero(ct.leaf_slot >= 0).astype(np.int32)
+    leaf_switches = leaf_switches[np.argsort(ct.leaf_slot[leaf_switches])]
+    count, link, dist = ecmp_tables(ct.link_src, ct.link_dst, ct.switch_of_node, leaf_switches,
+                                    ~np.asarray(down, bool))
+    width = ct.nh_link.shape[2]
+    padded = np.full(ct.nh_link.shape, -1, np.int32)
+    padded[:, :, : min(width, link.shape[2])] = link[:, :, :width]
+    # a longer detour than the intact fabric's longest path would not fit its path width
+    dist = np.where(dist > ct.hop_distance.max(initial=0), -1, dist)
+    count = np.where(dist < 0, 0, count).astype(np.int32)
+    return replace(ct, nh_count=count, nh_link=padded, hop_distance=dist)

@@ -84,6 +84,7 @@ def run(
         comparison_table,
         controller_line,
         fabric_table,
+        fault_table,
         pfc_event_lines,
     )
     from fabricpilot.results import summary_json, write_tables
@@ -127,6 +128,13 @@ def run(
         reference = results[runs.index("ideal")]
         out.print(comparison_table(shown, reference))
         out.print(fabric_table(shown))
+        faults = fault_table(shown)
+        if faults is not None:
+            out.print(faults)
+        for r in shown:
+            for job, why in r.aborted.items():
+                out.print(f"{r.policy}: job {escape(job)} stopped: {escape(why)}",
+                          highlight=False, soft_wrap=True)
         for r in shown:
             if r.sla_unmet:
                 out.print(f"{r.policy}: {len(r.sla_unmet)} SLAs no path meets, "

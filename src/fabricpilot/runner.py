@@ -22,6 +22,7 @@ from fabricpilot.dataplane import RATE_MODELS, Engine, FabricParams, make_rate_m
 from fabricpilot.dataplane.engine import EngineOutput
 from fabricpilot.dataplane.qos import mapping_mismatches
 from fabricpilot.errors import ScenarioError, TopologyError
+from fabricpilot.faults import FaultTimeline, resolve_faults
 from fabricpilot.results import RunResult
 from fabricpilot.scenario import Scenario, check_gpu_count
 from fabricpilot.topology import CompiledTopology, Topology, build_topology, compile_topology
@@ -51,6 +52,7 @@ class Prepared:
     mice_class: str = "rdma"
     controller: ControllerParams = field(default_factory=ControllerParams)
     qos_mismatches: list[str] = field(default_factory=list)
+    faults: FaultTimeline | None = None
 
 
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
@@ -95,6 +97,10 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
             raise ScenarioError(source, f"fabric.qos.switch_overrides.{name}",
                                 f"unknown switch ({_switch_examples(switches)})")
     qos_params = qos.to_params()
+    faults = (None if scenario.faults is None else
+              resolve_faults(scenario.faults, ct, scenario.seed, source=source,
+                             packet_bytes=scenario.fabric.mtu_bytes
+                             + scenario.fabric.header_bytes))
 
     rng = np.random.default_rng([scenario.seed, 1])
     free = np.ones(ct.n_gpus, bool)
@@ -158,7 +164,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                     model_params=model_params,
                     mice_class=scenario.mice.traffic_class if scenario.mice else "rdma",
                     qos_mismatches=mapping_mismatches(qos_params, switches) if switches else [],
-                    controller=scenario.controller.to_params())
+                    controller=scenario.controller.to_params(), faults=faults)
 
 
 def _switch_examples(switches: list[str]) -> str:
@@ -201,17 +207,27 @@ def _simulate(
     """Run the engine on ``prep.jobs`` under ``policy``: its output, the policy object and
     the wall time of the run in seconds."""
     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
+    faults = prep.faults if prep.faults is not None and prep.faults.events else None
+    controller, fec = prep.controller, {}
+    if faults is not None:  # the controller detects gray links as the scenario says
+        fp = faults.params
+        controller = replace(controller, fec_threshold=fp.fec_threshold,
+                             debounce_count=fp.debounce_count,
+                             debounce_window_ns=float(fp.debounce_window_ns))
+        fec = {"fec_sample_ns": fp.telemetry_interval_ns,
+               "fec_noise": (fp.noise_spike_probability, fp.noise_spike_ber)}
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
-                        member_routes=model.needs_paths, adaptive=prep.adaptive,
-                        controller=prep.controller,
-                        port_buffer_bytes=_port_buffer_bytes(prep))
+                        member_routes=model.needs_paths or faults is not None,
+                        adaptive=prep.adaptive, controller=controller,
+                        port_buffer_bytes=_port_buffer_bytes(prep),
+                        faults=faults is not None, **fec)
     pol = make_policy(policy, ctx)
     attach = getattr(pol, "attach_jobs", None)
     if attach is not None:  # a controller-driven policy: the jobs declare themselves
         attach(prep.jobs)
     engine = Engine(prep.topology, pol, prep.jobs, fabric=prep.fabric,
                     mice=prep.mice, rate_model=model, batch_rel_eps=prep.completion_tolerance,
-                    progress=progress, mice_class=prep.mice_class)
+                    progress=progress, mice_class=prep.mice_class, faults=faults)
     t0 = time.perf_counter()
     out = engine.run()
     return out, pol, time.perf_counter() - t0

@@ -230,6 +230,16 @@ class Adaptive:
         return sub, qp_source_port(sub.job, sub.src, sub.dst, qp,
                                    entropy=self.ctx.ecmp.source_port_entropy)
 
+    def repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
+               stream: NDArray[np.int64]) -> NDArray[np.int32]:
+        """Paths for streams whose path died (after the routing protocol converged): the
+        least-loaded walk over the groups that remain, as a new flow would get."""
+        sport = qp_source_port(np.asarray(job, np.int64), np.asarray(src, np.int64),
+                               np.asarray(dst, np.int64), np.asarray(stream, np.int64),
+                               entropy=self.ctx.ecmp.source_port_entropy)
+        return self._walk(np.asarray(src, np.int64), np.asarray(dst, np.int64), sport,
+                          self._load_now())
+
     def _routed(self, batch: TransferBatch, paths: NDArray[np.int32],
                 **extra: object) -> RoutedBatch:
         """Rate-model rows for ``batch`` on one path per transfer."""

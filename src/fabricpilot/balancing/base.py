@@ -125,6 +125,7 @@ class LinkTelemetry:
     queue_bytes: NDArray[np.float64]
     demand_gbps: NDArray[np.float64]
     now_ns: float = 0.0
+    ber: NDArray[np.float64] | None = None  # pre-FEC bit error rate (gray links), if known
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,8 @@ class ActiveMembers:
     share: NDArray[np.float64]
     hold: NDArray[np.bool_]
     sent_bytes: NDArray[np.float64] | None = None
+    owner: NDArray[np.int64] | None = None   # the job of each member's row (-1: mice)
+    stream: NDArray[np.int64] | None = None  # its stream (QP) index within the transfer
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,11 @@ class PolicyContext:
     adaptive: AdaptiveParams = AdaptiveParams()
     controller: ControllerParams = field(default_factory=ControllerParams)
     port_buffer_bytes: float = DEFAULT_PORT_BUFFER_BYTES  # a switch egress port's buffer
+    # error counters: how often ports report FEC counts, and their noise (each sample of
+    # each port shows a spurious error rate ``fec_noise[1]`` with probability ``fec_noise[0]``)
+    fec_sample_ns: int = 1_000_000
+    faults: bool = False  # the run injects faults (links may go down)
+    fec_noise: tuple[float, float] = (0.0, 0.0)
 
 
 class RoutingPolicy(Protocol):

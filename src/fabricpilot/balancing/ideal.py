@@ -24,6 +24,7 @@ from fabricpilot.balancing.base import (
     register_policy,
     stream_index,
 )
+from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import (
     intra_host,
     max_path_links,
@@ -45,12 +46,22 @@ class Ideal:
 
     name = "ideal"
     static = True
+    instant_reroute = True  # the bound: it sprays over whatever links are up, at once
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
-        self.column_of_link = symmetric_link_groups(ctx.topology)
+        # links interchangeable under spraying share a column, unless faults may break the
+        # symmetry (then one column per link)
+        self.column_of_link = (np.arange(ctx.topology.n_links, dtype=np.int32) if ctx.faults
+                               else symmetric_link_groups(ctx.topology))
         self._cache: dict[tuple[int, int], tuple[NDArray[np.int32], NDArray[np.float64]]] = {}
         self._paths_cache: dict[tuple[int, int], NDArray[np.int32]] = {}
+
+    def set_topology(self, ct: CompiledTopology) -> None:
+        """Spray over the ECMP groups of ``ct`` from now on (links went down or up)."""
+        self.ctx = replace(self.ctx, topology=ct)
+        self._cache.clear()
+        self._paths_cache.clear()
 
     def _split(self, src_sw: int, dst_slot: int) -> tuple[NDArray[np.int32], NDArray]:
         """Columns (not links) between two leaves and the flow's summed share on each."""

@@ -46,7 +46,7 @@ from fabricpilot.controller.southbound import (
 )
 from fabricpilot.net.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.topology.compiled import LINK_KIND_CODES
-from fabricpilot.topology.paths import max_path_links, path_delay_ns, walk_paths
+from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns, walk_paths
 from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAME = {code: str(kind) for kind, code in LINK_KIND_CODES.items()}
@@ -102,6 +102,9 @@ class TaskAware(Adaptive):
         self._last_tick_ns = -float("inf")
         self.ticks: list[TickReport] = []
         self.fuse_trips = 0
+        self._last_fec_ns = 0.0
+        self._fec_rng = np.random.default_rng([ctx.seed, 0xFEC])
+        self.gray_actions: list[tuple[float, int, bool]] = []  # (time, link, really gray)
         # rule key -> (the path set, the link-id rows its QPs are forwarded on)
         self._forwarded: dict[str, tuple[PathSet, list[NDArray[np.int32]]]] = {}
 
@@ -124,9 +127,23 @@ class TaskAware(Adaptive):
         busy = (tel.load_gbps > 0) | (tel.queue_bytes > 0)
         report = busy | self._was_busy
         self._was_busy = busy
-        return [PortDelta(int(i), interval, tx_bytes=float(tel.load_gbps[i]) * interval / 8.0,
-                          queue_bytes=float(tel.queue_bytes[i]))
-                for i in np.flatnonzero(report).tolist()]
+        deltas = {i: PortDelta(i, interval, tx_bytes=float(tel.load_gbps[i]) * interval / 8.0,
+                               queue_bytes=float(tel.queue_bytes[i]))
+                  for i in np.flatnonzero(report).tolist()}
+        fec_dt = tel.now_ns - self._last_fec_ns
+        if tel.ber is not None and fec_dt >= self.ctx.fec_sample_ns:
+            # error counters, every fec_sample_ns: FEC decodes idle symbols too, so every
+            # port counts bits at line rate; noisy counters add spurious spikes
+            self._last_fec_ns = tel.now_ns
+            ct = self.ctx.topology
+            bits = ct.rate_gbps * fec_dt
+            p, spike_ber = self.ctx.fec_noise
+            ber = tel.ber + np.where(self._fec_rng.random(ct.n_links) < p, spike_ber, 0.0)
+            for i in range(ct.n_links):
+                d = deltas.get(i, PortDelta(i, interval))
+                deltas[i] = replace(d, rx_bits=float(bits[i]),
+                                    fec_corrected=float(bits[i] * ber[i]))
+        return [deltas[i] for i in sorted(deltas)]
 
     def install(self, rules: list[PathSet]) -> None:
         """Take path sets (effective after the control-channel latency). A switch whose
@@ -281,12 +298,89 @@ class TaskAware(Adaptive):
         controller period (:meth:`Controller.tick`): telemetry in, congestion table and,
         when worth it, a new plan out."""
         moves = super().rebalance(members)
-        if self.controller is not None and self._telemetry is not None:
-            now = self._telemetry().now_ns
-            if now - self._last_tick_ns >= self.ctx.controller.replan_interval_ns:
-                self._last_tick_ns = now
-                self.ticks.append(self.controller.tick())
-        return moves
+        if self.controller is None or self._telemetry is None:
+            return moves
+        now = self._telemetry().now_ns
+        if now - self._last_tick_ns >= self.ctx.controller.replan_interval_ns:
+            self._last_tick_ns = now
+            before = set(self.controller.degraded)
+            self.ticks.append(self.controller.tick(now))
+            ber = self._telemetry().ber
+            for lk in sorted(self.controller.degraded - before):
+                self.gray_actions.append((now, lk, bool(ber is not None and ber[lk] > 0)))
+        return self._off_degraded(members, moves, now)
+
+    def _off_degraded(self, members: ActiveMembers, moves: Moves, now: float) -> Moves:
+        """Planned streams still on a link the controller found gray move to the paths of
+        their new rules once those are in effect (drain-safe: nothing reorders)."""
+        bad = sorted(self.controller.degraded) if self.controller is not None else []
+        if not bad or members.owner is None or members.stream is None:
+            return moves
+        path = members.path
+        mask = np.zeros(self.ctx.topology.n_links + 1, bool)
+        mask[bad] = True
+        on = mask[np.where(path >= 0, path, len(mask) - 1)].any(axis=1) & ~members.hold
+        on[moves.member] = False
+        cand = np.flatnonzero(on & (members.owner >= 0))
+        if not len(cand):
+            return moves
+        src, dst = self._endpoints_of(path[cand])
+        new = self.repath(members.owner[cand], src, dst, members.stream[cand], now=now)
+        ok = ~mask[np.where(new >= 0, new, len(mask) - 1)].any(axis=1)
+        if not ok.any():
+            return moves
+        width = max(path.shape[1], new.shape[1], moves.path.shape[1] if len(moves.path) else 0)
+        return Moves(np.concatenate([moves.member, cand[ok]]),
+                     np.concatenate([pad_paths(moves.path.astype(np.int32), width),
+                                     pad_paths(new[ok].astype(np.int32), width)]),
+                     moves.drain_safe)
+
+    def _endpoints_of(self, path: NDArray[np.int32]) -> tuple[NDArray, NDArray]:
+        valid = path >= 0
+        last = np.maximum(valid.sum(axis=1) - 1, 0)
+        src = self._gpu_of_up[path[:, 0]]
+        dst = self._gpu_of_down[path[np.arange(len(path)), last]]
+        return src.astype(np.int64), dst.astype(np.int64)
+
+    # ------------------------------------------------------------ failures
+    def on_links_changed(self, now: float, down: list[int], up: list[int]) -> float:
+        """Links went down or up (seen by their neighbours): the controller re-places the
+        affected path sets; they take effect after the control-channel latency, which is
+        returned (the engine pauses the affected streams until then)."""
+        if self.controller is None:
+            return now
+        self.controller.on_links_changed(down, up)
+        return now + self.ctx.controller.control_latency_ns
+
+    def repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
+               stream: NDArray[np.int64], now: float | None = None) -> NDArray[np.int32]:
+        """Paths for streams that must leave theirs: a planned stream takes a path of its
+        key's current rule (stream ``i`` the ``i``-th, cycling), any other the path
+        switch-local adaptive routing gives it with the current congestion table (which
+        excludes links known down)."""
+        if now is None:
+            now = self._telemetry().now_ns if self._telemetry is not None else 0.0
+        n = len(src)
+        batch = TransferBatch(np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                              np.ones(n, np.int64), np.arange(n, dtype=np.int64),
+                              np.asarray(job, np.int64))
+        sport = qp_source_port(batch.job, batch.src, batch.dst, np.asarray(stream, np.int64),
+                               entropy=self.ctx.ecmp.source_port_entropy)
+        out = pad_paths(self._walk(batch.src, batch.dst, sport, self._load_now()),
+                        max_path_links(self.ctx.topology))
+        rule_of = {}
+        for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
+                                          batch.dst.tolist(), strict=True)):
+            if 0 <= j < len(self.job_names):
+                hit = self._rules.get(rule_key(self.job_names[j], s, d))
+                if hit is not None and hit[1] <= now:
+                    rule_of[i] = hit[0]
+        if rule_of:
+            self._forward(batch, rule_of)
+            for i, rule in rule_of.items():
+                rows = self._forwarded[rule.key][1]
+                out[i] = pad_paths(rows[int(stream[i]) % len(rows)][None, :], out.shape[1])[0]
+        return out
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0

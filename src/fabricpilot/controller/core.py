@@ -12,6 +12,7 @@ through a :class:`~fabricpilot.controller.southbound.DataPlane`.
 from __future__ import annotations
 
 import itertools
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,7 @@ import networkx as nx
 
 from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import Steering, SteerRequest, hash_path, steer
+from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import Demand, Plan, plan_greedy
@@ -93,6 +95,18 @@ class PlanReport:
 
 
 @dataclass
+class HealReport:
+    """One reaction to failed or degraded links: its cause, the path sets re-placed and
+    sent, and the controller's wall time for it (seconds)."""
+
+    cause: str
+    affected: int
+    installed: int
+    wall_s: float
+    plan: PlanReport | None = None
+
+
+@dataclass
 class TickReport:
     """What one control period saw and did: whether it installed a new plan, the hot links,
     the background load it planned around and the largest link utilisation before and
@@ -118,6 +132,14 @@ class Controller:
         self._endpoints: dict[str, tuple[int, int]] = {}
         self.sla_unmet: dict[str, str] = {}  # task -> why its SLA cannot be met
         self.map = CongestionMap(self.view)
+        self.down: set[int] = set()       # links reported down
+        self.degraded: set[int] = set()   # links confirmed gray: planned traffic avoids them
+        self.partitioned: dict[str, str] = {}  # task -> the pair left without a path
+        self.gray = GrayDetector(self.params.fec_threshold,
+                                 Debouncer(self.params.debounce_count,
+                                           self.params.debounce_window_ns))
+        self.heals: list[HealReport] = []
+        self._demand: dict[str, Demand] = {}
         self.current: Plan | None = None
         self._installed: dict[str, PathSet] = {}
         self._weight: dict[str, float] = {}
@@ -220,9 +242,18 @@ class Controller:
                     if prev is not None and prev.rate_gbps >= rate:
                         continue  # the same pair in several calls: its largest demand
                     cands = self.candidates(a, b)
+                    avoid = self.down | self.degraded
+                    if avoid:
+                        live = [p for p in cands if avoid.isdisjoint(p)]
+                        if cands and all(not self.down.isdisjoint(p) for p in cands):
+                            self.partitioned[intent.task_id] = (
+                                f"gpu{a} -> gpu{b}: every path crosses a link that is down")
+                        cands = live or [p for p in cands if self.down.isdisjoint(p)]
                     if call.level != "L3":
                         cands = [p for p in cands
                                  if in_scope(self.view, self._path_nodes(p), call.level)]
+                    if not cands and intent.task_id in self.partitioned:
+                        break
                     if not cands:
                         self.sla_unmet[intent.task_id] = (
                             f"{call.pattern} at {call.sla_us:g} us ({call.level}): no path "
@@ -230,8 +261,9 @@ class Controller:
                         break
                     pending[key] = Demand(key, rate, tuple(cands), weight=intent.heat)
                     self._endpoints[key] = (a, b)
-            if intent.task_id not in self.sla_unmet:
+            if intent.task_id not in self.sla_unmet and intent.task_id not in self.partitioned:
                 out.update(pending)
+        self._demand = dict(out)
         return list(out.values())
 
     def _capacity(self) -> dict[int, float]:
@@ -318,7 +350,75 @@ class Controller:
         return max(((bg.get(lk, 0.0) + load.get(lk, 0.0)) / links[lk].capacity_gbps
                     for lk in set(bg) | set(load) if links[lk].kind == "fabric"), default=0.0)
 
-    def tick(self) -> TickReport:
+    # --------------------------------------------------------------- failures
+    def on_links_changed(self, down: list[int], up: list[int]) -> HealReport:
+        """Links went down (or came back): the switches get the congestion table with the
+        dead links excluded at once, and every planned path set crossing one is re-placed.
+        Only those demands are re-planned, on their precomputed candidates minus the dead
+        links, against the load of everything else (the rest of the plan stays): the cost
+        grows with the traffic on the failed link, not with the fabric."""
+        self.down |= set(down)
+        self.down -= set(up)
+        return self._heal("down" if down else "up")
+
+    def on_links_degraded(self, links: list[int]) -> HealReport:
+        """Gray links confirmed: planned traffic moves off them before they fail (they stay
+        usable for everything else, at a low congestion-table weight)."""
+        self.degraded |= set(links)
+        return self._heal("gray")
+
+    def _table(self) -> dict[int, float]:
+        table = self.map.congestion_table()
+        for lk in self.degraded:
+            table[lk] = min(table[lk], 0.05)
+        for lk in self.down:
+            table[lk] = 0.0
+        return table
+
+    def _heal(self, cause: str) -> HealReport:
+        t0 = time.perf_counter()
+        self.dp.push_congestion_table(self._table())
+        avoid = self.down | self.degraded
+        if self.current is None:
+            return HealReport(cause, 0, 0, time.perf_counter() - t0)
+        plan = self.current
+        affected = sorted(k for k, ps in self._installed.items()
+                          if any(not avoid.isdisjoint(p) for p in ps.paths))
+        if not affected:
+            rep = HealReport(cause, 0, 0, time.perf_counter() - t0)
+            self.heals.append(rep)
+            return rep
+        load = dict(plan.link_load_gbps)
+        demands = []
+        for k in affected:
+            d = self._demand[k]
+            for p, w in plan.paths[k]:
+                for lk in p:
+                    load[lk] -= d.rate_gbps * w
+            live = [p for p in d.candidates if avoid.isdisjoint(p)]
+            if not live:
+                live = [p for p in d.candidates if self.down.isdisjoint(p)]
+            if not live:
+                task = k.split(":", 1)[0]
+                a, b = self._endpoints[k]
+                self.partitioned[task] = f"gpu{a} -> gpu{b}: every path crosses a link that is down"
+                continue
+            demands.append(replace(d, candidates=tuple(live)))
+        sub = plan_greedy(demands, self._capacity(), background=load, split=self.parts)
+        keep = {k: ps for k, ps in self._installed.items() if k not in sub.paths}
+        held = Counter(sw for ps in keep.values() for pinned in ps.rules for sw, _ in pinned)
+        sets, report = self.steer_plan(sub, self._weight, held)
+        plan.paths.update(sub.paths)
+        for lk, v in sub.link_load_gbps.items():
+            load[lk] = load.get(lk, 0.0) + v
+        plan.link_load_gbps = {lk: v for lk, v in load.items() if v > 1e-9}
+        self.dp.install(sets)
+        self._installed.update({r.key: r for r in sets})
+        rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
+        self.heals.append(rep)
+        return rep
+
+    def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas
         into the congestion map, push the map as the switches' congestion table (they adapt
         locally until the next plan), and re-plan around the load the plan does not account
@@ -326,8 +426,13 @@ class Controller:
         (background included) by at least ``replan_gain`` of the current one, and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
         never flaps back, since it is compared against itself at the next tick."""
-        self.map.update(self.dp.telemetry())
-        self.dp.push_congestion_table(self.map.congestion_table())
+        deltas = self.dp.telemetry()
+        self.map.update(deltas)
+        if now_ns is not None:  # error counters: gray links, debounced
+            gray = [lk for lk in self.gray.update(deltas, now_ns) if lk not in self.degraded]
+            if gray:
+                self.on_links_degraded(gray)
+        self.dp.push_congestion_table(self._table())
         hot = self.map.hot_links()
         bg = self.background_gbps()
         if self.current is None or not bg:
@@ -343,7 +448,8 @@ class Controller:
         self.replans += 1
         return TickReport(True, hot, bg, before, after, report)
 
-    def steer_plan(self, plan: Plan, weight: dict[str, float]
+    def steer_plan(self, plan: Plan, weight: dict[str, float],
+                   installed_rules: Counter[str] | None = None,
                    ) -> tuple[list[PathSet], PlanReport]:
         """Path sets for a plan, each path steered by a QP source port
         (:mod:`~fabricpilot.controller.entropy`) and pinned by explicit rules where the hash
@@ -361,7 +467,7 @@ class Controller:
                      for i, (p, _) in enumerate(shares)]
         got = steer(self.view, reqs, max_tries=self.params.steer_tries)
         keys = [key for key, shares in plan.paths.items() for _ in shares]
-        used: Counter[str] = Counter()
+        used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold
         paths = [q.path for q in reqs]
         unpinned = 0
         spilled: set[str] = set()

@@ -11,7 +11,9 @@ class ControllerParams:
     per planned connection, the rules one switch holds, how often it re-plans from telemetry
     and by how much a re-plan must lower a job's bottleneck to be installed (hysteresis), the
     buffer occupancy that trips the pressure fuse, the rate cap of L3 traffic while L1/L2
-    jobs share the fabric, and how many source ports it tries per QP when steering."""
+    jobs share the fabric, how many source ports it tries per QP when steering, and how it
+    detects gray links: FEC-corrected error rate above ``fec_threshold`` in ``debounce_count``
+    samples within ``debounce_window_ns``."""
 
     control_latency_ns: int = 10_000
     parts: int = 4
@@ -21,3 +23,6 @@ class ControllerParams:
     pressure_fuse: float = 0.9
     l3_rate_cap: float = 0.8
     steer_tries: int = 1024
+    fec_threshold: float = 1e-6
+    debounce_count: int = 3
+    debounce_window_ns: float = 500e6

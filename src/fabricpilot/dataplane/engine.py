@@ -37,6 +37,7 @@ from fabricpilot.balancing.base import (
     TransferBatch,
     paths_to_weights,
 )
+from fabricpilot.dataplane.faults import FaultRecord, FaultsMixin
 from fabricpilot.dataplane.maxmin import alone_rate_gbps
 from fabricpilot.dataplane.params import FabricParams
 from fabricpilot.dataplane.qos import TRAFFIC_CLASSES
@@ -48,6 +49,7 @@ from fabricpilot.dataplane.rates import (
     RateModel,
 )
 from fabricpilot.errors import SimulationError
+from fabricpilot.faults.model import FaultTimeline
 from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns
 from fabricpilot.workload.jobs import JobSpec
@@ -124,6 +126,8 @@ class EngineOutput:
     n_events: int
     model_report: object | None = None
     path_moves: int = 0  # streams moved to another path mid-flow (rebalancing policies)
+    faults: list[FaultRecord] = field(default_factory=list)
+    aborted: dict[str, str] = field(default_factory=dict)  # job -> why it was stopped
 
 
 @dataclass
@@ -136,8 +140,9 @@ class _Stage:
     deliver_ns: int = 0
 
 
-class Engine:
-    """Runs jobs and mice over a compiled topology under one routing policy and rate model."""
+class Engine(FaultsMixin):
+    """Runs jobs and mice over a compiled topology under one routing policy and rate model,
+    with the faults of ``faults`` (see :mod:`fabricpilot.dataplane.faults`)."""
 
     def __init__(
         self,
@@ -151,6 +156,7 @@ class Engine:
         batch_rel_eps: float = 1e-3,
         progress: ProgressFn | None = None,
         mice_class: str = "rdma",
+        faults: FaultTimeline | None = None,
     ) -> None:
         self.ct = topology
         self.policy = policy
@@ -183,6 +189,12 @@ class Engine:
             and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf))
             and (not self._stepping or hasattr(self.model, "in_flight_bytes")))
         self._track = self._stepping or self._rebalancing
+        self._timeline = faults if faults is not None and faults.events else None
+        if self._timeline is not None:
+            if self._stepping:
+                raise SimulationError("faults are modelled by the flow-level model: set "
+                                      "fabric.model: flow")
+            self._track = True  # a fault needs every stream's path
         self._flows_done_hook = getattr(policy, "flows_done", None)
 
     # ----------------------------------------------------------------- public
@@ -242,6 +254,9 @@ class Engine:
         self._n_events = 0
         self._done_units = 0
         self._total_units = sum(j.iterations * len(j.collectives) for j in self.jobs)
+        self._aborted: dict[int, str] = {}
+        self._goodput = np.zeros(0)
+        self._faults_setup(self._timeline)
 
         for j, job in enumerate(self.jobs):
             self._at(job.start_ns, lambda j=j: self._start_iteration(j, 0))
@@ -297,11 +312,11 @@ class Engine:
             raise SimulationError(f"{len(unfinished)} stages never completed")
         flows = self._flows.columns()
         if flows:
-            end = np.zeros(self._n_flows, np.int64)
+            end = np.full(self._n_flows, -1, np.int64)  # -1: never finished (job stopped)
             for ids, t in self._end_send:
                 end[ids] = t
             flows["end_send_ns"] = end
-            flows["deliver_ns"] = end + flows["latency_ns"]
+            flows["deliver_ns"] = np.where(end >= 0, end + flows["latency_ns"], -1)
             flows["retx_bytes"] = np.concatenate(self._resend_chunks)
             flows["reorder_events"] = np.concatenate(self._reorder_chunks)
             for fid, ev in self._reorder_moves.items():
@@ -333,6 +348,8 @@ class Engine:
             path_moves=self._moves,
             n_events=self._n_events,
             model_report=report,
+            faults=self.fault_records,
+            aborted={self.jobs[j].name: why for j, why in self._aborted.items()},
         )
 
     def _telemetry(self) -> LinkTelemetry:
@@ -350,7 +367,8 @@ class Engine:
             per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
             row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
             demand = (self._w.T @ row)[self._col] * self._link_share
-        return LinkTelemetry(load, queue, demand, float(self.now))
+        ber = self._ber if self._timeline is not None else None
+        return LinkTelemetry(load, queue, demand, float(self.now), ber)
 
     def _rebalance(self) -> None:
         """Let the policy move active streams to other paths (see :class:`Moves`)."""
@@ -368,7 +386,7 @@ class Engine:
                 * self._m_share
             moves: Moves = self.policy.rebalance(  # type: ignore[attr-defined]
                 ActiveMembers(row, self._m_path, self._m_share, self._row_hold[row] > self.now,
-                              sent))
+                              sent, self._row_owner[row], self._m_stream))
             if len(moves.member):
                 self._apply_moves(row, moves)
             else:
@@ -460,14 +478,20 @@ class Engine:
         self._seq += 1
 
     def _start_iteration(self, j: int, it: int) -> None:
+        if j in self._aborted:
+            return
         self._iter_start[(j, it)] = self.now
         self._at(self.now + self.jobs[j].compute_ns, lambda: self._start_collective(j, it, 0))
 
     def _start_collective(self, j: int, it: int, c: int) -> None:
+        if j in self._aborted:
+            return
         self._coll_start[(j, it, c)] = self.now
         self._start_stage(j, it, c, 0)
 
     def _start_stage(self, j: int, it: int, c: int, s: int) -> None:
+        if j in self._aborted:
+            return
         plan = self.jobs[j].collectives[c]
         if s >= len(plan.stages):
             self._finish_collective(j, it, c)
@@ -493,7 +517,9 @@ class Engine:
                        tclass=TRAFFIC_CLASSES.index(self.jobs[j].traffic_class))
 
     def _stage_done(self, sid: int) -> None:
-        st = self._stages.pop(sid)
+        st = self._stages.pop(sid, None)
+        if st is None:  # its job was stopped
+            return
         self._start_stage(st.job, st.iteration, st.coll, st.stage + 1)
 
     def _finish_collective(self, j: int, it: int, c: int) -> None:
@@ -527,6 +553,7 @@ class Engine:
     def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int,
                   tclass: int = 0) -> None:
         n = len(routed)
+        first_row = len(self._remaining)
         ids = np.arange(self._n_flows, self._n_flows + n, dtype=np.int64)
         self._n_flows += n
         wire = self.fabric.wire_bytes(routed.size_bytes)
@@ -587,6 +614,8 @@ class Engine:
                 [self._m_key, np.arange(self._n_members, self._n_members + k, dtype=np.int64)])
             self._n_members += k
         self._dirty = True
+        if self._timeline is not None:
+            self._fault_new_rows(first_row)
         if self._rebalancing and not self._rebalance_pending:
             self._rebalance_pending = True
             self._at(self.now + int(self.policy.rebalance_interval_ns),  # type: ignore[attr-defined]
@@ -606,12 +635,18 @@ class Engine:
                       else np.zeros(len(self.links.capacity_gbps)))
         self._n_rate_updates += 1
         self._dirty = False
+        if self._timeline is not None:
+            self._fault_rows()
+            self._goodput = self._goodput_of(self._rates)
+            self._fault_recovery()
+        else:
+            self._goodput = self._rates
 
     def _earliest_finish(self) -> tuple[float, NDArray[np.bool_]]:
         if not self._remaining.size:
             return math.inf, np.zeros(0, bool)
         with np.errstate(divide="ignore", invalid="ignore"):
-            ttf = np.where(self._remaining <= 0, 0.0, self._remaining * 8.0 / self._rates)
+            ttf = np.where(self._remaining <= 0, 0.0, self._remaining * 8.0 / self._goodput)
         t_min = float(ttf.min())
         if not np.isfinite(t_min):
             return math.inf, np.zeros(len(ttf), bool)
@@ -629,7 +664,9 @@ class Engine:
                 if self._remaining.size:
                     self._remaining -= delivered
             elif self._remaining.size:
-                self._remaining -= self._rates * dt / 8.0
+                if self._timeline is not None:
+                    self._fault_account(dt)
+                self._remaining -= self._goodput * dt / 8.0
                 self._link_bytes += self._load * dt / 8.0
                 np.maximum(self._peak, self._load / self.links.capacity_gbps, out=self._peak)
             self.now = t_ns
@@ -664,7 +701,10 @@ class Engine:
         left = self._remaining[done]
         if not self._stepping:
             self._link_bytes += self._w[done].T @ left
-        keep = ~batch
+        self._drop_rows(~batch, ids)
+
+    def _drop_rows(self, keep: NDArray[np.bool_], ids: NDArray[np.int64]) -> None:
+        """Forget the rows not in ``keep`` (flow ids ``ids``) and their members."""
         self._w = self._w[keep]
         self._remaining = np.maximum(self._remaining[keep], 0.0)
         self._row_flow = self._row_flow[keep]
@@ -687,4 +727,15 @@ class Engine:
             self._m_path = self._m_path[stay]
             self._m_key = self._m_key[stay]
         self._rates = self._rates[keep]
+        if len(self._goodput) == len(keep):
+            self._goodput = self._goodput[keep]
         self._dirty = True
+
+    def _abort_job(self, j: int, why: str) -> None:
+        """Stop job ``j`` (no path left for some of its flows): its flows are dropped, its
+        stages forgotten, and nothing more of it is scheduled."""
+        self._aborted[j] = why
+        mine = self._row_owner == j
+        self._drop_rows(~mine, self._row_flow[mine])
+        for sid in [sid for sid, st in self._stages.items() if st.job == j]:
+            del self._stages[sid]

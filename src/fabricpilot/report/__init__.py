@@ -4,6 +4,7 @@ from fabricpilot.report.tables import (
     comparison_table,
     controller_line,
     fabric_table,
+    fault_table,
     format_interference,
     pfc_event_lines,
 )
@@ -12,6 +13,7 @@ __all__ = [
     "comparison_table",
     "controller_line",
     "fabric_table",
+    "fault_table",
     "format_interference",
     "pfc_event_lines",
 ]

@@ -128,3 +128,36 @@ def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its f
             f"switch, capacity {c['switch_rule_capacity']}), {c['qps_unpinned']} left to the "
             f"hash; {c['control_periods']} control periods, {c['replans']} re-plan{plural}, "
             f"{c['fuse_trips']} fuse trips")
+
+
+def _us(v: object) -> str:
+    return "-" if v is None else f"{float(v):,.1f}"  # type: ignore[arg-type]
+
+
+def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
+    """Per policy and fault: when it was detected, rerouted and recovered (us after the
+    fault), bytes lost into dead links and resent, the longest job stall, the GPU time lost
+    and the jobs it cut off; the faults are listed under the table. ``None`` when no run had
+    faults."""
+    if not any(r.faults for r in results):
+        return None
+    t = Table(title="faults (times in us after the fault)", title_justify="left")
+    for col in ("policy", "fault", "detected", "rerouted", "recovered", "lost", "resent",
+                "worst stall", "GPU-s lost", "cut off"):
+        t.add_column(col, justify="left" if col in ("policy", "fault", "cut off") else "right",
+                     no_wrap=col in ("policy", "fault", "lost", "resent"))
+    labels: dict[object, object] = {}
+    for r in results:
+        for f in r.faults:
+            labels[f["fault_id"]] = f["label"]
+            stall = f["job_stall_us"]
+            worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
+            t.add_row(r.policy, f"#{f['fault_id']}", _us(f["detection_us"]),
+                      _us(f["reroute_us"]), _us(f["recovery_us"]),
+                      format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
+                      format_bytes(float(f["bytes_retx"])), _us(worst),  # type: ignore[arg-type]
+                      f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
+                      ", ".join(f["partitioned"]) or "-")  # type: ignore[arg-type]
+    t.caption = "; ".join(f"#{k}: {v}" for k, v in labels.items())
+    t.caption_justify = "left"
+    return t

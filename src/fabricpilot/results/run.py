@@ -83,6 +83,9 @@ class RunResult:
     interference: dict[str, float] = field(default_factory=dict)
     # what a controller-driven policy did (fabricpilot.balancing.task_aware.TaskAware.stats)
     controller: dict[str, object] = field(default_factory=dict)
+    # one summary per injected fault (fabricpilot.dataplane.faults.FaultRecord.summary)
+    faults: list[dict[str, object]] = field(default_factory=list)
+    aborted: dict[str, str] = field(default_factory=dict)  # job -> why it was stopped
 
     @classmethod
     def from_engine(
@@ -103,9 +106,11 @@ class RunResult:
         if report is not None and not isinstance(report, FluidReport):
             raise TypeError(f"unexpected model report {type(report).__name__}")
         if flows:
-            fct = flows["deliver_ns"] - flows["start_ns"]
+            delivered = flows["deliver_ns"] >= 0  # not: flows of a job stopped by a fault
+            fct = np.where(delivered, flows["deliver_ns"] - flows["start_ns"], -1)
             flows["fct_ns"] = fct
-            flows["slowdown"] = np.maximum(fct / np.maximum(flows["alone_fct_ns"], 1), 1.0)
+            flows["slowdown"] = np.where(
+                delivered, np.maximum(fct / np.maximum(flows["alone_fct_ns"], 1), 1.0), np.nan)
         return cls(
             scenario=scenario, policy=policy, seed=seed, sim_time_ns=out.sim_time_ns,
             wall_time_s=wall_time_s, flows=flows, collectives=out.collectives,
@@ -116,6 +121,7 @@ class RunResult:
             link_peak_util=out.link_peak_util, n_rate_updates=out.n_rate_updates,
             path_moves=out.path_moves,
             model=model, model_report=report, qos_mismatches=list(qos_mismatches or []),
+            faults=[f.summary() for f in out.faults], aborted=dict(out.aborted),
         )
 
     # ----------------------------------------------------------------- derived
@@ -131,7 +137,7 @@ class RunResult:
         """Payload bytes of flows delivered by the end of the run."""
         if not self.flows:
             return 0
-        done = self.flows["deliver_ns"] <= self.sim_time_ns
+        done = (self.flows["deliver_ns"] >= 0) & (self.flows["deliver_ns"] <= self.sim_time_ns)
         return int((self.flows["members"] * self.flows["size_bytes"])[done].sum())
 
     def job_collectives(self, job: str) -> list[CollectiveRecord]:
@@ -158,7 +164,8 @@ class RunResult:
             return np.zeros(0)
         mice = self.flows["owner"] == MICE_OWNER
         sel = {"all": np.ones_like(mice), "mice": mice, "jobs": ~mice}[which]
-        return self.flows["slowdown"][sel]
+        s = self.flows["slowdown"][sel]
+        return s[~np.isnan(s)]  # flows of a job stopped by a fault have none
 
     def link_utilization(self) -> NDArray[np.float64]:
         """Mean utilisation of each link over the run."""
@@ -251,4 +258,6 @@ class RunResult:
             "sla_unmet": list(self.sla_unmet),
             "qos_mismatches": list(self.qos_mismatches),
             **({"controller": dict(self.controller)} if self.controller else {}),
+            **({"faults": [dict(f) for f in self.faults]} if self.faults else {}),
+            **({"aborted_jobs": dict(self.aborted)} if self.aborted else {}),
         }

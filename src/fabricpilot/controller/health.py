@@ -1,0 +1,78 @@
+"""Link health: gray-failure detection from error counters, with debounce.
+
+A gray link stays up but corrupts bits; the only early sign is the FEC-corrected error rate
+in the port counters. Counters are noisy, so one bad sample must not move traffic: a link is
+*confirmed* degraded only after ``count`` detections (samples above ``threshold``) within
+``window_ns``. ``count = 1`` disables the debounce.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from fabricpilot.controller.southbound import PortDelta
+
+
+@dataclass
+class Debouncer:
+    """Confirms a key after ``count`` observations within ``window_ns``.
+
+    >>> d = Debouncer(count=3, window_ns=500)
+    >>> [d.observe(7, t) for t in (0, 100, 700, 800, 900)]
+    [False, False, False, False, True]
+    """
+
+    count: int = 3
+    window_ns: float = 500e6
+    _seen: dict[int, deque[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"debounce count must be >= 1, got {self.count}")
+        if self.window_ns <= 0:
+            raise ValueError(f"debounce window must be > 0, got {self.window_ns}")
+
+    def observe(self, key: int, now_ns: float) -> bool:
+        """Record one detection of ``key``; True when it is confirmed (the ``count``-th
+        within the window; the history is then cleared so the next confirmation needs
+        ``count`` fresh detections)."""
+        q = self._seen.setdefault(key, deque())
+        q.append(now_ns)
+        while q and q[0] <= now_ns - self.window_ns:
+            q.popleft()
+        if len(q) >= self.count:
+            q.clear()
+            return True
+        return False
+
+
+@dataclass
+class GrayDetector:
+    """Flags links whose FEC-corrected error rate exceeds ``threshold`` (per bit received),
+    debounced. Each port delta that carries error counters (``rx_bits > 0``) is one sample.
+
+    >>> g = GrayDetector(1e-6, Debouncer(2, 1e6))
+    >>> g.update([PortDelta(3, 1000, fec_corrected=5, rx_bits=1e6)], 0)  # 5e-6: detection 1
+    []
+    >>> g.update([PortDelta(3, 1000, fec_corrected=5, rx_bits=1e6)], 1000)
+    [3]
+    >>> g.detections
+    2
+    """
+
+    threshold: float = 1e-6
+    debounce: Debouncer = field(default_factory=Debouncer)
+    detections: int = 0
+
+    def update(self, deltas: list[PortDelta], now_ns: float) -> list[int]:
+        """Links confirmed degraded by this batch of deltas (sorted)."""
+        out = []
+        for d in deltas:
+            if d.rx_bits <= 0:
+                continue
+            if d.fec_corrected / d.rx_bits > self.threshold:
+                self.detections += 1
+                if self.debounce.observe(d.link_id, now_ns):
+                    out.append(d.link_id)
+        return sorted(out)

@@ -1,0 +1,492 @@
+"""Failures in the data plane: links and switches going down, flapping and gray links.
+
+What the fabric does on its own (the baseline every policy gets):
+
+* A link goes down at the fault instant. Until routing knows, the switches keep forwarding
+  onto it: bytes sent into the dead link are lost (and resent once the flow has a live path,
+  as RoCE's go-back-N does after its timeout), and the flow makes no progress with them.
+* Its neighbours see the loss of signal ``detection_delay_ns`` later; the routing protocol
+  has converged ``convergence_delay_ns`` after that: every switch's ECMP groups are rebuilt
+  without the dead links (:func:`~fabricpilot.topology.compiled.with_links_down`) and the
+  flows that crossed them are re-hashed (the policy's ``repath``, or a hash of the stream).
+* A gray link stays up but drops packets (``drop_probability`` per packet after FEC): the
+  flows crossing it resend with go-back-N, so each loss costs the packet and everything sent
+  in one round trip after it. Nothing reroutes: it is only visible in FEC counters.
+* A policy that reroutes instantly by construction (``instant_reroute``, the ``ideal`` bound)
+  sees every change at once: its streams move to live paths at the fault instant.
+
+A controller-driven policy (one with ``on_links_changed``) is told at detection time; it
+answers with the instant its new paths take effect. Until then the affected streams pause
+(the job holds the collective at its step boundary: no byte goes into the dead path after
+detection), then they move to the paths the policy gives (``repath``).
+
+Every fault gets a :class:`FaultRecord`: detection, reroute and recovery times (recovery:
+every affected job back to >= 95 % of its throughput before the fault, see ``metrics.md``),
+bytes lost and resent, each job's stall and the GPU time it cost, jobs cut off (a partition
+is reported, and the job stopped, not left hanging).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fabricpilot.errors import TopologyError
+from fabricpilot.net.hashing import splitmix64
+from fabricpilot.topology.compiled import with_links_down
+from fabricpilot.topology.paths import walk_paths
+
+if TYPE_CHECKING:
+    from fabricpilot.faults.model import FaultEvent, FaultTimeline
+
+RECOVERED_SHARE = 0.95  # of the pre-fault throughput (metrics.md)
+
+
+@dataclass
+class FaultRecord:
+    """What one fault did. Times are absolute (ns); ``None`` when it never happened."""
+
+    fault_id: int
+    kind: str
+    label: str
+    start_ns: int
+    end_ns: int | None = None
+    detected_ns: int | None = None
+    rerouted_ns: int | None = None
+    recovered_ns: int | None = None
+    bytes_lost: float = 0.0
+    bytes_retx: float = 0.0
+    streams_moved: int = 0
+    job_stall_ns: dict[str, int] = field(default_factory=dict)
+    gpu_seconds_lost: float = 0.0
+    partitioned: list[str] = field(default_factory=list)
+    pre_fault_gbps: dict[int, float] = field(default_factory=dict)  # job index -> Gb/s
+    affected: set[int] = field(default_factory=set)  # job indices
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON form: times relative to the fault instant, in microseconds."""
+
+        def rel(t: int | None) -> float | None:
+            return None if t is None else round((t - self.start_ns) / 1e3, 3)
+
+        return {
+            "fault_id": self.fault_id, "kind": self.kind, "label": self.label,
+            "at_ms": round(self.start_ns / 1e6, 6),
+            "detection_us": rel(self.detected_ns),
+            "reroute_us": rel(self.rerouted_ns),
+            "recovery_us": rel(self.recovered_ns),
+            "bytes_lost": round(self.bytes_lost), "bytes_retx": round(self.bytes_retx),
+            "streams_moved": self.streams_moved,
+            "job_stall_us": {j: round(v / 1e3, 3) for j, v in sorted(self.job_stall_ns.items())},
+            "gpu_seconds_lost": round(self.gpu_seconds_lost, 9),
+            "partitioned": list(self.partitioned),
+        }
+
+
+class FaultsMixin:
+    """The engine's fault handling (see the module docstring). Mixed into
+    :class:`~fabricpilot.dataplane.engine.Engine`, whose row and member arrays it reads."""
+
+    # provided by the engine
+    ct: Any
+    policy: Any
+    jobs: list[Any]
+    now: int
+    _m_path: NDArray[np.int32]
+    _m_share: NDArray[np.float64]
+    _m_flow: NDArray[np.int64]
+    _m_key: NDArray[np.int64]
+    _m_stream: NDArray[np.int64]
+    _row_flow: NDArray[np.int64]
+    _row_owner: NDArray[np.int64]
+    _row_src: NDArray[np.int64]
+    _row_dst: NDArray[np.int64]
+    _row_hold: NDArray[np.float64]
+    _row_latency: NDArray[np.int64]
+    _dirty: bool
+    _col: NDArray[np.int32]
+    links: Any
+    model: Any
+    fabric: Any
+    _rates: NDArray[np.float64]
+    _remaining: NDArray[np.float64]
+    _route_cache: dict[Any, Any]
+    _at: Callable[[int, Callable[[], None]], None]
+    _weights_from_members: Callable[[NDArray[np.int64]], None]
+    _abort_job: Callable[[int, str], None]
+
+    def _faults_setup(self, timeline: FaultTimeline | None) -> None:
+        self._ft = timeline
+        n = self.ct.n_links
+        self._phys_down = np.zeros(n, bool)     # the links that are down
+        self._down_count = np.zeros(n, np.int64)  # faults holding each link down
+        self._route_down = np.zeros(n, bool)    # the links routing has converged around
+        self._drop_p = np.zeros(n)              # gray: per-packet loss after FEC
+        self._ber = np.zeros(n)                 # gray: pre-FEC bit error rate
+        self._owner_fault = np.full(n, -1, np.int64)  # which fault holds a link down / gray
+        self._records: dict[int, FaultRecord] = {}
+        self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
+        self._held_flows: set[int] = set()      # flows (rows) paused for a fault
+        self._reroute_at = -math.inf            # when the controller's new paths take effect
+        self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
+        self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
+        self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
+        self._goodput = np.zeros(0)
+        if timeline is None:
+            return
+        for info in timeline.faults:
+            self._records[info.fault_id] = FaultRecord(info.fault_id, info.kind, info.label,
+                                                       info.start_ns, info.end_ns)
+        for ev in timeline.events:
+            self._at(ev.time_ns, lambda ev=ev: self._fault_event(ev))
+
+    @property
+    def _instant(self) -> bool:
+        return bool(getattr(self.policy, "instant_reroute", False))
+
+    @property
+    def fault_records(self) -> list[FaultRecord]:
+        return [self._records[k] for k in sorted(self._records)]
+
+    # ----------------------------------------------------------------- events
+    def _job_goodput(self) -> NDArray[np.float64]:
+        n = len(self.jobs)
+        if not len(self._goodput) or len(self._goodput) != len(self._row_owner):
+            return np.zeros(n)
+        own = self._row_owner >= 0
+        return np.bincount(self._row_owner[own], weights=self._goodput[own], minlength=n)
+
+    def _fault_event(self, ev: FaultEvent) -> None:
+        """A fault changes the physical fabric (see the module docstring)."""
+        rec = self._records[ev.fault_id]
+        links = np.asarray(ev.links, np.int64)
+        if ev.kind in ("down", "gray") and not rec.pre_fault_gbps:
+            rec.pre_fault_gbps = dict(enumerate(self._job_goodput().tolist()))
+        if ev.kind in ("down", "up"):
+            # overlapping faults (a link down, then its switch): up when the last one ends
+            np.add.at(self._down_count, links, 1 if ev.kind == "down" else -1)
+            np.maximum(self._down_count, 0, out=self._down_count)
+            self._phys_down = self._down_count > 0
+            if ev.kind == "down":
+                self._owner_fault[links] = ev.fault_id
+            else:
+                self._owner_fault[links] = np.where(
+                    self._phys_down[links] | (self._drop_p[links] > 0),
+                    self._owner_fault[links], -1)
+            if self._instant:  # the bound: everything moves to live paths at once
+                if ev.kind == "down":
+                    rec.detected_ns = rec.detected_ns if rec.detected_ns is not None \
+                        else self.now
+                self._converge(links)
+            else:
+                self._at(self.now + self._ft.params.detection_delay_ns,
+                         lambda: self._fault_detected(ev))
+        elif ev.kind == "gray":
+            self._drop_p[links] = ev.drop_probability
+            self._ber[links] = ev.ber
+            self._owner_fault[links] = ev.fault_id
+            rec.detected_ns = rec.detected_ns  # gray faults are detected from counters
+        else:  # clear
+            self._drop_p[links] = 0.0
+            self._ber[links] = 0.0
+            self._owner_fault[links] = np.where(self._phys_down[links],
+                                                self._owner_fault[links], -1)
+        self._dirty = True
+
+    def _fault_detected(self, ev: FaultEvent) -> None:
+        """The neighbours see the link change. A controller-driven policy is told and its
+        affected streams pause until its new paths take effect; otherwise the routing
+        protocol converges ``convergence_delay_ns`` later."""
+        rec = self._records[ev.fault_id]
+        if ev.kind == "down" and rec.detected_ns is None:
+            rec.detected_ns = self.now
+        told = getattr(self.policy, "on_links_changed", None)
+        links = np.asarray(ev.links, np.int64)
+        # what the neighbours see now (another fault may still hold a link down)
+        state = self._phys_down[links]
+        self._known_down[links] = state
+        down = links[state].tolist() if ev.kind == "down" else []
+        up = links[~state].tolist() if ev.kind == "up" else []
+        if told is not None:
+            effective = max(math.ceil(told(self.now, down, up)), self.now)
+            self._reroute_at = max(self._reroute_at, effective)
+            if down:
+                self._hold(np.unique(self._member_rows()[self._members_on(
+                    np.asarray(down, np.int64))]), effective)
+            self._at(effective, lambda: self._reroute(ev.fault_id))
+            return
+        self._at(self.now + self._ft.params.convergence_delay_ns,
+                 lambda: self._converge(links))
+
+    def _converge(self, links: NDArray[np.int64] | None = None) -> None:
+        """The routing protocol has converged on the state of ``links`` (every link if
+        ``None``) as it is now, and every fault newly routed around is rerouted."""
+        if links is None:
+            links = np.arange(self.ct.n_links)
+        before = self._route_down.copy()
+        self._route_down[links] = self._phys_down[links]
+        if self._instant:
+            self._known_down[links] = self._phys_down[links]
+        newly = self._route_down & ~before
+        ct2 = with_links_down(self.ct, self._route_down)
+        set_topology = getattr(self.policy, "set_topology", None)
+        if set_topology is not None:
+            set_topology(ct2)
+        elif getattr(self.policy, "ctx", None) is not None:
+            self.policy.ctx = replace(self.policy.ctx, topology=ct2)
+        self._route_cache.clear()
+        hit = set(np.flatnonzero(newly).tolist())
+        faults = {info.fault_id for info in self._ft.faults if hit.intersection(info.links)}
+        self._reroute(None, ct2, faults)
+        # links back up: new flows use them (flows already moved stay where they are)
+
+    def _hold(self, rows: NDArray[np.int64], until: int) -> None:
+        """Pause rows until ``until`` (the collective waits for its new paths)."""
+        if not len(rows):
+            return
+        self._row_hold[rows] = np.maximum(self._row_hold[rows], float(until))
+        self._held_flows.update(self._row_flow[rows].tolist())
+        self._dirty = True
+
+    def _fault_new_rows(self, first_row: int) -> None:
+        """Streams that start on a link the controller already knows is down wait for its
+        new paths (or take them at once if they are in place)."""
+        if self._ft is None or self._instant or not self._known_down.any():
+            return
+        if getattr(self.policy, "on_links_changed", None) is None:
+            return
+        rows = self._member_rows()
+        hit = self._members_on(np.flatnonzero(self._known_down)) & (rows >= first_row)
+        if not hit.any():
+            return
+        if self._reroute_at > self.now:
+            self._hold(np.unique(rows[hit]), int(self._reroute_at))
+        else:
+            self._reroute(None)
+
+    # ---------------------------------------------------------------- rerouting
+    def _member_rows(self) -> NDArray[np.int64]:
+        return np.searchsorted(self._row_flow, self._m_flow)
+
+    def _members_on(self, links: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Members whose path crosses any of ``links``."""
+        if not len(links) or not len(self._m_path):
+            return np.zeros(len(self._m_path), bool)
+        mask = np.zeros(self.ct.n_links + 1, bool)
+        mask[links] = True
+        return mask[np.where(self._m_path >= 0, self._m_path, self.ct.n_links)].any(axis=1)
+
+    def _reroute(self, fault_id: int | None, ct2: Any | None = None,
+                 faults: set[int] | None = None) -> None:
+        """Move the members on links routing now avoids (the converged view ``ct2``, or
+        what the controller knows) to new paths, and resume the paused streams."""
+        known = self._known_down.copy() if ct2 is None else self._route_down
+        hit = self._members_on(np.flatnonzero(known))
+        if faults is None:
+            faults = {fault_id} if fault_id is not None else set()
+        for f in faults:
+            rec = self._records[f]
+            if rec.rerouted_ns is None:
+                rec.rerouted_ns = self.now
+        rows = self._member_rows()
+        if hit.any():
+            mem = np.flatnonzero(hit)
+            r = rows[mem]
+            src, dst = self._member_endpoints(mem)
+            job = self._row_owner[r]
+            try:
+                new = self._repath(job, src, dst, self._m_stream[mem], self._m_key[mem], ct2)
+            except TopologyError:
+                new = None
+            if new is None or self._crosses(new, known).any():
+                bad = np.ones(len(mem), bool) if new is None else self._crosses(new, known)
+                self._partition(r[bad], faults)
+                if new is None:
+                    return
+                keep = ~bad
+                mem, new = mem[keep], new[keep]
+                rows = self._member_rows()
+                if not len(mem):
+                    return
+            width = self._m_path.shape[1]
+            out = np.full((len(new), width), -1, np.int32)
+            out[:, : min(width, new.shape[1])] = new[:, :width]
+            self._m_path[mem] = out
+            self._weights_from_members(rows)
+            for f in faults:
+                self._records[f].streams_moved += len(mem)
+        # the paused streams resume
+        if self._held_flows and self.now >= self._reroute_at:
+            held = np.flatnonzero(np.isin(self._row_flow, list(self._held_flows)))
+            self._row_hold[held] = -np.inf
+            self._held_flows.clear()
+        self._dirty = True
+
+    def _member_endpoints(self, mem: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
+        """Source and destination GPU of members (a ring row's streams differ from its
+        representative pair): the ends of their paths."""
+        ct = self.ct
+        gpu_of = np.full(ct.n_links, -1, np.int64)
+        gpu_of[ct.gpu_up] = np.arange(ct.n_gpus)
+        gpu_to = np.full(ct.n_links, -1, np.int64)
+        gpu_to[ct.gpu_down] = np.arange(ct.n_gpus)
+        path = self._m_path[mem]
+        last = np.maximum((path >= 0).sum(axis=1) - 1, 0)
+        return gpu_of[path[:, 0]], gpu_to[path[np.arange(len(path)), last]]
+
+    def _crosses(self, paths: NDArray[np.int32], down: NDArray[np.bool_]) -> NDArray[np.bool_]:
+        safe = np.where(paths >= 0, paths, 0)
+        return (down[safe] & (paths >= 0)).any(axis=1)
+
+    def _repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
+                stream: NDArray[np.int64], key: NDArray[np.int64], ct2: Any | None
+                ) -> NDArray[np.int32]:
+        """New paths: the policy's own (``repath``), or a hash of each stream over the
+        converged ECMP groups."""
+        repath = getattr(self.policy, "repath", None)
+        if repath is not None:
+            return np.asarray(repath(job, src, dst, stream), np.int32)
+        ct = ct2 if ct2 is not None else with_links_down(self.ct, self._phys_down)
+        h = splitmix64(key.astype(np.uint64))
+
+        def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64]) -> NDArray:
+            return splitmix64(h[rows] ^ switch.astype(np.uint64))
+
+        return walk_paths(ct, src, dst, choose)
+
+    def _partition(self, rows: NDArray[np.int64], faults: set[int]) -> None:
+        """Flows with no live path left: their jobs are stopped and reported."""
+        cut = []
+        for j in sorted(set(self._row_owner[rows].tolist())):
+            if j < 0:
+                continue
+            pair = rows[self._row_owner[rows] == j][0]
+            cut.append((j, f"gpu{int(self._row_src[pair])} -> gpu{int(self._row_dst[pair])} "
+                           "has no path left"))
+        for j, why in cut:  # rows shift as jobs are stopped: decide first, then stop
+            for f in faults:
+                rec = self._records[f]
+                if self.jobs[j].name not in rec.partitioned:
+                    rec.partitioned.append(self.jobs[j].name)
+            self._abort_job(j, why)
+
+    # ---------------------------------------------------------------- accounting
+    def _fault_rows(self) -> None:
+        """Per row: the share of its bytes going into dead links and the share resent for
+        gray losses; per member: the fault its path hits."""
+        n_rows = len(self._row_flow)
+        self._row_dead = np.zeros(n_rows)
+        self._row_loss = np.zeros(n_rows)
+        self._m_fault = np.full(len(self._m_path), -1, np.int64)
+        if not n_rows or self._instant or not len(self._m_path):
+            return
+        if not (self._phys_down.any() or self._drop_p.any()):
+            return
+        rows = self._member_rows()
+        valid = self._m_path >= 0
+        safe = np.where(valid, self._m_path, 0)
+        dead_hop = self._phys_down[safe] & valid
+        dead = dead_hop.any(axis=1)
+        keep = np.where(valid, 1.0 - self._drop_p[safe], 1.0).prod(axis=1)
+        loss = np.where(dead, 0.0, 1.0 - keep)
+        first = np.argmax(dead_hop, axis=1)
+        gray_hop = (self._drop_p[safe] > 0) & valid
+        first_gray = np.argmax(gray_hop, axis=1)
+        hit_link = np.where(dead, safe[np.arange(len(safe)), first],
+                            safe[np.arange(len(safe)), first_gray])
+        self._m_fault = np.where(dead | (loss > 0), self._owner_fault[hit_link], -1)
+        # per stream, then the worst stream of each row (a ring moves at its slowest)
+        streams, inv = np.unique(np.stack([rows, self._m_stream]), axis=1, return_inverse=True)
+        inv = inv.reshape(-1)
+        self._row_dead = np.zeros(n_rows)
+        self._row_loss = np.zeros(n_rows)
+        np.maximum.at(self._row_dead, streams[0], np.bincount(
+            inv, weights=self._m_share * dead, minlength=streams.shape[1]))
+        np.maximum.at(self._row_loss, streams[0], np.bincount(
+            inv, weights=self._m_share * loss, minlength=streams.shape[1]))
+
+    def _goodput_of(self, rates: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Useful rate of every row: the dead share sends into nothing; a gray loss costs the
+        packet and one round trip of packets after it (go-back-N)."""
+        if not len(rates):
+            return rates
+        if not (self._row_dead.any() or self._row_loss.any()):
+            return rates
+        window_pkts = rates * np.maximum(2 * self._row_latency, 1) / (8.0 * self.fabric.mtu_bytes)
+        gray = 1.0 / (1.0 + self._row_loss * (1.0 + window_pkts))
+        return rates * np.clip(1.0 - self._row_dead, 0.0, 1.0) * gray
+
+    def _fault_account(self, dt: int) -> None:
+        """Charge ``dt`` ns of the current rates to the faults: bytes lost and resent, and
+        the stall of every job with a stream paused or sending into a dead link."""
+        if not self._records or not len(self._rates) or dt <= 0:
+            return
+        if len(self._m_fault) == len(self._m_path) and (self._m_fault >= 0).any():
+            rows = self._member_rows()
+            mem = np.flatnonzero(self._m_fault >= 0)
+            r = rows[mem]
+            sent = self._rates[r] * self._m_share[mem] * dt / 8.0
+            valid = self._m_path[mem] >= 0
+            safe = np.where(valid, self._m_path[mem], 0)
+            dead = (self._phys_down[safe] & valid).any(axis=1)
+            # a dead member's bytes are lost and sent again; a gray member's useless share
+            # (the lost packets and the go-back-N window after each) is sent again
+            window = self._rates[r] * np.maximum(2 * self._row_latency[r], 1) / (
+                8.0 * self.fabric.mtu_bytes)
+            gray_useful = 1.0 / (1.0 + self._row_loss[r] * (1.0 + window))
+            resent = np.where(dead, sent, sent * (1.0 - gray_useful))
+            f_of = self._m_fault[mem]
+            for f in np.unique(f_of).tolist():
+                sel = f_of == f
+                rec = self._records[f]
+                rec.bytes_lost += float(sent[sel & dead].sum())
+                rec.bytes_retx += float(resent[sel].sum())
+                rec.affected.update(j for j in self._row_owner[r[sel]].tolist() if j >= 0)
+        stalled: dict[int, set[int]] = {}
+        if len(self._m_fault) == len(self._m_path):
+            rows = self._member_rows()
+            dead_m = (self._m_fault >= 0) & (self._row_dead[rows] > 0) if len(rows) else \
+                np.zeros(0, bool)
+            for f, j in zip(self._m_fault[dead_m].tolist(), self._row_owner[rows][dead_m]
+                            .tolist(), strict=True):
+                if j >= 0:
+                    stalled.setdefault(f, set()).add(j)
+        held = (np.flatnonzero(np.isin(self._row_flow, list(self._held_flows)))
+                if self._held_flows else np.zeros(0, np.int64))
+        if len(held):
+            active = [f for f, rec in self._records.items()
+                      if rec.detected_ns is not None and rec.rerouted_ns is None]
+            for f in active:
+                stalled.setdefault(f, set()).update(
+                    j for j in self._row_owner[held].tolist() if j >= 0)
+        for f, jobs in stalled.items():
+            rec = self._records[f]
+            for j in jobs:
+                name = self.jobs[j].name
+                rec.job_stall_ns[name] = rec.job_stall_ns.get(name, 0) + dt
+                rec.gpu_seconds_lost += dt * 1e-9 * len(self.jobs[j].gpus)
+                rec.affected.add(j)
+
+    def _fault_recovery(self) -> None:
+        """Mark faults whose affected jobs are back to 95 % of their pre-fault throughput
+        (or idle on the network: computing, or done) once rerouted."""
+        if not self._records:
+            return
+        now_gbps = self._job_goodput()
+        busy = np.zeros(len(self.jobs), bool)
+        own = self._row_owner[self._row_owner >= 0]
+        busy[own] = True
+        for rec in self._records.values():
+            if rec.recovered_ns is not None or rec.rerouted_ns is None:
+                continue
+            if rec.kind == "gray" and rec.end_ns is None and not rec.affected:
+                continue
+            ok = all(not busy[j] or now_gbps[j] >= RECOVERED_SHARE * rec.pre_fault_gbps.get(j, 0)
+                     for j in rec.affected)
+            if ok:
+                rec.recovered_ns = self.now

@@ -1,0 +1,158 @@
+"""Failures in the twin: link and switch down, flaps, gray links, partitions; the routing
+baseline against the controller's healing. Expected figures are derived by hand from the
+rates, delays and sizes of each scenario."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fabricpilot.runner import Prepared, prepare, run_policy
+from fabricpilot.scenario import load_scenario
+
+NIC_GBPS = 400.0
+DETECT_NS = 100_000
+CONVERGE_NS = 5_000_000
+CONTROL_NS = 10_000  # the controller's default control-channel latency
+
+
+def _scenario(tmp_path: Path, jobs: list[dict[str, Any]], events: list[dict[str, Any]],
+              **faults: Any) -> Prepared:
+    data = {
+        "name": "faults", "seed": 3,
+        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                     "nics_per_leaf": 2, "rail_optimized": False},
+        "controller": {"parts": 1},
+        "jobs": jobs,
+        "faults": {"detection_delay_ns": DETECT_NS, "convergence_delay_ns": CONVERGE_NS,
+                   "events": events, **faults},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return prepare(load_scenario(path), str(path))
+
+
+RING = {"name": "ring", "gpus": 8, "placement": "contiguous", "iterations": 1,
+        "compute_ns": 100_000, "collectives": [{"op": "allreduce", "size_bytes": 256 << 20}]}
+A2A = {"name": "a2a", "gpus": 8, "placement": "contiguous", "iterations": 1,
+       "compute_ns": 100_000, "collectives": [{"op": "alltoall", "size_bytes": 64 << 20}]}
+DOWN = {"kind": "link_down", "link": "leaf0-spine0", "at_ns": 1_000_000}
+
+
+def _coll_ns(prep: Prepared, policy: str) -> int:
+    (c,) = run_policy(prep, policy).collectives
+    return c.end_ns - c.start_ns
+
+
+@pytest.fixture(scope="module")
+def ring_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("ring")
+    hit = _scenario(tmp, [RING], [DOWN])
+    late = _scenario(tmp, [RING], [{**DOWN, "at_ns": 900_000_000}])  # after the run
+    return {"hit": {p: run_policy(hit, p) for p in ("ecmp", "task-aware", "ideal")},
+            "clean": {p: _coll_ns(late, p) for p in ("ecmp", "task-aware", "ideal")}}
+
+
+def test_ring_link_failure_routing_baseline(ring_runs: dict[str, Any]) -> None:
+    """ECMP keeps hashing onto the dead link until routing converges: every stream on it
+    sends 400 Gb/s into nothing for detection + convergence = 5.1 ms, and the whole ring
+    (as slow as its slowest stream) stalls that long."""
+    r = ring_runs["hit"]["ecmp"]
+    (f,) = r.faults
+    assert f["detection_us"] == pytest.approx(DETECT_NS / 1e3)
+    assert f["reroute_us"] == pytest.approx((DETECT_NS + CONVERGE_NS) / 1e3)
+    moved = f["streams_moved"]
+    assert moved >= 1
+    lost = moved * NIC_GBPS / 8 * 1e9 * (DETECT_NS + CONVERGE_NS) * 1e-9
+    assert f["bytes_lost"] == pytest.approx(lost, rel=1e-6)
+    assert f["bytes_retx"] == pytest.approx(lost, rel=1e-6)
+    (c,) = r.collectives
+    assert c.end_ns - c.start_ns == pytest.approx(
+        ring_runs["clean"]["ecmp"] + DETECT_NS + CONVERGE_NS, abs=2_000)
+    assert f["job_stall_us"] == {"ring": pytest.approx((DETECT_NS + CONVERGE_NS) / 1e3)}
+    assert f["gpu_seconds_lost"] == pytest.approx(8 * (DETECT_NS + CONVERGE_NS) * 1e-9)
+    assert r.bytes_delivered == r.bytes_sent
+
+
+def test_ring_link_failure_controller_heals_within_the_control_latency(
+        ring_runs: dict[str, Any]) -> None:
+    """The controller is told at detection and pushes new paths; they take effect 10 us
+    later. Bytes go into the dead link only before detection (the affected streams pause
+    until the push is in effect): lost = streams on the link x 50 GB/s x 100 us."""
+    r = ring_runs["hit"]["task-aware"]
+    (f,) = r.faults
+    assert f["reroute_us"] == pytest.approx((DETECT_NS + CONTROL_NS) / 1e3)
+    assert f["recovery_us"] - f["detection_us"] <= 1_000 + CONTROL_NS / 1e3
+    lost = f["streams_moved"] * NIC_GBPS / 8 * 1e9 * DETECT_NS * 1e-9
+    assert f["bytes_lost"] == pytest.approx(lost, rel=1e-6)
+    (c,) = r.collectives
+    assert c.end_ns - c.start_ns == pytest.approx(
+        ring_runs["clean"]["task-aware"] + DETECT_NS + CONTROL_NS, abs=2_000)
+    assert r.bytes_delivered == r.bytes_sent
+    assert r.summary()["reorder_events"] == 0
+
+
+def test_ideal_reroutes_at_the_fault_instant(ring_runs: dict[str, Any]) -> None:
+    r = ring_runs["hit"]["ideal"]
+    (f,) = r.faults
+    assert f["bytes_lost"] == 0 and f["reroute_us"] == 0.0
+    (c,) = r.collectives
+    # one spine is left to leaf0, and the ring needs one uplink and one downlink there
+    assert c.end_ns - c.start_ns == ring_runs["clean"]["ideal"]
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "task-aware", "ideal"])
+def test_alltoall_link_failure_every_flow_completes(tmp_path: Path, policy: str) -> None:
+    prep = _scenario(tmp_path, [A2A], [DOWN])
+    r = run_policy(prep, policy)
+    assert r.bytes_delivered == r.bytes_sent > 0
+    (f,) = r.faults
+    if policy == "task-aware":
+        assert f["recovery_us"] - f["detection_us"] <= 1_000 + CONTROL_NS / 1e3
+    elif policy in ("ecmp", "adaptive"):
+        assert f["reroute_us"] == pytest.approx((DETECT_NS + CONVERGE_NS) / 1e3)
+        assert f["bytes_lost"] > 0
+
+
+@pytest.mark.parametrize("events", [
+    # two links, then their switch (the links stay down until the switch comes back)
+    [{"kind": "link_down", "link": "leaf0-spine0", "at_ns": 500_000},
+     {"kind": "link_down", "link": "leaf1-spine0", "at_ns": 800_000},
+     {"kind": "switch_down", "switch": "spine0", "at_ns": 1_200_000, "until_ns": 3_000_000}],
+    # a flapping link: down 200 us, up 300 us, three times
+    [{"kind": "flap", "link": "leaf2-spine1", "at_ns": 1_000_000, "down_ns": 200_000,
+      "up_ns": 300_000, "count": 3}],
+], ids=["links-then-switch", "flap"])
+def test_several_faults_each_get_their_numbers(tmp_path: Path,
+                                               events: list[dict[str, Any]]) -> None:
+    ring = {**RING, "gpus": 4, "placement": "explicit", "gpu_ids": [0, 2, 4, 6]}
+    a2a = {**A2A, "gpus": 4, "placement": "explicit", "gpu_ids": [1, 3, 5, 7]}
+    prep = _scenario(tmp_path, [ring, a2a], events)
+    for policy in ("ecmp", "task-aware"):
+        r = run_policy(prep, policy)
+        assert r.bytes_delivered == r.bytes_sent > 0  # nothing lost for good
+        assert not r.aborted
+        assert [f["fault_id"] for f in r.faults] == list(range(len(events)))
+        for f in r.faults:
+            assert f["detection_us"] == pytest.approx(DETECT_NS / 1e3)
+            if policy == "task-aware":
+                assert f["reroute_us"] == pytest.approx((DETECT_NS + CONTROL_NS) / 1e3)
+
+
+def test_a_failure_that_cuts_a_gpu_off_is_reported_not_hung(tmp_path: Path) -> None:
+    """gpu0's only NIC link dies: the ring job has no path left. It is stopped and named;
+    the other job (on leaves 2-3) finishes."""
+    far = {**A2A, "name": "far", "gpus": 4, "placement": "explicit", "gpu_ids": [4, 5, 6, 7]}
+    near = {**RING, "gpus": 4, "placement": "explicit", "gpu_ids": [0, 1, 2, 3]}
+    prep = _scenario(tmp_path, [near, far],
+                     [{"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 200_000}])
+    for policy in ("ecmp", "task-aware"):
+        r = run_policy(prep, policy)
+        (f,) = r.faults
+        assert f["partitioned"] == ["ring"]
+        assert "ring" in r.aborted and "no path" in r.aborted["ring"]
+        assert [c.job for c in r.collectives] == ["far"]
+        assert r.summary()["aborted_jobs"] == r.aborted

@@ -17,6 +17,7 @@ NIC_GBPS = 400.0
 DETECT_NS = 100_000
 CONVERGE_NS = 5_000_000
 CONTROL_NS = 10_000  # the controller's default control-channel latency
+RTO_NS = 4_000_000  # RoCE retransmission timeout (the default)
 
 
 def _scenario(tmp_path: Path, jobs: list[dict[str, Any]], events: list[dict[str, Any]],
@@ -58,8 +59,9 @@ def ring_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_ring_link_failure_routing_baseline(ring_runs: dict[str, Any]) -> None:
     """ECMP keeps hashing onto the dead link until routing converges: every stream on it
-    sends 400 Gb/s into nothing for detection + convergence = 5.1 ms, and the whole ring
-    (as slow as its slowest stream) stalls that long."""
+    sends 400 Gb/s into nothing for detection + convergence = 5.1 ms. Its lost packets are
+    resent when its retransmission timer fires: 4 ms after the loss, then every 4 ms, so at
+    8 ms; the whole ring (as slow as its slowest stream) stalls those 8 ms."""
     r = ring_runs["hit"]["ecmp"]
     (f,) = r.faults
     assert f["detection_us"] == pytest.approx(DETECT_NS / 1e3)
@@ -69,11 +71,13 @@ def test_ring_link_failure_routing_baseline(ring_runs: dict[str, Any]) -> None:
     lost = moved * NIC_GBPS / 8 * 1e9 * (DETECT_NS + CONVERGE_NS) * 1e-9
     assert f["bytes_lost"] == pytest.approx(lost, rel=1e-6)
     assert f["bytes_retx"] == pytest.approx(lost, rel=1e-6)
+    stall_ns = 2 * RTO_NS  # ceil(5.1 ms / 4 ms) timeouts
     (c,) = r.collectives
-    assert c.end_ns - c.start_ns == pytest.approx(
-        ring_runs["clean"]["ecmp"] + DETECT_NS + CONVERGE_NS, abs=2_000)
-    assert f["job_stall_us"] == {"ring": pytest.approx((DETECT_NS + CONVERGE_NS) / 1e3)}
-    assert f["gpu_seconds_lost"] == pytest.approx(8 * (DETECT_NS + CONVERGE_NS) * 1e-9)
+    assert c.end_ns - c.start_ns == pytest.approx(ring_runs["clean"]["ecmp"] + stall_ns,
+                                                  abs=2_000)
+    assert f["recovery_us"] == pytest.approx(stall_ns / 1e3)
+    assert f["job_stall_us"] == {"ring": pytest.approx(stall_ns / 1e3)}
+    assert f["gpu_seconds_lost"] == pytest.approx(8 * stall_ns * 1e-9)
     assert r.bytes_delivered == r.bytes_sent
 
 
@@ -156,3 +160,61 @@ def test_a_failure_that_cuts_a_gpu_off_is_reported_not_hung(tmp_path: Path) -> N
         assert "ring" in r.aborted and "no path" in r.aborted["ring"]
         assert [c.job for c in r.collectives] == ["far"]
         assert r.summary()["aborted_jobs"] == r.aborted
+
+
+def _gray_run(tmp_path: Path, policy: str, **faults: Any) -> tuple[Any, Any]:
+    from fabricpilot.runner import _simulate
+
+    prep = _scenario(tmp_path, [RING], faults.pop("events", []), **faults)
+    out, pol, _ = _simulate(prep, policy)
+    return out, pol
+
+
+def test_a_gray_link_is_acted_on_after_exactly_k_detections(tmp_path: Path) -> None:
+    """BER 1e-5 > 1e-6 on both directions of leaf0-spine0 from t = 0. Counters are read
+    every 1 ms; with the default debounce (3 within 500 ms) the controller acts on the
+    third sample of each direction, about 3 ms in, and moves planned traffic off."""
+    gray = [{"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "ber": 1e-5}]
+    out, pol = _gray_run(tmp_path, "task-aware", events=gray)
+    acts = pol.gray_actions
+    assert len(acts) == 2 and all(real and k == 3 for _, _, real, k in acts)
+    assert {lk for _, lk, _, _ in acts} == set(pol.ctx.topology.link_id[pair] for pair in (
+        (pol.ctx.topology.node_index["leaf0"], pol.ctx.topology.node_index["spine0"]),
+        (pol.ctx.topology.node_index["spine0"], pol.ctx.topology.node_index["leaf0"])))
+    t = acts[0][0]
+    assert 3_000_000 <= t <= 3_000_000 + 200_000 + 50_000  # third sample, one period late
+    (f,) = out.faults
+    assert f.detected_ns == t and f.rerouted_ns is not None
+    assert pol.controller.degraded == {lk for _, lk, _, _ in acts}
+    # the routing baseline never sees it
+    out_e, _ = _gray_run(tmp_path, "ecmp", events=gray)
+    assert out_e.faults[0].detected_ns is None
+
+
+def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
+        tmp_path: Path) -> None:
+    gray = [{"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "ber": 1e-5,
+             "drop_probability": 1e-4}]
+    out, _ = _gray_run(tmp_path, "ecmp", events=gray)
+    (f,) = out.faults
+    assert f.bytes_retx > 0 and f.bytes_lost == 0
+    assert f.detected_ns is None  # nothing reroutes: a gray link drops silently
+
+
+@pytest.mark.parametrize(("spike_ber", "count", "alarms"), [
+    (5e-7, 1, 0),   # noise below the threshold: never acted on, even undebounced
+    (5e-6, 3, 0),   # noise above it, debounced: 0.003 expected (see below)
+    (5e-6, 1, 5),   # debounce off: every spike moves traffic off a healthy link
+])
+def test_noisy_counters_and_the_debounce(tmp_path: Path, spike_ber: float, count: int,
+                                         alarms: int) -> None:
+    """Each port's 1 ms sample spikes with probability 0.01. Over the 9 samples of the run
+    and 32 directed links: 2.9 spikes expected, all false alarms without a debounce (this
+    seed draws 5); with 3-in-500-ms, C(9, 3) 1e-6 x 32 = 0.003 expected."""
+    out, pol = _gray_run(tmp_path, "task-aware",
+                         noise={"spike_probability": 0.01, "spike_ber": spike_ber},
+                         debounce={"count": count, "window_ns": 500_000_000})
+    assert not out.faults
+    assert len(pol.gray_actions) == alarms
+    assert all(not real for _, _, real, _ in pol.gray_actions)
+    assert pol.stats()["gray_false_alarms"] == alarms

@@ -207,7 +207,8 @@ def _simulate(
     """Run the engine on ``prep.jobs`` under ``policy``: its output, the policy object and
     the wall time of the run in seconds."""
     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
-    faults = prep.faults if prep.faults is not None and prep.faults.events else None
+    faults = prep.faults if prep.faults is not None and (
+        prep.faults.events or prep.faults.params.noise_spike_probability > 0) else None
     controller, fec = prep.controller, {}
     if faults is not None:  # the controller detects gray links as the scenario says
         fp = faults.params

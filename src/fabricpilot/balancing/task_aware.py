@@ -89,6 +89,7 @@ class TaskAware(Adaptive):
     """Controller-planned path sets with switch-local adaptation (see the module docstring)."""
 
     name = "task-aware"
+    periodic = True  # its control loop runs every round, even when no flow changed
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -104,7 +105,9 @@ class TaskAware(Adaptive):
         self.fuse_trips = 0
         self._last_fec_ns = 0.0
         self._fec_rng = np.random.default_rng([ctx.seed, 0xFEC])
-        self.gray_actions: list[tuple[float, int, bool]] = []  # (time, link, really gray)
+        # links the controller found gray: (time, link, really gray, detections of it)
+        self.gray_actions: list[tuple[float, int, bool, int]] = []
+        self.confirmed_gray: dict[int, float] = {}  # link -> when the controller acted
         # rule key -> (the path set, the link-id rows its QPs are forwarded on)
         self._forwarded: dict[str, tuple[PathSet, list[NDArray[np.int32]]]] = {}
 
@@ -212,6 +215,11 @@ class TaskAware(Adaptive):
             "control_periods": len(self.ticks),
             "replans": sum(t.replanned for t in self.ticks),
             "fuse_trips": self.fuse_trips,
+            "heals": len(self.controller.heals) if self.controller else 0,
+            "heal_max_ms": round(max((h.wall_s for h in self.controller.heals), default=0.0)
+                                 * 1e3, 3) if self.controller else 0.0,
+            "gray_links_confirmed": sum(1 for a in self.gray_actions if a[2]),
+            "gray_false_alarms": sum(1 for a in self.gray_actions if not a[2]),
         }
 
     def report(self) -> list[str]:
@@ -307,7 +315,9 @@ class TaskAware(Adaptive):
             self.ticks.append(self.controller.tick(now))
             ber = self._telemetry().ber
             for lk in sorted(self.controller.degraded - before):
-                self.gray_actions.append((now, lk, bool(ber is not None and ber[lk] > 0)))
+                self.gray_actions.append((now, lk, bool(ber is not None and ber[lk] > 0),
+                                          self.controller.gray.per_link.get(lk, 0)))
+                self.confirmed_gray[lk] = now
         return self._off_degraded(members, moves, now)
 
     def _off_degraded(self, members: ActiveMembers, moves: Moves, now: float) -> Moves:

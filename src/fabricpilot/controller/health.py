@@ -64,6 +64,7 @@ class GrayDetector:
     threshold: float = 1e-6
     debounce: Debouncer = field(default_factory=Debouncer)
     detections: int = 0
+    per_link: dict[int, int] = field(default_factory=dict)  # detections of each link
 
     def update(self, deltas: list[PortDelta], now_ns: float) -> list[int]:
         """Links confirmed degraded by this batch of deltas (sorted)."""
@@ -73,6 +74,7 @@ class GrayDetector:
                 continue
             if d.fec_corrected / d.rx_bits > self.threshold:
                 self.detections += 1
+                self.per_link[d.link_id] = self.per_link.get(d.link_id, 0) + 1
                 if self.debounce.observe(d.link_id, now_ns):
                     out.append(d.link_id)
         return sorted(out)

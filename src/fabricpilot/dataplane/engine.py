@@ -189,7 +189,8 @@ class Engine(FaultsMixin):
             and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf))
             and (not self._stepping or hasattr(self.model, "in_flight_bytes")))
         self._track = self._stepping or self._rebalancing
-        self._timeline = faults if faults is not None and faults.events else None
+        self._timeline = faults if faults is not None and (
+            faults.events or faults.params.noise_spike_probability > 0) else None
         if self._timeline is not None:
             if self._stepping:
                 raise SimulationError("faults are modelled by the flow-level model: set "
@@ -255,6 +256,8 @@ class Engine(FaultsMixin):
         self._done_units = 0
         self._total_units = sum(j.iterations * len(j.collectives) for j in self.jobs)
         self._aborted: dict[int, str] = {}
+        self._jobs_done: set[int] = {j for j, job in enumerate(self.jobs)
+                                     if job.iterations == 0 or not job.collectives}
         self._goodput = np.zeros(0)
         self._faults_setup(self._timeline)
 
@@ -270,7 +273,11 @@ class Engine(FaultsMixin):
             t_next = min(t_event, t_mice)
             if self._dirty:
                 self._recompute()
-            if not self._remaining.size and t_next == math.inf:
+            if not self._remaining.size and (
+                    t_next == math.inf
+                    # only faults are left to happen, after every job and mouse is done
+                    or (self._timeline is not None and t_mice == math.inf
+                        and len(self._jobs_done) == len(self.jobs))):
                 break
             if self._stepping:
                 if self._remaining.size:
@@ -380,7 +387,8 @@ class Engine(FaultsMixin):
         # nothing changed since a round that moved nothing (same flows and rates, same
         # congestion table): the answer would be the same
         key = (self._n_rate_updates, int(getattr(self.policy, "table_version", 0)))
-        if key != self._quiet_key or getattr(self.policy, "watches_bytes_sent", False):
+        if (key != self._quiet_key or getattr(self.policy, "watches_bytes_sent", False)
+                or getattr(self.policy, "periodic", False)):
             row = np.searchsorted(self._row_flow, self._m_flow)
             sent = (self._row_bytes - np.minimum(self._remaining, self._row_bytes))[row] \
                 * self._m_share
@@ -539,6 +547,8 @@ class Engine(FaultsMixin):
                                                 self.now))
         if it + 1 < job.iterations:
             self._start_iteration(j, it + 1)
+        else:
+            self._jobs_done.add(j)
 
     # ------------------------------------------------------------------ flows
     def _add_mice(self, i: int, j: int) -> None:
@@ -735,6 +745,7 @@ class Engine(FaultsMixin):
         """Stop job ``j`` (no path left for some of its flows): its flows are dropped, its
         stages forgotten, and nothing more of it is scheduled."""
         self._aborted[j] = why
+        self._jobs_done.add(j)
         mine = self._row_owner == j
         self._drop_rows(~mine, self._row_flow[mine])
         for sid in [sid for sid, st in self._stages.items() if st.job == j]:

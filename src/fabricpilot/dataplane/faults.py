@@ -119,6 +119,7 @@ class FaultsMixin:
     _at: Callable[[int, Callable[[], None]], None]
     _weights_from_members: Callable[[NDArray[np.int64]], None]
     _abort_job: Callable[[int, str], None]
+    _mark_dirty: Callable[[], None]
 
     def _faults_setup(self, timeline: FaultTimeline | None) -> None:
         self._ft = timeline
@@ -133,6 +134,8 @@ class FaultsMixin:
         self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
         self._held_flows: set[int] = set()      # flows (rows) paused for a fault
         self._reroute_at = -math.inf            # when the controller's new paths take effect
+        self._loss_since: dict[int, int] = {}   # flow id -> when it first lost a packet
+        self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
@@ -320,12 +323,30 @@ class FaultsMixin:
             self._weights_from_members(rows)
             for f in faults:
                 self._records[f].streams_moved += len(mem)
+            if ct2 is not None and not self._instant:
+                self._wait_for_timeout(np.unique(rows[mem]), faults)
+        self._loss_since.clear()
         # the paused streams resume
         if self._held_flows and self.now >= self._reroute_at:
             held = np.flatnonzero(np.isin(self._row_flow, list(self._held_flows)))
             self._row_hold[held] = -np.inf
             self._held_flows.clear()
         self._dirty = True
+
+    def _wait_for_timeout(self, rows: NDArray[np.int64], faults: set[int]) -> None:
+        """Without a controller nobody tells a sender its path is back: a stream that lost
+        packets resends them when its retransmission timer next fires (``rdma_timeout_ns``
+        after the first loss, and every timeout after that)."""
+        rto = self._ft.params.rdma_timeout_ns
+        for r in rows.tolist():
+            since = self._loss_since.get(int(self._row_flow[r]))
+            if since is None:
+                continue
+            fires = since + math.ceil((self.now - since) / rto) * rto
+            if fires > self.now:
+                self._row_hold[r] = max(self._row_hold[r], float(fires))
+                self._rto_wait[int(self._row_flow[r])] = (fires, set(faults))
+                self._at(int(fires), self._mark_dirty)
 
     def _member_endpoints(self, mem: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
         """Source and destination GPU of members (a ring row's streams differ from its
@@ -379,6 +400,7 @@ class FaultsMixin:
     def _fault_rows(self) -> None:
         """Per row: the share of its bytes going into dead links and the share resent for
         gray losses; per member: the fault its path hits."""
+        self._gray_progress()
         n_rows = len(self._row_flow)
         self._row_dead = np.zeros(n_rows)
         self._row_loss = np.zeros(n_rows)
@@ -410,6 +432,24 @@ class FaultsMixin:
         np.maximum.at(self._row_loss, streams[0], np.bincount(
             inv, weights=self._m_share * loss, minlength=streams.shape[1]))
 
+    def _gray_progress(self) -> None:
+        """A gray fault is detected when the controller confirms one of its links (from
+        the error counters, debounced) and rerouted once no stream crosses it any more."""
+        confirmed = getattr(self.policy, "confirmed_gray", None)
+        if not confirmed or self._ft is None:
+            return
+        for info in self._ft.faults:
+            rec = self._records[info.fault_id]
+            if info.kind != "gray" or rec.rerouted_ns is not None:
+                continue
+            if rec.detected_ns is None:
+                seen = [confirmed[lk] for lk in info.links if lk in confirmed]
+                if not seen:
+                    continue
+                rec.detected_ns = int(min(seen))
+            if not self._members_on(np.asarray(info.links, np.int64)).any():
+                rec.rerouted_ns = self.now
+
     def _goodput_of(self, rates: NDArray[np.float64]) -> NDArray[np.float64]:
         """Useful rate of every row: the dead share sends into nothing; a gray loss costs the
         packet and one round trip of packets after it (go-back-N)."""
@@ -440,6 +480,8 @@ class FaultsMixin:
                 8.0 * self.fabric.mtu_bytes)
             gray_useful = 1.0 / (1.0 + self._row_loss[r] * (1.0 + window))
             resent = np.where(dead, sent, sent * (1.0 - gray_useful))
+            for fid in self._row_flow[r[dead]].tolist():
+                self._loss_since.setdefault(int(fid), self.now)
             f_of = self._m_fault[mem]
             for f in np.unique(f_of).tolist():
                 sel = f_of == f
@@ -464,6 +506,13 @@ class FaultsMixin:
             for f in active:
                 stalled.setdefault(f, set()).update(
                     j for j in self._row_owner[held].tolist() if j >= 0)
+        if self._rto_wait:
+            for fid, j in zip(self._row_flow.tolist(), self._row_owner.tolist(), strict=True):
+                wait = self._rto_wait.get(fid)
+                if wait is not None and wait[0] > self.now and j >= 0:
+                    for f in wait[1]:
+                        stalled.setdefault(f, set()).add(j)
+            self._rto_wait = {k: v for k, v in self._rto_wait.items() if v[0] > self.now}
         for f, jobs in stalled.items():
             rec = self._records[f]
             for j in jobs:

@@ -218,3 +218,50 @@ def test_noisy_counters_and_the_debounce(tmp_path: Path, spike_ber: float, count
     assert len(pol.gray_actions) == alarms
     assert all(not real for _, _, real, _ in pol.gray_actions)
     assert pol.stats()["gray_false_alarms"] == alarms
+
+
+def test_faults_need_the_flow_model(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    data = yaml.safe_load(Path("examples/link_failure.yaml").read_text())
+    data["fabric"] = {"model": "fluid"}
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "fabricpilot", "validate", str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: {path}: faults: faults are modelled by the flow-level model: set "
+        "fabric.model: flow (got fluid)"]
+
+
+def test_random_faults_run_and_are_deterministic(tmp_path: Path) -> None:
+    """Cables fail with a 2 ms MTBF over a 3 ms horizon (16 fabric cables: ~24 failures
+    expected), each down 300 us: every one is reported, the same for the same seed."""
+    prep = _scenario(tmp_path, [A2A], [], random={"link_mtbf_ns": 2_000_000,
+                                                  "repair_ns": 300_000,
+                                                  "horizon_ns": 3_000_000})
+    assert len(prep.faults.faults) > 5
+    a, b = run_policy(prep, "task-aware"), run_policy(prep, "task-aware")
+    assert a.faults == b.faults and len(a.faults) == len(prep.faults.faults)
+    # every failure is repaired: jobs cut off for a while wait, and everything arrives
+    assert not a.aborted and a.bytes_delivered == a.bytes_sent
+
+
+def test_a_job_cut_off_until_a_repair_waits_for_it(tmp_path: Path) -> None:
+    """gpu0's NIC link is down from 200 us to 1.2 ms: the ring cannot move (a ring is as
+    fast as its slowest stream) for that 1 ms and then finishes; nothing is stopped."""
+    near = {**RING, "gpus": 4, "placement": "explicit", "gpu_ids": [0, 1, 2, 3]}
+    events = [{"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 200_000,
+               "until_ns": 1_200_000}]
+    clean = _coll_ns(_scenario(tmp_path, [near], [{**events[0], "at_ns": 900_000_000,
+                                                    "until_ns": 901_000_000}]), "task-aware")
+    r = run_policy(_scenario(tmp_path, [near], events), "task-aware")
+    assert not r.aborted and r.bytes_delivered == r.bytes_sent
+    (f,) = r.faults
+    assert f["partitioned"] == ["ring"]
+    (c,) = r.collectives
+    # stalled from the fault to the repair's detection plus the control latency
+    assert c.end_ns - c.start_ns == pytest.approx(
+        clean + 1_000_000 + DETECT_NS + CONTROL_NS, abs=5_000)

@@ -97,6 +97,9 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
             raise ScenarioError(source, f"fabric.qos.switch_overrides.{name}",
                                 f"unknown switch ({_switch_examples(switches)})")
     qos_params = qos.to_params()
+    if scenario.faults is not None and scenario.fabric.model != "flow":
+        raise ScenarioError(source, "faults", "faults are modelled by the flow-level model: "
+                            f"set fabric.model: flow (got {scenario.fabric.model})")
     faults = (None if scenario.faults is None else
               resolve_faults(scenario.faults, ct, scenario.seed, source=source,
                              packet_bytes=scenario.fabric.mtu_bytes

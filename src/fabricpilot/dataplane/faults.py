@@ -135,6 +135,7 @@ class FaultsMixin:
         self._held_flows: set[int] = set()      # flows (rows) paused for a fault
         self._reroute_at = -math.inf            # when the controller's new paths take effect
         self._loss_since: dict[int, int] = {}   # flow id -> when it first lost a packet
+        self._cut_flows: dict[int, set[int]] = {}  # flows waiting for a path to come back
         self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
@@ -244,7 +245,8 @@ class FaultsMixin:
             self.policy.ctx = replace(self.policy.ctx, topology=ct2)
         self._route_cache.clear()
         hit = set(np.flatnonzero(newly).tolist())
-        faults = {info.fault_id for info in self._ft.faults if hit.intersection(info.links)}
+        faults = {info.fault_id for info in self._ft.faults
+                  if info.start_ns <= self.now and hit.intersection(info.links)}
         self._reroute(None, ct2, faults)
         # links back up: new flows use them (flows already moved stay where they are)
 
@@ -289,6 +291,7 @@ class FaultsMixin:
         """Move the members on links routing now avoids (the converged view ``ct2``, or
         what the controller knows) to new paths, and resume the paused streams."""
         known = self._known_down.copy() if ct2 is None else self._route_down
+        self._rejoin(known)
         hit = self._members_on(np.flatnonzero(known))
         if faults is None:
             faults = {fault_id} if fault_id is not None else set()
@@ -302,19 +305,22 @@ class FaultsMixin:
             r = rows[mem]
             src, dst = self._member_endpoints(mem)
             job = self._row_owner[r]
-            try:
-                new = self._repath(job, src, dst, self._m_stream[mem], self._m_key[mem], ct2)
-            except TopologyError:
-                new = None
-            if new is None or self._crosses(new, known).any():
-                bad = np.ones(len(mem), bool) if new is None else self._crosses(new, known)
-                self._partition(r[bad], faults)
-                if new is None:
-                    return
-                keep = ~bad
-                mem, new = mem[keep], new[keep]
+            new, failed = self._repath_each(job, src, dst, mem, ct2)
+            bad = failed | self._crosses(new, known)
+            if bad.any():
+                cut_rows = np.unique(r[bad])
+                keep = ~np.isin(r, cut_rows)  # a stream with no path holds its whole row
+                keys, new = self._m_key[mem[keep]], new[keep]
+                self._partition(cut_rows, faults)
+                # members may have gone (stopped jobs): find the kept ones again by key
+                pos = np.searchsorted(self._m_key, keys)
+                alive = (pos < len(self._m_key)) & (self._m_key[np.minimum(
+                    pos, max(len(self._m_key) - 1, 0))] == keys) if len(self._m_key) \
+                    else np.zeros(len(keys), bool)
+                mem, new = pos[alive], new[alive]
                 rows = self._member_rows()
                 if not len(mem):
+                    self._release_held()
                     return
             width = self._m_path.shape[1]
             out = np.full((len(new), width), -1, np.int32)
@@ -326,12 +332,41 @@ class FaultsMixin:
             if ct2 is not None and not self._instant:
                 self._wait_for_timeout(np.unique(rows[mem]), faults)
         self._loss_since.clear()
-        # the paused streams resume
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """The streams paused for the controller's new paths resume (not those cut off)."""
         if self._held_flows and self.now >= self._reroute_at:
-            held = np.flatnonzero(np.isin(self._row_flow, list(self._held_flows)))
+            ids = [f for f in self._held_flows if f not in self._cut_flows]
+            held = np.flatnonzero(np.isin(self._row_flow, ids))
             self._row_hold[held] = -np.inf
             self._held_flows.clear()
         self._dirty = True
+
+    def _repath_each(self, job: NDArray[np.int64], src: NDArray[np.int64],
+                     dst: NDArray[np.int64], mem: NDArray[np.int64], ct2: Any | None
+                     ) -> tuple[NDArray[np.int32], NDArray[np.bool_]]:
+        """New paths for members, and which have none (one pair without a path must not
+        take the others down with it)."""
+        width = self._m_path.shape[1]
+        try:
+            new = self._repath(job, src, dst, self._m_stream[mem], self._m_key[mem], ct2)
+            out = np.full((len(mem), width), -1, np.int32)
+            out[:, : min(width, new.shape[1])] = new[:, :width]
+            return out, np.zeros(len(mem), bool)
+        except TopologyError:
+            pass
+        out = np.full((len(mem), width), -1, np.int32)
+        failed = np.zeros(len(mem), bool)
+        for i in range(len(mem)):
+            sl = slice(i, i + 1)
+            try:
+                p = self._repath(job[sl], src[sl], dst[sl], self._m_stream[mem[sl]],
+                                 self._m_key[mem[sl]], ct2)
+                out[i, : min(width, p.shape[1])] = p[0, :width]
+            except TopologyError:
+                failed[i] = True
+        return out, failed
 
     def _wait_for_timeout(self, rows: NDArray[np.int64], faults: set[int]) -> None:
         """Without a controller nobody tells a sender its path is back: a stream that lost
@@ -381,7 +416,20 @@ class FaultsMixin:
         return walk_paths(ct, src, dst, choose)
 
     def _partition(self, rows: NDArray[np.int64], faults: set[int]) -> None:
-        """Flows with no live path left: their jobs are stopped and reported."""
+        """Flows with no live path left. If a link comes back later in the run (a repair,
+        a flap), their jobs wait for it (the collective hangs on its peers, as NCCL does);
+        otherwise the jobs are stopped and reported."""
+        for f in faults:
+            rec = self._records[f]
+            for j in sorted(set(self._row_owner[rows].tolist()) - {-1}):
+                if self.jobs[j].name not in rec.partitioned:
+                    rec.partitioned.append(self.jobs[j].name)
+        if any(ev.kind == "up" and ev.time_ns >= self.now for ev in self._ft.events):
+            self._row_hold[rows] = math.inf
+            for r in rows.tolist():
+                self._cut_flows[int(self._row_flow[r])] = set(faults)
+            self._dirty = True
+            return
         cut = []
         for j in sorted(set(self._row_owner[rows].tolist())):
             if j < 0:
@@ -390,11 +438,23 @@ class FaultsMixin:
             cut.append((j, f"gpu{int(self._row_src[pair])} -> gpu{int(self._row_dst[pair])} "
                            "has no path left"))
         for j, why in cut:  # rows shift as jobs are stopped: decide first, then stop
-            for f in faults:
-                rec = self._records[f]
-                if self.jobs[j].name not in rec.partitioned:
-                    rec.partitioned.append(self.jobs[j].name)
             self._abort_job(j, why)
+
+    def _rejoin(self, down: NDArray[np.bool_]) -> None:
+        """Cut-off streams whose paths are whole again (a link came back) resume."""
+        if not self._cut_flows:
+            return
+        rows = self._member_rows()
+        bad = self._members_on(np.flatnonzero(down))
+        for fid in list(self._cut_flows):
+            r = int(np.searchsorted(self._row_flow, fid))
+            if r >= len(self._row_flow) or self._row_flow[r] != fid:
+                del self._cut_flows[fid]
+                continue
+            if not bad[rows == r].any():
+                self._row_hold[r] = -np.inf
+                del self._cut_flows[fid]
+                self._dirty = True
 
     # ---------------------------------------------------------------- accounting
     def _fault_rows(self) -> None:
@@ -506,6 +566,11 @@ class FaultsMixin:
             for f in active:
                 stalled.setdefault(f, set()).update(
                     j for j in self._row_owner[held].tolist() if j >= 0)
+        if self._cut_flows:
+            for fid, j in zip(self._row_flow.tolist(), self._row_owner.tolist(), strict=True):
+                if fid in self._cut_flows and j >= 0:
+                    for f in self._cut_flows[fid]:
+                        stalled.setdefault(f, set()).add(j)
         if self._rto_wait:
             for fid, j in zip(self._row_flow.tolist(), self._row_owner.tolist(), strict=True):
                 wait = self._rto_wait.get(fid)

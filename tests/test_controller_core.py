@@ -306,3 +306,38 @@ def test_the_pressure_fuse_steers_new_transfers_to_the_second_best_path() -> Non
     s = shares()
     assert hot not in s and s[paths[1][1]] == pytest.approx(1.0)
     assert pol.fuse_trips == 1  # type: ignore[attr-defined]
+
+
+def test_a_link_failure_replaces_only_the_path_sets_that_crossed_it() -> None:
+    """Two 100 Gb/s pairs on different spines; leaf0 -> spine of gpu0 -> gpu2 dies. Only
+    that pair's set is sent again, on the other spine; the plan's link loads stay equal to
+    the loads of the installed sets (recomputed here from scratch)."""
+    from fabricpilot.controller.core import _set_load
+
+    dp, ctl, used, other = _two_pair_job()
+    before = {r.key: r for r in dp.installed}
+    n = len(dp.installed)
+    heal = ctl.on_links_changed([used], [])
+    assert heal.affected == 1 and heal.installed == 1
+    (moved,) = dp.installed[n:]
+    assert moved.key == rule_key("a", 0, 2) and other in moved.paths[0]
+    assert used not in {lk for p in moved.paths for lk in p}
+    assert ctl._installed[rule_key("a", 1, 3)] == before[rule_key("a", 1, 3)]
+    rate = {d.key: d.rate_gbps for d in ctl.demands()}
+    load = _set_load(list(ctl._installed.values()), rate)
+    assert {lk: v for lk, v in ctl.current.link_load_gbps.items() if abs(v) > 1e-9} == \
+        pytest.approx(load)
+    # the link comes back: nothing has to move (the plan stays until a re-plan is worth it)
+    again = ctl.on_links_changed([], [used])
+    assert again.affected == 0 and ctl.down == set()
+
+
+def test_a_pair_with_every_path_down_is_reported_partitioned() -> None:
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
+    ctl.plan()
+    v = dp.view
+    ups = [v.link_between("leaf0", f"spine{s}") for s in (0, 1)]
+    ctl.on_links_changed(ups, [])
+    assert ctl.partitioned == {"a": "gpu0 -> gpu2: every path crosses a link that is down"}

@@ -94,6 +94,7 @@ class TaskAware(Adaptive):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._rules: dict[str, tuple[PathSet, float]] = {}  # key -> (rule, effective at)
+        self._table: Counter[str] = Counter()  # explicit rules each switch holds
         self.job_names: list[str] = []
         self.controller: Controller | None = None
         self.last_plan: PlanReport | None = None
@@ -152,23 +153,24 @@ class TaskAware(Adaptive):
         """Take path sets (effective after the control-channel latency). A switch whose
         rule table would overflow rejects the update, as an ASIC does."""
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
-        table = self.switch_rules() - Counter(
-            sw for r in rules if r.key in self._rules
-            for pinned in self._rules[r.key][0].rules for sw, _ in pinned)
-        table.update(sw for r in rules for pinned in r.rules for sw, _ in pinned)
+        freed = Counter(sw for r in rules if r.key in self._rules
+                        for pinned in self._rules[r.key][0].rules for sw, _ in pinned)
+        added = Counter(sw for r in rules for pinned in r.rules for sw, _ in pinned)
+        table = self._table - freed
+        table.update(added)
         cap = self.ctx.controller.switch_rule_capacity
         full = [(sw, n) for sw, n in table.items() if n > cap]
         if full:
             sw, n = max(full, key=lambda x: x[1])
             raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
+        self._table = table
         for r in rules:
             self._rules[r.key] = (r, now + self.ctx.controller.control_latency_ns)
             self._forwarded.pop(r.key, None)
 
     def switch_rules(self) -> Counter[str]:
         """Explicit forwarding rules each switch holds now."""
-        return Counter(sw for r, _ in self._rules.values() for pinned in r.rules
-                       for sw, _ in pinned)
+        return +self._table
 
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         table = self.congestion_table.copy()

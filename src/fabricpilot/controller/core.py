@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
+import numpy as np
+from numpy.typing import NDArray
 
 from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import Steering, SteerRequest, hash_path, steer
@@ -142,6 +144,11 @@ class Controller:
         self._demand: dict[str, Demand] = {}
         self.current: Plan | None = None
         self._installed: dict[str, PathSet] = {}
+        self._on_link: dict[int, set[str]] = {}   # link -> keys of installed sets using it
+        self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
+        self._constraints: dict[tuple[int, ...], list] = {}  # path -> its hash decisions
+        self._cand_arrays: dict[int, tuple[tuple, NDArray[np.int64]]] = {}
+        self._links_of: dict[str, set[int]] = {}  # installed key -> links its paths use
         self._weight: dict[str, float] = {}
         self.replans = 0
         self.intents: dict[str, Intent] = {}
@@ -310,11 +317,44 @@ class Controller:
                  ) -> PlanReport:
         changed = [r for r in sets if self._installed.get(r.key) != r]
         self.dp.install(changed)
-        self._installed = {r.key: r for r in sets}
+        self._installed = {}
+        self._on_link = {}
+        self._links_of = {}
+        self._rules_held = Counter()
+        self._record(sets)
         self.current = plan
         report.demands = n_demands
         report.installed = len(changed)
         return report
+
+    def _candidate_array(self, d: Demand) -> NDArray[np.int64]:
+        """A demand's candidates as a -1 padded array (cached per candidate list); -1 maps
+        to an always-false entry of any mask of ``max(link) + 2``."""
+        hit = self._cand_arrays.get(id(d.candidates))
+        if hit is None or hit[0] is not d.candidates:
+            width = max(len(p) for p in d.candidates)
+            arr = np.full((len(d.candidates), width), -1, np.int64)
+            for i, p in enumerate(d.candidates):
+                arr[i, : len(p)] = p
+            hit = self._cand_arrays[id(d.candidates)] = (d.candidates, arr)
+        return hit[1]
+
+    def _record(self, sets: list[PathSet]) -> None:
+        """Remember installed path sets, indexed by link, with their explicit rules."""
+        for r in sets:
+            old = self._installed.get(r.key)
+            new_links = {lk for p in r.paths for lk in p}
+            old_links = self._links_of.get(r.key, set())
+            for lk in old_links - new_links:
+                self._on_link[lk].discard(r.key)
+            for lk in new_links - old_links:
+                self._on_link.setdefault(lk, set()).add(r.key)
+            self._links_of[r.key] = new_links
+            if old is not None and old.rules:
+                self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
+            if r.rules:
+                self._rules_held.update(sw for pinned in r.rules for sw, _ in pinned)
+            self._installed[r.key] = r
 
     def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
         """Measured load the current plan does not account for, on the fabric links (the
@@ -367,8 +407,11 @@ class Controller:
         self.degraded |= set(links)
         return self._heal("gray")
 
-    def _table(self) -> dict[int, float]:
-        table = self.map.congestion_table()
+    def _table(self, links: set[int] | None = None) -> dict[int, float]:
+        """The congestion table (of ``links`` only, if given): the map's weights, gray
+        links at most 0.05, dead links 0."""
+        table = (self.map.congestion_table() if links is None
+                 else {lk: self.map.weight(lk) for lk in links})
         for lk in self.degraded:
             table[lk] = min(table[lk], 0.05)
         for lk in self.down:
@@ -377,43 +420,59 @@ class Controller:
 
     def _heal(self, cause: str) -> HealReport:
         t0 = time.perf_counter()
-        self.dp.push_congestion_table(self._table())
+        # the switches exclude dead links (and shun gray ones) at once: only those entries
+        self.dp.push_congestion_table({lk: w for lk, w in self._table(
+            self.down | self.degraded).items()})
         avoid = self.down | self.degraded
         if self.current is None:
             return HealReport(cause, 0, 0, time.perf_counter() - t0)
         plan = self.current
-        affected = sorted(k for k, ps in self._installed.items()
-                          if any(not avoid.isdisjoint(p) for p in ps.paths))
+        affected = sorted(set().union(*(self._on_link.get(lk, set()) for lk in avoid)))
         if not affected:
             rep = HealReport(cause, 0, 0, time.perf_counter() - t0)
             self.heals.append(rep)
             return rep
-        load = dict(plan.link_load_gbps)
-        demands = []
+        load = plan.link_load_gbps  # updated in place: out with the old paths, in with new
+        n = max(self.view.links) + 2
+        dead = np.zeros(n, bool)
+        dead[list(self.down)] = True
+        shun = dead.copy()
+        shun[list(self.degraded)] = True
+        demands, used = [], []
         for k in affected:
             d = self._demand[k]
             for p, w in plan.paths[k]:
                 for lk in p:
                     load[lk] -= d.rate_gbps * w
-            live = [p for p in d.candidates if avoid.isdisjoint(p)]
-            if not live:
-                live = [p for p in d.candidates if self.down.isdisjoint(p)]
-            if not live:
+            arr = self._candidate_array(d)
+            ok = ~shun[arr].any(axis=1)
+            if not ok.any():
+                ok = ~dead[arr].any(axis=1)
+            if not ok.any():
                 task = k.split(":", 1)[0]
                 a, b = self._endpoints[k]
                 self.partitioned[task] = f"gpu{a} -> gpu{b}: every path crosses a link that is down"
                 continue
-            demands.append(replace(d, candidates=tuple(live)))
-        sub = plan_greedy(demands, self._capacity(), background=load, split=self.parts)
-        keep = {k: ps for k, ps in self._installed.items() if k not in sub.paths}
-        held = Counter(sw for ps in keep.values() for pinned in ps.rules for sw, _ in pinned)
+            live = np.flatnonzero(ok)
+            demands.append(Demand(d.key, d.rate_gbps, tuple(d.candidates[i] for i in
+                                                            live.tolist()), d.weight))
+            used.append(arr[live].ravel())
+        # only the links the re-placed demands can use; one greedy pass and one sweep (an
+        # emergency answer: the next control period may improve it)
+        links = self.view.links
+        used_links = (np.unique(np.concatenate(used)).tolist() if used else [])
+        used_links = [lk for lk in used_links if lk >= 0]
+        sub = plan_greedy(demands, {lk: links[lk].capacity_gbps for lk in used_links},
+                          background={lk: load[lk] for lk in used_links if lk in load},
+                          split=self.parts, sweeps=1, max_moves=0)
+        held = self._rules_held - Counter(
+            sw for k in sub.paths for pinned in self._installed[k].rules for sw, _ in pinned)
         sets, report = self.steer_plan(sub, self._weight, held)
         plan.paths.update(sub.paths)
         for lk, v in sub.link_load_gbps.items():
             load[lk] = load.get(lk, 0.0) + v
-        plan.link_load_gbps = {lk: v for lk, v in load.items() if v > 1e-9}
         self.dp.install(sets)
-        self._installed.update({r.key: r for r in sets})
+        self._record(sets)
         rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
         self.heals.append(rep)
         return rep
@@ -465,17 +524,17 @@ class Controller:
             a, b = self._endpoints[key]
             reqs += [SteerRequest(a, b, p, zlib.crc32(f"{key}#{i}".encode()))
                      for i, (p, _) in enumerate(shares)]
-        got = steer(self.view, reqs, max_tries=self.params.steer_tries)
+        got = steer(self.view, reqs, max_tries=self.params.steer_tries,
+                    cache=self._constraints)
         keys = [key for key, shares in plan.paths.items() for _ in shares]
         used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold
         paths = [q.path for q in reqs]
         unpinned = 0
         spilled: set[str] = set()
         cap = self.view.rule_capacity
-        for r in sorted(range(len(reqs)), key=lambda r: (-weight.get(keys[r], 0.0), r)):
+        needy = [r for r in range(len(reqs)) if got[r].rules]
+        for r in sorted(needy, key=lambda r: (-weight.get(keys[r], 0.0), r)):
             need = Counter(sw for sw, _ in got[r].rules)
-            if not need:
-                continue
             if all(used[sw] + n <= cap for sw, n in need.items()):
                 used.update(need)
             else:

@@ -142,20 +142,22 @@ def _search(prefix: NDArray, rot: NDArray, size: NDArray, want: NDArray, ptr: ND
 
 
 def steer(view: FabricView, requests: list[SteerRequest], *, max_tries: int = 1024,
+          cache: dict[tuple[int, ...], list[tuple[str, tuple[int, ...], int]]] | None = None,
           ) -> list[Steering]:
     """Source ports that land each request on its path, and the rules still needed.
 
     Each request tries up to ``max_tries`` ports of the RoCE range (there is only one when
     the NICs' entropy is off), keeping the port that leaves the fewest switches disagreeing;
     a rule is needed at each of those (and at every switch whose group does not contain the
-    path's link). Constraints depend only on the path, so they are derived once per path.
+    path's link). Constraints depend only on the path, so they are derived once per path
+    (and kept in ``cache`` across calls if one is given).
     """
     spec = view.ecmp
     if spec is None:
         raise ValueError("the data plane does not describe its ECMP hash")
     ports = (np.arange(PORT_LO, PORT_HI + 1, dtype=np.int64) if spec.source_port_entropy
              else np.array([ROCE_UDP_PORT], np.int64))
-    by_path: dict[tuple[int, ...], list[tuple[str, tuple[int, ...], int]]] = {}
+    by_path = cache if cache is not None else {}
     cons = []
     for q in requests:
         c = by_path.get(q.path)
@@ -182,14 +184,13 @@ def steer(view: FabricView, requests: list[SteerRequest], *, max_tries: int = 10
     start = np.array([q.start for q in requests], np.int64)
     port, missed = _search(prefix.astype(np.uint32), rot, size, want, ptr, start, ports,
                            max_tries, CRC32_TABLE)
-    out = []
-    for r, q in enumerate(requests):
-        rules = []
-        for c in np.flatnonzero(missed[ptr[r]:ptr[r + 1]]).tolist():
-            sw = cons[r][c][0]
-            rules.append((sw, next(lk for lk in q.path if view.links[lk].src == sw)))
-        out.append(Steering(int(port[r]), tuple(rules)))
-    return out
+    rules: list[list[tuple[str, int]]] = [[] for _ in requests]
+    owner = np.repeat(np.arange(len(requests)), counts)
+    for c in np.flatnonzero(missed).tolist():
+        r = int(owner[c])
+        sw = flat[c][0]
+        rules[r].append((sw, next(lk for lk in requests[r].path if view.links[lk].src == sw)))
+    return [Steering(int(p), tuple(rs)) for p, rs in zip(port.tolist(), rules, strict=True)]
 
 
 def hash_path(view: FabricView, src: int, dst: int, port: int) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -87,3 +88,222 @@ def test_bad_demands_are_rejected() -> None:
         Demand("x", 1.0, ())
     with pytest.raises(ValueError, match="no capacity for links"):
         plan_greedy([Demand("x", 1.0, ((7,),))], {0: 1.0})
+
+
+# --------------------------------------------------------------- the previous implementation
+def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
+                          background: dict[int, float] | None = None, split: int = 1,
+                          sweeps: int = 2) -> tuple[dict[str, list], np.ndarray, float, int]:
+    """``plan_greedy`` as it was before demands were aggregated, in plain Python: one column
+    per candidate (its links as a set), greedy placement skipping the links on all of a
+    demand's candidates, ``sweeps`` full re-insertion rounds, then the same local search
+    (on at most 2 000 parts). Returns the paths, the loads (rows: sorted link ids),
+    ``lambda`` and the local-search moves."""
+    links = sorted(capacity)
+    row = {lk: i for i, lk in enumerate(links)}
+    cap = np.array([capacity[lk] for lk in links], float)
+    bg = background or {}
+    load = np.array([float(bg.get(lk, 0.0)) for lk in links])
+    cols = [[sorted({row[lk] for lk in d.head + p + d.tail}) for p in d.candidates]
+            for d in demands]
+    rate = [d.rate_gbps for d in demands]
+    order = sorted(range(len(demands)),
+                   key=lambda i: (-demands[i].weight * rate[i], demands[i].key))
+    choice = [[-1] * split for _ in demands]
+    for rnd in range(sweeps + 1):
+        for d in order:
+            common = set.intersection(*(set(c) for c in cols[d]))
+            part = rate[d] / split
+            for k in range(split):
+                if rnd > 0:
+                    for lk in cols[d][choice[d][k]]:
+                        load[lk] -= part
+                best, best_max, best_sq = -1, math.inf, math.inf
+                for c, lks in enumerate(cols[d]):
+                    mx = sq = 0.0
+                    for lk in lks:
+                        if lk in common:
+                            continue
+                        u = (load[lk] + part) / cap[lk]
+                        mx = max(mx, u)
+                        sq += u * u
+                    if mx < best_max - 1e-12 or (mx <= best_max + 1e-12
+                                                 and sq < best_sq - 1e-12):
+                        best, best_max, best_sq = c, mx, sq
+                choice[d][k] = best
+                for lk in cols[d][best]:
+                    load[lk] += part
+
+    def score(ld: np.ndarray) -> tuple[float, int, float]:
+        u = ld / cap
+        lam = float(u.max())
+        return (round(lam, 9), int((u >= lam - 1e-9).sum()), float((u * u).sum()))
+
+    moves, current = 0, score(load)
+    max_moves = 10_000 if len(demands) * split <= 2_000 else 0
+    while moves < max_moves:
+        util = load / cap
+        hot = set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
+        improved = False
+        for d in order:
+            part = rate[d] / split
+            for k in range(split):
+                cur = choice[d][k]
+                if not hot.intersection(cols[d][cur]):
+                    continue
+                for c in range(len(cols[d])):
+                    if c == cur:
+                        continue
+                    trial = load.copy()
+                    trial[cols[d][cur]] -= part
+                    trial[cols[d][c]] += part
+                    if score(trial) < current:
+                        choice[d][k], load, current = c, trial, score(trial)
+                        improved = True
+                        break
+                if improved:
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+        moves += 1
+    paths: dict[str, list] = {}
+    for d, dem in enumerate(demands):
+        shares: dict[tuple[int, ...], float] = {}
+        for k in range(split):
+            p = dem.full_candidates[choice[d][k]]
+            shares[p] = shares.get(p, 0.0) + 1.0 / split
+        paths[dem.key] = sorted(shares.items())
+    bg_arr = np.array([float(bg.get(lk, 0.0)) for lk in links])
+    return paths, load - bg_arr, float((load / cap).max()), moves
+
+
+def rail_demands(seed: int, leaves: int = 4, spines: int = 4, gpus_per_leaf: int = 4,
+                 n: int = 160, factored: bool = False, odd: bool = False,
+                 ) -> tuple[list[Demand], dict[int, float]]:
+    """Demands between GPUs under different leaves: each goes up its own NIC link, to one
+    of the spines, down to the other leaf and its GPU (the NIC links are on every candidate:
+    many demands per leaf pair differ only by them). ``factored``: the NIC links given as
+    ``head`` / ``tail`` and one candidate tuple shared per leaf pair. ``odd``: some demands
+    with candidates of several lengths, a link twice on a path, or the same path twice."""
+    rng = np.random.default_rng(seed)
+    up = {(lf, s): lf * spines + s for lf in range(leaves) for s in range(spines)}
+    off = leaves * spines
+    down = {(s, lf): off + s * leaves + lf for s in range(spines) for lf in range(leaves)}
+    nic0 = 2 * off
+    n_gpu = leaves * gpus_per_leaf
+    nic_up = {g: nic0 + 2 * g for g in range(n_gpu)}
+    nic_down = {g: nic0 + 2 * g + 1 for g in range(n_gpu)}
+    mids = {(a, b): tuple((up[(a, s)], down[(s, b)]) for s in range(spines))
+            for a in range(leaves) for b in range(leaves) if a != b}
+    demands = []
+    for i in range(n):
+        ga, gb = (int(x) for x in rng.choice(n_gpu, 2, replace=False))
+        la, lb = ga // gpus_per_leaf, gb // gpus_per_leaf
+        if la == lb:
+            continue
+        rate = float(rng.choice([10.0, 20.0, 40.0, 25.0]))
+        w = float(rng.integers(1, 3))
+        head, tail = (nic_up[ga],), (nic_down[gb],)
+        full = tuple(head + m + tail for m in mids[(la, lb)])
+        kind = int(rng.integers(0, 8)) if odd else 7
+        if kind == 0:
+            full = (*full, (head[0], up[(la, 0)], down[(0, lb)], up[(lb, 0)], down[(0, lb)],
+                            tail[0]))
+        elif kind == 1:
+            full = (*full, full[0])
+        elif kind == 2:
+            full = tuple((*p, p[1]) for p in full)
+        if factored and kind > 2:
+            demands.append(Demand(f"d{i}", rate, mids[(la, lb)], w, head=head, tail=tail))
+        else:
+            demands.append(Demand(f"d{i}", rate, full, w))
+    capacity = {lk: 400.0 for lk in itertools.chain(up.values(), down.values())}
+    capacity |= {lk: 100.0 for lk in itertools.chain(nic_up.values(), nic_down.values())}
+    return demands, capacity
+
+
+def recomputed_loads(plan_paths: dict[str, list], demands: list[Demand],
+                     capacity: dict[int, float]) -> dict[int, float]:
+    """Link loads from the plan's paths and shares and the demands' rates alone."""
+    load = dict.fromkeys(capacity, 0.0)
+    for d in demands:
+        assert sum(share for _, share in plan_paths[d.key]) == pytest.approx(1.0)
+        for path, share in plan_paths[d.key]:
+            assert path in d.full_candidates
+            for lk in set(path):
+                load[lk] += d.rate_gbps * share
+    return load
+
+
+@pytest.mark.parametrize(("seed", "split", "odd"),
+                         [(0, 4, False), (1, 1, False), (2, 3, True), (3, 4, True)])
+def test_greedy_plans_exactly_as_the_previous_implementation(seed: int, split: int,
+                                                             odd: bool) -> None:
+    # aggregation changes how demands are stored, not one decision: the same paths, loads,
+    # lambda and local-search moves as the per-demand implementation, also with paths of
+    # several lengths, a link twice on a path or the same path twice (the exact route)
+    demands, cap = rail_demands(seed, n=120, odd=odd)
+    bg = {lk: 30.0 for lk in list(cap)[::7]}
+    paths, load, lam, moves = reference_plan_greedy(demands, cap, background=bg, split=split)
+    plan = plan_greedy(demands, cap, background=bg, split=split)
+    assert plan.paths == paths
+    assert plan.max_utilization == lam and plan.moves == moves
+    assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
+    leaf_s, _ = leaf_spine_demands(seed)
+    paths, _, lam, moves = reference_plan_greedy(leaf_s, {lk: 400.0 for lk in range(32)},
+                                                 split=split)
+    plan = plan_greedy(leaf_s, {lk: 400.0 for lk in range(32)}, split=split)
+    assert (plan.paths, plan.max_utilization, plan.moves) == (paths, lam, moves)
+
+
+def test_aggregated_factored_and_per_demand_plans_are_the_same() -> None:
+    # 600 demands over 12 leaf pairs: ~50 per pair, each with its own NIC links; in 4 parts
+    # (2 400 parts: above the local-search limit, as in the large instances)
+    demands, cap = rail_demands(11, n=600)
+    factored, _ = rail_demands(11, n=600, factored=True)
+    assert len({id(d.candidates) for d in factored}) == 12  # one tuple per leaf pair
+    per_demand = plan_greedy(demands, cap, split=4, aggregate=False)
+    aggregated = plan_greedy(demands, cap, split=4)
+    shared = plan_greedy(factored, cap, split=4)
+    for p in (aggregated, shared):
+        assert p.paths == per_demand.paths
+        assert p.max_utilization == per_demand.max_utilization
+        assert p.link_load_gbps == per_demand.link_load_gbps
+    # every demand keeps its own granularity: shares in quarters, on its own candidates
+    for d in demands:
+        assert all((share * 4) == pytest.approx(round(share * 4)) for _, share in
+                   per_demand.paths[d.key])
+    load = recomputed_loads(shared.paths, factored, cap)
+    assert load == pytest.approx(shared.link_load_gbps)
+    assert max(v / cap[lk] for lk, v in load.items()) == pytest.approx(shared.max_utilization)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_link_over_capacity_when_a_feasible_plan_exists(seed: int) -> None:
+    # ~16 demands on 6 leaf pairs; spine links of 60 Gb/s bind: the rates are scaled so
+    # that the MILP optimum (4 parts per demand) is 0.97, i.e. a plan within capacity
+    # exists. The greedy plan's loads, recomputed from its paths and the demands' rates
+    # alone, keep every link within capacity.
+    demands, cap = rail_demands(20 + seed, leaves=3, spines=3, gpus_per_leaf=4, n=24)
+    cap = {lk: (60.0 if c == 400.0 else c) for lk, c in cap.items()}
+    scale = 0.97 / plan_reference(demands, cap, integral=True, split=4).max_utilization
+    demands = [Demand(d.key, d.rate_gbps * scale, d.candidates, d.weight) for d in demands]
+    exact = plan_reference(demands, cap, integral=True, split=4)
+    assert exact.max_utilization == pytest.approx(0.97)
+    plan = plan_greedy(demands, cap, split=4)
+    load = recomputed_loads(plan.paths, demands, cap)
+    assert all(v <= cap[lk] + 1e-9 for lk, v in load.items())
+    assert plan.max_utilization == pytest.approx(max(v / cap[lk] for lk, v in load.items()))
+    assert plan.max_utilization <= 1.0 and gap(plan, exact) <= 0.02
+    assert plan_greedy(demands, cap, split=4, aggregate=False).paths == plan.paths
+    # what a naive aggregation does here: one commodity per leaf pair, in 4 parts of a
+    # quarter of the pair's total each: too coarse, it overloads a spine link
+    pair_rate: dict[tuple[tuple[int, ...], ...], float] = {}
+    for d in demands:
+        mids = tuple(p[1:-1] for p in d.candidates)
+        pair_rate[mids] = pair_rate.get(mids, 0.0) + d.rate_gbps
+    naive = plan_greedy([Demand(f"pair{i}", r, m) for i, (m, r) in enumerate(pair_rate.items())],
+                        {lk: c for lk, c in cap.items() if c == 60.0}, split=4)
+    assert naive.max_utilization > 1.0

@@ -8,10 +8,14 @@ in both directions), built with ``FabricView.from_links``.
 from __future__ import annotations
 
 import math
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
 
+import networkx as nx
 import pytest
 
 from fabricpilot.controller import ranking
@@ -19,13 +23,18 @@ from fabricpilot.controller.intents import (
     PATTERNS,
     CommCall,
     Intent,
+    count_switches,
     heat_index,
     sla_level,
     topo_distance,
 )
 from fabricpilot.controller.ranking import (
+    CANDIDATE_FACTOR,
+    L3_RATE_CAP,
     RankedPath,
     SlaUnmet,
+    buffer_penalty,
+    delay_penalty,
     in_scope,
     rank_paths,
 )
@@ -250,10 +259,135 @@ def test_rank_candidate_cap(view: FabricView, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(ranking.nx, "shortest_simple_paths", endless)
     # too few least-delay paths in scope: the general enumeration is used, and capped
-    monkeypatch.setattr(ranking.nx, "all_shortest_paths", lambda *a, **k: [list(SPINE0_PATH)])
+    monkeypatch.setattr(ranking, "_least_delay_paths", lambda *a, **k: [list(SPINE0_PATH)])
     res = rank_paths(view, 0, 2, 30.0, k=3)
     assert isinstance(res, SlaUnmet)
     assert examined == 8 * 3
+
+
+def reference_rank_paths(view: FabricView, src_gpu: int, dst_gpu: int, sla_us: float, *,
+                         k: int = 5, switch_latency_us: float = 0.6,
+                         free_buffer_bytes: dict[int, float] | None = None,
+                         buffer_floor_bytes: float = 1.5e6) -> list[RankedPath] | SlaUnmet:
+    """The ranking computed directly with networkx, as ``rank_paths`` did before it ran its
+    own Dijkstra: ``all_shortest_paths`` on the scope's subgraph, else Yen's
+    ``shortest_simple_paths``; graph reads through the public networkx views."""
+    level = sla_level(sla_us)
+    src, dst = view.gpu_node[src_gpu], view.gpu_node[dst_gpu]
+    free = free_buffer_bytes or {}
+    sw_ns = switch_latency_us * 1000.0
+    weight = ranking._weight_fn(view, dst, sw_ns)
+    cap = L3_RATE_CAP if level == "L3" else 1.0
+    g = view.graph
+
+    def build(path: list[str]) -> RankedPath:
+        links = tuple(view.path_links(path))
+        link_ns = [float(g[a][b]["delay_ns"]) for a, b in pairwise(path)]
+        delay_us = (sum(link_ns) + count_switches(view, path) * sw_ns) / 1000.0
+        penalty = sum(delay_penalty(ns / 1000.0, sla_us)
+                      + buffer_penalty(free.get(lid, math.inf), buffer_floor_bytes)
+                      for lid, ns in zip(links, link_ns, strict=True))
+        return RankedPath(tuple(path), links, delay_us, delay_us + penalty, True, cap)
+
+    eligible: list[RankedPath] = []
+    best_over = None
+    sub = g.subgraph(ranking._scope_nodes(view, src, dst, level))
+    try:
+        least = sorted(nx.all_shortest_paths(sub, src, dst, weight=weight))
+        enough = sum(1 for p in least if in_scope(view, p, level)) >= k
+        paths: Any = least if enough else nx.shortest_simple_paths(sub, src, dst,
+                                                                     weight=weight)
+        for examined, path in enumerate(paths, start=1):
+            if in_scope(view, path, level):
+                rp = build(path)
+                if rp.delay_us > sla_us:
+                    best_over = rp.delay_us
+                    break
+                eligible.append(rp)
+                if len(eligible) == k:
+                    break
+            if examined >= CANDIDATE_FACTOR * k:
+                break
+    except nx.NetworkXNoPath:
+        pass
+    if eligible:
+        return sorted(eligible, key=lambda p: (p.score, len(p.links), p.nodes))
+    if best_over is not None:
+        return SlaUnmet(f"{level}: no path within {ranking._fmt(sla_us)} us: best is "
+                        f"{ranking._fmt(best_over)} us")
+    return SlaUnmet(ranking._scope_reason(view, src, dst, level, sla_us, weight))
+
+
+def clos(leaves: int, spines: int, gpus_per_leaf: int, seed: int,
+         cores: int = 0) -> FabricView:
+    """A leaf-spine (with ``cores`` tier-3 switches above the spines if > 0) whose links
+    have random delays from a small set, so that least-delay paths tie, or are fewer than
+    k (then Yen's enumeration is used)."""
+    rng = random.Random(seed)
+    links: list[LinkInfo] = []
+
+    def both(a: str, b: str, kind: str) -> None:
+        delay = rng.choice([100, 100, 200, 700]) if kind == "host" else \
+            rng.choice([1000, 1000, 1000, 1300])
+        for x, y in ((a, b), (b, a)):
+            links.append(LinkInfo(len(links), x, y, 400, delay, kind))
+
+    kinds: dict[str, str] = {}
+    tier: dict[str, int] = {}
+    gpu_node = {}
+    for lf in range(leaves):
+        kinds[f"leaf{lf}"], tier[f"leaf{lf}"] = "switch", 1
+        for h in range(gpus_per_leaf):
+            g = lf * gpus_per_leaf + h
+            kinds[f"gpu{g}"], gpu_node[g] = "gpu", f"gpu{g}"
+            both(f"gpu{g}", f"leaf{lf}", "host")
+        for sp in range(spines):
+            both(f"leaf{lf}", f"spine{sp}", "fabric")
+    for sp in range(spines):
+        kinds[f"spine{sp}"], tier[f"spine{sp}"] = "switch", 2
+        for c in range(cores):
+            both(f"spine{sp}", f"core{c}", "fabric")
+    for c in range(cores):
+        kinds[f"core{c}"], tier[f"core{c}"] = "switch", 3
+    return FabricView.from_links(links, kinds, tier, gpu_node)
+
+
+@pytest.mark.parametrize(("leaves", "spines", "per_leaf", "cores"),
+                         [(20, 16, 8, 0), (4, 3, 3, 2), (3, 2, 2, 0)])
+def test_rank_paths_matches_the_networkx_computation(leaves: int, spines: int, per_leaf: int,
+                                                      cores: int) -> None:
+    # the 196-node fabric of the benchmark (20 leaves, 16 spines, 160 GPUs) and smaller
+    # ones with a core tier; random link delays make ties and, sometimes, fewer than k
+    # least-delay paths (Yen's enumeration then)
+    view = clos(leaves, spines, per_leaf, seed=leaves + cores)
+    rng = random.Random(7)
+    gpus = sorted(view.gpu_node)
+    link_ids = sorted(view.links)
+    compared = 0
+    for _ in range(25):
+        a, b = rng.sample(gpus, 2)
+        for sla in (1000.0, 500.0, 100.0, 80.0, 30.0, 2.5, 0.5):
+            k = rng.choice([1, 3, 5, 9])
+            free = {lk: rng.random() * 3e6 for lk in rng.sample(link_ids, min(25, len(link_ids)))}
+            kw: dict[str, Any] = {"k": k, "switch_latency_us": rng.choice([0.6, 0.0]),
+                                  "free_buffer_bytes": rng.choice([free, None])}
+            got, want = rank_paths(view, a, b, sla, **kw), reference_rank_paths(view, a, b,
+                                                                                 sla, **kw)
+            assert got == want, (a, b, sla, kw)
+            compared += isinstance(got, list)
+    assert compared > 20  # not only SLA failures
+
+
+def test_least_delay_paths_are_networkx_all_shortest_paths() -> None:
+    view = clos(4, 3, 2, seed=3, cores=2)
+    for a, b in [(0, 7), (1, 2), (0, 1), (5, 3)]:
+        src, dst = view.gpu_node[a], view.gpu_node[b]
+        scope = ranking._scope_set(view, src, dst, "L3")
+        weight = ranking._weight_fn(view, dst, 600.0)
+        want = list(nx.all_shortest_paths(view.graph.subgraph(scope), src, dst, weight=weight))
+        assert list(ranking._least_delay_paths(view, scope, src, dst, 600.0)) == want
+    with pytest.raises(nx.NetworkXNoPath):
+        list(ranking._least_delay_paths(view, {"gpu0", "gpu7"}, "gpu0", "gpu7", 600.0))
 
 
 def test_rank_errors(view: FabricView) -> None:

@@ -22,8 +22,10 @@ can share one ``candidates`` tuple: the planner then reads every shared tuple on
 
 from __future__ import annotations
 
+import gc
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numba
@@ -142,42 +144,7 @@ def _offsets(lens: NDArray[np.int64]) -> NDArray[np.int64]:
     return out
 
 
-def _group_rows(a: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Identical rows of an integer matrix: ``(first, label)`` with ``first`` the index of
-    each distinct row's first occurrence (in order of first occurrence) and ``label[i]`` the
-    position in ``first`` of row ``i``'s class. Rows are hashed, and the hashes checked.
-
-    >>> first, label = _group_rows(np.array([[1, 2], [3, 4], [1, 2], [3, 5]]))
-    >>> first.tolist(), label.tolist()
-    ([0, 1, 3], [0, 1, 0, 2])
-    """
-    m = a.shape[0]
-    if m == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if a.shape[1] == 0:
-        return np.zeros(1, np.int64), np.zeros(m, np.int64)
-    rng = np.random.default_rng(0x5EED)
-    mult = rng.integers(1, 1 << 62, (a.shape[1], 2), dtype=np.int64) | 1
-    with np.errstate(over="ignore"):
-        h = a.astype(np.int64) @ mult  # wraps modulo 2**64: a hash per row
-    by = np.lexsort((np.arange(m), h[:, 1], h[:, 0]))
-    hs = h[by]
-    new = np.ones(m, bool)
-    new[1:] = (hs[1:] != hs[:-1]).any(axis=1)
-    cls = np.cumsum(new) - 1
-    first_sorted = by[new]  # smallest index of each hash class (ties sorted by index)
-    label = np.empty(m, np.int64)
-    label[by] = cls
-    if not (a == a[first_sorted[label]]).all():  # a hash collision: exact but slower
-        _, first_sorted, label = np.unique(a, axis=0, return_index=True, return_inverse=True)
-        label = label.reshape(-1)
-    rank = np.empty(len(first_sorted), np.int64)
-    perm = np.argsort(first_sorted, kind="stable")
-    rank[perm] = np.arange(len(first_sorted))
-    return first_sorted[perm].astype(np.int64), rank[label]
-
-
-def _link_rows(ids: NDArray[np.int64], links: NDArray[np.int64]) -> NDArray[np.int64]:
+def _link_rows(ids: NDArray[np.int64], links: NDArray[np.int64]) -> NDArray[np.int32]:
     """Row (position in the sorted ``links``) of every link id; ``ValueError`` naming the
     first missing ids if some are not in ``links``.
 
@@ -189,22 +156,250 @@ def _link_rows(ids: NDArray[np.int64], links: NDArray[np.int64]) -> NDArray[np.i
     ValueError: no capacity for links [7]
     """
     if len(ids) == 0:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, np.int32)
     lo, hi = int(ids.min()), int(ids.max())
-    if len(links) and lo >= 0 and int(links[0]) >= 0 and hi <= 8 * len(links) + (1 << 20):
-        lut = np.full(max(hi, int(links[-1])) + 1, -1, np.int64)
-        lut[links] = np.arange(len(links))
-        rows = lut[ids]
-        bad = rows < 0
+    top = max(hi, int(links[-1])) if len(links) else hi
+    if len(links) and lo >= 0 and int(links[0]) >= 0 and top <= 8 * len(links) + (1 << 20):
+        lut = np.full(top + 1, -1, np.int32)
+        lut[links] = np.arange(len(links), dtype=np.int32)
+        rows = _lookup(ids, lut)
+        bad = rows < 0 if rows[-1] == -2 else None
+        rows = rows[:-1]
+        if bad is not None:
+            bad = bad[:-1]
     else:
-        rows = np.searchsorted(links, ids).astype(np.int64)
-        clipped = np.minimum(rows, max(len(links) - 1, 0))
-        bad = (rows >= len(links)) | (links[clipped] != ids) if len(links) else \
+        pos = np.searchsorted(links, ids)
+        clipped = np.minimum(pos, max(len(links) - 1, 0))
+        bad = ((pos >= len(links)) | (links[clipped] != ids)) if len(links) else \
             np.ones(len(ids), bool)
-        rows = clipped
-    if bad.any():
+        rows = clipped.astype(np.int32)
+        if not bad.any():
+            bad = None
+    if bad is not None:
         raise ValueError(f"no capacity for links {np.unique(ids[bad])[:5].tolist()}")
     return rows
+
+
+@numba.njit(cache=True)
+def _lookup(ids: NDArray[np.int64], lut: NDArray[np.int32]) -> NDArray[np.int32]:
+    """``lut[ids]`` with one more entry at the end: ``-2`` if some id maps to ``-1``, else 0.
+
+    >>> _lookup(np.array([2, 0]), np.array([5, -1, 7], np.int32)).tolist()
+    [7, 5, 0]
+    """
+    out = np.empty(ids.shape[0] + 1, np.int32)
+    flag = 0
+    for i in range(ids.shape[0]):
+        r = lut[ids[i]]
+        out[i] = r
+        if r < 0:
+            flag = -2
+    out[ids.shape[0]] = flag
+    return out
+
+
+_H1 = np.uint64(0x100000001B3)
+_H2 = np.uint64(0x9E3779B97F4A7C15)
+_H0 = np.uint64(0xCBF29CE484222325)
+
+
+@numba.njit(cache=True)
+def _scan_tuples(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
+                 plen: NDArray[np.int64]) -> tuple[NDArray[np.bool_], NDArray[np.int64],
+                                                   NDArray[np.int64], NDArray[np.int64],
+                                                   NDArray[np.uint64], NDArray[np.uint64],
+                                                   NDArray[np.bool_]]:
+    """One pass over tuples of candidate paths (tuple ``u`` holds paths ``ustart[u]`` to
+    ``ustart[u + 1] - 1``; path ``p``'s link rows are ``crow[pstart[p]:pstart[p + 1]]``).
+    Per tuple: ``ok`` (all paths of one length <= 62, and a link at the same position on
+    every path appears nowhere else on them), the path ``length``, ``mask`` (bit ``j``: the
+    same link at position ``j`` on every path), ``n_fixed`` (bits in ``mask``), two hashes
+    of the other positions, and ``ordered`` (paths strictly increasing).
+
+    Two paths ``(5, 1, 2, 9)`` and ``(5, 3, 4, 9)``: positions 0 and 3 are common.
+
+    >>> crow = np.array([5, 1, 2, 9, 5, 3, 4, 9], np.int32)
+    >>> ok, ln, mask, nf, _, _, ordered = _scan_tuples(crow, np.array([0, 4, 8]),
+    ...                                                np.array([0, 2]), np.array([4, 4]))
+    >>> ok.tolist(), ln.tolist(), mask.tolist(), nf.tolist(), ordered.tolist()
+    ([True], [4], [9], [2], [True])
+    """
+    n_u = ustart.shape[0] - 1
+    ok = np.zeros(n_u, np.bool_)
+    length = np.zeros(n_u, np.int64)
+    mask = np.zeros(n_u, np.int64)
+    n_fixed = np.zeros(n_u, np.int64)
+    h1 = np.zeros(n_u, np.uint64)
+    h2 = np.zeros(n_u, np.uint64)
+    ordered = np.zeros(n_u, np.bool_)
+    for u in range(n_u):
+        p0 = ustart[u]
+        k = ustart[u + 1] - p0
+        ln = plen[p0]
+        length[u] = ln
+        uniform = True
+        for p in range(p0 + 1, p0 + k):
+            if plen[p] != ln:
+                uniform = False
+                break
+        if not uniform or ln > 62:
+            continue
+        base = pstart[p0]
+        m = 0
+        nf = 0
+        for j in range(ln):
+            x = crow[base + j]
+            same = True
+            for c in range(1, k):
+                if crow[base + c * ln + j] != x:
+                    same = False
+                    break
+            if same:
+                m |= 1 << j
+                nf += 1
+        good = True
+        for j in range(ln):
+            if (m >> j) & 1:
+                x = crow[base + j]
+                for c in range(k):
+                    for i in range(ln):
+                        if i != j and crow[base + c * ln + i] == x:
+                            good = False
+        inc = True
+        for c in range(1, k):
+            diff = 0
+            for j in range(ln):
+                a = crow[base + (c - 1) * ln + j]
+                b = crow[base + c * ln + j]
+                if a != b:
+                    diff = 1 if a < b else -1
+                    break
+            if diff <= 0:
+                inc = False
+                break
+        x1 = _H0
+        x2 = np.uint64(0)
+        for c in range(k):
+            for j in range(ln):
+                if not (m >> j) & 1:
+                    v = np.uint64(crow[base + c * ln + j]) + np.uint64(1)
+                    x1 = (x1 ^ v) * _H1
+                    x2 = (x2 + v) * _H2
+                    x2 ^= x2 >> np.uint64(29)
+        ok[u] = good
+        mask[u] = m
+        n_fixed[u] = nf
+        h1[u] = x1
+        h2[u] = x2
+        ordered[u] = inc
+    return ok, length, mask, n_fixed, h1, h2, ordered
+
+
+@numba.njit(cache=True)
+def _same_rest(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
+               length: NDArray[np.int64], mask: NDArray[np.int64], us: NDArray[np.int64],
+               reps: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """Whether tuple ``us[i]`` has the same links as tuple ``reps[i]`` at the positions
+    outside their (equal) ``mask``, path by path (their lengths and path counts are equal).
+
+    >>> crow = np.array([5, 1, 9, 6, 1, 8, 6, 2, 8], np.int32)
+    >>> _same_rest(crow, np.arange(0, 10, 3), np.array([0, 1, 2, 3]), np.array([3, 3, 3]),
+    ...            np.array([5, 5, 5]), np.array([1, 2]), np.array([0, 0])).tolist()
+    [True, False]
+    """
+    out = np.ones(us.shape[0], np.bool_)
+    for i in range(us.shape[0]):
+        u, r = us[i], reps[i]
+        if u == r:
+            continue
+        ln = length[u]
+        m = mask[u]
+        bu, br = pstart[ustart[u]], pstart[ustart[r]]
+        for q in range((ustart[u + 1] - ustart[u]) * ln):
+            if not (m >> (q % ln)) & 1 and crow[bu + q] != crow[br + q]:
+                out[i] = False
+                break
+    return out
+
+
+@numba.njit(cache=True)
+def _fill_groups(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
+                 length: NDArray[np.int64], mask: NDArray[np.int64], rep_u: NDArray[np.int64],
+                 g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
+                 n_links: int) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Write every group's columns (the links of its representative tuple ``rep_u[g]``
+    outside ``mask``, each column sorted) into ``c_idx``; return per group whether it is
+    regular (no link twice on a column, none on all of its columns) and whether its columns
+    are link-disjoint.
+
+    >>> crow = np.array([5, 2, 1, 9, 5, 3, 4, 9], np.int32)
+    >>> c_idx = np.zeros(4, np.int64)
+    >>> ok, disjoint = _fill_groups(crow, np.array([0, 4, 8]), np.array([0, 2]),
+    ...                             np.array([4]), np.array([9]), np.array([0]),
+    ...                             np.array([0]), np.array([0, 2, 4]), c_idx, 10)
+    >>> c_idx.tolist(), ok.tolist(), disjoint.tolist()
+    ([1, 2, 3, 4], [True], [True])
+    """
+    n_g = rep_u.shape[0]
+    ok = np.ones(n_g, np.bool_)
+    disjoint = np.ones(n_g, np.bool_)
+    cnt = np.zeros(n_links, np.int64)
+    for g in range(n_g):
+        u = rep_u[g]
+        p0 = ustart[u]
+        k = ustart[u + 1] - p0
+        ln = length[u]
+        m = mask[u]
+        base = pstart[p0]
+        for c in range(k):
+            lo = c_ptr[g_col0[g] + c]
+            q = lo
+            for j in range(ln):
+                if not (m >> j) & 1:
+                    x = crow[base + c * ln + j]
+                    b = q - 1
+                    while b >= lo and c_idx[b] > x:  # insertion sort
+                        c_idx[b + 1] = c_idx[b]
+                        b -= 1
+                    c_idx[b + 1] = x
+                    q += 1
+            for a in range(lo + 1, q):
+                if c_idx[a] == c_idx[a - 1]:
+                    ok[g] = False
+        q0, q1 = c_ptr[g_col0[g]], c_ptr[g_col0[g] + k]
+        for q in range(q0, q1):
+            cnt[c_idx[q]] += 1
+        for q in range(q0, q1):
+            if cnt[c_idx[q]] > 1:
+                disjoint[g] = False
+                if k > 1 and cnt[c_idx[q]] >= k:
+                    ok[g] = False
+        for q in range(q0, q1):
+            cnt[c_idx[q]] = 0
+    return ok, disjoint
+
+
+@numba.njit(cache=True)
+def _fill_fixed(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
+                length: NDArray[np.int64], mask: NDArray[np.int64], us: NDArray[np.int64],
+                ptr: NDArray[np.int64], out: NDArray[np.int64]) -> None:
+    """Write the links at the ``mask`` positions of tuple ``us[i]`` (its first path) into
+    ``out[ptr[us[i]]:]``.
+
+    >>> out = np.zeros(2, np.int64)
+    >>> _fill_fixed(np.array([5, 2, 9], np.int32), np.array([0, 3]), np.array([0, 1]),
+    ...             np.array([3]), np.array([5]), np.array([0]), np.array([0, 2]), out)
+    >>> out.tolist()
+    [5, 9]
+    """
+    for i in range(us.shape[0]):
+        u = us[i]
+        base = pstart[ustart[u]]
+        q = ptr[u]
+        for j in range(length[u]):
+            if (mask[u] >> j) & 1:
+                out[q] = crow[base + j]
+                q += 1
 
 
 # ----------------------------------------------------------------------- the commodities
@@ -220,6 +415,8 @@ class _Commodities:
     ``c`` is thus the union of its fixed links and column ``g_col0[grp[d]] + c``, exactly
     as a set (paths are sets of links, as in the load they add). With ``aggregate`` the
     demands with the same remainder share one group; without, each demand has its own.
+    ``g_disjoint[g]``: the group's columns share no link. ``ordered[d]``: ``d``'s candidate
+    paths are strictly increasing.
     """
 
     def __init__(self, demands: Sequence[Demand], capacity: Mapping[int, float],
@@ -245,6 +442,7 @@ class _Commodities:
         ids = np.fromiter(itertools.chain(_chain(_chain(uobj)), _chain(heads), _chain(tails)),
                           np.int64, n_c + n_h + n_t)
         rows = _link_rows(ids, self.links)
+        del ids
         self.cap = np.array([float(capacity[lk]) for lk in self.links.tolist()])
         if (self.cap <= 0).any():
             raise ValueError("link capacities must be > 0")
@@ -252,63 +450,50 @@ class _Commodities:
         self.bg = np.array([float(bg.get(lk, 0.0)) for lk in self.links.tolist()])
         self.rate = np.array([d.rate_gbps for d in self.demands], np.float64)
         self.weight = np.array([d.weight for d in self.demands], np.float64)
-        crow, hrow, trow = rows[:n_c], rows[n_c:n_c + n_h], rows[n_c + n_h:]
+        crow = rows[:n_c]
+        hrow = rows[n_c:n_c + n_h].astype(np.int64)
+        trow = rows[n_c + n_h:].astype(np.int64)
         pstart = _offsets(plen)   # link offset of every path of the unique tuples
         ustart = _offsets(ku)     # path offset of every unique tuple
 
-        # ---- regular unique tuples: all paths of one length; fixed = positions where all
-        # candidates agree, the rest (per candidate) shared by all tuples with the same rest
+        # ---- regular tuples (paths of one length, no link repeated): the links at the
+        # positions where all paths agree are fixed; the rest, path by path, is the group
+        ok, length, mask, n_fixed, h1, h2, ordered = _scan_tuples(crow, pstart, ustart, plen)
+        reg_u = np.flatnonzero(ok)
         u_grp = np.full(n_u, -1, np.int64)
-        ufix_len = np.zeros(n_u, np.int64)
-        fix_blocks: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
-        grp_blocks: list[NDArray[np.int64]] = []  # (groups, k, width) sorted rows
-        n_groups = 0
-        if n_u:
-            lmin = np.minimum.reduceat(plen, ustart[:-1]) if len(plen) else np.zeros(0)
-            lmax = np.maximum.reduceat(plen, ustart[:-1]) if len(plen) else np.zeros(0)
-            uniform = lmin == lmax
-            shape_code = ku * (int(lmax.max()) + 1) + lmin
-            for code in np.unique(shape_code[uniform]).tolist():
-                sel = np.flatnonzero(uniform & (shape_code == code))
-                k, ln = int(ku[sel[0]]), int(lmin[sel[0]])
-                lo = pstart[ustart[sel]]
-                arr = crow[lo[:, None] + np.arange(k * ln)].reshape(len(sel), k, ln)
-                common = (arr == arr[:, :1, :]).all(axis=1) if ln else np.zeros((len(sel), 0),
-                                                                              bool)
-                pats, pat_of = _group_rows(common.astype(np.int64))
-                for j, pi in enumerate(pats.tolist()):
-                    inside = pat_of == j
-                    usel, a = sel[inside], arr[inside]
-                    pat = common[pi]
-                    fixed, rest = a[:, 0, pat], a[:, :, ~pat]
-                    # a link twice on a path (not a simple path): leave to the exact route
-                    bad = np.zeros(len(usel), bool)
-                    for x in range(fixed.shape[1]):
-                        bad |= (rest == fixed[:, x, None, None]).any(axis=(1, 2))
-                        for y in range(x + 1, fixed.shape[1]):
-                            bad |= fixed[:, x] == fixed[:, y]
-                    usel, fixed, rest = usel[~bad], fixed[~bad], rest[~bad]
-                    if not len(usel):
-                        continue
-                    first, label = _group_rows(rest.reshape(len(usel), -1))
-                    reps = np.sort(rest[first], axis=2)
-                    ok = _regular_groups(reps)
-                    new_id = np.where(ok, np.cumsum(ok) - 1 + n_groups, -1)
-                    u_grp[usel] = new_id[label]
-                    n_groups += int(ok.sum())
-                    grp_blocks.append(reps[ok])
-                    good = new_id[label] >= 0
-                    ufix_len[usel[good]] = fixed.shape[1]
-                    fix_blocks.append((usel[good], fixed[good]))
+        if aggregate and len(reg_u):
+            by = np.lexsort((reg_u, h2[reg_u], h1[reg_u], mask[reg_u], length[reg_u],
+                             ku[reg_u]))
+            su = reg_u[by]
+            new = np.ones(len(su), bool)
+            new[1:] = ((h1[su[1:]] != h1[su[:-1]]) | (h2[su[1:]] != h2[su[:-1]])
+                       | (mask[su[1:]] != mask[su[:-1]]) | (length[su[1:]] != length[su[:-1]])
+                       | (ku[su[1:]] != ku[su[:-1]]))
+            cls = np.cumsum(new) - 1
+            rep_u = su[new]
+            same = _same_rest(crow, pstart, ustart, length, mask, su, rep_u[cls])
+            if not same.all():  # a hash collision: those tuples get groups of their own
+                cls[~same] = len(rep_u) + np.arange(int((~same).sum()))
+                rep_u = np.concatenate((rep_u, su[~same]))
+            u_grp[su] = cls
+        else:
+            rep_u = reg_u
+            u_grp[reg_u] = np.arange(len(reg_u))
+        g_ncand = ku[rep_u]
+        g_col0 = _offsets(g_ncand)[:-1]
+        c_len = np.repeat(length[rep_u] - n_fixed[rep_u], g_ncand)
+        c_ptr = _offsets(c_len)
+        c_idx = np.zeros(int(c_ptr[-1]), np.int64)
+        g_ok, g_disjoint = _fill_groups(crow, pstart, ustart, length, mask, rep_u, g_col0,
+                                        c_ptr, c_idx, n_links)
+        if not g_ok.all():  # a link on all columns, or twice on one: the exact route
+            u_grp[np.isin(u_grp, np.flatnonzero(~g_ok))] = -1
+        ufix_len = np.where(u_grp >= 0, n_fixed, 0)
         ufix_ptr = _offsets(ufix_len)
         ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
-        for usel, fixed in fix_blocks:
-            ufix_idx[_ranges(ufix_ptr[usel], ufix_len[usel])] = fixed.reshape(-1)
-        g_ncand = np.array([b.shape[1] for b in grp_blocks for _ in range(b.shape[0])],
-                           np.int64)
-        c_len = np.concatenate([np.full(b.shape[0] * b.shape[1], b.shape[2], np.int64)
-                                for b in grp_blocks] or [np.zeros(0, np.int64)])
-        c_parts: list[NDArray[np.int64]] = [b.reshape(-1) for b in grp_blocks]
+        _fill_fixed(crow, pstart, ustart, length, mask, np.flatnonzero(u_grp >= 0), ufix_ptr,
+                    ufix_idx)
+        n_groups = len(rep_u)
 
         # ---- demands: regular ones take their tuple's group; head / tail links join the
         # fixed links, unless they are repeated on a path (then the exact route below)
@@ -317,12 +502,13 @@ class _Commodities:
         hptr, tptr = _offsets(hl), _offsets(tl)
         factored = np.flatnonzero(((hl + tl) > 0) & ~irregular)
         if len(factored):
-            irregular[_repeated_links(factored, grp, hl, tl, hptr, tptr, hrow, trow, u_of,
-                                      ufix_ptr, ufix_idx, g_ncand, c_len, c_parts,
-                                      n_links)] = True
+            irregular[factored[_repeated_links(factored, grp, hptr, hrow, tptr, trow, u_of,
+                                               ufix_ptr, ufix_idx, g_col0, g_ncand, c_ptr,
+                                               c_idx, n_links)]] = True
         reg = np.flatnonzero(~irregular)
         flen = np.zeros(n, np.int64)
         flen[reg] = hl[reg] + ufix_len[u_of[reg]] + tl[reg]
+        self.ordered = (ordered[u_of] & ~irregular) if n else np.zeros(0, bool)
         # ---- irregular demands (paths of several lengths, a link twice on a path): sets
         irr = np.flatnonzero(irregular).tolist()
         irr_fixed: list[list[int]] = []
@@ -330,6 +516,9 @@ class _Commodities:
             row_of = dict(zip(self.links.tolist(), range(n_links), strict=True))
             seen: dict[tuple[tuple[int, ...], ...], int] = {}
             extra_ncand: list[int] = []
+            extra_len: list[int] = []
+            extra_idx: list[int] = []
+            extra_disjoint: list[bool] = []
             for d in irr:
                 dem = self.demands[d]
                 sets = [frozenset(row_of[lk] for lk in itertools.chain(dem.head, p, dem.tail))
@@ -343,13 +532,19 @@ class _Commodities:
                     if aggregate:
                         seen[rest_key] = g
                     extra_ncand.append(len(rest_key))
-                    c_parts.append(np.fromiter(_chain(rest_key), np.int64))
-                    c_len = np.concatenate((c_len, np.fromiter(map(len, rest_key), np.int64,
-                                                               len(rest_key))))
+                    extra_len.extend(map(len, rest_key))
+                    flat = list(_chain(rest_key))
+                    extra_idx.extend(flat)
+                    extra_disjoint.append(len(set(flat)) == len(flat))
                 grp[d] = g
                 irr_fixed.append(sorted(both))
                 flen[d] = len(both)
             g_ncand = np.concatenate((g_ncand, np.array(extra_ncand, np.int64)))
+            g_col0 = _offsets(g_ncand)[:-1]
+            c_len = np.concatenate((c_len, np.array(extra_len, np.int64)))
+            c_ptr = _offsets(c_len)
+            c_idx = np.concatenate((c_idx, np.array(extra_idx, np.int64)))
+            g_disjoint = np.concatenate((g_disjoint, np.array(extra_disjoint, bool)))
         self.grp = grp.astype(np.int64)
         self.fix_ptr = _offsets(flen)
         self.fix_idx = np.zeros(int(self.fix_ptr[-1]), np.int64)
@@ -361,10 +556,11 @@ class _Commodities:
             trow[_ranges(tptr[reg], tl[reg])]
         for d, fixed_d in zip(irr, irr_fixed, strict=True):
             self.fix_idx[self.fix_ptr[d]:self.fix_ptr[d + 1]] = fixed_d
-        self.g_ncand = g_ncand
-        self.g_col0 = _offsets(g_ncand)[:-1]
-        self.c_ptr = _offsets(c_len)
-        self.c_idx = (np.concatenate(c_parts) if c_parts else np.zeros(0)).astype(np.int64)
+        self.g_ncand = g_ncand.astype(np.int64)
+        self.g_col0 = g_col0.astype(np.int64)
+        self.g_disjoint = g_disjoint.astype(np.bool_)
+        self.c_ptr = c_ptr
+        self.c_idx = c_idx.astype(np.int64)
         self.n_groups = n_groups
 
     def links_of(self, d: int, c: int) -> NDArray[np.int64]:
@@ -378,7 +574,8 @@ def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],
                     ) -> tuple[NDArray[np.int64], list[tuple[tuple[int, ...], ...]]]:
     """Distinct objects by identity, in order of first appearance, and each one's index.
 
-    >>> a, b = ((1,),), ((1,),)
+    >>> a = ((1,),)
+    >>> b = tuple(list(a))          # equal to a, but another object
     >>> idx, objs = _unique_objects([a, b, a])
     >>> idx.tolist(), objs[0] is a, objs[1] is b
     ([0, 1, 0], True, True)
@@ -386,52 +583,67 @@ def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],
     if not objs:
         return np.zeros(0, np.int64), []
     ids = np.fromiter(map(id, objs), np.uint64, len(objs))
-    _, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+    by = np.argsort(ids, kind="stable")
+    new = np.ones(len(by), bool)
+    new[1:] = ids[by[1:]] != ids[by[:-1]]
+    cls = np.cumsum(new) - 1             # class of by[i], classes in order of id
+    first = by[new]                      # first occurrence of every class (stable sort)
     perm = np.argsort(first, kind="stable")
     rank = np.empty(len(first), np.int64)
-    rank[perm] = np.arange(len(first))
-    return rank[inv.reshape(-1)], [objs[i] for i in first[perm].tolist()]
+    rank[perm] = np.arange(len(first))   # classes renumbered by first occurrence
+    label = np.empty(len(by), np.int64)
+    label[by] = rank[cls]
+    return label, [objs[i] for i in first[perm].tolist()]
 
 
-def _regular_groups(reps: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """For candidate structures ``reps[g]`` (``k`` candidates of ``w`` links, each sorted):
-    whether each is free of a link repeated on one candidate and of a link on all of them
-    (either goes to the exact route).
-
-    >>> _regular_groups(np.array([[[1, 2], [3, 4]], [[1, 2], [1, 3]], [[1, 1], [3, 4]]]))
-    array([ True, False, False])
-    """
-    ok = ~(reps[..., 1:] == reps[..., :-1]).any(axis=(1, 2))
-    if reps.shape[1] > 1:
-        for j in range(reps.shape[2]):
-            on_all = (reps == reps[:, :1, j, None]).any(axis=2).all(axis=1)
-            ok &= ~on_all
-    return ok
-
-
+@numba.njit(cache=True)
 def _repeated_links(factored: NDArray[np.int64], grp: NDArray[np.int64],
-                    hl: NDArray[np.int64], tl: NDArray[np.int64], hptr: NDArray[np.int64],
-                    tptr: NDArray[np.int64], hrow: NDArray[np.int64], trow: NDArray[np.int64],
-                    u_of: NDArray[np.int64], ufix_ptr: NDArray[np.int64],
-                    ufix_idx: NDArray[np.int64], g_ncand: NDArray[np.int64],
-                    c_len: NDArray[np.int64], c_parts: list[NDArray[np.int64]],
-                    n_links: int) -> NDArray[np.int64]:
-    """The demands among ``factored`` (with a head or a tail) whose head / tail links are
-    repeated: among their fixed links, or on one of their group's candidates."""
-    n_g = len(g_ncand)
-    c_idx = np.concatenate(c_parts) if c_parts else np.zeros(0, np.int64)
-    col_grp = np.repeat(np.arange(n_g), g_ncand)
-    g_codes = np.unique(np.repeat(col_grp, c_len[:len(col_grp)]) * n_links + c_idx)
-    ht_d = np.concatenate((np.repeat(factored, hl[factored]), np.repeat(factored, tl[factored])))
-    ht_rows = np.concatenate((hrow[_ranges(hptr[factored], hl[factored])],
-                              trow[_ranges(tptr[factored], tl[factored])]))
-    bad = ht_d[np.isin(grp[ht_d] * n_links + ht_rows, g_codes)]
-    ul = ufix_ptr[u_of[factored] + 1] - ufix_ptr[u_of[factored]]
-    all_d = np.concatenate((ht_d, np.repeat(factored, ul)))
-    all_rows = np.concatenate((ht_rows, ufix_idx[_ranges(ufix_ptr[u_of[factored]], ul)]))
-    codes = np.sort(all_d * n_links + all_rows)
-    dup = codes[1:][codes[1:] == codes[:-1]] // n_links
-    return np.unique(np.concatenate((bad, dup))).astype(np.int64)
+                    hptr: NDArray[np.int64], hrow: NDArray[np.int64], tptr: NDArray[np.int64],
+                    trow: NDArray[np.int64], u_of: NDArray[np.int64],
+                    ufix_ptr: NDArray[np.int64], ufix_idx: NDArray[np.int64],
+                    g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
+                    c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
+                    n_links: int) -> NDArray[np.bool_]:
+    """For the demands ``factored`` (with a head or a tail; ascending): whether one of their
+    head / tail links is repeated: twice among their fixed links (head, tail and the links
+    their candidate tuple has at one position on every path), or on one of their group's
+    columns (then the exact route places them).
+
+    Demand 0 (head link 7, tail link 8) in a group whose two columns are links 1 and 7:
+
+    >>> one = np.array([0]); zero = np.array([0, 0])
+    >>> _repeated_links(one, np.array([0]), np.array([0, 1]), np.array([7]), np.array([0, 1]),
+    ...                 np.array([8]), np.array([0]), zero, np.zeros(0, np.int64),
+    ...                 np.array([0]), np.array([2]), np.array([0, 1, 2]), np.array([1, 7]),
+    ...                 10).tolist()
+    [True]
+    """
+    out = np.zeros(factored.shape[0], np.bool_)
+    by_grp = np.argsort(grp[factored], kind="mergesort")
+    mark = np.full(n_links, -1, np.int64)  # mark[l] == g: l on a column of group g
+    seen = np.full(n_links, -1, np.int64)  # seen[l] == d: l among d's fixed links
+    g_prev = -1
+    for i in by_grp:
+        d = factored[i]
+        g = grp[d]
+        if g != g_prev:
+            for q in range(c_ptr[g_col0[g]], c_ptr[g_col0[g] + g_ncand[g]]):
+                mark[c_idx[q]] = g
+            g_prev = g
+        u = u_of[d]
+        bad = False
+        for q in range(ufix_ptr[u], ufix_ptr[u + 1]):
+            seen[ufix_idx[q]] = d
+        for q in range(hptr[d], hptr[d + 1]):
+            lk = hrow[q]
+            bad |= mark[lk] == g or seen[lk] == d
+            seen[lk] = d
+        for q in range(tptr[d], tptr[d + 1]):
+            lk = trow[q]
+            bad |= mark[lk] == g or seen[lk] == d
+            seen[lk] = d
+        out[i] = bad
+    return out
 
 
 # ------------------------------------------------------------------------------- greedy
@@ -450,7 +662,7 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
 
     Demands whose candidates differ only by links common to all of them (a GPU pair's NIC
     links) are planned as one commodity (``aggregate``): its candidate structure is stored
-    once, and its parts are still every demand's own parts, each no bigger than
+    and read once, and its parts are still every demand's own parts, each no bigger than
     ``rate / split`` and placed in the same order, so the plan is the same as without
     aggregation; the paths are given per demand.
 
@@ -463,6 +675,14 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     """
     if split < 1:
         raise ValueError("split must be >= 1")
+    with _gc_paused():  # no reference cycles are made: spare the collector's passes
+        return _plan_greedy(demands, capacity, background, split, sweeps, max_moves, aggregate)
+
+
+def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
+                 background: Mapping[int, float] | None, split: int, sweeps: int,
+                 max_moves: int | None, aggregate: bool) -> Plan:
+    """:func:`plan_greedy` (arguments checked)."""
     com = _Commodities(demands, capacity, background, aggregate)
     n = len(com.demands)
     load = com.bg.copy()
@@ -471,7 +691,8 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
     choice = _place(order, com.grp, com.rate, com.fix_ptr, com.fix_idx, com.g_col0,
-                    com.g_ncand, com.c_ptr, com.c_idx, com.cap, load, split, sweeps)
+                    com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
+                    sweeps)
     if max_moves is None:
         max_moves = 10_000 if n * split <= 2_000 else 0
     moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
@@ -481,14 +702,21 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
 @numba.njit(cache=True)
 def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.float64],
            fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64], g_col0: NDArray[np.int64],
-           g_ncand: NDArray[np.int64], c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
-           cap: NDArray[np.float64], load: NDArray[np.float64], split: int,
-           sweeps: int) -> NDArray[np.int64]:
+           g_ncand: NDArray[np.int64], g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
+           c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
+           split: int, sweeps: int) -> NDArray[np.int64]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
     updated in place; returns every part's candidate (within its demand). A candidate's
     cost counts only the links not shared by all of its demand's candidates (the group's
-    columns): (largest utilisation after adding the part, sum of squares)."""
+    columns): (largest utilisation after adding the part, sum of squares). Between two
+    parts of one demand only the columns whose load changed are costed again when the
+    group's columns are link-disjoint (the others' costs are unchanged)."""
     choice = np.full((grp.shape[0], split), -1, np.int64)
+    k_max = 1
+    for g in range(g_ncand.shape[0]):
+        k_max = max(k_max, g_ncand[g])
+    c_mx = np.empty(k_max)
+    c_sq = np.empty(k_max)
     for rnd in range(sweeps + 1):
         moved = False
         for d in order:
@@ -497,6 +725,9 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
             col0 = g_col0[g]
             part = rate[d] / split
             f0, f1 = fix_ptr[d], fix_ptr[d + 1]
+            cached = False  # c_mx / c_sq hold this demand's costs but for columns a and b
+            dirty_a = -1
+            dirty_b = -1
             for k in range(split):
                 old = choice[d, k]
                 if rnd > 0:  # take the part out before placing it again
@@ -504,23 +735,31 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                         load[fix_idx[q]] -= part
                     for q in range(c_ptr[col0 + old], c_ptr[col0 + old + 1]):
                         load[c_idx[q]] -= part
+                    dirty_b = old
                 best = 0
                 if k_c > 1:
                     best = -1
                     best_max = np.inf
                     best_sq = np.inf
                     for c in range(k_c):
-                        mx = 0.0
-                        sq = 0.0
-                        for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
-                            lk = c_idx[q]
-                            u = (load[lk] + part) / cap[lk]
-                            if u > mx:
-                                mx = u
-                            sq += u * u
+                        if cached and c != dirty_a and c != dirty_b:
+                            mx = c_mx[c]
+                            sq = c_sq[c]
+                        else:
+                            mx = 0.0
+                            sq = 0.0
+                            for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
+                                lk = c_idx[q]
+                                u = (load[lk] + part) / cap[lk]
+                                if u > mx:
+                                    mx = u
+                                sq += u * u
+                            c_mx[c] = mx
+                            c_sq[c] = sq
                         if mx < best_max - 1e-12 or (mx <= best_max + 1e-12
                                                      and sq < best_sq - 1e-12):
                             best, best_max, best_sq = c, mx, sq
+                    cached = g_disjoint[g]
                 if best != old:
                     moved = True
                 choice[d, k] = best
@@ -528,6 +767,8 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                     load[fix_idx[q]] += part
                 for q in range(c_ptr[col0 + best], c_ptr[col0 + best + 1]):
                     load[c_idx[q]] += part
+                dirty_a = best
+                dirty_b = -1
         if rnd > 0 and not moved:
             break
     return choice
@@ -586,34 +827,80 @@ def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[n
 def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.float64],
              solver: str, moves: int) -> Plan:
     """The plan: every demand's full paths with their shares (parts on the same path add
-    up), the load per link (background excluded) and ``lambda``."""
+    up, in path order), the load per link (background excluded) and ``lambda``."""
     split = choice.shape[1]
     inc = 1.0 / split
-    acc = [0.0]
+    acc = [0.0]  # acc[m]: the share of m parts, added up part by part
     for _ in range(split):
         acc.append(acc[-1] + inc)
-    whole = acc[split]
     paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}
-    if len(com.demands):
-        srt = np.sort(choice, axis=1)
-        single = (srt[:, 0] == srt[:, -1]).tolist()
-        first = srt[:, 0].tolist()
-        rows = choice.tolist()
-        for d, dem in enumerate(com.demands):
-            cands, head, tail = dem.candidates, dem.head, dem.tail
-            if single[d]:
-                c = cands[first[d]]
-                paths[dem.key] = [(head + c + tail if head or tail else c, whole)]
-                continue
-            shares: dict[tuple[int, ...], float] = {}
-            for ci in rows[d]:
-                c = cands[ci]
-                p = head + c + tail if head or tail else c
-                shares[p] = shares.get(p, 0.0) + inc
-            paths[dem.key] = sorted(shares.items())
+    _fill_paths(com, choice, paths, acc)
     util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (while many objects are made that cannot form
+    cycles: each collection would traverse every live candidate tuple); then restore it.
+
+    >>> import gc
+    >>> with _gc_paused():
+    ...     gc.isenabled()
+    False
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
+                paths: dict[str, list[tuple[tuple[int, ...], float]]], acc: list[float]) -> None:
+    """Every demand's full paths and shares into ``paths`` (``acc[m]``: the share of ``m``
+    parts, added up part by part, as the parts' shares would be)."""
+    split = choice.shape[1]
+    inc = acc[1]
+    if len(com.demands):
+        srt = np.sort(choice, axis=1)
+        single = (srt[:, 0] == srt[:, -1]).tolist()
+        distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & com.ordered).tolist()
+        whole = acc[split]
+        for dem, row, one, dist, ordered in zip(com.demands, srt.tolist(), single, distinct,
+                                                com.ordered.tolist(), strict=True):
+            cands, head, tail = dem.candidates, dem.head, dem.tail
+            if head or tail:  # full paths: head + candidate + tail
+                if one:
+                    paths[dem.key] = [(head + cands[row[0]] + tail, whole)]
+                    continue
+                if dist:
+                    paths[dem.key] = [(head + cands[c] + tail, inc) for c in row]
+                    continue
+                cands = {c: head + cands[c] + tail for c in row}  # type: ignore[assignment]
+            if one:
+                paths[dem.key] = [(cands[row[0]], whole)]
+            elif dist:  # candidates in increasing order, parts on different ones
+                paths[dem.key] = [(cands[c], inc) for c in row]
+            elif ordered:  # runs of the sorted row, in increasing path order
+                out = []
+                prev, m = row[0], 1
+                for c in row[1:]:
+                    if c == prev:
+                        m += 1
+                    else:
+                        out.append((cands[prev], acc[m]))
+                        prev, m = c, 1
+                out.append((cands[prev], acc[m]))
+                paths[dem.key] = out
+            else:
+                shares: dict[tuple[int, ...], float] = {}
+                for c in row:
+                    shares[cands[c]] = shares.get(cands[c], 0.0) + inc
+                paths[dem.key] = sorted(shares.items())
 
 
 # ---------------------------------------------------------------------------- references

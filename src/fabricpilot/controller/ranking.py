@@ -25,9 +25,10 @@ simulator is imported.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from heapq import heappop, heappush
+from itertools import count, pairwise
 from typing import Any
 
 import networkx as nx
@@ -155,6 +156,109 @@ def _scope_nodes(view: FabricView, src: str, dst: str, level: str) -> list[str]:
     return keep
 
 
+def _scope_set(view: FabricView, src: str, dst: str, level: str) -> set[str]:
+    """The nodes of :func:`_scope_nodes`, as a set, read straight from the graph's node
+    attributes (the same rules: L1 the two endpoints and their common switches; L2 / L3
+    every node that is not another GPU, L2 without tier >= 2)."""
+    if level == "L1":
+        return set(_scope_nodes(view, src, dst, level))
+    attrs = view.graph._node  # the node attribute dicts (what networkx reads)
+    if level == "L2":
+        return {n for n, d in attrs.items() if (d.get("kind") != "gpu" or n in (src, dst))
+                and int(d.get("tier", 0) or 0) < 2}
+    return {n for n, d in attrs.items() if d.get("kind") != "gpu" or n in (src, dst)}
+
+
+def _least_delay_paths(view: FabricView, scope: set[str], src: str, dst: str,
+                       switch_latency_ns: float) -> Iterator[list[str]]:
+    """All paths of least delay from ``src`` to ``dst`` through ``scope`` (edge weight: the
+    link's ``delay_ns`` plus ``switch_latency_ns`` when it enters a switch other than
+    ``dst``), as :func:`networkx.all_shortest_paths` gives them on ``graph.subgraph(scope)``
+    with that weight: the same Dijkstra (same neighbour order, tie-breaking and sums), run
+    on the graph's adjacency with the weight inlined. ``NetworkXNoPath`` if ``dst`` cannot
+    be reached.
+
+    >>> from fabricpilot.controller.southbound import LinkInfo
+    >>> links = [LinkInfo(0, "g0", "a", 400, 100), LinkInfo(1, "a", "g1", 400, 100),
+    ...          LinkInfo(2, "g0", "b", 400, 100), LinkInfo(3, "b", "g1", 400, 100),
+    ...          LinkInfo(4, "g0", "c", 400, 900), LinkInfo(5, "c", "g1", 400, 100)]
+    >>> kinds = {"g0": "gpu", "g1": "gpu", "a": "switch", "b": "switch", "c": "switch"}
+    >>> v = FabricView.from_links(links, kinds, {}, {0: "g0", 1: "g1"})
+    >>> sorted(_least_delay_paths(v, {"g0", "g1", "a", "b", "c"}, "g0", "g1", 600.0))
+    [['g0', 'a', 'g1'], ['g0', 'b', 'g1']]
+    """
+    g = view.graph
+    adj = g._adj  # successors -> edge attribute dicts (what networkx's Dijkstra reads)
+    attrs = g._node
+    enters_switch = {n: n != dst and attrs[n].get("kind") in SWITCH_KINDS for n in scope}
+    dist: dict[str, float] = {}
+    seen: dict[str, float] = {src: 0}
+    pred: dict[str, list[str]] = {src: []}
+    tie = count()
+    fringe: list[tuple[float, int, str]] = [(0, next(tie), src)]
+    while fringe:
+        dist_v, _, v = heappop(fringe)
+        if v in dist:
+            continue  # already searched this node
+        dist[v] = dist_v
+        for u, e in adj[v].items():
+            if u not in scope:
+                continue
+            vu_dist = dist_v + (float(e["delay_ns"])
+                                + (switch_latency_ns if enters_switch[u] else 0.0))
+            if u in dist:
+                if vu_dist < dist[u]:
+                    raise ValueError("Contradictory paths found:", "negative weights?")
+                if vu_dist == dist[u]:
+                    pred[u].append(v)
+            elif u not in seen or vu_dist < seen[u]:
+                seen[u] = vu_dist
+                heappush(fringe, (vu_dist, next(tie), u))
+                pred[u] = [v]
+            elif vu_dist == seen[u]:
+                pred[u].append(v)
+    return _paths_from_predecessors(src, dst, pred)
+
+
+def _paths_from_predecessors(src: str, dst: str,
+                             pred: dict[str, list[str]]) -> Iterator[list[str]]:
+    """Every simple path from ``src`` to ``dst`` along ``pred`` (node -> its predecessors on
+    a least-delay path), in the order networkx builds them; ``NetworkXNoPath`` if ``dst``
+    has no entry.
+
+    >>> list(_paths_from_predecessors("s", "t", {"s": [], "a": ["s"], "b": ["s"],
+    ...                                          "t": ["a", "b"]}))
+    [['s', 'a', 't'], ['s', 'b', 't']]
+    """
+    if dst not in pred:
+        raise nx.NetworkXNoPath(f"Target {dst} cannot be reached from given sources")
+
+    def walk() -> Iterator[list[str]]:
+        seen = {dst}
+        stack: list[list[Any]] = [[dst, 0]]
+        top = 0
+        while top >= 0:
+            node, i = stack[top]
+            if node == src:
+                yield [p for p, _ in reversed(stack[: top + 1])]
+            if len(pred[node]) > i:
+                stack[top][1] = i + 1
+                nxt = pred[node][i]
+                if nxt in seen:
+                    continue
+                seen.add(nxt)
+                top += 1
+                if top == len(stack):
+                    stack.append([nxt, 0])
+                else:
+                    stack[top][:] = [nxt, 0]
+            else:
+                seen.discard(node)
+                top -= 1
+
+    return walk()
+
+
 def _weight_fn(view: FabricView, dst: str,
                switch_latency_ns: float) -> Callable[[str, str, dict[str, Any]], float]:
     """Edge weight in ns: the link's delay plus the switch latency of the node it enters."""
@@ -226,11 +330,15 @@ def rank_paths(
     weight = _weight_fn(view, dst, sw_ns)
     cap = L3_RATE_CAP if level == "L3" else 1.0
     g = view.graph
+    adj = g._adj
+    attrs = g._node
 
     def build(path: list[str]) -> RankedPath:
-        links = tuple(view.path_links(path))
-        link_ns = [float(g[a][b]["delay_ns"]) for a, b in pairwise(path)]
-        delay_us = (sum(link_ns) + count_switches(view, path) * sw_ns) / 1000.0
+        edges = [adj[a][b] for a, b in pairwise(path)]
+        links = tuple(int(e["link_id"]) for e in edges)
+        link_ns = [float(e["delay_ns"]) for e in edges]
+        switches = sum(1 for n in path[1:-1] if attrs[n].get("kind") in SWITCH_KINDS)
+        delay_us = (sum(link_ns) + switches * sw_ns) / 1000.0
         penalty = sum(
             delay_penalty(ns / 1000.0, sla_us)
             + buffer_penalty(free.get(lid, math.inf), buffer_floor_bytes)
@@ -240,13 +348,13 @@ def rank_paths(
 
     eligible: list[RankedPath] = []
     best_over: float | None = None
-    sub = g.subgraph(_scope_nodes(view, src, dst, level))
+    scope = _scope_set(view, src, dst, level)
     try:
         # the paths of least delay first (one Dijkstra): on a Clos there are usually k of them
         # and the slower general enumeration (Yen) is not needed
-        least = sorted(nx.all_shortest_paths(sub, src, dst, weight=weight))
+        least = sorted(_least_delay_paths(view, scope, src, dst, sw_ns))
         enough = sum(1 for p in least if in_scope(view, p, level)) >= k
-        paths: Any = least if enough else nx.shortest_simple_paths(sub, src, dst,
+        paths: Any = least if enough else nx.shortest_simple_paths(g.subgraph(scope), src, dst,
                                                                      weight=weight)
         for examined, path in enumerate(paths, start=1):
             if in_scope(view, path, level):

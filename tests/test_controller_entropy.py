@@ -207,5 +207,6 @@ def test_spilled_demands_are_replanned_on_entropy_paths_only_if_that_loads_less(
     d = demands[0]
     narrowed = ctl._entropy_only(d)
     a, b = ctl._endpoints[d.key]
-    got = steer(fabric_view(ctx), [SteerRequest(a, b, p) for p in narrowed.candidates])
-    assert all(not s.rules for s in got) and set(narrowed.candidates) <= set(d.candidates)
+    got = steer(fabric_view(ctx), [SteerRequest(a, b, p) for p in narrowed.full_candidates])
+    assert all(not s.rules for s in got)
+    assert set(narrowed.full_candidates) <= set(d.full_candidates)

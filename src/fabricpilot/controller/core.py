@@ -27,7 +27,7 @@ from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import Demand, Plan, plan_greedy
-from fabricpilot.controller.ranking import in_scope
+from fabricpilot.controller.ranking import in_scope, paths_from_predecessors
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
 
 
@@ -147,17 +147,23 @@ class Controller:
         self._on_link: dict[int, set[str]] = {}   # link -> keys of installed sets using it
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
         self._constraints: dict[tuple[int, ...], list] = {}  # path -> its hash decisions
-        self._cand_arrays: dict[int, tuple[tuple, NDArray[np.int64]]] = {}
+        self._cand_arrays: dict[tuple, tuple[tuple, NDArray[np.int64]]] = {}
         self._links_of: dict[str, set[int]] = {}  # installed key -> links its paths use
         self._weight: dict[str, float] = {}
         self.replans = 0
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
-        self._sw_paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+        self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
+        self._bfs: dict[str, dict[str, list[str]]] = {}
+        self._ends_cache: dict[tuple[str, bool], list[tuple[str, int]]] = {}
+        self._nic_cache: dict[int, float] = {}
+        self._scoped_cache: dict[tuple[int, str], tuple[tuple, tuple]] = {}
         g = self.view.graph
         self._switch_graph = g.subgraph(
             [n for n, k in g.nodes(data="kind") if k != "gpu"]).copy()
         self._nic_gbps = nic_gbps
+        self._component = {n: i for i, c in enumerate(
+            nx.weakly_connected_components(self._switch_graph)) for n in c}
 
     # --------------------------------------------------------------- intents
     def declare(self, intent: Intent) -> None:
@@ -169,51 +175,92 @@ class Controller:
 
     # --------------------------------------------------------------- planning
     def candidates(self, src_gpu: int, dst_gpu: int) -> list[tuple[int, ...]]:
-        """Every fewest-hop path between two GPUs, as link ids. GPUs do not forward traffic,
-        so a path leaves its GPU into a switch and stays on switches: the switch-level
-        shortest paths are computed once per pair of first and last switches."""
+        """Every fewest-hop path between two GPUs, as link ids, sorted. GPUs do not forward
+        traffic, so a path leaves its GPU into a switch and stays on switches: the
+        switch-level shortest paths are computed once per pair of first and last switches."""
         a, b = self.view.gpu_node[src_gpu], self.view.gpu_node[dst_gpu]
         hit = self._paths.get((a, b))
-        if hit is not None:
-            return hit
-        g = self.view.graph
-        best: list[tuple[int, ...]] = []
-        for first in g.successors(a):
-            for last in g.predecessors(b):
-                if g.nodes[first].get("kind") == "gpu" or g.nodes[last].get("kind") == "gpu":
-                    continue
-                up, down = self.view.link_between(a, first), self.view.link_between(last, b)
-                for mid in self._switch_paths(first, last):
-                    p = (up, *mid, down)
-                    if not best or len(p) < len(best[0]):
-                        best = [p]
-                    elif len(p) == len(best[0]):
-                        best.append(p)
-        hit = sorted(best)
-        self._paths[(a, b)] = hit
+        if hit is None:
+            combos = self._combos(a, b)
+            hit = [(up, *m, down) for up, mids, down in combos for m in mids]
+            if len(combos) > 1:
+                hit.sort()
+            self._paths[(a, b)] = hit
         return hit
 
-    def _switch_paths(self, first: str, last: str) -> list[tuple[int, ...]]:
-        """Fewest-hop switch paths between two switches, as link ids (cached)."""
+    def _ends(self, node: str, out: bool) -> list[tuple[str, int]]:
+        """``(switch, link id)`` a GPU node leaves by (``out``) or is entered from."""
+        hit = self._ends_cache.get((node, out))
+        if hit is None:
+            g, v = self.view.graph, self.view
+            nbrs = g.successors(node) if out else g.predecessors(node)
+            hit = [(s, v.link_between(node, s) if out else v.link_between(s, node))
+                   for s in nbrs if g.nodes[s].get("kind") != "gpu"]
+            self._ends_cache[(node, out)] = hit
+        return hit
+
+    def _combos(self, a: str, b: str) -> list[tuple[int, tuple[tuple[int, ...], ...], int]]:
+        """``(uplink, sorted switch paths, downlink)`` of the (first, last) switch pairs
+        at the fewest hops between GPU nodes ``a`` and ``b``."""
+        combos: list[tuple[int, tuple[tuple[int, ...], ...], int]] = []
+        best = -1
+        for first, up in self._ends(a, True):
+            for last, down in self._ends(b, False):
+                mids = self._switch_paths(first, last)
+                if not mids:
+                    continue
+                n = len(mids[0])
+                if best < 0 or n < best:
+                    best, combos = n, [(up, mids, down)]
+                elif n == best:
+                    combos.append((up, mids, down))
+        return combos
+
+    def _switch_paths(self, first: str, last: str) -> tuple[tuple[int, ...], ...]:
+        """Fewest-hop switch paths between two switches, as link ids, sorted (cached; one
+        breadth-first search per first switch, none between switches that cannot reach
+        each other, such as two NVSwitches)."""
         key = (first, last)
         hit = self._sw_paths.get(key)
         if hit is None:
             if first == last:
-                hit = [()]
+                hit = ((),)
+            elif self._component[first] != self._component[last]:
+                hit = ()
             else:
-                try:
-                    hit = [tuple(self.view.path_links(list(p))) for p in
-                           nx.all_shortest_paths(self._switch_graph, first, last)]
-                except nx.NetworkXNoPath:
-                    hit = []
+                pred = self._bfs.get(first)
+                if pred is None:
+                    pred = self._bfs[first] = nx.predecessor(self._switch_graph, first)
+                hit = (tuple(sorted(tuple(self.view.path_links(p)) for p in
+                                    paths_from_predecessors(first, last, pred)))
+                       if last in pred else ())
             self._sw_paths[key] = hit
         return hit
 
     def _nic(self, gpu: int) -> float:
+        """The rate of a GPU's NIC: its link into the fabric (not NVLink)."""
         if self._nic_gbps is not None:
             return self._nic_gbps
-        node = self.view.gpu_node[gpu]
-        return max(d["capacity_gbps"] for _, _, d in self.view.graph.out_edges(node, data=True))
+        hit = self._nic_cache.get(gpu)
+        if hit is None:
+            edges = list(self.view.graph.out_edges(self.view.gpu_node[gpu], data=True))
+            host = [d["capacity_gbps"] for _, _, d in edges if d.get("kind") == "host"]
+            hit = self._nic_cache[gpu] = max(host or [d["capacity_gbps"] for *_, d in edges])
+        return hit
+
+    def _scoped(self, mids: tuple[tuple[int, ...], ...], up: int, down: int,
+                level: str) -> tuple[tuple[int, ...], ...]:
+        """The switch paths whose full path is in the level's scope (cached: the scope of a
+        path depends on its switches only)."""
+        if level == "L3":
+            return mids
+        key = (id(mids), level)
+        hit = self._scoped_cache.get(key)
+        if hit is None or hit[0] is not mids:
+            hit = self._scoped_cache[key] = (mids, tuple(
+                m for m in mids if in_scope(self.view, self._path_nodes((up, *m, down)),
+                                            level)))
+        return hit[1]
 
     def _path_nodes(self, path: tuple[int, ...]) -> list[str]:
         return [self.view.links[path[0]].src] + [self.view.links[lk].dst for lk in path]
@@ -229,6 +276,7 @@ class Controller:
         """
         out: dict[str, Demand] = {}
         self.sla_unmet = {}
+        gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         strict = any(c.level != "L3" for i in opted for c in i.calls)
         for intent in opted:
@@ -240,16 +288,28 @@ class Controller:
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
+                avoid = self.down | self.degraded
                 for a, b, share in pairs:
-                    if a == b or self.view.gpu_node[a] == self.view.gpu_node[b]:
+                    na, nb = gpu_node[a], gpu_node[b]
+                    if a == b or na == nb:
                         continue
                     key = rule_key(intent.task_id, a, b)
                     rate = self._nic(a) * share * cap
                     prev = pending.get(key)
                     if prev is not None and prev.rate_gbps >= rate:
                         continue  # the same pair in several calls: its largest demand
+                    combos = self._combos(na, nb)
+                    if not avoid and len(combos) == 1:
+                        # the common case: one (first, last) switch pair; the NIC links
+                        # as head and tail and one shared tuple of switch paths
+                        up, mids, down = combos[0]
+                        mids = self._scoped(mids, up, down, call.level)
+                        if mids:
+                            pending[key] = Demand(key, rate, mids, weight=intent.heat,
+                                                  head=(up,), tail=(down,))
+                            self._endpoints[key] = (a, b)
+                            continue
                     cands = self.candidates(a, b)
-                    avoid = self.down | self.degraded
                     if avoid:
                         live = [p for p in cands if avoid.isdisjoint(p)]
                         if cands and all(not self.down.isdisjoint(p) for p in cands):
@@ -308,10 +368,11 @@ class Controller:
         """``d`` with only the candidates some source port reaches without a rule (all of
         them if none is)."""
         a, b = self._endpoints[d.key]
-        got = steer(self.view, [SteerRequest(a, b, p, i) for i, p in enumerate(d.candidates)],
-                    max_tries=self.params.steer_tries)
-        free = tuple(p for p, s in zip(d.candidates, got, strict=True) if not s.rules)
-        return replace(d, candidates=free) if free else d
+        full = d.full_candidates
+        got = steer(self.view, [SteerRequest(a, b, p, i) for i, p in enumerate(full)],
+                    max_tries=self.params.steer_tries, cache=self._constraints)
+        free = tuple(p for p, s in zip(full, got, strict=True) if not s.rules)
+        return replace(d, candidates=free, head=(), tail=()) if free else d
 
     def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int
                  ) -> PlanReport:
@@ -330,13 +391,15 @@ class Controller:
     def _candidate_array(self, d: Demand) -> NDArray[np.int64]:
         """A demand's candidates as a -1 padded array (cached per candidate list); -1 maps
         to an always-false entry of any mask of ``max(link) + 2``."""
-        hit = self._cand_arrays.get(id(d.candidates))
+        key = (id(d.candidates), d.head, d.tail)
+        hit = self._cand_arrays.get(key)
         if hit is None or hit[0] is not d.candidates:
-            width = max(len(p) for p in d.candidates)
-            arr = np.full((len(d.candidates), width), -1, np.int64)
-            for i, p in enumerate(d.candidates):
+            full = d.full_candidates
+            width = max(len(p) for p in full)
+            arr = np.full((len(full), width), -1, np.int64)
+            for i, p in enumerate(full):
                 arr[i, : len(p)] = p
-            hit = self._cand_arrays[id(d.candidates)] = (d.candidates, arr)
+            hit = self._cand_arrays[key] = (d.candidates, arr)
         return hit[1]
 
     def _record(self, sets: list[PathSet]) -> None:
@@ -455,7 +518,8 @@ class Controller:
                 continue
             live = np.flatnonzero(ok)
             demands.append(Demand(d.key, d.rate_gbps, tuple(d.candidates[i] for i in
-                                                            live.tolist()), d.weight))
+                                                            live.tolist()), d.weight,
+                                  d.head, d.tail))
             used.append(arr[live].ravel())
         # only the links the re-placed demands can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)

@@ -217,16 +217,16 @@ def _least_delay_paths(view: FabricView, scope: set[str], src: str, dst: str,
                 pred[u] = [v]
             elif vu_dist == seen[u]:
                 pred[u].append(v)
-    return _paths_from_predecessors(src, dst, pred)
+    return paths_from_predecessors(src, dst, pred)
 
 
-def _paths_from_predecessors(src: str, dst: str,
+def paths_from_predecessors(src: str, dst: str,
                              pred: dict[str, list[str]]) -> Iterator[list[str]]:
     """Every simple path from ``src`` to ``dst`` along ``pred`` (node -> its predecessors on
     a least-delay path), in the order networkx builds them; ``NetworkXNoPath`` if ``dst``
     has no entry.
 
-    >>> list(_paths_from_predecessors("s", "t", {"s": [], "a": ["s"], "b": ["s"],
+    >>> list(paths_from_predecessors("s", "t", {"s": [], "a": ["s"], "b": ["s"],
     ...                                          "t": ["a", "b"]}))
     [['s', 'a', 't'], ['s', 'b', 't']]
     """

@@ -37,24 +37,10 @@ def _timed(into: dict[str, float], name: str, fn: Callable[..., Any]) -> Callabl
 def planner_case(gpus: int, jobs: int, seed: int = 1) -> dict[str, float]:
     """Wall time of one ``Controller.plan()``, split into the controller's ``demands()``,
     the planner (``plan_greedy``) and the rest (steering the paths, installing them)."""
-    from fabricpilot.balancing import PolicyContext
-    from fabricpilot.balancing.task_aware import TaskAware
+    from controller_cases import declared_controller
     from fabricpilot.controller import core
-    from fabricpilot.controller.core import Controller
-    from fabricpilot.controller.intents import CommCall, Intent
-    from fabricpilot.nccltests import default_cluster
 
-    ct = default_cluster(gpus)
-    twin = TaskAware(PolicyContext(ct, seed, 600))
-    t0 = time.perf_counter()
-    ctl = Controller(twin)
-    setup = time.perf_counter() - t0
-    order = np.random.default_rng(seed).permutation(gpus)
-    per = gpus // jobs
-    for j in range(jobs):
-        ranks = tuple(int(g) for g in order[j * per:(j + 1) * per])
-        pattern = "allreduce" if j % 2 == 0 else "alltoall"
-        ctl.declare(Intent(f"job{j}", "t", ranks, (CommCall(pattern, 256 << 20, 1000.0, 0),)))
+    ctl, setup = declared_controller(gpus, jobs, seed)
     parts: dict[str, float] = {}
     greedy = core.plan_greedy
     core.plan_greedy = _timed(parts, "greedy_s", greedy)  # type: ignore[assignment]

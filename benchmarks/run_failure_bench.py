@@ -19,25 +19,11 @@ import copy
 import statistics
 import time
 
-import numpy as np
-
 
 def failure_case(gpus: int, jobs: int, repeat: int = 5, seed: int = 1) -> dict[str, float]:
-    from fabricpilot.balancing import PolicyContext
-    from fabricpilot.balancing.task_aware import TaskAware
-    from fabricpilot.controller.core import Controller
-    from fabricpilot.controller.intents import CommCall, Intent
-    from fabricpilot.nccltests import default_cluster
+    from controller_cases import declared_controller
 
-    ct = default_cluster(gpus)
-    twin = TaskAware(PolicyContext(ct, seed, 600))
-    ctl = Controller(twin)
-    order = np.random.default_rng(seed).permutation(gpus)
-    per = gpus // jobs
-    for j in range(jobs):
-        ranks = tuple(int(g) for g in order[j * per:(j + 1) * per])
-        pattern = "allreduce" if j % 2 == 0 else "alltoall"
-        ctl.declare(Intent(f"job{j}", "t", ranks, (CommCall(pattern, 256 << 20, 1000.0, 0),)))
+    ctl, _ = declared_controller(gpus, jobs, seed)
     t0 = time.perf_counter()
     rep = ctl.plan()
     plan_s = time.perf_counter() - t0

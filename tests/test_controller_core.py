@@ -28,7 +28,7 @@ class FakeDataPlane:
         def both(a: str, b: str) -> None:
             for x, y in ((a, b), (b, a)):
                 links.append(LinkInfo(len(links), x, y, 400.0, 100,
-                                      "host" if "gpu" in x + y else "fabric"))
+                                      "nic" if "gpu" in x + y else "fabric"))
 
         for g in range(4):
             both(f"gpu{g}", f"leaf{g // 2}")

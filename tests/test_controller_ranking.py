@@ -48,7 +48,7 @@ def leaf_spine(fabric_delay_ns: int = 1000) -> FabricView:
     """2 leaves x 2 spines, 2 GPUs per leaf; link ids assigned in order, both directions."""
     pairs: list[tuple[str, str, int, str]] = []
     for g in range(4):
-        pairs.append((f"gpu{g}", f"leaf{g // 2}", 100, "host"))
+        pairs.append((f"gpu{g}", f"leaf{g // 2}", 100, "nic"))
     for leaf in range(2):
         for spine in range(2):
             pairs.append((f"leaf{leaf}", f"spine{spine}", fabric_delay_ns, "fabric"))
@@ -205,8 +205,8 @@ def test_rank_same_leaf_l1(view: FabricView) -> None:
 
 
 def test_rank_delay_penalty() -> None:
-    links = [LinkInfo(0, "g0", "sw", 400, 100_000, "host"),
-             LinkInfo(1, "sw", "g1", 400, 100, "host")]
+    links = [LinkInfo(0, "g0", "sw", 400, 100_000, "nic"),
+             LinkInfo(1, "sw", "g1", 400, 100, "nic")]
     v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu", "sw": "switch"}, {"sw": 1},
                               {0: "g0", 1: "g1"})
     paths = rank_paths(v, 0, 1, 120.0)
@@ -327,7 +327,7 @@ def clos(leaves: int, spines: int, gpus_per_leaf: int, seed: int,
     links: list[LinkInfo] = []
 
     def both(a: str, b: str, kind: str) -> None:
-        delay = rng.choice([100, 100, 200, 700]) if kind == "host" else \
+        delay = rng.choice([100, 100, 200, 700]) if kind == "nic" else \
             rng.choice([1000, 1000, 1000, 1300])
         for x, y in ((a, b), (b, a)):
             links.append(LinkInfo(len(links), x, y, 400, delay, kind))
@@ -340,7 +340,7 @@ def clos(leaves: int, spines: int, gpus_per_leaf: int, seed: int,
         for h in range(gpus_per_leaf):
             g = lf * gpus_per_leaf + h
             kinds[f"gpu{g}"], gpu_node[g] = "gpu", f"gpu{g}"
-            both(f"gpu{g}", f"leaf{lf}", "host")
+            both(f"gpu{g}", f"leaf{lf}", "nic")
         for sp in range(spines):
             both(f"leaf{lf}", f"spine{sp}", "fabric")
     for sp in range(spines):

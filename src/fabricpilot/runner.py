@@ -27,6 +27,7 @@ from fabricpilot.results import RunResult
 from fabricpilot.scenario import Scenario, check_gpu_count
 from fabricpilot.topology import CompiledTopology, Topology, build_topology, compile_topology
 from fabricpilot.topology.io import load_topology_json
+from fabricpilot.topology.model import switch_examples
 from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals, poisson_mice
@@ -95,7 +96,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     for name in qos.switch_overrides:
         if name not in switches:
             raise ScenarioError(source, f"fabric.qos.switch_overrides.{name}",
-                                f"unknown switch ({_switch_examples(switches)})")
+                                f"unknown switch ({switch_examples(switches)})")
     qos_params = qos.to_params()
     if scenario.faults is not None and scenario.fabric.model != "flow":
         raise ScenarioError(source, "faults", "faults are modelled by the flow-level model: "
@@ -168,16 +169,6 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                     mice_class=scenario.mice.traffic_class if scenario.mice else "rdma",
                     qos_mismatches=mapping_mismatches(qos_params, switches) if switches else [],
                     controller=scenario.controller.to_params(), faults=faults)
-
-
-def _switch_examples(switches: list[str]) -> str:
-    """``switches are e.g. leaf0, spine0``: the first switch of every kind (name prefix)."""
-    if not switches:
-        return "the topology has no switches"
-    first: dict[str, str] = {}
-    for name in switches:
-        first.setdefault(name.rstrip("0123456789_"), name)
-    return f"switches are e.g. {', '.join(list(first.values())[:4])}"
 
 
 FLUID_ONLY_SETTINGS = ("ecn", "dcqcn", "pfc", "fluid", "qos")

@@ -243,9 +243,10 @@ class Controller:
             return self._nic_gbps
         hit = self._nic_cache.get(gpu)
         if hit is None:
-            edges = list(self.view.graph.out_edges(self.view.gpu_node[gpu], data=True))
-            host = [d["capacity_gbps"] for _, _, d in edges if d.get("kind") == "host"]
-            hit = self._nic_cache[gpu] = max(host or [d["capacity_gbps"] for *_, d in edges])
+            g = self.view.graph
+            edges = list(g.out_edges(self.view.gpu_node[gpu], data=True))
+            nic = [d["capacity_gbps"] for _, v, d in edges if g.nodes[v].get("kind") == "switch"]
+            hit = self._nic_cache[gpu] = max(nic or [d["capacity_gbps"] for *_, d in edges])
         return hit
 
     def _scoped(self, mids: tuple[tuple[int, ...], ...], up: int, down: int,

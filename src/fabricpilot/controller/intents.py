@@ -204,8 +204,8 @@ def topo_distance(view: FabricView, gpu_a: int, gpu_b: int) -> int:
     GPU is unknown or no path exists.
 
     >>> from fabricpilot.controller.southbound import LinkInfo
-    >>> links = [LinkInfo(0, "g0", "sw", 400, 100, "host"),
-    ...          LinkInfo(1, "sw", "g1", 400, 100, "host")]
+    >>> links = [LinkInfo(0, "g0", "sw", 400, 100, "nic"),
+    ...          LinkInfo(1, "sw", "g1", 400, 100, "nic")]
     >>> v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu", "sw": "switch"},
     ...                           {"sw": 1}, {0: "g0", 1: "g1"})
     >>> topo_distance(v, 0, 1), topo_distance(v, 0, 0)

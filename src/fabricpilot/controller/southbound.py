@@ -21,7 +21,8 @@ import networkx as nx
 @dataclass(frozen=True, slots=True)
 class LinkInfo:
     """One directed link: ``link_id`` (the data plane's id), endpoints, capacity, delay and
-    kind (``"host"``, ``"fabric"`` or ``"nvlink"``)."""
+    kind (``"nic"``: a GPU's link to its leaf, ``"fabric"``: between switches, or
+    ``"nvlink"``)."""
 
     link_id: int
     src: str
@@ -60,8 +61,8 @@ class FabricView:
     forwarding rules one switch holds.
 
     >>> v = FabricView.from_links(
-    ...     [LinkInfo(0, "gpu0", "leaf0", 400, 100, "host"),
-    ...      LinkInfo(1, "leaf0", "gpu0", 400, 100, "host")],
+    ...     [LinkInfo(0, "gpu0", "leaf0", 400, 100, "nic"),
+    ...      LinkInfo(1, "leaf0", "gpu0", 400, 100, "nic")],
     ...     node_kind={"gpu0": "gpu", "leaf0": "switch"}, tier={"leaf0": 1},
     ...     gpu_node={0: "gpu0"})
     >>> v.link(0).dst, v.graph["gpu0"]["leaf0"]["capacity_gbps"]

@@ -33,7 +33,7 @@ import numpy as np
 
 from fabricpilot.errors import ScenarioError
 from fabricpilot.topology.compiled import LINK_KIND_CODES, CompiledTopology
-from fabricpilot.topology.model import LinkKind
+from fabricpilot.topology.model import LinkKind, switch_examples
 
 if TYPE_CHECKING:
     from fabricpilot.scenario.models import FaultEventSpec, FaultsSpec
@@ -296,17 +296,6 @@ def _link_examples(ct: CompiledTopology) -> str:
     return f"links look like '{a}-{b}', '{a}->{b}'"
 
 
-def _switch_examples(ct: CompiledTopology) -> str:
-    """``switches are e.g. leaf0, spine0``: the first switch of every name prefix."""
-    switches = list(ct.topo.switches)
-    if not switches:
-        return "the topology has no switches"
-    first: dict[str, str] = {}
-    for name in switches:
-        first.setdefault(name.rstrip("0123456789_"), name)
-    return f"switches are e.g. {', '.join(list(first.values())[:4])}"
-
-
 def _resolve_link(ct: CompiledTopology, name: str) -> tuple[tuple[int, ...], str] | str:
     """Directed link ids and display name of ``name`` (``a-b`` or ``a->b``), or a problem."""
     text = name.strip()
@@ -428,7 +417,7 @@ def resolve_faults(
                 problem = (f"{name!r} is not a switch" if name in ct.node_index
                            else f"no switch {name!r}")
                 raise FaultError(source, f"{where}.switch",
-                                 f"{problem} ({_switch_examples(ct)})")
+                                 f"{problem} ({switch_examples(list(ct.topo.switches))})")
             what = f"switch {event.switch}"
         else:
             assert event.link is not None

@@ -135,3 +135,20 @@ def validate_topology(topo: Topology) -> None:
         if float(d.get("delay_ns", -1)) < 0:
             raise TopologyError(f"link {u}-{v}: delay_ns must be >= 0")
     topo.gpu_leaf  # noqa: B018  (raises if a GPU lacks its NIC link)
+
+
+def switch_examples(switches: list[str]) -> str:
+    """A few switch names for an error message: the first switch of every kind (name
+    prefix).
+
+    >>> switch_examples(["leaf0", "leaf1", "spine0", "spine1"])
+    'switches are e.g. leaf0, spine0'
+    >>> switch_examples([])
+    'the topology has no switches'
+    """
+    if not switches:
+        return "the topology has no switches"
+    first: dict[str, str] = {}
+    for name in switches:
+        first.setdefault(name.rstrip("0123456789_"), name)
+    return f"switches are e.g. {', '.join(list(first.values())[:4])}"

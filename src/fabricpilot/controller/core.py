@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -587,8 +586,9 @@ class Controller:
         reqs: list[SteerRequest] = []
         for key, shares in plan.paths.items():
             a, b = self._endpoints[key]
-            reqs += [SteerRequest(a, b, p, zlib.crc32(f"{key}#{i}".encode()))
-                     for i, (p, _) in enumerate(shares)]
+            # where each QP's port search starts: spread, and the same in every run
+            base = (a * 1_000_003 + b) * 64
+            reqs += [SteerRequest(a, b, p, base + i) for i, (p, _) in enumerate(shares)]
         got = steer(self.view, reqs, max_tries=self.params.steer_tries,
                     cache=self._constraints)
         keys = [key for key, shares in plan.paths.items() for _ in shares]

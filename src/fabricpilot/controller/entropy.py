@@ -149,8 +149,8 @@ def steer(view: FabricView, requests: list[SteerRequest], *, max_tries: int = 10
     Each request tries up to ``max_tries`` ports of the RoCE range (there is only one when
     the NICs' entropy is off), keeping the port that leaves the fewest switches disagreeing;
     a rule is needed at each of those (and at every switch whose group does not contain the
-    path's link). Constraints depend only on the path, so they are derived once per path
-    (and kept in ``cache`` across calls if one is given).
+    path's link). Constraints depend only on the switch links of the path, so they are
+    derived once per switch path (and kept in ``cache`` across calls if one is given).
     """
     spec = view.ecmp
     if spec is None:
@@ -160,9 +160,12 @@ def steer(view: FabricView, requests: list[SteerRequest], *, max_tries: int = 10
     by_path = cache if cache is not None else {}
     cons = []
     for q in requests:
-        c = by_path.get(q.path)
+        # only switch-to-switch links are hash decisions: the GPU's own links are not, so
+        # paths between the same leaves share their constraints
+        mid = q.path[1:-1]
+        c = by_path.get(mid)
         if c is None:
-            c = by_path[q.path] = constraints(view, q.dst, q.path)
+            c = by_path[mid] = constraints(view, q.dst, q.path)
         cons.append(c)
     counts = np.array([len(c) for c in cons], np.int64)
     ptr = np.zeros(len(requests) + 1, np.int64)

@@ -17,8 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
-import numpy as np
-from numpy.typing import NDArray
 
 from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import Steering, SteerRequest, hash_path, steer
@@ -146,7 +144,8 @@ class Controller:
         self._on_link: dict[int, set[str]] = {}   # link -> keys of installed sets using it
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
         self._constraints: dict[tuple[int, ...], list] = {}  # path -> its hash decisions
-        self._cand_arrays: dict[tuple, tuple[tuple, NDArray[np.int64]]] = {}
+        self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
+        self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         self._links_of: dict[str, set[int]] = {}  # installed key -> links its paths use
         self._weight: dict[str, float] = {}
         self.replans = 0
@@ -388,18 +387,30 @@ class Controller:
         report.installed = len(changed)
         return report
 
-    def _candidate_array(self, d: Demand) -> NDArray[np.int64]:
-        """A demand's candidates as a -1 padded array (cached per candidate list); -1 maps
-        to an always-false entry of any mask of ``max(link) + 2``."""
-        key = (id(d.candidates), d.head, d.tail)
-        hit = self._cand_arrays.get(key)
-        if hit is None or hit[0] is not d.candidates:
+    def _live(self, d: Demand, avoid: frozenset[int]) -> Demand | None:
+        """``d`` on its candidates that avoid ``avoid`` (gray links too, unless only paths
+        through them remain), or ``None`` if every candidate crosses a dead link. Demands
+        sharing a candidate tuple share the filtering (cached per tuple and link set)."""
+        if not avoid.isdisjoint(d.head) or not avoid.isdisjoint(d.tail):
             full = d.full_candidates
-            width = max(len(p) for p in full)
-            arr = np.full((len(full), width), -1, np.int64)
-            for i, p in enumerate(full):
-                arr[i, : len(p)] = p
-            hit = self._cand_arrays[key] = (d.candidates, arr)
+            live = tuple(p for p in full if avoid.isdisjoint(p)) or tuple(
+                p for p in full if self.down.isdisjoint(p))
+            return Demand(d.key, d.rate_gbps, live, d.weight) if live else None
+        key = (id(d.candidates), avoid)
+        hit = self._live_cache.get(key)
+        if hit is None or hit[0] is not d.candidates:
+            live = tuple(p for p in d.candidates if avoid.isdisjoint(p)) or tuple(
+                p for p in d.candidates if self.down.isdisjoint(p))
+            hit = self._live_cache[key] = (d.candidates, live)
+        if not hit[1]:
+            return None
+        return Demand(d.key, d.rate_gbps, hit[1], d.weight, d.head, d.tail)
+
+    def _links_in(self, paths: tuple[tuple[int, ...], ...]) -> set[int]:
+        """The links of a tuple of paths (cached per tuple)."""
+        hit = self._links_cache.get(id(paths))
+        if hit is None or hit[0] is not paths:
+            hit = self._links_cache[id(paths)] = (paths, {lk for p in paths for lk in p})
         return hit[1]
 
     def _record(self, sets: list[PathSet]) -> None:
@@ -496,42 +507,31 @@ class Controller:
             self.heals.append(rep)
             return rep
         load = plan.link_load_gbps  # updated in place: out with the old paths, in with new
-        n = max(self.view.links) + 2
-        dead = np.zeros(n, bool)
-        dead[list(self.down)] = True
-        shun = dead.copy()
-        shun[list(self.degraded)] = True
-        demands, used = [], []
+        avoid_key = frozenset(avoid)
+        demands, used = [], set()
         for k in affected:
             d = self._demand[k]
             for p, w in plan.paths[k]:
                 for lk in p:
                     load[lk] -= d.rate_gbps * w
-            arr = self._candidate_array(d)
-            ok = ~shun[arr].any(axis=1)
-            if not ok.any():
-                ok = ~dead[arr].any(axis=1)
-            if not ok.any():
+            live = self._live(d, avoid_key)
+            if live is None:
                 task = k.split(":", 1)[0]
                 a, b = self._endpoints[k]
                 self.partitioned[task] = f"gpu{a} -> gpu{b}: every path crosses a link that is down"
                 continue
-            live = np.flatnonzero(ok)
-            demands.append(Demand(d.key, d.rate_gbps, tuple(d.candidates[i] for i in
-                                                            live.tolist()), d.weight,
-                                  d.head, d.tail))
-            used.append(arr[live].ravel())
+            demands.append(live)
+            used.update(d.head, d.tail)
+            used.update(self._links_in(live.candidates))
         # only the links the re-placed demands can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)
         links = self.view.links
-        used_links = (np.unique(np.concatenate(used)).tolist() if used else [])
-        used_links = [lk for lk in used_links if lk >= 0]
-        sub = plan_greedy(demands, {lk: links[lk].capacity_gbps for lk in used_links},
-                          background={lk: load[lk] for lk in used_links if lk in load},
+        sub = plan_greedy(demands, {lk: links[lk].capacity_gbps for lk in used},
+                          background={lk: load[lk] for lk in used if lk in load},
                           split=self.parts, sweeps=1, max_moves=0)
         held = self._rules_held - Counter(
             sw for k in sub.paths for pinned in self._installed[k].rules for sw, _ in pinned)
-        sets, report = self.steer_plan(sub, self._weight, held)
+        sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
         plan.paths.update(sub.paths)
         for lk, v in sub.link_load_gbps.items():
             load[lk] = load.get(lk, 0.0) + v
@@ -572,25 +572,35 @@ class Controller:
         return TickReport(True, hot, bg, before, after, report)
 
     def steer_plan(self, plan: Plan, weight: dict[str, float],
-                   installed_rules: Counter[str] | None = None,
+                   installed_rules: Counter[str] | None = None, reuse: bool = False,
                    ) -> tuple[list[PathSet], PlanReport]:
         """Path sets for a plan, each path steered by a QP source port
         (:mod:`~fabricpilot.controller.entropy`) and pinned by explicit rules where the hash
         cannot reach it. Rules go to the heaviest demands first while every switch on the
         way has room (``switch_rule_capacity``); a path that does not fit follows the hash
-        of its port, and the path set says so (it carries the path actually taken)."""
+        of its port, and the path set says so (it carries the path actually taken). With
+        ``reuse``, a path a key already has keeps its port (only new paths are steered)."""
         if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
             sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
                     for key, shares in plan.paths.items()]
             return sets, PlanReport(plan, len(sets), 0)
         reqs: list[SteerRequest] = []
+        known: dict[int, Steering] = {}  # request -> the steering its path already has
         for key, shares in plan.paths.items():
             a, b = self._endpoints[key]
             # where each QP's port search starts: spread, and the same in every run
             base = (a * 1_000_003 + b) * 64
-            reqs += [SteerRequest(a, b, p, base + i) for i, (p, _) in enumerate(shares)]
-        got = steer(self.view, reqs, max_tries=self.params.steer_tries,
-                    cache=self._constraints)
+            old = self._installed.get(key) if reuse else None
+            for i, (p, _) in enumerate(shares):
+                if old is not None and old.ports and p in old.paths:
+                    j = old.paths.index(p)
+                    known[len(reqs)] = Steering(old.ports[j], old.rules[j])
+                reqs.append(SteerRequest(a, b, p, base + i))
+        fresh = [r for r in range(len(reqs)) if r not in known]
+        found = steer(self.view, [reqs[r] for r in fresh], max_tries=self.params.steer_tries,
+                      cache=self._constraints)
+        new = iter(found)
+        got = [known[r] if r in known else next(new) for r in range(len(reqs))]
         keys = [key for key, shares in plan.paths.items() for _ in shares]
         used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold
         paths = [q.path for q in reqs]

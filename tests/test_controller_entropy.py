@@ -210,3 +210,32 @@ def test_spilled_demands_are_replanned_on_entropy_paths_only_if_that_loads_less(
     got = steer(fabric_view(ctx), [SteerRequest(a, b, p) for p in narrowed.full_candidates])
     assert all(not s.rules for s in got)
     assert set(narrowed.full_candidates) <= set(d.full_candidates)
+
+
+def test_a_failure_resteers_only_the_paths_that_changed() -> None:
+    """After a link fails, a re-placed path set keeps the source port of every path it
+    already had; new paths get ports whose hash (checked by the twin) lands on them."""
+    ctx = _ctx(per_switch=True)
+    _, ctl = _alltoall_controller(ctx)
+    ctl.plan()
+    before = dict(ctl._installed)
+    load = ctl.current.link_load_gbps
+    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+    heal = ctl.on_links_changed([hot], [])
+    assert heal.affected > 0
+    kept = fresh = 0
+    for key, old in before.items():
+        new = ctl._installed[key]
+        if new is old:
+            continue
+        a, b = (int(x) for x in key.split(":")[1].split("->"))
+        for path, port in zip(new.paths, new.ports, strict=True):
+            assert hot not in path
+            if path in old.paths:
+                assert port == old.ports[old.paths.index(path)]
+                kept += 1
+            else:
+                assert _twin_path(ctx, a, b, port) == path
+                fresh += 1
+    assert kept > 0 and fresh > 0

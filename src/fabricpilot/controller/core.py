@@ -596,11 +596,15 @@ class Controller:
                     j = old.paths.index(p)
                     known[len(reqs)] = Steering(old.ports[j], old.rules[j])
                 reqs.append(SteerRequest(a, b, p, base + i))
-        fresh = [r for r in range(len(reqs)) if r not in known]
-        found = steer(self.view, [reqs[r] for r in fresh], max_tries=self.params.steer_tries,
-                      cache=self._constraints)
-        new = iter(found)
-        got = [known[r] if r in known else next(new) for r in range(len(reqs))]
+        if known:
+            fresh = [r for r in range(len(reqs)) if r not in known]
+            found = steer(self.view, [reqs[r] for r in fresh],
+                          max_tries=self.params.steer_tries, cache=self._constraints)
+            new = iter(found)
+            got = [known[r] if r in known else next(new) for r in range(len(reqs))]
+        else:
+            got = steer(self.view, reqs, max_tries=self.params.steer_tries,
+                        cache=self._constraints)
         keys = [key for key, shares in plan.paths.items() for _ in shares]
         used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold
         paths = [q.path for q in reqs]

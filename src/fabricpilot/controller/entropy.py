@@ -187,13 +187,15 @@ def steer(view: FabricView, requests: list[SteerRequest], *, max_tries: int = 10
     start = np.array([q.start for q in requests], np.int64)
     port, missed = _search(prefix.astype(np.uint32), rot, size, want, ptr, start, ports,
                            max_tries, CRC32_TABLE)
-    rules: list[list[tuple[str, int]]] = [[] for _ in requests]
+    rules: dict[int, list[tuple[str, int]]] = {}  # only the requests that need some
     owner = np.repeat(np.arange(len(requests)), counts)
     for c in np.flatnonzero(missed).tolist():
         r = int(owner[c])
         sw = flat[c][0]
-        rules[r].append((sw, next(lk for lk in requests[r].path if view.links[lk].src == sw)))
-    return [Steering(int(p), tuple(rs)) for p, rs in zip(port.tolist(), rules, strict=True)]
+        rules.setdefault(r, []).append(
+            (sw, next(lk for lk in requests[r].path if view.links[lk].src == sw)))
+    return [Steering(p, tuple(rules[r]) if r in rules else ())
+            for r, p in enumerate(port.tolist())]
 
 
 def hash_path(view: FabricView, src: int, dst: int, port: int) -> tuple[int, ...]:

@@ -194,7 +194,6 @@ class FaultsMixin:
             self._drop_p[links] = ev.drop_probability
             self._ber[links] = ev.ber
             self._owner_fault[links] = ev.fault_id
-            rec.detected_ns = rec.detected_ns  # gray faults are detected from counters
         else:  # clear
             self._drop_p[links] = 0.0
             self._ber[links] = 0.0

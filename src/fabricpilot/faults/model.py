@@ -64,7 +64,6 @@ FEC_CORRECTABLE_SYMBOLS = 15  # t = (544 - 514) / 2
 FEC_PAYLOAD_BITS = 514 * FEC_SYMBOL_BITS  # 5140 bits of data per 5440-bit codeword
 
 _RANDOM_SEED_STREAM = 3  # runner: placement [seed, 1], mice [seed, 2]; random faults [seed, 3]
-_NOISE_SEED_STREAM = 4   # noisy error counters [seed, 4]
 MAX_RANDOM_FAULTS = 100_000
 
 
@@ -181,23 +180,13 @@ class FaultTimeline:
     """The resolved faults of a scenario: events sorted by ``(time_ns, fault_id)``, one
     :class:`FaultInfo` per fault (index = ``fault_id``) and the reaction parameters.
 
-    ``seed`` is the scenario seed; :meth:`noise_rng` derives the generator of noisy counter
-    samples from it.
+    ``seed`` is the scenario seed the faults were drawn with.
     """
 
     events: list[FaultEvent]
     faults: list[FaultInfo]
     params: FaultParams
     seed: int = 0
-
-    def noise_rng(self) -> np.random.Generator:
-        """A fresh generator for the noisy error-counter samples (same seed, same samples).
-
-        >>> a = FaultTimeline([], [], FaultParams(), seed=5).noise_rng().random()
-        >>> a == FaultTimeline([], [], FaultParams(), seed=5).noise_rng().random()
-        True
-        """
-        return np.random.default_rng([self.seed, _NOISE_SEED_STREAM])
 
     def links_at(self, time_ns: int) -> tuple[frozenset[int], dict[int, float]]:
         """Replay the events up to and including ``time_ns``: the links down at that time and

@@ -166,6 +166,65 @@ def run(
 
 
 @app.command()
+def serve(
+    scenario: Annotated[Path | None, typer.Argument(
+        help="Scenario whose fabric (and jobs, run on the twin) the controller serves; "
+             "the built-in default scenario when omitted.")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    state_dir: Annotated[Path, typer.Option(
+        "--state-dir", help="Where the SQLite state (jobs, paths, faults) and the generated "
+                            "operator token live; reused on restart.")]
+        = Path("fabricpilot-state"),
+    tokens_file: Annotated[Path | None, typer.Option(
+        "--tokens", help="Token file (YAML: name, role operator|tenant, tenant, token or "
+                         "sha256, gpus). Default: one operator token in the state dir.")]
+        = None,
+    twin: Annotated[bool, typer.Option(
+        help="Run the scenario's jobs on the twin in scaled real time (--no-twin: the "
+             "fabric only; telemetry comes from POST /api/v1/telemetry).")] = True,
+    time_scale: Annotated[float, typer.Option(
+        help="Fabric seconds per wall second of the twin (1e-3: 1 ms per second).")] = 1e-3,
+    tick_interval: Annotated[float, typer.Option(
+        help="Wall seconds between control periods.")] = 0.2,
+    max_body: Annotated[str, typer.Option(help="Largest request body.")] = "8MiB",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run the controller as a service: REST API, dashboard and Prometheus metrics."""
+    import uvicorn
+
+    from fabricpilot.service.auth import TokenRegistry
+    from fabricpilot.service.server import build, configure_logging
+
+    if time_scale <= 0:
+        _fail(f"--time-scale: must be > 0, got {time_scale}")
+    if tick_interval <= 0:
+        _fail(f"--tick-interval: must be > 0, got {tick_interval}")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        _fail(f"--log-level: unknown level {log_level!r}")
+    max_body_bytes = _size(max_body, "--max-body")
+    try:
+        sc, source = _load(scenario)
+        tokens = TokenRegistry.from_file(tokens_file) if tokens_file is not None else None
+        with err.status("planning the declared jobs"):
+            api, service, _, token_file = build(
+                sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
+                tick_interval_s=tick_interval, max_body_bytes=max_body_bytes)
+    except FabricpilotError as e:
+        _fail(str(e))
+    restored = service.restored
+    err.print(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs /docs, "
+              f"metrics /metrics); state in {state_dir}/"
+              + (f"; restored {restored['jobs']} jobs, {restored['path_sets']} path sets, "
+                 f"{restored['faults']} faults" if restored["jobs"] or restored["faults"]
+                 else ""), highlight=False, soft_wrap=True)
+    if token_file is not None:
+        err.print(f"operator token: {token_file}", highlight=False)
+    configure_logging(log_level.upper())
+    uvicorn.run(api, host=host, port=port, log_level="warning", access_log=False)
+
+
+@app.command()
 def validate(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML to check.")],
 ) -> None:

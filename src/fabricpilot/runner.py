@@ -214,7 +214,7 @@ def _simulate(
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
                         member_routes=model.needs_paths or faults is not None,
                         adaptive=prep.adaptive, controller=controller,
-                        port_buffer_bytes=_port_buffer_bytes(prep),
+                        port_buffer_bytes=port_buffer_bytes(prep),
                         faults=faults is not None, **fec)
     pol = make_policy(policy, ctx)
     attach = getattr(pol, "attach_jobs", None)
@@ -244,7 +244,7 @@ def _result(prep: Prepared, policy: str, out: EngineOutput, pol: object, wall: f
     return result
 
 
-def _port_buffer_bytes(prep: Prepared) -> float:
+def port_buffer_bytes(prep: Prepared) -> float:
     """A switch egress port's buffer: the fluid model's, else the default."""
     fluid = prep.model_params.get("fluid")
     per_port = getattr(fluid, "buffer_bytes_per_port", None)

@@ -1,0 +1,268 @@
+"""The HTTP API of the controller service (FastAPI; OpenAPI at ``/openapi.json``, docs at
+``/docs``).
+
+Resources, under ``/api/v1``:
+
+* ``jobs`` — declare (``POST``), replace (``PUT /jobs/{id}``), list, read, withdraw
+  (``DELETE``); ``jobs/{id}/calls`` — announce a communication call and get its paths back
+  (``POST``), list the announced calls (``GET``); ``jobs/{id}/paths`` — the installed paths;
+* ``telemetry`` — batched port counter deltas from switches (``POST``);
+* ``faults`` — report (operators) and list; ``fabric`` — the topology;
+  ``congestion`` — the congestion map; ``control/tick`` — run a control period now
+  (operators);
+* ``/health``, ``/metrics`` (Prometheus) and ``/`` (the dashboard) need no token.
+
+Every other request needs ``Authorization: Bearer <token>`` (401 without a known one). A
+tenant token sees and changes its tenant's jobs only (403 otherwise); an operator token
+may do everything. Bodies above ``max_body_bytes`` get 413; invalid bodies 422 with the
+offending fields. Each request is logged as one JSON line with the caller's name, never its
+token.
+"""
+
+
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fabricpilot import __version__
+from fabricpilot.service.auth import Principal, TokenRegistry
+from fabricpilot.service.metrics import make_registry
+from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, TelemetryIn
+from fabricpilot.service.state import FabricService, ServiceError
+
+log = logging.getLogger("fabricpilot.service")
+access_log = logging.getLogger("fabricpilot.access")
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message and the record's
+    ``fields`` (``extra={"fields": {...}}``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname,
+                               "logger": record.name, "event": record.getMessage()}
+        out.update(getattr(record, "fields", {}) or {})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info).splitlines()[-1]
+        return json.dumps(out, default=str)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body larger than ``max_bytes`` gets 413 (checked on the
+    declared length, and on the bytes as they arrive when none is declared)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await _too_large(send, self.max_bytes)
+                return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return msg
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await _too_large(send, self.max_bytes)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = json.dumps({"detail": f"request body larger than {limit} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(service: FabricService, tokens: TokenRegistry, *,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, manage: bool = True) -> FastAPI:
+    """The API over ``service``. ``manage``: start the service's control loop and twin with
+    the app and stop them when it stops."""
+    registry, api_latency = make_registry(service)
+    bearer = HTTPBearer(auto_error=False)
+
+    def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+                  request: Request) -> Principal:
+        if cred is None or cred.scheme.lower() != "bearer":
+            raise HTTPException(401, "missing bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+        p = tokens.resolve(cred.credentials)
+        if p is None:
+            raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
+        request.state.principal = p.name
+        return p
+
+    def operator(p: Annotated[Principal, Depends(principal)]) -> Principal:
+        if not p.is_operator:
+            raise HTTPException(403, "operators only")
+        return p
+
+    Caller = Annotated[Principal, Depends(principal)]
+    Operator = Annotated[Principal, Depends(operator)]
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        if manage:
+            service.start()
+        try:
+            yield
+        finally:
+            if manage:
+                service.stop()
+
+    app = FastAPI(title="fabricpilot controller", version=__version__, lifespan=lifespan,
+                  description="Task-aware control plane for AI-training fabrics: declare "
+                              "jobs and their communication, read their paths, feed it "
+                              "telemetry and faults.")
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            dt = time.perf_counter() - t0
+            route = request.scope.get("route")
+            path = getattr(route, "path", "<unmatched>")
+            api_latency.labels(request.method, path, str(status)).observe(dt)
+            access_log.info("request", extra={"fields": {
+                "method": request.method, "route": path, "status": status,
+                "ms": round(dt * 1e3, 3),
+                "principal": getattr(request.state, "principal", None),
+                "client": request.client.host if request.client else None}})
+
+    # ------------------------------------------------------------ open
+    @app.get("/health", tags=["service"])
+    def health() -> dict[str, Any]:
+        return service.health()
+
+    @app.get("/metrics", tags=["service"], response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        page = resources.files("fabricpilot.service").joinpath("dashboard.html")
+        return HTMLResponse(page.read_text(encoding="utf-8"))
+
+    # ------------------------------------------------------------ jobs
+    v1 = "/api/v1"
+
+    @app.post(f"{v1}/jobs", status_code=201, tags=["jobs"])
+    def declare(body: IntentIn, p: Caller) -> dict[str, Any]:
+        """Declare a job's intent (409 if the task id exists; PUT replaces)."""
+        return service.declare(p, body, replace_ok=False)
+
+    @app.put(f"{v1}/jobs/{{task_id}}", tags=["jobs"])
+    def update(task_id: str, body: IntentIn, p: Caller) -> dict[str, Any]:
+        """Declare or replace a job's intent."""
+        if body.task_id != task_id:
+            raise ServiceError(422, f"task_id: body says {body.task_id!r}, path says "
+                               f"{task_id!r}")
+        return service.declare(p, body, replace_ok=True)
+
+    @app.get(f"{v1}/jobs", tags=["jobs"])
+    def list_jobs(p: Caller) -> list[dict[str, Any]]:
+        """The caller's jobs (every job for operators)."""
+        return service.jobs(p)
+
+    @app.get(f"{v1}/jobs/{{task_id}}", tags=["jobs"])
+    def get_job(task_id: str, p: Caller) -> dict[str, Any]:
+        return service.job(p, task_id)
+
+    @app.delete(f"{v1}/jobs/{{task_id}}", status_code=204, tags=["jobs"])
+    def withdraw(task_id: str, p: Caller) -> Response:
+        service.withdraw(p, task_id)
+        return Response(status_code=204)
+
+    @app.post(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
+    def announce(task_id: str, body: AnnounceIn, p: Caller) -> dict[str, Any]:
+        """Announce a communication call; answered with the paths planned for it."""
+        return service.announce(p, task_id, body)
+
+    @app.get(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
+    def list_calls(task_id: str, p: Caller,
+                   limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
+        return service.calls(p, task_id, limit)
+
+    @app.get(f"{v1}/jobs/{{task_id}}/paths", tags=["paths"])
+    def job_paths(task_id: str, p: Caller,
+                  src: Annotated[int | None, Query(ge=0)] = None,
+                  dst: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
+        """The path sets installed for a job (one per GPU pair; ``src`` / ``dst`` filter)."""
+        return service.paths(p, task_id, src, dst)
+
+    # ------------------------------------------------------------ fabric
+    @app.post(f"{v1}/telemetry", status_code=202, tags=["telemetry"])
+    def telemetry(body: TelemetryIn, _: Operator) -> dict[str, Any]:
+        """Port counter deltas from switches (folded in at the next control period)."""
+        return {"accepted": service.ingest(body.deltas)}
+
+    @app.post(f"{v1}/control/tick", tags=["telemetry"])
+    def tick(_: Operator) -> dict[str, Any]:
+        """Run one control period now."""
+        return service.tick_now()
+
+    @app.post(f"{v1}/faults", status_code=201, tags=["faults"])
+    def report_fault(body: FaultIn, p: Operator) -> dict[str, Any]:
+        """A link went down, came back up, or is gray: the controller re-places the path
+        sets that cross it."""
+        return service.report_fault(p, body)
+
+    @app.get(f"{v1}/faults", tags=["faults"])
+    def list_faults(_: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200
+                    ) -> list[dict[str, Any]]:
+        return service.faults(limit)
+
+    @app.get(f"{v1}/fabric", tags=["fabric"])
+    def fabric(_: Caller) -> dict[str, Any]:
+        return service.topology()
+
+    @app.get(f"{v1}/congestion", tags=["fabric"])
+    def congestion(_: Caller) -> list[dict[str, Any]]:
+        return service.congestion()
+
+    @app.get(f"{v1}/events", tags=["fabric"])
+    def events(_: Caller) -> list[dict[str, Any]]:
+        """Recent reroutes, heals and faults, newest last."""
+        with service.lock:
+            return list(service.events)
+
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app

@@ -1,0 +1,156 @@
+"""API tokens and tenancy.
+
+A token file (YAML) lists who may call the API::
+
+    tokens:
+      - name: ops                      # shown in logs instead of the token
+        role: operator                 # may do everything
+        sha256: 9f86d081884c7d65...    # the token's SHA-256 (or `token:` in clear)
+      - name: acme-trainer
+        role: tenant
+        tenant: acme                   # declares and reads acme's jobs only
+        token: s3cret-acme
+        gpus: "0-63"                   # optional: the GPUs acme may declare jobs on
+
+Tokens are compared by their SHA-256 digest in constant time and never logged; requests are
+logged with the principal's ``name``.
+
+>>> p = Principal("acme-trainer", "tenant", "acme", frozenset({0, 1}))
+>>> p.may_use_gpus([0, 1]), p.may_use_gpus([2])
+(True, False)
+>>> parse_gpu_ranges("0-3,8")
+[0, 1, 2, 3, 8]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fabricpilot.errors import FabricpilotError
+
+
+class AuthConfigError(FabricpilotError):
+    """A token file that cannot be used (one line: file, field, problem)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's ``name``, its ``role``, its tenant (tenants only) and the
+    GPUs it may declare jobs on (``None``: any)."""
+
+    name: str
+    role: Literal["operator", "tenant"]
+    tenant: str | None = None
+    gpus: frozenset[int] | None = None
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"
+
+    def may_use_gpus(self, gpus: list[int] | tuple[int, ...]) -> bool:
+        return self.gpus is None or set(gpus) <= self.gpus
+
+    def owns(self, tenant: str) -> bool:
+        return self.is_operator or self.tenant == tenant
+
+
+def parse_gpu_ranges(text: str) -> list[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a or a < 0:
+            raise ValueError(f"bad GPU range {part!r}")
+        out.extend(range(a, b + 1))
+    return out
+
+
+class _TokenEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    role: Literal["operator", "tenant"]
+    tenant: str | None = None
+    token: str | None = Field(default=None, min_length=16)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    gpus: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> _TokenEntry:
+        if (self.token is None) == (self.sha256 is None):
+            raise ValueError("give exactly one of token or sha256")
+        if self.role == "tenant" and not self.tenant:
+            raise ValueError("a tenant token needs tenant:")
+        if self.gpus is not None:
+            parse_gpu_ranges(self.gpus)
+        return self
+
+
+class _TokenFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[_TokenEntry] = Field(min_length=1)
+
+
+def digest(token: str) -> str:
+    """The SHA-256 hex digest a token file may store instead of the token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenRegistry:
+    """Token digest -> :class:`Principal`."""
+
+    def __init__(self, principals: dict[str, Principal] | None = None) -> None:
+        self._by_digest = dict(principals or {})
+
+    def add(self, token: str, principal: Principal) -> None:
+        self._by_digest[digest(token)] = principal
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def resolve(self, token: str) -> Principal | None:
+        """The principal of ``token``, or None (compared digest by digest in constant time)."""
+        d = digest(token)
+        found = None
+        for known, principal in self._by_digest.items():
+            if hmac.compare_digest(known, d):
+                found = principal
+        return found
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TokenRegistry:
+        """Read a token file; a bad one raises :class:`AuthConfigError` naming the field."""
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise AuthConfigError(f"{path}: cannot read: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise AuthConfigError(f"{path}: not valid YAML: {err}".splitlines()[0]) from None
+        try:
+            spec = _TokenFile.model_validate(raw)
+        except ValidationError as err:
+            e = err.errors()[0]
+            loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+            raise AuthConfigError(f"{path}: {loc}: {e['msg']}") from None
+        reg = cls()
+        for e in spec.tokens:
+            gpus = frozenset(parse_gpu_ranges(e.gpus)) if e.gpus is not None else None
+            p = Principal(e.name, e.role, e.tenant, gpus)
+            reg._by_digest[e.sha256 or digest(e.token or "")] = p
+        return reg
+
+
+def new_token() -> str:
+    """A fresh random API token (32 bytes, URL-safe)."""
+    return secrets.token_urlsafe(32)

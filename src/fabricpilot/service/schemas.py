@@ -1,0 +1,148 @@
+"""The service's API payloads: pydantic models, validated field by field.
+
+Every request body is one of these models; a body that does not fit gets a 422 listing each
+offending field (``body.calls.0.size_bytes: Input should be greater than 0``). Lists carry
+upper bounds so that one request cannot ask the controller for unbounded work.
+
+>>> CallIn(pattern="allreduce", size_bytes=1 << 20, sla_us=80).level
+'L2'
+>>> IntentIn(task_id="job-1", gpus=[0, 1], calls=[{"pattern": "alltoall", "size_bytes": 1,
+...          "sla_us": 500}]).to_intent("acme").tenant
+'acme'
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fabricpilot.controller.intents import PATTERNS, CommCall, Intent, sla_level
+
+MAX_GPUS_PER_JOB = 65_536
+MAX_CALLS_PER_JOB = 256
+MAX_PAIRS_PER_CALL = 1 << 20
+MAX_DELTAS_PER_BATCH = 65_536
+TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+Pattern = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
+assert set(Pattern.__args__) == set(PATTERNS)  # type: ignore[attr-defined]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CallIn(_Strict):
+    """One communication call a job declares: a collective of ``size_bytes`` that must
+    complete within ``sla_us``, repeating every ``period_ns`` (0: one-off)."""
+
+    pattern: Pattern
+    size_bytes: int = Field(gt=0, le=1 << 50)
+    sla_us: float = Field(gt=0, le=1e9)
+    period_ns: int = Field(default=0, ge=0)
+    priority: int = Field(default=0, ge=0, le=7)
+    pairs: list[tuple[int, int]] = Field(default_factory=list, max_length=MAX_PAIRS_PER_CALL)
+
+    @property
+    def level(self) -> str:
+        return sla_level(self.sla_us)
+
+    def to_call(self) -> CommCall:
+        return CommCall(self.pattern, self.size_bytes, self.sla_us, self.period_ns,
+                        self.priority, tuple(self.pairs))
+
+
+class IntentIn(_Strict):
+    """A job's intent as declared (or replaced) through the API."""
+
+    task_id: str = Field(pattern=TASK_ID_PATTERN)
+    gpus: list[int] = Field(min_length=1, max_length=MAX_GPUS_PER_JOB)
+    calls: list[CallIn] = Field(min_length=1, max_length=MAX_CALLS_PER_JOB)
+    tenant: str | None = Field(default=None, pattern=TASK_ID_PATTERN,
+                               description="operators only: the tenant the job belongs to")
+    opt_in: bool = True
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique(cls, gpus: list[int]) -> list[int]:
+        if min(gpus) < 0:
+            raise ValueError("GPU ids must be >= 0")
+        if len(set(gpus)) != len(gpus):
+            dups = sorted({g for g in gpus if gpus.count(g) > 1})[:5]
+            raise ValueError(f"duplicate GPU ids: {dups}")
+        return gpus
+
+    @model_validator(mode="after")
+    def _pairs_in_job(self) -> IntentIn:
+        mine = set(self.gpus)
+        for i, c in enumerate(self.calls):
+            bad = [p for p in c.pairs if p[0] not in mine or p[1] not in mine]
+            if bad:
+                raise ValueError(f"calls[{i}].pairs: {bad[0]} uses a GPU outside the job")
+        return self
+
+    def to_intent(self, tenant: str) -> Intent:
+        return Intent(self.task_id, tenant, tuple(self.gpus),
+                      tuple(c.to_call() for c in self.calls), self.opt_in)
+
+
+class AnnounceIn(_Strict):
+    """A communication call announced at run time: "an AllReduce of ``size_bytes`` among
+    these ranks (GPU ids), SLA ``sla_us``". The controller adds it to the job's intent
+    (replacing an announced call of the same pattern and ranks) and answers with the paths it
+    planned for it."""
+
+    pattern: Pattern
+    size_bytes: int = Field(gt=0, le=1 << 50)
+    ranks: list[int] = Field(min_length=2, max_length=MAX_GPUS_PER_JOB)
+    sla_us: float | None = Field(default=None, gt=0, le=1e9)
+    period_ns: int = Field(default=0, ge=0)
+    bucket: int | None = Field(default=None, ge=0, description="e.g. a DDP gradient bucket")
+
+    @field_validator("ranks")
+    @classmethod
+    def _unique(cls, ranks: list[int]) -> list[int]:
+        if len(set(ranks)) != len(ranks):
+            raise ValueError("ranks must not repeat")
+        if min(ranks) < 0:
+            raise ValueError("GPU ids must be >= 0")
+        return ranks
+
+
+class PortDeltaIn(_Strict):
+    """Counter deltas of one egress port over ``interval_ns``, as a switch reports them."""
+
+    link_id: int = Field(ge=0)
+    interval_ns: int = Field(gt=0)
+    tx_bytes: float = Field(default=0.0, ge=0)
+    queue_bytes: float = Field(default=0.0, ge=0)
+    drops: float = Field(default=0.0, ge=0)
+    ecn_marks: float = Field(default=0.0, ge=0)
+    pause_ns: float = Field(default=0.0, ge=0)
+    fec_corrected: float = Field(default=0.0, ge=0)
+    fec_uncorrected: float = Field(default=0.0, ge=0)
+    rx_bits: float = Field(default=0.0, ge=0)
+
+
+class TelemetryIn(_Strict):
+    """A batch of port deltas (one switch's, or a collector's)."""
+
+    switch: str | None = Field(default=None, max_length=128)
+    deltas: list[PortDeltaIn] = Field(min_length=1, max_length=MAX_DELTAS_PER_BATCH)
+
+
+class FaultIn(_Strict):
+    """A fault report: a link (by id, or by its two end nodes) went ``down``, came back
+    ``up`` or is ``gray`` (it corrupts packets but stays up)."""
+
+    kind: Literal["down", "up", "gray"]
+    link_id: int | None = Field(default=None, ge=0)
+    endpoints: tuple[str, str] | None = None
+    detail: str = Field(default="", max_length=1000)
+
+    @model_validator(mode="after")
+    def _one_link(self) -> FaultIn:
+        if (self.link_id is None) == (self.endpoints is None):
+            raise ValueError("give exactly one of link_id or endpoints")
+        return self

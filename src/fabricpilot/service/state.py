@@ -1,0 +1,526 @@
+"""The controller as a long-lived service: one :class:`FabricService` holds the controller,
+its data plane, the durable store and the control loop, behind one lock.
+
+The API (:mod:`fabricpilot.service.app`) calls the methods here; they check tenancy, change
+the controller's state, persist it and return plain dicts. Planning is batched: declaring or
+updating a job marks the plan stale and wakes the control loop, which re-plans every stale
+job together (so a burst of declarations costs one plan); between plans it runs the
+controller's control period (:meth:`~fabricpilot.controller.core.Controller.tick`) every
+``tick_interval_s`` of wall time. A call announced at run time waits for the plan that
+includes it and answers with its paths.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
+from fabricpilot.controller.intents import CommCall, Intent, sla_level
+from fabricpilot.controller.southbound import PathSet, PortDelta
+from fabricpilot.runner import Prepared
+from fabricpilot.service.auth import Principal
+from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
+from fabricpilot.service.store import Store
+from fabricpilot.service.twin import (
+    PacedTwin,
+    ServiceDataPlane,
+    TwinRunner,
+    job_intents,
+    twin_context,
+)
+
+log = logging.getLogger("fabricpilot.service")
+
+TWIN_TENANT = "twin"
+"""The tenant of the jobs the twin's scenario declares."""
+
+DEFAULT_ANNOUNCE_SLA_US = 1_000.0
+
+
+class ServiceError(Exception):
+    """An API-level refusal: HTTP ``status`` and a one-line ``detail``."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class Counters:
+    """What the service did since it started (exported as Prometheus counters)."""
+
+    plans: int = 0
+    replans: int = 0
+    reroutes: int = 0          # path sets whose paths changed after the first plan
+    heals: int = 0
+    faults: int = 0
+    telemetry_deltas: int = 0
+    announces: int = 0
+    sla_refused: int = 0       # announced calls no path can serve within their SLA
+    plan_seconds: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=4096))
+
+
+def intent_to_dict(intent: Intent) -> dict[str, Any]:
+    """A JSON-able form of an intent (the store's and the API's)."""
+    return {"task_id": intent.task_id, "tenant": intent.tenant, "gpus": list(intent.gpus),
+            "opt_in": intent.opt_in,
+            "calls": [{"pattern": c.pattern, "size_bytes": c.size_bytes, "sla_us": c.sla_us,
+                       "period_ns": c.period_ns, "priority": c.priority,
+                       "pairs": [list(p) for p in c.pairs]} for c in intent.calls]}
+
+
+def intent_from_dict(d: dict[str, Any]) -> Intent:
+    calls = tuple(CommCall(c["pattern"], int(c["size_bytes"]), float(c["sla_us"]),
+                           int(c["period_ns"]), int(c.get("priority", 0)),
+                           tuple((int(a), int(b)) for a, b in c.get("pairs", [])))
+                  for c in d["calls"])
+    return Intent(d["task_id"], d["tenant"], tuple(int(g) for g in d["gpus"]), calls,
+                  bool(d.get("opt_in", True)))
+
+
+def pathset_to_dict(ps: PathSet) -> dict[str, Any]:
+    return {"key": ps.key, "paths": [list(p) for p in ps.paths], "weights": list(ps.weights),
+            "ports": list(ps.ports), "rules": [[list(r) for r in rs] for rs in ps.rules]}
+
+
+def pathset_from_dict(d: dict[str, Any]) -> PathSet:
+    return PathSet(d["key"], tuple(tuple(int(x) for x in p) for p in d["paths"]),
+                   tuple(float(w) for w in d["weights"]), tuple(int(p) for p in d["ports"]),
+                   tuple(tuple((str(sw), int(lk)) for sw, lk in rs) for rs in d["rules"]))
+
+
+class FabricService:
+    """The controller, its data plane, the store and the control loop (module docstring).
+
+    ``twin=True`` runs the scenario's jobs on the twin in scaled real time (``time_scale``
+    fabric seconds per wall second); ``twin=False`` keeps the twin's fabric but no traffic
+    (the controller then sees only the telemetry posted to it)."""
+
+    def __init__(self, prep: Prepared, store: Store, *, twin: bool = True,
+                 time_scale: float = 1e-3, tick_interval_s: float = 0.2) -> None:
+        self.prep = prep
+        self.store = store
+        self.lock = threading.RLock()
+        self.started_s = time.time()
+        self.tick_interval_s = tick_interval_s
+        self.counters = Counters()
+        self.busbw_GBps: dict[str, float] = {}
+        self.collective_us: dict[str, float] = {}
+        self._policy = PacedTwin(twin_context(prep))
+        self.dp = ServiceDataPlane(self._policy, on_install=self._persist_paths)
+        self.controller = Controller(self.dp, prep.controller)
+        self._policy.controller = self.controller
+        self.view = self.dp.view
+        self.n_gpus = len(self.view.gpu_node)
+        self._stale = False
+        self._plan_epoch = 0
+        self._changed = threading.Condition(self.lock)
+        self._stop = threading.Event()
+        self._loop_thread: threading.Thread | None = None
+        self.events: deque[dict[str, Any]] = deque(maxlen=200)  # reroutes, heals, faults
+        self.runner: TwinRunner | None = None
+        self.restored = self._restore()
+        if twin and prep.jobs:
+            self._declare_twin_jobs()
+            self.runner = TwinRunner(prep, self._policy, self.lock, time_scale=time_scale,
+                                     on_collective=self._on_collective)
+        self._policy.job_names = [j.name for j in prep.jobs]
+        with self.lock:
+            self._plan("start")
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._loop_thread = threading.Thread(target=self._loop, name="fabricpilot-control",
+                                             daemon=True)
+        self._loop_thread.start()
+        if self.runner is not None:
+            self.runner.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        if self.runner is not None:
+            self.runner.stop()
+        if self._loop_thread is not None:
+            self._loop_thread.join(5.0)
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + self.tick_interval_s
+        while not self._stop.is_set():
+            with self._changed:
+                wait = next_tick - time.monotonic()
+                if not self._stale and wait > 0:
+                    self._changed.wait(wait)
+                if self._stop.is_set():
+                    return
+                try:
+                    if self._stale:
+                        self._plan("intents")
+                    elif time.monotonic() >= next_tick:
+                        next_tick = time.monotonic() + self.tick_interval_s
+                        self._tick()
+                except Exception:  # keep serving; the failure is in the logs
+                    log.exception("control period failed")
+
+    # ------------------------------------------------------------ control
+    def now_ns(self) -> float:
+        """The control plane's clock: the twin's fabric time, else wall time since start."""
+        if self.runner is not None:
+            return self._policy.now_ns()
+        return (time.time() - self.started_s) * 1e9
+
+    def _timed(self, kind: str, t0: float) -> None:
+        self.counters.plan_seconds.append((kind, time.perf_counter() - t0))
+
+    def _plan(self, why: str) -> None:
+        """Re-plan every declared job (lock held)."""
+        before = dict(self.dp.installed)
+        t0 = time.perf_counter()
+        rep = self.controller.plan()
+        self._timed("plan", t0)
+        self._stale = False
+        self._plan_epoch += 1
+        self.counters.plans += 1
+        self._note_reroutes(before, "plan", why)
+        log.info("plan", extra={"fields": {"why": why, "demands": rep.demands,
+                                           "installed": rep.installed,
+                                           "lambda": round(rep.plan.max_utilization, 4)}})
+        self._changed.notify_all()
+
+    def _tick(self) -> None:
+        before = dict(self.dp.installed)
+        t0 = time.perf_counter()
+        rep = self.controller.tick(self.now_ns())
+        self._timed("tick", t0)
+        if rep.replanned:
+            self.counters.replans += 1
+            self._note_reroutes(before, "replan",
+                                f"hot links {rep.hot_links[:8]}: max fabric utilisation "
+                                f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}")
+            self._plan_epoch += 1
+            self._changed.notify_all()
+
+    def _note_reroutes(self, before: dict[str, PathSet], kind: str, why: str) -> None:
+        moved = [k for k, ps in self.dp.installed.items()
+                 if k in before and before[k].paths != ps.paths]
+        if moved:
+            self.counters.reroutes += len(moved)
+            self.events.append({"at_s": time.time(), "kind": kind, "why": why,
+                                "path_sets": len(moved), "keys": moved[:20]})
+            log.info("reroute", extra={"fields": {"kind": kind, "why": why,
+                                                  "path_sets": len(moved)}})
+
+    def _persist_paths(self, sets: list[PathSet]) -> None:
+        self.store.put_paths([(ps.key, ps.key.split(":", 1)[0], pathset_to_dict(ps))
+                              for ps in sets])
+
+    def _on_collective(self, job: str, busbw_GBps: float, time_us: float) -> None:
+        self.busbw_GBps[job] = busbw_GBps
+        self.collective_us[job] = time_us
+
+    def _declare_twin_jobs(self) -> None:
+        """The scenario's jobs declare themselves (tenant ``twin``), as in a twin run."""
+        for intent in job_intents(self.prep.jobs, TWIN_TENANT):
+            if intent.task_id not in self.controller.intents:
+                self.controller.declare(intent)
+
+    def _restore(self) -> dict[str, int]:
+        """Read the store back: jobs, the fault state of each link and the path sets the
+        switches held (installed again: the data plane is re-synced before the first plan,
+        which then sends only what changed)."""
+        jobs = self.store.jobs()
+        for _, _, d in jobs:
+            self.controller.declare(intent_from_dict(d))
+        last: dict[int, str] = {}
+        faults = self.store.faults(limit=1_000_000)
+        for f in faults:
+            last[int(f["link_id"])] = str(f["kind"])
+        self.controller.down = {lk for lk, k in last.items() if k == "down"}
+        self.controller.degraded = {lk for lk, k in last.items() if k == "gray"}
+        known = {t for t, _, _ in jobs}
+        stored = [pathset_from_dict(d) for d in self.store.paths().values()]
+        kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
+        if kept:
+            try:
+                self.dp.restore(kept)
+                self.controller._installed.update({ps.key: ps for ps in kept})
+            except ValueError as err:  # e.g. the rule capacity shrank: plan from scratch
+                log.warning("restore", extra={"fields": {"error": str(err)}})
+        return {"jobs": len(jobs), "faults": len(faults), "path_sets": len(kept)}
+
+    # ------------------------------------------------------------ jobs
+    def _owned(self, p: Principal, task_id: str) -> Intent:
+        intent = self.controller.intents.get(task_id)
+        if intent is None:
+            raise ServiceError(404, f"job {task_id!r} not found")
+        if not p.owns(intent.tenant):
+            raise ServiceError(403, f"job {task_id!r} belongs to another tenant")
+        return intent
+
+    def _tenant_for(self, p: Principal, body: IntentIn) -> str:
+        if p.is_operator:
+            return body.tenant or "default"
+        if body.tenant is not None and body.tenant != p.tenant:
+            raise ServiceError(403, "tenant: a tenant token declares jobs for its own tenant")
+        assert p.tenant is not None
+        return p.tenant
+
+    def _check_gpus(self, p: Principal, tenant: str, task_id: str, gpus: list[int]) -> None:
+        bad = [g for g in gpus if g >= self.n_gpus]
+        if bad:
+            raise ServiceError(422, f"gpus: GPU {bad[0]} does not exist (the fabric has "
+                               f"{self.n_gpus} GPUs: 0-{self.n_gpus - 1})")
+        if not p.may_use_gpus(gpus):
+            outside = sorted(set(gpus) - (p.gpus or frozenset()))
+            raise ServiceError(403, f"gpus: GPU {outside[0]} is not one of {p.name}'s GPUs")
+        mine = set(gpus)
+        for other in self.controller.intents.values():
+            if other.task_id != task_id and other.tenant != tenant and mine & set(other.gpus):
+                g = min(mine & set(other.gpus))
+                raise ServiceError(409, f"gpus: GPU {g} is in use by another tenant's job")
+
+    def declare(self, p: Principal, body: IntentIn, *, replace_ok: bool) -> dict[str, Any]:
+        tenant = self._tenant_for(p, body)
+        with self.lock:
+            old = self.controller.intents.get(body.task_id)
+            if old is not None:
+                if not p.owns(old.tenant):
+                    raise ServiceError(403, f"job {body.task_id!r} belongs to another tenant")
+                if not replace_ok:
+                    raise ServiceError(409, f"job {body.task_id!r} exists (PUT replaces it)")
+                tenant = old.tenant if p.is_operator and body.tenant is None else tenant
+            self._check_gpus(p, tenant, body.task_id, body.gpus)
+            intent = body.to_intent(tenant)
+            self.store.put_job(intent.task_id, tenant, intent_to_dict(intent))
+            self.controller.declare(intent)
+            self._mark_stale()
+            return self._job_dict(intent)
+
+    def withdraw(self, p: Principal, task_id: str) -> None:
+        with self.lock:
+            self._owned(p, task_id)
+            self.controller.withdraw(task_id)
+            self.store.delete_job(task_id)
+            self.dp.forget([k for k in self.dp.installed if k.startswith(task_id + ":")])
+            self._mark_stale()
+
+    def jobs(self, p: Principal) -> list[dict[str, Any]]:
+        with self.lock:
+            return [self._job_dict(i) for i in sorted(self.controller.intents.values(),
+                                                       key=lambda i: i.task_id)
+                    if p.owns(i.tenant)]
+
+    def job(self, p: Principal, task_id: str) -> dict[str, Any]:
+        with self.lock:
+            return self._job_dict(self._owned(p, task_id))
+
+    def _job_dict(self, intent: Intent) -> dict[str, Any]:
+        d = intent_to_dict(intent)
+        tid = intent.task_id
+        prefix = tid + ":"
+        d.update(
+            sla_level=intent.strictest_level,
+            sla_met=tid not in self.controller.sla_unmet and tid not in
+            self.controller.partitioned,
+            sla_problem=self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid),
+            path_sets=sum(1 for k in self.dp.installed if k.startswith(prefix)),
+            planned=not self._stale,
+            busbw_GBps=self.busbw_GBps.get(tid),
+            last_collective_us=self.collective_us.get(tid),
+        )
+        return d
+
+    def _mark_stale(self) -> None:
+        self._stale = True
+        self._changed.notify_all()
+
+    def wait_planned(self, timeout_s: float = 10.0) -> bool:
+        """Block until no declared change awaits planning (lock not held by the caller)."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._stale:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                if self._loop_thread is None:  # no control loop: plan here
+                    self._plan("request")
+                    break
+                self._changed.wait(left)
+        return True
+
+    # ------------------------------------------------------------ calls
+    def announce(self, p: Principal, task_id: str, body: AnnounceIn) -> dict[str, Any]:
+        """A run-time call: added to the job's intent (replacing a call of the same pattern
+        over the same ranks), planned, and answered with its paths."""
+        with self.lock:
+            intent = self._owned(p, task_id)
+            outside = sorted(set(body.ranks) - set(intent.gpus))
+            if outside:
+                raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of job "
+                                   f"{task_id!r}'s GPUs")
+            sla = body.sla_us or DEFAULT_ANNOUNCE_SLA_US
+            pairs = tuple((a, b) for a, b, _ in pattern_pairs(body.pattern, tuple(body.ranks)))
+            call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns, 0, pairs)
+            calls = [c for c in intent.calls if not (c.pattern == call.pattern
+                                                      and c.pairs == call.pairs)]
+            same = any(c == call for c in intent.calls)
+            if not same:
+                new = Intent(intent.task_id, intent.tenant, intent.gpus,
+                             (*calls, call), intent.opt_in)
+                self.store.put_job(task_id, intent.tenant, intent_to_dict(new))
+                self.controller.declare(new)
+                self._mark_stale()
+            self.counters.announces += 1
+            self.store.add_call(time.time(), task_id,
+                                {"pattern": body.pattern, "size_bytes": body.size_bytes,
+                                 "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket})
+        self.wait_planned()
+        with self.lock:
+            keys = [rule_key(task_id, a, b) for a, b in pairs]
+            got = {k: self.dp.installed[k] for k in keys if k in self.dp.installed}
+            problem = self.controller.sla_unmet.get(task_id)
+            if problem:
+                self.counters.sla_refused += 1
+            return {"task_id": task_id, "pattern": body.pattern, "size_bytes": body.size_bytes,
+                    "sla_us": sla, "sla_level": sla_level(sla), "sla_met": problem is None,
+                    "sla_problem": problem, "changed_intent": not same,
+                    "pairs": [self._pair_dict(k, got.get(k)) for k in keys]}
+
+    def calls(self, p: Principal, task_id: str, limit: int) -> list[dict[str, Any]]:
+        with self.lock:
+            self._owned(p, task_id)
+        return self.store.calls(task_id, limit)
+
+    # ------------------------------------------------------------ paths
+    def _pair_dict(self, key: str, ps: PathSet | None) -> dict[str, Any]:
+        _, pair = key.split(":", 1)
+        src, dst = (int(x) for x in pair.split("->"))
+        if ps is None:
+            return {"key": key, "src": src, "dst": dst, "planned": False, "paths": []}
+        links = self.view.links
+        total = sum(ps.weights) or 1.0
+        out = []
+        for i, (path, w) in enumerate(zip(ps.paths, ps.weights, strict=True)):
+            nodes = [links[path[0]].src, *(links[lk].dst for lk in path)] if path else []
+            out.append({"links": list(path), "nodes": nodes, "share": w / total,
+                        "source_port": ps.ports[i] if i < len(ps.ports) else None,
+                        "pinned_rules": [list(r) for r in ps.rules[i]]
+                        if i < len(ps.rules) else []})
+        return {"key": key, "src": src, "dst": dst, "planned": True, "paths": out}
+
+    def paths(self, p: Principal, task_id: str, src: int | None = None,
+              dst: int | None = None) -> dict[str, Any]:
+        with self.lock:
+            self._owned(p, task_id)
+            prefix = task_id + ":"
+            keys = sorted(k for k in self.dp.installed if k.startswith(prefix))
+            if src is not None or dst is not None:
+                keys = [k for k in keys if self._match(k, src, dst)]
+            return {"task_id": task_id, "plan_epoch": self._plan_epoch,
+                    "pairs": [self._pair_dict(k, self.dp.installed[k]) for k in keys]}
+
+    @staticmethod
+    def _match(key: str, src: int | None, dst: int | None) -> bool:
+        a, b = (int(x) for x in key.split(":", 1)[1].split("->"))
+        return (src is None or a == src) and (dst is None or b == dst)
+
+    # ------------------------------------------------------------ telemetry
+    def ingest(self, deltas: list[PortDeltaIn]) -> int:
+        n = len(self.view.links)
+        for i, d in enumerate(deltas):
+            if d.link_id >= n:
+                raise ServiceError(422, f"deltas.{i}.link_id: link {d.link_id} does not exist "
+                                   f"(the fabric has links 0-{n - 1})")
+        self.dp.post([PortDelta(**d.model_dump()) for d in deltas])
+        self.counters.telemetry_deltas += len(deltas)
+        return len(deltas)
+
+    def tick_now(self) -> dict[str, Any]:
+        """Run one control period now (operators; tests)."""
+        with self.lock:
+            before = self.counters.replans
+            self._tick()
+            return {"replanned": self.counters.replans > before,
+                    "plan_epoch": self._plan_epoch}
+
+    # ------------------------------------------------------------ faults
+    def _link_of(self, f: FaultIn) -> int:
+        if f.link_id is not None:
+            if f.link_id >= len(self.view.links):
+                raise ServiceError(422, f"link_id: link {f.link_id} does not exist")
+            return f.link_id
+        assert f.endpoints is not None
+        a, b = f.endpoints
+        try:
+            return self.view.link_between(a, b)
+        except (KeyError, ValueError):
+            raise ServiceError(422, f"endpoints: no link from {a!r} to {b!r}") from None
+
+    def report_fault(self, p: Principal, f: FaultIn) -> dict[str, Any]:
+        lk = self._link_of(f)
+        with self.lock:
+            fid = self.store.add_fault(time.time(), f.kind, lk, f.detail, p.name)
+            self.counters.faults += 1
+            before = dict(self.dp.installed)
+            if f.kind == "gray":
+                rep = self.controller.on_links_degraded([lk])
+            elif f.kind == "down":
+                rep = self.controller.on_links_changed([lk], [])
+            else:
+                self.controller.degraded.discard(lk)
+                rep = self.controller.on_links_changed([], [lk])
+            self.counters.plan_seconds.append(("heal", rep.wall_s))
+            self.counters.heals += 1
+            li = self.view.links[lk]
+            self.events.append({"at_s": time.time(), "kind": f"fault-{f.kind}",
+                                "why": f"{li.src} -> {li.dst} ({f.detail or p.name})",
+                                "path_sets": rep.installed, "keys": []})
+            self._note_reroutes(before, "heal", f"link {lk} {f.kind}")
+            return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
+                    "installed_path_sets": rep.installed, "replan_ms": rep.wall_s * 1e3,
+                    "partitioned": dict(self.controller.partitioned)}
+
+    def faults(self, limit: int) -> list[dict[str, Any]]:
+        return self.store.faults(limit)
+
+    # ------------------------------------------------------------ fabric
+    def topology(self) -> dict[str, Any]:
+        v = self.view
+        nodes = [{"id": n, "kind": k, "tier": v.tier.get(n)} for n, k in v.node_kind.items()]
+        links = [{"id": li.link_id, "src": li.src, "dst": li.dst, "kind": li.kind,
+                  "capacity_gbps": li.capacity_gbps} for li in v.links.values()]
+        return {"nodes": nodes, "links": links, "gpus": len(v.gpu_node)}
+
+    def congestion(self) -> list[dict[str, Any]]:
+        with self.lock:
+            ctl = self.controller
+            out = []
+            for li in self.view.links.values():
+                st = asdict(ctl.map.state(li.link_id))
+                st.update(link_id=li.link_id, src=li.src, dst=li.dst, kind=li.kind,
+                          weight=self.dp.congestion.get(li.link_id, 1.0),
+                          down=li.link_id in ctl.down, gray=li.link_id in ctl.degraded,
+                          hot=ctl.map.is_hot(li.link_id))
+                out.append(st)
+            return out
+
+    def health(self) -> dict[str, Any]:
+        runner = self.runner
+        return {"status": "ok" if runner is None or runner.error is None else "degraded",
+                "uptime_s": round(time.time() - self.started_s, 3),
+                "jobs": len(self.controller.intents),
+                "plan_epoch": self._plan_epoch,
+                "twin": None if runner is None else {
+                    "running": runner.alive, "runs": runner.runs, "error": runner.error,
+                    "fabric_time_ms": round(self._policy.now_ns() * 1e-6, 3),
+                    "time_scale": runner.time_scale},
+                "restored": self.restored,
+                "store": str(Path(self.store.path).name)}

@@ -1,0 +1,133 @@
+"""Durable controller state: jobs (intents), installed path sets, announced calls and the
+fault log, in one SQLite database in WAL mode.
+
+Every write is its own transaction, committed before the API answers, so a ``kill -9`` loses
+nothing that a client was told had happened. On start the service reads it all back
+(:meth:`Store.load`) and re-syncs the data plane.
+
+>>> s = Store(":memory:")
+>>> s.put_job("j1", "acme", {"task_id": "j1"})
+>>> s.jobs()
+[('j1', 'acme', {'task_id': 'j1'})]
+>>> s.add_fault(1.5, "down", 7, "cable pulled", "operator")
+1
+>>> s.faults()[0]["link_id"]
+7
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    task_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    intent TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS paths (
+    key TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    pathset TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS paths_task ON paths(task_id);
+CREATE TABLE IF NOT EXISTS faults (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_s REAL NOT NULL,
+    kind TEXT NOT NULL,
+    link_id INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_s REAL NOT NULL,
+    task_id TEXT NOT NULL,
+    call TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_task ON calls(task_id);
+"""
+
+
+class Store:
+    """The service's SQLite database (``path``; ``":memory:"`` for a throw-away one).
+
+    One connection, shared by the API's threads under a lock: SQLite serialises writers
+    anyway, and the service's writes are small."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable against kill -9
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
+        with self._lock:
+            return self._db.execute(sql, args)
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ------------------------------------------------------------------ jobs
+    def put_job(self, task_id: str, tenant: str, intent: dict[str, Any]) -> None:
+        self._write("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)",
+                    (task_id, tenant, json.dumps(intent)))
+
+    def delete_job(self, task_id: str) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM jobs WHERE task_id = ?", (task_id,))
+            self._db.execute("DELETE FROM paths WHERE task_id = ?", (task_id,))
+            self._db.execute("COMMIT")
+
+    def jobs(self) -> list[tuple[str, str, dict[str, Any]]]:
+        return [(t, ten, json.loads(i)) for t, ten, i in
+                self._read("SELECT task_id, tenant, intent FROM jobs ORDER BY task_id")]
+
+    # ------------------------------------------------------------------ paths
+    def put_paths(self, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Replace the stored path sets of these keys: ``(key, task_id, pathset)``."""
+        if not rows:
+            return
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO paths VALUES (?, ?, ?)",
+                                 [(k, t, json.dumps(p)) for k, t, p in rows])
+            self._db.execute("COMMIT")
+
+    def paths(self) -> dict[str, dict[str, Any]]:
+        return {k: json.loads(p) for k, p in self._read("SELECT key, pathset FROM paths")}
+
+    # ------------------------------------------------------------------ faults
+    def add_fault(self, at_s: float, kind: str, link_id: int, detail: str, source: str) -> int:
+        cur = self._write("INSERT INTO faults (at_s, kind, link_id, detail, source) "
+                          "VALUES (?, ?, ?, ?, ?)", (at_s, kind, link_id, detail, source))
+        return int(cur.lastrowid or 0)
+
+    def faults(self, limit: int = 1000) -> list[dict[str, Any]]:
+        rows = self._read("SELECT id, at_s, kind, link_id, detail, source FROM faults "
+                          "ORDER BY id DESC LIMIT ?", (limit,))
+        return [dict(zip(("id", "at_s", "kind", "link_id", "detail", "source"), r, strict=True))
+                for r in reversed(rows)]
+
+    # ------------------------------------------------------------------ calls
+    def add_call(self, at_s: float, task_id: str, call: dict[str, Any]) -> None:
+        self._write("INSERT INTO calls (at_s, task_id, call) VALUES (?, ?, ?)",
+                    (at_s, task_id, json.dumps(call)))
+
+    def calls(self, task_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        rows = self._read("SELECT at_s, call FROM calls WHERE task_id = ? ORDER BY id DESC "
+                          "LIMIT ?", (task_id, limit))
+        return [{"at_s": at, **json.loads(c)} for at, c in reversed(rows)]

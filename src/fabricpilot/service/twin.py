@@ -1,0 +1,256 @@
+"""The service's data plane: the digital twin running a scenario in scaled real time.
+
+:class:`ServiceDataPlane` is what the service's controller drives (it implements
+:class:`~fabricpilot.controller.southbound.DataPlane`). It wraps any inner data plane and adds
+what a long-lived service needs: the table of path sets the switches hold (queried by the
+API, persisted by the service), telemetry batches posted by switches through the API merged
+with the inner data plane's own, and the last congestion table pushed.
+
+The default inner data plane is :class:`PacedTwin`, the twin's ``task-aware`` policy, run by
+:class:`TwinRunner` in a background thread: the scenario's jobs train in a loop, the engine
+paced so that fabric time advances ``time_scale`` times as fast as wall time (``1e-3``: one
+millisecond of fabric time per second). Between pacing points the runner holds the service
+lock; it sleeps with the lock released, so API calls interleave with the simulation.
+
+Like switches, the twin keeps forwarding on the rules it was given when the controller goes
+quiet (fail-static); flows without a rule take switch-local adaptive routing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from fabricpilot.balancing.base import ActiveMembers, LinkTelemetry, Moves, PolicyContext
+from fabricpilot.balancing.task_aware import DEFAULT_SLA_US, TaskAware
+from fabricpilot.controller.intents import CommCall, Intent
+from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
+from fabricpilot.dataplane import make_rate_model
+from fabricpilot.dataplane.engine import Engine
+from fabricpilot.runner import Prepared, port_buffer_bytes
+from fabricpilot.workload.jobs import JobSpec
+
+__all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "job_intents", "twin_context"]
+
+
+class ServiceDataPlane:
+    """A :class:`DataPlane` that remembers what it was told (see the module docstring).
+
+    ``on_install`` is called with every batch of path sets installed (the service persists
+    them there)."""
+
+    def __init__(self, inner: DataPlane,
+                 on_install: Callable[[list[PathSet]], None] | None = None) -> None:
+        self.inner = inner
+        self.view = inner.fabric()
+        self.installed: dict[str, PathSet] = {}
+        self.congestion: dict[int, float] = {}
+        self.qos: dict[int, int] = {}
+        self._on_install = on_install
+        self._posted: list[PortDelta] = []
+        self._posted_lock = threading.Lock()
+        self.posted_total = 0
+
+    def fabric(self) -> FabricView:
+        return self.view
+
+    def post(self, deltas: list[PortDelta]) -> None:
+        """Telemetry posted by switches: handed to the controller with the next
+        :meth:`telemetry` call."""
+        with self._posted_lock:
+            self._posted.extend(deltas)
+            self.posted_total += len(deltas)
+
+    def telemetry(self) -> list[PortDelta]:
+        own = self.inner.telemetry()
+        with self._posted_lock:
+            posted, self._posted = self._posted, []
+        return own + posted
+
+    def install(self, rules: list[PathSet]) -> None:
+        self.inner.install(rules)
+        for r in rules:
+            self.installed[r.key] = r
+        if self._on_install is not None and rules:
+            self._on_install(rules)
+
+    def restore(self, rules: list[PathSet]) -> None:
+        """Put back the path sets the switches held before a restart (re-sync)."""
+        self.inner.install(rules)
+        for r in rules:
+            self.installed[r.key] = r
+
+    def forget(self, keys: list[str]) -> None:
+        """Stop reporting these path sets (a withdrawn job's)."""
+        for k in keys:
+            self.installed.pop(k, None)
+
+    def push_congestion_table(self, weights: dict[int, float]) -> None:
+        self.inner.push_congestion_table(weights)
+        self.congestion.update(weights)
+
+    def set_qos(self, dscp_to_priority: dict[int, int]) -> None:
+        self.inner.set_qos(dscp_to_priority)
+        self.qos = dict(dscp_to_priority)
+
+
+def twin_context(prep: Prepared) -> PolicyContext:
+    """The policy context of the service's twin. Its control periods are the service's
+    (the service ticks the controller on the wall clock), so the policy never ticks."""
+    return PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
+                         adaptive=prep.adaptive,
+                         controller=replace(prep.controller, replan_interval_ns=math.inf),
+                         port_buffer_bytes=port_buffer_bytes(prep))
+
+
+class PacedTwin(TaskAware):
+    """The twin's ``task-aware`` data plane with a clock that runs on across runs of the
+    scenario (``offset_ns``) and a pacing hook called at every adaptive round."""
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.offset_ns = 0.0
+        self.pace: Callable[[float], None] | None = None
+        self.last_tel: LinkTelemetry | None = None
+
+    def bind(self, telemetry: Callable[[], LinkTelemetry]) -> None:
+        offset = self.offset_ns
+
+        def shifted() -> LinkTelemetry:
+            tel = telemetry()
+            tel = replace(tel, now_ns=tel.now_ns + offset)
+            self.last_tel = tel
+            return tel
+
+        super().bind(shifted)
+
+    def telemetry(self) -> list[PortDelta]:
+        return super().telemetry() if self._telemetry is not None else []
+
+    def rebalance(self, members: ActiveMembers) -> Moves:
+        moves = super().rebalance(members)
+        if self.pace is not None and self._telemetry is not None:
+            self.pace(self._telemetry().now_ns)
+        return moves
+
+    def now_ns(self) -> float:
+        return self.last_tel.now_ns if self.last_tel is not None else self.offset_ns
+
+
+class TwinRunner:
+    """Runs the scenario's jobs on :class:`PacedTwin` in a loop, in scaled real time.
+
+    ``lock`` is the service's lock: the runner holds it while the engine computes and
+    releases it while it waits for the wall clock. ``on_collective`` is called (lock held)
+    with each collective the twin completes."""
+
+    def __init__(self, prep: Prepared, twin: PacedTwin, lock: threading.RLock, *,
+                 time_scale: float,
+                 on_collective: Callable[[str, float, float], None] | None = None) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.prep = prep
+        self.twin = twin
+        self.lock = lock
+        self.time_scale = time_scale
+        self.on_collective = on_collective
+        self.runs = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._engine: Engine | None = None
+        self._seen = 0
+        self._t0_wall = 0.0
+        self._t0_sim = 0.0
+        twin.pace = self._pace
+        twin.flows_done = None  # type: ignore[assignment]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="fabricpilot-twin", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _pace(self, now_ns: float) -> None:
+        """Called with the lock held: report finished collectives, then wait (lock
+        released) until the wall clock catches up with fabric time."""
+        self._report()
+        if self._stop.is_set():
+            raise _Stopped
+        due = self._t0_wall + (now_ns - self._t0_sim) * 1e-9 / self.time_scale
+        wait = due - time.monotonic()
+        if wait > 0:
+            self.lock.release()
+            try:
+                self._stop.wait(wait)
+            finally:
+                self.lock.acquire()
+        if self._stop.is_set():
+            raise _Stopped
+
+    def _report(self) -> None:
+        eng = self._engine
+        if eng is None or self.on_collective is None:
+            return
+        done = getattr(eng, "_collectives", [])
+        for rec in done[self._seen:]:
+            self.on_collective(rec.job, rec.busbw_GBps, rec.time_ns * 1e-3)
+        self._seen = len(done)
+
+    def _loop(self) -> None:
+        prep = self.prep
+        try:
+            while not self._stop.is_set():
+                with self.lock:
+                    model = make_rate_model(prep.rate_model, prep.topology, prep.fabric,
+                                            **prep.model_params)
+                    self._engine = Engine(prep.topology, self.twin, prep.jobs,
+                                          fabric=prep.fabric, mice=prep.mice, rate_model=model,
+                                          batch_rel_eps=prep.completion_tolerance,
+                                          mice_class=prep.mice_class)
+                    self._seen = 0
+                    self._t0_wall = time.monotonic()
+                    self._t0_sim = self.twin.offset_ns
+                    out = self._engine.run()
+                    self._report()
+                    self.twin.offset_ns += float(out.sim_time_ns)
+                    self.runs += 1
+                if not prep.jobs or all(j.iterations == 0 for j in prep.jobs):
+                    self._stop.wait(1.0)
+        except _Stopped:
+            pass
+        except Exception as err:  # the twin died: the controller keeps serving
+            self.error = f"{type(err).__name__}: {err}"
+
+
+class _Stopped(Exception):
+    """Raised inside the engine to end a run when the service stops."""
+
+
+
+def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
+    """The intents the twin's jobs declare: each collective a call whose pairs are the GPU
+    pairs its stages exchange data between."""
+    out = []
+    for job in jobs:
+        calls = []
+        for plan in job.collectives:
+            pairs = sorted({(int(a), int(b)) for st in plan.stages
+                            for a, b in zip(st.src.tolist(), st.dst.tolist(), strict=True)
+                            if a != b})
+            calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
+                                  job.sla_us or DEFAULT_SLA_US, job.compute_ns,
+                                  pairs=tuple(pairs)))
+        out.append(Intent(job.name, tenant, tuple(job.gpus), tuple(calls),
+                          opt_in=job.declare_intent))
+    return out

@@ -494,7 +494,8 @@ class FabricService:
     # ------------------------------------------------------------ fabric
     def topology(self) -> dict[str, Any]:
         v = self.view
-        nodes = [{"id": n, "kind": k, "tier": v.tier.get(n)} for n, k in v.node_kind.items()]
+        nodes = [{"id": n, "kind": d.get("kind", "switch"), "tier": d.get("tier", 0)}
+                 for n, d in v.graph.nodes(data=True)]
         links = [{"id": li.link_id, "src": li.src, "dst": li.dst, "kind": li.kind,
                   "capacity_gbps": li.capacity_gbps} for li in v.links.values()]
         return {"nodes": nodes, "links": links, "gpus": len(v.gpu_node)}

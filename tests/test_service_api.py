@@ -1,0 +1,266 @@
+"""The controller service end to end: tenants declare jobs, telemetry makes a link hot, the
+controller reroutes (seen in the paths resource and in /metrics); auth and tenancy; payload
+validation; faults; persistence across a restart."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fabricpilot.scenario import default_scenario
+from fabricpilot.service.auth import Principal, TokenRegistry
+from fabricpilot.service.server import build
+
+OPS = "operator-token-0123456789"
+ACME = "acme-token-0123456789abc"
+GLOBEX = "globex-token-0123456789ab"
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _tokens() -> TokenRegistry:
+    reg = TokenRegistry()
+    reg.add(OPS, Principal("ops", "operator"))
+    # acme owns hosts 0 and 8 (GPUs 0-7, 64-71): one leaf pair apart, across the spines
+    reg.add(ACME, Principal("acme-trainer", "tenant", "acme",
+                            frozenset([*range(0, 8), *range(64, 72)])))
+    reg.add(GLOBEX, Principal("globex-trainer", "tenant", "globex",
+                              frozenset([*range(8, 16), *range(72, 80)])))
+    return reg
+
+
+def _service(state: Path, **kw: object):  # type: ignore[no-untyped-def]
+    app, svc, _, _ = build(default_scenario(), "default", state, tokens=_tokens(), twin=False,
+                           tick_interval_s=3600.0, **kw)  # ticks only when asked
+    return app, svc
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        yield c
+
+
+def _job(task_id: str, gpus: list[int], pattern: str = "allreduce", sla_us: float = 500.0,
+         size_bytes: int = 64 << 20) -> dict[str, object]:
+    return {"task_id": task_id, "gpus": gpus,
+            "calls": [{"pattern": pattern, "size_bytes": size_bytes, "sla_us": sla_us}]}
+
+
+def _planned_paths(c: TestClient, task: str, token: str) -> dict[str, list[list[int]]]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        body = c.get(f"/api/v1/jobs/{task}/paths", headers=_auth(token)).json()
+        if body["pairs"]:
+            return {p["key"]: [q["links"] for q in p["paths"]] for p in body["pairs"]}
+        time.sleep(0.05)
+    raise AssertionError(f"{task}: never planned")
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_hot_link_reroutes_a_tenant_job(client: TestClient) -> None:
+    c = client
+    assert c.post("/api/v1/jobs", json=_job("acme-ring", [0, 64]),
+                  headers=_auth(ACME)).status_code == 201
+    assert c.post("/api/v1/jobs", json=_job("globex-ring", [8, 72]),
+                  headers=_auth(GLOBEX)).status_code == 201
+    before = _planned_paths(c, "acme-ring", ACME)
+    _planned_paths(c, "globex-ring", GLOBEX)
+    assert set(before) == {"acme-ring:0->64", "acme-ring:64->0"}
+    fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
+    # a fabric (leaf -> spine) link that one of gpu0 -> gpu64's 4 QPs crosses
+    hot = next(lk for p in before["acme-ring:0->64"] for lk in p
+               if fabric[lk]["kind"] == "fabric")
+    assert c.get("/metrics").text.count("fabricpilot_reroutes_total 0.0") == 1
+    # the switch reports the link full (400 Gb/s for 1 ms = 50 MB) with a 2 MB queue. The
+    # map's first sample of a link is taken as is: utilisation 1.0, i.e. 400 Gb/s where the
+    # plan put one of four QPs (100 Gb/s): 300 Gb/s the plan does not account for. Largest
+    # fabric utilisation 1.0 now; with the QP on another spine 300 / 400 = 0.75, below
+    # (1 - replan_gain) * 1.0 = 0.9, so the control period re-plans.
+    delta = {"link_id": hot, "interval_ns": 1_000_000, "tx_bytes": 50_000_000,
+             "queue_bytes": 2_000_000}
+    r = c.post("/api/v1/telemetry", json={"deltas": [delta]}, headers=_auth(OPS))
+    assert r.status_code == 202 and r.json() == {"accepted": 1}
+    tick = c.post("/api/v1/control/tick", headers=_auth(OPS)).json()
+    assert tick["replanned"]
+    after = _planned_paths(c, "acme-ring", ACME)
+    assert len(after["acme-ring:0->64"]) == 4
+    assert not any(hot in p for p in after["acme-ring:0->64"])
+    assert after["acme-ring:64->0"] == before["acme-ring:64->0"]  # untouched
+    cong = {x["link_id"]: x for x in c.get("/api/v1/congestion", headers=_auth(OPS)).json()}
+    assert cong[hot]["utilization"] == 1.0 and cong[hot]["hot"]
+    # the congestion table pushed to the switches: 1 / (1 + 4 * (1.0 - 0.5) + 2e6 / 1.5 MiB)
+    assert cong[hot]["weight"] == pytest.approx(1 / (3 + 2e6 / (1.5 * 2 ** 20)), rel=1e-12)
+    metrics = c.get("/metrics").text
+    assert _metric(metrics, "fabricpilot_reroutes_total") >= 1
+    assert _metric(metrics, "fabricpilot_replans_total") == 1
+    src, dst = fabric[hot]["src"], fabric[hot]["dst"]
+    util = [line for line in metrics.splitlines() if line.startswith(
+        f'fabricpilot_link_utilization{{dst="{dst}",kind="fabric",link="{hot}",src="{src}"}}')]
+    assert len(util) == 1 and float(util[0].rsplit(" ", 1)[1]) > 0.6
+    events = c.get("/api/v1/events", headers=_auth(OPS)).json()
+    assert events[-1]["kind"] == "replan" and "acme-ring:0->64" in events[-1]["keys"]
+
+
+def test_auth_and_tenancy(client: TestClient) -> None:
+    c = client
+    body = _job("acme-a", [0, 1])
+    # no token, a bad scheme, an unknown token: 401
+    assert c.post("/api/v1/jobs", json=body).status_code == 401
+    assert c.get("/api/v1/jobs").status_code == 401
+    assert c.post("/api/v1/jobs", json=body,
+                  headers={"Authorization": f"Basic {ACME}"}).status_code == 401
+    assert c.post("/api/v1/jobs", json=body, headers=_auth("nope-" * 4)).status_code == 401
+    assert c.post("/api/v1/jobs", json=body, headers=_auth(ACME)).status_code == 201
+    assert c.post("/api/v1/jobs", json=body, headers=_auth(ACME)).status_code == 409
+    # another tenant can neither read nor change nor withdraw nor announce on acme's job
+    for method, url, js in (("GET", "/api/v1/jobs/acme-a", None),
+                            ("GET", "/api/v1/jobs/acme-a/paths", None),
+                            ("PUT", "/api/v1/jobs/acme-a", _job("acme-a", [8, 9])),
+                            ("DELETE", "/api/v1/jobs/acme-a", None),
+                            ("POST", "/api/v1/jobs/acme-a/calls",
+                             {"pattern": "allreduce", "size_bytes": 1, "ranks": [0, 1]})):
+        r = c.request(method, url, json=js, headers=_auth(GLOBEX))
+        assert r.status_code == 403, (method, url, r.text)
+    assert [j["task_id"] for j in c.get("/api/v1/jobs", headers=_auth(GLOBEX)).json()] == []
+    assert [j["task_id"] for j in c.get("/api/v1/jobs", headers=_auth(ACME)).json()] == \
+        ["acme-a"]
+    # a tenant token cannot declare for another tenant, nor on GPUs it does not own
+    r = c.post("/api/v1/jobs", json={**_job("g1", [8, 9]), "tenant": "acme"},
+               headers=_auth(GLOBEX))
+    assert r.status_code == 403
+    r = c.post("/api/v1/jobs", json=_job("g2", [0, 8]), headers=_auth(GLOBEX))
+    assert r.status_code == 403 and "GPU 0" in r.json()["detail"]
+    # operator-only resources
+    assert c.post("/api/v1/telemetry", json={"deltas": [{"link_id": 0, "interval_ns": 1}]},
+                  headers=_auth(ACME)).status_code == 403
+    assert c.post("/api/v1/faults", json={"kind": "down", "link_id": 0},
+                  headers=_auth(ACME)).status_code == 403
+    # the operator sees and may withdraw everything
+    assert c.get("/api/v1/jobs/acme-a", headers=_auth(OPS)).json()["tenant"] == "acme"
+    assert c.delete("/api/v1/jobs/acme-a", headers=_auth(OPS)).status_code == 204
+    assert c.get("/api/v1/jobs/acme-a", headers=_auth(OPS)).status_code == 404
+    # an operator's job on GPUs a tenant's job holds: 409
+    c.post("/api/v1/jobs", json=_job("acme-b", [2, 3]), headers=_auth(ACME))
+    r = c.post("/api/v1/jobs", json={**_job("ops-x", [3, 4]), "tenant": "ops"},
+               headers=_auth(OPS))
+    assert r.status_code == 409 and "GPU 3" in r.json()["detail"]
+
+
+def test_tokens_are_not_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    app, _ = _service(tmp_path)
+    with caplog.at_level("DEBUG"), TestClient(app) as c:
+        c.post("/api/v1/jobs", json=_job("acme-l", [0, 1]), headers=_auth(ACME))
+        c.get("/api/v1/jobs", headers=_auth("wrong-token-0123456789"))
+    text = "\n".join(r.getMessage() + repr(getattr(r, "fields", "")) for r in caplog.records)
+    assert "acme-trainer" in text  # requests are logged, by the token's name
+    assert ACME not in text and "wrong-token" not in text
+
+
+def test_validation_and_limits(tmp_path: Path) -> None:
+    app, _ = _service(tmp_path, max_body_bytes=4096)
+    with TestClient(app) as c:
+        r = c.post("/api/v1/jobs", headers=_auth(ACME), json={
+            "task_id": "bad id!", "gpus": [0, 0],
+            "calls": [{"pattern": "gather", "size_bytes": 0, "sla_us": -1}]})
+        assert r.status_code == 422
+        locs = {".".join(str(x) for x in e["loc"]) for e in r.json()["detail"]}
+        assert {"body.task_id", "body.gpus", "body.calls.0.pattern",
+                "body.calls.0.size_bytes", "body.calls.0.sla_us"} <= locs
+        r = c.post("/api/v1/jobs", json=_job("x", [0, 999]), headers=_auth(OPS))
+        assert r.status_code == 422 and "GPU 999 does not exist" in r.json()["detail"]
+        r = c.post("/api/v1/telemetry", headers=_auth(OPS),
+                   json={"deltas": [{"link_id": 10 ** 6, "interval_ns": 1}]})
+        assert r.status_code == 422 and r.json()["detail"].startswith("deltas.0.link_id")
+        r = c.post("/api/v1/jobs", json={**_job("x", list(range(8))), "pad": "x" * 5000},
+                   headers=_auth(OPS))
+        assert r.status_code == 413
+        r = c.put("/api/v1/jobs/other", json=_job("x", [0, 1]), headers=_auth(OPS))
+        assert r.status_code == 422
+
+
+def test_announce_returns_the_ring_paths(client: TestClient) -> None:
+    c = client
+    c.post("/api/v1/jobs", json=_job("acme-ddp", [0, 1, 64, 65]), headers=_auth(ACME))
+    r = c.post("/api/v1/jobs/acme-ddp/calls", headers=_auth(ACME),
+               json={"pattern": "allreduce", "size_bytes": 25 << 20, "ranks": [0, 64, 1, 65],
+                     "sla_us": 800, "bucket": 0})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["changed_intent"] and got["sla_level"] == "L3" and got["sla_met"]
+    assert [(p["src"], p["dst"]) for p in got["pairs"]] == [(0, 64), (64, 1), (1, 65), (65, 0)]
+    for p in got["pairs"]:
+        assert p["planned"]
+        assert abs(sum(q["share"] for q in p["paths"]) - 1.0) < 1e-9
+        for q in p["paths"]:
+            assert q["nodes"][0] == f"gpu{p['src']}" and q["nodes"][-1] == f"gpu{p['dst']}"
+    # the same call again changes nothing
+    again = c.post("/api/v1/jobs/acme-ddp/calls", headers=_auth(ACME),
+                   json={"pattern": "allreduce", "size_bytes": 25 << 20,
+                         "ranks": [0, 64, 1, 65], "sla_us": 800, "bucket": 0}).json()
+    assert not again["changed_intent"]
+    calls = c.get("/api/v1/jobs/acme-ddp/calls", headers=_auth(ACME)).json()
+    assert [(x["size_bytes"], x["ranks"], x["bucket"]) for x in calls] == \
+        [(25 << 20, [0, 64, 1, 65], 0)] * 2
+    # ranks outside the job
+    r = c.post("/api/v1/jobs/acme-ddp/calls", headers=_auth(ACME),
+               json={"pattern": "allreduce", "size_bytes": 1, "ranks": [0, 2]})
+    assert r.status_code == 422
+
+
+def test_fault_heals_and_partitions(client: TestClient) -> None:
+    c = client
+    c.post("/api/v1/jobs", json=_job("acme-f", [0, 64]), headers=_auth(ACME))
+    before = _planned_paths(c, "acme-f", ACME)
+    fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
+    dead = next(lk for p in before["acme-f:0->64"] for lk in p if fabric[lk]["kind"] == "fabric")
+    r = c.post("/api/v1/faults", headers=_auth(OPS),
+               json={"kind": "down", "endpoints": [fabric[dead]["src"], fabric[dead]["dst"]],
+                     "detail": "LOS"})
+    assert r.status_code == 201, r.text
+    rep = r.json()
+    assert rep["link_id"] == dead and rep["affected_path_sets"] >= 1
+    after = _planned_paths(c, "acme-f", ACME)
+    assert all(dead not in p for paths in after.values() for p in paths)
+    assert [f["link_id"] for f in c.get("/api/v1/faults", headers=_auth(ACME)).json()] == [dead]
+    cong = {x["link_id"]: x for x in c.get("/api/v1/congestion", headers=_auth(OPS)).json()}
+    assert cong[dead]["down"] and cong[dead]["weight"] == 0.0
+    # gpu0's only NIC link down: its job is partitioned, and says so
+    nic = next(lk["id"] for lk in fabric.values() if lk["src"] == "gpu0" and lk["kind"] == "nic")
+    rep = c.post("/api/v1/faults", headers=_auth(OPS),
+                 json={"kind": "down", "link_id": nic}).json()
+    assert "acme-f" in rep["partitioned"]
+    job = c.get("/api/v1/jobs/acme-f", headers=_auth(ACME)).json()
+    assert not job["sla_met"] and "gpu0 -> gpu64" in job["sla_problem"]
+
+
+def test_state_survives_a_restart(tmp_path: Path) -> None:
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        c.post("/api/v1/jobs", json=_job("acme-r", [0, 64, 1]), headers=_auth(ACME))
+        c.post("/api/v1/jobs", json=_job("globex-r", [8, 72], "alltoall"),
+               headers=_auth(GLOBEX))
+        paths = {t: _planned_paths(c, t, tok) for t, tok in (("acme-r", ACME),
+                                                           ("globex-r", GLOBEX))}
+        c.post("/api/v1/faults", headers=_auth(OPS), json={"kind": "gray", "link_id": 300})
+        jobs = c.get("/api/v1/jobs", headers=_auth(OPS)).json()
+    app2, svc2 = _service(tmp_path)
+    assert svc2.restored["jobs"] == len(jobs) and svc2.restored["faults"] == 1
+    with TestClient(app2) as c:
+        assert c.get("/api/v1/jobs", headers=_auth(OPS)).json() == jobs
+        for t, tok in (("acme-r", ACME), ("globex-r", GLOBEX)):
+            assert _planned_paths(c, t, tok) == paths[t]
+        assert 300 in svc2.controller.degraded

@@ -1,0 +1,126 @@
+"""A real ``fabricpilot serve`` process killed with SIGKILL mid-run comes back with every job,
+path set and fault it had told its clients about."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+OPS = "operator-token-0123456789"
+ACME = "acme-token-0123456789abc"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(state: Path, tokens: Path, port: int) -> subprocess.Popen[bytes]:
+    # the twin runs the default scenario's jobs; control periods are far apart so that
+    # nothing but the API changes the plan during the test
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricpilot", "serve", "--state-dir", str(state), "--tokens",
+         str(tokens), "--port", str(port), "--tick-interval", "3600", "--time-scale", "1e-3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("serve did not come up")
+
+
+def _paths(c: httpx.Client, task: str) -> dict[str, list[list[int]]]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        body = c.get(f"/api/v1/jobs/{task}/paths").json()
+        if body["pairs"]:
+            return {p["key"]: [q["links"] for q in p["paths"]] for p in body["pairs"]}
+        time.sleep(0.1)
+    raise AssertionError(f"{task} never planned")
+
+
+def test_kill_9_and_restart(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f"""tokens:
+  - {{name: ops, role: operator, token: {OPS}}}
+  - {{name: acme, role: tenant, tenant: acme, token: {ACME}}}
+""")
+    state = tmp_path / "state"
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _start(state, tokens, port)
+    try:
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ACME}"},
+                          timeout=30) as c:
+            jobs = c.get("/api/v1/jobs").json()
+            assert jobs == []  # the twin's jobs are not acme's
+            used = {g for j in httpx.get(f"{base}/api/v1/jobs", headers={
+                "Authorization": f"Bearer {OPS}"}).json() for g in j["gpus"]}
+            free = [g for g in range(128) if g not in used]
+            for i, pattern in enumerate(("allreduce", "alltoall")):
+                r = c.post("/api/v1/jobs", json={
+                    "task_id": f"acme-{i}", "gpus": free[4 * i:4 * i + 4],
+                    "calls": [{"pattern": pattern, "size_bytes": 1 << 26, "sla_us": 900}]})
+                assert r.status_code == 201, r.text
+            r = c.post("/api/v1/jobs/acme-0/calls", json={
+                "pattern": "allreduce", "size_bytes": 4 << 20, "ranks": free[:4], "bucket": 3})
+            assert r.status_code == 200
+            before_jobs = {j["task_id"]: j["calls"] for j in c.get("/api/v1/jobs").json()}
+            before = {t: _paths(c, t) for t in before_jobs}
+        fault = httpx.post(f"{base}/api/v1/faults", json={"kind": "gray", "link_id": 520},
+                           headers={"Authorization": f"Bearer {OPS}"})
+        assert fault.status_code == 201
+        health = httpx.get(f"{base}/health").json()
+        assert health["twin"]["running"]  # killed mid-run of the twin
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert proc.returncode == -signal.SIGKILL
+        proc = _start(state, tokens, port)
+        health = httpx.get(f"{base}/health").json()
+        assert health["restored"] == {"jobs": 2, "faults": 1, "path_sets": health["restored"][
+            "path_sets"]} and health["restored"]["path_sets"] >= sum(map(len, before.values()))
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ACME}"},
+                          timeout=30) as c:
+            after_jobs = {j["task_id"]: j["calls"] for j in c.get("/api/v1/jobs").json()}
+            assert after_jobs == before_jobs
+            assert {t: _paths(c, t) for t in after_jobs} == before
+            calls = c.get("/api/v1/jobs/acme-0/calls").json()
+            assert [(x["size_bytes"], x["bucket"]) for x in calls] == [(4 << 20, 3)]
+            faults = c.get("/api/v1/faults").json()
+            assert [(f["kind"], f["link_id"]) for f in faults] == [("gray", 520)]
+            cong = {x["link_id"]: x for x in c.get("/api/v1/congestion").json()}
+            assert cong[520]["gray"]
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("tokens: []", "tokens: List should have at least 1 item"),
+    ("tokens:\n  - {name: a, role: king, token: 0123456789abcdef}", "tokens.0.role"),
+    ("tokens:\n  - {name: a, role: tenant, token: 0123456789abcdef}", "needs tenant"),
+])
+def test_bad_token_file_is_one_line(tmp_path: Path, content: str, message: str) -> None:
+    tokens = tmp_path / "t.yaml"
+    tokens.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "fabricpilot", "serve", "--state-dir",
+                        str(tmp_path / "s"), "--tokens", str(tokens), "--port", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tokens) in lines[0] and message in lines[0], r.stderr

@@ -187,6 +187,9 @@ def serve(
         help="Fabric seconds per wall second of the twin (1e-3: 1 ms per second).")] = 1e-3,
     tick_interval: Annotated[float, typer.Option(
         help="Wall seconds between control periods.")] = 0.2,
+    plan_interval: Annotated[float, typer.Option(
+        help="Wall seconds between plans of declared changes (changes arriving meanwhile "
+             "are planned together).")] = 0.25,
     max_body: Annotated[str, typer.Option(help="Largest request body.")] = "8MiB",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
@@ -200,6 +203,8 @@ def serve(
         _fail(f"--time-scale: must be > 0, got {time_scale}")
     if tick_interval <= 0:
         _fail(f"--tick-interval: must be > 0, got {tick_interval}")
+    if plan_interval < 0:
+        _fail(f"--plan-interval: must be >= 0, got {plan_interval}")
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         _fail(f"--log-level: unknown level {log_level!r}")
     max_body_bytes = _size(max_body, "--max-body")
@@ -209,7 +214,8 @@ def serve(
         with err.status("planning the declared jobs"):
             api, service, _, token_file = build(
                 sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
-                tick_interval_s=tick_interval, max_body_bytes=max_body_bytes)
+                tick_interval_s=tick_interval, plan_interval_s=plan_interval,
+                max_body_bytes=max_body_bytes)
     except FabricpilotError as e:
         _fail(str(e))
     restored = service.restored

@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fabricpilot import __version__
@@ -91,6 +91,42 @@ class BodyLimit:
             await _too_large(send, self.max_bytes)
 
 
+class Observe:
+    """ASGI middleware: per request, the latency histogram (by route template, so ids do
+    not explode the label set) and one JSON access-log line with the caller's name."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram) -> None:
+        self.app = app
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def sent(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            dt = time.perf_counter() - t0
+            route = getattr(scope.get("route"), "path", "<unmatched>")
+            self.latency.labels(scope["method"], route, str(status)).observe(dt)
+            if access_log.isEnabledFor(logging.INFO):
+                state = scope.get("state") or {}
+                client = scope.get("client")
+                access_log.info("request", extra={"fields": {
+                    "method": scope["method"], "route": route, "status": status,
+                    "ms": round(dt * 1e3, 3), "principal": state.get("principal"),
+                    "client": client[0] if client else None}})
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -110,7 +146,7 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
     registry, api_latency = make_registry(service)
     bearer = HTTPBearer(auto_error=False)
 
-    def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    async def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
                   request: Request) -> Principal:
         if cred is None or cred.scheme.lower() != "bearer":
             raise HTTPException(401, "missing bearer token",
@@ -121,7 +157,7 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         request.state.principal = p.name
         return p
 
-    def operator(p: Annotated[Principal, Depends(principal)]) -> Principal:
+    async def operator(p: Annotated[Principal, Depends(principal)]) -> Principal:
         if not p.is_operator:
             raise HTTPException(403, "operators only")
         return p
@@ -147,25 +183,6 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
-
-    @app.middleware("http")
-    async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            dt = time.perf_counter() - t0
-            route = request.scope.get("route")
-            path = getattr(route, "path", "<unmatched>")
-            api_latency.labels(request.method, path, str(status)).observe(dt)
-            access_log.info("request", extra={"fields": {
-                "method": request.method, "route": path, "status": status,
-                "ms": round(dt * 1e3, 3),
-                "principal": getattr(request.state, "principal", None),
-                "client": request.client.host if request.client else None}})
 
     # ------------------------------------------------------------ open
     @app.get("/health", tags=["service"])
@@ -230,7 +247,7 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
 
     # ------------------------------------------------------------ fabric
     @app.post(f"{v1}/telemetry", status_code=202, tags=["telemetry"])
-    def telemetry(body: TelemetryIn, _: Operator) -> dict[str, Any]:
+    async def telemetry(body: TelemetryIn, _: Operator) -> dict[str, Any]:
         """Port counter deltas from switches (folded in at the next control period)."""
         return {"accepted": service.ingest(body.deltas)}
 
@@ -265,4 +282,5 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
             return list(service.events)
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(Observe, latency=api_latency)
     return app

@@ -91,7 +91,7 @@ class ServiceCollector(Collector):
                 ("heals", "Reactions to reported faults", c.heals),
                 ("faults", "Faults reported", c.faults),
                 ("telemetry_deltas", "Port deltas ingested through the API",
-                 c.telemetry_deltas),
+                 svc.dp.posted_total),
                 ("announces", "Communication calls announced", c.announces),
                 ("sla_refused", "Announced calls whose SLA no path can meet", c.sla_refused)):
             yield CounterMetricFamily(f"fabricpilot_{name}", doc, value=v)

@@ -47,8 +47,8 @@ def operator_token(state_dir: Path) -> tuple[str, Path]:
 
 def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegistry | None,
           twin: bool = True, time_scale: float = 1e-3, tick_interval_s: float = 0.2,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[FastAPI, FabricService,
-                                                                 TokenRegistry, Path | None]:
+          plan_interval_s: float = 0.25, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          ) -> tuple[FastAPI, FabricService, TokenRegistry, Path | None]:
     """The app over a fresh service whose durable state lives in ``state_dir`` (restored if
     it holds a database). Without ``tokens`` the state directory's operator token is used;
     its file is returned."""
@@ -68,7 +68,7 @@ def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegi
     except Exception as err:  # sqlite3.Error: a corrupt or foreign file
         raise ServeError(f"{state_dir / DB_NAME}: cannot open the database: {err}") from None
     service = FabricService(prep, store, twin=twin, time_scale=time_scale,
-                            tick_interval_s=tick_interval_s)
+                            tick_interval_s=tick_interval_s, plan_interval_s=plan_interval_s)
     app = create_app(service, tokens, max_body_bytes=max_body_bytes)
     return app, service, tokens, token_file
 

@@ -8,6 +8,12 @@ job together (so a burst of declarations costs one plan); between plans it runs 
 controller's control period (:meth:`~fabricpilot.controller.core.Controller.tick`) every
 ``tick_interval_s`` of wall time. A call announced at run time waits for the plan that
 includes it and answers with its paths.
+
+Two locks keep the API responsive while the controller computes: ``lock`` guards the
+controller and the data plane (the control loop and the twin hold it while they work);
+the job registry (intents, tenancy checks, changes waiting to be planned) has its own small
+lock, so declaring, reading and announcing never wait for a plan to finish. The data plane
+publishes its path table copy-on-write, so readers see a consistent table without a lock.
 """
 
 from __future__ import annotations
@@ -61,7 +67,6 @@ class Counters:
     reroutes: int = 0          # path sets whose paths changed after the first plan
     heals: int = 0
     faults: int = 0
-    telemetry_deltas: int = 0
     announces: int = 0
     sla_refused: int = 0       # announced calls no path can serve within their SLA
     plan_seconds: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=4096))
@@ -104,12 +109,14 @@ class FabricService:
     (the controller then sees only the telemetry posted to it)."""
 
     def __init__(self, prep: Prepared, store: Store, *, twin: bool = True,
-                 time_scale: float = 1e-3, tick_interval_s: float = 0.2) -> None:
+                 time_scale: float = 1e-3, tick_interval_s: float = 0.2,
+                 plan_interval_s: float = 0.25) -> None:
         self.prep = prep
         self.store = store
         self.lock = threading.RLock()
         self.started_s = time.time()
         self.tick_interval_s = tick_interval_s
+        self.plan_interval_s = plan_interval_s  # at most one plan of changes per interval
         self.counters = Counters()
         self.busbw_GBps: dict[str, float] = {}
         self.collective_us: dict[str, float] = {}
@@ -119,9 +126,15 @@ class FabricService:
         self._policy.controller = self.controller
         self.view = self.dp.view
         self.n_gpus = len(self.view.gpu_node)
-        self._stale = False
         self._plan_epoch = 0
-        self._changed = threading.Condition(self.lock)
+        # the job registry: its own lock (see the module docstring)
+        self._jobs_lock = threading.Lock()
+        self._changed = threading.Condition(self._jobs_lock)
+        self.intents: dict[str, Intent] = {}
+        self._pending: dict[str, Intent | None] = {}  # task -> new intent (None: withdrawn)
+        self._epoch = 0           # changes declared so far
+        self._planned_upto = 0    # changes the installed plan includes
+        self._changed_at: dict[str, int] = {}  # task -> the change that last touched it
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=200)  # reroutes, heals, faults
@@ -132,6 +145,7 @@ class FabricService:
             self.runner = TwinRunner(prep, self._policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
         self._policy.job_names = [j.name for j in prep.jobs]
+        self.intents = dict(self.controller.intents)
         with self.lock:
             self._plan("start")
 
@@ -154,21 +168,43 @@ class FabricService:
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
+        last_plan = 0.0
         while not self._stop.is_set():
             with self._changed:
                 wait = next_tick - time.monotonic()
-                if not self._stale and wait > 0:
+                if not self._pending and wait > 0:
                     self._changed.wait(wait)
-                if self._stop.is_set():
-                    return
-                try:
-                    if self._stale:
-                        self._plan("intents")
-                    elif time.monotonic() >= next_tick:
-                        next_tick = time.monotonic() + self.tick_interval_s
+            if self._stop.is_set():
+                return
+            try:
+                if self._pending:
+                    # changes arriving meanwhile join this plan
+                    time.sleep(max(0.0, last_plan + self.plan_interval_s - time.monotonic()))
+                    last_plan = time.monotonic()
+                    self.plan_pending("intents")
+                elif time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + self.tick_interval_s
+                    with self.lock:
                         self._tick()
-                except Exception:  # keep serving; the failure is in the logs
-                    log.exception("control period failed")
+            except Exception:  # keep serving; the failure is in the logs
+                log.exception("control period failed")
+
+    def plan_pending(self, why: str) -> None:
+        """Hand the declared changes to the controller and plan them (one plan for all)."""
+        with self._changed:
+            pending, self._pending = self._pending, {}
+            upto = self._epoch
+        with self.lock:
+            for task, intent in pending.items():
+                if intent is None:
+                    self.controller.withdraw(task)
+                    self.dp.forget_task(task)
+                else:
+                    self.controller.declare(intent)
+            self._plan(why)
+        with self._changed:
+            self._planned_upto = max(self._planned_upto, upto)
+            self._changed.notify_all()
 
     # ------------------------------------------------------------ control
     def now_ns(self) -> float:
@@ -186,14 +222,12 @@ class FabricService:
         t0 = time.perf_counter()
         rep = self.controller.plan()
         self._timed("plan", t0)
-        self._stale = False
         self._plan_epoch += 1
         self.counters.plans += 1
         self._note_reroutes(before, "plan", why)
         log.info("plan", extra={"fields": {"why": why, "demands": rep.demands,
                                            "installed": rep.installed,
                                            "lambda": round(rep.plan.max_utilization, 4)}})
-        self._changed.notify_all()
 
     def _tick(self) -> None:
         before = dict(self.dp.installed)
@@ -206,7 +240,6 @@ class FabricService:
                                 f"hot links {rep.hot_links[:8]}: max fabric utilisation "
                                 f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}")
             self._plan_epoch += 1
-            self._changed.notify_all()
 
     def _note_reroutes(self, before: dict[str, PathSet], kind: str, why: str) -> None:
         moved = [k for k, ps in self.dp.installed.items()
@@ -258,7 +291,8 @@ class FabricService:
 
     # ------------------------------------------------------------ jobs
     def _owned(self, p: Principal, task_id: str) -> Intent:
-        intent = self.controller.intents.get(task_id)
+        with self._jobs_lock:
+            intent = self.intents.get(task_id)
         if intent is None:
             raise ServiceError(404, f"job {task_id!r} not found")
         if not p.owns(intent.tenant):
@@ -282,15 +316,15 @@ class FabricService:
             outside = sorted(set(gpus) - (p.gpus or frozenset()))
             raise ServiceError(403, f"gpus: GPU {outside[0]} is not one of {p.name}'s GPUs")
         mine = set(gpus)
-        for other in self.controller.intents.values():
+        for other in self.intents.values():
             if other.task_id != task_id and other.tenant != tenant and mine & set(other.gpus):
                 g = min(mine & set(other.gpus))
                 raise ServiceError(409, f"gpus: GPU {g} is in use by another tenant's job")
 
     def declare(self, p: Principal, body: IntentIn, *, replace_ok: bool) -> dict[str, Any]:
         tenant = self._tenant_for(p, body)
-        with self.lock:
-            old = self.controller.intents.get(body.task_id)
+        with self._changed:
+            old = self.intents.get(body.task_id)
             if old is not None:
                 if not p.owns(old.tenant):
                     raise ServiceError(403, f"job {body.task_id!r} belongs to another tenant")
@@ -300,59 +334,66 @@ class FabricService:
             self._check_gpus(p, tenant, body.task_id, body.gpus)
             intent = body.to_intent(tenant)
             self.store.put_job(intent.task_id, tenant, intent_to_dict(intent))
-            self.controller.declare(intent)
-            self._mark_stale()
-            return self._job_dict(intent)
+            self._queue(intent.task_id, intent)
+        return self._job_dict(intent)
 
     def withdraw(self, p: Principal, task_id: str) -> None:
-        with self.lock:
-            self._owned(p, task_id)
-            self.controller.withdraw(task_id)
-            self.store.delete_job(task_id)
-            self.dp.forget([k for k in self.dp.installed if k.startswith(task_id + ":")])
-            self._mark_stale()
+        self._owned(p, task_id)
+        with self._changed:
+            if task_id in self.intents:
+                self.store.delete_job(task_id)
+                self._queue(task_id, None)
+
+    def _queue(self, task_id: str, intent: Intent | None) -> None:
+        """Record a change for the next plan (jobs lock held)."""
+        if intent is None:
+            self.intents.pop(task_id, None)
+        else:
+            self.intents[task_id] = intent
+        self._pending[task_id] = intent
+        self._epoch += 1
+        self._changed_at[task_id] = self._epoch
+        self._changed.notify_all()
 
     def jobs(self, p: Principal) -> list[dict[str, Any]]:
-        with self.lock:
-            return [self._job_dict(i) for i in sorted(self.controller.intents.values(),
-                                                       key=lambda i: i.task_id)
-                    if p.owns(i.tenant)]
+        with self._jobs_lock:
+            mine = sorted((i for i in self.intents.values() if p.owns(i.tenant)),
+                          key=lambda i: i.task_id)
+        return [self._job_dict(i) for i in mine]
 
     def job(self, p: Principal, task_id: str) -> dict[str, Any]:
-        with self.lock:
-            return self._job_dict(self._owned(p, task_id))
+        return self._job_dict(self._owned(p, task_id))
 
     def _job_dict(self, intent: Intent) -> dict[str, Any]:
         d = intent_to_dict(intent)
         tid = intent.task_id
-        prefix = tid + ":"
         d.update(
             sla_level=intent.strictest_level,
             sla_met=tid not in self.controller.sla_unmet and tid not in
             self.controller.partitioned,
             sla_problem=self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid),
-            path_sets=sum(1 for k in self.dp.installed if k.startswith(prefix)),
-            planned=not self._stale,
+            path_sets=len(self.dp.by_task.get(tid, {})),
+            planned=self._changed_at.get(tid, 0) <= self._planned_upto,
             busbw_GBps=self.busbw_GBps.get(tid),
             last_collective_us=self.collective_us.get(tid),
         )
         return d
 
-    def _mark_stale(self) -> None:
-        self._stale = True
-        self._changed.notify_all()
-
-    def wait_planned(self, timeout_s: float = 10.0) -> bool:
-        """Block until no declared change awaits planning (lock not held by the caller)."""
+    def wait_planned(self, epoch: int | None = None, timeout_s: float = 10.0) -> bool:
+        """Block until the installed plan includes change ``epoch`` (default: every change
+        declared so far); plans here if no control loop runs."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while self._stale:
+            target = self._epoch if epoch is None else epoch
+        if self._loop_thread is None or not self._loop_thread.is_alive():
+            if self._planned_upto < target:
+                self.plan_pending("request")
+            return True
+        with self._changed:
+            while self._planned_upto < target:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stop.is_set():
                     return False
-                if self._loop_thread is None:  # no control loop: plan here
-                    self._plan("request")
-                    break
                 self._changed.wait(left)
         return True
 
@@ -360,8 +401,9 @@ class FabricService:
     def announce(self, p: Principal, task_id: str, body: AnnounceIn) -> dict[str, Any]:
         """A run-time call: added to the job's intent (replacing a call of the same pattern
         over the same ranks), planned, and answered with its paths."""
-        with self.lock:
-            intent = self._owned(p, task_id)
+        intent = self._owned(p, task_id)
+        with self._changed:
+            intent = self.intents.get(task_id, intent)
             outside = sorted(set(body.ranks) - set(intent.gpus))
             if outside:
                 raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of job "
@@ -376,27 +418,26 @@ class FabricService:
                 new = Intent(intent.task_id, intent.tenant, intent.gpus,
                              (*calls, call), intent.opt_in)
                 self.store.put_job(task_id, intent.tenant, intent_to_dict(new))
-                self.controller.declare(new)
-                self._mark_stale()
+                self._queue(task_id, new)
+            epoch = self._changed_at.get(task_id, 0)
             self.counters.announces += 1
             self.store.add_call(time.time(), task_id,
                                 {"pattern": body.pattern, "size_bytes": body.size_bytes,
                                  "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket})
-        self.wait_planned()
-        with self.lock:
-            keys = [rule_key(task_id, a, b) for a, b in pairs]
-            got = {k: self.dp.installed[k] for k in keys if k in self.dp.installed}
-            problem = self.controller.sla_unmet.get(task_id)
-            if problem:
-                self.counters.sla_refused += 1
-            return {"task_id": task_id, "pattern": body.pattern, "size_bytes": body.size_bytes,
-                    "sla_us": sla, "sla_level": sla_level(sla), "sla_met": problem is None,
-                    "sla_problem": problem, "changed_intent": not same,
-                    "pairs": [self._pair_dict(k, got.get(k)) for k in keys]}
+        self.wait_planned(epoch)
+        keys = [rule_key(task_id, a, b) for a, b in pairs]
+        table = self.dp.installed
+        got = {k: table[k] for k in keys if k in table}
+        problem = self.controller.sla_unmet.get(task_id)
+        if problem:
+            self.counters.sla_refused += 1
+        return {"task_id": task_id, "pattern": body.pattern, "size_bytes": body.size_bytes,
+                "sla_us": sla, "sla_level": sla_level(sla), "sla_met": problem is None,
+                "sla_problem": problem, "changed_intent": not same,
+                "pairs": [self._pair_dict(k, got.get(k)) for k in keys]}
 
     def calls(self, p: Principal, task_id: str, limit: int) -> list[dict[str, Any]]:
-        with self.lock:
-            self._owned(p, task_id)
+        self._owned(p, task_id)
         return self.store.calls(task_id, limit)
 
     # ------------------------------------------------------------ paths
@@ -418,14 +459,13 @@ class FabricService:
 
     def paths(self, p: Principal, task_id: str, src: int | None = None,
               dst: int | None = None) -> dict[str, Any]:
-        with self.lock:
-            self._owned(p, task_id)
-            prefix = task_id + ":"
-            keys = sorted(k for k in self.dp.installed if k.startswith(prefix))
-            if src is not None or dst is not None:
-                keys = [k for k in keys if self._match(k, src, dst)]
-            return {"task_id": task_id, "plan_epoch": self._plan_epoch,
-                    "pairs": [self._pair_dict(k, self.dp.installed[k]) for k in keys]}
+        self._owned(p, task_id)
+        mine = self.dp.by_task.get(task_id, {})
+        keys = sorted(mine)
+        if src is not None or dst is not None:
+            keys = [k for k in keys if self._match(k, src, dst)]
+        return {"task_id": task_id, "plan_epoch": self._plan_epoch,
+                "pairs": [self._pair_dict(k, mine[k]) for k in keys]}
 
     @staticmethod
     def _match(key: str, src: int | None, dst: int | None) -> bool:
@@ -440,7 +480,6 @@ class FabricService:
                 raise ServiceError(422, f"deltas.{i}.link_id: link {d.link_id} does not exist "
                                    f"(the fabric has links 0-{n - 1})")
         self.dp.post([PortDelta(**d.model_dump()) for d in deltas])
-        self.counters.telemetry_deltas += len(deltas)
         return len(deltas)
 
     def tick_now(self) -> dict[str, Any]:
@@ -517,7 +556,7 @@ class FabricService:
         runner = self.runner
         return {"status": "ok" if runner is None or runner.error is None else "degraded",
                 "uptime_s": round(time.time() - self.started_s, 3),
-                "jobs": len(self.controller.intents),
+                "jobs": len(self.intents),
                 "plan_epoch": self._plan_epoch,
                 "twin": None if runner is None else {
                     "running": runner.alive, "runs": runner.runs, "error": runner.error,

@@ -46,7 +46,9 @@ class ServiceDataPlane:
                  on_install: Callable[[list[PathSet]], None] | None = None) -> None:
         self.inner = inner
         self.view = inner.fabric()
+        # published copy-on-write (replaced, never changed in place): readers need no lock
         self.installed: dict[str, PathSet] = {}
+        self.by_task: dict[str, dict[str, PathSet]] = {}
         self.congestion: dict[int, float] = {}
         self.qos: dict[int, int] = {}
         self._on_install = on_install
@@ -72,21 +74,35 @@ class ServiceDataPlane:
 
     def install(self, rules: list[PathSet]) -> None:
         self.inner.install(rules)
-        for r in rules:
-            self.installed[r.key] = r
+        self._publish(rules)
         if self._on_install is not None and rules:
             self._on_install(rules)
+
+    def _publish(self, rules: list[PathSet]) -> None:
+        if not rules:
+            return
+        installed = dict(self.installed)
+        by_task = dict(self.by_task)
+        touched: dict[str, dict[str, PathSet]] = {}
+        for r in rules:
+            installed[r.key] = r
+            task = r.key.split(":", 1)[0]
+            if task not in touched:
+                touched[task] = by_task[task] = dict(by_task.get(task, {}))
+            touched[task][r.key] = r
+        self.installed, self.by_task = installed, by_task
 
     def restore(self, rules: list[PathSet]) -> None:
         """Put back the path sets the switches held before a restart (re-sync)."""
         self.inner.install(rules)
-        for r in rules:
-            self.installed[r.key] = r
+        self._publish(rules)
 
-    def forget(self, keys: list[str]) -> None:
-        """Stop reporting these path sets (a withdrawn job's)."""
-        for k in keys:
-            self.installed.pop(k, None)
+    def forget_task(self, task_id: str) -> None:
+        """Stop reporting a withdrawn job's path sets."""
+        gone = self.by_task.get(task_id, {})
+        if gone:
+            self.installed = {k: v for k, v in self.installed.items() if k not in gone}
+            self.by_task = {t: v for t, v in self.by_task.items() if t != task_id}
 
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         self.inner.push_congestion_table(weights)

@@ -92,8 +92,10 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
         assert proc.returncode == -signal.SIGKILL
         proc = _start(state, tokens, port)
         health = httpx.get(f"{base}/health").json()
-        assert health["restored"] == {"jobs": 2, "faults": 1, "path_sets": health["restored"][
-            "path_sets"]} and health["restored"]["path_sets"] >= sum(map(len, before.values()))
+        restored = health["restored"]
+        assert (restored["jobs"], restored["faults"]) == (2, 1)
+        # at least every path set the two jobs had (the twin's jobs' are stored too)
+        assert restored["path_sets"] >= sum(map(len, before.values()))
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ACME}"},
                           timeout=30) as c:
             after_jobs = {j["task_id"]: j["calls"] for j in c.get("/api/v1/jobs").json()}

@@ -199,15 +199,18 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         return HTMLResponse(page.read_text(encoding="utf-8"))
 
     # ------------------------------------------------------------ jobs
+    # handlers that never wait for the controller run on the event loop (``async``); those
+    # that may (announce: its plan; faults, control, congestion: the controller's lock) run
+    # in the thread pool
     v1 = "/api/v1"
 
     @app.post(f"{v1}/jobs", status_code=201, tags=["jobs"])
-    def declare(body: IntentIn, p: Caller) -> dict[str, Any]:
+    async def declare(body: IntentIn, p: Caller) -> dict[str, Any]:
         """Declare a job's intent (409 if the task id exists; PUT replaces)."""
         return service.declare(p, body, replace_ok=False)
 
     @app.put(f"{v1}/jobs/{{task_id}}", tags=["jobs"])
-    def update(task_id: str, body: IntentIn, p: Caller) -> dict[str, Any]:
+    async def update(task_id: str, body: IntentIn, p: Caller) -> dict[str, Any]:
         """Declare or replace a job's intent."""
         if body.task_id != task_id:
             raise ServiceError(422, f"task_id: body says {body.task_id!r}, path says "
@@ -215,16 +218,16 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         return service.declare(p, body, replace_ok=True)
 
     @app.get(f"{v1}/jobs", tags=["jobs"])
-    def list_jobs(p: Caller) -> list[dict[str, Any]]:
+    async def list_jobs(p: Caller) -> list[dict[str, Any]]:
         """The caller's jobs (every job for operators)."""
         return service.jobs(p)
 
     @app.get(f"{v1}/jobs/{{task_id}}", tags=["jobs"])
-    def get_job(task_id: str, p: Caller) -> dict[str, Any]:
+    async def get_job(task_id: str, p: Caller) -> dict[str, Any]:
         return service.job(p, task_id)
 
     @app.delete(f"{v1}/jobs/{{task_id}}", status_code=204, tags=["jobs"])
-    def withdraw(task_id: str, p: Caller) -> Response:
+    async def withdraw(task_id: str, p: Caller) -> Response:
         service.withdraw(p, task_id)
         return Response(status_code=204)
 
@@ -234,12 +237,12 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         return service.announce(p, task_id, body)
 
     @app.get(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
-    def list_calls(task_id: str, p: Caller,
+    async def list_calls(task_id: str, p: Caller,
                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
         return service.calls(p, task_id, limit)
 
     @app.get(f"{v1}/jobs/{{task_id}}/paths", tags=["paths"])
-    def job_paths(task_id: str, p: Caller,
+    async def job_paths(task_id: str, p: Caller,
                   src: Annotated[int | None, Query(ge=0)] = None,
                   dst: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
         """The path sets installed for a job (one per GPU pair; ``src`` / ``dst`` filter)."""
@@ -263,12 +266,12 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         return service.report_fault(p, body)
 
     @app.get(f"{v1}/faults", tags=["faults"])
-    def list_faults(_: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200
+    async def list_faults(_: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200
                     ) -> list[dict[str, Any]]:
         return service.faults(limit)
 
     @app.get(f"{v1}/fabric", tags=["fabric"])
-    def fabric(_: Caller) -> dict[str, Any]:
+    async def fabric(_: Caller) -> dict[str, Any]:
         return service.topology()
 
     @app.get(f"{v1}/congestion", tags=["fabric"])

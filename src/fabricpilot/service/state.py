@@ -28,10 +28,15 @@ from typing import Any
 
 from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
-from fabricpilot.controller.southbound import PathSet, PortDelta
+from fabricpilot.controller.southbound import DataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
+from fabricpilot.service.southbound_http import (
+    RemoteDataPlane,
+    pathset_from_dict,
+    pathset_to_dict,
+)
 from fabricpilot.service.store import Store
 from fabricpilot.service.twin import (
     PacedTwin,
@@ -90,27 +95,19 @@ def intent_from_dict(d: dict[str, Any]) -> Intent:
                   bool(d.get("opt_in", True)))
 
 
-def pathset_to_dict(ps: PathSet) -> dict[str, Any]:
-    return {"key": ps.key, "paths": [list(p) for p in ps.paths], "weights": list(ps.weights),
-            "ports": list(ps.ports), "rules": [[list(r) for r in rs] for rs in ps.rules]}
-
-
-def pathset_from_dict(d: dict[str, Any]) -> PathSet:
-    return PathSet(d["key"], tuple(tuple(int(x) for x in p) for p in d["paths"]),
-                   tuple(float(w) for w in d["weights"]), tuple(int(p) for p in d["ports"]),
-                   tuple(tuple((str(sw), int(lk)) for sw, lk in rs) for rs in d["rules"]))
-
-
 class FabricService:
     """The controller, its data plane, the store and the control loop (module docstring).
 
     ``twin=True`` runs the scenario's jobs on the twin in scaled real time (``time_scale``
     fabric seconds per wall second); ``twin=False`` keeps the twin's fabric but no traffic
-    (the controller then sees only the telemetry posted to it)."""
+    (the controller then sees only the telemetry posted to it). ``remote`` replaces the
+    in-process twin by a data plane in another process (``fabricpilot twin``, or switches):
+    its fabric, its running jobs and the rules it holds are read from it."""
 
     def __init__(self, prep: Prepared, store: Store, *, twin: bool = True,
                  time_scale: float = 1e-3, tick_interval_s: float = 0.2,
-                 plan_interval_s: float = 0.25) -> None:
+                 plan_interval_s: float = 0.25, remote: RemoteDataPlane | None = None
+                 ) -> None:
         self.prep = prep
         self.store = store
         self.lock = threading.RLock()
@@ -120,10 +117,13 @@ class FabricService:
         self.counters = Counters()
         self.busbw_GBps: dict[str, float] = {}
         self.collective_us: dict[str, float] = {}
+        self.remote = remote
         self._policy = PacedTwin(twin_context(prep))
-        self.dp = ServiceDataPlane(self._policy, on_install=self._persist_paths)
+        inner: DataPlane = remote if remote is not None else self._policy
+        self.dp = ServiceDataPlane(inner, on_install=self._persist_paths)
         self.controller = Controller(self.dp, prep.controller)
-        self._policy.controller = self.controller
+        if remote is None:
+            self._policy.controller = self.controller
         self.view = self.dp.view
         self.n_gpus = len(self.view.gpu_node)
         self._plan_epoch = 0
@@ -139,8 +139,14 @@ class FabricService:
         self._loop_thread: threading.Thread | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=200)  # reroutes, heals, faults
         self.runner: TwinRunner | None = None
+        # task -> (pattern, pairs, bucket) -> the call announced for it last
+        self._announced: dict[str, dict[tuple[Any, ...], CommCall]] = {}
         self.restored = self._restore()
-        if twin and prep.jobs:
+        if remote is not None:
+            for d in remote.jobs():
+                if d["task_id"] not in self.controller.intents:
+                    self.controller.declare(intent_from_dict(d))
+        elif twin and prep.jobs:
             self._declare_twin_jobs()
             self.runner = TwinRunner(prep, self._policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
@@ -270,8 +276,17 @@ class FabricService:
         switches held (installed again: the data plane is re-synced before the first plan,
         which then sends only what changed)."""
         jobs = self.store.jobs()
-        for _, _, d in jobs:
-            self.controller.declare(intent_from_dict(d))
+        for task, _, d in jobs:
+            intent = intent_from_dict(d)
+            self.controller.declare(intent)
+            for rec in self.store.calls(task, limit=100_000):  # which call is which bucket
+                pairs = tuple((a, b) for a, b, _ in pattern_pairs(rec["pattern"],
+                                                                  tuple(rec["ranks"])))
+                call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
+                                rec.get("period_ns", 0), 0, pairs)
+                if call in intent.calls:
+                    self._announced.setdefault(task, {})[
+                        (rec["pattern"], pairs, rec["bucket"])] = call
         last: dict[int, str] = {}
         faults = self.store.faults(limit=1_000_000)
         for f in faults:
@@ -281,13 +296,23 @@ class FabricService:
         known = {t for t, _, _ in jobs}
         stored = [pathset_from_dict(d) for d in self.store.paths().values()]
         kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
+        held: list[PathSet] = []
+        if self.remote is not None:
+            # the switches outlived us: what they hold is the truth; adopt it, and put back
+            # (below) only what they lost
+            held = self.remote.rules()
+            self.dp.adopt(held)
+            _adopt(self.controller, held)
+            have = {ps.key: ps for ps in held}
+            kept = [ps for ps in kept if have.get(ps.key) != ps]
         if kept:
             try:
                 self.dp.restore(kept)
-                self.controller._installed.update({ps.key: ps for ps in kept})
+                _adopt(self.controller, kept)
             except ValueError as err:  # e.g. the rule capacity shrank: plan from scratch
                 log.warning("restore", extra={"fields": {"error": str(err)}})
-        return {"jobs": len(jobs), "faults": len(faults), "path_sets": len(kept)}
+        return {"jobs": len(jobs), "faults": len(faults), "path_sets": len(kept),
+                "held_by_dataplane": len(held)}
 
     # ------------------------------------------------------------ jobs
     def _owned(self, p: Principal, task_id: str) -> Intent:
@@ -411,10 +436,17 @@ class FabricService:
             sla = body.sla_us or DEFAULT_ANNOUNCE_SLA_US
             pairs = tuple((a, b) for a, b, _ in pattern_pairs(body.pattern, tuple(body.ranks)))
             call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns, 0, pairs)
-            calls = [c for c in intent.calls if not (c.pattern == call.pattern
-                                                      and c.pairs == call.pairs)]
-            same = any(c == call for c in intent.calls)
+            # one call per (pattern, ranks, bucket): a bucket announced again replaces its
+            # previous size; other buckets over the same ranks are calls of their own
+            slot = (body.pattern, pairs, body.bucket)
+            announced = self._announced.setdefault(task_id, {})
+            previous = announced.get(slot)
+            same = previous == call and call in intent.calls
             if not same:
+                calls = list(intent.calls)
+                if previous is not None and previous in calls:
+                    calls.remove(previous)
+                announced[slot] = call
                 new = Intent(intent.task_id, intent.tenant, intent.gpus,
                              (*calls, call), intent.opt_in)
                 self.store.put_job(task_id, intent.tenant, intent_to_dict(new))
@@ -423,7 +455,8 @@ class FabricService:
             self.counters.announces += 1
             self.store.add_call(time.time(), task_id,
                                 {"pattern": body.pattern, "size_bytes": body.size_bytes,
-                                 "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket})
+                                 "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket,
+                                 "period_ns": body.period_ns})
         self.wait_planned(epoch)
         keys = [rule_key(task_id, a, b) for a, b in pairs]
         table = self.dp.installed
@@ -537,7 +570,8 @@ class FabricService:
                  for n, d in v.graph.nodes(data=True)]
         links = [{"id": li.link_id, "src": li.src, "dst": li.dst, "kind": li.kind,
                   "capacity_gbps": li.capacity_gbps} for li in v.links.values()]
-        return {"nodes": nodes, "links": links, "gpus": len(v.gpu_node)}
+        return {"nodes": nodes, "links": links, "gpus": len(v.gpu_node),
+                "gpu_node": {str(g): n for g, n in sorted(v.gpu_node.items())}}
 
     def congestion(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -564,3 +598,9 @@ class FabricService:
                     "time_scale": runner.time_scale},
                 "restored": self.restored,
                 "store": str(Path(self.store.path).name)}
+
+
+def _adopt(controller: Controller, sets: list[PathSet]) -> None:
+    """Tell ``controller`` that the data plane holds these path sets, so that its next plan
+    sends only the ones that differ."""
+    controller._installed.update({ps.key: ps for ps in sets})

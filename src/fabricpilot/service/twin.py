@@ -92,6 +92,11 @@ class ServiceDataPlane:
             touched[task][r.key] = r
         self.installed, self.by_task = installed, by_task
 
+    def adopt(self, rules: list[PathSet]) -> None:
+        """Take these path sets as installed without sending them (the data plane reported
+        holding them)."""
+        self._publish(rules)
+
     def restore(self, rules: list[PathSet]) -> None:
         """Put back the path sets the switches held before a restart (re-sync)."""
         self.inner.install(rules)

@@ -1,0 +1,451 @@
+"""A small synchronous client for the fabricpilot controller service (``fabricpilot serve``).
+
+One method per resource of the REST API (``/api/v1``); each returns the service's JSON as
+plain dicts and lists (or ``None`` / an ``int`` where the response carries nothing else)::
+
+    from fabricpilot.client import Client
+
+    with Client("http://127.0.0.1:8765", token="...") as fp:
+        fp.declare_job("llm-7b", gpus=[0, 1, 2, 3],
+                       calls=[{"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500}])
+        decision = fp.announce("llm-7b", "allreduce", 25 << 20, ranks=[0, 1, 2, 3], bucket=0)
+        for pair in decision["pairs"]:
+            print(pair["src"], "->", pair["dst"], [p["nodes"] for p in pair["paths"]])
+
+Defaults come from the environment: the URL from ``FABRICPILOT_URL`` (else
+``http://127.0.0.1:8765``), the bearer token from ``FABRICPILOT_TOKEN``.
+
+Errors: a response with a 4xx / 5xx status raises :class:`FabricpilotAPIError` (``status``,
+``detail`` and a one-line message; a 422 lists each offending field as
+``field.path: message``); a controller that cannot be reached raises
+:class:`FabricpilotConnectionError`. Only ``GET`` requests, which change nothing, are retried
+(a bounded number of times, with exponential backoff) and only when the connection failed;
+a ``POST`` / ``PUT`` / ``DELETE`` is sent once.
+
+>>> err = FabricpilotAPIError(422, [{"loc": ["body", "calls", 0, "size_bytes"],
+...                                  "msg": "Input should be greater than 0"}])
+>>> str(err)
+'422 Unprocessable Entity: calls.0.size_bytes: Input should be greater than 0'
+>>> err.fields
+[('calls.0.size_bytes', 'Input should be greater than 0')]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any, Literal, TypedDict
+from urllib.parse import quote
+
+import httpx
+
+from fabricpilot.errors import FabricpilotError
+
+__all__ = [
+    "API_PREFIX",
+    "DEFAULT_URL",
+    "CallSpec",
+    "Client",
+    "FabricpilotAPIError",
+    "FabricpilotClientError",
+    "FabricpilotConnectionError",
+    "PortDeltaSpec",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+"""Where ``fabricpilot serve`` listens by default."""
+
+API_PREFIX = "/api/v1"
+URL_ENV = "FABRICPILOT_URL"
+TOKEN_ENV = "FABRICPILOT_TOKEN"
+
+Pattern = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
+FaultKind = Literal["down", "up", "gray"]
+JSONDict = dict[str, Any]
+
+# Connection-level failures after which a GET is worth sending again (nothing reached the
+# service, or the connection broke before an answer). Read timeouts are not retried: the
+# service may still be working on the request.
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
+              httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
+
+
+class CallSpec(TypedDict, total=False):
+    """One communication call of a job's intent (``calls`` of :meth:`Client.declare_job`).
+
+    ``pattern``, ``size_bytes`` and ``sla_us`` are required; ``period_ns`` (0: one-off),
+    ``priority`` (0-7) and ``pairs`` (explicit ``(src_gpu, dst_gpu)`` pairs) are optional.
+    """
+
+    pattern: Pattern
+    size_bytes: int
+    sla_us: float
+    period_ns: int
+    priority: int
+    pairs: list[tuple[int, int]]
+
+
+class PortDeltaSpec(TypedDict, total=False):
+    """Counter deltas of one egress port over ``interval_ns`` (``link_id`` and
+    ``interval_ns`` required; every counter defaults to 0)."""
+
+    link_id: int
+    interval_ns: int
+    tx_bytes: float
+    queue_bytes: float
+    drops: float
+    ecn_marks: float
+    pause_ns: float
+    fec_corrected: float
+    fec_uncorrected: float
+    rx_bits: float
+
+
+class FabricpilotClientError(FabricpilotError):
+    """Base of the errors the client raises."""
+
+
+class FabricpilotConnectionError(FabricpilotClientError):
+    """The controller could not be reached (after the retries a ``GET`` gets)."""
+
+
+class FabricpilotAPIError(FabricpilotClientError):
+    """The service answered with an error status.
+
+    ``status`` is the HTTP status, ``detail`` the response's ``detail`` (a string, or for a
+    422 from body validation the list of field errors), ``fields`` the ``(field.path,
+    message)`` pairs of a validation error (empty otherwise), ``method`` / ``url`` the
+    request. ``str(err)`` is one line: ``"<status> <reason>: <detail>"``.
+
+    >>> e = FabricpilotAPIError(404, "job 'x' not found", method="GET", url="/api/v1/jobs/x")
+    >>> str(e), e.status
+    ("404 Not Found: job 'x' not found (GET /api/v1/jobs/x)", 404)
+    """
+
+    def __init__(self, status: int, detail: Any, *, method: str | None = None,
+                 url: str | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.method = method
+        self.url = url
+        self.fields = _field_errors(detail)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        try:
+            reason = HTTPStatus(self.status).phrase
+        except ValueError:
+            reason = "Error"
+        if self.fields:
+            text = "; ".join(f"{path}: {msg}" if path else msg for path, msg in self.fields)
+        elif isinstance(self.detail, str):
+            text = self.detail
+        else:
+            text = str(self.detail)
+        text = " ".join(text.split())  # one line
+        where = f" ({self.method} {self.url})" if self.method and self.url else ""
+        return f"{self.status} {reason}: {text}{where}"
+
+
+def _field_errors(detail: Any) -> list[tuple[str, str]]:
+    """``(field.path, message)`` of FastAPI's validation errors; the leading ``body``
+    location is dropped (``body.calls.0.size_bytes`` -> ``calls.0.size_bytes``) so that the
+    paths read like the service's own messages (``gpus: GPU 200 does not exist``).
+
+    >>> _field_errors([{"loc": ["query", "src"], "msg": "Input should be >= 0"}])
+    [('query.src', 'Input should be >= 0')]
+    >>> _field_errors("operators only")
+    []
+    """
+    if not isinstance(detail, list):
+        return []
+    out: list[tuple[str, str]] = []
+    for item in detail:
+        if not isinstance(item, Mapping):
+            out.append(("", str(item)))
+            continue
+        loc = [str(x) for x in item.get("loc", [])]
+        if loc and loc[0] == "body":
+            loc = loc[1:]
+        out.append((".".join(loc), str(item.get("msg", ""))))
+    return out
+
+
+class Client:
+    """A client of one controller service.
+
+    ``base_url``: the service's address (default: ``$FABRICPILOT_URL``, else
+    ``http://127.0.0.1:8765``); ``token``: the bearer token (default:
+    ``$FABRICPILOT_TOKEN``; ``/health`` and ``/metrics`` need none); ``timeout_s``: per
+    request (an announced call waits for the plan that includes it, so keep it above a
+    plan's time); ``get_retries``: how often a ``GET`` that failed to connect is sent
+    again, waiting ``backoff_s``, then twice that, ... (capped at ``max_backoff_s``);
+    ``transport``: an ``httpx`` transport (tests).
+
+    Use it as a context manager, or call :meth:`close`:
+
+    >>> with Client("http://127.0.0.1:8765", token="t0k3n") as fp:  # doctest: +SKIP
+    ...     fp.health()["status"]
+    'ok'
+    """
+
+    def __init__(self, base_url: str | None = None, token: str | None = None, *,
+                 timeout_s: float = 30.0, get_retries: int = 3, backoff_s: float = 0.2,
+                 max_backoff_s: float = 2.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if get_retries < 0:
+            raise ValueError(f"get_retries must be >= 0, got {get_retries}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.timeout_s = timeout_s
+        self.get_retries = get_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        headers = {"Accept": "application/json", "User-Agent": "fabricpilot-client"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
+                                  transport=transport)
+
+    # ------------------------------------------------------------ plumbing
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.base_url!r}, token={'set' if self.token else None})"
+
+    def _request(self, method: str, path: str, *, json: Any = None,
+                 params: Mapping[str, Any] | None = None) -> httpx.Response:
+        """Send one request; retry a GET whose connection failed; raise on errors."""
+        query = {k: v for k, v in (params or {}).items() if v is not None} or None
+        attempts = 1 + (self.get_retries if method == "GET" else 0)
+        delay_s = self.backoff_s
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, json=json, params=query)
+                break
+            except _RETRYABLE as err:
+                if attempt + 1 >= attempts:
+                    raise self._unreachable(method, path, err, attempts) from err
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, self.max_backoff_s)
+            except httpx.TransportError as err:
+                raise self._unreachable(method, path, err, attempt + 1) from err
+        if response.status_code >= 400:
+            raise FabricpilotAPIError(response.status_code, _detail(response), method=method,
+                                      url=path)
+        return response
+
+    def _unreachable(self, method: str, path: str, err: Exception,
+                     attempts: int) -> FabricpilotConnectionError:
+        what = type(err).__name__
+        text = " ".join(str(err).split()) or what
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        return FabricpilotConnectionError(
+            f"cannot reach the fabricpilot controller at {self.base_url}{tries} "
+            f"({method} {path}): {what}: {text}")
+
+    def _get(self, path: str, **params: Any) -> Any:
+        return self._request("GET", path, params=params).json()
+
+    @staticmethod
+    def _job_path(task_id: str) -> str:
+        return f"{API_PREFIX}/jobs/{quote(task_id, safe='')}"
+
+    # ------------------------------------------------------------ service
+    def health(self) -> JSONDict:
+        """``GET /health``: ``status`` (``ok`` / ``degraded``), ``uptime_s``, ``jobs``,
+        ``plan_epoch``, ``twin``, ``restored``, ``store`` (no token needed).
+
+        >>> Client().health()["status"]  # doctest: +SKIP
+        'ok'
+        """
+        result: JSONDict = self._get("/health")
+        return result
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition (no token needed)."""
+        return self._request("GET", "/metrics").text
+
+    # ------------------------------------------------------------ jobs
+    @staticmethod
+    def _intent(task_id: str, gpus: Sequence[int], calls: Sequence[CallSpec | Mapping[str, Any]],
+                tenant: str | None, opt_in: bool) -> JSONDict:
+        body: JSONDict = {"task_id": task_id, "gpus": [int(g) for g in gpus],
+                          "calls": [_call_body(c) for c in calls], "opt_in": opt_in}
+        if tenant is not None:
+            body["tenant"] = tenant
+        return body
+
+    def declare_job(self, task_id: str, gpus: Sequence[int],
+                    calls: Sequence[CallSpec | Mapping[str, Any]], *, tenant: str | None = None,
+                    opt_in: bool = True) -> JSONDict:
+        """``POST /api/v1/jobs``: declare a job's intent (its GPU ids and the communication
+        calls it makes); 409 if ``task_id`` exists (:meth:`update_job` replaces). ``tenant``:
+        operators only (a tenant token declares for its own tenant). Returns the job:
+        ``task_id``, ``tenant``, ``gpus``, ``calls``, ``sla_level``, ``sla_met``,
+        ``path_sets``, ``planned``, ...
+
+        >>> fp.declare_job("llm", [0, 1, 8, 9], [{"pattern": "allreduce",  # doctest: +SKIP
+        ...                "size_bytes": 64 << 20, "sla_us": 500}])["planned"]
+        False
+        """
+        result: JSONDict = self._request(
+            "POST", f"{API_PREFIX}/jobs",
+            json=self._intent(task_id, gpus, calls, tenant, opt_in)).json()
+        return result
+
+    def update_job(self, task_id: str, gpus: Sequence[int],
+                   calls: Sequence[CallSpec | Mapping[str, Any]], *, tenant: str | None = None,
+                   opt_in: bool = True) -> JSONDict:
+        """``PUT /api/v1/jobs/{task_id}``: declare the job, or replace its intent if it
+        exists (same arguments and result as :meth:`declare_job`)."""
+        result: JSONDict = self._request(
+            "PUT", self._job_path(task_id),
+            json=self._intent(task_id, gpus, calls, tenant, opt_in)).json()
+        return result
+
+    def list_jobs(self) -> list[JSONDict]:
+        """``GET /api/v1/jobs``: the caller's jobs (every job for an operator), by task id."""
+        result: list[JSONDict] = self._get(f"{API_PREFIX}/jobs")
+        return result
+
+    def get_job(self, task_id: str) -> JSONDict:
+        """``GET /api/v1/jobs/{task_id}`` (404 if unknown, 403 if another tenant's).
+
+        >>> fp.get_job("llm")["gpus"]  # doctest: +SKIP
+        [0, 1, 8, 9]
+        """
+        result: JSONDict = self._get(self._job_path(task_id))
+        return result
+
+    def withdraw_job(self, task_id: str) -> None:
+        """``DELETE /api/v1/jobs/{task_id}``: withdraw the job and its paths."""
+        self._request("DELETE", self._job_path(task_id))
+
+    def announce(self, task_id: str, pattern: Pattern, size_bytes: int, ranks: Sequence[int],
+                 *, sla_us: float | None = None, period_ns: int = 0,
+                 bucket: int | None = None) -> JSONDict:
+        """``POST /api/v1/jobs/{task_id}/calls``: announce a call at run time ("an
+        AllReduce of ``size_bytes`` among these GPU ids, SLA ``sla_us``"; ``bucket``: e.g.
+        a DDP gradient bucket index). The service adds it to the job's intent (replacing an
+        announced call of the same pattern over the same ranks), waits for the plan and
+        answers with the decision: ``sla_us``, ``sla_level``, ``sla_met``, ``sla_problem``,
+        ``changed_intent`` and ``pairs`` -- one per GPU pair the pattern uses (a ring for
+        allreduce: ``ranks[i] -> ranks[i + 1]``), each with ``src``, ``dst``, ``planned`` and
+        ``paths`` (``links``, ``nodes``, ``share``, ``source_port``, ``pinned_rules``).
+
+        >>> d = fp.announce("llm", "allreduce", 25 << 20, [0, 1, 8, 9])  # doctest: +SKIP
+        >>> [(p["src"], p["dst"]) for p in d["pairs"]]  # doctest: +SKIP
+        [(0, 1), (1, 8), (8, 9), (9, 0)]
+        """
+        body: JSONDict = {"pattern": pattern, "size_bytes": int(size_bytes),
+                          "ranks": [int(r) for r in ranks], "period_ns": int(period_ns)}
+        if sla_us is not None:
+            body["sla_us"] = float(sla_us)
+        if bucket is not None:
+            body["bucket"] = int(bucket)
+        result: JSONDict = self._request("POST", f"{self._job_path(task_id)}/calls",
+                                         json=body).json()
+        return result
+
+    def calls(self, task_id: str, *, limit: int | None = None) -> list[JSONDict]:
+        """``GET /api/v1/jobs/{task_id}/calls``: the calls announced for the job (``pattern``,
+        ``size_bytes``, ``ranks``, ``sla_us``, ``bucket``, ``at_s``), at most ``limit``."""
+        result: list[JSONDict] = self._get(f"{self._job_path(task_id)}/calls", limit=limit)
+        return result
+
+    def paths(self, task_id: str, *, src: int | None = None,
+              dst: int | None = None) -> JSONDict:
+        """``GET /api/v1/jobs/{task_id}/paths``: the job's installed path sets
+        (``plan_epoch`` and ``pairs``, shaped like :meth:`announce`'s), optionally only those
+        from GPU ``src`` and / or to GPU ``dst``."""
+        result: JSONDict = self._get(f"{self._job_path(task_id)}/paths", src=src, dst=dst)
+        return result
+
+    # ------------------------------------------------------------ fabric
+    def post_telemetry(self, deltas: Sequence[PortDeltaSpec | Mapping[str, Any]], *,
+                       switch: str | None = None) -> int:
+        """``POST /api/v1/telemetry`` (operators): port counter deltas, folded into the
+        congestion map at the next control period. Returns how many were accepted.
+
+        >>> fp.post_telemetry([{"link_id": 0, "interval_ns": 1_000_000,  # doctest: +SKIP
+        ...                     "tx_bytes": 45_000_000}])
+        1
+        """
+        body: JSONDict = {"deltas": [dict(d) for d in deltas]}
+        if switch is not None:
+            body["switch"] = switch
+        return int(self._request("POST", f"{API_PREFIX}/telemetry", json=body).json()["accepted"])
+
+    def tick(self) -> JSONDict:
+        """``POST /api/v1/control/tick`` (operators): run one control period now; returns
+        ``replanned`` and ``plan_epoch``."""
+        result: JSONDict = self._request("POST", f"{API_PREFIX}/control/tick").json()
+        return result
+
+    def report_fault(self, kind: FaultKind, *, link_id: int | None = None,
+                     endpoints: tuple[str, str] | None = None, detail: str = "") -> JSONDict:
+        """``POST /api/v1/faults`` (operators): link ``link_id`` (or the link between the two
+        ``endpoints`` node names) went ``down``, came back ``up`` or is ``gray``. Returns
+        ``id``, ``link_id``, ``affected_path_sets``, ``installed_path_sets``, ``replan_ms``,
+        ``partitioned``."""
+        body: JSONDict = {"kind": kind, "detail": detail}
+        if link_id is not None:
+            body["link_id"] = int(link_id)
+        if endpoints is not None:
+            body["endpoints"] = list(endpoints)
+        result: JSONDict = self._request("POST", f"{API_PREFIX}/faults", json=body).json()
+        return result
+
+    def faults(self, *, limit: int | None = None) -> list[JSONDict]:
+        """``GET /api/v1/faults``: the reported faults, at most ``limit``."""
+        result: list[JSONDict] = self._get(f"{API_PREFIX}/faults", limit=limit)
+        return result
+
+    def fabric(self) -> JSONDict:
+        """``GET /api/v1/fabric``: the topology (``nodes``, ``links``, ``gpus``)."""
+        result: JSONDict = self._get(f"{API_PREFIX}/fabric")
+        return result
+
+    def congestion(self) -> list[JSONDict]:
+        """``GET /api/v1/congestion``: every link's smoothed state (``utilization``,
+        ``queue_bytes``, ``drop_rate``, ..., ``weight``, ``down``, ``gray``, ``hot``)."""
+        result: list[JSONDict] = self._get(f"{API_PREFIX}/congestion")
+        return result
+
+    def events(self) -> list[JSONDict]:
+        """``GET /api/v1/events``: recent reroutes, heals and faults, newest last."""
+        result: list[JSONDict] = self._get(f"{API_PREFIX}/events")
+        return result
+
+
+def _call_body(call: CallSpec | Mapping[str, Any]) -> JSONDict:
+    body = dict(call)
+    if "pairs" in body:
+        body["pairs"] = [[int(a), int(b)] for a, b in body["pairs"]]
+    return body
+
+
+def _detail(response: httpx.Response) -> Any:
+    """The ``detail`` of an error response (its text when it is not FastAPI's JSON)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip() or response.reason_phrase
+    if isinstance(body, Mapping) and "detail" in body:
+        return body["detail"]
+    return body

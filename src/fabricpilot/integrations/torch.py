@@ -1,0 +1,423 @@
+"""PyTorch integration: declare a DDP job to the fabricpilot controller and announce its
+gradient AllReduces from a DDP communication hook.
+
+Usage, in every rank after ``torch.distributed.init_process_group``::
+
+    from fabricpilot.integrations.torch import declare, fabricpilot_allreduce_hook
+
+    state = declare()                  # rank 0 declares the job; every rank gets the state
+    model = DDP(model)
+    model.register_comm_hook(state, fabricpilot_allreduce_hook)
+
+Where the values come from (an argument of :func:`declare` wins over the environment):
+
+* the controller: ``FABRICPILOT_URL`` and ``FABRICPILOT_TOKEN`` (see :class:`~fabricpilot.
+  client.Client`);
+* the task id: ``AI_TASK_ID``, else ``TORCHELASTIC_RUN_ID``, else ``ddp-job`` (characters the
+  service does not accept in a task id become ``-``);
+* the SLA of the gradient AllReduce, in microseconds: ``AI_SLA_LATENCY`` (else 1000 us, the
+  service's default for announced calls);
+* the GPU id (the fabric's GPU index) of each global rank: ``FABRICPILOT_GPUS`` (ranges such
+  as ``"0-7"`` or ``"0-3,64-67"``, listed in global-rank order, one per rank), else global
+  rank + ``FABRICPILOT_GPU_OFFSET`` (default 0).
+
+What goes over the wire:
+
+* :func:`declare`: rank 0 declares (``PUT``: declares, or replaces the intent of a job of the
+  same task id, e.g. after an elastic restart) the job's GPUs and one ring AllReduce among
+  them; the other ranks wait for it (a broadcast from rank 0 on the default process group)
+  and learn whether it worked.
+* :func:`fabricpilot_allreduce_hook` (alias :func:`comm_hook`): only rank 0 **of the hook's
+  process group** announces, since every rank of a DDP group has the same buckets -- one
+  announcement per bucket per group instead of one per rank. It announces a bucket the first
+  time this ``(bucket index, size in bytes)`` is seen (DDP re-buckets once after the first
+  iteration, so expect announcements in the first two iterations and none after). The HTTP
+  request is made on a background thread: the hook never waits for the controller. Then it
+  runs the same AllReduce as torch's default ``allreduce_hook`` (divide by the group size,
+  ``all_reduce`` asynchronously), so gradients are exactly those of plain DDP.
+* An unreachable or refusing controller never breaks training: the first failure is logged
+  once as a warning and the job trains on without announcements (:attr:`CommIntent.enabled`
+  is then False). Only a local misconfiguration (e.g. ``FABRICPILOT_GPUS`` not listing one
+  GPU per rank) raises, at :func:`declare` time.
+
+>>> gpus_from_env(4, {"FABRICPILOT_GPU_OFFSET": "8"})
+[8, 9, 10, 11]
+>>> gpus_from_env(4, {"FABRICPILOT_GPUS": "0-1,64-65"})
+[0, 1, 64, 65]
+>>> task_id_from_env({"TORCHELASTIC_RUN_ID": "run/42"}), sla_from_env({"AI_SLA_LATENCY": "400"})
+('run-42', 400.0)
+>>> ring_pairs([3, 5, 9])
+[(3, 5), (5, 9), (9, 3)]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fabricpilot.client import Client, FabricpilotAPIError, FabricpilotClientError
+
+if TYPE_CHECKING:  # torch is optional: imported where a process group or a tensor is used
+    import torch
+    import torch.distributed as dist
+
+__all__ = [
+    "DEFAULT_DECLARED_SIZE_BYTES",
+    "DEFAULT_SLA_US",
+    "DEFAULT_TASK_ID",
+    "CommIntent",
+    "comm_hook",
+    "declare",
+    "fabricpilot_allreduce_hook",
+    "gpus_from_env",
+    "ring_pairs",
+    "sla_from_env",
+    "task_id_from_env",
+]
+
+log = logging.getLogger("fabricpilot.integrations.torch")
+
+SLA_ENV = "AI_SLA_LATENCY"
+TASK_ENV = "AI_TASK_ID"
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+GPUS_ENV = "FABRICPILOT_GPUS"
+GPU_OFFSET_ENV = "FABRICPILOT_GPU_OFFSET"
+
+DEFAULT_TASK_ID = "ddp-job"
+DEFAULT_SLA_US = 1_000.0
+"""The SLA used when none is given (the service's default for announced calls)."""
+DEFAULT_DECLARED_SIZE_BYTES = 25 << 20
+"""Size of the AllReduce declared before the first bucket is seen (DDP's default bucket
+cap, 25 MiB); the hook's announcements replace it with the real bucket sizes."""
+
+_TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+# ---------------------------------------------------------------- configuration
+def sla_from_env(env: Mapping[str, str] | None = None) -> float | None:
+    """The SLA in microseconds from ``AI_SLA_LATENCY`` (``None`` when unset; ``ValueError``
+    when it is not a positive number)."""
+    raw = (os.environ if env is None else env).get(SLA_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        sla_us = float(raw)
+    except ValueError:
+        raise ValueError(f"{SLA_ENV}={raw!r}: not a number of microseconds") from None
+    if not sla_us > 0:
+        raise ValueError(f"{SLA_ENV}={raw!r}: must be > 0 (microseconds)")
+    return sla_us
+
+
+def task_id_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The task id from ``AI_TASK_ID``, else ``TORCHELASTIC_RUN_ID``, else ``ddp-job``, made
+    acceptable to the service (``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``)."""
+    env = os.environ if env is None else env
+    raw = (env.get(TASK_ENV) or env.get(RUN_ID_ENV) or "").strip()
+    return _sanitize_task_id(raw) if raw else DEFAULT_TASK_ID
+
+
+def _sanitize_task_id(raw: str) -> str:
+    """``raw`` with the characters a task id may not hold replaced by ``-``."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", raw)
+    cleaned = re.sub(r"^[^A-Za-z0-9]+", "", cleaned)[:128]
+    return cleaned if _TASK_ID_RE.match(cleaned) else DEFAULT_TASK_ID
+
+
+def _parse_gpu_ranges(text: str) -> list[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (order kept: the list is in global-rank order)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"{GPUS_ENV}: bad GPU range {part!r}") from None
+        if b < a or a < 0:
+            raise ValueError(f"{GPUS_ENV}: bad GPU range {part!r}")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def gpus_from_env(world_size: int, env: Mapping[str, str] | None = None) -> list[int]:
+    """The GPU id of each global rank (module docstring): ``FABRICPILOT_GPUS`` (exactly one
+    per rank) or rank + ``FABRICPILOT_GPU_OFFSET``."""
+    env = os.environ if env is None else env
+    listed = env.get(GPUS_ENV, "").strip()
+    if listed:
+        gpus = _parse_gpu_ranges(listed)
+        if len(gpus) != world_size:
+            raise ValueError(f"{GPUS_ENV}={listed!r}: lists {len(gpus)} GPUs for "
+                             f"{world_size} ranks (one GPU id per global rank)")
+        return gpus
+    raw = env.get(GPU_OFFSET_ENV, "").strip() or "0"
+    try:
+        offset = int(raw)
+    except ValueError:
+        raise ValueError(f"{GPU_OFFSET_ENV}={raw!r}: not an integer") from None
+    if offset < 0:
+        raise ValueError(f"{GPU_OFFSET_ENV}={raw!r}: must be >= 0")
+    return [offset + r for r in range(world_size)]
+
+
+def ring_pairs(gpus: Sequence[int]) -> list[tuple[int, int]]:
+    """The GPU pairs of a ring AllReduce over ``gpus`` (each to the next), as the service
+    derives them from an announced call's ranks."""
+    n = len(gpus)
+    return [] if n < 2 else [(gpus[i], gpus[(i + 1) % n]) for i in range(n)]
+
+
+def _rank_and_world(env: Mapping[str, str]) -> tuple[int, int]:
+    """This process's global rank and the world size: from torch.distributed when it is
+    initialized, else ``RANK`` / ``WORLD_SIZE`` (torchrun's), else a single process."""
+    dist = _dist_or_none()
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+
+
+def _dist_or_none() -> Any:
+    """``torch.distributed`` if it was imported (it cannot be initialized otherwise), else
+    ``None``: no torch import for a process that does not use it."""
+    return sys.modules.get("torch.distributed")
+
+
+# ---------------------------------------------------------------- state
+@dataclass(eq=False)
+class CommIntent:
+    """What a rank knows about its job: the DDP hook's ``state``.
+
+    ``gpus`` is the GPU id of each global rank; ``job`` the job as the controller declared
+    it (rank 0, else ``None``); ``enabled`` whether announcements are made (False once the
+    controller was unreachable or refused the job); ``decisions`` the controller's answer to
+    each announced ``(bucket index, size_bytes)`` (the paths of the bucket's AllReduce);
+    ``process_group`` the group the hook reduces over (``None``: the default group).
+    """
+
+    task_id: str
+    gpus: list[int]
+    sla_us: float
+    rank: int
+    world_size: int
+    client: Client | None
+    process_group: Any = None
+    enabled: bool = True
+    job: dict[str, Any] | None = None
+    decisions: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    announced: list[tuple[int, int]] = field(default_factory=list)
+    owns_client: bool = False
+    _seen: set[tuple[int, int]] = field(default_factory=set, repr=False)
+    _group_gpus: list[int] | None = field(default=None, repr=False)
+    _announcer: bool | None = field(default=None, repr=False)
+    _queue: deque[tuple[tuple[int, int], list[int]]] = field(default_factory=deque, repr=False)
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _busy: bool = field(default=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _closed: bool = field(default=False, repr=False)
+    _warned: set[str] = field(default_factory=set, repr=False)
+
+    # ------------------------------------------------------------ the hook's side
+    def group_gpus(self) -> list[int]:
+        """The GPU ids of the hook's process group, in group-rank order (cached)."""
+        if self._group_gpus is None:
+            import torch.distributed as dist
+
+            group = self.process_group or dist.group.WORLD
+            self._group_gpus = [self.gpus[r] for r in dist.get_process_group_ranks(group)]
+            self._announcer = dist.get_rank(group) == 0
+        return self._group_gpus
+
+    def note_bucket(self, index: int, size_bytes: int) -> bool:
+        """Queue the announcement of bucket ``index`` of ``size_bytes`` unless this rank
+        does not announce, announcing is off, or this ``(index, size_bytes)`` was seen.
+        Returns whether it was queued. Never raises, never blocks on the network."""
+        key = (int(index), int(size_bytes))
+        try:
+            if not self.enabled or self.client is None or key in self._seen:
+                return False
+            ranks = self.group_gpus()
+            with self._cond:
+                if key in self._seen or self._closed:
+                    return False
+                self._seen.add(key)
+                if not self._announcer or len(ranks) < 2:
+                    return False
+                self._queue.append((key, ranks))
+                self._cond.notify_all()
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, daemon=True,
+                                                    name="fabricpilot-announce")
+                    self._thread.start()
+            return True
+        except Exception as err:  # anything at all: training goes on
+            self._warn_once("hook", f"fabricpilot: cannot announce bucket {key[0]}: "
+                                    f"{type(err).__name__}: {err}; training continues")
+            return False
+
+    def _run(self) -> None:
+        """The announcing thread: send queued announcements until closed."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                key, ranks = self._queue.popleft()
+                self._busy = True
+            try:
+                self._announce(key, ranks)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _announce(self, key: tuple[int, int], ranks: list[int]) -> None:
+        if not self.enabled or self.client is None:
+            return
+        index, size_bytes = key
+        try:
+            decision = self.client.announce(self.task_id, "allreduce", size_bytes, ranks,
+                                            sla_us=self.sla_us, bucket=index)
+        except FabricpilotAPIError as err:
+            self._warn_once(f"api-{err.status}", f"fabricpilot: the controller refused "
+                            f"bucket {index}'s announcement: {err}; training continues")
+            return
+        except FabricpilotClientError as err:
+            self.enabled = False
+            self._warn_once("unreachable", f"fabricpilot: {err}; training continues "
+                                           "without announcements")
+            return
+        except Exception as err:
+            self._warn_once("announce", f"fabricpilot: announcing bucket {index} failed: "
+                                        f"{type(err).__name__}: {err}; training continues")
+            return
+        with self._cond:
+            self.decisions[key] = decision
+            self.announced.append(key)
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(message)
+
+    # ------------------------------------------------------------ lifecycle
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued announcement was sent (or failed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Send what is queued (waiting up to ``timeout_s``), stop the announcing thread and
+        close the client if :func:`declare` made it."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self.owns_client and self.client is not None:
+            self.client.close()
+
+    def __enter__(self) -> CommIntent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def declare(client: Client | None = None, *, task_id: str | None = None,
+            gpus: Sequence[int] | None = None, sla_us: float | None = None,
+            size_bytes: int = DEFAULT_DECLARED_SIZE_BYTES, tenant: str | None = None,
+            process_group: Any = None, sync: bool = True,
+            env: Mapping[str, str] | None = None) -> CommIntent:
+    """Declare this DDP job to the controller; call it in every rank (after
+    ``init_process_group``, before training) and pass the result to
+    ``model.register_comm_hook(state, fabricpilot_allreduce_hook)``.
+
+    ``client``: default ``Client()`` (``FABRICPILOT_URL`` / ``FABRICPILOT_TOKEN``);
+    ``task_id``, ``gpus`` (GPU id of each global rank), ``sla_us``: default from the
+    environment (module docstring); ``size_bytes``: the AllReduce declared until the first
+    bucket is announced; ``tenant``: operators only; ``process_group``: the group DDP reduces
+    over (default: the world); ``sync``: the other ranks wait for rank 0's declaration
+    (a ``broadcast_object_list`` on the default group, so every rank must call
+    :func:`declare`); ``env``: instead of ``os.environ``.
+
+    Rank 0 sends ``PUT /api/v1/jobs/{task_id}`` with the job's GPUs and one ring AllReduce
+    of ``size_bytes`` (SLA ``sla_us``). A failure there is logged once and disables
+    announcements in every rank; it does not raise. Raises ``ValueError`` only for a local
+    misconfiguration (GPU ids that do not fit the world size, a bad ``AI_SLA_LATENCY``).
+
+    >>> state = declare()  # doctest: +SKIP
+    >>> state.task_id, state.gpus, state.sla_us  # doctest: +SKIP
+    ('ddp-test', [8, 9], 400.0)
+    """
+    env = os.environ if env is None else env
+    rank, world_size = _rank_and_world(env)
+    task = task_id if task_id is not None else task_id_from_env(env)
+    sla = sla_us if sla_us is not None else sla_from_env(env)
+    if sla is not None and not sla > 0:
+        raise ValueError(f"sla_us must be > 0, got {sla}")
+    gpu_ids = [int(g) for g in gpus] if gpus is not None else gpus_from_env(world_size, env)
+    if len(gpu_ids) != world_size:
+        raise ValueError(f"gpus: {len(gpu_ids)} GPU ids for {world_size} ranks "
+                         "(one GPU id per global rank)")
+    if len(set(gpu_ids)) != len(gpu_ids) or min(gpu_ids) < 0:
+        raise ValueError(f"gpus: GPU ids must be distinct and >= 0, got {gpu_ids}")
+    owns_client = client is None
+    state = CommIntent(task, gpu_ids, sla if sla is not None else DEFAULT_SLA_US, rank,
+                       world_size, client if client is not None else Client(),
+                       process_group=process_group, owns_client=owns_client)
+    if rank == 0:
+        call = {"pattern": "allreduce", "size_bytes": int(size_bytes),
+                "sla_us": state.sla_us, "pairs": ring_pairs(gpu_ids)}
+        try:
+            assert state.client is not None
+            state.job = state.client.update_job(task, gpu_ids, [call], tenant=tenant)
+        except Exception as err:  # an unreachable or refusing controller: train anyway
+            state.enabled = False
+            state._warn_once("declare", f"fabricpilot: cannot declare job {task!r}: {err}; "
+                                        "training continues without announcements")
+    dist = _dist_or_none()
+    if sync and world_size > 1 and dist is not None and dist.is_initialized():
+        flag = [state.enabled]
+        dist.broadcast_object_list(flag, src=0)
+        state.enabled = bool(flag[0])
+    if state.job is not None:
+        log.info("fabricpilot: declared job %s on GPUs %s (SLA %.0f us)", task, gpu_ids,
+                 state.sla_us)
+    return state
+
+
+# ---------------------------------------------------------------- the hook
+def fabricpilot_allreduce_hook(state: CommIntent,
+                               bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: announce the bucket's AllReduce (once per ``(index, size)``,
+    rank 0 of the group only, off the training thread), then average the bucket over the
+    process group exactly like torch's default ``allreduce_hook``.
+
+    >>> model.register_comm_hook(declare(), fabricpilot_allreduce_hook)  # doctest: +SKIP
+    """
+    import torch.distributed as dist
+
+    tensor = bucket.buffer()
+    state.note_bucket(bucket.index(), tensor.numel() * tensor.element_size())
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    tensor.div_(group.size())
+    return (dist.all_reduce(tensor, group=group, async_op=True)
+            .get_future()
+            .then(lambda fut: fut.value()[0]))
+
+
+comm_hook = fabricpilot_allreduce_hook
+"""Alias of :func:`fabricpilot_allreduce_hook`."""

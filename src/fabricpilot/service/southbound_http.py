@@ -1,0 +1,243 @@
+"""The southbound interface over HTTP: a data plane in its own process.
+
+:func:`dataplane_app` serves any :class:`~fabricpilot.controller.southbound.DataPlane` (here:
+the twin, ``fabricpilot twin``) under ``/southbound/v1``; :class:`RemoteDataPlane` is the
+controller's side, a ``DataPlane`` that calls it. With the two in separate processes the
+data plane outlives its controller: when the controller dies the switches keep forwarding on
+the rules they hold (fail-static) and route flows without a rule by their local adaptive
+routing; a restarted controller reads the rules back (:meth:`RemoteDataPlane.rules`) and
+sends only what differs.
+
+The wire format is JSON of the southbound dataclasses (:func:`view_to_dict`,
+:func:`pathset_to_dict`, ...), so a switch agent in any language can speak it.
+
+>>> from fabricpilot.controller.southbound import LinkInfo
+>>> v = FabricView.from_links([LinkInfo(0, "gpu0", "leaf0", 400, 100, "nic")],
+...                           {"gpu0": "gpu", "leaf0": "switch"}, {"leaf0": 1}, {0: "gpu0"})
+>>> w = view_from_dict(view_to_dict(v))
+>>> w.links == v.links and w.gpu_node == v.gpu_node and w.graph.nodes["leaf0"]["tier"]
+1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import asdict
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, HTTPException, Request
+
+from fabricpilot.controller.southbound import (
+    DataPlane,
+    EcmpSpec,
+    FabricView,
+    LinkInfo,
+    PathSet,
+    PortDelta,
+)
+from fabricpilot.errors import FabricpilotError
+
+PREFIX = "/southbound/v1"
+
+
+class SouthboundError(FabricpilotError):
+    """The data plane cannot be reached or refused a request."""
+
+
+# ---------------------------------------------------------------- wire format
+def view_to_dict(v: FabricView) -> dict[str, Any]:
+    nodes = {n: {"kind": d.get("kind", "switch"), "tier": d.get("tier", 0)}
+             for n, d in v.graph.nodes(data=True)}
+    e = v.ecmp
+    return {"nodes": nodes, "links": [asdict(li) for li in v.links.values()],
+            "gpu_node": {str(g): n for g, n in v.gpu_node.items()},
+            "rule_capacity": v.rule_capacity,
+            "ecmp": None if e is None else {
+                "base_seed": e.base_seed, "per_switch_seed": e.per_switch_seed,
+                "source_port_entropy": e.source_port_entropy, "switch_index": e.switch_index,
+                "groups": [[sw, leaf, list(m)] for (sw, leaf), m in e.groups.items()],
+                "gpu_leaf": {str(g): leaf for g, leaf in e.gpu_leaf.items()}}}
+
+
+def view_from_dict(d: dict[str, Any]) -> FabricView:
+    e = d.get("ecmp")
+    ecmp = None if e is None else EcmpSpec(
+        int(e["base_seed"]), bool(e["per_switch_seed"]), bool(e["source_port_entropy"]),
+        {k: int(x) for k, x in e["switch_index"].items()},
+        {(sw, leaf): tuple(int(x) for x in m) for sw, leaf, m in e["groups"]},
+        {int(g): leaf for g, leaf in e["gpu_leaf"].items()})
+    nodes = d["nodes"]
+    return FabricView.from_links(
+        [LinkInfo(**li) for li in d["links"]], {n: x["kind"] for n, x in nodes.items()},
+        {n: int(x["tier"]) for n, x in nodes.items()},
+        {int(g): n for g, n in d["gpu_node"].items()}, ecmp=ecmp,
+        rule_capacity=int(d["rule_capacity"]))
+
+
+def pathset_to_dict(ps: PathSet) -> dict[str, Any]:
+    return {"key": ps.key, "paths": [list(p) for p in ps.paths], "weights": list(ps.weights),
+            "ports": list(ps.ports), "rules": [[list(r) for r in rs] for rs in ps.rules]}
+
+
+def pathset_from_dict(d: dict[str, Any]) -> PathSet:
+    return PathSet(d["key"], tuple(tuple(int(x) for x in p) for p in d["paths"]),
+                   tuple(float(w) for w in d["weights"]), tuple(int(p) for p in d["ports"]),
+                   tuple(tuple((str(sw), int(lk)) for sw, lk in rs) for rs in d["rules"]))
+
+
+# ---------------------------------------------------------------- the data plane's side
+class RuleTable:
+    """A data plane plus the table of path sets it holds (what the switches would report)."""
+
+    def __init__(self, dp: DataPlane, lock: threading.RLock) -> None:
+        self.dp = dp
+        self.lock = lock
+        self.rules: dict[str, PathSet] = {}
+        self.installs = 0
+
+    def install(self, sets: list[PathSet]) -> None:
+        with self.lock:
+            self.dp.install(sets)
+            for ps in sets:
+                self.rules[ps.key] = ps
+            self.installs += 1
+
+
+def dataplane_app(table: RuleTable, *, token: str | None = None,
+                  health: Any = None, jobs: Any = None) -> FastAPI:
+    """The HTTP southbound of a data plane. ``token``: the bearer token a controller must
+    send; ``health()`` and ``jobs()`` (optional) answer ``GET /health`` and ``GET
+    .../jobs`` (the intents of the jobs running on it, for the controller to declare)."""
+    app = FastAPI(title="fabricpilot data plane (southbound)")
+    dp, lock = table.dp, table.lock
+    view = dp.fabric()
+    view_json = view_to_dict(view)
+
+    def check(request: Request) -> None:
+        if token is not None and request.headers.get("authorization") != f"Bearer {token}":
+            raise HTTPException(401, "missing or unknown token")
+
+    @app.get("/health")
+    def _health() -> dict[str, Any]:
+        out = {"status": "ok", "rules": len(table.rules), "installs": table.installs}
+        if health is not None:
+            out.update(health())
+        return out
+
+    @app.get(f"{PREFIX}/fabric")
+    def fabric(request: Request) -> dict[str, Any]:
+        check(request)
+        return view_json
+
+    @app.get(f"{PREFIX}/jobs")
+    def running_jobs(request: Request) -> list[dict[str, Any]]:
+        check(request)
+        return [] if jobs is None else jobs()
+
+    @app.get(f"{PREFIX}/telemetry")
+    def telemetry(request: Request) -> list[dict[str, Any]]:
+        check(request)
+        with lock:
+            return [asdict(d) for d in dp.telemetry()]
+
+    @app.get(f"{PREFIX}/rules")
+    def rules(request: Request) -> list[dict[str, Any]]:
+        check(request)
+        with lock:
+            return [pathset_to_dict(ps) for ps in table.rules.values()]
+
+    @app.post(f"{PREFIX}/rules")
+    async def install(request: Request) -> dict[str, Any]:
+        check(request)
+        sets = [pathset_from_dict(d) for d in await request.json()]
+        try:
+            table.install(sets)
+        except ValueError as err:  # e.g. a switch's rule table would overflow
+            raise HTTPException(409, str(err)) from None
+        return {"installed": len(sets)}
+
+    @app.post(f"{PREFIX}/congestion-table")
+    async def congestion(request: Request) -> dict[str, Any]:
+        check(request)
+        weights = {int(k): float(v) for k, v in (await request.json()).items()}
+        with lock:
+            dp.push_congestion_table(weights)
+        return {"links": len(weights)}
+
+    @app.post(f"{PREFIX}/qos")
+    async def qos(request: Request) -> dict[str, Any]:
+        check(request)
+        mapping = {int(k): int(v) for k, v in (await request.json()).items()}
+        with lock:
+            dp.set_qos(mapping)
+        return {"entries": len(mapping)}
+
+    return app
+
+
+# ---------------------------------------------------------------- the controller's side
+class RemoteDataPlane:
+    """A :class:`DataPlane` in another process, reached over HTTP at ``url``.
+
+    Telemetry that cannot be fetched counts as none (the controller keeps its map); an
+    install that fails raises :class:`SouthboundError`, so the controller knows its rules
+    did not land."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url + PREFIX, headers=headers,
+                                 timeout=timeout_s)
+        self.telemetry_failures = 0
+        try:
+            r = self.http.get("/fabric")
+            r.raise_for_status()
+        except httpx.HTTPError as err:
+            raise SouthboundError(f"{url}: data plane unreachable: {err}") from None
+        self.view = view_from_dict(r.json())
+
+    def fabric(self) -> FabricView:
+        return self.view
+
+    def telemetry(self) -> list[PortDelta]:
+        try:
+            r = self.http.get("/telemetry")
+            r.raise_for_status()
+        except httpx.HTTPError:
+            self.telemetry_failures += 1
+            return []
+        return [PortDelta(**d) for d in r.json()]
+
+    def install(self, rules: list[PathSet]) -> None:
+        if not rules:
+            return
+        try:
+            r = self.http.post("/rules", json=[pathset_to_dict(ps) for ps in rules])
+        except httpx.HTTPError as err:
+            raise SouthboundError(f"{self.url}: install failed: {err}") from None
+        if r.status_code == 409:
+            raise ValueError(r.json().get("detail", "rejected"))
+        if r.status_code >= 400:
+            raise SouthboundError(f"{self.url}: install refused: {r.status_code} {r.text}")
+
+    def rules(self) -> list[PathSet]:
+        """The path sets the data plane holds now."""
+        r = self.http.get("/rules")
+        r.raise_for_status()
+        return [pathset_from_dict(d) for d in r.json()]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The intents of the jobs running on the data plane (the twin's scenario)."""
+        r = self.http.get("/jobs")
+        r.raise_for_status()
+        return list(r.json())
+
+    def push_congestion_table(self, weights: dict[int, float]) -> None:
+        # unreachable: the switches keep their last table; the next period sends it again
+        with contextlib.suppress(httpx.HTTPError):
+            self.http.post("/congestion-table", json={str(k): v for k, v in weights.items()})
+
+    def set_qos(self, dscp_to_priority: dict[int, int]) -> None:
+        self.http.post("/qos", json={str(k): v for k, v in dscp_to_priority.items()})

@@ -191,6 +191,11 @@ def serve(
         help="Wall seconds between plans of declared changes (changes arriving meanwhile "
              "are planned together).")] = 0.25,
     max_body: Annotated[str, typer.Option(help="Largest request body.")] = "8MiB",
+    dataplane: Annotated[str | None, typer.Option(
+        help="URL of a data plane in its own process (fabricpilot twin, or a switch agent) "
+             "instead of the in-process twin.")] = None,
+    dataplane_token_file: Annotated[Path | None, typer.Option(
+        help="File holding the bearer token of --dataplane.")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run the controller as a service: REST API, dashboard and Prometheus metrics."""
@@ -211,11 +216,13 @@ def serve(
     try:
         sc, source = _load(scenario)
         tokens = TokenRegistry.from_file(tokens_file) if tokens_file is not None else None
+        dp_token = _read_token(dataplane_token_file, "--dataplane-token-file")
         with err.status("planning the declared jobs"):
             api, service, _, token_file = build(
                 sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
                 tick_interval_s=tick_interval, plan_interval_s=plan_interval,
-                max_body_bytes=max_body_bytes)
+                max_body_bytes=max_body_bytes, dataplane_url=dataplane,
+                dataplane_token=dp_token)
     except FabricpilotError as e:
         _fail(str(e))
     restored = service.restored
@@ -228,6 +235,54 @@ def serve(
         err.print(f"operator token: {token_file}", highlight=False)
     configure_logging(log_level.upper())
     uvicorn.run(api, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _read_token(path: Path | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as e:
+        _fail(f"{flag}: {path}: cannot read: {e.strerror}")
+    if len(token) < 16:
+        _fail(f"{flag}: {path}: token too short (>= 16 characters)")
+    return token
+
+
+@app.command()
+def twin(
+    scenario: Annotated[Path | None, typer.Argument(
+        help="Scenario to run; the built-in default scenario when omitted.")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8766,
+    time_scale: Annotated[float, typer.Option(
+        help="Fabric seconds per wall second (1e-3: 1 ms per second).")] = 1e-3,
+    token_file: Annotated[Path | None, typer.Option(
+        help="File holding the bearer token a controller must present.")] = None,
+) -> None:
+    """Run the twin as a data plane of its own: the scenario's jobs train in scaled real
+    time, and a controller (fabricpilot serve --dataplane URL) drives it over HTTP. Without
+    a controller, or when it dies, it keeps forwarding on the rules it holds."""
+    import uvicorn
+
+    from fabricpilot.service.server import build_twin, configure_logging
+
+    if time_scale <= 0:
+        _fail(f"--time-scale: must be > 0, got {time_scale}")
+    token = _read_token(token_file, "--token-file")
+    try:
+        sc, source = _load(scenario)
+        api, runner, _ = build_twin(sc, source, time_scale=time_scale, token=token)
+    except FabricpilotError as e:
+        _fail(str(e))
+    err.print(f"fabricpilot twin of {escape(source)} on http://{host}:{port}/southbound/v1",
+              highlight=False)
+    configure_logging("WARNING")
+    runner.start()
+    try:
+        uvicorn.run(api, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        runner.stop()
 
 
 @app.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -18,8 +19,10 @@ from fabricpilot.runner import prepare
 from fabricpilot.scenario.models import Scenario
 from fabricpilot.service.app import DEFAULT_MAX_BODY_BYTES, JsonFormatter, create_app
 from fabricpilot.service.auth import Principal, TokenRegistry, new_token
-from fabricpilot.service.state import FabricService
+from fabricpilot.service.southbound_http import RemoteDataPlane, RuleTable, dataplane_app
+from fabricpilot.service.state import FabricService, intent_to_dict
 from fabricpilot.service.store import Store
+from fabricpilot.service.twin import PacedTwin, TwinRunner, job_intents, twin_context
 
 DB_NAME = "fabricpilot.db"
 OPERATOR_TOKEN_FILE = "operator.token"
@@ -48,6 +51,7 @@ def operator_token(state_dir: Path) -> tuple[str, Path]:
 def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegistry | None,
           twin: bool = True, time_scale: float = 1e-3, tick_interval_s: float = 0.2,
           plan_interval_s: float = 0.25, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          dataplane_url: str | None = None, dataplane_token: str | None = None,
           ) -> tuple[FastAPI, FabricService, TokenRegistry, Path | None]:
     """The app over a fresh service whose durable state lives in ``state_dir`` (restored if
     it holds a database). Without ``tokens`` the state directory's operator token is used;
@@ -67,8 +71,11 @@ def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegi
         store = Store(state_dir / DB_NAME)
     except Exception as err:  # sqlite3.Error: a corrupt or foreign file
         raise ServeError(f"{state_dir / DB_NAME}: cannot open the database: {err}") from None
+    remote = (RemoteDataPlane(dataplane_url, dataplane_token) if dataplane_url is not None
+              else None)
     service = FabricService(prep, store, twin=twin, time_scale=time_scale,
-                            tick_interval_s=tick_interval_s, plan_interval_s=plan_interval_s)
+                            tick_interval_s=tick_interval_s, plan_interval_s=plan_interval_s,
+                            remote=remote)
     app = create_app(service, tokens, max_body_bytes=max_body_bytes)
     return app, service, tokens, token_file
 
@@ -82,3 +89,27 @@ def configure_logging(level: str = "INFO") -> None:
         lg.handlers[:] = [handler]
         lg.setLevel(level)
         lg.propagate = False
+
+
+def build_twin(scenario: Scenario, source: str, *, time_scale: float = 1e-3,
+               token: str | None = None) -> tuple[FastAPI, TwinRunner, RuleTable]:
+    """The twin as a data plane of its own (``fabricpilot twin``): the scenario's jobs
+    training in scaled real time, its southbound served over HTTP. It runs with the rules it
+    is given; with none (or without a controller) flows take switch-local adaptive routing."""
+    prep = prepare(scenario, source)
+    twin = PacedTwin(twin_context(prep))
+    twin.job_names = [j.name for j in prep.jobs]
+    lock = threading.RLock()
+    busbw: dict[str, float] = {}
+    runner = TwinRunner(prep, twin, lock, time_scale=time_scale,
+                        on_collective=lambda job, bw, _us: busbw.__setitem__(job, bw))
+    table = RuleTable(twin, lock)
+    intents = [intent_to_dict(i) for i in job_intents(prep.jobs, "twin")]
+
+    def health() -> dict[str, object]:
+        return {"running": runner.alive, "runs": runner.runs, "error": runner.error,
+                "fabric_time_ms": round(twin.now_ns() * 1e-6, 3),
+                "collectives": runner.collectives, "busbw_GBps": dict(busbw)}
+
+    app = dataplane_app(table, token=token, health=health, jobs=lambda: intents)
+    return app, runner, table

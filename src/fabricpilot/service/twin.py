@@ -179,6 +179,7 @@ class TwinRunner:
         self.time_scale = time_scale
         self.on_collective = on_collective
         self.runs = 0
+        self.collectives = 0  # completed since the start
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -221,11 +222,14 @@ class TwinRunner:
 
     def _report(self) -> None:
         eng = self._engine
-        if eng is None or self.on_collective is None:
+        if eng is None:
             return
+        if self.on_collective is None:
+            self.on_collective = lambda *_: None
         done = getattr(eng, "_collectives", [])
         for rec in done[self._seen:]:
             self.on_collective(rec.job, rec.busbw_GBps, rec.time_ns * 1e-3)
+            self.collectives += 1
         self._seen = len(done)
 
     def _loop(self) -> None:

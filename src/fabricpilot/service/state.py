@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,9 @@ class FabricService:
                                      on_collective=self._on_collective)
         self._policy.job_names = [j.name for j in prep.jobs]
         self.intents = dict(self.controller.intents)
+        self._gpu_tenants: dict[int, Counter[str]] = {}  # GPU -> jobs using it per tenant
+        for intent in self.intents.values():
+            self._use_gpus(intent, +1)
         with self.lock:
             self._plan("start")
 
@@ -340,10 +343,9 @@ class FabricService:
         if not p.may_use_gpus(gpus):
             outside = sorted(set(gpus) - (p.gpus or frozenset()))
             raise ServiceError(403, f"gpus: GPU {outside[0]} is not one of {p.name}'s GPUs")
-        mine = set(gpus)
-        for other in self.intents.values():
-            if other.task_id != task_id and other.tenant != tenant and mine & set(other.gpus):
-                g = min(mine & set(other.gpus))
+        for g in sorted(gpus):
+            users = self._gpu_tenants.get(g)
+            if users and any(t != tenant for t in users):
                 raise ServiceError(409, f"gpus: GPU {g} is in use by another tenant's job")
 
     def declare(self, p: Principal, body: IntentIn, *, replace_ok: bool) -> dict[str, Any]:
@@ -371,14 +373,24 @@ class FabricService:
 
     def _queue(self, task_id: str, intent: Intent | None) -> None:
         """Record a change for the next plan (jobs lock held)."""
-        if intent is None:
-            self.intents.pop(task_id, None)
-        else:
+        old = self.intents.pop(task_id, None)
+        if old is not None:
+            self._use_gpus(old, -1)
+        if intent is not None:
             self.intents[task_id] = intent
+            self._use_gpus(intent, +1)
         self._pending[task_id] = intent
         self._epoch += 1
         self._changed_at[task_id] = self._epoch
         self._changed.notify_all()
+
+    def _use_gpus(self, intent: Intent, n: int) -> None:
+        """Count ``intent``'s GPUs as used (``n = 1``) or freed (``-1``) by its tenant."""
+        for g in intent.gpus:
+            users = self._gpu_tenants.setdefault(g, Counter())
+            users[intent.tenant] += n
+            if users[intent.tenant] <= 0:
+                del users[intent.tenant]
 
     def jobs(self, p: Principal) -> list[dict[str, Any]]:
         with self._jobs_lock:
@@ -512,7 +524,9 @@ class FabricService:
             if d.link_id >= n:
                 raise ServiceError(422, f"deltas.{i}.link_id: link {d.link_id} does not exist "
                                    f"(the fabric has links 0-{n - 1})")
-        self.dp.post([PortDelta(**d.model_dump()) for d in deltas])
+        self.dp.post([PortDelta(d.link_id, d.interval_ns, d.tx_bytes, d.queue_bytes, d.drops,
+                                d.ecn_marks, d.pause_ns, d.fec_corrected, d.fec_uncorrected,
+                                d.rx_bits) for d in deltas])
         return len(deltas)
 
     def tick_now(self) -> dict[str, Any]:

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import numpy as np
 
 from fabricpilot.results import RunResult
@@ -36,3 +43,29 @@ def run_one(
                             gpus_per_host=ct.topo.gpus_per_host, **kw)  # type: ignore[arg-type]
     job = JobSpec("job", tuple(int(r) for r in ranks), (plan,))
     return run_policy(Prepared("test", 1, ct, [job]), policy)
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a free loopback port in a background thread (its
+    lifespan on: the service's control loop runs); yields the base URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the service did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

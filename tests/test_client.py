@@ -5,16 +5,14 @@ operator and two tenant tokens."""
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
+from conftest import served
 from fabricpilot.client import (
     DEFAULT_URL,
     Client,
@@ -58,24 +56,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     state_dir: Path = tmp_path_factory.mktemp("fabricpilot-state")
     app, service, _, _ = build(default_scenario(), "default", state_dir, tokens=_tokens(),
                                twin=False, tick_interval_s=3600.0)  # ticks only when asked
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the service did not start")
-        time.sleep(0.02)
-    try:
-        yield Live(f"http://127.0.0.1:{port}", service)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with served(app) as url:
+        yield Live(url, service)
 
 
 def _ring(gpus: list[int]) -> list[tuple[int, int]]:

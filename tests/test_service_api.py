@@ -8,9 +8,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import served
 from fabricpilot.scenario import default_scenario
 from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.server import build
@@ -42,9 +44,10 @@ def _service(state: Path, **kw: object):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
+def client(tmp_path: Path) -> Iterator[httpx.Client]:
+    """A client of the service running on a loopback port."""
     app, _ = _service(tmp_path)
-    with TestClient(app) as c:
+    with served(app) as url, httpx.Client(base_url=url, timeout=30) as c:
         yield c
 
 
@@ -54,7 +57,8 @@ def _job(task_id: str, gpus: list[int], pattern: str = "allreduce", sla_us: floa
             "calls": [{"pattern": pattern, "size_bytes": size_bytes, "sla_us": sla_us}]}
 
 
-def _planned_paths(c: TestClient, task: str, token: str) -> dict[str, list[list[int]]]:
+def _planned_paths(c: httpx.Client | TestClient, task: str, token: str
+                   ) -> dict[str, list[list[int]]]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         body = c.get(f"/api/v1/jobs/{task}/paths", headers=_auth(token)).json()
@@ -71,7 +75,7 @@ def _metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def test_hot_link_reroutes_a_tenant_job(client: TestClient) -> None:
+def test_hot_link_reroutes_a_tenant_job(client: httpx.Client) -> None:
     c = client
     assert c.post("/api/v1/jobs", json=_job("acme-ring", [0, 64]),
                   headers=_auth(ACME)).status_code == 201
@@ -115,7 +119,7 @@ def test_hot_link_reroutes_a_tenant_job(client: TestClient) -> None:
     assert events[-1]["kind"] == "replan" and "acme-ring:0->64" in events[-1]["keys"]
 
 
-def test_auth_and_tenancy(client: TestClient) -> None:
+def test_auth_and_tenancy(client: httpx.Client) -> None:
     c = client
     body = _job("acme-a", [0, 1])
     # no token, a bad scheme, an unknown token: 401
@@ -192,7 +196,7 @@ def test_validation_and_limits(tmp_path: Path) -> None:
         assert r.status_code == 422
 
 
-def test_announce_returns_the_ring_paths(client: TestClient) -> None:
+def test_announce_returns_the_ring_paths(client: httpx.Client) -> None:
     c = client
     c.post("/api/v1/jobs", json=_job("acme-ddp", [0, 1, 64, 65]), headers=_auth(ACME))
     r = c.post("/api/v1/jobs/acme-ddp/calls", headers=_auth(ACME),
@@ -221,7 +225,7 @@ def test_announce_returns_the_ring_paths(client: TestClient) -> None:
     assert r.status_code == 422
 
 
-def test_fault_heals_and_partitions(client: TestClient) -> None:
+def test_fault_heals_and_partitions(client: httpx.Client) -> None:
     c = client
     c.post("/api/v1/jobs", json=_job("acme-f", [0, 64]), headers=_auth(ACME))
     before = _planned_paths(c, "acme-f", ACME)
@@ -264,3 +268,20 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         for t, tok in (("acme-r", ACME), ("globex-r", GLOBEX)):
             assert _planned_paths(c, t, tok) == paths[t]
         assert 300 in svc2.controller.degraded
+
+
+def test_openapi_lists_every_resource(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    for route, methods in {"/api/v1/jobs": {"get", "post"},
+                           "/api/v1/jobs/{task_id}": {"get", "put", "delete"},
+                           "/api/v1/jobs/{task_id}/calls": {"get", "post"},
+                           "/api/v1/jobs/{task_id}/paths": {"get"},
+                           "/api/v1/telemetry": {"post"}, "/api/v1/faults": {"get", "post"},
+                           "/api/v1/congestion": {"get"}, "/api/v1/fabric": {"get"},
+                           "/health": {"get"}, "/metrics": {"get"}}.items():
+        assert methods <= set(paths[route]), route
+    # request bodies are the validated models
+    assert "IntentIn" in spec["components"]["schemas"]
+    assert spec["components"]["schemas"]["CallIn"]["properties"]["size_bytes"][
+        "exclusiveMinimum"] == 0

@@ -4,7 +4,6 @@ operator and two tenant tokens."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import served
+from conftest import free_port, served
 from fabricpilot.client import (
     DEFAULT_URL,
     Client,
@@ -305,14 +304,9 @@ def test_defaults_from_environment(monkeypatch: pytest.MonkeyPatch, live: Live) 
         assert isinstance(fp.list_jobs(), list)  # authorised with the env token
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_unreachable_service_retries_gets_only() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with Client(url, token=OPS, get_retries=2, backoff_s=0.01) as fp:
         with pytest.raises(FabricpilotConnectionError) as err:
             fp.list_jobs()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import threading
@@ -29,6 +28,7 @@ import numpy as np
 import pytest
 import uvicorn
 
+from conftest import free_port
 from fabricpilot.scenario import default_scenario
 from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.server import build
@@ -55,11 +55,6 @@ class Live:
     gray_link: int
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
@@ -67,7 +62,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tokens.add(OPS, Principal("ops", "operator"))
     app, _, _, _ = build(default_scenario(), "default", tmp_path_factory.mktemp("state"),
                          tokens=tokens, twin=True, time_scale=1e-3)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,27 +14,11 @@ from pathlib import Path
 
 import httpx
 
+from conftest import free_port, wait_http
+
 OPS = "operator-token-0123456789"
 SOUTH = "southbound-token-01234567"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _up(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} did not come up")
 
 
 def _wait(pred, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
@@ -52,7 +35,7 @@ def test_fail_static_and_resync(tmp_path: Path) -> None:
     (tmp_path / "south.token").write_text(SOUTH)
     (tmp_path / "tokens.yaml").write_text(
         f"tokens:\n  - {{name: ops, role: operator, token: {OPS}}}\n")
-    twin_port, ctl_port = _free_port(), _free_port()
+    twin_port, ctl_port = free_port(), free_port()
     twin_url, ctl_url = f"http://127.0.0.1:{twin_port}", f"http://127.0.0.1:{ctl_port}"
     twin = subprocess.Popen(
         [sys.executable, "-m", "fabricpilot", "twin", "--port", str(twin_port),
@@ -65,11 +48,11 @@ def test_fail_static_and_resync(tmp_path: Path) -> None:
                  "--tick-interval", "3600"]
     ctl = None
     try:
-        _up(twin, f"{twin_url}/health")
+        wait_http(twin, f"{twin_url}/health")
         # the southbound wants its token
         assert httpx.get(f"{twin_url}/southbound/v1/rules").status_code == 401
         ctl = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _up(ctl, f"{ctl_url}/health")
+        wait_http(ctl, f"{ctl_url}/health")
         ops = {"Authorization": f"Bearer {OPS}"}
         jobs = httpx.get(f"{ctl_url}/api/v1/jobs", headers=ops).json()
         assert {j["task_id"] for j in jobs} == {"llm-dp", "vision-dp", "moe-ep"}  # the twin's
@@ -95,7 +78,7 @@ def test_fail_static_and_resync(tmp_path: Path) -> None:
         assert after["rules"] == held["rules"] and after["installs"] == held["installs"]
 
         ctl = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _up(ctl, f"{ctl_url}/health")
+        wait_http(ctl, f"{ctl_url}/health")
         restored = httpx.get(f"{ctl_url}/health").json()["restored"]
         # the rules came back from the switches; none had to be sent again
         assert restored["held_by_dataplane"] == held["rules"] and restored["path_sets"] == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import free_port, wait_http
+
 OPS = "operator-token-0123456789"
 ACME = "acme-token-0123456789abc"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(state: Path, tokens: Path, port: int) -> subprocess.Popen[bytes]:
@@ -31,17 +27,8 @@ def _start(state: Path, tokens: Path, port: int) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "fabricpilot", "serve", "--state-dir", str(state), "--tokens",
          str(tokens), "--port", str(port), "--tick-interval", "3600", "--time-scale", "1e-3"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("serve did not come up")
+    wait_http(proc, f"http://127.0.0.1:{port}/health")
+    return proc
 
 
 def _paths(c: httpx.Client, task: str) -> dict[str, list[list[int]]]:
@@ -61,7 +48,7 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
   - {{name: acme, role: tenant, tenant: acme, token: {ACME}}}
 """)
     state = tmp_path / "state"
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _start(state, tokens, port)
     try:

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import free_port
 from fabricpilot.client import Client
 from fabricpilot.integrations.torch import (
     DEFAULT_SLA_US,
@@ -59,7 +59,7 @@ def test_environment_values() -> None:
         == [9, 4, 5]
     with pytest.raises(ValueError, match="lists 8 GPUs for 2 ranks"):
         gpus_from_env(2, {"FABRICPILOT_GPUS": "0-7"})
-    with pytest.raises(ValueError, match="bad GPU range"):
+    with pytest.raises(ValueError, match="FABRICPILOT_GPUS: bad range '3-1'"):
         gpus_from_env(2, {"FABRICPILOT_GPUS": "3-1"})
     assert ring_pairs([1]) == [] and ring_pairs([4, 2]) == [(4, 2), (2, 4)]
 
@@ -278,11 +278,6 @@ main()
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _require_torch() -> None:
     if importlib.util.find_spec("torch") is not None:
@@ -304,7 +299,7 @@ class Served:
 def served(tmp_path: Path) -> Iterator[Served]:
     """``python -m fabricpilot serve --no-twin`` on a free loopback port."""
     state_dir = tmp_path / "state"
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
@@ -342,14 +337,14 @@ def served(tmp_path: Path) -> Iterator[Served]:
 def _run_workers(tmp_path: Path, served: Served) -> list[dict[str, object]]:
     script = tmp_path / "ddp_worker.py"
     script.write_text(WORKER)
-    master_port = _free_port()
+    master_port = free_port()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FABRICPILOT_", "AI_", "TORCHELASTIC_"))}
     env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
                GLOO_SOCKET_IFNAME="lo", WORLD_SIZE=str(WORLD_SIZE), AI_SLA_LATENCY=str(SLA_US),
                AI_TASK_ID=TASK_ID, FABRICPILOT_URL=served.url, FABRICPILOT_TOKEN=served.token,
                FABRICPILOT_GPU_OFFSET=str(GPU_OFFSET), TEST_STEPS=str(STEPS),
-               TEST_DEAD_URL=f"http://127.0.0.1:{_free_port()}")
+               TEST_DEAD_URL=f"http://127.0.0.1:{free_port()}")
     procs = []
     for rank in range(WORLD_SIZE):
         log = (tmp_path / f"rank{rank}.log").open("w")

@@ -98,3 +98,30 @@ def gbps_to_bytes_per_ns(rate_gbps: float) -> float:
     50.0
     """
     return rate_gbps / 8.0
+
+
+def parse_id_ranges(text: str) -> list[int]:
+    """Ids written as ranges, in the order written: ``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``.
+
+    >>> parse_id_ranges("64-65, 0-1")
+    [64, 65, 0, 1]
+    >>> parse_id_ranges("3-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: bad range '3-1' (expected N or N-M with 0 <= N <= M)
+    """
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            a, b = 1, 0
+        if b < a or a < 0:
+            raise ValueError(f"bad range {part!r} (expected N or N-M with 0 <= N <= M)")
+        out.extend(range(a, b + 1))
+    return out
+

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fabricpilot.client import Client, FabricpilotAPIError, FabricpilotClientError
+from fabricpilot.units import parse_id_ranges
 
 if TYPE_CHECKING:  # torch is optional: imported where a process group or a tensor is used
     import torch
@@ -133,20 +134,10 @@ def _sanitize_task_id(raw: str) -> str:
 
 def _parse_gpu_ranges(text: str) -> list[int]:
     """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (order kept: the list is in global-rank order)."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi or lo)
-        except ValueError:
-            raise ValueError(f"{GPUS_ENV}: bad GPU range {part!r}") from None
-        if b < a or a < 0:
-            raise ValueError(f"{GPUS_ENV}: bad GPU range {part!r}")
-        out.extend(range(a, b + 1))
-    return out
+    try:
+        return parse_id_ranges(text)
+    except ValueError as err:
+        raise ValueError(f"{GPUS_ENV}: {err}") from None
 
 
 def gpus_from_env(world_size: int, env: Mapping[str, str] | None = None) -> list[int]:

@@ -18,8 +18,6 @@ logged with the principal's ``name``.
 >>> p = Principal("acme-trainer", "tenant", "acme", frozenset({0, 1}))
 >>> p.may_use_gpus([0, 1]), p.may_use_gpus([2])
 (True, False)
->>> parse_gpu_ranges("0-3,8")
-[0, 1, 2, 3, 8]
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fabricpilot.errors import FabricpilotError
+from fabricpilot.units import parse_id_ranges
 
 
 class AuthConfigError(FabricpilotError):
@@ -62,21 +61,6 @@ class Principal:
         return self.is_operator or self.tenant == tenant
 
 
-def parse_gpu_ranges(text: str) -> list[int]:
-    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        a, b = int(lo), int(hi or lo)
-        if b < a or a < 0:
-            raise ValueError(f"bad GPU range {part!r}")
-        out.extend(range(a, b + 1))
-    return out
-
-
 class _TokenEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=64)
@@ -93,7 +77,7 @@ class _TokenEntry(BaseModel):
         if self.role == "tenant" and not self.tenant:
             raise ValueError("a tenant token needs tenant:")
         if self.gpus is not None:
-            parse_gpu_ranges(self.gpus)
+            parse_id_ranges(self.gpus)
         return self
 
 
@@ -145,7 +129,7 @@ class TokenRegistry:
             raise AuthConfigError(f"{path}: {loc}: {e['msg']}") from None
         reg = cls()
         for e in spec.tokens:
-            gpus = frozenset(parse_gpu_ranges(e.gpus)) if e.gpus is not None else None
+            gpus = frozenset(parse_id_ranges(e.gpus)) if e.gpus is not None else None
             p = Principal(e.name, e.role, e.tenant, gpus)
             reg._by_digest[e.sha256 or digest(e.token or "")] = p
         return reg

@@ -123,6 +123,12 @@ def _load_proc(port: int, first: int, n: int, until: float, n_links: int,
     out.put((lat, errors))
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _start_service(state: Path, port: int, twin: bool) -> subprocess.Popen[bytes]:
     tokens = state.parent / "tokens.yaml"
     lines = ["tokens:", f"  - {{name: ops, role: operator, token: {OPS}}}"]
@@ -168,11 +174,13 @@ def main() -> None:
             procs = [mp.Process(target=_load_proc,
                                 args=(port, sum(per[:k]), per[k], until, n_links, q))
                      for k in range(args.procs)]
+            cpu0 = _cpu_s(proc.pid)
             t0 = time.monotonic()
             for p in procs:
                 p.start()
             results = [q.get() for _ in procs]
             wall = time.monotonic() - t0
+            server_cpu_s = _cpu_s(proc.pid) - cpu0
             for p in procs:
                 p.join()
             health = httpx.get(f"http://127.0.0.1:{port}/health").json()
@@ -190,6 +198,8 @@ def main() -> None:
     print(f"  requests      {len(lat):,} ({rps:,.0f} /s; target >= 2,000)")
     print(f"  latency ms    p50 {np.percentile(lat, 50):.2f}  p90 {np.percentile(lat, 90):.2f}"
           f"  p99 {np.percentile(lat, 99):.2f} (target <= 50)  max {lat.max():.1f}")
+    print(f"  service CPU   {server_cpu_s:.1f} s of {wall:.1f} s "
+          f"({server_cpu_s / max(len(lat), 1) * 1e6:.0f} us per request, planning included)")
     print(f"  errors        {len(errors)}" + (f" (e.g. {errors[0]})" if errors else ""))
     print(f"  plans         {plans:.0f} (intent updates batched per plan: "
           f"{len(lat) / 2 / max(plans, 1):.0f})")

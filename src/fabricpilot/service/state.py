@@ -374,11 +374,14 @@ class FabricService:
     def _queue(self, task_id: str, intent: Intent | None) -> None:
         """Record a change for the next plan (jobs lock held)."""
         old = self.intents.pop(task_id, None)
-        if old is not None:
+        same_gpus = (old is not None and intent is not None and old.gpus == intent.gpus
+                     and old.tenant == intent.tenant)
+        if old is not None and not same_gpus:
             self._use_gpus(old, -1)
         if intent is not None:
             self.intents[task_id] = intent
-            self._use_gpus(intent, +1)
+            if not same_gpus:
+                self._use_gpus(intent, +1)
         self._pending[task_id] = intent
         self._epoch += 1
         self._changed_at[task_id] = self._epoch

@@ -61,39 +61,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-class BodyLimit:
-    """ASGI middleware: a request body larger than ``max_bytes`` gets 413 (checked on the
-    declared length, and on the bytes as they arrive when none is declared)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await _too_large(send, self.max_bytes)
-                return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLarge
-            return msg
-
-        try:
-            await self.app(scope, counted, send)
-        except _BodyTooLarge:
-            await _too_large(send, self.max_bytes)
-
-
 class Observe:
     """ASGI middleware: per request, the latency histogram (by route template, so ids do
     not explode the label set) and one JSON access-log line with the caller's name."""
@@ -128,18 +95,6 @@ class Observe:
                     "method": scope["method"], "route": route, "status": status,
                     "ms": round(dt * 1e3, 3), "principal": state.get("principal"),
                     "client": client[0] if client else None}})
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _too_large(send: Send, limit: int) -> None:
-    body = json.dumps({"detail": f"request body larger than {limit} bytes"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:
@@ -218,6 +173,7 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
                 service.stop()
 
     app = FastAPI(title="fabricpilot controller", version=__version__, lifespan=lifespan,
+                  max_body_size=max_body_bytes,
                   description="Task-aware control plane for AI-training fabrics: declare "
                               "jobs and their communication, read their paths, feed it "
                               "telemetry and faults.")
@@ -333,6 +289,5 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
             return list(service.events)
 
     _with_schemas(app, [IntentIn, TelemetryIn])
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(Observe, latency=api_latency)
     return app

@@ -24,16 +24,11 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 class ServiceCollector(Collector):
     """Collects a :class:`FabricService`'s state when Prometheus scrapes."""
 
-    def __init__(self, service: FabricService, planner: Histogram) -> None:
+    def __init__(self, service: FabricService) -> None:
         self.service = service
-        self.planner = planner
 
     def collect(self) -> Iterator[Metric]:
         svc = self.service
-        # planner latencies measured since the last scrape
-        while svc.counters.plan_seconds:
-            kind, s = svc.counters.plan_seconds.popleft()
-            self.planner.labels(kind).observe(s)
         labels = ["link", "src", "dst", "kind"]
         util = GaugeMetricFamily("fabricpilot_link_utilization",
                                  "Smoothed utilisation of a link (0..1)", labels=labels)
@@ -106,5 +101,6 @@ def make_registry(service: FabricService) -> tuple[CollectorRegistry, Histogram]
                         ["kind"], registry=reg, buckets=LATENCY_BUCKETS_S)
     api = Histogram("fabricpilot_api_request_seconds", "API request latency",
                     ["method", "route", "status"], registry=reg, buckets=LATENCY_BUCKETS_S)
-    reg.register(ServiceCollector(service, planner))
+    service.observe_planner = lambda kind, s: planner.labels(kind).observe(s)
+    reg.register(ServiceCollector(service))
     return reg, api

@@ -22,7 +22,8 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -74,7 +75,6 @@ class Counters:
     faults: int = 0
     announces: int = 0
     sla_refused: int = 0       # announced calls no path can serve within their SLA
-    plan_seconds: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -115,6 +115,8 @@ class FabricService:
         self.tick_interval_s = tick_interval_s
         self.plan_interval_s = plan_interval_s  # at most one plan of changes per interval
         self.counters = Counters()
+        # called with ("plan" | "tick" | "heal", wall seconds) after each (metrics)
+        self.observe_planner: Callable[[str, float], None] = lambda kind, s: None
         self.busbw_GBps: dict[str, float] = {}
         self.collective_us: dict[str, float] = {}
         self.remote = remote
@@ -176,25 +178,28 @@ class FabricService:
             self._loop_thread.join(5.0)
 
     def _loop(self) -> None:
+        """Plan declared changes at most every ``plan_interval_s`` (changes arriving in
+        between join the next plan) and run a control period every ``tick_interval_s``; a
+        stream of declarations never starves the control periods."""
         next_tick = time.monotonic() + self.tick_interval_s
-        last_plan = 0.0
+        next_plan = 0.0
         while not self._stop.is_set():
             with self._changed:
-                wait = next_tick - time.monotonic()
-                if not self._pending and wait > 0:
+                due = min(next_tick, next_plan) if self._pending else next_tick
+                wait = due - time.monotonic()
+                if wait > 0:
                     self._changed.wait(wait)
             if self._stop.is_set():
                 return
+            now = time.monotonic()
             try:
-                if self._pending:
-                    # changes arriving meanwhile join this plan
-                    time.sleep(max(0.0, last_plan + self.plan_interval_s - time.monotonic()))
-                    last_plan = time.monotonic()
-                    self.plan_pending("intents")
-                elif time.monotonic() >= next_tick:
-                    next_tick = time.monotonic() + self.tick_interval_s
+                if now >= next_tick:
+                    next_tick = now + self.tick_interval_s
                     with self.lock:
                         self._tick()
+                if self._pending and time.monotonic() >= next_plan:
+                    next_plan = time.monotonic() + self.plan_interval_s
+                    self.plan_pending("intents")
             except Exception:  # keep serving; the failure is in the logs
                 log.exception("control period failed")
 
@@ -223,7 +228,7 @@ class FabricService:
         return (time.time() - self.started_s) * 1e9
 
     def _timed(self, kind: str, t0: float) -> None:
-        self.counters.plan_seconds.append((kind, time.perf_counter() - t0))
+        self.observe_planner(kind, time.perf_counter() - t0)
 
     def _plan(self, why: str) -> None:
         """Re-plan every declared job (lock held)."""
@@ -566,7 +571,7 @@ class FabricService:
             else:
                 self.controller.degraded.discard(lk)
                 rep = self.controller.on_links_changed([], [lk])
-            self.counters.plan_seconds.append(("heal", rep.wall_s))
+            self.observe_planner("heal", rep.wall_s)
             self.counters.heals += 1
             li = self.view.links[lk]
             self.events.append({"at_s": time.time(), "kind": f"fault-{f.kind}",

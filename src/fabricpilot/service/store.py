@@ -101,10 +101,10 @@ class Store:
         """Replace the stored path sets of these keys: ``(key, task_id, pathset)``."""
         if not rows:
             return
+        encoded = [(k, t, json.dumps(p)) for k, t, p in rows]  # outside the lock
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO paths VALUES (?, ?, ?)",
-                                 [(k, t, json.dumps(p)) for k, t, p in rows])
+            self._db.executemany("INSERT OR REPLACE INTO paths VALUES (?, ?, ?)", encoded)
             self._db.execute("COMMIT")
 
     def paths(self) -> dict[str, dict[str, Any]]:

@@ -7,7 +7,8 @@ telemetry for a bounded time.
 It starts ``fabricpilot serve`` on 127.0.0.1 (a fresh state directory, a token file with one
 operator and 8 tenants), then runs ``--clients`` keep-alive HTTP/1.1 connections from
 ``--procs`` load processes for ``--seconds``. Each request is, in turn, a tenant's intent
-update (``PUT /api/v1/jobs/{id}``, a 16-GPU ring AllReduce whose size changes each time, so
+update (``PUT /api/v1/jobs/{id}``, a ring AllReduce over the tenant's GPUs -- 16 each without
+the twin, the GPUs the twin's jobs leave free with it -- whose size changes each time, so
 every one is a real change to plan) or a switch's telemetry batch (``POST
 /api/v1/telemetry``, 32 port deltas). It prints the throughput, latency percentiles and the
 errors (any status other than 200 / 202, or a broken connection). Targets: >= 2,000
@@ -75,10 +76,10 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
 
 
 async def _client(port: int, cid: int, until: float, n_links: int,
-                  lat: list[float], errors: list[str]) -> None:
+                  tenant_gpus: list[list[int]], lat: list[float], errors: list[str]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    tenant = cid % TENANTS
-    gpus = list(range(16 * tenant, 16 * tenant + 16))
+    tenant = cid % len(tenant_gpus)
+    gpus = tenant_gpus[tenant]
     rng = np.random.default_rng(cid)
     # requests are encoded up front, so the generator spends its CPU on the wire only
     task = f"t{tenant}-job{cid % 4}"
@@ -110,12 +111,13 @@ async def _client(port: int, cid: int, until: float, n_links: int,
 
 
 def _load_proc(port: int, first: int, n: int, until: float, n_links: int,
-               out: mp.Queue) -> None:
+               tenant_gpus: list[list[int]], out: mp.Queue) -> None:
     lat: list[float] = []
     errors: list[str] = []
 
     async def main() -> None:
-        await asyncio.gather(*(_client(port, first + k, until, n_links, lat, errors)
+        await asyncio.gather(*(_client(port, first + k, until, n_links, tenant_gpus, lat,
+                                       errors)
                                for k in range(n)))
 
     asyncio.run(main())
@@ -131,8 +133,8 @@ def _cpu_s(pid: int) -> float:
 def _start_service(state: Path, port: int, twin: bool) -> subprocess.Popen[bytes]:
     tokens = state.parent / "tokens.yaml"
     lines = ["tokens:", f"  - {{name: ops, role: operator, token: {OPS}}}"]
-    lines += [f"  - {{name: t{i}, role: tenant, tenant: t{i}, token: {_tenant_token(i)}, "
-              f"gpus: \"{16 * i}-{16 * i + 15}\"}}" for i in range(TENANTS)]
+    lines += [f"  - {{name: t{i}, role: tenant, tenant: t{i}, token: {_tenant_token(i)}}}"
+              for i in range(TENANTS)]
     tokens.write_text("\n".join(lines) + "\n")
     cmd = [sys.executable, "-m", "fabricpilot", "serve", "--state-dir", str(state),
            "--tokens", str(tokens), "--port", str(port), "--log-level", "WARNING"]
@@ -163,15 +165,23 @@ def main() -> None:
         state = Path(tmp) / "state"
         proc = _start_service(state, port, args.twin)
         try:
-            fabric = httpx.get(f"http://127.0.0.1:{port}/api/v1/fabric",
-                               headers={"Authorization": f"Bearer {OPS}"}).json()
+            ops = {"Authorization": f"Bearer {OPS}"}
+            fabric = httpx.get(f"http://127.0.0.1:{port}/api/v1/fabric", headers=ops).json()
             n_links = len(fabric["links"])
+            # each tenant's jobs get GPUs of their own, among those the twin's jobs leave
+            used = {g for j in httpx.get(f"http://127.0.0.1:{port}/api/v1/jobs",
+                                         headers=ops).json() for g in j["gpus"]}
+            free = [g for g in range(fabric["gpus"]) if g not in used]
+            per = max(2, min(16, len(free) // TENANTS))
+            tenant_gpus = [free[k * per:(k + 1) * per] for k in range(len(free) // per)]
+            tenant_gpus = tenant_gpus[:TENANTS]
             until = time.monotonic() + args.seconds
             q: mp.Queue = mp.Queue()
-            per = [args.clients // args.procs + (k < args.clients % args.procs)
-                   for k in range(args.procs)]
+            share = [args.clients // args.procs + (k < args.clients % args.procs)
+                     for k in range(args.procs)]
             procs = [mp.Process(target=_load_proc,
-                                args=(port, sum(per[:k]), per[k], until, n_links, q))
+                                args=(port, sum(share[:k]), share[k], until, n_links,
+                                      tenant_gpus, q))
                      for k in range(args.procs)]
             cpu0 = _cpu_s(proc.pid)
             t0 = time.monotonic()
@@ -198,7 +208,8 @@ def main() -> None:
     tick_s = metric('fabricpilot_planner_seconds_sum{kind="tick"}')
     rps = len(lat) / wall
     print(f"service load test: {args.clients} clients x {args.seconds:g} s, twin "
-          f"{'on' if args.twin else 'off'}")
+          f"{'on' if args.twin else 'off'}, {len(tenant_gpus)} tenants' jobs of "
+          f"{len(tenant_gpus[0])} GPUs")
     print(f"  requests      {len(lat):,} ({rps:,.0f} /s; target >= 2,000)")
     print(f"  latency ms    p50 {np.percentile(lat, 50):.2f}  p90 {np.percentile(lat, 90):.2f}"
           f"  p99 {np.percentile(lat, 99):.2f} (target <= 50)  max {lat.max():.1f}")

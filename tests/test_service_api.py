@@ -106,6 +106,9 @@ def test_hot_link_reroutes_a_tenant_job(client: httpx.Client) -> None:
     assert after["acme-ring:64->0"] == before["acme-ring:64->0"]  # untouched
     cong = {x["link_id"]: x for x in c.get("/api/v1/congestion", headers=_auth(OPS)).json()}
     assert cong[hot]["utilization"] == 1.0 and cong[hot]["hot"]
+    fabric_only = c.get("/api/v1/congestion?kind=fabric", headers=_auth(OPS)).json()
+    assert {x["link_id"] for x in fabric_only} == {i for i, lk in fabric.items()
+                                                  if lk["kind"] == "fabric"}
     # the congestion table pushed to the switches: 1 / (1 + 4 * (1.0 - 0.5) + 2e6 / 1.5 MiB)
     assert cong[hot]["weight"] == pytest.approx(1 / (3 + 2e6 / (1.5 * 2 ** 20)), rel=1e-12)
     metrics = c.get("/metrics").text

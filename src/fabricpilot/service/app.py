@@ -25,7 +25,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -279,8 +279,10 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         return service.topology()
 
     @app.get(f"{v1}/congestion", tags=["fabric"])
-    def congestion(_: Caller) -> list[dict[str, Any]]:
-        return service.congestion()
+    def congestion(_: Caller, kind: Annotated[list[Literal["fabric", "nic", "nvlink"]] | None,
+                                              Query()] = None) -> list[dict[str, Any]]:
+        """The congestion map per link (``?kind=fabric&kind=nic`` to leave NVLink out)."""
+        return service.congestion(set(kind) if kind else None)
 
     @app.get(f"{v1}/events", tags=["fabric"])
     def events(_: Caller) -> list[dict[str, Any]]:

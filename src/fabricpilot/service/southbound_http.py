@@ -228,6 +228,14 @@ class RemoteDataPlane:
         r.raise_for_status()
         return [pathset_from_dict(d) for d in r.json()]
 
+    def status(self) -> dict[str, Any]:
+        """The data plane's own health report (``{}`` if it cannot be read)."""
+        try:
+            r = httpx.get(f"{self.url}/health", timeout=2.0)
+            return dict(r.json()) if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+
     def jobs(self) -> list[dict[str, Any]]:
         """The intents of the jobs running on the data plane (the twin's scenario)."""
         r = self.http.get("/jobs")

@@ -236,7 +236,7 @@ class FabricService:
 
     def _plan(self, why: str) -> None:
         """Re-plan every declared job (lock held)."""
-        before = dict(self.dp.installed)
+        before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
         rep = self.controller.plan()
         self._timed("plan", t0)
@@ -248,10 +248,12 @@ class FabricService:
                                            "lambda": round(rep.plan.max_utilization, 4)}})
 
     def _tick(self) -> None:
-        before = dict(self.dp.installed)
+        before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
         rep = self.controller.tick(self.now_ns())
         self._timed("tick", t0)
+        if self.remote is not None:  # the remote twin's jobs' bus bandwidth, if it tells
+            self.busbw_GBps.update(self.remote.status().get("busbw_GBps") or {})
         if rep.replanned:
             self.counters.replans += 1
             self._note_reroutes(before, "replan",
@@ -567,7 +569,7 @@ class FabricService:
         with self.lock:
             fid = self.store.add_fault(time.time(), f.kind, lk, f.detail, p.name)
             self.counters.faults += 1
-            before = dict(self.dp.installed)
+            before = self.dp.installed  # published copy-on-write: a snapshot
             if f.kind == "gray":
                 rep = self.controller.on_links_degraded([lk])
             elif f.kind == "down":
@@ -599,11 +601,14 @@ class FabricService:
         return {"nodes": nodes, "links": links, "gpus": len(v.gpu_node),
                 "gpu_node": {str(g): n for g, n in sorted(v.gpu_node.items())}}
 
-    def congestion(self) -> list[dict[str, Any]]:
+    def congestion(self, kinds: set[str] | None = None) -> list[dict[str, Any]]:
+        """The congestion map, one entry per link (of ``kinds`` only, if given)."""
         with self.lock:
             ctl = self.controller
             out = []
             for li in self.view.links.values():
+                if kinds is not None and li.kind not in kinds:
+                    continue
                 st = asdict(ctl.map.state(li.link_id))
                 st.update(link_id=li.link_id, src=li.src, dst=li.dst, kind=li.kind,
                           weight=self.dp.congestion.get(li.link_id, 1.0),

@@ -47,6 +47,22 @@ def test_ewma_second_sample() -> None:
     assert cm.utilization() == pytest.approx({0: 0.65, 1: 0.0})
 
 
+def test_deltas_of_one_link_in_one_batch_fold_in_order() -> None:
+    # link 0: 50 %, then 100 %, then 0 % in one batch; link 1 once, at 100 %
+    cm = CongestionMap(make_view())
+    cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES // 2),
+               PortDelta(1, INTERVAL_NS, tx_bytes=FULL_BYTES),
+               PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES),
+               PortDelta(0, INTERVAL_NS, tx_bytes=0)])
+    # 0.5, then 0.3 * 1.0 + 0.7 * 0.5 = 0.65, then 0.7 * 0.65 = 0.455
+    assert cm.state(0).utilization == pytest.approx(0.455, abs=1e-12)
+    assert cm.state(1).utilization == 1.0
+    one_by_one = CongestionMap(make_view())
+    for tx in (FULL_BYTES // 2, FULL_BYTES, 0):
+        one_by_one.update([PortDelta(0, INTERVAL_NS, tx_bytes=tx)])
+    assert one_by_one.state(0) == cm.state(0)
+
+
 def test_link_without_delta_keeps_state() -> None:
     cm = CongestionMap(make_view())
     cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=25_000_000),

@@ -25,11 +25,19 @@ imports nothing from the simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
 
 from fabricpilot.controller.southbound import FabricView, PortDelta
 
 __all__ = ["CongestionMap", "LinkState"]
+
+_COUNTER_NAMES = ("link_id", "interval_ns", "tx_bytes", "queue_bytes", "drops", "ecn_marks",
+                  "pause_ns", "fec_corrected", "fec_uncorrected", "rx_bits")
+_COUNTERS = operator.attrgetter(*_COUNTER_NAMES)  # a PortDelta's counters, as one tuple
 
 
 @dataclass
@@ -82,28 +90,57 @@ class CongestionMap:
         self._capacity_gbps: dict[int, float] = {
             lid: float(li.capacity_gbps) for lid, li in view.links.items()
         }
-        self._state: dict[int, LinkState] = {}
+        # the state as arrays, one row per link (in the view's order), one column per field
+        # of LinkState: batches of deltas are folded in with vector arithmetic
+        self._ids = np.fromiter(self._capacity_gbps, np.int64, len(self._capacity_gbps))
+        self._row = {lid: i for i, lid in enumerate(self._capacity_gbps)}
+        self._lookup = np.full(int(self._ids.max()) + 1 if len(self._ids) else 0, -1, np.int64)
+        self._lookup[self._ids] = np.arange(len(self._ids))
+        self._cap = np.fromiter(self._capacity_gbps.values(), np.float64, len(self._ids))
+        self._arr = np.zeros((len(self._ids), len(_FIELDS)))
+        self._seen = np.zeros(len(self._ids), bool)
 
     def _check_link(self, link_id: int) -> None:
         if link_id not in self._capacity_gbps:
             raise KeyError(f"unknown link id {link_id}")
 
-    def _sample(self, d: PortDelta) -> LinkState:
-        """The instantaneous (unsmoothed) state one delta describes."""
-        interval = float(d.interval_ns)
-        capacity = self._capacity_gbps[d.link_id]
-        rx_bits = float(d.rx_bits)
-        return LinkState(
-            # Gb/s * ns = bits, so this is bits sent / bits the link could have sent.
-            utilization=d.tx_bytes * 8.0 / (capacity * interval),
-            queue_bytes=float(d.queue_bytes),
-            # count / (interval_ns / 1e9), written to keep integer-valued inputs exact.
-            drop_rate=d.drops * 1e9 / interval,
-            ecn_rate=d.ecn_marks * 1e9 / interval,
-            pause_fraction=min(max(d.pause_ns / interval, 0.0), 1.0),
-            fec_error_rate=d.fec_corrected / rx_bits if rx_bits > 0 else 0.0,
-            uncorrectable_rate=d.fec_uncorrected / rx_bits if rx_bits > 0 else 0.0,
-        )
+    def _samples(self, deltas: list[PortDelta]) -> tuple[NDArray[np.int64], NDArray]:
+        """Rows of the deltas' links, and the instantaneous (unsmoothed) state each delta
+        describes: one row per delta, one column per field of :class:`LinkState`."""
+        n = len(deltas)
+        raw = np.array([_COUNTERS(d) for d in deltas], np.float64).reshape(n, len(_COUNTER_NAMES))
+
+        def col(name: str) -> NDArray[np.float64]:
+            return raw[:, _COUNTER_NAMES.index(name)]
+
+        ids = col("link_id").astype(np.int64)
+        interval = col("interval_ns")
+        known = (ids >= 0) & (ids < len(self._lookup))
+        rows = np.where(known, self._lookup[np.where(known, ids, 0)], -1)
+        if (rows < 0).any():
+            raise KeyError(f"unknown link id {int(ids[np.argmax(rows < 0)])}")
+        if (interval <= 0).any():
+            i = int(np.argmax(interval <= 0))
+            raise ValueError(f"link {int(ids[i])}: interval_ns must be positive, got "
+                             f"{deltas[i].interval_ns}")
+        cap = self._cap[rows]
+        if (cap <= 0).any():
+            raise ValueError(f"link {int(ids[np.argmax(cap <= 0)])}: capacity_gbps must be "
+                             "positive")
+        rx_bits = col("rx_bits")
+        has_rx = rx_bits > 0
+        safe_rx = np.where(has_rx, rx_bits, 1.0)
+        out = np.empty((n, len(_FIELDS)))
+        # Gb/s * ns = bits, so this is bits sent / bits the link could have sent
+        out[:, 0] = col("tx_bytes") * 8.0 / (cap * interval)
+        out[:, 1] = col("queue_bytes")
+        # count / (interval_ns / 1e9), written to keep integer-valued inputs exact
+        out[:, 2] = col("drops") * 1e9 / interval
+        out[:, 3] = col("ecn_marks") * 1e9 / interval
+        out[:, 4] = np.clip(col("pause_ns") / interval, 0.0, 1.0)
+        out[:, 5] = np.where(has_rx, col("fec_corrected") / safe_rx, 0.0)
+        out[:, 6] = np.where(has_rx, col("fec_uncorrected") / safe_rx, 0.0)
+        return rows, out
 
     def update(self, deltas: list[PortDelta]) -> None:
         """Fold one batch of counter deltas into the smoothed state.
@@ -111,34 +148,35 @@ class CongestionMap:
         All deltas are validated before any state changes: an unknown link id raises
         :class:`KeyError`, a non-positive ``interval_ns`` (or a link with non-positive
         capacity) raises :class:`ValueError`; both name the link. Links without a delta in
-        the batch keep their state.
+        the batch keep their state. Several deltas of one link in a batch are folded in
+        their order, as if they came one by one.
         """
-        for d in deltas:
-            self._check_link(d.link_id)
-            if d.interval_ns <= 0:
-                raise ValueError(
-                    f"link {d.link_id}: interval_ns must be positive, got {d.interval_ns}")
-            if self._capacity_gbps[d.link_id] <= 0:
-                raise ValueError(f"link {d.link_id}: capacity_gbps must be positive")
+        if not deltas:
+            return
+        rows, samples = self._samples(deltas)
         a = self.alpha
-        for d in deltas:
-            sample = self._sample(d)
-            old = self._state.get(d.link_id)
-            if old is None:
-                self._state[d.link_id] = sample
-                continue
-            for name in _FIELDS:
-                setattr(old, name, a * getattr(sample, name) + (1.0 - a) * getattr(old, name))
+        # k-th delta of its link in this batch: round k folds in every link's k-th delta
+        order = np.argsort(rows, kind="stable")
+        sorted_rows = rows[order]
+        first = np.r_[True, sorted_rows[1:] != sorted_rows[:-1]]
+        start = np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
+        rank = np.empty(len(rows), np.int64)
+        rank[order] = np.arange(len(rows)) - start
+        for k in range(int(rank.max()) + 1):
+            pick = rank == k
+            r, x = rows[pick], samples[pick]
+            seen = self._seen[r]
+            self._arr[r] = np.where(seen[:, None], a * x + (1.0 - a) * self._arr[r], x)
+            self._seen[r] = True
 
     def state(self, link_id: int) -> LinkState:
         """A copy of the smoothed state of ``link_id`` (all zero before its first sample)."""
         self._check_link(link_id)
-        st = self._state.get(link_id)
-        return LinkState() if st is None else replace(st)
+        return self._get(link_id)
 
     def utilization(self) -> dict[int, float]:
         """Smoothed utilization of every link of the view, by link id."""
-        return {lid: self._get(lid).utilization for lid in self._capacity_gbps}
+        return dict(zip(self._capacity_gbps, self._arr[:, 0].tolist(), strict=True))
 
     def free_buffer_bytes(self, link_id: int, buffer_bytes: float) -> float:
         """Buffer left on ``link_id``'s egress port: ``max(buffer_bytes - queue_bytes, 0)``."""
@@ -155,7 +193,10 @@ class CongestionMap:
 
     def hot_links(self) -> list[int]:
         """Sorted ids of the links that reach any hot threshold."""
-        return sorted(lid for lid in self._capacity_gbps if self.is_hot(lid))
+        st = self._arr
+        hot = ((st[:, 0] >= self.hot_utilization) | (st[:, 1] >= self.hot_queue_bytes)
+               | (st[:, 4] >= self.hot_pause_fraction))
+        return sorted(self._ids[hot].tolist())
 
     def weight(self, link_id: int) -> float:
         """Adaptive-routing weight of ``link_id`` (see :meth:`congestion_table`)."""
@@ -188,8 +229,10 @@ class CongestionMap:
         >>> round(t[0], 6), t[1]
         (0.285714, 1.0)
         """
-        return {lid: self.weight(lid) for lid in self._capacity_gbps}
+        st = self._arr
+        penalty = (4.0 * np.maximum(st[:, 0] - 0.5, 0.0) + st[:, 1] / self.hot_queue_bytes
+                   + 10.0 * st[:, 4])
+        return dict(zip(self._capacity_gbps, (1.0 / (1.0 + penalty)).tolist(), strict=True))
 
     def _get(self, link_id: int) -> LinkState:
-        st = self._state.get(link_id)
-        return LinkState() if st is None else st
+        return LinkState(*self._arr[self._row[link_id]].tolist())

@@ -341,3 +341,41 @@ def test_a_pair_with_every_path_down_is_reported_partitioned() -> None:
     ups = [v.link_between("leaf0", f"spine{s}") for s in (0, 1)]
     ctl.on_links_changed(ups, [])
     assert ctl.partitioned == {"a": "gpu0 -> gpu2: every path crosses a link that is down"}
+
+
+def _index_from_installed(ctl: Controller) -> dict[int, set[str]]:
+    """Keys per link, recomputed from the installed path sets."""
+    out: dict[int, set[str]] = {}
+    for key, r in ctl._installed.items():
+        for lk in {lk for p in r.paths for lk in p}:
+            out.setdefault(lk, set()).add(key)
+    return out
+
+
+def test_the_link_index_follows_plans_and_heals() -> None:
+    """The keys per link and links per key the controller keeps (built in bulk by a plan,
+    changed key by key by a heal) are those of the installed path sets."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    twin = TaskAware(PolicyContext(default_cluster(64), 1, 600))
+    ctl = Controller(twin)
+    order = np.random.default_rng(4).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:24]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.declare(Intent("b", "t", tuple(order[24:]), (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    # demands on the fast path have exactly the pair's fewest-hop candidates (GPUs here
+    # have two ends: their leaf and their host's NVSwitch)
+    for d in ctl.demands():
+        a, b = ctl._endpoints[d.key]
+        assert list(d.full_candidates) == ctl.candidates(a, b)
+    for _ in range(2):
+        want = _index_from_installed(ctl)
+        assert {lk: ctl._on_link[lk] for lk in ctl._on_link if ctl._on_link[lk]} == want
+        assert {k: ctl._links_of[k] for k in ctl._links_of} == {
+            k: {lk for p in r.paths for lk in p} for k, r in ctl._installed.items()}
+        load = ctl.current.link_load_gbps
+        fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+        hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+        assert ctl.on_links_changed([hot], []).affected > 0

@@ -239,3 +239,56 @@ def test_a_failure_resteers_only_the_paths_that_changed() -> None:
                 assert _twin_path(ctx, a, b, port) == path
                 fresh += 1
     assert kept > 0 and fresh > 0
+
+
+@pytest.mark.parametrize("per_switch", [False, True])
+def test_the_hash_split_by_field_is_the_switches_hash(per_switch: bool) -> None:
+    """The CRC is linear: the hash of a port at a switch is the XOR of a term of the switch,
+    of each GPU and of the port (then rotated as the switch does), exactly."""
+    from fabricpilot.controller.entropy import (
+        _gpu_terms,
+        _port_terms,
+        _switch_hash,
+        _switch_terms,
+    )
+    from fabricpilot.net.hashing import CRC32_TABLE, UDP_PROTO, crc32_words, switch_seed
+
+    rng = np.random.default_rng(5)
+    n = 300
+    sw = rng.integers(0, 400, n)
+    src, dst = rng.integers(0, 2000, n), rng.integers(0, 2000, n)
+    ports, p_term = _port_terms(True)
+    row = rng.integers(0, len(ports), n)
+    seeds = switch_seed(77, sw, per_switch)
+    rot = (seeds % np.uint64(32)).astype(np.int64) if per_switch else np.zeros(n, np.int64)
+    a_term, b_term = _gpu_terms(2000)
+    split = (_switch_terms(seeds) ^ a_term[src] ^ b_term[dst] ^ p_term[row]).astype(np.uint64)
+    r = rot.astype(np.uint64)
+    split = np.where(rot > 0, (split >> r) | (split << (np.uint64(32) - r)), split)
+    prefix = crc32_words([(seeds, 4), (gpu_ip(src), 4), (gpu_ip(dst), 4),
+                          (np.full(n, UDP_PROTO), 1)]) ^ np.uint32(0xFFFFFFFF)
+    for i in range(n):
+        want = _switch_hash(np.uint32(prefix[i]), np.int64(ports[row[i]]), np.int64(rot[i]),
+                            CRC32_TABLE)
+        assert int(split[i]) == int(want)
+
+
+def test_a_kept_steering_table_steers_as_a_fresh_one() -> None:
+    """A table kept across calls (the controller's) gives the same ports and rules as
+    ``steer`` with nothing cached, and caches exactly what :func:`constraints` gives."""
+    from fabricpilot.controller.entropy import SteeringTable
+
+    ctx = _ctx(per_switch=False, rules=8)
+    view = fabric_view(ctx)
+    cache: dict = {}
+    table = SteeringTable(view, cache)
+    rng = np.random.default_rng(11)
+    for _ in range(3):  # later calls meet switch paths the table already holds
+        reqs = []
+        for g in rng.choice(128, 30, replace=False).tolist():
+            h = int((g + int(rng.integers(1, 128))) % 128)
+            cs = _inter_pod_candidates(ctx, g, h)
+            reqs += [SteerRequest(g, h, p, int(rng.integers(1 << 16))) for p in cs[:5]]
+        assert steer(view, reqs, table=table) == steer(view, reqs)
+    for q in reqs:
+        assert cache[q.path[1:-1]] == constraints(view, q.dst, q.path)

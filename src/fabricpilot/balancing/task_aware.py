@@ -14,6 +14,7 @@ collective is a call whose pairs are the GPU pairs its stages exchange data betw
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import replace
 
@@ -50,6 +51,7 @@ from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns,
 from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAME = {code: str(kind) for kind, code in LINK_KIND_CODES.items()}
+_chain = itertools.chain.from_iterable
 DEFAULT_SLA_US = 1_000.0  # jobs that declare no SLA: L3
 
 
@@ -153,9 +155,10 @@ class TaskAware(Adaptive):
         """Take path sets (effective after the control-channel latency). A switch whose
         rule table would overflow rejects the update, as an ASIC does."""
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
-        freed = Counter(sw for r in rules if r.key in self._rules
-                        for pinned in self._rules[r.key][0].rules for sw, _ in pinned)
-        added = Counter(sw for r in rules for pinned in r.rules for sw, _ in pinned)
+        held = self._rules
+        freed = Counter(sw for sw, _ in _chain(_chain(
+            held[r.key][0].rules for r in rules if r.key in held)))
+        added = Counter(sw for sw, _ in _chain(_chain(r.rules for r in rules)))
         table = self._table - freed
         table.update(added)
         cap = self.ctx.controller.switch_rule_capacity
@@ -164,9 +167,12 @@ class TaskAware(Adaptive):
             sw, n = max(full, key=lambda x: x[1])
             raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
         self._table = table
-        for r in rules:
-            self._rules[r.key] = (r, now + self.ctx.controller.control_latency_ns)
-            self._forwarded.pop(r.key, None)
+        at = now + self.ctx.controller.control_latency_ns
+        held.update([(r.key, (r, at)) for r in rules])
+        forwarded = self._forwarded
+        if forwarded:
+            for r in rules:
+                forwarded.pop(r.key, None)
 
     def switch_rules(self) -> Counter[str]:
         """Explicit forwarding rules each switch holds now."""

@@ -14,17 +14,34 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
+import numpy as np
+from numpy.typing import NDArray
 
+from fabricpilot.controller import entropy, planner
 from fabricpilot.controller.congestion import CongestionMap
-from fabricpilot.controller.entropy import Steering, SteerRequest, hash_path, steer
+from fabricpilot.controller.entropy import (
+    SteeringTable,
+    SteerRequest,
+    hash_path,
+    steer,
+)
 from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import Intent
 from fabricpilot.controller.params import ControllerParams
-from fabricpilot.controller.planner import Demand, Plan, plan_greedy
-from fabricpilot.controller.ranking import in_scope, paths_from_predecessors
+from fabricpilot.controller.planner import (
+    Demand,
+    LinkValues,
+    Plan,
+    _demand,
+    _gc_paused,
+    _offsets,
+    plan_greedy,
+)
+from fabricpilot.controller.ranking import in_scope
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
 
 
@@ -45,6 +62,40 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, f
     if pattern == "alltoall":
         return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
     return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
+
+
+_chain = itertools.chain.from_iterable
+# a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
+# (switch, link id, (link id,)))
+_EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
+
+_NEW = object.__new__
+_PS_SET = tuple(PathSet.__dict__[f].__set__ for f in ("key", "paths", "weights", "ports",
+                                                         "rules"))
+
+
+def _path_set(key: str, paths: tuple[tuple[int, ...], ...], weights: tuple[float, ...],
+              ports: tuple[int, ...], rules: tuple[tuple[tuple[str, int], ...], ...],
+              ) -> PathSet:
+    """``PathSet(key, paths, weights, ports, rules)``, built field by field (``PathSet`` has
+    no checks; this is twice as fast as its ``__init__``, and a plan makes one per pair).
+
+    >>> _path_set("k", ((1, 2),), (1.0,), (7,), ((),)) == PathSet("k", ((1, 2),), (1.0,),
+    ...                                                            (7,), ((),))
+    True
+    """
+    s = _NEW(PathSet)
+    set_key, set_paths, set_weights, set_ports, set_rules = _PS_SET
+    set_key(s, key)
+    set_paths(s, paths)
+    set_weights(s, weights)
+    set_ports(s, ports)
+    set_rules(s, rules)
+    return s
+
+
+if hasattr(PathSet, "__post_init__"):  # pragma: no cover - checks to keep: the plain way
+    _path_set = PathSet  # type: ignore[assignment]
 
 
 def _set_load(sets: list[PathSet], rate_gbps: dict[str, float]) -> dict[int, float]:
@@ -119,6 +170,154 @@ class TickReport:
     plan: PlanReport | None = None
 
 
+class _KeysByLink(Mapping[int, set[str]]):
+    """The keys of the installed path sets per link they use (a link met once stays, even
+    when its set becomes empty). Built in bulk from path sets (:meth:`of`: their links
+    sorted once, the set of a link made when it is read), then changed key by key with
+    :meth:`add` and :meth:`discard`, as the set of each link would be.
+
+    >>> idx = _KeysByLink.of([PathSet("a", ((1, 2),), (1.0,)), PathSet("b", ((2,),), (1.0,))])
+    >>> sorted(idx[2]), sorted(idx)
+    (['a', 'b'], [1, 2])
+    >>> idx.discard(2, "a"); idx.add(3, "b")
+    >>> sorted(idx[2]), idx[3], idx.get(4, set())
+    (['b'], {'b'}, set())
+    """
+
+    def __init__(self, links: NDArray[np.int64] | None = None,
+                 ptr: NDArray[np.int64] | None = None, owner: NDArray[np.int64] | None = None,
+                 keys: list[str] | None = None) -> None:
+        self._ptr = ptr if ptr is not None else np.zeros(1, np.int64)
+        self._owner = owner if owner is not None else np.zeros(0, np.int64)  # by link
+        self._keys = keys or []
+        self._row: dict[int, int] = ({} if links is None else
+                                     dict(zip(links.tolist(), range(len(links)), strict=True)))
+        self._edits: dict[int, dict[str, bool]] = {}  # link -> key -> there (last change)
+
+    @classmethod
+    def of(cls, sets: list[PathSet]) -> _KeysByLink:
+        """The index of ``sets`` (keys assumed distinct)."""
+        keys = [r.key for r in sets]
+        paths = list(_chain(r.paths for r in sets))
+        per_key = np.fromiter((len(r.paths) for r in sets), np.int64, len(sets))
+        per_path = np.fromiter(map(len, paths), np.int64, len(paths))
+        flat = np.fromiter(_chain(paths), np.int64, int(per_path.sum()))
+        if not len(flat):
+            return cls()
+        owner = np.repeat(np.repeat(np.arange(len(keys), dtype=np.int64), per_key), per_path)
+        # one sort of every (link, key) use: radix for 16-bit link ids
+        by_link = (np.argsort(flat.astype(np.uint16), kind="stable")
+                   if int(flat.min()) >= 0 and int(flat.max()) < 1 << 16 else np.argsort(flat))
+        srt = flat[by_link]
+        first = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1]])
+        return cls(srt[first], np.r_[first, len(srt)].astype(np.int64), owner[by_link], keys)
+
+    def __getitem__(self, link: int) -> set[str]:
+        row = self._row.get(link)
+        edits = self._edits.get(link)
+        if row is None:
+            if edits is None:
+                raise KeyError(link)
+            out: set[str] = set()
+        else:
+            keys = self._keys
+            out = {keys[i] for i in self._owner[self._ptr[row]:self._ptr[row + 1]].tolist()}
+        if edits:
+            for key, there in edits.items():
+                if there:
+                    out.add(key)
+                else:
+                    out.discard(key)
+        return out
+
+    def __contains__(self, link: object) -> bool:
+        return link in self._row or link in self._edits
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._row
+        yield from (lk for lk in self._edits if lk not in self._row)
+
+    def __len__(self) -> int:
+        return len(self._row) + sum(1 for lk in self._edits if lk not in self._row)
+
+    def add(self, link: int, key: str) -> None:
+        """``key`` uses ``link`` (the link is added if new)."""
+        self._edits.setdefault(link, {})[key] = True
+
+    def move(self, key: str, gone: set[int], new: set[int]) -> None:
+        """``key`` no longer uses the links ``gone`` (:meth:`discard` each) and now uses
+        ``new`` (:meth:`add` each)."""
+        row, edits = self._row, self._edits
+        for link in gone:
+            if link not in row and link not in edits:
+                raise KeyError(link)
+            edits.setdefault(link, {})[key] = False
+        for link in new:
+            edits.setdefault(link, {})[key] = True
+
+    def discard(self, link: int, key: str) -> None:
+        """``key`` no longer uses ``link``; ``KeyError`` if the link is not indexed."""
+        if link not in self:
+            raise KeyError(link)
+        self._edits.setdefault(link, {})[key] = False
+
+
+class _LinksByKey(MutableMapping[str, set[int]]):
+    """The links each installed key's paths use: those of a snapshot of path sets (made when
+    asked), unless set since.
+
+    >>> lo = _LinksByKey({"a": PathSet("a", ((1, 2), (1, 3)), (0.5, 0.5))})
+    >>> sorted(lo["a"]), lo.get("b", set())
+    ([1, 2, 3], set())
+    >>> lo["b"] = {4}; del lo["a"]; dict(lo)
+    {'b': {4}}
+    """
+
+    def __init__(self, base: dict[str, PathSet] | None = None) -> None:
+        self._base = base or {}
+        self._own: dict[str, set[int]] = {}
+        self._gone: set[str] = set()  # keys of the snapshot deleted since
+
+    def __getitem__(self, key: str) -> set[int]:
+        hit = self._own.get(key)
+        if hit is not None:
+            return hit
+        if key in self._gone:
+            raise KeyError(key)
+        return set(_chain(self._base[key].paths))
+
+    def get(self, key: str, default: set[int] | None = None) -> set[int] | None:  # type: ignore[override]
+        """The links of ``key``, or ``default``."""
+        hit = self._own.get(key)
+        if hit is not None:
+            return hit
+        base = self._base.get(key)
+        if base is None or key in self._gone:
+            return default
+        return set(_chain(base.paths))
+
+    def __setitem__(self, key: str, links: set[int]) -> None:
+        self._own[key] = links
+
+    def __delitem__(self, key: str) -> None:
+        if key in self._own:
+            del self._own[key]
+        elif key not in self._base or key in self._gone:
+            raise KeyError(key)
+        if key in self._base:
+            self._gone.add(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._own or (key in self._base and key not in self._gone)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (k for k in self._base if k not in self._gone or k in self._own)
+        yield from (k for k in self._own if k not in self._base)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class Controller:
     """Plans paths for declared jobs and installs them through a data plane."""
 
@@ -141,20 +340,27 @@ class Controller:
         self._demand: dict[str, Demand] = {}
         self.current: Plan | None = None
         self._installed: dict[str, PathSet] = {}
-        self._on_link: dict[int, set[str]] = {}   # link -> keys of installed sets using it
+        self._on_link = _KeysByLink()  # link -> keys of installed sets using it
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
         self._constraints: dict[tuple[int, ...], list] = {}  # path -> its hash decisions
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
-        self._links_of: dict[str, set[int]] = {}  # installed key -> links its paths use
+        self._links_of = _LinksByKey()  # installed key -> links its paths use
         self._weight: dict[str, float] = {}
         self.replans = 0
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
         self._bfs: dict[str, dict[str, list[str]]] = {}
+        self._pred_memo: dict[str, dict[str, list[tuple[int, ...]]]] = {}
         self._ends_cache: dict[tuple[str, bool], list[tuple[str, int]]] = {}
         self._nic_cache: dict[int, float] = {}
+        # GPU node -> its ends out of it / into it by switch component (see _end_info)
+        self._ends_out: dict[str, _EndInfo] = {}
+        self._ends_in: dict[str, _EndInfo] = {}
+        self._steering: SteeringTable | None = None
+        self._cap_cache: dict[int, float] | None = None
+        self._cap_array: NDArray[np.float64] | None = None  # capacity by link id (dense)
         self._scoped_cache: dict[tuple[int, str], tuple[tuple, tuple]] = {}
         g = self.view.graph
         self._switch_graph = g.subgraph(
@@ -162,6 +368,11 @@ class Controller:
         self._nic_gbps = nic_gbps
         self._component = {n: i for i, c in enumerate(
             nx.weakly_connected_components(self._switch_graph)) for n in c}
+        self._link_id: dict[tuple[str, str], int] = {
+            (u, v): int(lk) for u, v, lk in g.edges(data="link_id")}
+        # the compiled kernels, once per process: not in the first plan or re-plan
+        planner.warm_up()
+        entropy.warm_up()
 
     # --------------------------------------------------------------- intents
     def declare(self, intent: Intent) -> None:
@@ -229,10 +440,22 @@ class Controller:
                 pred = self._bfs.get(first)
                 if pred is None:
                     pred = self._bfs[first] = nx.predecessor(self._switch_graph, first)
-                hit = (tuple(sorted(tuple(self.view.path_links(p)) for p in
-                                    paths_from_predecessors(first, last, pred)))
-                       if last in pred else ())
+                hit = tuple(sorted(self._pred_paths(first, last, pred))) if last in pred else ()
             self._sw_paths[key] = hit
+        return hit
+
+    def _pred_paths(self, first: str, node: str, pred: dict[str, list[str]],
+                    ) -> list[tuple[int, ...]]:
+        """Every path from ``first`` to ``node`` along ``pred`` (breadth-first predecessors
+        from ``first``: the fewest-hop paths), as link ids, the same set as
+        :func:`~fabricpilot.controller.ranking.paths_from_predecessors` gives (cached per
+        node: paths to a node extend the paths to its predecessors)."""
+        memo = self._pred_memo.setdefault(first, {first: [()]})
+        hit = memo.get(node)
+        if hit is None:
+            link_id = self._link_id
+            hit = memo[node] = [(*p, link_id[(u, node)]) for u in pred[node]
+                                for p in self._pred_paths(first, u, pred)]
         return hit
 
     def _nic(self, gpu: int) -> float:
@@ -264,6 +487,22 @@ class Controller:
     def _path_nodes(self, path: tuple[int, ...]) -> list[str]:
         return [self.view.links[path[0]].src] + [self.view.links[lk].dst for lk in path]
 
+    def _end_info(self, node: str, out: bool) -> _EndInfo:
+        """A GPU node's ends (:meth:`_ends`) by the weakly connected component of their
+        switch (switch paths exist only within one): a bit mask of the components, and per
+        component bit its ends as ``(switch, link id, (link id,))`` (cached)."""
+        cache = self._ends_out if out else self._ends_in
+        hit = cache.get(node)
+        if hit is None:
+            mask = 0
+            by_bit: dict[int, list[tuple[str, int, tuple[int]]]] = {}
+            for sw, lk in self._ends(node, out):
+                bit = 1 << self._component[sw]
+                mask |= bit
+                by_bit.setdefault(bit, []).append((sw, lk, (lk,)))
+            hit = cache[node] = (mask, {bit: tuple(e) for bit, e in by_bit.items()})
+        return hit
+
     def demands(self) -> list[Demand]:
         """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat.
 
@@ -278,8 +517,15 @@ class Controller:
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         strict = any(c.level != "L3" for i in opted for c in i.calls)
+        endpoints = self._endpoints
+        ends_out, ends_in = self._ends_out, self._ends_in
+        sw_paths = self._sw_paths
+        nic_fixed = self._nic_gbps
+        nic_rate = self._nic_cache
         for intent in opted:
             pending: dict[str, Demand] = {}
+            heat = intent.heat  # the same for every demand of the job
+            task = intent.task_id
             for call in intent.calls:
                 if call.pairs:
                     fan = Counter(a for a, _ in call.pairs)
@@ -288,59 +534,127 @@ class Controller:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 avoid = self.down | self.degraded
+                level = call.level
                 for a, b, share in pairs:
                     na, nb = gpu_node[a], gpu_node[b]
                     if a == b or na == nb:
                         continue
-                    key = rule_key(intent.task_id, a, b)
-                    rate = self._nic(a) * share * cap
+                    key = f"{task}:{a}->{b}"  # rule_key(task, a, b)
+                    if nic_fixed is None:
+                        nic = nic_rate.get(a)
+                        if nic is None:
+                            nic = self._nic(a)
+                    else:
+                        nic = nic_fixed
+                    rate = nic * share * cap
                     prev = pending.get(key)
                     if prev is not None and prev.rate_gbps >= rate:
                         continue  # the same pair in several calls: its largest demand
-                    combos = self._combos(na, nb)
-                    if not avoid and len(combos) == 1:
+                    if not avoid:
                         # the common case: one (first, last) switch pair; the NIC links
                         # as head and tail and one shared tuple of switch paths
-                        up, mids, down = combos[0]
-                        mids = self._scoped(mids, up, down, call.level)
-                        if mids:
-                            pending[key] = Demand(key, rate, mids, weight=intent.heat,
-                                                  head=(up,), tail=(down,))
-                            self._endpoints[key] = (a, b)
-                            continue
+                        ia = ends_out.get(na)
+                        if ia is None:
+                            ia = self._end_info(na, True)
+                        ib = ends_in.get(nb)
+                        if ib is None:
+                            ib = self._end_info(nb, False)
+                        common = ia[0] & ib[0]
+                        one = None
+                        if common and not common & (common - 1):
+                            # one component in common (ends elsewhere have no switch path)
+                            # with one end of each in it: the only combination
+                            xa, xb = ia[1][common], ib[1][common]
+                            if len(xa) == 1 and len(xb) == 1:
+                                one = xa[0], xb[0]
+                        if one is not None:
+                            (first, up, head), (last, down, tail) = one
+                            mids = sw_paths.get((first, last))
+                            if mids is None:
+                                mids = self._switch_paths(first, last)
+                            if mids and level != "L3":
+                                mids = self._scoped(mids, up, down, level)
+                            if mids:  # (the checked constructor raises on a bad rate)
+                                pending[key] = (_demand(key, rate, mids, heat, head, tail)
+                                                if rate >= 0 else
+                                                Demand(key, rate, mids, heat, head, tail))
+                                endpoints[key] = (a, b)
+                                continue
+                        elif common:  # (none in common: no combination at all)
+                            combos = self._combos(na, nb)
+                            if len(combos) == 1:
+                                up, mids, down = combos[0]
+                                mids = self._scoped(mids, up, down, level)
+                                if mids:
+                                    pending[key] = Demand(key, rate, mids, heat, (up,),
+                                                          (down,))
+                                    endpoints[key] = (a, b)
+                                    continue
                     cands = self.candidates(a, b)
                     if avoid:
                         live = [p for p in cands if avoid.isdisjoint(p)]
                         if cands and all(not self.down.isdisjoint(p) for p in cands):
-                            self.partitioned[intent.task_id] = (
+                            self.partitioned[task] = (
                                 f"gpu{a} -> gpu{b}: every path crosses a link that is down")
                         cands = live or [p for p in cands if self.down.isdisjoint(p)]
-                    if call.level != "L3":
+                    if level != "L3":
                         cands = [p for p in cands
-                                 if in_scope(self.view, self._path_nodes(p), call.level)]
-                    if not cands and intent.task_id in self.partitioned:
+                                 if in_scope(self.view, self._path_nodes(p), level)]
+                    if not cands and task in self.partitioned:
                         break
                     if not cands:
-                        self.sla_unmet[intent.task_id] = (
-                            f"{call.pattern} at {call.sla_us:g} us ({call.level}): no path "
-                            f"from gpu{a} to gpu{b} within {_SCOPE[call.level]}")
+                        self.sla_unmet[task] = (
+                            f"{call.pattern} at {call.sla_us:g} us ({level}): no path "
+                            f"from gpu{a} to gpu{b} within {_SCOPE[level]}")
                         break
-                    pending[key] = Demand(key, rate, tuple(cands), weight=intent.heat)
-                    self._endpoints[key] = (a, b)
-            if intent.task_id not in self.sla_unmet and intent.task_id not in self.partitioned:
+                    pending[key] = Demand(key, rate, tuple(cands), weight=heat)
+                    endpoints[key] = (a, b)
+            if task not in self.sla_unmet and task not in self.partitioned:
                 out.update(pending)
         self._demand = dict(out)
         return list(out.values())
 
     def _capacity(self) -> dict[int, float]:
-        return {lid: li.capacity_gbps for lid, li in self.view.links.items()}
+        """Capacity (Gb/s) of every link of the view (a copy of a cached table)."""
+        return dict(self._link_capacity())
+
+    def _link_capacity(self) -> dict[int, float]:
+        """Capacity (Gb/s) of every link of the view (cached; not to be modified)."""
+        if self._cap_cache is None:
+            self._cap_cache = {lid: li.capacity_gbps for lid, li in self.view.links.items()}
+        return self._cap_cache
+
+    def _capacity_of(self, ids: NDArray[np.int64], ids_l: list[int]) -> NDArray[np.float64]:
+        """Capacities (Gb/s) of the links ``ids`` (``ids_l`` as a list), as floats."""
+        if self._cap_array is None:
+            cap = self._link_capacity()
+            top = max(cap, default=-1)
+            dense = min(cap, default=0) >= 0 and top < 4 * len(cap) + 1024
+            self._cap_array = (np.array([float(cap.get(lk, np.nan)) for lk in range(top + 1)])
+                               if dense else np.zeros(0))
+        arr = self._cap_array
+        if len(ids) and len(arr) and int(ids[0]) >= 0 and int(ids[-1]) < len(arr):
+            out = arr[ids]
+            if not np.isnan(out).any():
+                return out
+        cap = self._link_capacity()
+        return np.array([float(cap[lk]) for lk in ids_l], np.float64)
+
+    def _steering_table(self) -> SteeringTable:
+        """The steering table of the view (made at first use), holding the constraints
+        cache."""
+        if self._steering is None or self._steering.view is not self.view:
+            self._steering = SteeringTable(self.view, self._constraints)
+        return self._steering
 
     def plan(self, background: dict[int, float] | None = None) -> PlanReport:
         """Plan every opted-in job together, steer the planned paths and install them.
         ``background`` is load (Gb/s per link) the plan must route around."""
-        demands = self.demands()
-        self._weight = {d.key: d.weight for d in demands}
-        return self._install(*self._solve(demands, background), len(demands))
+        # many long-lived objects and no reference cycles: spare the collector its passes
+        with _gc_paused(promote=True):
+            demands = self.demands()
+            self._weight = {d.key: d.weight for d in demands}
+            return self._install(*self._solve(demands, background), len(demands))
 
     def _solve(self, demands: list[Demand], background: dict[int, float] | None
                ) -> tuple[Plan, list[PathSet], PlanReport]:
@@ -348,7 +662,7 @@ class Controller:
         pinned (full rule tables), plan again with those demands restricted to the paths
         entropy reaches, which frees rules for the others, and keep whichever of the two
         loads the fabric less once every path is the one its QP really takes."""
-        cap = self._capacity()
+        cap = self._link_capacity()
         plan = plan_greedy(demands, cap, background=background, split=self.parts)
         sets, report = self.steer_plan(plan, self._weight)
         if not report.spilled:
@@ -369,19 +683,16 @@ class Controller:
         a, b = self._endpoints[d.key]
         full = d.full_candidates
         got = steer(self.view, [SteerRequest(a, b, p, i) for i, p in enumerate(full)],
-                    max_tries=self.params.steer_tries, cache=self._constraints)
+                    max_tries=self.params.steer_tries, table=self._steering_table())
         free = tuple(p for p, s in zip(full, got, strict=True) if not s.rules)
         return replace(d, candidates=free, head=(), tail=()) if free else d
 
     def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int
                  ) -> PlanReport:
-        changed = [r for r in sets if self._installed.get(r.key) != r]
+        installed = self._installed
+        changed = [r for r in sets if r.key not in installed or installed[r.key] != r]
         self.dp.install(changed)
-        self._installed = {}
-        self._on_link = {}
-        self._links_of = {}
-        self._rules_held = Counter()
-        self._record(sets)
+        self._record_all(sets, rules=report.pinned > 0)
         self.current = plan
         report.demands = n_demands
         report.installed = len(changed)
@@ -404,7 +715,8 @@ class Controller:
             hit = self._live_cache[key] = (d.candidates, live)
         if not hit[1]:
             return None
-        return Demand(d.key, d.rate_gbps, hit[1], d.weight, d.head, d.tail)
+        # (d was checked when made, and its live candidates are not empty)
+        return _demand(d.key, d.rate_gbps, hit[1], d.weight, d.head, d.tail)
 
     def _links_in(self, paths: tuple[tuple[int, ...], ...]) -> set[int]:
         """The links of a tuple of paths (cached per tuple)."""
@@ -415,20 +727,38 @@ class Controller:
 
     def _record(self, sets: list[PathSet]) -> None:
         """Remember installed path sets, indexed by link, with their explicit rules."""
+        installed, links_of, on_link = self._installed, self._links_of, self._on_link
+        # the index's own edits, inline (as _KeysByLink.move, for speed)
+        rows, edits = on_link._row, on_link._edits
         for r in sets:
-            old = self._installed.get(r.key)
-            new_links = {lk for p in r.paths for lk in p}
-            old_links = self._links_of.get(r.key, set())
+            key = r.key
+            old = installed.get(key)
+            new_links = set(_chain(r.paths))
+            old_links = links_of.get(key, set())
             for lk in old_links - new_links:
-                self._on_link[lk].discard(r.key)
+                if lk not in rows and lk not in edits:
+                    raise KeyError(lk)
+                edits.setdefault(lk, {})[key] = False
             for lk in new_links - old_links:
-                self._on_link.setdefault(lk, set()).add(r.key)
-            self._links_of[r.key] = new_links
-            if old is not None and old.rules:
+                edits.setdefault(lk, {})[key] = True
+            links_of[key] = new_links
+            # (a set without a rule changes no count)
+            if old is not None and any(old.rules):
                 self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
-            if r.rules:
+            if any(r.rules):
                 self._rules_held.update(sw for pinned in r.rules for sw, _ in pinned)
-            self._installed[r.key] = r
+            installed[key] = r
+
+    def _record_all(self, sets: list[PathSet], rules: bool = True) -> None:
+        """Remember ``sets`` as all the installed path sets (forgetting the others), as
+        :meth:`_record` does from empty, in bulk: the links of a key are read from its set
+        when asked, and the keys per link are indexed by one sort. ``rules=False`` says that
+        no set has an explicit rule."""
+        installed = self._installed = {r.key: r for r in sets}
+        self._links_of = _LinksByKey(dict(installed))
+        self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
+                            if rules else Counter())
+        self._on_link = _KeysByLink.of(sets)
 
     def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
         """Measured load the current plan does not account for, on the fabric links (the
@@ -493,7 +823,14 @@ class Controller:
         return table
 
     def _heal(self, cause: str) -> HealReport:
+        """Re-place the planned path sets that cross a dead or gray link (see
+        :meth:`on_links_changed`)."""
         t0 = time.perf_counter()
+        with _gc_paused():  # a collection over the whole plan would cost more than this
+            return self._heal_from(cause, t0)
+
+    def _heal_from(self, cause: str, t0: float) -> HealReport:
+        """:meth:`_heal`, started at ``t0`` (``time.perf_counter``)."""
         # the switches exclude dead links (and shun gray ones) at once: only those entries
         self.dp.push_congestion_table({lk: w for lk, w in self._table(
             self.down | self.degraded).items()})
@@ -509,12 +846,23 @@ class Controller:
         load = plan.link_load_gbps  # updated in place: out with the old paths, in with new
         avoid_key = frozenset(avoid)
         demands, used = [], set()
+        paths = plan.paths
+        seen: set[int] = set()  # candidate tuples whose links are in used
+        live_cache = self._live_cache
         for k in affected:
             d = self._demand[k]
-            for p, w in plan.paths[k]:
+            rate = d.rate_gbps
+            for p, w in paths[k]:
+                out = rate * w
                 for lk in p:
-                    load[lk] -= d.rate_gbps * w
-            live = self._live(d, avoid_key)
+                    load[lk] -= out
+            # _live(d, avoid_key), its common case inline: NIC links alive, tuple filtered
+            hit = (live_cache.get((id(d.candidates), avoid_key))
+                   if avoid_key.isdisjoint(d.head) and avoid_key.isdisjoint(d.tail) else None)
+            if hit is not None and hit[0] is d.candidates and hit[1]:
+                live: Demand | None = _demand(d.key, rate, hit[1], d.weight, d.head, d.tail)
+            else:
+                live = self._live(d, avoid_key)
             if live is None:
                 task = k.split(":", 1)[0]
                 a, b = self._endpoints[k]
@@ -522,19 +870,30 @@ class Controller:
                 continue
             demands.append(live)
             used.update(d.head, d.tail)
-            used.update(self._links_in(live.candidates))
+            if id(live.candidates) not in seen:
+                seen.add(id(live.candidates))
+                used.update(self._links_in(live.candidates))
         # only the links the re-placed demands can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)
-        links = self.view.links
-        sub = plan_greedy(demands, {lk: links[lk].capacity_gbps for lk in used},
-                          background={lk: load[lk] for lk in used if lk in load},
-                          split=self.parts, sweeps=1, max_moves=0)
+        ids = np.fromiter(used, np.int64, len(used))
+        ids.sort()
+        ids_l = ids.tolist()
+        get = load.get
+        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
+        sub = plan_greedy(demands, LinkValues(ids, self._capacity_of(ids, ids_l)),
+                          background=LinkValues(ids, before), split=self.parts, sweeps=1,
+                          max_moves=0)
         held = self._rules_held - Counter(
             sw for k in sub.paths for pinned in self._installed[k].rules for sw, _ in pinned)
         sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
         plan.paths.update(sub.paths)
-        for lk, v in sub.link_load_gbps.items():
-            load[lk] = load.get(lk, 0.0) + v
+        added = sub.link_load_gbps
+        if len(added) == len(ids_l) and list(added) == ids_l:  # the plan's links, in order
+            load.update(zip(ids_l, (before + np.fromiter(added.values(), np.float64,
+                                                          len(ids_l))).tolist(), strict=True))
+        else:  # pragma: no cover - the planner gives every capacity link, in order
+            for lk, v in added.items():
+                load[lk] = load.get(lk, 0.0) + v
         self.dp.install(sets)
         self._record(sets)
         rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
@@ -549,6 +908,11 @@ class Controller:
         (background included) by at least ``replan_gain`` of the current one, and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
         never flaps back, since it is compared against itself at the next tick."""
+        with _gc_paused():
+            return self._tick(now_ns)
+
+    def _tick(self, now_ns: float | None) -> TickReport:
+        """:meth:`tick`."""
         deltas = self.dp.telemetry()
         self.map.update(deltas)
         if now_ns is not None:  # error counters: gray links, debounced
@@ -584,50 +948,81 @@ class Controller:
             sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
                     for key, shares in plan.paths.items()]
             return sets, PlanReport(plan, len(sets), 0)
-        reqs: list[SteerRequest] = []
-        known: dict[int, Steering] = {}  # request -> the steering its path already has
-        for key, shares in plan.paths.items():
-            a, b = self._endpoints[key]
-            # where each QP's port search starts: spread, and the same in every run
-            base = (a * 1_000_003 + b) * 64
-            old = self._installed.get(key) if reuse else None
-            for i, (p, _) in enumerate(shares):
-                if old is not None and old.ports and p in old.paths:
-                    j = old.paths.index(p)
-                    known[len(reqs)] = Steering(old.ports[j], old.rules[j])
-                reqs.append(SteerRequest(a, b, p, base + i))
+        keys = list(plan.paths)
+        shares_of = list(plan.paths.values())
+        n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
+        pairs = list(_chain(shares_of))
+        all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
+        paths = list(all_paths)
+        n_req = len(paths)
+        endpoints = self._endpoints
+        ends = np.fromiter(_chain(map(endpoints.__getitem__, keys)), np.int64,
+                           2 * len(keys)).reshape(len(keys), 2)
+        src = np.repeat(ends[:, 0], n_per_key)
+        dst = np.repeat(ends[:, 1], n_per_key)
+        first = _offsets(n_per_key)
+        # where each QP's port search starts: spread, and the same in every run
+        start = ((src * 1_000_003 + dst) * 64
+                 + (np.arange(n_req, dtype=np.int64) - np.repeat(first[:-1], n_per_key)))
+        # request -> the (port, rules) its path already has
+        known: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        if reuse:
+            r = 0
+            for key, shares in zip(keys, shares_of, strict=True):
+                old = self._installed.get(key)
+                if old is not None and old.ports:
+                    for i, (p, _) in enumerate(shares):
+                        if p in old.paths:
+                            j = old.paths.index(p)
+                            known[r + i] = (old.ports[j], old.rules[j])
+                r += len(shares)
+        table = self._steering_table()
+        tries = self.params.steer_tries
+        rules: list[tuple[tuple[str, int], ...]] = [()] * n_req
         if known:
-            fresh = [r for r in range(len(reqs)) if r not in known]
-            found = steer(self.view, [reqs[r] for r in fresh],
-                          max_tries=self.params.steer_tries, cache=self._constraints)
-            new = iter(found)
-            got = [known[r] if r in known else next(new) for r in range(len(reqs))]
+            fresh = np.array([r for r in range(n_req) if r not in known], np.int64)
+            f_paths = [paths[r] for r in fresh.tolist()]
+            f_ports, f_rules = table.steer(src[fresh], dst[fresh], start[fresh],
+                                           table.intern(f_paths, dst[fresh]), f_paths, tries)
+            ports = [0] * n_req
+            for r, port in zip(fresh.tolist(), f_ports, strict=True):
+                ports[r] = port
+            fresh_l = fresh.tolist()
+            for k, rl in f_rules.items():
+                rules[fresh_l[k]] = rl
+            for r, (port, rl) in known.items():
+                ports[r] = port
+                rules[r] = rl
         else:
-            got = steer(self.view, reqs, max_tries=self.params.steer_tries,
-                        cache=self._constraints)
-        keys = [key for key, shares in plan.paths.items() for _ in shares]
+            ports, got_rules = table.steer(src, dst, start, table.intern(paths, dst), paths,
+                                           tries)
+            for r, rl in got_rules.items():
+                rules[r] = rl
         used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold
-        paths = [q.path for q in reqs]
         unpinned = 0
         spilled: set[str] = set()
         cap = self.view.rule_capacity
-        needy = [r for r in range(len(reqs)) if got[r].rules]
-        for r in sorted(needy, key=lambda r: (-weight.get(keys[r], 0.0), r)):
-            need = Counter(sw for sw, _ in got[r].rules)
-            if all(used[sw] + n <= cap for sw, n in need.items()):
-                used.update(need)
-            else:
-                unpinned += 1
-                spilled.add(keys[r])
-                got[r] = Steering(got[r].port, ())
-                paths[r] = hash_path(self.view, reqs[r].src, reqs[r].dst, got[r].port)
-        sets, r = [], 0
-        for key, shares in plan.paths.items():
-            n = len(shares)
-            sets.append(PathSet(key, tuple(paths[r:r + n]), tuple(w for _, w in shares),
-                                tuple(s.port for s in got[r:r + n]),
-                                tuple(s.rules for s in got[r:r + n])))
-            r += n
-        pinned = sum(1 for s in got if s.rules)
-        return sets, PlanReport(plan, len(sets), 0, len(reqs) - pinned - unpinned, pinned,
+        needy = [r for r, rl in enumerate(rules) if rl] if known else sorted(
+            r for r, rl in got_rules.items() if rl)
+        if needy:
+            owner = np.repeat(np.arange(len(keys)), n_per_key)
+            key_of = {r: keys[int(owner[r])] for r in needy}
+            for r in sorted(needy, key=lambda r: (-weight.get(key_of[r], 0.0), r)):
+                need = Counter(sw for sw, _ in rules[r])
+                if all(used[sw] + n <= cap for sw, n in need.items()):
+                    used.update(need)
+                else:
+                    unpinned += 1
+                    spilled.add(key_of[r])
+                    rules[r] = ()
+                    paths[r] = hash_path(self.view, int(src[r]), int(dst[r]), ports[r])
+        if unpinned:
+            all_paths = tuple(paths)
+        all_ports, all_rules = tuple(ports), tuple(rules)
+        bounds = first.tolist()
+        sets = [_path_set(key, all_paths[i:j], all_weights[i:j], all_ports[i:j],
+                          all_rules[i:j])
+                for key, i, j in zip(keys, bounds, bounds[1:], strict=False)]
+        pinned = len(needy) - unpinned
+        return sets, PlanReport(plan, len(sets), 0, n_req - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

@@ -86,6 +86,33 @@ class Plan:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class LinkValues(Mapping[int, float]):
+    """A read-only mapping link id -> value (Gb/s) held as arrays: ``ids`` ascending and
+    distinct, ``values`` aligned. :func:`plan_greedy` reads the arrays as they are (a
+    capacity and a background over the same ``ids`` object need no conversion).
+
+    >>> c = LinkValues(np.array([3, 7]), np.array([400.0, 100.0]))
+    >>> c[7], dict(c), 5 in c
+    (100.0, {3: 400.0, 7: 100.0}, False)
+    """
+
+    def __init__(self, ids: NDArray[np.int64], values: NDArray[np.float64]) -> None:
+        self.ids = ids
+        self.values = values
+
+    def __getitem__(self, link: int) -> float:
+        i = int(np.searchsorted(self.ids, link))
+        if i < len(self.ids) and int(self.ids[i]) == link:
+            return float(self.values[i])
+        raise KeyError(link)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids.tolist())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 class _Problem:
     """Demands and candidates as arrays: candidate c of demand d is column ``col[d] + c``
     (every candidate a column of its own; for the LP / MILP references)."""
@@ -423,7 +450,10 @@ class _Commodities:
                  background: Mapping[int, float] | None, aggregate: bool = True) -> None:
         self.demands = list(demands)
         n = len(self.demands)
-        self.links = np.array(sorted(capacity), np.int64)
+        # capacity (and background) as arrays over the links, read as they are if given so
+        cap_arrays = capacity if isinstance(capacity, LinkValues) else None
+        self.links = (cap_arrays.ids.astype(np.int64) if cap_arrays is not None
+                      else np.array(sorted(capacity), np.int64))
         n_links = len(self.links)
         cands = [d.candidates for d in self.demands]
         heads = [d.head for d in self.demands]
@@ -443,11 +473,18 @@ class _Commodities:
                           np.int64, n_c + n_h + n_t)
         rows = _link_rows(ids, self.links)
         del ids
-        self.cap = np.array([float(capacity[lk]) for lk in self.links.tolist()])
+        if cap_arrays is not None:
+            self.cap = cap_arrays.values.astype(np.float64)
+        else:
+            self.cap = np.array([float(capacity[lk]) for lk in self.links.tolist()])
         if (self.cap <= 0).any():
             raise ValueError("link capacities must be > 0")
-        bg = background or {}
-        self.bg = np.array([float(bg.get(lk, 0.0)) for lk in self.links.tolist()])
+        if (cap_arrays is not None and isinstance(background, LinkValues)
+                and background.ids is cap_arrays.ids):
+            self.bg = background.values.astype(np.float64)
+        else:
+            bg = background or {}
+            self.bg = np.array([float(bg.get(lk, 0.0)) for lk in self.links.tolist()])
         self.rate = np.array([d.rate_gbps for d in self.demands], np.float64)
         self.weight = np.array([d.weight for d in self.demands], np.float64)
         crow = rows[:n_c]
@@ -841,14 +878,23 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def _gc_paused(promote: bool = False) -> Iterator[None]:
     """Pause the cyclic garbage collector (while many objects are made that cannot form
     cycles: each collection would traverse every live candidate tuple); then restore it.
+
+    With ``promote``, the objects made meanwhile, long-lived (a plan and its path sets), are
+    moved to the oldest generation when the collector resumes, instead of being traversed by
+    the next young collection (skipped if some objects are frozen: they would be thawed).
 
     >>> import gc
     >>> with _gc_paused():
     ...     gc.isenabled()
     False
+    >>> with _gc_paused(promote=True):
+    ...     gc.isenabled()
+    False
+    >>> gc.isenabled()
+    True
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -856,7 +902,54 @@ def _gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            if promote and gc.get_freeze_count() == 0:
+                gc.freeze()    # every tracked object to the permanent generation...
+                gc.unfreeze()  # ...and back into the oldest one, without a traversal
             gc.enable()
+
+
+_WARM: list[bool] = []
+
+
+def warm_up() -> None:
+    """Load the planner's compiled kernels (from numba's cache, or compile them) with a tiny
+    plan, once per process, so that the first real plan does not pay for it.
+
+    >>> warm_up()
+    """
+    if _WARM:
+        return
+    shared = ((2, 3), (4, 5))
+    plan_greedy([Demand("a", 1.0, shared, 2.0, (0,), (1,)),
+                 Demand("b", 1.0, shared, 1.0, (6,), (7,)),
+                 Demand("c", 1.0, ((2, 3), (4,)))],
+                {lk: 10.0 for lk in range(8)}, split=2, max_moves=1)
+    _WARM.append(True)
+
+
+_NEW = object.__new__
+_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL = (
+    Demand.__dict__[f].__set__ for f in ("key", "rate_gbps", "candidates", "weight", "head",
+                                         "tail"))
+
+
+def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
+            weight: float, head: tuple[int, ...], tail: tuple[int, ...]) -> Demand:
+    """``Demand(key, rate_gbps, candidates, weight, head, tail)`` without its checks, for
+    callers that made sure ``candidates`` is not empty and ``rate_gbps >= 0`` (twice as fast:
+    planning makes one per GPU pair).
+
+    >>> _demand("a", 1.0, ((1,),), 2.0, (0,), ()) == Demand("a", 1.0, ((1,),), 2.0, (0,))
+    True
+    """
+    d = _NEW(Demand)
+    _SET_KEY(d, key)
+    _SET_RATE(d, rate_gbps)
+    _SET_CANDS(d, candidates)
+    _SET_WEIGHT(d, weight)
+    _SET_HEAD(d, head)
+    _SET_TAIL(d, tail)
+    return d
 
 
 def _fill_paths(com: _Commodities, choice: NDArray[np.int64],

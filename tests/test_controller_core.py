@@ -244,6 +244,19 @@ def test_small_or_unhelpful_changes_do_not_replan(u: float) -> None:
     assert (rep.background_gbps == {}) == (u == 0.3)
 
 
+def test_no_plan_is_computed_while_no_fabric_link_is_hot() -> None:
+    """u = 0.75: 300 - 100 = 200 Gb/s of background; with the plan's 100 Gb/s the uplink is
+    at 0.75, below the 0.8 hot threshold. Moving gpu0 -> gpu2 would give 0.5 on both
+    uplinks (better by a third), but a link below hot loses nothing: no plan is computed."""
+    dp, ctl, used, _ = _two_pair_job()
+    n_installed = len(dp.installed)
+    dp.deltas = [_util(used, 0.75)]
+    rep = ctl.tick()
+    assert rep.background_gbps == {used: pytest.approx(200.0)}
+    assert rep.lambda_before == pytest.approx(0.75) and rep.lambda_after == rep.lambda_before
+    assert not rep.replanned and len(dp.installed) == n_installed and rep.plan is None
+
+
 def test_l3_demands_are_capped_while_an_l1_or_l2_job_shares_the_fabric() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp, ControllerParams(parts=1))

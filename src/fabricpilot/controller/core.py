@@ -904,8 +904,10 @@ class Controller:
         """One control period, "global view + local response": fold the telemetry deltas
         into the congestion map, push the map as the switches' congestion table (they adapt
         locally until the next plan), and re-plan around the load the plan does not account
-        for. The new plan is installed only if it lowers the largest fabric-link utilisation
-        (background included) by at least ``replan_gain`` of the current one, and only the
+        for. A new plan is computed only while some fabric link, with the plan's load and the
+        background, reaches the map's hot utilisation (80 %); it is installed only if it
+        lowers the largest fabric-link utilisation (background included) by at least
+        ``replan_gain`` of the current one, and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
         never flaps back, since it is compared against itself at the next tick."""
         with _gc_paused():
@@ -925,6 +927,10 @@ class Controller:
         if self.current is None or not bg:
             return TickReport(False, hot, bg)
         before = self._fabric_lambda(self.current.link_load_gbps, bg)
+        if before < self.map.hot_utilization:
+            # no fabric link is (or, with the plan's load, would be) hot: nothing for a new
+            # plan to fix, so none is computed
+            return TickReport(False, hot, bg, before, before)
         demands = self.demands()
         self._weight = {d.key: d.weight for d in demands}
         plan, sets, report = self._solve(demands, bg)

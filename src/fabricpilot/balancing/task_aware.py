@@ -87,6 +87,24 @@ def ecmp_spec(ctx: PolicyContext) -> EcmpSpec:
                     {g: sw_name[int(ct.gpu_leaf[g])] for g in range(len(ct.gpu_leaf))})
 
 
+def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
+    """The intents the twin's jobs declare: each collective a call whose pairs are the GPU
+    pairs its stages exchange data between (jobs without an SLA: L3)."""
+    out = []
+    for job in jobs:
+        calls = []
+        for plan in job.collectives:
+            pairs = sorted({(int(a), int(b)) for st in plan.stages
+                            for a, b in zip(st.src.tolist(), st.dst.tolist(), strict=True)
+                            if a != b})
+            calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
+                                  job.sla_us or DEFAULT_SLA_US, job.compute_ns,
+                                  pairs=tuple(pairs)))
+        out.append(Intent(job.name, tenant, tuple(job.gpus), tuple(calls),
+                          opt_in=job.declare_intent))
+    return out
+
+
 class TaskAware(Adaptive):
     """Controller-planned path sets with switch-local adaptation (see the module docstring)."""
 
@@ -192,17 +210,8 @@ class TaskAware(Adaptive):
         """Declare every job from the scenario and plan them all (at time 0)."""
         self.job_names = [j.name for j in jobs]
         self.controller = Controller(self, self.ctx.controller)
-        for job in jobs:
-            calls = []
-            for plan in job.collectives:
-                pairs = sorted({(int(a), int(b)) for st in plan.stages
-                                for a, b in zip(st.src.tolist(), st.dst.tolist(),
-                                                strict=True) if a != b})
-                calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
-                                      job.sla_us or DEFAULT_SLA_US, job.compute_ns,
-                                      pairs=tuple(pairs)))
-            self.controller.declare(Intent(job.name, "default", tuple(job.gpus),
-                                           tuple(calls), opt_in=job.declare_intent))
+        for intent in job_intents(jobs, "default"):
+            self.controller.declare(intent)
         self.last_plan = self.controller.plan()
         return self.last_plan
 

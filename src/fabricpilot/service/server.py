@@ -14,15 +14,16 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.runner import prepare
 from fabricpilot.scenario.models import Scenario
 from fabricpilot.service.app import DEFAULT_MAX_BODY_BYTES, JsonFormatter, create_app
 from fabricpilot.service.auth import Principal, TokenRegistry, new_token
 from fabricpilot.service.southbound_http import RemoteDataPlane, RuleTable, dataplane_app
-from fabricpilot.service.state import FabricService, intent_to_dict
+from fabricpilot.service.state import TWIN_TENANT, FabricService, intent_to_dict
 from fabricpilot.service.store import Store
-from fabricpilot.service.twin import PacedTwin, TwinRunner, job_intents, twin_context
+from fabricpilot.service.twin import PacedTwin, TwinRunner, twin_context
 
 DB_NAME = "fabricpilot.db"
 OPERATOR_TOKEN_FILE = "operator.token"
@@ -104,7 +105,7 @@ def build_twin(scenario: Scenario, source: str, *, time_scale: float = 1e-3,
     runner = TwinRunner(prep, twin, lock, time_scale=time_scale,
                         on_collective=lambda job, bw, _us: busbw.__setitem__(job, bw))
     table = RuleTable(twin, lock)
-    intents = [intent_to_dict(i) for i in job_intents(prep.jobs, "twin")]
+    intents = [intent_to_dict(i) for i in job_intents(prep.jobs, TWIN_TENANT)]
 
     def health() -> dict[str, object]:
         return {"running": runner.alive, "runs": runner.runs, "error": runner.error,

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
 from fabricpilot.controller.southbound import DataPlane, PathSet, PortDelta
@@ -44,7 +45,6 @@ from fabricpilot.service.twin import (
     PacedTwin,
     ServiceDataPlane,
     TwinRunner,
-    job_intents,
     twin_context,
 )
 

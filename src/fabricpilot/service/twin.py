@@ -25,15 +25,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from fabricpilot.balancing.base import ActiveMembers, LinkTelemetry, Moves, PolicyContext
-from fabricpilot.balancing.task_aware import DEFAULT_SLA_US, TaskAware
-from fabricpilot.controller.intents import CommCall, Intent
+from fabricpilot.balancing.task_aware import TaskAware
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 from fabricpilot.dataplane import make_rate_model
 from fabricpilot.dataplane.engine import Engine
 from fabricpilot.runner import Prepared, port_buffer_bytes
-from fabricpilot.workload.jobs import JobSpec
 
-__all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "job_intents", "twin_context"]
+__all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "twin_context"]
 
 
 class ServiceDataPlane:
@@ -262,20 +260,3 @@ class _Stopped(Exception):
     """Raised inside the engine to end a run when the service stops."""
 
 
-
-def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
-    """The intents the twin's jobs declare: each collective a call whose pairs are the GPU
-    pairs its stages exchange data between."""
-    out = []
-    for job in jobs:
-        calls = []
-        for plan in job.collectives:
-            pairs = sorted({(int(a), int(b)) for st in plan.stages
-                            for a, b in zip(st.src.tolist(), st.dst.tolist(), strict=True)
-                            if a != b})
-            calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
-                                  job.sla_us or DEFAULT_SLA_US, job.compute_ns,
-                                  pairs=tuple(pairs)))
-        out.append(Intent(job.name, tenant, tuple(job.gpus), tuple(calls),
-                          opt_in=job.declare_intent))
-    return out

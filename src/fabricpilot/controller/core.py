@@ -379,6 +379,12 @@ class Controller:
         """Add or replace a job's intent (it is planned at the next :meth:`plan`)."""
         self.intents[intent.task_id] = intent
 
+    def adopt(self, sets: list[PathSet]) -> None:
+        """Take note that the data plane already holds these path sets (e.g. switches that
+        kept their rules while the controller restarted): the next plan sends only the sets
+        that differ from them."""
+        self._installed.update({ps.key: ps for ps in sets})
+
     def withdraw(self, task_id: str) -> None:
         self.intents.pop(task_id, None)
 

@@ -316,13 +316,13 @@ class FabricService:
             # (below) only what they lost
             held = self.remote.rules()
             self.dp.adopt(held)
-            _adopt(self.controller, held)
+            self.controller.adopt(held)
             have = {ps.key: ps for ps in held}
             kept = [ps for ps in kept if have.get(ps.key) != ps]
         if kept:
             try:
                 self.dp.restore(kept)
-                _adopt(self.controller, kept)
+                self.controller.adopt(kept)
             except ValueError as err:  # e.g. the rule capacity shrank: plan from scratch
                 log.warning("restore", extra={"fields": {"error": str(err)}})
         return {"jobs": len(jobs), "faults": len(faults), "path_sets": len(kept),
@@ -630,8 +630,3 @@ class FabricService:
                 "restored": self.restored,
                 "store": str(Path(self.store.path).name)}
 
-
-def _adopt(controller: Controller, sets: list[PathSet]) -> None:
-    """Tell ``controller`` that the data plane holds these path sets, so that its next plan
-    sends only the ones that differ."""
-    controller._installed.update({ps.key: ps for ps in sets})

@@ -146,9 +146,6 @@ class PacedTwin(TaskAware):
 
         super().bind(shifted)
 
-    def telemetry(self) -> list[PortDelta]:
-        return super().telemetry() if self._telemetry is not None else []
-
     def rebalance(self, members: ActiveMembers) -> Moves:
         moves = super().rebalance(members)
         if self.pace is not None and self._telemetry is not None:
@@ -186,7 +183,6 @@ class TwinRunner:
         self._t0_wall = 0.0
         self._t0_sim = 0.0
         twin.pace = self._pace
-        twin.flows_done = None  # type: ignore[assignment]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="fabricpilot-twin", daemon=True)
@@ -222,11 +218,10 @@ class TwinRunner:
         eng = self._engine
         if eng is None:
             return
-        if self.on_collective is None:
-            self.on_collective = lambda *_: None
         done = getattr(eng, "_collectives", [])
         for rec in done[self._seen:]:
-            self.on_collective(rec.job, rec.busbw_GBps, rec.time_ns * 1e-3)
+            if self.on_collective is not None:
+                self.on_collective(rec.job, rec.busbw_GBps, rec.time_ns * 1e-3)
             self.collectives += 1
         self._seen = len(done)
 

@@ -8,7 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from fabricpilot.controller.planner import Demand, gap, plan_greedy, plan_reference
+from fabricpilot.controller.planner import (
+    Demand,
+    _pairwise_sum,
+    _round9_key,
+    gap,
+    plan_greedy,
+    plan_reference,
+)
 
 
 def leaf_spine_demands(seed: int, leaves: int = 4, spines: int = 4, n: int = 24,
@@ -238,7 +245,8 @@ def recomputed_loads(plan_paths: dict[str, list], demands: list[Demand],
 
 
 @pytest.mark.parametrize(("seed", "split", "odd"),
-                         [(0, 4, False), (1, 1, False), (2, 3, True), (3, 4, True)])
+                         [(0, 4, False), (1, 1, False), (2, 3, True), (3, 4, True),
+                          *((s, 1 + s % 4, bool(s % 2)) for s in range(4, 16))])
 def test_greedy_plans_exactly_as_the_previous_implementation(seed: int, split: int,
                                                              odd: bool) -> None:
     # aggregation changes how demands are stored, not one decision: the same paths, loads,
@@ -307,3 +315,33 @@ def test_no_link_over_capacity_when_a_feasible_plan_exists(seed: int) -> None:
     naive = plan_greedy([Demand(f"pair{i}", r, m) for i, (m, r) in enumerate(pair_rate.items())],
                         {lk: c for lk, c in cap.items() if c == 60.0}, split=4)
     assert naive.max_utilization > 1.0
+
+
+def test_compiled_sum_adds_as_numpy_does() -> None:
+    # the local search compares sums of squares exactly: the compiled sum must be numpy's
+    # pairwise sum bit for bit, at every length around its block boundaries and beyond
+    rng = np.random.default_rng(7)
+    for n in [*range(0, 300), 511, 512, 513, 1000, 1024, 4097, 20_000]:
+        a = rng.random(n) ** 3 * 10.0 ** rng.uniform(-3, 3)
+        assert _pairwise_sum(a, 0, n) == (a.sum() if n else 0.0), n
+    a = rng.random(1000)
+    assert _pairwise_sum(a, 100, 500) == a[100:600].sum()
+
+
+def test_compiled_rounding_orders_values_as_python_round() -> None:
+    # ties at 9 decimals (k + 0.5) / 1e9, their neighbouring floats and random values: the
+    # key orders and equates them exactly as round(x, 9) does
+    rng = np.random.default_rng(8)
+    ties = [(int(k) + 0.5) / 1e9 for k in rng.integers(0, 10**11, 2000)]
+    xs = ties + [float(np.nextafter(t, 0.0)) for t in ties] + [
+        float(np.nextafter(t, 1e9)) for t in ties] + [
+        float(v) for v in rng.random(4000) * 10.0 ** rng.uniform(-6, 3, 4000)] + [
+        0.0, 1 / 1024, 3 / 1024, 5 / 1024, -1 / 1024, 1.0000000005, -2.5e-9]
+    keys = [_round9_key(x) for x in xs]
+    for x, k in zip(xs, keys, strict=True):
+        assert round(k / 1e9, 9) == round(x, 9), x
+    i = rng.integers(0, len(xs), 20_000)
+    j = rng.integers(0, len(xs), 20_000)
+    for a, b in zip(i.tolist(), j.tolist(), strict=True):
+        assert (keys[a] < keys[b]) == (round(xs[a], 9) < round(xs[b], 9))
+        assert (keys[a] == keys[b]) == (round(xs[a], 9) == round(xs[b], 9))

@@ -814,40 +814,205 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
 def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[np.int64],
                   load: NDArray[np.float64], split: int, max_moves: int) -> int:
     """First-improvement moves of single parts off the links at ``lambda`` (``choice`` and
-    ``load`` are updated in place); returns the number of moves."""
-    cap = com.cap
+    ``load`` are updated in place); returns the number of moves. A move is kept if it
+    lowers (``lambda`` to 9 decimals, the number of links at ``lambda``, the sum of squared
+    utilisations), in that order (:func:`_local_search_kernel`)."""
+    return int(_local_search_kernel(order, choice, load, com.cap, com.rate, com.grp,
+                                    com.g_ncand, com.g_col0, com.fix_ptr, com.fix_idx,
+                                    com.c_ptr, com.c_idx, split, max_moves))
 
-    def score(ld: NDArray[np.float64]) -> tuple[float, int, float]:
-        # lambda first; then fewer links at lambda; then a flatter load overall
-        u = ld / cap
-        lam = float(u.max())
-        return (round(lam, 9), int((u >= lam - 1e-9).sum()), float((u * u).sum()))
 
+@numba.njit(cache=True)
+def _block_sum(a: NDArray[np.float64], lo: int, n: int) -> float:
+    """numpy's sum of a block of at most 128 float64 (:func:`_pairwise_sum`)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    m = n - (n % 8)
+    while i < m:
+        j = lo + i
+        r0 += a[j]
+        r1 += a[j + 1]
+        r2 += a[j + 2]
+        r3 += a[j + 3]
+        r4 += a[j + 4]
+        r5 += a[j + 5]
+        r6 += a[j + 6]
+        r7 += a[j + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@numba.njit(cache=True)
+def _pairwise_sum(a: NDArray[np.float64], lo: int, n: int) -> float:
+    """``a[lo:lo + n].sum()`` exactly as numpy adds a contiguous float64 array (pairwise
+    summation: blocks of at most 128 added by 8 accumulators, the halves of a longer range
+    -- the first a multiple of 8 -- added recursively), so compiled code compares sums bit
+    for bit with numpy. The recursion runs on an explicit stack (a recursive function
+    cannot be cached by numba).
+
+    >>> a = np.random.default_rng(0).random(1000)
+    >>> bool(_pairwise_sum(a, 0, 1000) == a.sum())
+    True
+    """
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    s_lo = np.empty(64, np.int64)
+    s_n = np.empty(64, np.int64)
+    s_stage = np.empty(64, np.int64)  # 0: not split yet; 1: left half pending; 2: right
+    s_left = np.empty(64)
+    top = 0
+    s_lo[0], s_n[0], s_stage[0] = lo, n, 0
+    while True:
+        m = s_n[top]
+        if m > 128 and s_stage[top] == 0:  # split: the left half first
+            half = m // 2
+            half -= half % 8
+            s_stage[top] = 1
+            top += 1
+            s_lo[top], s_n[top], s_stage[top] = s_lo[top - 1], half, 0
+            continue
+        v = _block_sum(a, s_lo[top], m)
+        top -= 1
+        while True:  # hand v to the range it is a half of
+            if top < 0:
+                return v
+            if s_stage[top] == 1:  # the left half: keep it, sum the right one
+                s_left[top] = v
+                s_stage[top] = 2
+                half = s_n[top] // 2
+                half -= half % 8
+                top += 1
+                s_lo[top] = s_lo[top - 1] + half
+                s_n[top] = s_n[top - 1] - half
+                s_stage[top] = 0
+                break
+            v = s_left[top] + v
+            top -= 1
+
+
+@numba.njit(cache=True)
+def _round9_key(x: float) -> float:
+    """The integer ``N`` (as a float) with ``round(x, 9) == N / 1e9`` in Python: ``x * 1e9``
+    taken exactly (Dekker's two-product) and rounded half to even, as Python rounds the
+    exact binary value. Two values compare under ``round(., 9)`` as their keys do.
+
+    >>> [_round9_key(v) for v in (0.1234567894, 0.1234567896)]
+    [123456789.0, 123456790.0]
+    >>> [_round9_key(v) for v in (1 / 1024, 3 / 1024)]  # exact ties 976562.5, 2929687.5
+    [976562.0, 2929688.0]
+    """
+    neg = x < 0.0
+    if neg:
+        x = -x
+    p = x * 1e9
+    c = 134217729.0 * x  # Veltkamp split of x (1e9 splits as 1e9 + 0)
+    xh = c - (c - x)
+    xl = x - xh
+    err = (xh * 1e9 - p) + xl * 1e9  # x * 1e9 == p + err exactly
+    fl = np.floor(p)
+    t = ((p - fl) - 0.5) + err
+    if t > 0.0:
+        n = fl + 1.0
+    elif t < 0.0:
+        n = fl
+    else:
+        n = fl if fl % 2.0 == 0.0 else fl + 1.0
+    return -n if neg else n
+
+
+@numba.njit(cache=True)
+def _score(ld: NDArray[np.float64], cap: NDArray[np.float64], u: NDArray[np.float64],
+           sq_buf: NDArray[np.float64]) -> tuple[float, int, float]:
+    """(``lambda`` to 9 decimals as :func:`_round9_key`, links within 1e-9 of it, sum of
+    squared utilisations); ``u`` and ``sq_buf`` are scratch arrays."""
+    lam = -np.inf
+    for i in range(ld.shape[0]):
+        u[i] = ld[i] / cap[i]
+        if u[i] > lam:
+            lam = u[i]
+    at = 0
+    for i in range(ld.shape[0]):
+        if u[i] >= lam - 1e-9:
+            at += 1
+        sq_buf[i] = u[i] * u[i]
+    return _round9_key(lam), at, _pairwise_sum(sq_buf, 0, ld.shape[0])
+
+
+@numba.njit(cache=True)
+def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
+                         load: NDArray[np.float64], cap: NDArray[np.float64],
+                         rate: NDArray[np.float64], grp: NDArray[np.int64],
+                         g_ncand: NDArray[np.int64], g_col0: NDArray[np.int64],
+                         fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
+                         c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
+                         max_moves: int) -> int:
+    """:func:`_local_search`: parts crossing a link at ``lambda`` in ``order`` (heaviest
+    demands first); each is tried on the demand's other candidates in turn, the first trial
+    load that scores lower is kept and the scan starts again. A trial load is the current
+    one with the part taken off its links and put on the candidate's, in that order (so the
+    floating-point values are those of the same steps in numpy)."""
+    n_links = load.shape[0]
+    u = np.empty(n_links)
+    sq_buf = np.empty(n_links)
+    trial = np.empty(n_links)
+    cur_lam, cur_at, cur_sq = _score(load, cap, u, sq_buf)
     moves = 0
-    current = score(load)
-    order_l = order.tolist()
     while moves < max_moves:
-        util = load / cap
-        hot = set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
+        mx = -np.inf
+        for i in range(n_links):
+            v = load[i] / cap[i]
+            u[i] = v
+            if v > mx:
+                mx = v
+        hot = np.empty(n_links, np.bool_)
+        for i in range(n_links):
+            hot[i] = u[i] >= mx - 1e-9
         improved = False
-        # parts crossing a link at lambda, heaviest first
-        for d in order_l:
-            part = com.rate[d] / split
-            k_c = int(com.g_ncand[com.grp[d]])
+        for d in order:
+            part = rate[d] / split
+            g = grp[d]
+            k_c = g_ncand[g]
+            col0 = g_col0[g]
+            f0, f1 = fix_ptr[d], fix_ptr[d + 1]
             for k in range(split):
-                cur = int(choice[d, k])
-                cur_lk = com.links_of(d, cur)
-                if not hot.intersection(cur_lk.tolist()):
+                cur = choice[d, k]
+                a0, a1 = c_ptr[col0 + cur], c_ptr[col0 + cur + 1]
+                crosses = False
+                for q in range(f0, f1):
+                    if hot[fix_idx[q]]:
+                        crosses = True
+                for q in range(a0, a1):
+                    if hot[c_idx[q]]:
+                        crosses = True
+                if not crosses:
                     continue
                 for c in range(k_c):
                     if c == cur:
                         continue
-                    trial = load.copy()
-                    trial[cur_lk] -= part
-                    trial[com.links_of(d, c)] += part
-                    s_trial = score(trial)
-                    if s_trial < current:
-                        choice[d, k], current = c, s_trial
+                    trial[:] = load
+                    for q in range(f0, f1):
+                        trial[fix_idx[q]] -= part
+                    for q in range(a0, a1):
+                        trial[c_idx[q]] -= part
+                    for q in range(f0, f1):
+                        trial[fix_idx[q]] += part
+                    for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
+                        trial[c_idx[q]] += part
+                    t_lam, t_at, t_sq = _score(trial, cap, u, sq_buf)
+                    if t_lam < cur_lam or (t_lam == cur_lam and (
+                            t_at < cur_at or (t_at == cur_at and t_sq < cur_sq))):
+                        choice[d, k] = c
+                        cur_lam, cur_at, cur_sq = t_lam, t_at, t_sq
                         load[:] = trial
                         improved = True
                         break

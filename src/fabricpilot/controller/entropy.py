@@ -89,7 +89,7 @@ def constraints(view: FabricView, dst: int, path: tuple[int, ...]
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _crc_bytes(crc: np.uint32, value: np.uint64, n_bytes: int, table: NDArray) -> np.uint32:
     for k in range(n_bytes - 1, -1, -1):
         byte = np.uint32((value >> np.uint64(8 * k)) & np.uint64(0xFF))
@@ -97,7 +97,7 @@ def _crc_bytes(crc: np.uint32, value: np.uint64, n_bytes: int, table: NDArray) -
     return crc
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _switch_hash(prefix: np.uint32, port: np.int64, rot: np.int64, table: NDArray) -> np.uint32:
     crc = _crc_bytes(prefix, np.uint64(port), 2, table)
     h = _crc_bytes(crc, np.uint64(ROCE_UDP_PORT), 2, table) ^ np.uint32(0xFFFFFFFF)
@@ -192,7 +192,7 @@ def _gpu_rows(src: NDArray[np.int64], dst: NDArray[np.int64]
     return inv[:len(src)], inv[len(src):], a, b
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _search_terms(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_ptr: NDArray,
                   c_term: NDArray, c_rot: NDArray, c_size: NDArray, c_want: NDArray,
                   a_term: NDArray, b_term: NDArray, p_term: NDArray, max_tries: int,
@@ -242,7 +242,7 @@ def _search_terms(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_pt
     return best, n_miss
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _missed(rows: NDArray, src: NDArray, dst: NDArray, best: NDArray, mid: NDArray,
             c_ptr: NDArray, c_term: NDArray, c_rot: NDArray, c_size: NDArray,
             c_want: NDArray, a_term: NDArray, b_term: NDArray, p_term: NDArray,

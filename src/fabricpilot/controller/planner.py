@@ -207,7 +207,7 @@ def _link_rows(ids: NDArray[np.int64], links: NDArray[np.int64]) -> NDArray[np.i
     return rows
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _lookup(ids: NDArray[np.int64], lut: NDArray[np.int32]) -> NDArray[np.int32]:
     """``lut[ids]`` with one more entry at the end: ``-2`` if some id maps to ``-1``, else 0.
 
@@ -230,7 +230,7 @@ _H2 = np.uint64(0x9E3779B97F4A7C15)
 _H0 = np.uint64(0xCBF29CE484222325)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scan_tuples(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
                  plen: NDArray[np.int64]) -> tuple[NDArray[np.bool_], NDArray[np.int64],
                                                    NDArray[np.int64], NDArray[np.int64],
@@ -322,7 +322,7 @@ def _scan_tuples(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDA
     return ok, length, mask, n_fixed, h1, h2, ordered
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _same_rest(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
                length: NDArray[np.int64], mask: NDArray[np.int64], us: NDArray[np.int64],
                reps: NDArray[np.int64]) -> NDArray[np.bool_]:
@@ -349,7 +349,7 @@ def _same_rest(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArr
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _fill_groups(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
                  length: NDArray[np.int64], mask: NDArray[np.int64], rep_u: NDArray[np.int64],
                  g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
@@ -406,7 +406,7 @@ def _fill_groups(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDA
     return ok, disjoint
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _fill_fixed(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDArray[np.int64],
                 length: NDArray[np.int64], mask: NDArray[np.int64], us: NDArray[np.int64],
                 ptr: NDArray[np.int64], out: NDArray[np.int64]) -> None:
@@ -633,7 +633,7 @@ def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],
     return label, [objs[i] for i in first[perm].tolist()]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _repeated_links(factored: NDArray[np.int64], grp: NDArray[np.int64],
                     hptr: NDArray[np.int64], hrow: NDArray[np.int64], tptr: NDArray[np.int64],
                     trow: NDArray[np.int64], u_of: NDArray[np.int64],
@@ -736,7 +736,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     return _package(com, choice, load, "greedy", moves)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.float64],
            fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64], g_col0: NDArray[np.int64],
            g_ncand: NDArray[np.int64], g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
@@ -822,7 +822,7 @@ def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[n
                                     com.c_ptr, com.c_idx, split, max_moves))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _block_sum(a: NDArray[np.float64], lo: int, n: int) -> float:
     """numpy's sum of a block of at most 128 float64 (:func:`_pairwise_sum`)."""
     if n < 8:
@@ -852,7 +852,7 @@ def _block_sum(a: NDArray[np.float64], lo: int, n: int) -> float:
     return res
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _pairwise_sum(a: NDArray[np.float64], lo: int, n: int) -> float:
     """``a[lo:lo + n].sum()`` exactly as numpy adds a contiguous float64 array (pairwise
     summation: blocks of at most 128 added by 8 accumulators, the halves of a longer range
@@ -900,7 +900,7 @@ def _pairwise_sum(a: NDArray[np.float64], lo: int, n: int) -> float:
             top -= 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _round9_key(x: float) -> float:
     """The integer ``N`` (as a float) with ``round(x, 9) == N / 1e9`` in Python: ``x * 1e9``
     taken exactly (Dekker's two-product) and rounded half to even, as Python rounds the
@@ -930,7 +930,7 @@ def _round9_key(x: float) -> float:
     return -n if neg else n
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _score(ld: NDArray[np.float64], cap: NDArray[np.float64], u: NDArray[np.float64],
            sq_buf: NDArray[np.float64]) -> tuple[float, int, float]:
     """(``lambda`` to 9 decimals as :func:`_round9_key`, links within 1e-9 of it, sum of
@@ -948,7 +948,7 @@ def _score(ld: NDArray[np.float64], cap: NDArray[np.float64], u: NDArray[np.floa
     return _round9_key(lam), at, _pairwise_sum(sq_buf, 0, ld.shape[0])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          load: NDArray[np.float64], cap: NDArray[np.float64],
                          rate: NDArray[np.float64], grp: NDArray[np.int64],

@@ -197,12 +197,21 @@ def serve(
     dataplane_token_file: Annotated[Path | None, typer.Option(
         help="File holding the bearer token of --dataplane.")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    single_process: Annotated[bool, typer.Option(
+        "--single-process", help="Run the controller in the API's process (one core) "
+                                 "instead of a control process of its own.")] = False,
 ) -> None:
     """Run the controller as a service: REST API, dashboard and Prometheus metrics."""
     import uvicorn
 
     from fabricpilot.service.auth import TokenRegistry
-    from fabricpilot.service.server import build, configure_logging
+    from fabricpilot.service.control import ServiceSpec
+    from fabricpilot.service.server import (
+        build,
+        build_process,
+        configure_logging,
+        freeze_startup_objects,
+    )
 
     if time_scale <= 0:
         _fail(f"--time-scale: must be > 0, got {time_scale}")
@@ -218,14 +227,23 @@ def serve(
         tokens = TokenRegistry.from_file(tokens_file) if tokens_file is not None else None
         dp_token = _read_token(dataplane_token_file, "--dataplane-token-file")
         with err.status("planning the declared jobs"):
-            api, service, _, token_file = build(
-                sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
-                tick_interval_s=tick_interval, plan_interval_s=plan_interval,
-                max_body_bytes=max_body_bytes, dataplane_url=dataplane,
-                dataplane_token=dp_token)
+            if single_process:
+                api, service, _, token_file = build(
+                    sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
+                    tick_interval_s=tick_interval, plan_interval_s=plan_interval,
+                    max_body_bytes=max_body_bytes, dataplane_url=dataplane,
+                    dataplane_token=dp_token)
+                restored = service.restored
+            else:
+                spec = ServiceSpec(sc, source, state_dir, twin=twin, time_scale=time_scale,
+                                   tick_interval_s=tick_interval,
+                                   plan_interval_s=plan_interval, dataplane_url=dataplane,
+                                   dataplane_token=dp_token, log_level=log_level.upper())
+                api, control, _, token_file = build_process(
+                    spec, tokens=tokens, max_body_bytes=max_body_bytes)
+                restored = control.restored
     except FabricpilotError as e:
         _fail(str(e))
-    restored = service.restored
     err.print(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs /docs, "
               f"metrics /metrics); state in {state_dir}/"
               + (f"; restored {restored['jobs']} jobs, {restored['path_sets']} path sets, "
@@ -234,6 +252,7 @@ def serve(
     if token_file is not None:
         err.print(f"operator token: {token_file}", highlight=False)
     configure_logging(log_level.upper())
+    freeze_startup_objects()
     uvicorn.run(api, host=host, port=port, log_level="warning", access_log=False)
 
 

@@ -31,15 +31,16 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fabricpilot import __version__
 from fabricpilot.service.auth import Principal, TokenRegistry
-from fabricpilot.service.metrics import make_registry
+from fabricpilot.service.control import ControlProcess, LocalControl
+from fabricpilot.service.metrics import api_histogram
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, TelemetryIn
-from fabricpilot.service.state import FabricService, ServiceError
+from fabricpilot.service.state import ServiceError
 
 log = logging.getLogger("fabricpilot.service")
 M = TypeVar("M", bound=BaseModel)
@@ -98,9 +99,11 @@ class Observe:
 
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` declaring a JSON request body of ``model``."""
+    """``openapi_extra`` of the busiest routes: a JSON request body of ``model``, and the
+    bearer token they check themselves (not through a dependency: see :func:`create_app`)."""
     return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
+            "security": [{"HTTPBearer": []}]}
 
 
 async def _parsed(request: Request, model: type[M]) -> M:
@@ -136,28 +139,43 @@ def _with_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def create_app(service: FabricService, tokens: TokenRegistry, *,
+def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, manage: bool = True) -> FastAPI:
-    """The API over ``service``. ``manage``: start the service's control loop and twin with
+    """The API over a control (:mod:`fabricpilot.service.control`: the service in this
+    process or in a process of its own). ``manage``: start the control loop (and twin) with
     the app and stop them when it stops."""
-    registry, api_latency = make_registry(service)
+    registry = CollectorRegistry()
+    api_latency = api_histogram(registry)
+    call = control.call
     bearer = HTTPBearer(auto_error=False)
 
-    async def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-                  request: Request) -> Principal:
-        if cred is None or cred.scheme.lower() != "bearer":
+    # the busiest routes (intents, telemetry) call these directly: FastAPI's dependency
+    # resolution costs more than the check itself; the others use them as dependencies
+    def caller(request: Request) -> Principal:
+        """The principal of the request's bearer token (401 without a known one)."""
+        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
             raise HTTPException(401, "missing bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
-        p = tokens.resolve(cred.credentials)
+        p = tokens.resolve(token)
         if p is None:
             raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
         request.state.principal = p.name
         return p
 
-    async def operator(p: Annotated[Principal, Depends(principal)]) -> Principal:
+    def operator_of(request: Request) -> Principal:
+        p = caller(request)
         if not p.is_operator:
             raise HTTPException(403, "operators only")
         return p
+
+    async def principal(_: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+                        request: Request) -> Principal:
+        return caller(request)
+
+    async def operator(_: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+                       request: Request) -> Principal:
+        return operator_of(request)
 
     Caller = Annotated[Principal, Depends(principal)]
     Operator = Annotated[Principal, Depends(operator)]
@@ -165,12 +183,12 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
         if manage:
-            service.start()
+            await control.start()
         try:
             yield
         finally:
             if manage:
-                service.stop()
+                await control.stop()
 
     app = FastAPI(title="fabricpilot controller", version=__version__, lifespan=lifespan,
                   max_body_size=max_body_bytes,
@@ -184,12 +202,13 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
 
     # ------------------------------------------------------------ open
     @app.get("/health", tags=["service"])
-    def health() -> dict[str, Any]:
-        return service.health()
+    async def health() -> dict[str, Any]:
+        return await call("health")  # type: ignore[no-any-return]
 
     @app.get("/metrics", tags=["service"], response_class=Response)
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics() -> Response:
+        text = await call("metrics_text") + generate_latest(registry).decode()
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> HTMLResponse:
@@ -197,98 +216,100 @@ def create_app(service: FabricService, tokens: TokenRegistry, *,
         return HTMLResponse(page.read_text(encoding="utf-8"))
 
     # ------------------------------------------------------------ jobs
-    # handlers that never wait for the controller run on the event loop (``async``); those
-    # that may (announce: its plan; faults, control, congestion: the controller's lock) run
-    # in the thread pool
+    # every handler runs on the event loop; the control runs the operations that may wait
+    # for the controller (an announced call for its plan; faults, control periods and the
+    # congestion map for its lock) where they do not hold the loop up
     v1 = "/api/v1"
 
     # the busiest bodies (intents, telemetry batches) are parsed and validated in one pass
     # by pydantic-core (:func:`_parsed`); their schemas are still in the OpenAPI spec
     @app.post(f"{v1}/jobs", status_code=201, tags=["jobs"], openapi_extra=_body(IntentIn))
-    async def declare(request: Request, p: Caller) -> dict[str, Any]:
+    async def declare(request: Request) -> dict[str, Any]:
         """Declare a job's intent (409 if the task id exists; PUT replaces)."""
+        p = caller(request)
         body = await _parsed(request, IntentIn)
-        return service.declare(p, body, replace_ok=False)
+        return await call("declare", p, body, replace_ok=False)  # type: ignore[no-any-return]
 
     @app.put(f"{v1}/jobs/{{task_id}}", tags=["jobs"], openapi_extra=_body(IntentIn))
-    async def update(task_id: str, request: Request, p: Caller) -> dict[str, Any]:
+    async def update(task_id: str, request: Request) -> dict[str, Any]:
         """Declare or replace a job's intent."""
+        p = caller(request)
         body = await _parsed(request, IntentIn)
         if body.task_id != task_id:
             raise ServiceError(422, f"task_id: body says {body.task_id!r}, path says "
                                f"{task_id!r}")
-        return service.declare(p, body, replace_ok=True)
+        return await call("declare", p, body, replace_ok=True)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/jobs", tags=["jobs"])
     async def list_jobs(p: Caller) -> list[dict[str, Any]]:
         """The caller's jobs (every job for operators)."""
-        return service.jobs(p)
+        return await call("jobs", p)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/jobs/{{task_id}}", tags=["jobs"])
     async def get_job(task_id: str, p: Caller) -> dict[str, Any]:
-        return service.job(p, task_id)
+        return await call("job", p, task_id)  # type: ignore[no-any-return]
 
     @app.delete(f"{v1}/jobs/{{task_id}}", status_code=204, tags=["jobs"])
     async def withdraw(task_id: str, p: Caller) -> Response:
-        service.withdraw(p, task_id)
+        await call("withdraw", p, task_id)
         return Response(status_code=204)
 
     @app.post(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
-    def announce(task_id: str, body: AnnounceIn, p: Caller) -> dict[str, Any]:
+    async def announce(task_id: str, body: AnnounceIn, p: Caller) -> dict[str, Any]:
         """Announce a communication call; answered with the paths planned for it."""
-        return service.announce(p, task_id, body)
+        return await call("announce", p, task_id, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
     async def list_calls(task_id: str, p: Caller,
                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
-        return service.calls(p, task_id, limit)
+        return await call("calls", p, task_id, limit)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/jobs/{{task_id}}/paths", tags=["paths"])
     async def job_paths(task_id: str, p: Caller,
                   src: Annotated[int | None, Query(ge=0)] = None,
                   dst: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
         """The path sets installed for a job (one per GPU pair; ``src`` / ``dst`` filter)."""
-        return service.paths(p, task_id, src, dst)
+        return await call("paths", p, task_id, src, dst)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------ fabric
     @app.post(f"{v1}/telemetry", status_code=202, tags=["telemetry"],
               openapi_extra=_body(TelemetryIn))
-    async def telemetry(request: Request, _: Operator) -> dict[str, Any]:
+    async def telemetry(request: Request) -> dict[str, Any]:
         """Port counter deltas from switches (folded in at the next control period)."""
+        operator_of(request)
         body = await _parsed(request, TelemetryIn)
-        return {"accepted": service.ingest(body.deltas)}
+        return {"accepted": await call("ingest", body.deltas)}
 
     @app.post(f"{v1}/control/tick", tags=["telemetry"])
-    def tick(_: Operator) -> dict[str, Any]:
+    async def tick(_: Operator) -> dict[str, Any]:
         """Run one control period now."""
-        return service.tick_now()
+        return await call("tick_now")  # type: ignore[no-any-return]
 
     @app.post(f"{v1}/faults", status_code=201, tags=["faults"])
-    def report_fault(body: FaultIn, p: Operator) -> dict[str, Any]:
+    async def report_fault(body: FaultIn, p: Operator) -> dict[str, Any]:
         """A link went down, came back up, or is gray: the controller re-places the path
         sets that cross it."""
-        return service.report_fault(p, body)
+        return await call("report_fault", p, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/faults", tags=["faults"])
     async def list_faults(_: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200
                     ) -> list[dict[str, Any]]:
-        return service.faults(limit)
+        return await call("faults", limit)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/fabric", tags=["fabric"])
     async def fabric(_: Caller) -> dict[str, Any]:
-        return service.topology()
+        return await call("topology")  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/congestion", tags=["fabric"])
-    def congestion(_: Caller, kind: Annotated[list[Literal["fabric", "nic", "nvlink"]] | None,
+    async def congestion(_: Caller, kind: Annotated[list[Literal["fabric", "nic", "nvlink"]] | None,
                                               Query()] = None) -> list[dict[str, Any]]:
         """The congestion map per link (``?kind=fabric&kind=nic`` to leave NVLink out)."""
-        return service.congestion(set(kind) if kind else None)
+        return await call("congestion", set(kind) if kind else None)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/events", tags=["fabric"])
-    def events(_: Caller) -> list[dict[str, Any]]:
+    async def events(_: Caller) -> list[dict[str, Any]]:
         """Recent reroutes, heals and faults, newest last."""
-        with service.lock:
-            return list(service.events)
+        return await call("events_list")  # type: ignore[no-any-return]
 
     _with_schemas(app, [IntentIn, TelemetryIn])
     app.add_middleware(Observe, latency=api_latency)

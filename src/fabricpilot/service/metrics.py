@@ -92,15 +92,21 @@ class ServiceCollector(Collector):
             yield CounterMetricFamily(f"fabricpilot_{name}", doc, value=v)
 
 
-def make_registry(service: FabricService) -> tuple[CollectorRegistry, Histogram]:
-    """A registry for one service: its state collector, the planner-latency histogram and
-    the API-latency histogram (returned; the app observes it per request)."""
+def service_registry(service: FabricService) -> CollectorRegistry:
+    """A registry for one service: its state collector and the planner-latency histogram
+    (the service observes it after each plan, control period and heal)."""
     reg = CollectorRegistry()
     planner = Histogram("fabricpilot_planner_seconds",
                         "Wall time of the controller's plans, control periods and heals",
                         ["kind"], registry=reg, buckets=LATENCY_BUCKETS_S)
-    api = Histogram("fabricpilot_api_request_seconds", "API request latency",
-                    ["method", "route", "status"], registry=reg, buckets=LATENCY_BUCKETS_S)
     service.observe_planner = lambda kind, s: planner.labels(kind).observe(s)
     reg.register(ServiceCollector(service))
-    return reg, api
+    return reg
+
+
+def api_histogram(registry: CollectorRegistry) -> Histogram:
+    """The API-latency histogram (per method, route template and status), in ``registry``
+    (the API's process observes it per request)."""
+    return Histogram("fabricpilot_api_request_seconds", "API request latency",
+                     ["method", "route", "status"], registry=registry,
+                     buckets=LATENCY_BUCKETS_S)

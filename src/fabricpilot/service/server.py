@@ -6,6 +6,7 @@ uvicorn with JSON logs on stderr.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from fabricpilot.runner import prepare
 from fabricpilot.scenario.models import Scenario
 from fabricpilot.service.app import DEFAULT_MAX_BODY_BYTES, JsonFormatter, create_app
 from fabricpilot.service.auth import Principal, TokenRegistry, new_token
+from fabricpilot.service.control import ControlProcess, LocalControl, ServiceSpec
 from fabricpilot.service.southbound_http import RemoteDataPlane, RuleTable, dataplane_app
 from fabricpilot.service.state import TWIN_TENANT, FabricService, intent_to_dict
 from fabricpilot.service.store import Store
@@ -49,36 +51,80 @@ def operator_token(state_dir: Path) -> tuple[str, Path]:
     return token, path
 
 
-def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegistry | None,
-          twin: bool = True, time_scale: float = 1e-3, tick_interval_s: float = 0.2,
-          plan_interval_s: float = 0.25, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-          dataplane_url: str | None = None, dataplane_token: str | None = None,
-          ) -> tuple[FastAPI, FabricService, TokenRegistry, Path | None]:
-    """The app over a fresh service whose durable state lives in ``state_dir`` (restored if
-    it holds a database). Without ``tokens`` the state directory's operator token is used;
-    its file is returned."""
+def build_service(spec: ServiceSpec) -> FabricService:
+    """The service of ``spec``: its scenario prepared, its store opened (and restored) in
+    the state directory and the declared jobs planned."""
+    try:
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ServeError(f"{spec.state_dir}: cannot create the state directory: "
+                         f"{err.strerror}") from None
+    prep = prepare(spec.scenario, spec.source)
+    try:
+        store = Store(spec.state_dir / DB_NAME)
+    except Exception as err:  # sqlite3.Error: a corrupt or foreign file
+        raise ServeError(f"{spec.state_dir / DB_NAME}: cannot open the database: "
+                         f"{err}") from None
+    remote = (RemoteDataPlane(spec.dataplane_url, spec.dataplane_token)
+              if spec.dataplane_url is not None else None)
+    return FabricService(prep, store, twin=spec.twin, time_scale=spec.time_scale,
+                         tick_interval_s=spec.tick_interval_s,
+                         plan_interval_s=spec.plan_interval_s, remote=remote)
+
+
+def _tokens(state_dir: Path, tokens: TokenRegistry | None
+            ) -> tuple[TokenRegistry, Path | None]:
+    """``tokens``, or the state directory's operator token (and its file) without them."""
+    if tokens is not None:
+        return tokens, None
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ServeError(f"{state_dir}: cannot create the state directory: "
                          f"{err.strerror}") from None
-    token_file = None
-    if tokens is None:
-        token, token_file = operator_token(state_dir)
-        tokens = TokenRegistry()
-        tokens.add(token, Principal("operator", "operator"))
-    prep = prepare(scenario, source)
-    try:
-        store = Store(state_dir / DB_NAME)
-    except Exception as err:  # sqlite3.Error: a corrupt or foreign file
-        raise ServeError(f"{state_dir / DB_NAME}: cannot open the database: {err}") from None
-    remote = (RemoteDataPlane(dataplane_url, dataplane_token) if dataplane_url is not None
-              else None)
-    service = FabricService(prep, store, twin=twin, time_scale=time_scale,
-                            tick_interval_s=tick_interval_s, plan_interval_s=plan_interval_s,
-                            remote=remote)
-    app = create_app(service, tokens, max_body_bytes=max_body_bytes)
+    token, token_file = operator_token(state_dir)
+    tokens = TokenRegistry()
+    tokens.add(token, Principal("operator", "operator"))
+    return tokens, token_file
+
+
+def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegistry | None,
+          twin: bool = True, time_scale: float = 1e-3, tick_interval_s: float = 0.2,
+          plan_interval_s: float = 0.25, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          dataplane_url: str | None = None, dataplane_token: str | None = None,
+          ) -> tuple[FastAPI, FabricService, TokenRegistry, Path | None]:
+    """The app over a fresh service *in this process* whose durable state lives in
+    ``state_dir`` (restored if it holds a database). Without ``tokens`` the state
+    directory's operator token is used; its file is returned."""
+    tokens, token_file = _tokens(state_dir, tokens)
+    service = build_service(ServiceSpec(
+        scenario, source, state_dir, twin=twin, time_scale=time_scale,
+        tick_interval_s=tick_interval_s, plan_interval_s=plan_interval_s,
+        dataplane_url=dataplane_url, dataplane_token=dataplane_token))
+    app = create_app(LocalControl(service), tokens, max_body_bytes=max_body_bytes)
     return app, service, tokens, token_file
+
+
+def build_process(spec: ServiceSpec, *, tokens: TokenRegistry | None,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  ) -> tuple[FastAPI, ControlProcess, TokenRegistry, Path | None]:
+    """The app in this process over the service of ``spec`` in a control process of its
+    own (:class:`~fabricpilot.service.control.ControlProcess`; what ``fabricpilot serve``
+    runs). Returns once the child has built and planned; a failure there raises
+    :class:`~fabricpilot.service.control.ControlError` with its one-line reason."""
+    tokens, token_file = _tokens(spec.state_dir, tokens)
+    control = ControlProcess(spec)
+    app = create_app(control, tokens, max_body_bytes=max_body_bytes)
+    return app, control, tokens, token_file
+
+
+def freeze_startup_objects() -> None:
+    """Keep what is alive after start-up (modules, the scenario, the app, the fabric) out
+    of the garbage collector's full passes: a long-lived server would otherwise stall for
+    tens of milliseconds at each one. Call it once, in a process that runs the service
+    until it exits."""
+    gc.collect()
+    gc.freeze()
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from prometheus_client import generate_latest
+
 from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
@@ -154,6 +156,9 @@ class FabricService:
             self.runner = TwinRunner(prep, self._policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
         self._policy.job_names = [j.name for j in prep.jobs]
+        from fabricpilot.service.metrics import service_registry  # (it imports this module)
+
+        self.registry = service_registry(self)
         self.intents = dict(self.controller.intents)
         self._gpu_tenants: dict[int, Counter[str]] = {}  # GPU -> jobs using it per tenant
         for intent in self.intents.values():
@@ -543,6 +548,11 @@ class FabricService:
         self.dp.post(cast("list[PortDelta]", deltas))
         return len(deltas)
 
+    def ingest_rows(self, rows: list[tuple[Any, ...]]) -> int:
+        """:meth:`ingest` of deltas given as rows of values in :class:`PortDelta` field
+        order (as the API's process sends them to a control process)."""
+        return self.ingest(cast("list[PortDeltaIn]", [PortDelta(*r) for r in rows]))
+
     def tick_now(self) -> dict[str, Any]:
         """Run one control period now (operators; tests)."""
         with self.lock:
@@ -590,6 +600,14 @@ class FabricService:
 
     def faults(self, limit: int) -> list[dict[str, Any]]:
         return self.store.faults(limit)
+
+    def events_list(self) -> list[dict[str, Any]]:
+        """Recent reroutes, heals and faults, oldest first (a copy)."""
+        return list(self.events)
+
+    def metrics_text(self) -> str:
+        """The service's Prometheus metrics, in the text exposition format."""
+        return generate_latest(self.registry).decode()
 
     # ------------------------------------------------------------ fabric
     def topology(self) -> dict[str, Any]:

@@ -1,0 +1,315 @@
+"""Where the controller runs: in the API's process, or in a process of its own.
+
+The API (:mod:`fabricpilot.service.app`) parses, authenticates and validates each request,
+then hands the operation to a *control*: ``await control.call("declare", principal, body,
+replace_ok=True)``. Two controls implement that one call:
+
+* :class:`LocalControl` calls a :class:`~fabricpilot.service.state.FabricService` in the same
+  process (embedding, tests). The controller's computing then shares one interpreter lock
+  with the API.
+* :class:`ControlProcess` runs the ``FabricService`` (controller, data plane, store, control
+  loop) in a child process and calls it over a socket pair. Each request is a length-prefixed
+  pickle ``(id, method, args, kwargs)``, and each answer ``(id, ok, value)`` comes back in any
+  order. The child answers quick operations (declare, read, telemetry) in the order they come,
+  and runs those that may wait (an announced call waits for its plan; faults, control periods
+  and the congestion map wait for the controller's lock) on a thread pool.
+
+  This is what ``fabricpilot serve`` uses. Planning and control periods no longer take the
+  API's interpreter lock, so the API and the controller run on two cores.
+
+A :class:`~fabricpilot.service.state.ServiceError` raised in the child comes back as the same
+error (status and one-line detail). Any other failure comes back as a 500 naming the
+exception; the child logs the traceback. If the child dies, every call gets 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from starlette.concurrency import run_in_threadpool
+
+from fabricpilot.controller.southbound import PortDelta
+from fabricpilot.errors import FabricpilotError
+from fabricpilot.scenario.models import Scenario
+from fabricpilot.service.schemas import PortDeltaIn
+from fabricpilot.service.state import FabricService, ServiceError
+
+log = logging.getLogger("fabricpilot.service")
+
+OPERATIONS = frozenset({
+    "declare", "withdraw", "jobs", "job", "announce", "calls", "paths", "ingest", "ingest_rows",
+    "tick_now", "report_fault", "faults", "topology", "congestion", "health", "events_list",
+    "metrics_text"})
+"""The :class:`FabricService` methods a control may call."""
+
+WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "metrics_text"})
+"""Operations that may wait for a plan or the controller's lock (run on a thread pool)."""
+
+_HEADER = struct.Struct("!Q")
+_DELTA_FIELDS = tuple(f.name for f in fields(PortDelta))
+assert tuple(PortDeltaIn.model_fields) == _DELTA_FIELDS  # rows are in this field order
+
+
+def delta_rows(deltas: list[PortDeltaIn]) -> list[tuple[Any, ...]]:
+    """Validated port deltas as rows of their values in :class:`PortDelta` field order (a
+    tenth of the cost of pickling the models)."""
+    return [tuple(d.__dict__.values()) for d in deltas]
+
+
+class ControlError(FabricpilotError):
+    """The control process could not start (one line: what and why)."""
+
+
+class LocalControl:
+    """The operations of a :class:`FabricService` in this process (module docstring)."""
+
+    def __init__(self, service: FabricService) -> None:
+        self.service = service
+        self.restored = service.restored
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method not in OPERATIONS:
+            raise ValueError(f"unknown operation {method!r}")
+        fn: Callable[..., Any] = getattr(self.service, method)
+        if method in WAITING:
+            return await run_in_threadpool(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    async def start(self) -> None:
+        self.service.start()
+
+    async def stop(self) -> None:
+        self.service.stop()
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """What a control process needs to build its :class:`FabricService` (picklable)."""
+
+    scenario: Scenario
+    source: str
+    state_dir: Path
+    twin: bool = True
+    time_scale: float = 1e-3
+    tick_interval_s: float = 0.2
+    plan_interval_s: float = 0.25
+    dataplane_url: str | None = None
+    dataplane_token: str | None = None
+    log_level: str = "WARNING"
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv(stream: BinaryIO) -> Any:
+    """The next message, or ``None`` once the other side has gone."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (n,) = _HEADER.unpack(head)
+    data = stream.read(n)
+    if len(data) < n:
+        return None
+    return pickle.loads(data)
+
+
+class ControlProcess:
+    """A :class:`FabricService` in a child process (module docstring).
+
+    The constructor starts the child and waits until its service is built (scenario,
+    store, restore, first plan); a failure there raises :class:`ControlError` with the
+    child's one-line reason. :meth:`start` (on the API's event loop) connects and starts
+    the control loop; :meth:`stop` stops it and waits for the child to exit."""
+
+    def __init__(self, spec: ServiceSpec, *, start_timeout_s: float = 600.0) -> None:
+        ours, theirs = socket.socketpair()
+        ctx = mp.get_context("spawn")  # no fork of a process that may run threads
+        self.process = ctx.Process(target=_child_main, args=(theirs, spec),
+                                   name="fabricpilot-control", daemon=True)
+        self.process.start()
+        theirs.close()
+        self._sock = ours
+        ours.settimeout(start_timeout_s)
+        with ours.makefile("rb") as stream:
+            try:
+                first = _recv(stream)
+            except TimeoutError:
+                first = ("error", f"the control process did not start within "
+                                  f"{start_timeout_s:g} s")
+        ours.settimeout(None)
+        if not (isinstance(first, tuple) and first and first[0] == "ready"):
+            self.process.join(5.0)
+            if self.process.is_alive():
+                self.process.kill()
+            why = first[1] if isinstance(first, tuple) and len(first) > 1 else (
+                f"the control process exited with code {self.process.exitcode}")
+            raise ControlError(str(why))
+        self.restored: dict[str, int] = first[1]
+        self._transport: asyncio.Transport | None = None
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 0
+        self._gone: str | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_connection(lambda: _Answers(self),
+                                                          sock=self._sock)
+        await self.call("start")
+
+    def _answer(self, rid: int, ok: bool, value: Any) -> None:
+        fut = self._waiting.pop(rid, None)
+        if fut is None or fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            _, status, detail = value
+            fut.set_exception(ServiceError(status, detail))
+
+    def _lost(self) -> None:
+        self._gone = "the control process is not running"
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(ServiceError(503, self._gone))
+        self._waiting.clear()
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._gone is not None or self._transport is None:
+            raise ServiceError(503, self._gone or "the control process is not started")
+        if method == "ingest":  # rows pickle ten times faster than models
+            method, args = "ingest_rows", (delta_rows(args[0]),)
+        rid = self._next_id = self._next_id + 1
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        data = pickle.dumps((rid, method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        self._transport.write(_HEADER.pack(len(data)) + data)
+        return await fut
+
+    async def stop(self) -> None:
+        if self._gone is None and self._transport is not None:
+            with contextlib.suppress(ServiceError, TimeoutError):
+                await asyncio.wait_for(self.call("stop"), 10.0)
+        if self._transport is not None:
+            self._transport.close()
+        await asyncio.to_thread(self.process.join, 10.0)
+        if self.process.is_alive():
+            self.process.kill()
+
+    def kill(self) -> None:
+        """Stop the child at once (the API's process is going away without an event loop)."""
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class _Answers(asyncio.Protocol):
+    """The API's end of the socket: each complete answer settles its call's future right
+    in the event loop's read callback (no task in between)."""
+
+    def __init__(self, control: ControlProcess) -> None:
+        self.control = control
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        start = 0
+        while len(buf) - start >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf, start)
+            end = start + _HEADER.size + n
+            if len(buf) < end:
+                break
+            rid, ok, value = pickle.loads(memoryview(buf)[start + _HEADER.size:end])
+            start = end
+            self.control._answer(rid, ok, value)
+        del buf[:start]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.control._lost()
+
+
+def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
+    """The control process: build the service, then answer requests until told to stop or
+    until the API's process has gone (end of the socket)."""
+    from fabricpilot.service.server import (
+        build_service,
+        configure_logging,
+        freeze_startup_objects,
+    )
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the API's process stops us
+    configure_logging(spec.log_level)
+    try:
+        service = build_service(spec)
+    except FabricpilotError as err:
+        _send(sock, ("error", str(err)))
+        return
+    except Exception as err:  # a bug: say what, keep the traceback in the logs
+        log.exception("control process failed to start")
+        _send(sock, ("error", f"the control process failed to start: "
+                              f"{type(err).__name__}: {err}"))
+        return
+    freeze_startup_objects()
+    _send(sock, ("ready", service.restored))
+    send_lock = threading.Lock()
+    pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="fabricpilot-op")
+
+    def answer(rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            value = getattr(service, method)(*args, **kwargs)
+            msg: tuple[Any, ...] = (rid, True, value)
+        except ServiceError as err:
+            msg = (rid, False, ("service", err.status, err.detail))
+        except Exception as err:
+            log.exception("operation failed", extra={"fields": {"operation": method}})
+            msg = (rid, False, ("internal", 500, f"{method}: {type(err).__name__}: {err}"))
+        with send_lock:
+            _send(sock, msg)
+
+    started = False
+    with sock.makefile("rb") as stream:
+        while True:
+            msg = _recv(stream)
+            if msg is None:
+                break
+            rid, method, args, kwargs = msg
+            if method == "start":
+                if not started:
+                    service.start()
+                    started = True
+                with send_lock:
+                    _send(sock, (rid, True, None))
+            elif method == "stop":
+                service.stop()
+                started = False
+                with send_lock:
+                    _send(sock, (rid, True, None))
+                break
+            elif method not in OPERATIONS:
+                with send_lock:
+                    _send(sock, (rid, False, ("internal", 500,
+                                              f"unknown operation {method!r}")))
+            elif method in WAITING:
+                pool.submit(answer, rid, method, args, kwargs)
+            else:
+                answer(rid, method, args, kwargs)
+    if started:
+        service.stop()
+    pool.shutdown(wait=False, cancel_futures=True)
+    service.store.close()
+    os._exit(0)  # threads of the twin and the pool need no joining

@@ -88,3 +88,63 @@ def test_a_control_process_that_cannot_start_says_why(tmp_path: Path) -> None:
     msg = str(err.value)
     assert "\n" not in msg and str(blocker / "state") in msg
     assert "cannot create the state directory" in msg
+
+
+@pytest.mark.parametrize("layout", [[], ["--single-process"]])
+def test_serve_in_both_layouts(tmp_path: Path, layout: list[str]) -> None:
+    # `fabricpilot serve` (a control process) and `--single-process` answer the same API;
+    # /metrics joins the API's and the controller's families; SIGTERM stops both processes
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from tests.conftest import free_port, wait_http
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricpilot", "serve", "--no-twin", "--state-dir",
+         str(tmp_path / "state"), "--port", str(port), *layout],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http(proc, f"http://127.0.0.1:{port}/health")
+        token = (tmp_path / "state" / "operator.token").read_text().strip()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}",
+                          headers={"Authorization": f"Bearer {token}"}) as c:
+            r = c.put("/api/v1/jobs/j1", json={"task_id": "j1", "gpus": [0, 8], "calls": [
+                {"pattern": "allreduce", "size_bytes": 1 << 20, "sla_us": 800}]})
+            assert r.status_code == 200 and r.json()["gpus"] == [0, 8]
+            assert c.get("/api/v1/jobs/nope").status_code == 404
+            assert c.post("/api/v1/telemetry", json={"deltas": [
+                {"link_id": 0, "interval_ns": 1000, "tx_bytes": 10}]}).json() == {"accepted": 1}
+            metrics = c.get("/metrics").text
+        assert "fabricpilot_api_request_seconds_bucket" in metrics
+        assert "fabricpilot_planner_seconds_bucket" in metrics
+        assert "fabricpilot_telemetry_deltas_total 1.0" in metrics
+        children = [p for p in Path("/proc").glob("[0-9]*/stat")
+                    if _ppid(p) == proc.pid and "multiprocessing.spawn" in _cmd(p)]
+        assert len(children) == (0 if layout else 1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it got
+        deadline = time.monotonic() + 10
+        while any(c.exists() for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(c.exists() for c in children)  # the control process went with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _ppid(stat: Path) -> int:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _cmd(stat: Path) -> str:
+    try:
+        return (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

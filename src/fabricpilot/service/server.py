@@ -1,7 +1,9 @@
 """Building and running the service: scenario + state directory + tokens -> a running app.
 
-:func:`build` is what ``fabricpilot serve`` and the tests use; :func:`serve` runs it under
-uvicorn with JSON logs on stderr.
+:func:`build_process` is what ``fabricpilot serve`` runs: the app in this process, the
+service in a control process of its own. :func:`build` keeps the service in the app's
+process (``serve --single-process``, embedding, tests). :func:`build_twin` is ``fabricpilot
+twin``.
 """
 
 from __future__ import annotations
@@ -51,14 +53,18 @@ def operator_token(state_dir: Path) -> tuple[str, Path]:
     return token, path
 
 
+def _make_state_dir(state_dir: Path) -> None:
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ServeError(f"{state_dir}: cannot create the state directory: "
+                         f"{err.strerror}") from None
+
+
 def build_service(spec: ServiceSpec) -> FabricService:
     """The service of ``spec``: its scenario prepared, its store opened (and restored) in
     the state directory and the declared jobs planned."""
-    try:
-        spec.state_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ServeError(f"{spec.state_dir}: cannot create the state directory: "
-                         f"{err.strerror}") from None
+    _make_state_dir(spec.state_dir)
     prep = prepare(spec.scenario, spec.source)
     try:
         store = Store(spec.state_dir / DB_NAME)
@@ -77,11 +83,7 @@ def _tokens(state_dir: Path, tokens: TokenRegistry | None
     """``tokens``, or the state directory's operator token (and its file) without them."""
     if tokens is not None:
         return tokens, None
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ServeError(f"{state_dir}: cannot create the state directory: "
-                         f"{err.strerror}") from None
+    _make_state_dir(state_dir)
     token, token_file = operator_token(state_dir)
     tokens = TokenRegistry()
     tokens.add(token, Principal("operator", "operator"))

@@ -6,10 +6,16 @@ in one line."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from conftest import free_port, wait_http
 from fabricpilot.scenario.loader import default_scenario
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.control import ControlError, ControlProcess, ServiceSpec, delta_rows
@@ -94,14 +100,6 @@ def test_a_control_process_that_cannot_start_says_why(tmp_path: Path) -> None:
 def test_serve_in_both_layouts(tmp_path: Path, layout: list[str]) -> None:
     # `fabricpilot serve` (a control process) and `--single-process` answer the same API;
     # /metrics joins the API's and the controller's families; SIGTERM stops both processes
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import httpx
-    from tests.conftest import free_port, wait_http
-
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "fabricpilot", "serve", "--no-twin", "--state-dir",

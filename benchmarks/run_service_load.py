@@ -2,6 +2,7 @@
 telemetry for a bounded time.
 
     python benchmarks/run_service_load.py                  # 60 s, twin running, 64 clients
+    python benchmarks/run_service_load.py --rate 2000      # the same, 2,000 requests/s offered
     python benchmarks/run_service_load.py --seconds 10 --no-twin
 
 It starts ``fabricpilot serve`` on 127.0.0.1 (a fresh state directory, a token file with one
@@ -15,6 +16,13 @@ errors (any status other than 200 / 202, or a broken connection), and the CPU ti
 API process and of its control process. Targets: >= 2,000 requests/s on a 2-core machine,
 p99 <= 50 ms, 0 errors. ``--single-process`` serves with the controller in the API's
 process, for comparison.
+
+Without ``--rate`` every client sends its next request as soon as the last is answered
+(closed loop): the throughput is the service's capacity, and the latency is mostly the
+queue the 64 clients keep at it (p50 = clients / throughput). ``--rate R`` offers R
+requests/s on a fixed schedule (open loop): each latency counts from the request's
+scheduled send time, so the figure is the latency at that load, a service that falls behind
+shows it in full, and the throughput shows whether it kept up.
 
 The load generator is a minimal asyncio HTTP client (no library overhead), so the figure is
 the service's, not the client's; it still shares the machine's cores with the service.
@@ -77,13 +85,13 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _client(port: int, cid: int, until: float, n_links: int,
-                  tenant_gpus: list[list[int]], lat: list[float], errors: list[str]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+def _requests(cid: int, n_links: int, tenant_gpus: list[list[int]]
+              ) -> tuple[list[bytes], list[bytes]]:
+    """Client ``cid``'s requests, encoded up front (the generator then spends its CPU on the
+    wire only): 64 intent updates of one of its tenant's jobs and 64 telemetry batches."""
     tenant = cid % len(tenant_gpus)
     gpus = tenant_gpus[tenant]
     rng = np.random.default_rng(cid)
-    # requests are encoded up front, so the generator spends its CPU on the wire only
     task = f"t{tenant}-job{cid % 4}"
     intents = [_request("PUT", f"/api/v1/jobs/{task}", _tenant_token(tenant), {
         "task_id": task, "gpus": gpus,
@@ -93,10 +101,31 @@ async def _client(port: int, cid: int, until: float, n_links: int,
         {"link_id": int(lk), "interval_ns": 1_000_000,
          "tx_bytes": float(rng.uniform(0, 4e7)), "queue_bytes": 0.0}
         for lk in rng.choice(n_links, 32, replace=False)]}) for _ in range(64)]
+    return intents, batches
+
+
+async def _client(port: int, cid: int, requests: tuple[list[bytes], list[bytes]],
+                  start: float, until: float, lat: list[float], errors: list[str],
+                  interval_s: float = 0.0) -> None:
+    """One keep-alive connection from ``start`` to ``until`` (``time.monotonic``): back to
+    back (``interval_s = 0``), or one request every ``interval_s`` on a fixed schedule, its
+    latency counted from its scheduled time (so a slow answer also counts against the
+    requests it held up). Latencies are signed by kind: intents > 0, telemetry < 0."""
+    intents, batches = requests
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if interval_s > 0:  # scheduled clients start spread over one interval
+        start += interval_s * ((cid * 0.618034) % 1.0)
+    await asyncio.sleep(max(start - time.monotonic(), 0.0))
     i = 0
     while time.monotonic() < until:
         req = intents[(i // 2) % 64] if i % 2 == 0 else batches[(i // 2) % 64]
-        t0 = time.perf_counter()
+        if interval_s > 0:
+            t0 = start + i * interval_s
+            ahead = t0 - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        else:
+            t0 = time.monotonic()
         try:
             writer.write(req)
             await writer.drain()
@@ -105,21 +134,22 @@ async def _client(port: int, cid: int, until: float, n_links: int,
             errors.append(f"connection: {err}")
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             continue
-        lat.append((time.perf_counter() - t0) * (1 if i % 2 == 0 else -1))  # sign: kind
+        lat.append((time.monotonic() - t0) * (1 if i % 2 == 0 else -1))
         if status not in (200, 202):
             errors.append(f"status {status}")
         i += 1
     writer.close()
 
 
-def _load_proc(port: int, first: int, n: int, until: float, n_links: int,
-               tenant_gpus: list[list[int]], out: mp.Queue) -> None:
+def _load_proc(port: int, first: int, n: int, start: float, until: float, n_links: int,
+               tenant_gpus: list[list[int]], out: mp.Queue, interval_s: float) -> None:
     lat: list[float] = []
     errors: list[str] = []
+    requests = [_requests(first + k, n_links, tenant_gpus) for k in range(n)]
 
     async def main() -> None:
-        await asyncio.gather(*(_client(port, first + k, until, n_links, tenant_gpus, lat,
-                                       errors)
+        await asyncio.gather(*(_client(port, first + k, requests[k], start, until, lat,
+                                       errors, interval_s)
                                for k in range(n)))
 
     asyncio.run(main())
@@ -177,6 +207,10 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=1, help="load-generating processes")
     ap.add_argument("--twin", action=argparse.BooleanOptionalAction, default=True,
                     help="run the default scenario's jobs on the twin meanwhile")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="offered requests/s, spread evenly over the clients on a fixed "
+                         "schedule (open loop; latency from each request's scheduled "
+                         "time); 0: every client sends back to back (closed loop)")
     ap.add_argument("--single-process", action="store_true",
                     help="serve with the controller in the API's process")
     args = ap.parse_args()
@@ -195,21 +229,24 @@ def main() -> None:
             per = max(2, min(16, len(free) // TENANTS))
             tenant_gpus = [free[k * per:(k + 1) * per] for k in range(len(free) // per)]
             tenant_gpus = tenant_gpus[:TENANTS]
-            until = time.monotonic() + args.seconds
+            # every client is set up and connected before the common start
+            start = time.monotonic() + 3.0
+            until = start + args.seconds
             q: mp.Queue = mp.Queue()
             share = [args.clients // args.procs + (k < args.clients % args.procs)
                      for k in range(args.procs)]
             procs = [mp.Process(target=_load_proc,
-                                args=(port, sum(share[:k]), share[k], until, n_links,
-                                      tenant_gpus, q))
+                                args=(port, sum(share[:k]), share[k], start, until, n_links,
+                                      tenant_gpus, q,
+                                      args.clients / args.rate if args.rate > 0 else 0.0))
                      for k in range(args.procs)]
-            cpu0 = _cpu_s(proc.pid)
-            child0 = _children_cpu_s(proc.pid)
-            t0 = time.monotonic()
             for p in procs:
                 p.start()
+            time.sleep(max(start - time.monotonic(), 0.0))
+            cpu0 = _cpu_s(proc.pid)
+            child0 = _children_cpu_s(proc.pid)
             results = [q.get() for _ in procs]
-            wall = time.monotonic() - t0
+            wall = time.monotonic() - start
             server_cpu_s = _cpu_s(proc.pid) - cpu0
             control_cpu_s = _children_cpu_s(proc.pid) - child0
             for p in procs:
@@ -231,7 +268,9 @@ def main() -> None:
     plan_s = metric('fabricpilot_planner_seconds_sum{kind="plan"}')
     tick_s = metric('fabricpilot_planner_seconds_sum{kind="tick"}')
     rps = len(lat) / wall
-    print(f"service load test: {args.clients} clients x {args.seconds:g} s, twin "
+    mode = (f"open loop at {args.rate:,.0f} requests/s offered" if args.rate > 0
+            else "closed loop")
+    print(f"service load test ({mode}): {args.clients} clients x {args.seconds:g} s, twin "
           f"{'on' if args.twin else 'off'}, {len(tenant_gpus)} tenants' jobs of "
           f"{len(tenant_gpus[0])} GPUs")
     print(f"  requests      {len(lat):,} ({rps:,.0f} /s; target >= 2,000)")

@@ -269,45 +269,71 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
     send_lock = threading.Lock()
     pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="fabricpilot-op")
 
-    def answer(rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def run(rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> tuple[Any, ...]:
         try:
-            value = getattr(service, method)(*args, **kwargs)
-            msg: tuple[Any, ...] = (rid, True, value)
+            return (rid, True, getattr(service, method)(*args, **kwargs))
         except ServiceError as err:
-            msg = (rid, False, ("service", err.status, err.detail))
+            return (rid, False, ("service", err.status, err.detail))
         except Exception as err:
             log.exception("operation failed", extra={"fields": {"operation": method}})
-            msg = (rid, False, ("internal", 500, f"{method}: {type(err).__name__}: {err}"))
+            return (rid, False, ("internal", 500, f"{method}: {type(err).__name__}: {err}"))
+
+    def run_and_send(rid: int, method: str, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+        msg = run(rid, method, args, kwargs)
         with send_lock:
             _send(sock, msg)
 
+    # Requests are read in whole chunks and answered in one write per chunk: under load a
+    # chunk holds many requests, and the twin's and the control loop's threads then cost
+    # this thread two interpreter-lock hand-overs per chunk, not several per request.
     started = False
-    with sock.makefile("rb") as stream:
-        while True:
-            msg = _recv(stream)
-            if msg is None:
+    buf = bytearray()
+    running = True
+    while running:
+        try:
+            data = sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        while len(buf) - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf, pos)
+            end = pos + _HEADER.size + n
+            if len(buf) < end:
                 break
-            rid, method, args, kwargs = msg
+            rid, method, args, kwargs = pickle.loads(memoryview(buf)[pos + _HEADER.size:end])
+            pos = end
             if method == "start":
                 if not started:
                     service.start()
                     started = True
-                with send_lock:
-                    _send(sock, (rid, True, None))
+                reply: tuple[Any, ...] = (rid, True, None)
             elif method == "stop":
                 service.stop()
                 started = False
-                with send_lock:
-                    _send(sock, (rid, True, None))
-                break
+                running = False
+                reply = (rid, True, None)
             elif method not in OPERATIONS:
-                with send_lock:
-                    _send(sock, (rid, False, ("internal", 500,
-                                              f"unknown operation {method!r}")))
+                reply = (rid, False, ("internal", 500, f"unknown operation {method!r}"))
             elif method in WAITING:
-                pool.submit(answer, rid, method, args, kwargs)
+                pool.submit(run_and_send, rid, method, args, kwargs)
+                continue
             else:
-                answer(rid, method, args, kwargs)
+                reply = run(rid, method, args, kwargs)
+            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+            out.append(_HEADER.pack(len(data)))
+            out.append(data)
+            if not running:
+                break
+        del buf[:pos]
+        if out:
+            with send_lock:
+                sock.sendall(b"".join(out))
     if started:
         service.stop()
     pool.shutdown(wait=False, cancel_futures=True)

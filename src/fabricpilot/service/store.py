@@ -18,10 +18,13 @@ nothing that a client was told had happened. On start the service reads it all b
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("fabricpilot.service")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -57,18 +60,51 @@ class Store:
     """The service's SQLite database (``path``; ``":memory:"`` for a throw-away one).
 
     One connection, shared by the API's threads under a lock: SQLite serialises writers
-    anyway, and the service's writes are small."""
+    anyway, and the service's writes are small. A commit appends to the write-ahead log
+    without waiting for the disk (durable against ``kill -9``, not against a power cut);
+    the log is copied into the database, with its disk flushes, by a thread of its own every
+    ``checkpoint_interval_s`` (on its own connection, never holding the writers' lock), so
+    that no request waits for a flush."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, checkpoint_interval_s: float = 1.0) -> None:
         self.path = str(path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable against kill -9
+            self._db.execute("PRAGMA wal_autocheckpoint=0")  # (the checkpointer's job)
+            self._checkpointer = threading.Thread(
+                target=self._checkpoints, args=(checkpoint_interval_s,), daemon=True,
+                name="fabricpilot-checkpoint")
         self._db.executescript(SCHEMA)
+        if self._checkpointer is not None:
+            self._checkpointer.start()
+
+    def _checkpoints(self, interval_s: float) -> None:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            while not self._stop.wait(interval_s):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as err:  # busy or closing: the next round retries
+                    log.debug("checkpoint", extra={"fields": {"error": str(err)}})
+        finally:
+            db.close()
+
+    def checkpoint(self) -> tuple[int, int, int]:
+        """Copy the write-ahead log into the database now (``(busy, log frames, frames
+        copied)``, as SQLite's ``wal_checkpoint`` reports them)."""
+        with self._lock:
+            row = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return (int(row[0]), int(row[1]), int(row[2]))
 
     def close(self) -> None:
+        self._stop.set()
+        if self._checkpointer is not None and self._checkpointer.is_alive():
+            self._checkpointer.join(5.0)
         with self._lock:
             self._db.close()
 

@@ -34,7 +34,7 @@ import signal
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -115,6 +115,29 @@ class ServiceSpec:
 def _send(sock: socket.socket, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _messages(buf: bytearray) -> Iterator[Any]:
+    """The complete messages at the start of ``buf``, each removed from it once read (a
+    partial one stays for the next bytes).
+
+    >>> frame = lambda obj: _HEADER.pack(len(pickle.dumps(obj))) + pickle.dumps(obj)
+    >>> buf = bytearray(frame("a") + frame("b")[:5])  # one message and the start of one
+    >>> list(_messages(buf)), bytes(buf) == frame("b")[:5]
+    (['a'], True)
+    """
+    pos = 0
+    try:
+        while len(buf) - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buf, pos)
+            end = pos + _HEADER.size + n
+            if len(buf) < end:
+                break
+            msg = pickle.loads(memoryview(buf)[pos + _HEADER.size:end])
+            pos = end
+            yield msg
+    finally:
+        del buf[:pos]
 
 
 def _recv(stream: BinaryIO) -> Any:
@@ -226,18 +249,9 @@ class _Answers(asyncio.Protocol):
         self.buf = bytearray()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        start = 0
-        while len(buf) - start >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(buf, start)
-            end = start + _HEADER.size + n
-            if len(buf) < end:
-                break
-            rid, ok, value = pickle.loads(memoryview(buf)[start + _HEADER.size:end])
-            start = end
+        self.buf += data
+        for rid, ok, value in _messages(self.buf):
             self.control._answer(rid, ok, value)
-        del buf[:start]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.control._lost()
@@ -300,14 +314,7 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
             break
         buf += data
         out: list[bytes] = []
-        pos = 0
-        while len(buf) - pos >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(buf, pos)
-            end = pos + _HEADER.size + n
-            if len(buf) < end:
-                break
-            rid, method, args, kwargs = pickle.loads(memoryview(buf)[pos + _HEADER.size:end])
-            pos = end
+        for rid, method, args, kwargs in _messages(buf):
             if method == "start":
                 if not started:
                     service.start()
@@ -330,7 +337,6 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
             out.append(data)
             if not running:
                 break
-        del buf[:pos]
         if out:
             with send_lock:
                 sock.sendall(b"".join(out))

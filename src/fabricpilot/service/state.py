@@ -123,12 +123,14 @@ class FabricService:
         self.busbw_GBps: dict[str, float] = {}
         self.collective_us: dict[str, float] = {}
         self.remote = remote
-        self._policy = PacedTwin(twin_context(prep))
-        inner: DataPlane = remote if remote is not None else self._policy
+        # the in-process twin is the data plane unless a remote one is given
+        policy = None if remote is not None else PacedTwin(twin_context(prep))
+        inner: DataPlane = remote if remote is not None else cast("PacedTwin", policy)
         self.dp = ServiceDataPlane(inner, on_install=self._persist_paths)
         self.controller = Controller(self.dp, prep.controller)
-        if remote is None:
-            self._policy.controller = self.controller
+        if policy is not None:
+            policy.controller = self.controller
+            policy.job_names = [j.name for j in prep.jobs]
         self.view = self.dp.view
         self.n_gpus = len(self.view.gpu_node)
         self._plan_epoch = 0
@@ -151,11 +153,10 @@ class FabricService:
             for d in remote.jobs():
                 if d["task_id"] not in self.controller.intents:
                     self.controller.declare(intent_from_dict(d))
-        elif twin and prep.jobs:
+        elif twin and prep.jobs and policy is not None:
             self._declare_twin_jobs()
-            self.runner = TwinRunner(prep, self._policy, self.lock, time_scale=time_scale,
+            self.runner = TwinRunner(prep, policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
-        self._policy.job_names = [j.name for j in prep.jobs]
         from fabricpilot.service.metrics import service_registry  # (it imports this module)
 
         self.registry = service_registry(self)
@@ -233,7 +234,7 @@ class FabricService:
     def now_ns(self) -> float:
         """The control plane's clock: the twin's fabric time, else wall time since start."""
         if self.runner is not None:
-            return self._policy.now_ns()
+            return self.runner.twin.now_ns()
         return (time.time() - self.started_s) * 1e9
 
     def _timed(self, kind: str, t0: float) -> None:
@@ -643,7 +644,7 @@ class FabricService:
                 "plan_epoch": self._plan_epoch,
                 "twin": None if runner is None else {
                     "running": runner.alive, "runs": runner.runs, "error": runner.error,
-                    "fabric_time_ms": round(self._policy.now_ns() * 1e-6, 3),
+                    "fabric_time_ms": round(runner.twin.now_ns() * 1e-6, 3),
                     "time_scale": runner.time_scale},
                 "restored": self.restored,
                 "store": str(Path(self.store.path).name)}

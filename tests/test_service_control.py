@@ -74,7 +74,7 @@ def test_operations_through_a_control_process(tmp_path: Path) -> None:
         paths = await control.call("paths", ACME, "ring", None, None)
         assert len(paths["pairs"]) == 4  # the ring's four neighbour pairs
         # the child dies: every call is a 503, not a hang
-        control.kill()
+        control.process.kill()
         await asyncio.to_thread(control.process.join, 10.0)
         with pytest.raises(ServiceError) as err:
             await asyncio.wait_for(control.call("jobs", OPS), 10.0)

@@ -600,12 +600,6 @@ class _Commodities:
         self.c_idx = c_idx.astype(np.int64)
         self.n_groups = n_groups
 
-    def links_of(self, d: int, c: int) -> NDArray[np.int64]:
-        """Rows of the links of demand ``d``'s candidate ``c`` (fixed ones first)."""
-        col = int(self.g_col0[self.grp[d]]) + c
-        return np.concatenate((self.fix_idx[self.fix_ptr[d]:self.fix_ptr[d + 1]],
-                               self.c_idx[self.c_ptr[col]:self.c_ptr[col + 1]]))
-
 
 def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],
                     ) -> tuple[NDArray[np.int64], list[tuple[tuple[int, ...], ...]]]:

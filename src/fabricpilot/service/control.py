@@ -234,11 +234,6 @@ class ControlProcess:
         if self.process.is_alive():
             self.process.kill()
 
-    def kill(self) -> None:
-        """Stop the child at once (the API's process is going away without an event loop)."""
-        if self.process.is_alive():
-            self.process.kill()
-
 
 class _Answers(asyncio.Protocol):
     """The API's end of the socket: each complete answer settles its call's future right

@@ -36,6 +36,7 @@ from fabricpilot.controller.intents import CommCall, Intent, sla_level
 from fabricpilot.controller.southbound import DataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared
 from fabricpilot.service.auth import Principal
+from fabricpilot.service.metrics import service_registry
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
 from fabricpilot.service.southbound_http import (
     RemoteDataPlane,
@@ -157,8 +158,6 @@ class FabricService:
             self._declare_twin_jobs()
             self.runner = TwinRunner(prep, policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
-        from fabricpilot.service.metrics import service_registry  # (it imports this module)
-
         self.registry = service_registry(self)
         self.intents = dict(self.controller.intents)
         self._gpu_tenants: dict[int, Counter[str]] = {}  # GPU -> jobs using it per tenant

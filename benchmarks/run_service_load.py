@@ -214,6 +214,10 @@ def main() -> None:
     ap.add_argument("--single-process", action="store_true",
                     help="serve with the controller in the API's process")
     args = ap.parse_args()
+    if args.rate < 0:
+        ap.error(f"--rate: must be >= 0 requests/s, got {args.rate:g}")
+    if args.seconds <= 0 or args.clients < 1 or not 1 <= args.procs <= args.clients:
+        ap.error("--seconds must be > 0, --clients >= 1 and --procs within 1..clients")
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"

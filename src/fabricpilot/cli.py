@@ -204,14 +204,10 @@ def serve(
     """Run the controller as a service: REST API, dashboard and Prometheus metrics."""
     import uvicorn
 
+    from fabricpilot.collector import freeze_startup_objects
     from fabricpilot.service.auth import TokenRegistry
     from fabricpilot.service.control import ServiceSpec
-    from fabricpilot.service.server import (
-        build,
-        build_process,
-        configure_logging,
-        freeze_startup_objects,
-    )
+    from fabricpilot.service.server import build, build_process, configure_logging
 
     if time_scale <= 0:
         _fail(f"--time-scale: must be > 0, got {time_scale}")

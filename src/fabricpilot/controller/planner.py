@@ -22,10 +22,8 @@ can share one ``candidates`` tuple: the planner then reads every shared tuple on
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numba
@@ -33,6 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+
+from fabricpilot.collector import paused as _gc_paused
 
 _chain = itertools.chain.from_iterable
 
@@ -1034,37 +1034,6 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves)
-
-
-@contextmanager
-def _gc_paused(promote: bool = False) -> Iterator[None]:
-    """Pause the cyclic garbage collector (while many objects are made that cannot form
-    cycles: each collection would traverse every live candidate tuple); then restore it.
-
-    With ``promote``, the objects made meanwhile, long-lived (a plan and its path sets), are
-    moved to the oldest generation when the collector resumes, instead of being traversed by
-    the next young collection (skipped if some objects are frozen: they would be thawed).
-
-    >>> import gc
-    >>> with _gc_paused():
-    ...     gc.isenabled()
-    False
-    >>> with _gc_paused(promote=True):
-    ...     gc.isenabled()
-    False
-    >>> gc.isenabled()
-    True
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if promote and gc.get_freeze_count() == 0:
-                gc.freeze()    # every tracked object to the permanent generation...
-                gc.unfreeze()  # ...and back into the oldest one, without a traversal
-            gc.enable()
 
 
 _WARM: list[bool] = []

@@ -255,11 +255,8 @@ class _Answers(asyncio.Protocol):
 def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
     """The control process: build the service, then answer requests until told to stop or
     until the API's process has gone (end of the socket)."""
-    from fabricpilot.service.server import (
-        build_service,
-        configure_logging,
-        freeze_startup_objects,
-    )
+    from fabricpilot.collector import freeze_startup_objects
+    from fabricpilot.service.server import build_service, configure_logging
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the API's process stops us
     configure_logging(spec.log_level)

@@ -8,7 +8,6 @@ twin``.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import sys
@@ -118,15 +117,6 @@ def build_process(spec: ServiceSpec, *, tokens: TokenRegistry | None,
     control = ControlProcess(spec)
     app = create_app(control, tokens, max_body_bytes=max_body_bytes)
     return app, control, tokens, token_file
-
-
-def freeze_startup_objects() -> None:
-    """Keep what is alive after start-up (modules, the scenario, the app, the fabric) out
-    of the garbage collector's full passes: a long-lived server would otherwise stall for
-    tens of milliseconds at each one. Call it once, in a process that runs the service
-    until it exits."""
-    gc.collect()
-    gc.freeze()
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -32,19 +32,19 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from fabricpilot.controller.southbound import PortDelta
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.scenario.models import Scenario
+from fabricpilot.service.framing import HEADER, messages, recv, send
 from fabricpilot.service.schemas import PortDeltaIn
 from fabricpilot.service.state import FabricService, ServiceError
 
@@ -59,7 +59,6 @@ OPERATIONS = frozenset({
 WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "metrics_text"})
 """Operations that may wait for a plan or the controller's lock (run on a thread pool)."""
 
-_HEADER = struct.Struct("!Q")
 _DELTA_FIELDS = tuple(f.name for f in fields(PortDelta))
 assert tuple(PortDeltaIn.model_fields) == _DELTA_FIELDS  # rows are in this field order
 
@@ -112,46 +111,6 @@ class ServiceSpec:
     log_level: str = "WARNING"
 
 
-def _send(sock: socket.socket, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _messages(buf: bytearray) -> Iterator[Any]:
-    """The complete messages at the start of ``buf``, each removed from it once read (a
-    partial one stays for the next bytes).
-
-    >>> frame = lambda obj: _HEADER.pack(len(pickle.dumps(obj))) + pickle.dumps(obj)
-    >>> buf = bytearray(frame("a") + frame("b")[:5])  # one message and the start of one
-    >>> list(_messages(buf)), bytes(buf) == frame("b")[:5]
-    (['a'], True)
-    """
-    pos = 0
-    try:
-        while len(buf) - pos >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(buf, pos)
-            end = pos + _HEADER.size + n
-            if len(buf) < end:
-                break
-            msg = pickle.loads(memoryview(buf)[pos + _HEADER.size:end])
-            pos = end
-            yield msg
-    finally:
-        del buf[:pos]
-
-
-def _recv(stream: BinaryIO) -> Any:
-    """The next message, or ``None`` once the other side has gone."""
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        return None
-    (n,) = _HEADER.unpack(head)
-    data = stream.read(n)
-    if len(data) < n:
-        return None
-    return pickle.loads(data)
-
-
 class ControlProcess:
     """A :class:`FabricService` in a child process (module docstring).
 
@@ -171,7 +130,7 @@ class ControlProcess:
         ours.settimeout(start_timeout_s)
         with ours.makefile("rb") as stream:
             try:
-                first = _recv(stream)
+                first = recv(stream)
             except TimeoutError:
                 first = ("error", f"the control process did not start within "
                                   f"{start_timeout_s:g} s")
@@ -221,7 +180,7 @@ class ControlProcess:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         data = pickle.dumps((rid, method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        self._transport.write(_HEADER.pack(len(data)) + data)
+        self._transport.write(HEADER.pack(len(data)) + data)
         return await fut
 
     async def stop(self) -> None:
@@ -245,7 +204,7 @@ class _Answers(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        for rid, ok, value in _messages(self.buf):
+        for rid, ok, value in messages(self.buf):
             self.control._answer(rid, ok, value)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -263,15 +222,15 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
     try:
         service = build_service(spec)
     except FabricpilotError as err:
-        _send(sock, ("error", str(err)))
+        send(sock, ("error", str(err)))
         return
     except Exception as err:  # a bug: say what, keep the traceback in the logs
         log.exception("control process failed to start")
-        _send(sock, ("error", f"the control process failed to start: "
+        send(sock, ("error", f"the control process failed to start: "
                               f"{type(err).__name__}: {err}"))
         return
     freeze_startup_objects()
-    _send(sock, ("ready", service.restored))
+    send(sock, ("ready", service.restored))
     send_lock = threading.Lock()
     pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="fabricpilot-op")
 
@@ -289,7 +248,7 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
                      kwargs: dict[str, Any]) -> None:
         msg = run(rid, method, args, kwargs)
         with send_lock:
-            _send(sock, msg)
+            send(sock, msg)
 
     # Requests are read in whole chunks and answered in one write per chunk: under load a
     # chunk holds many requests, and the twin's and the control loop's threads then cost
@@ -306,7 +265,7 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
             break
         buf += data
         out: list[bytes] = []
-        for rid, method, args, kwargs in _messages(buf):
+        for rid, method, args, kwargs in messages(buf):
             if method == "start":
                 if not started:
                     service.start()
@@ -325,7 +284,7 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
             else:
                 reply = run(rid, method, args, kwargs)
             data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-            out.append(_HEADER.pack(len(data)))
+            out.append(HEADER.pack(len(data)))
             out.append(data)
             if not running:
                 break

@@ -162,17 +162,22 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid``'s child processes (the service's control process)."""
-    total = 0.0
+def _descendants_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid``'s children (the service's control process) and of their
+    children (the twin's process)."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        me = int(stat.parent.name)
+        parent[me] = int(fields[1])
+        cpu[me] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = {p for p, pp in parent.items() if pp == pid}
+    grandchildren = {p for p, pp in parent.items() if pp in children}
+    return sum(cpu[p] for p in children), sum(cpu[p] for p in grandchildren)
 
 
 def _start_service(state: Path, port: int, twin: bool, single: bool
@@ -248,11 +253,12 @@ def main() -> None:
                 p.start()
             time.sleep(max(start - time.monotonic(), 0.0))
             cpu0 = _cpu_s(proc.pid)
-            child0 = _children_cpu_s(proc.pid)
+            child0, twin0 = _descendants_cpu_s(proc.pid)
             results = [q.get() for _ in procs]
             wall = time.monotonic() - start
             server_cpu_s = _cpu_s(proc.pid) - cpu0
-            control_cpu_s = _children_cpu_s(proc.pid) - child0
+            child1, twin1 = _descendants_cpu_s(proc.pid)
+            control_cpu_s, twin_cpu_s = child1 - child0, twin1 - twin0
             for p in procs:
                 p.join()
             health = httpx.get(f"http://127.0.0.1:{port}/health").json()
@@ -286,7 +292,8 @@ def main() -> None:
     print(f"  service CPU   API process {server_cpu_s:.1f} s, control process "
           f"{control_cpu_s:.1f} s, of {wall:.1f} s wall "
           f"({(server_cpu_s + control_cpu_s) / max(len(lat), 1) * 1e6:.0f} us per request, "
-          "planning included)")
+          "planning included)" + (f"; twin process {twin_cpu_s:.1f} s" if twin_cpu_s
+                                  else ""))
     print(f"  errors        {len(errors)}" + (f" (e.g. {errors[0]})" if errors else ""))
     print(f"  plans         {plans:.0f} (intent updates batched per plan: "
           f"{len(lat) / 2 / max(plans, 1):.0f}); planning {plan_s:.1f} s, control periods "

@@ -94,3 +94,42 @@ def wait_http(proc: Any, url: str, timeout_s: float = 60.0) -> None:
     proc.kill()
     raise AssertionError(f"{url} did not come up")
 
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below ``pid`` (children, their children, ...): pid -> command line."""
+    from pathlib import Path
+
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found: dict[int, str] = {}
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier and p not in found}
+        for p in frontier:
+            try:
+                found[p] = (Path(f"/proc/{p}/cmdline").read_bytes()
+                            .replace(b"\0", b" ").decode())
+            except OSError:
+                found[p] = ""
+    return found
+
+
+def wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
+    """Wait until none of ``pids`` runs (zombies count as gone); return those still there."""
+    from pathlib import Path
+
+    def alive(p: int) -> bool:
+        try:
+            return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]

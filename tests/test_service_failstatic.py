@@ -77,6 +77,8 @@ def test_fail_static_and_resync(tmp_path: Path) -> None:
         assert after["running"] and after["error"] is None
         assert after["rules"] == held["rules"] and after["installs"] == held["installs"]
 
+        # (this time with the address the twin prints, /southbound/v1 included)
+        serve_cmd[serve_cmd.index(twin_url)] = f"{twin_url}/southbound/v1"
         ctl = subprocess.Popen(serve_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_http(ctl, f"{ctl_url}/health")
         restored = httpx.get(f"{ctl_url}/health").json()["restored"]

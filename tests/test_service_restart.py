@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port, wait_http
+from conftest import descendants, free_port, wait_gone, wait_http
 
 OPS = "operator-token-0123456789"
 ACME = "acme-token-0123456789abc"
@@ -74,9 +74,13 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
         assert fault.status_code == 201
         health = httpx.get(f"{base}/health").json()
         assert health["twin"]["running"]  # killed mid-run of the twin
+        below = descendants(proc.pid)  # the control process and the twin's
+        assert any("fabricpilot.service.twin_process" in cmd for cmd in below.values())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert proc.returncode == -signal.SIGKILL
+        # each process exits when its parent's end of the socket closes: no orphan
+        assert wait_gone(list(below)) == []
         proc = _start(state, tokens, port)
         health = httpx.get(f"{base}/health").json()
         restored = health["restored"]

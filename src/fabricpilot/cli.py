@@ -234,7 +234,8 @@ def serve(
                 spec = ServiceSpec(sc, source, state_dir, twin=twin, time_scale=time_scale,
                                    tick_interval_s=tick_interval,
                                    plan_interval_s=plan_interval, dataplane_url=dataplane,
-                                   dataplane_token=dp_token, log_level=log_level.upper())
+                                   dataplane_token=dp_token, log_level=log_level.upper(),
+                                   twin_process=True)
                 api, control, _, token_file = build_process(
                     spec, tokens=tokens, max_body_bytes=max_body_bytes)
                 restored = control.restored

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import networkx as nx
 
@@ -149,3 +149,18 @@ class DataPlane(Protocol):
 
     def set_qos(self, dscp_to_priority: dict[int, int]) -> None:
         """The DSCP -> priority mapping every switch should use."""
+
+
+class ExternalDataPlane(DataPlane, Protocol):
+    """A data plane in a process of its own (switches, or the twin run apart): besides the
+    :class:`DataPlane` calls it says what it holds and runs, so that a restarted controller
+    can adopt it."""
+
+    def rules(self) -> list[PathSet]:
+        """The path sets the data plane holds now."""
+
+    def status(self) -> dict[str, Any]:
+        """Its own health report (``{}`` or ``running: False`` if it cannot be read)."""
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The intents (as dicts) of the jobs running on it, for the controller to declare."""

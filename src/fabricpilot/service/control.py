@@ -15,7 +15,8 @@ replace_ok=True)``. Two controls implement that one call:
   and the congestion map wait for the controller's lock) on a thread pool.
 
   This is what ``fabricpilot serve`` uses. Planning and control periods no longer take the
-  API's interpreter lock, so the API and the controller run on two cores.
+  API's interpreter lock, so the API and the controller run on two cores. The twin, its
+  data plane, runs in a third process (:mod:`fabricpilot.service.twin_process`).
 
 A :class:`~fabricpilot.service.state.ServiceError` raised in the child comes back as the same
 error (status and one-line detail). Any other failure comes back as a 500 naming the
@@ -109,6 +110,7 @@ class ServiceSpec:
     dataplane_url: str | None = None
     dataplane_token: str | None = None
     log_level: str = "WARNING"
+    twin_process: bool = False  # the twin in a process of its own (what serve does)
 
 
 class ControlProcess:

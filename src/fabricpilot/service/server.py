@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 
 from fastapi import FastAPI
 
-from fabricpilot.balancing.task_aware import job_intents
+from fabricpilot.controller.southbound import ExternalDataPlane
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.runner import prepare
 from fabricpilot.scenario.models import Scenario
@@ -24,9 +23,10 @@ from fabricpilot.service.app import DEFAULT_MAX_BODY_BYTES, JsonFormatter, creat
 from fabricpilot.service.auth import Principal, TokenRegistry, new_token
 from fabricpilot.service.control import ControlProcess, LocalControl, ServiceSpec
 from fabricpilot.service.southbound_http import RemoteDataPlane, RuleTable, dataplane_app
-from fabricpilot.service.state import TWIN_TENANT, FabricService, intent_to_dict
+from fabricpilot.service.state import FabricService
 from fabricpilot.service.store import Store
-from fabricpilot.service.twin import PacedTwin, TwinRunner, twin_context
+from fabricpilot.service.twin import TwinRunner
+from fabricpilot.service.twin_process import TwinProcess, host_twin
 
 DB_NAME = "fabricpilot.db"
 OPERATOR_TOKEN_FILE = "operator.token"
@@ -64,14 +64,32 @@ def build_service(spec: ServiceSpec) -> FabricService:
     """The service of ``spec``: its scenario prepared, its store opened (and restored) in
     the state directory and the declared jobs planned."""
     _make_state_dir(spec.state_dir)
+    # the twin process starts first: it prepares its side while this one does
+    twin_process = (TwinProcess(spec.scenario, spec.source, time_scale=spec.time_scale,
+                                log_level=spec.log_level)
+                    if spec.twin and spec.twin_process and spec.dataplane_url is None
+                    else None)
+    try:
+        return _build_service(spec, twin_process)
+    except BaseException:
+        if twin_process is not None:
+            twin_process.close()
+        raise
+
+
+def _build_service(spec: ServiceSpec, twin_process: TwinProcess | None) -> FabricService:
     prep = prepare(spec.scenario, spec.source)
     try:
         store = Store(spec.state_dir / DB_NAME)
     except Exception as err:  # sqlite3.Error: a corrupt or foreign file
         raise ServeError(f"{spec.state_dir / DB_NAME}: cannot open the database: "
                          f"{err}") from None
-    remote = (RemoteDataPlane(spec.dataplane_url, spec.dataplane_token)
-              if spec.dataplane_url is not None else None)
+    remote: ExternalDataPlane | None = None
+    if spec.dataplane_url is not None:
+        remote = RemoteDataPlane(spec.dataplane_url, spec.dataplane_token)
+    elif twin_process is not None:
+        twin_process.wait_ready()
+        remote = twin_process
     return FabricService(prep, store, twin=spec.twin, time_scale=spec.time_scale,
                          tick_interval_s=spec.tick_interval_s,
                          plan_interval_s=spec.plan_interval_s, remote=remote)
@@ -135,20 +153,7 @@ def build_twin(scenario: Scenario, source: str, *, time_scale: float = 1e-3,
     """The twin as a data plane of its own (``fabricpilot twin``): the scenario's jobs
     training in scaled real time, its southbound served over HTTP. It runs with the rules it
     is given; with none (or without a controller) flows take switch-local adaptive routing."""
-    prep = prepare(scenario, source)
-    twin = PacedTwin(twin_context(prep))
-    twin.job_names = [j.name for j in prep.jobs]
-    lock = threading.RLock()
-    busbw: dict[str, float] = {}
-    runner = TwinRunner(prep, twin, lock, time_scale=time_scale,
-                        on_collective=lambda job, bw, _us: busbw.__setitem__(job, bw))
-    table = RuleTable(twin, lock)
-    intents = [intent_to_dict(i) for i in job_intents(prep.jobs, TWIN_TENANT)]
-
-    def health() -> dict[str, object]:
-        return {"running": runner.alive, "runs": runner.runs, "error": runner.error,
-                "fabric_time_ms": round(twin.now_ns() * 1e-6, 3),
-                "collectives": runner.collectives, "busbw_GBps": dict(busbw)}
-
-    app = dataplane_app(table, token=token, health=health, jobs=lambda: intents)
-    return app, runner, table
+    host = host_twin(prepare(scenario, source), time_scale)
+    app = dataplane_app(host.table, token=token, health=host.health,
+                        jobs=lambda: host.intents)
+    return app, host.runner, host.table

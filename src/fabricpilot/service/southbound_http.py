@@ -178,8 +178,20 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
 
 
 # ---------------------------------------------------------------- the controller's side
+def _first_line(err: Exception) -> str:
+    """An error's message without what follows its first line (httpx appends a link to
+    the status code's documentation).
+
+    >>> _first_line(ValueError("Client error '404 Not Found'\\nFor more information ..."))
+    "Client error '404 Not Found'"
+    """
+    lines = str(err).splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
 class RemoteDataPlane:
-    """A :class:`DataPlane` in another process, reached over HTTP at ``url``.
+    """A :class:`DataPlane` in another process, reached over HTTP at ``url`` (its base
+    address, with or without the ``/southbound/v1`` the twin prints).
 
     Telemetry that cannot be fetched counts as none (the controller keeps its map); an
     install that fails raises :class:`SouthboundError`, so the controller knows its rules
@@ -187,7 +199,7 @@ class RemoteDataPlane:
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url.rstrip("/")
+        self.url = url.rstrip("/").removesuffix(PREFIX)  # (the address the twin prints)
         self.http = httpx.Client(base_url=self.url + PREFIX, headers=headers,
                                  timeout=timeout_s)
         self.telemetry_failures = 0
@@ -195,7 +207,8 @@ class RemoteDataPlane:
             r = self.http.get("/fabric")
             r.raise_for_status()
         except httpx.HTTPError as err:
-            raise SouthboundError(f"{url}: data plane unreachable: {err}") from None
+            raise SouthboundError(f"{url}: data plane unreachable: {_first_line(err)}"
+                                  ) from None
         self.view = view_from_dict(r.json())
 
     def fabric(self) -> FabricView:
@@ -216,7 +229,7 @@ class RemoteDataPlane:
         try:
             r = self.http.post("/rules", json=[pathset_to_dict(ps) for ps in rules])
         except httpx.HTTPError as err:
-            raise SouthboundError(f"{self.url}: install failed: {err}") from None
+            raise SouthboundError(f"{self.url}: install failed: {_first_line(err)}") from None
         if r.status_code == 409:
             raise ValueError(r.json().get("detail", "rejected"))
         if r.status_code >= 400:

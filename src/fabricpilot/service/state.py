@@ -33,13 +33,12 @@ from prometheus_client import generate_latest
 from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
-from fabricpilot.controller.southbound import DataPlane, PathSet, PortDelta
+from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.metrics import service_registry
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
 from fabricpilot.service.southbound_http import (
-    RemoteDataPlane,
     pathset_from_dict,
     pathset_to_dict,
 )
@@ -105,12 +104,14 @@ class FabricService:
     ``twin=True`` runs the scenario's jobs on the twin in scaled real time (``time_scale``
     fabric seconds per wall second); ``twin=False`` keeps the twin's fabric but no traffic
     (the controller then sees only the telemetry posted to it). ``remote`` replaces the
-    in-process twin by a data plane in another process (``fabricpilot twin``, or switches):
-    its fabric, its running jobs and the rules it holds are read from it."""
+    in-process twin by a data plane in another process (the twin's process of ``serve``,
+    ``fabricpilot twin``, or switches): its fabric, its running jobs and the rules it holds
+    are read from it, and its status is the health's ``twin`` when it reports a fabric
+    time."""
 
     def __init__(self, prep: Prepared, store: Store, *, twin: bool = True,
                  time_scale: float = 1e-3, tick_interval_s: float = 0.2,
-                 plan_interval_s: float = 0.25, remote: RemoteDataPlane | None = None
+                 plan_interval_s: float = 0.25, remote: ExternalDataPlane | None = None
                  ) -> None:
         self.prep = prep
         self.store = store
@@ -124,6 +125,7 @@ class FabricService:
         self.busbw_GBps: dict[str, float] = {}
         self.collective_us: dict[str, float] = {}
         self.remote = remote
+        self.remote_status: dict[str, Any] = {} if remote is None else remote.status()
         # the in-process twin is the data plane unless a remote one is given
         policy = None if remote is not None else PacedTwin(twin_context(prep))
         inner: DataPlane = remote if remote is not None else cast("PacedTwin", policy)
@@ -185,6 +187,9 @@ class FabricService:
             self.runner.stop()
         if self._loop_thread is not None:
             self._loop_thread.join(5.0)
+        close = getattr(self.remote, "close", None)
+        if close is not None:
+            close()
 
     def _loop(self) -> None:
         """Plan declared changes at most every ``plan_interval_s`` (changes arriving in
@@ -258,7 +263,8 @@ class FabricService:
         rep = self.controller.tick(self.now_ns())
         self._timed("tick", t0)
         if self.remote is not None:  # the remote twin's jobs' bus bandwidth, if it tells
-            self.busbw_GBps.update(self.remote.status().get("busbw_GBps") or {})
+            self.remote_status = self.remote.status()
+            self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
         if rep.replanned:
             self.counters.replans += 1
             self._note_reroutes(before, "replan",
@@ -635,16 +641,27 @@ class FabricService:
                 out.append(st)
             return out
 
-    def health(self) -> dict[str, Any]:
+    def _twin_status(self) -> dict[str, Any] | None:
+        """The twin's state: the in-process runner's, or a remote twin's last report."""
         runner = self.runner
-        return {"status": "ok" if runner is None or runner.error is None else "degraded",
+        if runner is not None:
+            return {"running": runner.alive, "runs": runner.runs, "error": runner.error,
+                    "fabric_time_ms": round(runner.twin.now_ns() * 1e-6, 3),
+                    "time_scale": runner.time_scale,
+                    "behind_ms": round(runner.behind_ms, 3)}
+        st = self.remote_status
+        if "fabric_time_ms" in st or st.get("running") is False:
+            keys = ("running", "runs", "error", "fabric_time_ms", "time_scale", "behind_ms")
+            return {k: st.get(k) for k in keys}
+        return None
+
+    def health(self) -> dict[str, Any]:
+        twin = self._twin_status()
+        return {"status": "ok" if twin is None or twin["error"] is None else "degraded",
                 "uptime_s": round(time.time() - self.started_s, 3),
                 "jobs": len(self.intents),
                 "plan_epoch": self._plan_epoch,
-                "twin": None if runner is None else {
-                    "running": runner.alive, "runs": runner.runs, "error": runner.error,
-                    "fabric_time_ms": round(runner.twin.now_ns() * 1e-6, 3),
-                    "time_scale": runner.time_scale},
+                "twin": twin,
                 "restored": self.restored,
                 "store": str(Path(self.store.path).name)}
 

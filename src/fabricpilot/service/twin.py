@@ -12,6 +12,10 @@ paced so that fabric time advances ``time_scale`` times as fast as wall time (``
 millisecond of fabric time per second). Between pacing points the runner holds the service
 lock; it sleeps with the lock released, so API calls interleave with the simulation.
 
+``fabricpilot serve`` runs it in a process of its own
+(:mod:`fabricpilot.service.twin_process`); ``serve --single-process`` and embedders run it
+here, beside the controller.
+
 Like switches, the twin keeps forwarding on the rules it was given when the controller goes
 quiet (fail-static); flows without a rule take switch-local adaptive routing.
 """
@@ -196,6 +200,16 @@ class TwinRunner:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def behind_ms(self) -> float:
+        """How far (fabric milliseconds) the twin is behind its schedule in the current run:
+        0 while it keeps pace with ``time_scale``, growing when the machine cannot give it
+        the CPU it needs."""
+        if not self.alive or self._engine is None:
+            return 0.0
+        due_ns = self._t0_sim + (time.monotonic() - self._t0_wall) * self.time_scale * 1e9
+        return max(0.0, (due_ns - self.twin.now_ns()) * 1e-6)
 
     def _pace(self, now_ns: float) -> None:
         """Called with the lock held: report finished collectives, then wait (lock

@@ -1,0 +1,90 @@
+"""The twin in a process of its own (``TwinProcess``, the data plane ``fabricpilot serve``
+drives): the same fabric, jobs and rules as the twin in-process, telemetry of real traffic,
+fabric time that never runs ahead of its time scale, a clear end when the process goes, and
+no process left behind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fabricpilot.balancing.task_aware import job_intents
+from fabricpilot.controller.core import Controller
+from fabricpilot.controller.southbound import PortDelta
+from fabricpilot.runner import prepare
+from fabricpilot.scenario.loader import default_scenario
+from fabricpilot.service.southbound_http import SouthboundError, view_to_dict
+from fabricpilot.service.state import TWIN_TENANT, intent_from_dict, intent_to_dict
+from fabricpilot.service.twin import PacedTwin, twin_context
+from fabricpilot.service.twin_process import TwinProcess
+
+SCALE = 1e-3  # fabric seconds per wall second
+
+
+def test_the_twin_process_is_the_twin_as_a_data_plane() -> None:
+    sc = default_scenario()
+    prep = prepare(sc, "default")
+    tp = TwinProcess(sc, "default", time_scale=SCALE)
+    try:
+        t_ready0 = time.monotonic()
+        tp.wait_ready()
+        t_ready = time.monotonic()
+        # the fabric and the jobs are those of the in-process twin of the same scenario
+        here = PacedTwin(twin_context(prep)).fabric()
+        assert view_to_dict(tp.fabric()) == view_to_dict(here)
+        assert tp.jobs() == [intent_to_dict(i) for i in job_intents(prep.jobs, TWIN_TENANT)]
+        # a controller drives it through the DataPlane calls: what it plans is what it holds
+        ctl = Controller(tp, prep.controller)
+        for d in tp.jobs():
+            ctl.declare(intent_from_dict(d))
+        report = ctl.plan()
+        assert report.installed > 0
+        held = {ps.key: ps for ps in tp.rules()}
+        assert held == ctl._installed
+        time.sleep(1.5)
+        deltas = tp.telemetry()
+        assert deltas and all(isinstance(d, PortDelta) for d in deltas)
+        assert sum(d.tx_bytes for d in deltas) > 0  # the jobs' traffic crossed the fabric
+        st = tp.status()
+        t_status = time.monotonic()
+        assert st["running"] and st["error"] is None and st["time_scale"] == SCALE
+        # paced: fabric time is at most the wall time since the twin started, scaled (plus
+        # one adaptive round of slack), and it has advanced
+        fabric_ms = st["fabric_time_ms"]
+        assert 0 < fabric_ms <= (t_status - t_ready0) * SCALE * 1e3 + 1.0
+        assert fabric_ms >= 0.2 * (t_status - t_ready) * SCALE * 1e3  # not stalled
+        # a congestion table and a QoS map are accepted
+        tp.push_congestion_table({0: 0.5})
+        tp.set_qos({26: 3})
+    finally:
+        tp.close()
+    assert tp.process.returncode is not None  # closing the socket ended it
+    assert tp.status() == {"running": False, "error": "the twin process was stopped"}
+    assert tp.telemetry() == [] and tp.telemetry_failures == 1
+    with pytest.raises(SouthboundError, match="stopped"):
+        tp.install([next(iter(held.values()))])
+
+
+def test_a_twin_process_that_dies_is_reported_not_hung_on() -> None:
+    sc = default_scenario()
+    tp = TwinProcess(sc, "default", time_scale=SCALE)
+    try:
+        tp.wait_ready()
+        tp.process.kill()
+        tp.process.wait(10)
+        st = tp.status()
+        assert st["running"] is False
+        assert st["error"] == "the twin process is not running (exit code -9)"
+        with pytest.raises(SouthboundError, match="not running"):
+            tp.rules()
+    finally:
+        tp.close()
+
+
+def test_a_twin_process_that_cannot_start_says_why_in_one_line() -> None:
+    tp = TwinProcess(default_scenario(), "default", time_scale=SCALE)
+    tp.process.kill()
+    with pytest.raises(SouthboundError) as err:
+        tp.wait_ready(timeout_s=30)
+    assert str(err.value) == "the twin process failed to start: it exited with code -9"

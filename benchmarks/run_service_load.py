@@ -13,7 +13,7 @@ the twin, the GPUs the twin's jobs leave free with it -- whose size changes each
 every one is a real change to plan) or a switch's telemetry batch (``POST
 /api/v1/telemetry``, 32 port deltas). It prints the throughput, latency percentiles and the
 errors (any status other than 200 / 202, or a broken connection), and the CPU time of the
-API process and of its control process. Targets: >= 2,000 requests/s on a 2-core machine,
+API process, of its control process and of the twin's process. Targets: >= 2,000 requests/s on a 2-core machine,
 p99 <= 50 ms, 0 errors. ``--single-process`` serves with the controller in the API's
 process, for comparison.
 

@@ -8,14 +8,14 @@ telemetry for a bounded time.
 It starts ``fabricpilot serve`` on 127.0.0.1 (a fresh state directory, a token file with one
 operator and 8 tenants), then runs ``--clients`` keep-alive HTTP/1.1 connections from
 ``--procs`` load processes for ``--seconds``. Each request is, in turn, a tenant's intent
-update (``PUT /api/v1/jobs/{id}``, a ring AllReduce over the tenant's GPUs -- 16 each without
-the twin, the GPUs the twin's jobs leave free with it -- whose size changes each time, so
-every one is a real change to plan) or a switch's telemetry batch (``POST
+update (``PUT /api/v1/jobs/{id}``, a ring AllReduce over the tenant's GPUs -- 16 each
+without the twin, the GPUs the twin's jobs leave free with it -- whose size changes each
+time, so every one is a real change to plan) or a switch's telemetry batch (``POST
 /api/v1/telemetry``, 32 port deltas). It prints the throughput, latency percentiles and the
 errors (any status other than 200 / 202, or a broken connection), and the CPU time of the
-API process, of its control process and of the twin's process. Targets: >= 2,000 requests/s on a 2-core machine,
-p99 <= 50 ms, 0 errors. ``--single-process`` serves with the controller in the API's
-process, for comparison.
+API process, of its control process and of the twin's process. Targets: >= 2,000 requests/s
+on a 2-core machine, p99 <= 50 ms, 0 errors. ``--single-process`` serves with the controller
+in the API's process, for comparison.
 
 Without ``--rate`` every client sends its next request as soon as the last is answered
 (closed loop): the throughput is the service's capacity, and the latency is mostly the
@@ -274,7 +274,7 @@ def main() -> None:
         return next((float(line.split()[-1]) for line in metrics.splitlines()
                      if line.startswith(prefix)), 0.0)
 
-    plans = metric("fabricpilot_plans_total")
+    plans = metric("fabricpilot_plans_total") + metric("fabricpilot_job_plans_total")
     plan_s = metric('fabricpilot_planner_seconds_sum{kind="plan"}')
     tick_s = metric('fabricpilot_planner_seconds_sum{kind="tick"}')
     rps = len(lat) / wall

@@ -392,3 +392,149 @@ def test_the_link_index_follows_plans_and_heals() -> None:
         fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
         hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
         assert ctl.on_links_changed([hot], []).affected > 0
+
+
+# ------------------------------------------------------------------ incremental planning
+def test_a_job_planned_alone_is_placed_around_the_installed_plan() -> None:
+    # the disjoint-spines case, job b planned by itself against a's installed paths
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    a_sets = dict(ctl._installed)
+    ctl.declare(Intent("b", "t2", (1, 3), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    dp.installed.clear()
+    report = ctl.plan_jobs({"b"})
+    assert report is not None and report.demands == 2 and report.installed == 2
+    assert sorted(r.key for r in dp.installed) == [rule_key("b", 1, 3), rule_key("b", 3, 1)]
+    assert {k: ctl._installed[k] for k in a_sets} == a_sets  # a was not touched
+    spine_of = {}
+    for key, ps in ctl._installed.items():
+        (path,) = ps.paths
+        spine_of[key] = next(n for n in (dp.view.link(lk).dst for lk in path)
+                             if n.startswith("spine"))
+    assert spine_of[rule_key("a", 0, 2)] != spine_of[rule_key("b", 1, 3)]
+    assert spine_of[rule_key("a", 2, 0)] != spine_of[rule_key("b", 3, 1)]
+    # every link at most one flow at line rate: lambda 1.0, as the joint plan
+    assert report.plan.max_utilization == pytest.approx(1.0)
+
+
+def _load_from_plan(ctl: Controller) -> dict[int, float]:
+    """Load per link recomputed from the plan's paths and the demands' rates."""
+    out: dict[int, float] = {}
+    assert ctl.current is not None
+    for key, shares in ctl.current.paths.items():
+        rate = ctl._demand[key].rate_gbps
+        for path, w in shares:
+            for lk in path:
+                out[lk] = out.get(lk, 0.0) + rate * w
+    return out
+
+
+def _check_consistent(ctl: Controller) -> None:
+    assert ctl.current is not None
+    assert set(ctl.current.paths) == set(ctl._installed)
+    load = ctl.current.link_load_gbps
+    want = _load_from_plan(ctl)
+    assert all(abs(load.get(lk, 0.0) - want.get(lk, 0.0)) < 1e-6
+               for lk in set(load) | set(want))
+    assert {lk: ctl._on_link[lk] for lk in ctl._on_link if ctl._on_link[lk]} == (
+        _index_from_installed(ctl))
+    assert {k: ctl._links_of[k] for k in ctl._links_of} == {
+        k: {lk for p in r.paths for lk in p} for k, r in ctl._installed.items()}
+    cap = {lk: li.capacity_gbps for lk, li in ctl.view.links.items()}
+    fabric_max = max((v / cap[lk] for lk, v in want.items()
+                      if ctl.view.links[lk].kind == "fabric"), default=0.0)
+    assert ctl.current.max_utilization == pytest.approx(fabric_max)
+
+
+def test_declaring_changing_and_withdrawing_jobs_one_at_a_time() -> None:
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)))
+    order = np.random.default_rng(5).permutation(64).tolist()
+    a = Intent("a", "t", tuple(order[:24]), (CommCall("alltoall", 1 << 24, 900.0, 0),))
+    ctl.declare(a)
+    ctl.plan()
+    a_sets = dict(ctl._installed)
+    # a new job: planned by itself, the installed one untouched
+    ctl.declare(Intent("b", "t", tuple(order[24:44]),
+                       (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+    report = ctl.plan_jobs({"b"})
+    assert report is not None and report.demands == 20  # a ring of 20: 20 pairs
+    assert {k: ctl._installed[k] for k in a_sets} == a_sets
+    _check_consistent(ctl)
+    # a changed job: its old pairs go, its new ones come
+    ctl.declare(Intent("a", "t", a.gpus, (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+    report = ctl.plan_jobs({"a"})
+    assert report is not None and report.demands == 24
+    assert sum(k.startswith("a:") for k in ctl._installed) == 24
+    _check_consistent(ctl)
+    # a withdrawn job: nothing of it is left, and its links carry only the others' load
+    ctl.withdraw("b")
+    report = ctl.plan_jobs({"b"})
+    assert report is not None and report.demands == 0
+    assert not any(k.startswith("b:") for k in ctl._installed)
+    assert not any(k.startswith("b:") for k in ctl._demand)
+    _check_consistent(ctl)
+
+
+def test_planning_one_job_falls_back_to_a_full_plan_when_it_changes_every_job() -> None:
+    # the first L1/L2 call caps every L3 demand: only a full plan can apply that
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    assert ctl.plan_jobs({"a"}) is None  # no plan yet
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    ctl.declare(Intent("b", "t", (0, 1), (CommCall("allreduce", 1 << 20, 30.0, 0),)))
+    assert ctl.plan_jobs({"b"}) is None
+    ctl.plan()
+    ctl.withdraw("b")
+    assert ctl.plan_jobs({"b"}) is None  # and the last one gone
+
+
+def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -> None:
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    twin = TaskAware(PolicyContext(default_cluster(64), 1, 600))
+    order = np.random.default_rng(6).permutation(64).tolist()
+    jobs = [Intent("a", "t", tuple(order[:24]), (CommCall("alltoall", 1 << 24, 900.0, 0),)),
+            Intent("b", "t", tuple(order[24:44]), (CommCall("allreduce", 1 << 24, 900.0, 0),)),
+            Intent("c", "t", tuple(order[44:]), (CommCall("allreduce", 1 << 22, 900.0, 0),))]
+    first = Controller(twin)
+    first.declare(jobs[0])
+    first.plan()
+    for job in jobs[1:]:  # planned one at a time: not what one plan of all three gives
+        first.declare(job)
+        assert first.plan_jobs({job.task_id}) is not None
+    held = dict(first._installed)
+    # a new controller over the same switches: they report what they hold
+    sent: list[PathSet] = []
+    again = Controller(twin)
+    again.dp = type("Spy", (), {"install": lambda self, sets: sent.extend(sets),
+                                "push_congestion_table": lambda self, w: None})()
+    for job in jobs:
+        again.declare(job)
+    again.adopt(list(held.values()))
+    report = again.resume()
+    assert report is not None and report.demands == len(held)
+    assert sent == [] and again._installed == held  # nothing moved, nothing sent
+    _check_consistent(again)
+    la, lb = again.current.link_load_gbps, first.current.link_load_gbps
+    assert all(abs(la.get(lk, 0.0) - lb.get(lk, 0.0)) < 1e-6 for lk in set(la) | set(lb))
+    # a job the switches lost (its sets missing) is planned by itself around the others
+    lost = {k: v for k, v in held.items() if not k.startswith("c:")}
+    third = Controller(twin)
+    third.dp = again.dp
+    for job in jobs:
+        third.declare(job)
+    third.adopt(list(lost.values()))
+    report = third.resume()
+    assert report is not None
+    assert {k: third._installed[k] for k in lost} == lost
+    assert sorted(r.key for r in sent) == sorted(k for k in held if k.startswith("c:"))
+    _check_consistent(third)

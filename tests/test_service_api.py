@@ -122,6 +122,31 @@ def test_hot_link_reroutes_a_tenant_job(client: httpx.Client) -> None:
     assert events[-1]["kind"] == "replan" and "acme-ring:0->64" in events[-1]["keys"]
 
 
+def test_a_changed_job_is_planned_by_itself(client: httpx.Client) -> None:
+    # one job among two changes: only it is planned, around the other's installed paths
+    c = client
+    assert c.post("/api/v1/jobs", json=_job("acme-ring", [0, 1, 64, 65]),
+                  headers=_auth(ACME)).status_code == 201
+    acme = _planned_paths(c, "acme-ring", ACME)
+    full = _metric(c.get("/metrics").text, "fabricpilot_plans_total")
+    assert c.post("/api/v1/jobs", json=_job("globex-ring", [8, 9, 72, 73]),
+                  headers=_auth(GLOBEX)).status_code == 201
+    assert set(_planned_paths(c, "globex-ring", GLOBEX)) == {
+        "globex-ring:8->9", "globex-ring:9->72", "globex-ring:72->73", "globex-ring:73->8"}
+    metrics = c.get("/metrics").text
+    assert _metric(metrics, "fabricpilot_job_plans_total") == 1
+    assert _metric(metrics, "fabricpilot_plans_total") == full
+    assert _planned_paths(c, "acme-ring", ACME) == acme
+    # withdrawn: its path sets go, the other job's stay as they were
+    assert c.delete("/api/v1/jobs/globex-ring", headers=_auth(GLOBEX)).status_code == 204
+    deadline = time.monotonic() + 10
+    while _metric(c.get("/metrics").text, "fabricpilot_job_plans_total") < 2:
+        assert time.monotonic() < deadline, "the withdrawal was never planned"
+        time.sleep(0.05)
+    assert _metric(c.get("/metrics").text, "fabricpilot_path_sets") == len(acme)
+    assert _planned_paths(c, "acme-ring", ACME) == acme
+
+
 def test_auth_and_tenancy(client: httpx.Client) -> None:
     c = client
     body = _job("acme-a", [0, 1])

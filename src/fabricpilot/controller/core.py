@@ -347,6 +347,7 @@ class Controller:
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         self._links_of = _LinksByKey()  # installed key -> links its paths use
         self._weight: dict[str, float] = {}
+        self._strict_planned = False  # some L1/L2 call was declared at the last demands()
         self.replans = 0
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
@@ -509,8 +510,9 @@ class Controller:
             hit = cache[node] = (mask, {bit: tuple(e) for bit, e in by_bit.items()})
         return hit
 
-    def demands(self) -> list[Demand]:
-        """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat.
+    def demands(self, only: set[str] | None = None) -> list[Demand]:
+        """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat
+        (of the jobs ``only``, if given: the other jobs' demands are kept as they were).
 
         A pair's candidates are its fewest-hop paths within the scope of its call's SLA level
         (L1: one switch, L2: no spine; see :func:`~fabricpilot.controller.ranking.in_scope`);
@@ -519,10 +521,15 @@ class Controller:
         ``l3_rate_cap`` of their rate, leaving the rest of every link to the stricter jobs.
         """
         out: dict[str, Demand] = {}
-        self.sla_unmet = {}
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
-        strict = any(c.level != "L3" for i in opted for c in i.calls)
+        strict = self._strict_planned = any(c.level != "L3" for i in opted for c in i.calls)
+        if only is None:
+            self.sla_unmet = {}
+        else:
+            opted = [i for i in opted if i.task_id in only]
+            for task in only:
+                self.sla_unmet.pop(task, None)
         endpoints = self._endpoints
         ends_out, ends_in = self._ends_out, self._ends_in
         sw_paths = self._sw_paths
@@ -617,7 +624,10 @@ class Controller:
                     endpoints[key] = (a, b)
             if task not in self.sla_unmet and task not in self.partitioned:
                 out.update(pending)
-        self._demand = dict(out)
+        if only is None:
+            self._demand = dict(out)
+        else:
+            self._demand.update(out)
         return list(out.values())
 
     def _capacity(self) -> dict[int, float]:
@@ -661,6 +671,139 @@ class Controller:
             demands = self.demands()
             self._weight = {d.key: d.weight for d in demands}
             return self._install(*self._solve(demands, background), len(demands))
+
+    def plan_jobs(self, tasks: set[str]) -> PlanReport | None:
+        """Re-plan only the jobs ``tasks`` (declared, changed or withdrawn since the last
+        plan) against the rest of the installed plan, which stays as it is: their old paths
+        are taken out of the load, their demands now are placed on what is left, steered and
+        installed. The cost grows with those jobs' demands, not with the fabric's.
+
+        Returns ``None`` (nothing done: call :meth:`plan`) when there is no plan yet, or
+        when the jobs changed what every job's plan depends on (the first L1/L2 call
+        declared, or the last one gone: L3 demands are capped only while one is).
+        The next control period that finds a hot link re-plans everything.
+        """
+        if self.current is None:
+            return None
+        strict = any(c.level != "L3" for i in self.intents.values() if i.opt_in
+                     for c in i.calls)
+        if strict != self._strict_planned:
+            return None
+        prefixes = tuple(f"{t}:" for t in tasks)
+        old = [k for k in self.current.paths if k.startswith(prefixes)]
+        if any(k not in self._demand for k in old):  # (a plan older than the demands)
+            return None
+        with _gc_paused(promote=True):
+            return self._plan_jobs(tasks, old)
+
+    def _plan_jobs(self, tasks: set[str], old: list[str]) -> PlanReport:
+        """:meth:`plan_jobs` of ``tasks``, whose planned keys are ``old``."""
+        plan = self.current
+        assert plan is not None
+        load, paths = plan.link_load_gbps, plan.paths
+        for k in old:  # out with their old paths
+            rate = self._demand[k].rate_gbps
+            for p, w in paths.pop(k):
+                out = rate * w
+                for lk in p:
+                    load[lk] -= out
+        fresh = self.demands(only=tasks)
+        kept = {d.key for d in fresh}
+        for k in old:
+            if k not in kept:
+                self._forget(k)
+        self._weight.update((d.key, d.weight) for d in fresh)
+        if not fresh:
+            report = PlanReport(plan, 0, 0)
+        else:
+            used: set[int] = set()
+            for d in fresh:
+                used.update(d.head, d.tail)
+                used.update(self._links_in(d.candidates))
+            ids = np.fromiter(used, np.int64, len(used))
+            ids.sort()
+            ids_l = ids.tolist()
+            before = np.array([load.get(lk, 0.0) for lk in ids_l], np.float64)
+            sub = plan_greedy(fresh, LinkValues(ids, self._capacity_of(ids, ids_l)),
+                              background=LinkValues(ids, before), split=self.parts)
+            held = self._rules_held - Counter(
+                sw for k in sub.paths if k in self._installed
+                for pinned in self._installed[k].rules for sw, _ in pinned)
+            sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
+            paths.update(sub.paths)
+            for lk, v in sub.link_load_gbps.items():
+                load[lk] = load.get(lk, 0.0) + v
+            installed = self._installed
+            changed = [r for r in sets if installed.get(r.key) != r]
+            self.dp.install(changed)
+            self._record(sets)
+            report.installed = len(changed)
+        cap = self._link_capacity()
+        links = self.view.links
+        self.current = replace(plan, max_utilization=max(
+            (v / cap[lk] for lk, v in load.items() if links[lk].kind == "fabric"),
+            default=0.0))
+        report.plan = self.current
+        report.demands = len(fresh)
+        return report
+
+    def resume(self) -> PlanReport | None:
+        """After a restart: take the path sets the data plane holds (:meth:`adopt`) as the
+        plan of every job they fully cover, on live candidates of its demands now, so that
+        a restart moves no traffic; plan the other jobs by themselves (:meth:`plan_jobs`).
+        Returns ``None`` (nothing done: call :meth:`plan`) if no job is covered.
+
+        Plans made one job at a time differ from one plan of every job, so a restarted
+        controller planning from scratch would move flows the switches carry well.
+        """
+        with _gc_paused(promote=True):
+            demands = self.demands()
+            held = self._installed
+            avoid = self.down | self.degraded
+            covered: dict[str, bool] = {}
+            for d in demands:
+                task = d.key.split(":", 1)[0]
+                ps = held.get(d.key)
+                covered[task] = covered.get(task, True) and ps is not None and all(
+                    avoid.isdisjoint(p) for p in ps.paths) and set(ps.paths) <= set(
+                    d.full_candidates)
+            if not any(covered.values()):
+                return None
+            self._weight = {d.key: d.weight for d in demands}
+            rate = {d.key: d.rate_gbps for d in demands}
+            keys = [d.key for d in demands if covered[d.key.split(":", 1)[0]]]
+            sets = [held[k] for k in keys]
+            paths = {ps.key: list(zip(ps.paths, ps.weights, strict=True)) for ps in sets}
+            load: dict[int, float] = {}
+            for k, shares in paths.items():
+                for p, w in shares:
+                    for lk in p:
+                        load[lk] = load.get(lk, 0.0) + rate[k] * w
+            self._record_all(sets)  # (adopted sets of no demand now are forgotten)
+            cap, links = self._link_capacity(), self.view.links
+            self.current = Plan(paths, load, max(
+                (v / cap[lk] for lk, v in load.items() if links[lk].kind == "fabric"),
+                default=0.0), solver="resumed")
+        rest = {t for t, ok in covered.items() if not ok}
+        if not rest:
+            return PlanReport(self.current, len(self._installed), len(demands))
+        report = self.plan_jobs(rest)
+        return self.plan() if report is None else report
+
+    def _forget(self, key: str) -> None:
+        """Drop an installed path set the plan no longer has (its job withdrawn, or the
+        pair gone from its calls)."""
+        old = self._installed.pop(key, None)
+        if old is not None and any(old.rules):
+            self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
+        links = self._links_of.get(key)
+        if links is not None:
+            for lk in links:
+                self._on_link.discard(lk, key)
+            del self._links_of[key]
+        self._demand.pop(key, None)
+        self._weight.pop(key, None)
+        self._endpoints.pop(key, None)
 
     def _solve(self, demands: list[Demand], background: dict[int, float] | None
                ) -> tuple[Plan, list[PathSet], PlanReport]:

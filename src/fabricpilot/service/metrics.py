@@ -83,6 +83,8 @@ class ServiceCollector(Collector):
         c = svc.counters
         for name, doc, v in (
                 ("plans", "Full plans of every declared job", c.plans),
+                ("job_plans", "Plans of changed jobs only, around the installed plan",
+                 c.job_plans),
                 ("replans", "Re-plans installed by the control loop (telemetry)", c.replans),
                 ("reroutes", "Path sets whose paths changed", c.reroutes),
                 ("heals", "Reactions to reported faults", c.heals),

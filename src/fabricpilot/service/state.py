@@ -4,7 +4,8 @@ its data plane, the durable store and the control loop, behind one lock.
 The API (:mod:`fabricpilot.service.app`) calls the methods here; they check tenancy, change
 the controller's state, persist it and return plain dicts. Planning is batched: declaring or
 updating a job marks the plan stale and wakes the control loop, which re-plans every stale
-job together (so a burst of declarations costs one plan); between plans it runs the
+job together (so a burst of declarations costs one plan; a few changed jobs among many are
+planned by themselves, around the installed plan); between plans it runs the
 controller's control period (:meth:`~fabricpilot.controller.core.Controller.tick`) every
 ``tick_interval_s`` of wall time. A call announced at run time waits for the plan that
 includes it and answers with its paths.
@@ -72,6 +73,7 @@ class Counters:
     """What the service did since it started (exported as Prometheus counters)."""
 
     plans: int = 0
+    job_plans: int = 0         # plans of the changed jobs only (Controller.plan_jobs)
     replans: int = 0
     reroutes: int = 0          # path sets whose paths changed after the first plan
     heals: int = 0
@@ -166,7 +168,9 @@ class FabricService:
         for intent in self.intents.values():
             self._use_gpus(intent, +1)
         with self.lock:
-            self._plan("start")
+            # after a restart the switches' path sets are the plan: a restart moves nothing
+            resumed = self.restored["path_sets"] or self.restored["held_by_dataplane"]
+            self._plan("start", resume=bool(resumed))
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -229,7 +233,7 @@ class FabricService:
                     self.dp.forget_task(task)
                 else:
                     self.controller.declare(intent)
-            self._plan(why)
+            self._plan(why, only=set(pending))
         with self._changed:
             self._planned_upto = max(self._planned_upto, upto)
             self._changed.notify_all()
@@ -244,16 +248,30 @@ class FabricService:
     def _timed(self, kind: str, t0: float) -> None:
         self.observe_planner(kind, time.perf_counter() - t0)
 
-    def _plan(self, why: str) -> None:
-        """Re-plan every declared job (lock held)."""
+    def _plan(self, why: str, only: set[str] | None = None, resume: bool = False) -> None:
+        """Plan the declared jobs (lock held): the jobs ``only`` by themselves, around the
+        installed plan, when they are at most half of the jobs (withdrawn ones included)
+        and the controller can
+        (:meth:`~fabricpilot.controller.core.Controller.plan_jobs`); with ``resume``, the
+        path sets restored as the plan (:meth:`~fabricpilot.controller.core.Controller.
+        resume`); every job otherwise."""
         before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
-        rep = self.controller.plan()
+        rep = None
+        if resume:
+            rep = self.controller.resume()
+        elif only is not None and 2 * len(only) <= len(only | set(self.controller.intents)):
+            rep = self.controller.plan_jobs(only)
+        scope = "all" if rep is None else "resumed" if resume else "jobs"
+        if rep is None:
+            rep = self.controller.plan()
+            self.counters.plans += 1
+        else:
+            self.counters.job_plans += 1
         self._timed("plan", t0)
         self._plan_epoch += 1
-        self.counters.plans += 1
         self._note_reroutes(before, "plan", why)
-        log.info("plan", extra={"fields": {"why": why, "demands": rep.demands,
+        log.info("plan", extra={"fields": {"why": why, "scope": scope, "demands": rep.demands,
                                            "installed": rep.installed,
                                            "lambda": round(rep.plan.max_utilization, 4)}})
 

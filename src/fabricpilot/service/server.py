@@ -1,7 +1,8 @@
 """Building and running the service: scenario + state directory + tokens -> a running app.
 
 :func:`build_process` is what ``fabricpilot serve`` runs: the app in this process, the
-service in a control process of its own. :func:`build` keeps the service in the app's
+service in a control process of its own, and the twin in a process that one starts
+(:mod:`fabricpilot.service.twin_process`). :func:`build` keeps the service in the app's
 process (``serve --single-process``, embedding, tests). :func:`build_twin` is ``fabricpilot
 twin``.
 """

@@ -266,7 +266,7 @@ class FabricService:
         if rep is None:
             rep = self.controller.plan()
             self.counters.plans += 1
-        else:
+        elif not resume:
             self.counters.job_plans += 1
         self._timed("plan", t0)
         self._plan_epoch += 1

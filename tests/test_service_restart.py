@@ -75,6 +75,8 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
         health = httpx.get(f"{base}/health").json()
         assert health["twin"]["running"]  # killed mid-run of the twin
         below = descendants(proc.pid)  # the control process and the twin's
+        sets = [line for line in httpx.get(f"{base}/metrics").text.splitlines()
+                if line.startswith("fabricpilot_path_sets ")]
         assert any("fabricpilot.service.twin_process" in cmd for cmd in below.values())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -98,6 +100,11 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
             assert [(f["kind"], f["link_id"]) for f in faults] == [("gray", 520)]
             cong = {x["link_id"]: x for x in c.get("/api/v1/congestion").json()}
             assert cong[520]["gray"]
+        # every job's path sets, the twin's included, were taken back as the plan: the
+        # restart planned nothing (a restart moves no traffic)
+        assert restored["path_sets"] == float(sets[0].split()[1])
+        metrics = httpx.get(f"{base}/metrics").text.splitlines()
+        assert "fabricpilot_plans_total 0.0" in metrics
     finally:
         proc.kill()
         proc.wait(10)

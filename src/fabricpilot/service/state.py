@@ -153,7 +153,10 @@ class FabricService:
         self.runner: TwinRunner | None = None
         # task -> (pattern, pairs, bucket) -> the call announced for it last
         self._announced: dict[str, dict[tuple[Any, ...], CommCall]] = {}
-        self.restored = self._restore()
+        # the jobs the data plane runs (the twin's): their stored path sets are restored too
+        running = ([str(d["task_id"]) for d in remote.jobs()] if remote is not None
+                   else [j.name for j in prep.jobs] if twin else [])
+        self.restored = self._restore(running)
         if remote is not None:
             for d in remote.jobs():
                 if d["task_id"] not in self.controller.intents:
@@ -314,10 +317,11 @@ class FabricService:
             if intent.task_id not in self.controller.intents:
                 self.controller.declare(intent)
 
-    def _restore(self) -> dict[str, int]:
+    def _restore(self, running: list[str]) -> dict[str, int]:
         """Read the store back: jobs, the fault state of each link and the path sets the
-        switches held (installed again: the data plane is re-synced before the first plan,
-        which then sends only what changed)."""
+        switches held for them and for the jobs the data plane runs (``running``), installed
+        again: the data plane is re-synced before the first plan, which then sends only what
+        changed."""
         jobs = self.store.jobs()
         for task, _, d in jobs:
             intent = intent_from_dict(d)
@@ -336,7 +340,7 @@ class FabricService:
             last[int(f["link_id"])] = str(f["kind"])
         self.controller.down = {lk for lk, k in last.items() if k == "down"}
         self.controller.degraded = {lk for lk, k in last.items() if k == "gray"}
-        known = {t for t, _, _ in jobs}
+        known = {t for t, _, _ in jobs} | set(running)
         stored = [pathset_from_dict(d) for d in self.store.paths().values()]
         kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
         held: list[PathSet] = []

@@ -354,6 +354,17 @@ def test_a_pair_with_every_path_down_is_reported_partitioned() -> None:
     ups = [v.link_between("leaf0", f"spine{s}") for s in (0, 1)]
     ctl.on_links_changed(ups, [])
     assert ctl.partitioned == {"a": "gpu0 -> gpu2: every path crosses a link that is down"}
+    # the pair without a path is out of the plan (the reverse direction, gpu2 -> gpu0,
+    # still has its spine downlinks into leaf0)
+    assert rule_key("a", 0, 2) not in ctl._installed
+    assert rule_key("a", 0, 2) not in ctl.current.paths
+    _check_consistent(ctl)
+    # one uplink back: the job is planned again, on it, and no longer reported
+    ctl.on_links_changed([], [ups[1]])
+    assert ctl.partitioned == {}
+    (path,) = ctl._installed[rule_key("a", 0, 2)].paths
+    assert ups[1] in path
+    _check_consistent(ctl)
 
 
 def _index_from_installed(ctl: Controller) -> dict[int, set[str]]:

@@ -524,12 +524,15 @@ class Controller:
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         strict = self._strict_planned = any(c.level != "L3" for i in opted for c in i.calls)
+        # (both are found again below: a job is cut off only while its links are down)
         if only is None:
             self.sla_unmet = {}
+            self.partitioned = {}
         else:
             opted = [i for i in opted if i.task_id in only]
             for task in only:
                 self.sla_unmet.pop(task, None)
+                self.partitioned.pop(task, None)
         endpoints = self._endpoints
         ends_out, ends_in = self._ends_out, self._ends_in
         sw_paths = self._sw_paths
@@ -949,10 +952,17 @@ class Controller:
         dead links excluded at once, and every planned path set crossing one is re-placed.
         Only those demands are re-planned, on their precomputed candidates minus the dead
         links, against the load of everything else (the rest of the plan stays): the cost
-        grows with the traffic on the failed link, not with the fabric."""
+        grows with the traffic on the failed link, not with the fabric. A pair left without
+        a path reports its job :attr:`partitioned`; when links come back, such jobs are
+        planned again (:meth:`plan_jobs`)."""
         self.down |= set(down)
         self.down -= set(up)
-        return self._heal("down" if down else "up")
+        report = self._heal("down" if down else "up")
+        # jobs cut off may have a path again: plan them (those still cut stay reported)
+        if (up and self.partitioned and self.current is not None
+                and self.plan_jobs(set(self.partitioned)) is None):
+            self.plan()
+        return report
 
     def on_links_degraded(self, links: list[int]) -> HealReport:
         """Gray links confirmed: planned traffic moves off them before they fail (they stay
@@ -1012,10 +1022,12 @@ class Controller:
                 live: Demand | None = _demand(d.key, rate, hit[1], d.weight, d.head, d.tail)
             else:
                 live = self._live(d, avoid_key)
-            if live is None:
+            if live is None:  # out of the plan (its load is already out): reported
                 task = k.split(":", 1)[0]
                 a, b = self._endpoints[k]
                 self.partitioned[task] = f"gpu{a} -> gpu{b}: every path crosses a link that is down"
+                del paths[k]
+                self._forget(k)
                 continue
             demands.append(live)
             used.update(d.head, d.tail)

@@ -6,6 +6,7 @@ in one line."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -146,3 +147,25 @@ def _cmd(stat: Path) -> str:
         return (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_serve_stops_when_its_control_process_dies(tmp_path: Path) -> None:
+    # rather than answer 503 forever: a supervisor restarts serve, which restores its state
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricpilot", "serve", "--no-twin", "--state-dir",
+         str(tmp_path / "state"), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http(proc, f"http://127.0.0.1:{port}/health")
+        (child,) = [p for p in Path("/proc").glob("[0-9]*/stat")
+                    if _ppid(p) == proc.pid and "multiprocessing.spawn" in _cmd(p)]
+        os.kill(int(child.parent.name), signal.SIGKILL)
+        assert proc.wait(30) == 1
+        last = proc.stderr.read().decode().strip().splitlines()[-1]
+        assert last == (f"error: the control process exited unexpectedly (exit code -9); "
+                        f"serve stopped (start it again: the state in {tmp_path / 'state'}/ "
+                        f"is restored)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -218,6 +218,16 @@ def serve(
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         _fail(f"--log-level: unknown level {log_level!r}")
     max_body_bytes = _size(max_body, "--max-body")
+    # the control process dying under us: stop serving (a supervisor restarts serve, which
+    # restores the state) rather than answer 503 forever
+    lost: list[str] = []
+    servers: list[uvicorn.Server] = []
+
+    def on_lost(why: str) -> None:
+        lost.append(why)
+        for server in servers:
+            server.should_exit = True
+
     try:
         sc, source = _load(scenario)
         tokens = TokenRegistry.from_file(tokens_file) if tokens_file is not None else None
@@ -237,7 +247,7 @@ def serve(
                                    dataplane_token=dp_token, log_level=log_level.upper(),
                                    twin_process=True)
                 api, control, _, token_file = build_process(
-                    spec, tokens=tokens, max_body_bytes=max_body_bytes)
+                    spec, tokens=tokens, max_body_bytes=max_body_bytes, on_lost=on_lost)
                 restored = control.restored
     except FabricpilotError as e:
         _fail(str(e))
@@ -250,7 +260,13 @@ def serve(
         err.print(f"operator token: {token_file}", highlight=False)
     configure_logging(log_level.upper())
     freeze_startup_objects()
-    uvicorn.run(api, host=host, port=port, log_level="warning", access_log=False)
+    servers.append(uvicorn.Server(uvicorn.Config(api, host=host, port=port,
+                                                 log_level="warning", access_log=False)))
+    servers[0].run()
+    if lost:
+        err.print(f"[bold red]error:[/] {lost[0]}; serve stopped (start it again: the state "
+                  f"in {state_dir}/ is restored)", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def _read_token(path: Path | None, flag: str) -> str | None:

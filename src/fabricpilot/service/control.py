@@ -119,9 +119,14 @@ class ControlProcess:
     The constructor starts the child and waits until its service is built (scenario,
     store, restore, first plan); a failure there raises :class:`ControlError` with the
     child's one-line reason. :meth:`start` (on the API's event loop) connects and starts
-    the control loop; :meth:`stop` stops it and waits for the child to exit."""
+    the control loop; :meth:`stop` stops it and waits for the child to exit. If the child
+    dies otherwise, every call gets 503 and ``on_lost`` is called with the reason (``serve``
+    then exits, for its supervisor to restart it: the restart restores the state)."""
 
-    def __init__(self, spec: ServiceSpec, *, start_timeout_s: float = 600.0) -> None:
+    def __init__(self, spec: ServiceSpec, *, start_timeout_s: float = 600.0,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        self.on_lost = on_lost  # called (event loop) with why, if the child dies under us
+        self._stopping = False
         ours, theirs = socket.socketpair()
         ctx = mp.get_context("spawn")  # no fork of a process that may run threads
         self.process = ctx.Process(target=_child_main, args=(theirs, spec),
@@ -172,6 +177,11 @@ class ControlProcess:
             if not fut.done():
                 fut.set_exception(ServiceError(503, self._gone))
         self._waiting.clear()
+        if not self._stopping and self.on_lost is not None:
+            self.process.join(2.0)  # (its exit code, if it is exiting)
+            code = self.process.exitcode
+            self.on_lost("the control process exited unexpectedly"
+                         + (f" (exit code {code})" if code is not None else ""))
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self._gone is not None or self._transport is None:
@@ -186,6 +196,7 @@ class ControlProcess:
         return await fut
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._gone is None and self._transport is not None:
             with contextlib.suppress(ServiceError, TimeoutError):
                 await asyncio.wait_for(self.call("stop"), 10.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -127,13 +128,14 @@ def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegi
 
 def build_process(spec: ServiceSpec, *, tokens: TokenRegistry | None,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  on_lost: Callable[[str], None] | None = None,
                   ) -> tuple[FastAPI, ControlProcess, TokenRegistry, Path | None]:
     """The app in this process over the service of ``spec`` in a control process of its
     own (:class:`~fabricpilot.service.control.ControlProcess`; what ``fabricpilot serve``
     runs). Returns once the child has built and planned; a failure there raises
     :class:`~fabricpilot.service.control.ControlError` with its one-line reason."""
     tokens, token_file = _tokens(spec.state_dir, tokens)
-    control = ControlProcess(spec)
+    control = ControlProcess(spec, on_lost=on_lost)
     app = create_app(control, tokens, max_body_bytes=max_body_bytes)
     return app, control, tokens, token_file
 

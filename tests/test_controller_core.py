@@ -549,3 +549,20 @@ def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -
     assert {k: third._installed[k] for k in lost} == lost
     assert sorted(r.key for r in sent) == sorted(k for k in held if k.startswith("c:"))
     _check_consistent(third)
+
+
+def test_a_heal_skips_the_sets_of_a_job_no_longer_planned() -> None:
+    # a cut-off job's remaining sets stay installed, but a later pass over the demands no
+    # longer plans the job: a failure under those sets leaves them as they are
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
+    ctl.plan()
+    v = dp.view
+    ctl.on_links_changed([v.link_between("leaf0", f"spine{s}") for s in (0, 1)], [])
+    ctl.demands()  # (as a control period does)
+    (back,) = ctl._installed[rule_key("a", 2, 0)].paths
+    fabric = next(lk for lk in back if v.links[lk].kind == "fabric")
+    report = ctl.on_links_changed([fabric], [])
+    assert report.affected == 1 and report.installed == 0
+    assert ctl._installed[rule_key("a", 2, 0)].paths == (back,)

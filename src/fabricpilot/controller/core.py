@@ -1009,7 +1009,9 @@ class Controller:
         seen: set[int] = set()  # candidate tuples whose links are in used
         live_cache = self._live_cache
         for k in affected:
-            d = self._demand[k]
+            d = self._demand.get(k)
+            if d is None:  # (a job no longer planned, e.g. cut off: its sets stay as they are)
+                continue
             rate = d.rate_gbps
             for p, w in paths[k]:
                 out = rate * w

@@ -345,14 +345,19 @@ def test_a_link_failure_replaces_only_the_path_sets_that_crossed_it() -> None:
     assert again.affected == 0 and ctl.down == set()
 
 
-def test_a_pair_with_every_path_down_is_reported_partitioned() -> None:
+def _cut_off() -> tuple[FakeDataPlane, Controller, list[int]]:
+    """Job ``a`` (gpu0 <-> gpu2) planned, then both uplinks of leaf0 down (returned)."""
     dp = FakeDataPlane()
     ctl = Controller(dp, ControllerParams(parts=1))
     ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
     ctl.plan()
-    v = dp.view
-    ups = [v.link_between("leaf0", f"spine{s}") for s in (0, 1)]
+    ups = [dp.view.link_between("leaf0", f"spine{s}") for s in (0, 1)]
     ctl.on_links_changed(ups, [])
+    return dp, ctl, ups
+
+
+def test_a_pair_with_every_path_down_is_reported_partitioned() -> None:
+    _, ctl, ups = _cut_off()
     assert ctl.partitioned == {"a": "gpu0 -> gpu2: every path crosses a link that is down"}
     # the pair without a path is out of the plan (the reverse direction, gpu2 -> gpu0,
     # still has its spine downlinks into leaf0)
@@ -554,12 +559,8 @@ def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -
 def test_a_heal_skips_the_sets_of_a_job_no_longer_planned() -> None:
     # a cut-off job's remaining sets stay installed, but a later pass over the demands no
     # longer plans the job: a failure under those sets leaves them as they are
-    dp = FakeDataPlane()
-    ctl = Controller(dp, ControllerParams(parts=1))
-    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
-    ctl.plan()
+    dp, ctl, _ = _cut_off()
     v = dp.view
-    ctl.on_links_changed([v.link_between("leaf0", f"spine{s}") for s in (0, 1)], [])
     ctl.demands()  # (as a control period does)
     (back,) = ctl._installed[rule_key("a", 2, 0)].paths
     fabric = next(lk for lk in back if v.links[lk].kind == "fabric")

@@ -723,29 +723,13 @@ class Controller:
             for d in fresh:
                 used.update(d.head, d.tail)
                 used.update(self._links_in(d.candidates))
-            ids = np.fromiter(used, np.int64, len(used))
-            ids.sort()
-            ids_l = ids.tolist()
-            before = np.array([load.get(lk, 0.0) for lk in ids_l], np.float64)
-            sub = plan_greedy(fresh, LinkValues(ids, self._capacity_of(ids, ids_l)),
-                              background=LinkValues(ids, before), split=self.parts)
-            held = self._rules_held - Counter(
-                sw for k in sub.paths if k in self._installed
-                for pinned in self._installed[k].rules for sw, _ in pinned)
-            sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
-            paths.update(sub.paths)
-            for lk, v in sub.link_load_gbps.items():
-                load[lk] = load.get(lk, 0.0) + v
+            sets, report = self._place_around(fresh, used)
             installed = self._installed
             changed = [r for r in sets if installed.get(r.key) != r]
             self.dp.install(changed)
             self._record(sets)
             report.installed = len(changed)
-        cap = self._link_capacity()
-        links = self.view.links
-        self.current = replace(plan, max_utilization=max(
-            (v / cap[lk] for lk, v in load.items() if links[lk].kind == "fabric"),
-            default=0.0))
+        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
         report.plan = self.current
         report.demands = len(fresh)
         return report
@@ -783,15 +767,43 @@ class Controller:
                     for lk in p:
                         load[lk] = load.get(lk, 0.0) + rate[k] * w
             self._record_all(sets)  # (adopted sets of no demand now are forgotten)
-            cap, links = self._link_capacity(), self.view.links
-            self.current = Plan(paths, load, max(
-                (v / cap[lk] for lk, v in load.items() if links[lk].kind == "fabric"),
-                default=0.0), solver="resumed")
+            self.current = Plan(paths, load, self._fabric_lambda(load, {}), solver="resumed")
         rest = {t for t, ok in covered.items() if not ok}
         if not rest:
             return PlanReport(self.current, len(self._installed), len(demands))
         report = self.plan_jobs(rest)
         return self.plan() if report is None else report
+
+    def _place_around(self, demands: list[Demand], used: set[int], **greedy: int
+                      ) -> tuple[list[PathSet], PlanReport]:
+        """Place ``demands`` around the current plan's load, on the links ``used`` (those
+        their candidates can take), steer them and add them to the plan (paths and load);
+        the path sets are returned, not yet installed. ``greedy``: options of
+        :func:`plan_greedy`."""
+        plan = self.current
+        assert plan is not None
+        load = plan.link_load_gbps
+        ids = np.fromiter(used, np.int64, len(used))
+        ids.sort()
+        ids_l = ids.tolist()
+        get = load.get
+        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
+        sub = plan_greedy(demands, LinkValues(ids, self._capacity_of(ids, ids_l)),
+                          background=LinkValues(ids, before), split=self.parts, **greedy)
+        installed = self._installed
+        held = self._rules_held - Counter(
+            sw for k in sub.paths if k in installed
+            for pinned in installed[k].rules for sw, _ in pinned)
+        sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
+        plan.paths.update(sub.paths)
+        added = sub.link_load_gbps
+        if len(added) == len(ids_l) and list(added) == ids_l:  # the plan's links, in order
+            load.update(zip(ids_l, (before + np.fromiter(added.values(), np.float64,
+                                                          len(ids_l))).tolist(), strict=True))
+        else:  # pragma: no cover - the planner gives every capacity link, in order
+            for lk, v in added.items():
+                load[lk] = load.get(lk, 0.0) + v
+        return sets, report
 
     def _forget(self, key: str) -> None:
         """Drop an installed path set the plan no longer has (its job withdrawn, or the
@@ -1038,25 +1050,7 @@ class Controller:
                 used.update(self._links_in(live.candidates))
         # only the links the re-placed demands can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)
-        ids = np.fromiter(used, np.int64, len(used))
-        ids.sort()
-        ids_l = ids.tolist()
-        get = load.get
-        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
-        sub = plan_greedy(demands, LinkValues(ids, self._capacity_of(ids, ids_l)),
-                          background=LinkValues(ids, before), split=self.parts, sweeps=1,
-                          max_moves=0)
-        held = self._rules_held - Counter(
-            sw for k in sub.paths for pinned in self._installed[k].rules for sw, _ in pinned)
-        sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
-        plan.paths.update(sub.paths)
-        added = sub.link_load_gbps
-        if len(added) == len(ids_l) and list(added) == ids_l:  # the plan's links, in order
-            load.update(zip(ids_l, (before + np.fromiter(added.values(), np.float64,
-                                                          len(ids_l))).tolist(), strict=True))
-        else:  # pragma: no cover - the planner gives every capacity link, in order
-            for lk, v in added.items():
-                load[lk] = load.get(lk, 0.0) + v
+        sets, report = self._place_around(demands, used, sweeps=1, max_moves=0)
         self.dp.install(sets)
         self._record(sets)
         rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)

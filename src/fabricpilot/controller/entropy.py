@@ -270,6 +270,41 @@ def _missed(rows: NDArray, src: NDArray, dst: NDArray, best: NDArray, mid: NDArr
     return out
 
 
+class _Growing:
+    """A 1-d array that grows at its end, its buffer doubled when full (appending ``k``
+    values costs ``O(k)`` amortised, not a copy of the whole array).
+
+    >>> a = _Growing(np.int64)
+    >>> a.extend([1, 2]); a.extend(np.array([3])); a.values.tolist(), len(a)
+    ([1, 2, 3], 3)
+    """
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, dtype: type) -> None:
+        self._buf = np.zeros(16, dtype)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def values(self) -> NDArray:
+        """The array (a view of the buffer: valid until the next :meth:`extend`)."""
+        return self._buf[:self._n]
+
+    def extend(self, values: NDArray | list[int]) -> None:
+        """Append ``values``."""
+        v = np.asarray(values, self._buf.dtype)
+        end = self._n + len(v)
+        if end > len(self._buf):  # (room for half as much again: a bulk start has some)
+            buf = np.empty(max(end + end // 2, 2 * len(self._buf)), self._buf.dtype)
+            buf[:self._n] = self._buf[:self._n]
+            self._buf = buf
+        self._buf[self._n:end] = v
+        self._n = end
+
+
 class SteeringTable:
     """What steering needs of one fabric, kept across calls: the hash decisions
     (:func:`constraints`) of every switch path seen, interned (a switch path's id indexes
@@ -300,10 +335,10 @@ class SteeringTable:
         # as arrays, extended as decisions and switch paths are added: per decision (switch
         # term, rotation, group size, wanted member), then per constraint the same, with the
         # offsets of the switch paths
-        z = np.zeros(0, np.int64)
-        self._dec_arrays: tuple[NDArray, ...] = (np.zeros(0, np.uint32), z, z, z)
-        self._arrays: tuple[NDArray, ...] = (np.zeros(1, np.int64), np.zeros(0, np.uint32),
-                                             z, z, z)
+        self._dec_arrays = tuple(_Growing(t) for t in (np.uint32, np.int64, np.int64, np.int64))
+        self._arrays = tuple(_Growing(t) for t in (np.int64, np.uint32, np.int64, np.int64,
+                                                   np.int64))
+        self._arrays[0].extend([0])
 
     def _decision(self, link: int, leaf: str) -> int:
         """The id of the hash decision ``link`` is towards ``leaf`` (see :func:`constraints`),
@@ -342,7 +377,8 @@ class SteeringTable:
             first = dict(zip(reversed([mids[r] for r in new]), reversed(new), strict=True))
             for m, r in sorted(first.items(), key=itemgetter(1)):  # in the order first met
                 self._add(m, dst[r], paths[r])
-            ids = [get(m) for m in mids]
+            for r in new:
+                ids[r] = get(mids[r])
         return np.array(ids, np.int64)
 
     def _add(self, mid: tuple[int, ...], dst: int | np.integer, path: tuple[int, ...]) -> int:
@@ -370,10 +406,11 @@ class SteeringTable:
 
     def _flat(self) -> tuple[NDArray, ...]:
         """The constraint arrays: offsets per switch path, switch term, rotation, group size
-        and wanted member (extended with the decisions and switch paths added since)."""
+        and wanted member (extended with the decisions and switch paths added since; the
+        arrays grow in place, so a few new switch paths cost what they add, not a copy)."""
         ptr, term, rot, size, want = self._arrays
         if len(ptr) == len(self._ptr):
-            return self._arrays
+            return tuple(a.values for a in self._arrays)
         d_term, d_rot, d_size, d_want = self._dec_arrays
         if len(d_term) < len(self._dec):
             spec = self.spec
@@ -381,19 +418,18 @@ class SteeringTable:
             index = spec.switch_index
             seeds = switch_seed(spec.base_seed, np.array([index[sw] for sw, _, _ in new],
                                                          np.int64), spec.per_switch_seed)
-            self._dec_arrays = d_term, d_rot, d_size, d_want = (
-                np.concatenate((d_term, _switch_terms(seeds))),
-                np.concatenate((d_rot, (seeds % np.uint64(32)).astype(np.int64)
-                                if spec.per_switch_seed else np.zeros(len(seeds), np.int64))),
-                np.concatenate((d_size, np.array([len(g) for _, g, _ in new], np.int64))),
-                np.concatenate((d_want, np.array([w for _, _, w in new], np.int64))))
+            d_term.extend(_switch_terms(seeds))
+            d_rot.extend((seeds % np.uint64(32)).astype(np.int64) if spec.per_switch_seed
+                         else np.zeros(len(seeds), np.int64))
+            d_size.extend([len(g) for _, g, _ in new])
+            d_want.extend([w for _, _, w in new])
         cons = np.array(self._cons[len(term):], np.int64)
-        self._arrays = (np.concatenate((ptr, np.array(self._ptr[len(ptr):], np.int64))),
-                        np.concatenate((term, d_term[cons])),
-                        np.concatenate((rot, d_rot[cons])),
-                        np.concatenate((size, d_size[cons])),
-                        np.concatenate((want, d_want[cons])))
-        return self._arrays
+        ptr.extend(self._ptr[len(ptr):])
+        term.extend(d_term.values[cons])
+        rot.extend(d_rot.values[cons])
+        size.extend(d_size.values[cons])
+        want.extend(d_want.values[cons])
+        return tuple(a.values for a in self._arrays)
 
     def steer(self, src: NDArray[np.int64], dst: NDArray[np.int64], start: NDArray[np.int64],
               mid: NDArray[np.int64], paths: list[tuple[int, ...]], max_tries: int,

@@ -34,7 +34,8 @@ def failure_case(gpus: int, jobs: int, repeat: int = 5, seed: int = 1) -> dict[s
     li = ctl.view.links[hot]
     cable = [hot, ctl.view.link_between(li.dst, li.src)]
     times, affected = [], 0
-    state = ("current", "_installed", "_on_link", "_links_of", "_rules_held", "down")
+    state = ("current", "_installed", "_on_link", "_rules_held", "down", "_load_rows",
+             "_spilled")
     saved = copy.deepcopy({k: getattr(ctl, k) for k in state})
     for _ in range(repeat):
         for k, v in copy.deepcopy(saved).items():  # the plan before the failure

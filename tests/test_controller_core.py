@@ -382,7 +382,7 @@ def _index_from_installed(ctl: Controller) -> dict[int, set[str]]:
 
 
 def test_the_link_index_follows_plans_and_heals() -> None:
-    """The keys per link and links per key the controller keeps (built in bulk by a plan,
+    """The keys per link the controller keeps (built in bulk by a plan,
     changed key by key by a heal) are those of the installed path sets."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
@@ -402,12 +402,58 @@ def test_the_link_index_follows_plans_and_heals() -> None:
     for _ in range(2):
         want = _index_from_installed(ctl)
         assert {lk: ctl._on_link[lk] for lk in ctl._on_link if ctl._on_link[lk]} == want
-        assert {k: ctl._links_of[k] for k in ctl._links_of} == {
-            k: {lk for p in r.paths for lk in p} for k, r in ctl._installed.items()}
         load = ctl.current.link_load_gbps
         fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
         hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
         assert ctl.on_links_changed([hot], []).affected > 0
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool) -> None:
+    """Pairs split in 4 parts over the spines; the most loaded cable fails. In every set
+    that crossed it, the shares on live paths keep their path, weight and QP source port;
+    only the dead shares get new paths (none through the dead links), the weights still sum
+    to 1, and the plan's loads and indexes match the installed sets. Both ways of healing:
+    on the plan's compiled candidates, and the general one (the plan without them)."""
+    from dataclasses import replace
+
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    twin = TaskAware(PolicyContext(default_cluster(64), 1, 600))
+    ctl = Controller(twin, ControllerParams(parts=4))
+    order = np.random.default_rng(7).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    assert ctl.current.columns is not None and ctl._load_rows is not None
+    if not compiled:
+        ctl.current = replace(ctl.current, columns=None)
+    before = dict(ctl._installed)
+    load = ctl.current.link_load_gbps
+    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+    li = ctl.view.links[hot]
+    cable = {hot, ctl.view.link_between(li.dst, li.src)}
+    crossing = {k for k, r in before.items() if any(cable & set(p) for p in r.paths)}
+    heal = ctl.on_links_changed(sorted(cable), [])
+    assert heal.affected == len(crossing) > 0
+    moved_shares = 0
+    for key, old in before.items():
+        new = ctl._installed[key]
+        if key not in crossing:
+            assert new == old
+            continue
+        assert not any(cable & set(p) for p in new.paths)
+        assert sum(new.weights) == pytest.approx(1.0)
+        now = dict(zip(new.paths, zip(new.weights, new.ports, strict=True), strict=True))
+        for p, w, port in zip(old.paths, old.weights, old.ports, strict=True):
+            if cable & set(p):
+                moved_shares += 1
+            else:  # a live share stays where it was, with its port (and at least its weight)
+                assert now[p][1] == port and now[p][0] >= w - 1e-12
+    assert moved_shares >= len(crossing)
+    _check_consistent(ctl)
 
 
 # ------------------------------------------------------------------ incremental planning
@@ -456,8 +502,9 @@ def _check_consistent(ctl: Controller) -> None:
                for lk in set(load) | set(want))
     assert {lk: ctl._on_link[lk] for lk in ctl._on_link if ctl._on_link[lk]} == (
         _index_from_installed(ctl))
-    assert {k: ctl._links_of[k] for k in ctl._links_of} == {
-        k: {lk for p in r.paths for lk in p} for k, r in ctl._installed.items()}
+    if ctl._load_rows is not None:  # the dense copy of the load, by link id
+        assert all(abs(float(ctl._load_rows[lk]) - want.get(lk, 0.0)) < 1e-6
+                   for lk in range(len(ctl._load_rows)))
     cap = {lk: li.capacity_gbps for lk, li in ctl.view.links.items()}
     fabric_max = max((v / cap[lk] for lk, v in want.items()
                       if ctl.view.links[lk].kind == "fabric"), default=0.0)

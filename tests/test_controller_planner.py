@@ -345,3 +345,35 @@ def test_compiled_rounding_orders_values_as_python_round() -> None:
     for a, b in zip(i.tolist(), j.tolist(), strict=True):
         assert (keys[a] < keys[b]) == (round(xs[a], 9) < round(xs[b], 9))
         assert (keys[a] == keys[b]) == (round(xs[a], 9) == round(xs[b], 9))
+
+
+def test_replace_parts_avoids_gray_links_while_it_can_and_dead_ones_always() -> None:
+    """Three candidates (links 0, 1, 2; 400 Gb/s); link 0 carries 300 Gb/s already. A
+    100 Gb/s part with link 2 gray goes to link 1 (the least loaded live, non-gray one);
+    with link 1 down and links 0 and 2 gray, to a gray link rather than nowhere: link 2,
+    the less loaded; with every link down, nowhere (-1). The load gets the part where it
+    went."""
+    from fabricpilot.controller.planner import replace_parts
+
+    d = [Demand("a", 1.0, ((0,), (1,), (2,)))]
+    cols = plan_greedy(d, {0: 400.0, 1: 400.0, 2: 400.0}).columns
+    assert cols is not None
+    found = cols.find(d[0].candidates)
+    assert found is not None
+    g, u = found
+    cap = np.full(3, 400.0)
+
+    def place(down: list[int], gray: list[int]) -> tuple[int, list[float]]:
+        load = np.array([300.0, 0.0, 0.0])
+        dead = np.isin(np.arange(3), down)
+        avoid = dead | np.isin(np.arange(3), gray)
+        got = replace_parts(cols, np.array([g]), np.array([u]), np.array([100.0]),
+                            np.array([0]), cap, load, dead, avoid)
+        return int(got[0]), load.tolist()
+
+    assert place([], [2]) == (1, [300.0, 100.0, 0.0])
+    assert place([1], [0, 2]) == (2, [300.0, 0.0, 100.0])
+    assert place([1], [2]) == (0, [400.0, 0.0, 0.0])  # link 0 is neither
+    assert place([0, 1, 2], []) == (-1, [300.0, 0.0, 0.0])
+    # nothing avoided: the least loaded of the two empty links, the first on a tie
+    assert place([], []) == (1, [300.0, 100.0, 0.0])

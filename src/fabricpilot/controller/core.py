@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
@@ -33,6 +33,7 @@ from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import (
+    Columns,
     Demand,
     LinkValues,
     Plan,
@@ -40,6 +41,7 @@ from fabricpilot.controller.planner import (
     _gc_paused,
     _offsets,
     plan_greedy,
+    replace_parts,
 )
 from fabricpilot.controller.ranking import in_scope
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
@@ -262,62 +264,6 @@ class _KeysByLink(Mapping[int, set[str]]):
         self._edits.setdefault(link, {})[key] = False
 
 
-class _LinksByKey(MutableMapping[str, set[int]]):
-    """The links each installed key's paths use: those of a snapshot of path sets (made when
-    asked), unless set since.
-
-    >>> lo = _LinksByKey({"a": PathSet("a", ((1, 2), (1, 3)), (0.5, 0.5))})
-    >>> sorted(lo["a"]), lo.get("b", set())
-    ([1, 2, 3], set())
-    >>> lo["b"] = {4}; del lo["a"]; dict(lo)
-    {'b': {4}}
-    """
-
-    def __init__(self, base: dict[str, PathSet] | None = None) -> None:
-        self._base = base or {}
-        self._own: dict[str, set[int]] = {}
-        self._gone: set[str] = set()  # keys of the snapshot deleted since
-
-    def __getitem__(self, key: str) -> set[int]:
-        hit = self._own.get(key)
-        if hit is not None:
-            return hit
-        if key in self._gone:
-            raise KeyError(key)
-        return set(_chain(self._base[key].paths))
-
-    def get(self, key: str, default: set[int] | None = None) -> set[int] | None:  # type: ignore[override]
-        """The links of ``key``, or ``default``."""
-        hit = self._own.get(key)
-        if hit is not None:
-            return hit
-        base = self._base.get(key)
-        if base is None or key in self._gone:
-            return default
-        return set(_chain(base.paths))
-
-    def __setitem__(self, key: str, links: set[int]) -> None:
-        self._own[key] = links
-
-    def __delitem__(self, key: str) -> None:
-        if key in self._own:
-            del self._own[key]
-        elif key not in self._base or key in self._gone:
-            raise KeyError(key)
-        if key in self._base:
-            self._gone.add(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._own or (key in self._base and key not in self._gone)
-
-    def __iter__(self) -> Iterator[str]:
-        yield from (k for k in self._base if k not in self._gone or k in self._own)
-        yield from (k for k in self._own if k not in self._base)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
 class Controller:
     """Plans paths for declared jobs and installs them through a data plane."""
 
@@ -345,7 +291,6 @@ class Controller:
         self._constraints: dict[tuple[int, ...], list] = {}  # path -> its hash decisions
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
-        self._links_of = _LinksByKey()  # installed key -> links its paths use
         self._weight: dict[str, float] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
         self.replans = 0
@@ -362,6 +307,11 @@ class Controller:
         self._steering: SteeringTable | None = None
         self._cap_cache: dict[int, float] | None = None
         self._cap_array: NDArray[np.float64] | None = None  # capacity by link id (dense)
+        self._fabric_cap: NDArray[np.float64] | None = None  # the same, inf if not fabric
+        # the plan's load by link id (dense), kept equal to ``current.link_load_gbps``
+        self._load_rows: NDArray[np.float64] | None = None
+        # keys whose installed paths are not the plan's (a path left to its hash)
+        self._spilled: set[str] = set()
         self._scoped_cache: dict[tuple[int, str], tuple[tuple, tuple]] = {}
         g = self.view.graph
         self._switch_graph = g.subgraph(
@@ -645,19 +595,27 @@ class Controller:
 
     def _capacity_of(self, ids: NDArray[np.int64], ids_l: list[int]) -> NDArray[np.float64]:
         """Capacities (Gb/s) of the links ``ids`` (``ids_l`` as a list), as floats."""
-        if self._cap_array is None:
-            cap = self._link_capacity()
-            top = max(cap, default=-1)
-            dense = min(cap, default=0) >= 0 and top < 4 * len(cap) + 1024
-            self._cap_array = (np.array([float(cap.get(lk, np.nan)) for lk in range(top + 1)])
-                               if dense else np.zeros(0))
-        arr = self._cap_array
+        arr = self._cap_array if self._cap_array is not None else self._dense_capacity()
         if len(ids) and len(arr) and int(ids[0]) >= 0 and int(ids[-1]) < len(arr):
             out = arr[ids]
             if not np.isnan(out).any():
                 return out
         cap = self._link_capacity()
         return np.array([float(cap[lk]) for lk in ids_l], np.float64)
+
+    def _dense_capacity(self) -> NDArray[np.float64]:
+        """Capacity (Gb/s) indexed by link id, NaN where no link has the id (cached; empty
+        if the ids are too sparse for that)."""
+        cap = self._link_capacity()
+        ids = np.fromiter(cap, np.int64, len(cap))
+        top = int(ids.max()) if len(ids) else -1
+        if len(ids) and (int(ids.min()) < 0 or top >= 4 * len(ids) + 1024):
+            arr = np.zeros(0)
+        else:
+            arr = np.full(top + 1, np.nan)
+            arr[ids] = np.fromiter(cap.values(), np.float64, len(cap))
+        self._cap_array = arr
+        return arr
 
     def _steering_table(self) -> SteeringTable:
         """The steering table of the view (made at first use), holding the constraints
@@ -730,6 +688,7 @@ class Controller:
             self._record(sets)
             report.installed = len(changed)
         self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
+        self._sync_load_rows()
         report.plan = self.current
         report.demands = len(fresh)
         return report
@@ -768,18 +727,23 @@ class Controller:
                         load[lk] = load.get(lk, 0.0) + rate[k] * w
             self._record_all(sets)  # (adopted sets of no demand now are forgotten)
             self.current = Plan(paths, load, self._fabric_lambda(load, {}), solver="resumed")
+            self._spilled = set()  # (the plan is the held sets' paths)
+            self._sync_load_rows()
         rest = {t for t, ok in covered.items() if not ok}
         if not rest:
             return PlanReport(self.current, len(self._installed), len(demands))
         report = self.plan_jobs(rest)
         return self.plan() if report is None else report
 
-    def _place_around(self, demands: list[Demand], used: set[int], **greedy: int
-                      ) -> tuple[list[PathSet], PlanReport]:
+    def _place_around(self, demands: list[Demand], used: set[int],
+                      merge: Callable[[dict[str, list[tuple[tuple[int, ...], float]]]],
+                                      dict[str, list[tuple[tuple[int, ...], float]]]]
+                      | None = None, **greedy: int) -> tuple[list[PathSet], PlanReport]:
         """Place ``demands`` around the current plan's load, on the links ``used`` (those
         their candidates can take), steer them and add them to the plan (paths and load);
-        the path sets are returned, not yet installed. ``greedy``: options of
-        :func:`plan_greedy`."""
+        the path sets are returned, not yet installed. ``merge`` turns the placed demands'
+        paths into the plan's path sets (by default they are the same); ``greedy``: options
+        of :func:`plan_greedy`."""
         plan = self.current
         assert plan is not None
         load = plan.link_load_gbps
@@ -789,13 +753,10 @@ class Controller:
         get = load.get
         before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
         sub = plan_greedy(demands, LinkValues(ids, self._capacity_of(ids, ids_l)),
-                          background=LinkValues(ids, before), split=self.parts, **greedy)
-        installed = self._installed
-        held = self._rules_held - Counter(
-            sw for k in sub.paths if k in installed
-            for pinned in installed[k].rules for sw, _ in pinned)
-        sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
-        plan.paths.update(sub.paths)
+                          background=LinkValues(ids, before), **{"split": self.parts, **greedy})
+        if merge is not None:
+            sub = replace(sub, paths=merge(sub.paths))
+        sets, report = self._steer_in(sub)
         added = sub.link_load_gbps
         if len(added) == len(ids_l) and list(added) == ids_l:  # the plan's links, in order
             load.update(zip(ids_l, (before + np.fromiter(added.values(), np.float64,
@@ -805,20 +766,49 @@ class Controller:
                 load[lk] = load.get(lk, 0.0) + v
         return sets, report
 
+    def _steer_in(self, sub: Plan) -> tuple[list[PathSet], PlanReport]:
+        """Steer the path sets of ``sub`` (a path a key already has keeps its port) and put
+        its paths in the current plan (its load is the caller's to add)."""
+        plan = self.current
+        assert plan is not None
+        installed = self._installed
+        held = self._rules_held - Counter(
+            sw for k in sub.paths if k in installed
+            for pinned in installed[k].rules for sw, _ in pinned)
+        sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
+        plan.paths.update(sub.paths)
+        self._spilled.difference_update(sub.paths)
+        self._spilled |= report.spilled
+        return sets, report
+
+    def _sync_load_rows(self) -> None:
+        """Make the dense copy of the plan's load (by link id) from its dict again (none if
+        there is no plan or the link ids are not dense)."""
+        self._load_rows = None
+        cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        if self.current is None or not len(cap):
+            return
+        load = self.current.link_load_gbps
+        ids = np.fromiter(load, np.int64, len(load))
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(cap)):
+            return
+        rows = np.zeros(len(cap))
+        rows[ids] = np.fromiter(load.values(), np.float64, len(ids))
+        self._load_rows = rows
+
     def _forget(self, key: str) -> None:
         """Drop an installed path set the plan no longer has (its job withdrawn, or the
         pair gone from its calls)."""
         old = self._installed.pop(key, None)
-        if old is not None and any(old.rules):
-            self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
-        links = self._links_of.get(key)
-        if links is not None:
-            for lk in links:
+        if old is not None:
+            if any(old.rules):
+                self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
+            for lk in set(_chain(old.paths)):
                 self._on_link.discard(lk, key)
-            del self._links_of[key]
         self._demand.pop(key, None)
         self._weight.pop(key, None)
         self._endpoints.pop(key, None)
+        self._spilled.discard(key)
 
     def _solve(self, demands: list[Demand], background: dict[int, float] | None
                ) -> tuple[Plan, list[PathSet], PlanReport]:
@@ -827,6 +817,8 @@ class Controller:
         entropy reaches, which frees rules for the others, and keep whichever of the two
         loads the fabric less once every path is the one its QP really takes."""
         cap = self._link_capacity()
+        if self._cap_array is None:  # (for the re-plans of a failure: not on their clock)
+            self._dense_capacity()
         plan = plan_greedy(demands, cap, background=background, split=self.parts)
         sets, report = self.steer_plan(plan, self._weight)
         if not report.spilled:
@@ -858,6 +850,8 @@ class Controller:
         self.dp.install(changed)
         self._record_all(sets, rules=report.pinned > 0)
         self.current = plan
+        self._spilled = set(report.spilled)
+        self._sync_load_rows()
         report.demands = n_demands
         report.installed = len(changed)
         return report
@@ -891,21 +885,20 @@ class Controller:
 
     def _record(self, sets: list[PathSet]) -> None:
         """Remember installed path sets, indexed by link, with their explicit rules."""
-        installed, links_of, on_link = self._installed, self._links_of, self._on_link
+        installed, on_link = self._installed, self._on_link
         # the index's own edits, inline (as _KeysByLink.move, for speed)
         rows, edits = on_link._row, on_link._edits
         for r in sets:
             key = r.key
             old = installed.get(key)
             new_links = set(_chain(r.paths))
-            old_links = links_of.get(key, set())
+            old_links = set(_chain(old.paths)) if old is not None else set()
             for lk in old_links - new_links:
                 if lk not in rows and lk not in edits:
                     raise KeyError(lk)
                 edits.setdefault(lk, {})[key] = False
             for lk in new_links - old_links:
                 edits.setdefault(lk, {})[key] = True
-            links_of[key] = new_links
             # (a set without a rule changes no count)
             if old is not None and any(old.rules):
                 self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
@@ -915,11 +908,9 @@ class Controller:
 
     def _record_all(self, sets: list[PathSet], rules: bool = True) -> None:
         """Remember ``sets`` as all the installed path sets (forgetting the others), as
-        :meth:`_record` does from empty, in bulk: the links of a key are read from its set
-        when asked, and the keys per link are indexed by one sort. ``rules=False`` says that
-        no set has an explicit rule."""
-        installed = self._installed = {r.key: r for r in sets}
-        self._links_of = _LinksByKey(dict(installed))
+        :meth:`_record` does from empty, in bulk: the keys per link are indexed by one sort.
+        ``rules=False`` says that no set has an explicit rule."""
+        self._installed = {r.key: r for r in sets}
         self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
                             if rules else Counter())
         self._on_link = _KeysByLink.of(sets)
@@ -952,8 +943,20 @@ class Controller:
                 out[lid] = extra
         return out
 
-    def _fabric_lambda(self, load: dict[int, float], bg: dict[int, float]) -> float:
+    def _fabric_lambda(self, load: Mapping[int, float], bg: Mapping[int, float]) -> float:
         """Largest utilisation of a fabric link under ``load`` plus ``bg`` (Gb/s)."""
+        cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        if len(cap) and not bg:  # (vectorised: a plan's load covers every link)
+            if self._fabric_cap is None:
+                fabric = np.zeros(len(cap), bool)
+                fabric[[lk for lk, li in self.view.links.items() if li.kind == "fabric"]] = True
+                self._fabric_cap = np.where(fabric, cap, np.inf)
+            ids = np.fromiter(load, np.int64, len(load))
+            if not len(ids):
+                return 0.0
+            if int(ids.min()) >= 0 and int(ids.max()) < len(cap):
+                vals = np.fromiter(load.values(), np.float64, len(ids))
+                return max(float((vals / self._fabric_cap[ids]).max()), 0.0)
         links = self.view.links
         return max(((bg.get(lk, 0.0) + load.get(lk, 0.0)) / links[lk].capacity_gbps
                     for lk in set(bg) | set(load) if links[lk].kind == "fabric"), default=0.0)
@@ -1014,9 +1017,19 @@ class Controller:
             rep = HealReport(cause, 0, 0, time.perf_counter() - t0)
             self.heals.append(rep)
             return rep
-        load = plan.link_load_gbps  # updated in place: out with the old paths, in with new
+        cols, rows = plan.columns, self._load_rows
+        if (cols is not None and rows is not None and len(cols.links) == len(rows)
+                and int(cols.links[-1]) == len(rows) - 1):  # (link ids 0 .. n - 1: rows)
+            fast = self._heal_in_columns(cause, t0, affected, cols, rows)
+            if fast is not None:
+                return fast
+        load = plan.link_load_gbps  # updated in place: out with the dead paths, in with new
         avoid_key = frozenset(avoid)
-        demands, used = [], set()
+        isdisjoint = avoid_key.isdisjoint
+        parts: list[Demand] = []  # one per share of a path set on a dead path
+        kept: dict[str, list[tuple[tuple[int, ...], float]]] = {}  # key -> its live shares
+        moved: dict[str, list[float]] = {}  # key -> the weights of its dead shares, in order
+        used: set[int] = set()
         paths = plan.paths
         seen: set[int] = set()  # candidate tuples whose links are in used
         live_cache = self._live_cache
@@ -1025,36 +1038,229 @@ class Controller:
             if d is None:  # (a job no longer planned, e.g. cut off: its sets stay as they are)
                 continue
             rate = d.rate_gbps
-            for p, w in paths[k]:
+            shares = paths[k]
+            # _live(d, avoid_key), its common case inline: NIC links alive, tuple filtered
+            hit = (live_cache.get((id(d.candidates), avoid_key))
+                   if isdisjoint(d.head) and isdisjoint(d.tail) else None)
+            if hit is not None and hit[0] is d.candidates and hit[1]:
+                cands, head, tail = hit[1], d.head, d.tail
+            else:
+                live = self._live(d, avoid_key)
+                if live is None:  # out of the plan, all its load out: reported
+                    for p, w in shares:
+                        out = rate * w
+                        for lk in p:
+                            load[lk] -= out
+                    task = k.split(":", 1)[0]
+                    a, b = self._endpoints[k]
+                    self.partitioned[task] = (
+                        f"gpu{a} -> gpu{b}: every path crosses a link that is down")
+                    del paths[k]
+                    self._forget(k)
+                    continue
+                cands, head, tail = live.candidates, live.head, live.tail
+            # only the shares on a dead path move (the others keep their path and QP):
+            # each is placed whole on a live candidate, as a demand of its own
+            live_shares, dead = [], []
+            for p, w in shares:
+                if isdisjoint(p):
+                    live_shares.append((p, w))
+                    continue
+                dead.append(w)
                 out = rate * w
                 for lk in p:
                     load[lk] -= out
-            # _live(d, avoid_key), its common case inline: NIC links alive, tuple filtered
-            hit = (live_cache.get((id(d.candidates), avoid_key))
-                   if avoid_key.isdisjoint(d.head) and avoid_key.isdisjoint(d.tail) else None)
-            if hit is not None and hit[0] is d.candidates and hit[1]:
-                live: Demand | None = _demand(d.key, rate, hit[1], d.weight, d.head, d.tail)
-            else:
-                live = self._live(d, avoid_key)
-            if live is None:  # out of the plan (its load is already out): reported
-                task = k.split(":", 1)[0]
-                a, b = self._endpoints[k]
-                self.partitioned[task] = f"gpu{a} -> gpu{b}: every path crosses a link that is down"
-                del paths[k]
-                self._forget(k)
+            if not dead:  # (indexed on a dead link by a path it no longer has)
                 continue
-            demands.append(live)
+            kept[k] = live_shares
+            moved[k] = dead
+            for j, w in enumerate(dead):
+                parts.append(_demand(f"{k}\x1f{j}", rate * w, cands, d.weight, head, tail))
             used.update(d.head, d.tail)
-            if id(live.candidates) not in seen:
-                seen.add(id(live.candidates))
-                used.update(self._links_in(live.candidates))
-        # only the links the re-placed demands can use; one greedy pass and one sweep (an
+            # the links of all its candidates (a superset of the live ones' links: those of
+            # a tuple are cached across failures, and a dead link in ``used`` is harmless)
+            if id(d.candidates) not in seen:
+                seen.add(id(d.candidates))
+                used.update(self._links_in(d.candidates))
+
+        def merge(placed: dict[str, list[tuple[tuple[int, ...], float]]]
+                  ) -> dict[str, list[tuple[tuple[int, ...], float]]]:
+            """Each moved key's live shares and its dead shares' new paths, merged."""
+            out = {}
+            for k, dead_w in moved.items():
+                acc = dict(kept[k])
+                for j, w in enumerate(dead_w):
+                    for p, f in placed[f"{k}\x1f{j}"]:
+                        acc[p] = acc.get(p, 0.0) + w * f
+                out[k] = sorted(acc.items())
+            return out
+
+        # only the links the moved shares can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)
-        sets, report = self._place_around(demands, used, sweeps=1, max_moves=0)
+        sets, report = self._place_around(parts, used, merge, split=1, sweeps=1, max_moves=0)
         self.dp.install(sets)
         self._record(sets)
         rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
         self.heals.append(rep)
+        # (bookkeeping once the new paths are installed: the plan's lambda now)
+        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
+        self._sync_load_rows()
+        report.plan = self.current
+        return rep
+
+    def _heal_in_columns(self, cause: str, t0: float, affected: list[str], cols: Columns,
+                         rows: NDArray[np.float64]) -> HealReport | None:
+        """:meth:`_heal_from` on the candidate structure the plan was made on: each share
+        on a dead path is placed again by :func:`replace_parts` (one compiled pass over its
+        candidates, dead ones masked) against the dense load, nothing compiled again; the
+        other shares keep their path and QP, only the new paths are steered. Returns
+        ``None``, having changed nothing, if an affected demand is not in ``cols`` (planned
+        by itself since), has a dead NIC link or a path left to its hash, or the data plane
+        forwards by rules alone: the general way does those."""
+        plan = self.current
+        assert plan is not None
+        if self.view.ecmp is None:
+            return None
+        avoid = frozenset(self.down | self.degraded)
+        isdisjoint = avoid.isdisjoint
+        demand, find, installed, spilled = (self._demand, cols.tuple_of.get, self._installed,
+                                            self._spilled)
+        todo = []
+        for k in affected:
+            d = demand.get(k)
+            if d is None:  # (a job no longer planned, e.g. cut off: its sets stay as they are)
+                continue
+            hit = find(id(d.candidates))
+            if (hit is None or hit[0] is not d.candidates or k in spilled
+                    or not isdisjoint(d.head) or not isdisjoint(d.tail)):
+                return None
+            old = installed[k]  # (its paths and weights are the plan's: not spilled)
+            dead = [j for j, p in enumerate(old.paths) if not isdisjoint(p)]
+            if dead:
+                todo.append((k, d, old, dead, hit[1], hit[2]))
+        # the shares on a dead path out of the load (the plan's and the dense copy), each
+        # to be placed whole again
+        load, paths, endpoints = plan.link_load_gbps, plan.paths, self._endpoints
+        p_grp: list[int] = []
+        p_tup: list[int] = []
+        p_rate: list[float] = []
+        p_key: list[float] = []
+        d_link: list[int] = []  # dense-load changes, applied at once
+        d_gbps: list[float] = []
+        for _, d, old, dead, g, u in todo:
+            rate, ps, ws = d.rate_gbps, old.paths, old.weights
+            for j in dead:
+                p = ps[j]
+                out = rate * ws[j]
+                for lk in p:
+                    load[lk] -= out
+                d_link.extend(p)
+                d_gbps.extend([-out] * len(p))
+                p_grp.append(g)
+                p_tup.append(u)
+                p_rate.append(out)
+                p_key.append(-d.weight * out)
+        np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
+        d_link.clear()
+        d_gbps.clear()
+        down = np.zeros(len(rows), np.bool_)
+        down[list(self.down)] = True
+        avoid_rows = down.copy()
+        avoid_rows[list(self.degraded)] = True
+        cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        # heaviest first (as a plan places parts), ties in key order
+        order = np.argsort(np.array(p_key, np.float64), kind="stable")
+        choice = replace_parts(cols, np.array(p_grp, np.int64), np.array(p_tup, np.int64),
+                               np.array(p_rate, np.float64), order, cap, rows, down,
+                               avoid_rows).tolist()
+        # each moved key's set now: a dead share's slot takes its new path (or its weight
+        # joins the share already on that path); new paths are steered below
+        now: list[tuple[str, list, list, list, list]] = []
+        new: list[tuple[list, int]] = []  # (ports list, slot) to steer
+        n_path: list[tuple[int, ...]] = []
+        n_src: list[int] = []
+        n_dst: list[int] = []
+        n_start: list[int] = []
+        i = 0
+        for k, d, old, dead, _, _ in todo:
+            picks = choice[i:i + len(dead)]
+            i += len(dead)
+            rate = d.rate_gbps
+            if picks[0] < 0:  # every candidate crosses a dead link: out of the plan
+                for j, (p, w) in enumerate(zip(old.paths, old.weights, strict=True)):
+                    if j not in dead:
+                        out = rate * w
+                        for lk in p:
+                            load[lk] -= out
+                        d_link.extend(p)
+                        d_gbps.extend([-out] * len(p))
+                a, b = endpoints[k]
+                self.partitioned[k.split(":", 1)[0]] = (
+                    f"gpu{a} -> gpu{b}: every path crosses a link that is down")
+                del paths[k]
+                self._forget(k)
+                continue
+            ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
+            head, tail, cands = d.head, d.tail, d.candidates
+            ends = head + tail  # (the kernel added the candidate's links to the dense load)
+            merged = False
+            for c, j in zip(picks, dead, strict=True):
+                p = head + cands[c] + tail
+                out = rate * ws[j]
+                for lk in p:
+                    load[lk] = load.get(lk, 0.0) + out
+                d_link.extend(ends)
+                d_gbps.extend([out] * len(ends))
+                if p in ps:  # (a live share's path, or one a dead share took just now)
+                    ws[ps.index(p)] += ws[j]
+                    ws[j] = 0.0
+                    merged = True
+                else:
+                    ps[j], pts[j], rls[j] = p, -1, ()
+            if merged:  # the emptied slots go
+                keep = [j for j, w in enumerate(ws) if w > 0.0]
+                ps, ws = [ps[j] for j in keep], [ws[j] for j in keep]
+                pts, rls = [pts[j] for j in keep], [rls[j] for j in keep]
+            a, b = endpoints[k]
+            for j, port in enumerate(pts):
+                if port < 0:
+                    new.append((pts, j))
+                    n_path.append(ps[j])
+                    n_src.append(a)
+                    n_dst.append(b)
+                    n_start.append((a * 1_000_003 + b) * 64 + j)
+            now.append((k, ps, ws, pts, rls))
+        np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
+        rules: dict[int, tuple[tuple[str, int], ...]] = {}
+        if new:  # steer the new paths
+            table = self._steering_table()
+            dst = np.array(n_dst, np.int64)
+            got, rules = table.steer(np.array(n_src, np.int64), dst,
+                                     np.array(n_start, np.int64),
+                                     table.intern(n_path, dst), n_path,
+                                     self.params.steer_tries)
+            for (pts, j), port in zip(new, got, strict=True):
+                pts[j] = port
+        if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
+            sets, report = self._steer_in(Plan(
+                {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in now}, {}, 0.0))
+        else:
+            sets = []
+            n_paths = pinned = 0
+            for k, ps, ws, pts, rls in now:
+                tp = tuple(ps)
+                sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
+                paths[k] = list(zip(tp, ws, strict=True))
+                n_paths += len(ps)
+                pinned += sum(1 for r in rls if r)
+            report = PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
+        self.dp.install(sets)
+        self._record(sets)
+        rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
+        self.heals.append(rep)
+        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
+        report.plan = self.current
+        report.switch_rules = dict(+self._rules_held)
         return rep
 
     def tick(self, now_ns: float | None = None) -> TickReport:

@@ -84,6 +84,9 @@ class Plan:
     solver: str = "greedy"
     moves: int = 0  # local-search moves after the greedy pass
     extra: dict[str, float] = field(default_factory=dict)
+    # the candidate structure the plan was made on (for re-placing parts of it later:
+    # :func:`replace_parts`), if made by :func:`plan_greedy`
+    columns: Columns | None = field(default=None, repr=False, compare=False)
 
 
 class LinkValues(Mapping[int, float]):
@@ -525,12 +528,14 @@ class _Commodities:
                                         c_ptr, c_idx, n_links)
         if not g_ok.all():  # a link on all columns, or twice on one: the exact route
             u_grp[np.isin(u_grp, np.flatnonzero(~g_ok))] = -1
+        self.u_obj, self.u_grp = uobj, u_grp  # unique candidate tuples and their groups
         ufix_len = np.where(u_grp >= 0, n_fixed, 0)
         ufix_ptr = _offsets(ufix_len)
         ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
         _fill_fixed(crow, pstart, ustart, length, mask, np.flatnonzero(u_grp >= 0), ufix_ptr,
                     ufix_idx)
         n_groups = len(rep_u)
+        self.ufix_ptr, self.ufix_idx = ufix_ptr, ufix_idx
 
         # ---- demands: regular ones take their tuple's group; head / tail links join the
         # fixed links, unless they are repeated on a path (then the exact route below)
@@ -1033,7 +1038,8 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     _fill_paths(com, choice, paths, acc)
     util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
-                float(util.max()) if len(util) else 0.0, solver, moves)
+                float(util.max()) if len(util) else 0.0, solver, moves,
+                columns=Columns.of(com))
 
 
 _WARM: list[bool] = []
@@ -1052,6 +1058,11 @@ def warm_up() -> None:
                  Demand("b", 1.0, shared, 1.0, (6,), (7,)),
                  Demand("c", 1.0, ((2, 3), (4,)))],
                 {lk: 10.0 for lk in range(8)}, split=2, max_moves=1)
+    one = np.zeros(1, np.int64)
+    no = np.zeros(8, np.bool_)
+    _replace_parts(one, one, one, np.ones(1), one, one + 1, np.array([0, 1]), one,
+                   np.zeros(2, np.int64), np.zeros(0, np.int64), np.ones(8), np.zeros(8),
+                   no, no)
     _WARM.append(True)
 
 
@@ -1122,6 +1133,121 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
                 paths[dem.key] = sorted(shares.items())
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The candidate structure of a plan's demands, as the planner compiled it: every
+    regular candidate tuple (by identity) with its group and its index among the unique
+    tuples; a group's candidates are columns of link rows (rows of ``links``), the links
+    every candidate of a tuple has are its fixed rows (see :class:`_Commodities`).
+    Kept with a plan so that a few of its demands can be placed again
+    (:func:`replace_parts`) without compiling their candidates again."""
+
+    links: NDArray[np.int64]
+    tuple_of: dict[int, tuple[tuple[tuple[int, ...], ...], int, int]]  # id -> (obj, g, u)
+    g_col0: NDArray[np.int64]
+    g_ncand: NDArray[np.int64]
+    c_ptr: NDArray[np.int64]
+    c_idx: NDArray[np.int64]
+    ufix_ptr: NDArray[np.int64]
+    ufix_idx: NDArray[np.int64]
+
+    @classmethod
+    def of(cls, com: _Commodities) -> Columns:
+        """The structure of ``com``'s regular tuples."""
+        u_grp = com.u_grp.tolist()
+        tuple_of = {id(t): (t, g, u) for u, (t, g) in enumerate(zip(com.u_obj, u_grp,
+                                                                    strict=True)) if g >= 0}
+        return cls(com.links, tuple_of, com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
+                   com.ufix_ptr, com.ufix_idx)
+
+    def find(self, candidates: tuple[tuple[int, ...], ...]) -> tuple[int, int] | None:
+        """``(group, unique tuple)`` of a candidate tuple the plan was made on, else None."""
+        hit = self.tuple_of.get(id(candidates))
+        return (hit[1], hit[2]) if hit is not None and hit[0] is candidates else None
+
+
+def replace_parts(cols: Columns, group: NDArray[np.int64], tup: NDArray[np.int64],
+                  rate: NDArray[np.float64], order: NDArray[np.int64],
+                  cap: NDArray[np.float64], load: NDArray[np.float64],
+                  down: NDArray[np.bool_], avoid: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """Place parts of planned demands again, one pass, in ``order``: part ``i`` (``rate[i]``
+    Gb/s, of a demand whose candidates are group ``group[i]``, unique tuple ``tup[i]`` of
+    ``cols``) goes on the candidate whose most loaded link stays lowest (ties: the smaller
+    sum of squared utilisations), as :func:`plan_greedy` places a part, among the candidates
+    with no link in ``avoid`` (by row), or if none is left, none in ``down``. ``load`` (by
+    row, with every other part already in it) is updated in place with the parts' column and
+    fixed links. Returns each part's candidate index, -1 if every candidate has a ``down``
+    link.
+
+    Two parts of 100 Gb/s, candidates (link 0) and (link 1), link 1 down:
+
+    >>> d = [Demand("a", 1.0, ((0,), (1,)))]
+    >>> p = plan_greedy(d, {0: 400.0, 1: 400.0})
+    >>> g, u = p.columns.find(d[0].candidates)
+    >>> load = np.zeros(2); dead = np.array([False, True])
+    >>> replace_parts(p.columns, np.array([g, g]), np.array([u, u]), np.array([100.0, 100.0]),
+    ...               np.array([0, 1]), np.array([400.0, 400.0]), load, dead, dead).tolist()
+    [0, 0]
+    >>> load.tolist()
+    [200.0, 0.0]
+    """
+    return _replace_parts(order, group, tup, rate, cols.g_col0, cols.g_ncand, cols.c_ptr,
+                          cols.c_idx, cols.ufix_ptr, cols.ufix_idx, cap, load, down, avoid)
+
+
+@numba.njit(cache=True, nogil=True)
+def _replace_parts(order: NDArray[np.int64], group: NDArray[np.int64], tup: NDArray[np.int64],
+                   rate: NDArray[np.float64], g_col0: NDArray[np.int64],
+                   g_ncand: NDArray[np.int64], c_ptr: NDArray[np.int64],
+                   c_idx: NDArray[np.int64], ufix_ptr: NDArray[np.int64],
+                   ufix_idx: NDArray[np.int64], cap: NDArray[np.float64],
+                   load: NDArray[np.float64], down: NDArray[np.bool_], avoid: NDArray[np.bool_],
+                   ) -> NDArray[np.int64]:  # pragma: no cover - compiled
+    """:func:`replace_parts`."""
+    choice = np.full(order.shape[0], -1, np.int64)
+    for i in order:
+        g = group[i]
+        u = tup[i]
+        col0 = g_col0[g]
+        part = rate[i]
+        for level in range(2):  # the avoided links first, then only the dead ones
+            mask = avoid if level == 0 else down
+            usable = True
+            for q in range(ufix_ptr[u], ufix_ptr[u + 1]):
+                if mask[ufix_idx[q]]:
+                    usable = False
+            if not usable:
+                continue
+            best = -1
+            best_max = np.inf
+            best_sq = np.inf
+            for c in range(g_ncand[g]):
+                mx = 0.0
+                sq = 0.0
+                dead = False
+                for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
+                    lk = c_idx[q]
+                    if mask[lk]:
+                        dead = True
+                        break
+                    x = (load[lk] + part) / cap[lk]
+                    if x > mx:
+                        mx = x
+                    sq += x * x
+                if dead:
+                    continue
+                if mx < best_max - 1e-12 or (mx <= best_max + 1e-12 and sq < best_sq - 1e-12):
+                    best, best_max, best_sq = c, mx, sq
+            if best >= 0:
+                choice[i] = best
+                for q in range(c_ptr[col0 + best], c_ptr[col0 + best + 1]):
+                    load[c_idx[q]] += part
+                for q in range(ufix_ptr[u], ufix_ptr[u + 1]):
+                    load[ufix_idx[q]] += part
+                break
+    return choice
 
 
 # ---------------------------------------------------------------------------- references

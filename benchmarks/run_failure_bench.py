@@ -5,22 +5,26 @@
 
 A rail-optimised 400G leaf-spine (8 GPUs per host) with jobs of equal size placed at random,
 half ring AllReduce and half AlltoAll, all planned by the controller (untimed). Then the
-fabric cable carrying the most planned traffic fails: the time of
-``Controller.on_links_changed`` is measured (the congestion table pushed with the dead links
-excluded, the affected path sets re-placed against the rest of the plan, steered and
-installed). Target: <= 10 ms; the controller must not re-solve the network for one link.
-Each failure is measured on a fresh copy of the plan; the median of ``--repeat`` is shown.
+fabric cables carrying the most planned traffic fail one at a time, each repaired before the
+next fails: the time of ``Controller.on_links_changed`` for each failure is measured (the
+congestion table pushed with the dead links excluded, the shares on dead paths placed again
+against the rest of the plan, the new paths steered, installed and indexed). The first is
+the hottest cable of the fresh plan; the later ones run on the plan as the heals before left
+it (a repaired link gets no traffic back until a re-plan). Target: <= 10 ms; the controller
+must not re-solve the network for one link. Shown: the first failure, the median over
+``--repeat`` failures, the QPs moved and lambda (largest fabric-link utilisation) before
+and after the first.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
-import time
 
 
 def failure_case(gpus: int, jobs: int, repeat: int = 5, seed: int = 1) -> dict[str, float]:
+    import time
+
     from controller_cases import declared_controller
 
     ctl, _ = declared_controller(gpus, jobs, seed)
@@ -28,23 +32,31 @@ def failure_case(gpus: int, jobs: int, repeat: int = 5, seed: int = 1) -> dict[s
     rep = ctl.plan()
     plan_s = time.perf_counter() - t0
     assert ctl.current is not None
-    fabric = {lk for lk, li in ctl.view.links.items() if li.kind == "fabric"}
-    load = ctl.current.link_load_gbps
-    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
-    li = ctl.view.links[hot]
-    cable = [hot, ctl.view.link_between(li.dst, li.src)]
-    times, affected = [], 0
-    state = ("current", "_installed", "_on_link", "_rules_held", "down", "_load_rows",
-             "_spilled")
-    saved = copy.deepcopy({k: getattr(ctl, k) for k in state})
-    for _ in range(repeat):
-        for k, v in copy.deepcopy(saved).items():  # the plan before the failure
-            setattr(ctl, k, v)
+    lambda_before = ctl.current.max_utilization
+    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+    load = dict(ctl.current.link_load_gbps)
+    hot = sorted(fabric, key=lambda lk: (-load.get(lk, 0.0), lk))
+    times: list[float] = []
+    out: dict[str, float] = {}
+    done: set[int] = set()
+    for i in range(repeat):
+        lk = next(x for x in hot if x not in done)
+        li = ctl.view.links[lk]
+        cable = [lk, ctl.view.link_between(li.dst, li.src)]
+        done.update(cable)
+        before = {k: set(ps.paths) for k, ps in ctl._installed.items()
+                  if any(set(cable) & set(p) for p in ps.paths)}
         heal = ctl.on_links_changed(cable, [])
         times.append(heal.wall_s)
-        affected = heal.affected
-    return {"plan_s": plan_s, "demands": rep.demands, "failed_link_gbps": load.get(hot, 0.0),
-            "affected_path_sets": affected, "heal_ms": statistics.median(times) * 1e3}
+        if i == 0:
+            moved = sum(len(paths - set(ctl._installed[k].paths)) for k, paths in before.items()
+                        if k in ctl._installed)
+            out = {"failed_link_gbps": load.get(lk, 0.0), "affected_path_sets": heal.affected,
+                   "moved_qps": moved, "lambda_before": lambda_before,
+                   "lambda_after": ctl.current.max_utilization, "first_ms": heal.wall_s * 1e3}
+        ctl.on_links_changed([], cable)
+    return {"plan_s": plan_s, "demands": rep.demands, **out,
+            "median_ms": statistics.median(times) * 1e3}
 
 
 def main() -> None:
@@ -52,13 +64,17 @@ def main() -> None:
     ap.add_argument("--large", action="store_true", help="also 8192 GPUs / 32 jobs")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     cases = [(1024, 8)] + ([(8192, 32)] if args.large else [])
     for gpus, jobs in cases:
         r = failure_case(gpus, jobs, args.repeat)
         print(f"failure {gpus} GPUs / {jobs} jobs: plan {r['plan_s']:.2f} s "
-              f"({r['demands']} demands); one cable fails ({r['failed_link_gbps']:.0f} Gb/s "
-              f"planned on it, {r['affected_path_sets']} path sets): re-plan "
-              f"{r['heal_ms']:.2f} ms (target <= 10 ms)")
+              f"({r['demands']} demands); the hottest cable fails ({r['failed_link_gbps']:.0f} "
+              f"Gb/s planned on it, {r['affected_path_sets']} path sets, "
+              f"{r['moved_qps']} QPs moved, lambda {r['lambda_before']:.2f} -> "
+              f"{r['lambda_after']:.2f}): re-plan {r['first_ms']:.2f} ms; median of "
+              f"{args.repeat} failures {r['median_ms']:.2f} ms (target <= 10 ms)")
 
 
 if __name__ == "__main__":

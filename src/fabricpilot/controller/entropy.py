@@ -377,8 +377,11 @@ class SteeringTable:
             first = dict(zip(reversed([mids[r] for r in new]), reversed(new), strict=True))
             for m, r in sorted(first.items(), key=itemgetter(1)):  # in the order first met
                 self._add(m, dst[r], paths[r])
-            for r in new:
-                ids[r] = get(mids[r])
+            if 4 * len(new) < len(ids):  # (a few new: those looked up again)
+                for r in new:
+                    ids[r] = get(mids[r])
+            else:
+                ids = [get(m) for m in mids]
         return np.array(ids, np.int64)
 
     def _add(self, mid: tuple[int, ...], dst: int | np.integer, path: tuple[int, ...]) -> int:

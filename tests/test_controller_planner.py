@@ -369,7 +369,7 @@ def test_replace_parts_avoids_gray_links_while_it_can_and_dead_ones_always() -> 
         avoid = dead | np.isin(np.arange(3), gray)
         got = replace_parts(cols, np.array([g]), np.array([u]), np.array([100.0]),
                             np.array([0]), cap, load, dead, avoid)
-        return int(got[0]), load.tolist()
+        return int(got[0][0]), load.tolist()
 
     assert place([], [2]) == (1, [300.0, 100.0, 0.0])
     assert place([1], [0, 2]) == (2, [300.0, 0.0, 100.0])

@@ -1147,15 +1147,19 @@ class Controller:
         p_key: list[float] = []
         d_link: list[int] = []  # dense-load changes, applied at once
         d_gbps: list[float] = []
+        # (a demand's paths are its head, a candidate and its tail: a share that moves
+        # changes the load of its candidate's links only)
         for _, d, old, dead, g, u in todo:
             rate, ps, ws = d.rate_gbps, old.paths, old.weights
+            nh, nt = len(d.head), len(d.tail)
             for j in dead:
                 p = ps[j]
+                mid = p[nh:len(p) - nt]
                 out = rate * ws[j]
-                for lk in p:
+                for lk in mid:
                     load[lk] -= out
-                d_link.extend(p)
-                d_gbps.extend([-out] * len(p))
+                d_link.extend(mid)
+                d_gbps.extend([-out] * len(mid))
                 p_grp.append(g)
                 p_tup.append(u)
                 p_rate.append(out)
@@ -1170,9 +1174,12 @@ class Controller:
         cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
         # heaviest first (as a plan places parts), ties in key order
         order = np.argsort(np.array(p_key, np.float64), kind="stable")
+        # a share moves whole unless that would take a link beyond the plan's lambda (at
+        # least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
         choice = replace_parts(cols, np.array(p_grp, np.int64), np.array(p_tup, np.int64),
                                np.array(p_rate, np.float64), order, cap, rows, down,
-                               avoid_rows).tolist()
+                               avoid_rows, spread=self.parts,
+                               limit=max(1.0, plan.max_utilization)).tolist()
         # each moved key's set now: a dead share's slot takes its new path (or its weight
         # joins the share already on that path); new paths are steered below
         now: list[tuple[str, list, list, list, list]] = []
@@ -1186,14 +1193,16 @@ class Controller:
             picks = choice[i:i + len(dead)]
             i += len(dead)
             rate = d.rate_gbps
-            if picks[0] < 0:  # every candidate crosses a dead link: out of the plan
+            head, tail, cands = d.head, d.tail, d.candidates
+            if picks[0][0] < 0:  # every candidate crosses a dead link: out of the plan
                 for j, (p, w) in enumerate(zip(old.paths, old.weights, strict=True)):
-                    if j not in dead:
-                        out = rate * w
-                        for lk in p:
-                            load[lk] -= out
-                        d_link.extend(p)
-                        d_gbps.extend([-out] * len(p))
+                    # (the dead shares' candidate links are out already)
+                    gone = p if j not in dead else head + tail
+                    out = rate * w
+                    for lk in gone:
+                        load[lk] -= out
+                    d_link.extend(gone)
+                    d_gbps.extend([-out] * len(gone))
                 a, b = endpoints[k]
                 self.partitioned[k.split(":", 1)[0]] = (
                     f"gpu{a} -> gpu{b}: every path crosses a link that is down")
@@ -1201,22 +1210,29 @@ class Controller:
                 self._forget(k)
                 continue
             ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
-            head, tail, cands = d.head, d.tail, d.candidates
-            ends = head + tail  # (the kernel added the candidate's links to the dense load)
             merged = False
-            for c, j in zip(picks, dead, strict=True):
-                p = head + cands[c] + tail
-                out = rate * ws[j]
-                for lk in p:
-                    load[lk] = load.get(lk, 0.0) + out
-                d_link.extend(ends)
-                d_gbps.extend([out] * len(ends))
-                if p in ps:  # (a live share's path, or one a dead share took just now)
-                    ws[ps.index(p)] += ws[j]
-                    ws[j] = 0.0
-                    merged = True
-                else:
-                    ps[j], pts[j], rls[j] = p, -1, ()
+            for row, j in zip(picks, dead, strict=True):
+                pieces = [c for c in row if c >= 0]
+                w = ws[j] / len(pieces)
+                out = rate * w
+                ws[j] = 0.0  # (the dead share's slot, for its first new path)
+                free = True
+                for c in pieces:
+                    mid = cands[c]  # (the kernel added its links to the dense load)
+                    for lk in mid:
+                        load[lk] = load.get(lk, 0.0) + out
+                    p = head + mid + tail
+                    if p in ps:  # (a live share's path, or one a dead share took just now)
+                        ws[ps.index(p)] += w
+                    elif free:
+                        ps[j], ws[j], pts[j], rls[j] = p, w, -1, ()
+                        free = False
+                    else:
+                        ps.append(p)
+                        ws.append(w)
+                        pts.append(-1)
+                        rls.append(())
+                merged |= free
             if merged:  # the emptied slots go
                 keep = [j for j, w in enumerate(ws) if w > 0.0]
                 ps, ws = [ps[j] for j in keep], [ws[j] for j in keep]
@@ -1247,12 +1263,14 @@ class Controller:
         else:
             sets = []
             n_paths = pinned = 0
+            any_rules = bool(+self._rules_held)
             for k, ps, ws, pts, rls in now:
                 tp = tuple(ps)
                 sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
                 paths[k] = list(zip(tp, ws, strict=True))
                 n_paths += len(ps)
-                pinned += sum(1 for r in rls if r)
+                if any_rules:
+                    pinned += sum(1 for r in rls if r)
             report = PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
         self.dp.install(sets)
         self._record(sets)

@@ -1062,7 +1062,7 @@ def warm_up() -> None:
     no = np.zeros(8, np.bool_)
     _replace_parts(one, one, one, np.ones(1), one, one + 1, np.array([0, 1]), one,
                    np.zeros(2, np.int64), np.zeros(0, np.int64), np.ones(8), np.zeros(8),
-                   no, no)
+                   no, no, 2, 0.0)
     _WARM.append(True)
 
 
@@ -1171,15 +1171,20 @@ class Columns:
 def replace_parts(cols: Columns, group: NDArray[np.int64], tup: NDArray[np.int64],
                   rate: NDArray[np.float64], order: NDArray[np.int64],
                   cap: NDArray[np.float64], load: NDArray[np.float64],
-                  down: NDArray[np.bool_], avoid: NDArray[np.bool_]) -> NDArray[np.int64]:
+                  down: NDArray[np.bool_], avoid: NDArray[np.bool_], *, spread: int = 1,
+                  limit: float = np.inf) -> NDArray[np.int64]:
     """Place parts of planned demands again, one pass, in ``order``: part ``i`` (``rate[i]``
     Gb/s, of a demand whose candidates are group ``group[i]``, unique tuple ``tup[i]`` of
     ``cols``) goes on the candidate whose most loaded link stays lowest (ties: the smaller
     sum of squared utilisations), as :func:`plan_greedy` places a part, among the candidates
-    with no link in ``avoid`` (by row), or if none is left, none in ``down``. ``load`` (by
-    row, with every other part already in it) is updated in place with the parts' column and
-    fixed links. Returns each part's candidate index, -1 if every candidate has a ``down``
-    link.
+    with no link in ``avoid`` (by row), or if none is left, none in ``down``. A part that
+    would take a link above ``limit`` (utilisation) is split into ``spread`` equal pieces,
+    each placed so in turn. ``load`` (by row, with every other part already in it) is
+    updated in place with the parts' column and fixed links.
+
+    Returns, per part, the candidate index of each of its ``spread`` pieces (one piece: the
+    part went whole, and the others are -2), or -1 everywhere if every candidate has a
+    ``down`` link.
 
     Two parts of 100 Gb/s, candidates (link 0) and (link 1), link 1 down:
 
@@ -1189,12 +1194,63 @@ def replace_parts(cols: Columns, group: NDArray[np.int64], tup: NDArray[np.int64
     >>> load = np.zeros(2); dead = np.array([False, True])
     >>> replace_parts(p.columns, np.array([g, g]), np.array([u, u]), np.array([100.0, 100.0]),
     ...               np.array([0, 1]), np.array([400.0, 400.0]), load, dead, dead).tolist()
-    [0, 0]
+    [[0], [0]]
     >>> load.tolist()
     [200.0, 0.0]
+
+    With nothing down, link 0 at 350 Gb/s and link 1 at 300, a 100 Gb/s part would take
+    link 1 to 100 %; with ``limit`` 0.9 it goes in two 50 Gb/s pieces, one on each link:
+
+    >>> load = np.array([350.0, 300.0]); ok = np.array([False, False])
+    >>> replace_parts(p.columns, np.array([g]), np.array([u]), np.array([100.0]),
+    ...               np.array([0]), np.array([400.0, 400.0]), load, ok, ok, spread=2,
+    ...               limit=0.9).tolist()
+    [[1, 0]]
+    >>> load.tolist()
+    [400.0, 350.0]
     """
+    if spread < 1:
+        raise ValueError("spread must be >= 1")
     return _replace_parts(order, group, tup, rate, cols.g_col0, cols.g_ncand, cols.c_ptr,
-                          cols.c_idx, cols.ufix_ptr, cols.ufix_idx, cap, load, down, avoid)
+                          cols.c_idx, cols.ufix_ptr, cols.ufix_idx, cap, load, down, avoid,
+                          spread, limit)
+
+
+@numba.njit(cache=True, nogil=True)
+def _best_column(g: int, u: int, part: float, mask: NDArray[np.bool_],
+                 g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
+                 c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
+                 ufix_ptr: NDArray[np.int64], ufix_idx: NDArray[np.int64],
+                 cap: NDArray[np.float64], load: NDArray[np.float64],
+                 ) -> tuple[int, float]:  # pragma: no cover - compiled
+    """The candidate of group ``g`` (tuple ``u``) with no link in ``mask`` whose most loaded
+    link, with ``part`` added, is lowest (ties: the smaller sum of squares), and that
+    utilisation; -1 if none."""
+    for q in range(ufix_ptr[u], ufix_ptr[u + 1]):
+        if mask[ufix_idx[q]]:
+            return -1, np.inf
+    col0 = g_col0[g]
+    best = -1
+    best_max = np.inf
+    best_sq = np.inf
+    for c in range(g_ncand[g]):
+        mx = 0.0
+        sq = 0.0
+        dead = False
+        for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
+            lk = c_idx[q]
+            if mask[lk]:
+                dead = True
+                break
+            x = (load[lk] + part) / cap[lk]
+            if x > mx:
+                mx = x
+            sq += x * x
+        if dead:
+            continue
+        if mx < best_max - 1e-12 or (mx <= best_max + 1e-12 and sq < best_sq - 1e-12):
+            best, best_max, best_sq = c, mx, sq
+    return best, best_max
 
 
 @numba.njit(cache=True, nogil=True)
@@ -1204,49 +1260,36 @@ def _replace_parts(order: NDArray[np.int64], group: NDArray[np.int64], tup: NDAr
                    c_idx: NDArray[np.int64], ufix_ptr: NDArray[np.int64],
                    ufix_idx: NDArray[np.int64], cap: NDArray[np.float64],
                    load: NDArray[np.float64], down: NDArray[np.bool_], avoid: NDArray[np.bool_],
-                   ) -> NDArray[np.int64]:  # pragma: no cover - compiled
+                   spread: int, limit: float) -> NDArray[np.int64]:  # pragma: no cover
     """:func:`replace_parts`."""
-    choice = np.full(order.shape[0], -1, np.int64)
+    choice = np.full((order.shape[0], spread), -2, np.int64)
     for i in order:
         g = group[i]
         u = tup[i]
-        col0 = g_col0[g]
         part = rate[i]
-        for level in range(2):  # the avoided links first, then only the dead ones
-            mask = avoid if level == 0 else down
-            usable = True
+        # the avoided links first, then only the dead ones
+        mask = avoid
+        best, best_max = _best_column(g, u, part, avoid, g_col0, g_ncand, c_ptr, c_idx,
+                                      ufix_ptr, ufix_idx, cap, load)
+        if best < 0:
+            mask = down
+            best, best_max = _best_column(g, u, part, down, g_col0, g_ncand, c_ptr, c_idx,
+                                          ufix_ptr, ufix_idx, cap, load)
+        if best < 0:
+            choice[i, :] = -1
+            continue
+        pieces = spread if spread > 1 and best_max > limit else 1
+        piece = part / pieces
+        for k in range(pieces):
+            if pieces > 1:
+                best, _ = _best_column(g, u, piece, mask, g_col0, g_ncand, c_ptr, c_idx,
+                                       ufix_ptr, ufix_idx, cap, load)
+            choice[i, k] = best
+            col = g_col0[g] + best
+            for q in range(c_ptr[col], c_ptr[col + 1]):
+                load[c_idx[q]] += piece
             for q in range(ufix_ptr[u], ufix_ptr[u + 1]):
-                if mask[ufix_idx[q]]:
-                    usable = False
-            if not usable:
-                continue
-            best = -1
-            best_max = np.inf
-            best_sq = np.inf
-            for c in range(g_ncand[g]):
-                mx = 0.0
-                sq = 0.0
-                dead = False
-                for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
-                    lk = c_idx[q]
-                    if mask[lk]:
-                        dead = True
-                        break
-                    x = (load[lk] + part) / cap[lk]
-                    if x > mx:
-                        mx = x
-                    sq += x * x
-                if dead:
-                    continue
-                if mx < best_max - 1e-12 or (mx <= best_max + 1e-12 and sq < best_sq - 1e-12):
-                    best, best_max, best_sq = c, mx, sq
-            if best >= 0:
-                choice[i] = best
-                for q in range(c_ptr[col0 + best], c_ptr[col0 + best + 1]):
-                    load[c_idx[q]] += part
-                for q in range(ufix_ptr[u], ufix_ptr[u + 1]):
-                    load[ufix_idx[q]] += part
-                break
+                load[ufix_idx[q]] += piece
     return choice
 
 

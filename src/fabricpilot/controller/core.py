@@ -964,12 +964,15 @@ class Controller:
     # --------------------------------------------------------------- failures
     def on_links_changed(self, down: list[int], up: list[int]) -> HealReport:
         """Links went down (or came back): the switches get the congestion table with the
-        dead links excluded at once, and every planned path set crossing one is re-placed.
-        Only those demands are re-planned, on their precomputed candidates minus the dead
-        links, against the load of everything else (the rest of the plan stays): the cost
-        grows with the traffic on the failed link, not with the fabric. A pair left without
-        a path reports its job :attr:`partitioned`; when links come back, such jobs are
-        planned again (:meth:`plan_jobs`)."""
+        dead links excluded at once, and the QPs whose path crosses one move: each share on
+        a dead path goes to its least loaded live candidate (of the candidates the plan was
+        compiled on: :attr:`Plan.columns`), against the load of everything else, spread over
+        ``parts`` paths if moving it whole would load a link past the plan's lambda; the
+        other QPs of the pair keep their path and source port, and only the new paths are
+        steered. The rest of the plan stays: the cost grows with the traffic on the failed
+        link, not with the fabric. A pair left without a path reports its job
+        :attr:`partitioned`; when links come back, such jobs are planned again
+        (:meth:`plan_jobs`)."""
         self.down |= set(down)
         self.down -= set(up)
         report = self._heal("down" if down else "up")
@@ -997,8 +1000,7 @@ class Controller:
         return table
 
     def _heal(self, cause: str) -> HealReport:
-        """Re-place the planned path sets that cross a dead or gray link (see
-        :meth:`on_links_changed`)."""
+        """Move the planned shares on a dead or gray link (see :meth:`on_links_changed`)."""
         t0 = time.perf_counter()
         with _gc_paused():  # a collection over the whole plan would cost more than this
             return self._heal_from(cause, t0)
@@ -1051,12 +1053,7 @@ class Controller:
                         out = rate * w
                         for lk in p:
                             load[lk] -= out
-                    task = k.split(":", 1)[0]
-                    a, b = self._endpoints[k]
-                    self.partitioned[task] = (
-                        f"gpu{a} -> gpu{b}: every path crosses a link that is down")
-                    del paths[k]
-                    self._forget(k)
+                    self._cut_off(k)
                     continue
                 cands, head, tail = live.candidates, live.head, live.tail
             # only the shares on a dead path move (the others keep their path and QP):
@@ -1098,13 +1095,33 @@ class Controller:
         # only the links the moved shares can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)
         sets, report = self._place_around(parts, used, merge, split=1, sweeps=1, max_moves=0)
+        rep = self._healed(cause, t0, len(affected), sets, report)
+        self._sync_load_rows()
+        return rep
+
+    def _cut_off(self, key: str) -> None:
+        """The pair ``key`` has no live path left: out of the plan (its load is out
+        already) and its job reported :attr:`partitioned`."""
+        assert self.current is not None
+        a, b = self._endpoints[key]
+        self.partitioned[key.split(":", 1)[0]] = (
+            f"gpu{a} -> gpu{b}: every path crosses a link that is down")
+        del self.current.paths[key]
+        self._forget(key)
+
+    def _healed(self, cause: str, t0: float, affected: int, sets: list[PathSet],
+                report: PlanReport) -> HealReport:
+        """Install and record a heal's path sets and report it (its wall time from ``t0``);
+        then, as bookkeeping once the new paths are out, bring the plan's lambda up to
+        date."""
         self.dp.install(sets)
         self._record(sets)
-        rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
+        rep = HealReport(cause, affected, len(sets), time.perf_counter() - t0, report)
         self.heals.append(rep)
-        # (bookkeeping once the new paths are installed: the plan's lambda now)
-        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
-        self._sync_load_rows()
+        plan = self.current
+        assert plan is not None
+        self.current = replace(plan, max_utilization=self._fabric_lambda(plan.link_load_gbps,
+                                                                          {}))
         report.plan = self.current
         return rep
 
@@ -1203,11 +1220,7 @@ class Controller:
                         load[lk] -= out
                     d_link.extend(gone)
                     d_gbps.extend([-out] * len(gone))
-                a, b = endpoints[k]
-                self.partitioned[k.split(":", 1)[0]] = (
-                    f"gpu{a} -> gpu{b}: every path crosses a link that is down")
-                del paths[k]
-                self._forget(k)
+                self._cut_off(k)
                 continue
             ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
             merged = False
@@ -1272,13 +1285,9 @@ class Controller:
                 if any_rules:
                     pinned += sum(1 for r in rls if r)
             report = PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
-        self.dp.install(sets)
-        self._record(sets)
-        rep = HealReport(cause, len(affected), len(sets), time.perf_counter() - t0, report)
-        self.heals.append(rep)
-        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
-        report.plan = self.current
-        report.switch_rules = dict(+self._rules_held)
+        rep = self._healed(cause, t0, len(affected), sets, report)
+        if not rules:
+            report.switch_rules = dict(+self._rules_held)
         return rep
 
     def tick(self, now_ns: float | None = None) -> TickReport:

@@ -1225,7 +1225,7 @@ class Controller:
             ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
             merged = False
             for row, j in zip(picks, dead, strict=True):
-                pieces = [c for c in row if c >= 0]
+                pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
                 w = ws[j] / len(pieces)
                 out = rate * w
                 ws[j] = 0.0  # (the dead share's slot, for its first new path)

@@ -2,6 +2,7 @@
 
     python benchmarks/run_failure_bench.py            # 1024 GPUs / 8 jobs
     python benchmarks/run_failure_bench.py --large    # also 8192 GPUs / 32 jobs
+    python benchmarks/run_failure_bench.py --runs 5   # 1024 GPUs: 5 fresh plans
 
 A rail-optimised 400G leaf-spine (8 GPUs per host) with jobs of equal size placed at random,
 half ring AllReduce and half AlltoAll, all planned by the controller (untimed). Then the
@@ -62,23 +63,35 @@ def failure_case(gpus: int, jobs: int, repeat: int = 5, seed: int = 1) -> dict[s
             "median_ms": statistics.median(times) * 1e3}
 
 
+def _report(gpus: int, jobs: int, r: dict[str, float], repeat: int) -> float:
+    """Print one case's line; its first failure's re-plan time (ms)."""
+    print(f"failure {gpus} GPUs / {jobs} jobs: plan {r['plan_s']:.2f} s "
+          f"({r['demands']} demands); the hottest cable fails ({r['failed_link_gbps']:.0f} "
+          f"Gb/s planned on it, {r['affected_path_sets']} path sets, "
+          f"{r['moved_qps']} QPs off it onto {r['new_paths']} new paths, lambda "
+          f"{r['lambda_before']:.2f} -> "
+          f"{r['lambda_after']:.2f}): re-plan {r['first_ms']:.2f} ms; median of "
+          f"{repeat} failures {r['median_ms']:.2f} ms (target <= 10 ms)", flush=True)
+    return r["first_ms"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--large", action="store_true", help="also 8192 GPUs / 32 jobs")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5, help="cables failed per plan")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="fresh plans per case up to 1024 GPUs (8192: one)")
     args = ap.parse_args()
-    if args.repeat < 1:
-        ap.error("--repeat must be at least 1")
+    if args.repeat < 1 or args.runs < 1:
+        ap.error("--repeat and --runs must be at least 1")
     cases = [(1024, 8)] + ([(8192, 32)] if args.large else [])
     for gpus, jobs in cases:
-        r = failure_case(gpus, jobs, args.repeat)
-        print(f"failure {gpus} GPUs / {jobs} jobs: plan {r['plan_s']:.2f} s "
-              f"({r['demands']} demands); the hottest cable fails ({r['failed_link_gbps']:.0f} "
-              f"Gb/s planned on it, {r['affected_path_sets']} path sets, "
-              f"{r['moved_qps']} QPs off it onto {r['new_paths']} new paths, lambda "
-              f"{r['lambda_before']:.2f} -> "
-              f"{r['lambda_after']:.2f}): re-plan {r['first_ms']:.2f} ms; median of "
-              f"{args.repeat} failures {r['median_ms']:.2f} ms (target <= 10 ms)")
+        firsts = []
+        for _ in range(args.runs if gpus <= 1024 else 1):
+            firsts.append(_report(gpus, jobs, failure_case(gpus, jobs, args.repeat), args.repeat))
+        if len(firsts) > 1:
+            print(f"  hottest cable over {len(firsts)} fresh plans: min {min(firsts):.2f} ms, "
+                  f"median {statistics.median(firsts):.2f} ms (target <= 10 ms)", flush=True)
 
 
 if __name__ == "__main__":

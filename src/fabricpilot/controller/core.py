@@ -1156,7 +1156,7 @@ class Controller:
             if dead:
                 todo.append((k, d, old, dead, hit[1], hit[2]))
         # the shares on a dead path out of the load (the plan's and the dense copy), each
-        # to be placed whole again
+        # to be placed again
         load, paths, endpoints = plan.link_load_gbps, plan.paths, self._endpoints
         p_grp: list[int] = []
         p_tup: list[int] = []

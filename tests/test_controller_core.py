@@ -463,6 +463,42 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     _check_consistent(ctl)
 
 
+def test_a_job_planned_by_itself_is_healed_on_compiled_candidates_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job a (4 GPUs) planned, then job b (40 GPUs) planned by itself: most of b's pairs
+    have candidate tuples a's plan never compiled. They join the plan's columns, so a
+    failure under b's traffic is healed by replace_parts like any other, and afterwards no
+    installed path crosses the dead cable and the controller's state is consistent."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller import core
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    ctl.declare(Intent("a", "t", (0, 1, 2, 3), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    first = ctl.current.columns
+    order = np.random.default_rng(3).permutation(range(4, 64)).tolist()
+    ctl.declare(Intent("b", "t", tuple(order[:40]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    assert ctl.plan_jobs({"b"}) is not None
+    b = [d for d in ctl.demands() if d.key.startswith("b:")]
+    assert sum(first.find(d.candidates) is None for d in b) > len(b) // 2
+    assert all(ctl.current.columns.find(d.candidates) is not None for d in b)
+    load = ctl.current.link_load_gbps
+    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+    li = ctl.view.links[hot]
+    cable = {hot, ctl.view.link_between(li.dst, li.src)}
+    calls: list[int] = []
+    kernel = core.replace_parts
+    monkeypatch.setattr(core, "replace_parts", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    heal = ctl.on_links_changed(sorted(cable), [])
+    assert heal.affected > 0 and calls == [1]
+    assert not any(cable & set(p) for r in ctl._installed.values() for p in r.paths)
+    _check_consistent(ctl)
+
+
 # ------------------------------------------------------------------ incremental planning
 def test_a_job_planned_alone_is_placed_around_the_installed_plan() -> None:
     # the disjoint-spines case, job b planned by itself against a's installed paths
@@ -607,6 +643,14 @@ def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -
     assert report is not None
     assert {k: third._installed[k] for k in lost} == lost
     assert sorted(r.key for r in sent) == sorted(k for k in held if k.startswith("c:"))
+    _check_consistent(third)
+    # a resumed plan is compiled as a plan would be: a failure under it is healed the same way
+    assert all(third.current.columns.find(d.candidates) is not None for d in third.demands())
+    load = third.current.link_load_gbps
+    fabric = [lk for lk, li in third.view.links.items() if li.kind == "fabric"]
+    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+    assert third.on_links_changed([hot], []).affected > 0
+    assert not any(hot in p for r in third._installed.values() for p in r.paths)
     _check_consistent(third)
 
 

@@ -11,6 +11,7 @@ through a :class:`~fabricpilot.controller.southbound.DataPlane`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import Counter
@@ -40,6 +41,7 @@ from fabricpilot.controller.planner import (
     _demand,
     _gc_paused,
     _offsets,
+    compile_columns,
     plan_greedy,
     replace_parts,
 )
@@ -674,6 +676,7 @@ class Controller:
             if k not in kept:
                 self._forget(k)
         self._weight.update((d.key, d.weight) for d in fresh)
+        columns = plan.columns
         if not fresh:
             report = PlanReport(plan, 0, 0)
         else:
@@ -687,7 +690,14 @@ class Controller:
             self.dp.install(changed)
             self._record(sets)
             report.installed = len(changed)
-        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}))
+            # the jobs' candidates join the plan's compiled ones (a failure under them is
+            # healed as under the rest of the plan)
+            if columns is not None and report.plan.columns is not None:
+                # (a link the plan's columns lack: failures there take the general way)
+                with contextlib.suppress(ValueError):
+                    columns = columns.merged(report.plan.columns)
+        self.current = replace(plan, max_utilization=self._fabric_lambda(load, {}),
+                               columns=columns)
         self._sync_load_rows()
         report.plan = self.current
         report.demands = len(fresh)
@@ -726,7 +736,9 @@ class Controller:
                     for lk in p:
                         load[lk] = load.get(lk, 0.0) + rate[k] * w
             self._record_all(sets)  # (adopted sets of no demand now are forgotten)
-            self.current = Plan(paths, load, self._fabric_lambda(load, {}), solver="resumed")
+            # (compiled as a plan would be: a failure under it is healed the same way)
+            self.current = Plan(paths, load, self._fabric_lambda(load, {}), solver="resumed",
+                                columns=compile_columns(demands, self._link_capacity()))
             self._spilled = set()  # (the plan is the held sets' paths)
             self._sync_load_rows()
         rest = {t for t, ok in covered.items() if not ok}

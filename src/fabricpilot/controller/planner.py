@@ -1167,6 +1167,68 @@ class Columns:
         hit = self.tuple_of.get(id(candidates))
         return (hit[1], hit[2]) if hit is not None and hit[0] is candidates else None
 
+    def merged(self, other: Columns) -> Columns:
+        """These columns and the tuples of ``other`` (compiled over another set of links,
+        e.g. a plan of a few jobs) that they lack, on this one's links; ``self`` if
+        ``other`` adds none. ``ValueError`` if ``other`` uses a link this one does not have.
+
+        >>> a = plan_greedy([Demand("a", 1.0, ((0,), (1,)))], {0: 4.0, 1: 4.0, 2: 4.0})
+        >>> b = plan_greedy([Demand("b", 1.0, ((1,), (2,)))], {1: 4.0, 2: 4.0})
+        >>> both = a.columns.merged(b.columns)
+        >>> g, u = both.find(b.columns.u_objs()[0])
+        >>> [int(both.c_idx[both.c_ptr[both.g_col0[g] + c]]) for c in range(2)]  # links 1, 2
+        [1, 2]
+        """
+        fresh = [(t, g, u) for key, (t, g, u) in other.tuple_of.items()
+                 if self.tuple_of.get(key, (None,))[0] is not t]
+        if not fresh:
+            return self
+        rows_of = np.searchsorted(self.links, other.links)
+        if (rows_of >= len(self.links)).any() or (self.links[np.minimum(
+                rows_of, len(self.links) - 1)] != other.links).any():
+            raise ValueError("the other columns use links these do not have")
+        groups = np.unique(np.array([g for _, g, _ in fresh], np.int64))
+        g_new = np.full(len(other.g_ncand), -1, np.int64)
+        g_new[groups] = len(self.g_ncand) + np.arange(len(groups))
+        # the fresh groups' columns, in order, appended
+        ncand = other.g_ncand[groups]
+        cols = _ranges(other.g_col0[groups], ncand)
+        col_len = other.c_ptr[cols + 1] - other.c_ptr[cols]
+        c_idx = rows_of[other.c_idx[_ranges(other.c_ptr[cols], col_len)]]
+        n_cols = len(self.c_ptr) - 1
+        g_col0 = n_cols + _offsets(ncand)[:-1]
+        # the fresh tuples' fixed links, appended
+        us = np.array([u for _, _, u in fresh], np.int64)
+        fix_len = other.ufix_ptr[us + 1] - other.ufix_ptr[us]
+        ufix_idx = rows_of[other.ufix_idx[_ranges(other.ufix_ptr[us], fix_len)]]
+        n_u = len(self.ufix_ptr) - 1
+        tuple_of = dict(self.tuple_of)
+        for i, (t, g, _) in enumerate(fresh):
+            tuple_of[id(t)] = (t, int(g_new[g]), n_u + i)
+        return Columns(self.links, tuple_of,
+                       np.concatenate((self.g_col0, g_col0)),
+                       np.concatenate((self.g_ncand, ncand)),
+                       np.concatenate((self.c_ptr, self.c_ptr[-1] + np.cumsum(col_len))),
+                       np.concatenate((self.c_idx, c_idx)),
+                       np.concatenate((self.ufix_ptr, self.ufix_ptr[-1] + np.cumsum(fix_len))),
+                       np.concatenate((self.ufix_idx, ufix_idx)))
+
+    def u_objs(self) -> list[tuple[tuple[int, ...], ...]]:
+        """The candidate tuples held, in the order of their index."""
+        return [t for t, _, _ in sorted(self.tuple_of.values(), key=lambda e: e[2])]
+
+
+def compile_columns(demands: Sequence[Demand], capacity: Mapping[int, float]) -> Columns:
+    """The candidate structure of ``demands`` over the links of ``capacity`` (as
+    :func:`plan_greedy` compiles it), for a plan made otherwise (e.g. resumed from the path
+    sets the switches hold).
+
+    >>> d = Demand("a", 1.0, ((0,), (1,)))
+    >>> compile_columns([d], {0: 4.0, 1: 4.0}).find(d.candidates)
+    (0, 0)
+    """
+    return Columns.of(_Commodities(demands, capacity, None))
+
 
 def replace_parts(cols: Columns, group: NDArray[np.int64], tup: NDArray[np.int64],
                   rate: NDArray[np.float64], order: NDArray[np.int64],

@@ -216,6 +216,10 @@ def _explicit_without_ids(d: dict[str, Any]) -> None:
     d["jobs"][0]["placement"] = "explicit"
 
 
+def _negative_heal_spread(d: dict[str, Any]) -> None:
+    d["controller"] = {"heal_spread_over": -0.1}
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -233,6 +237,7 @@ BAD_CASES = [
     (_missing_collectives, "jobs[0].collectives", "required key is missing"),
     (_mice_out_of_range, "mice.gpus[1]", "GPU 200 is outside the cluster"),
     (_explicit_without_ids, "jobs[0].gpu_ids", "required when placement is explicit"),
+    (_negative_heal_spread, "controller.heal_spread_over", "must be >= 0"),
 ]
 
 
@@ -331,3 +336,10 @@ def test_large_examples_validate(path: Path) -> None:
 
     prep = prepare(load_scenario(path), str(path))
     assert sum(j.n_gpus for j in prep.jobs) == 1024
+
+
+def test_heal_spread_setting_reaches_the_controller(tmp_path: Path) -> None:
+    data = base()
+    data["controller"] = {"heal_spread_over": 0.25}
+    sc = load_scenario(write(tmp_path, data))
+    assert sc.controller.to_params().heal_spread_over == 0.25

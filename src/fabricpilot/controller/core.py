@@ -1203,12 +1203,12 @@ class Controller:
         cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
         # heaviest first (as a plan places parts), ties in key order
         order = np.argsort(np.array(p_key, np.float64), kind="stable")
-        # a share moves whole unless that would take a link beyond the plan's lambda (at
-        # least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
+        # a share moves whole unless that would load a link well beyond the plan's lambda
+        # (at least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
+        limit = max(1.0, plan.max_utilization) + self.params.heal_spread_over
         choice = replace_parts(cols, np.array(p_grp, np.int64), np.array(p_tup, np.int64),
                                np.array(p_rate, np.float64), order, cap, rows, down,
-                               avoid_rows, spread=self.parts,
-                               limit=max(1.0, plan.max_utilization)).tolist()
+                               avoid_rows, spread=self.parts, limit=limit).tolist()
         # each moved key's set now: a dead share's slot takes its new path (or its weight
         # joins the share already on that path); new paths are steered below
         now: list[tuple[str, list, list, list, list]] = []

@@ -13,7 +13,10 @@ class ControllerParams:
     buffer occupancy that trips the pressure fuse, the rate cap of L3 traffic while L1/L2
     jobs share the fabric, how many source ports it tries per QP when steering, and how it
     detects gray links: FEC-corrected error rate above ``fec_threshold`` in ``debounce_count``
-    samples within ``debounce_window_ns``."""
+    samples within ``debounce_window_ns``. A QP moved off a failed link goes whole to its
+    least loaded live path unless that would load a link more than ``heal_spread_over``
+    (utilisation) above the plan's lambda (at least 100 %); then it is spread over ``parts``
+    QPs."""
 
     control_latency_ns: int = 10_000
     parts: int = 4
@@ -26,3 +29,4 @@ class ControllerParams:
     fec_threshold: float = 1e-6
     debounce_count: int = 3
     debounce_window_ns: float = 500e6
+    heal_spread_over: float = 0.02

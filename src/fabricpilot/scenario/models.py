@@ -772,6 +772,12 @@ class ControllerSpec(_Model):
         default=1024, ge=1, le=16384,
         description="source ports tried per QP when steering it onto its planned path",
     )
+    heal_spread_over: float = Field(
+        default=0.02, ge=0, le=10, allow_inf_nan=False,
+        description="a QP moved off a failed link is spread over `parts` QPs only if moving "
+        "it whole would load a link this much (utilisation) above the plan's lambda "
+        "(at least 1)",
+    )
 
     _quantities = field_validator(
         "control_latency_ns", "replan_interval_ns", mode="before",
@@ -781,7 +787,8 @@ class ControllerSpec(_Model):
         return ControllerParams(
             self.control_latency_ns, self.parts, self.switch_rule_capacity,
             float(self.replan_interval_ns) if self.replan_interval_ns else float("inf"),
-            self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries)
+            self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries,
+            heal_spread_over=self.heal_spread_over)
 
 
 # --- jobs -----------------------------------------------------------------------------------

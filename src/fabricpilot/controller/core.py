@@ -597,7 +597,7 @@ class Controller:
 
     def _capacity_of(self, ids: NDArray[np.int64], ids_l: list[int]) -> NDArray[np.float64]:
         """Capacities (Gb/s) of the links ``ids`` (``ids_l`` as a list), as floats."""
-        arr = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        arr = self._dense_capacity()
         if len(ids) and len(arr) and int(ids[0]) >= 0 and int(ids[-1]) < len(arr):
             out = arr[ids]
             if not np.isnan(out).any():
@@ -608,6 +608,8 @@ class Controller:
     def _dense_capacity(self) -> NDArray[np.float64]:
         """Capacity (Gb/s) indexed by link id, NaN where no link has the id (cached; empty
         if the ids are too sparse for that)."""
+        if self._cap_array is not None:
+            return self._cap_array
         cap = self._link_capacity()
         ids = np.fromiter(cap, np.int64, len(cap))
         top = int(ids.max()) if len(ids) else -1
@@ -797,7 +799,7 @@ class Controller:
         """Make the dense copy of the plan's load (by link id) from its dict again (none if
         there is no plan or the link ids are not dense)."""
         self._load_rows = None
-        cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        cap = self._dense_capacity()
         if self.current is None or not len(cap):
             return
         load = self.current.link_load_gbps
@@ -829,8 +831,7 @@ class Controller:
         entropy reaches, which frees rules for the others, and keep whichever of the two
         loads the fabric less once every path is the one its QP really takes."""
         cap = self._link_capacity()
-        if self._cap_array is None:  # (for the re-plans of a failure: not on their clock)
-            self._dense_capacity()
+        self._dense_capacity()  # (made now for the re-plans of a failure, not on their clock)
         plan = plan_greedy(demands, cap, background=background, split=self.parts)
         sets, report = self.steer_plan(plan, self._weight)
         if not report.spilled:
@@ -957,7 +958,7 @@ class Controller:
 
     def _fabric_lambda(self, load: Mapping[int, float], bg: Mapping[int, float]) -> float:
         """Largest utilisation of a fabric link under ``load`` plus ``bg`` (Gb/s)."""
-        cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        cap = self._dense_capacity()
         if len(cap) and not bg:  # (vectorised: a plan's load covers every link)
             if self._fabric_cap is None:
                 fabric = np.zeros(len(cap), bool)
@@ -1200,7 +1201,7 @@ class Controller:
         down[list(self.down)] = True
         avoid_rows = down.copy()
         avoid_rows[list(self.degraded)] = True
-        cap = self._cap_array if self._cap_array is not None else self._dense_capacity()
+        cap = self._dense_capacity()
         # heaviest first (as a plan places parts), ties in key order
         order = np.argsort(np.array(p_key, np.float64), kind="stable")
         # a share moves whole unless that would load a link well beyond the plan's lambda

@@ -1173,9 +1173,9 @@ class Columns:
         ``other`` adds none. ``ValueError`` if ``other`` uses a link this one does not have.
 
         >>> a = plan_greedy([Demand("a", 1.0, ((0,), (1,)))], {0: 4.0, 1: 4.0, 2: 4.0})
-        >>> b = plan_greedy([Demand("b", 1.0, ((1,), (2,)))], {1: 4.0, 2: 4.0})
-        >>> both = a.columns.merged(b.columns)
-        >>> g, u = both.find(b.columns.u_objs()[0])
+        >>> d = Demand("b", 1.0, ((1,), (2,)))
+        >>> both = a.columns.merged(plan_greedy([d], {1: 4.0, 2: 4.0}).columns)
+        >>> g, u = both.find(d.candidates)
         >>> [int(both.c_idx[both.c_ptr[both.g_col0[g] + c]]) for c in range(2)]  # links 1, 2
         [1, 2]
         """
@@ -1212,10 +1212,6 @@ class Columns:
                        np.concatenate((self.c_idx, c_idx)),
                        np.concatenate((self.ufix_ptr, self.ufix_ptr[-1] + np.cumsum(fix_len))),
                        np.concatenate((self.ufix_idx, ufix_idx)))
-
-    def u_objs(self) -> list[tuple[tuple[int, ...], ...]]:
-        """The candidate tuples held, in the order of their index."""
-        return [t for t, _, _ in sorted(self.tuple_of.values(), key=lambda e: e[2])]
 
 
 def compile_columns(demands: Sequence[Demand], capacity: Mapping[int, float]) -> Columns:

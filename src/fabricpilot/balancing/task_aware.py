@@ -177,14 +177,15 @@ class TaskAware(Adaptive):
         freed = Counter(sw for sw, _ in _chain(_chain(
             held[r.key][0].rules for r in rules if r.key in held)))
         added = Counter(sw for sw, _ in _chain(_chain(r.rules for r in rules)))
-        table = self._table - freed
-        table.update(added)
-        cap = self.ctx.controller.switch_rule_capacity
-        full = [(sw, n) for sw, n in table.items() if n > cap]
-        if full:
-            sw, n = max(full, key=lambda x: x[1])
-            raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
-        self._table = table
+        if freed or added:  # (no rule in or out: the tables stay as they are)
+            table = self._table - freed
+            table.update(added)
+            cap = self.ctx.controller.switch_rule_capacity
+            full = [(sw, n) for sw, n in table.items() if n > cap]
+            if full:
+                sw, n = max(full, key=lambda x: x[1])
+                raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
+            self._table = table
         at = now + self.ctx.controller.control_latency_ns
         held.update([(r.key, (r, at)) for r in rules])
         forwarded = self._forwarded

@@ -919,6 +919,26 @@ class Controller:
                 self._rules_held.update(sw for pinned in r.rules for sw, _ in pinned)
             installed[key] = r
 
+    def _record_moves(self, sets: list[PathSet],
+                      moves: list[tuple[str, set[int], set[int]]]) -> None:
+        """:meth:`_record` of sets already installed whose links changed as ``moves`` say
+        (key, links it no longer uses, links it now uses; in the order of ``sets``)."""
+        installed, rows, edits = self._installed, self._on_link._row, self._on_link._edits
+        held = self._rules_held
+        for r, (key, gone, taken) in zip(sets, moves, strict=True):
+            for lk in gone:
+                if lk not in rows and lk not in edits:
+                    raise KeyError(lk)
+                edits.setdefault(lk, {})[key] = False
+            for lk in taken:
+                edits.setdefault(lk, {})[key] = True
+            old = installed[key]
+            if any(old.rules):
+                held.subtract(sw for pinned in old.rules for sw, _ in pinned)
+            if any(r.rules):
+                held.update(sw for pinned in r.rules for sw, _ in pinned)
+            installed[key] = r
+
     def _record_all(self, sets: list[PathSet], rules: bool = True) -> None:
         """Remember ``sets`` as all the installed path sets (forgetting the others), as
         :meth:`_record` does from empty, in bulk: the keys per link are indexed by one sort.
@@ -1123,12 +1143,17 @@ class Controller:
         self._forget(key)
 
     def _healed(self, cause: str, t0: float, affected: int, sets: list[PathSet],
-                report: PlanReport) -> HealReport:
+                report: PlanReport,
+                moves: list[tuple[str, set[int], set[int]]] | None = None) -> HealReport:
         """Install and record a heal's path sets and report it (its wall time from ``t0``);
         then, as bookkeeping once the new paths are out, bring the plan's lambda up to
-        date."""
+        date. ``moves`` (key, links it leaves, links it takes), if given, are the link
+        index's changes, known already (as :meth:`_record` would find them)."""
         self.dp.install(sets)
-        self._record(sets)
+        if moves is None:
+            self._record(sets)
+        else:
+            self._record_moves(sets, moves)
         rep = HealReport(cause, affected, len(sets), time.perf_counter() - t0, report)
         self.heals.append(rep)
         plan = self.current
@@ -1155,7 +1180,16 @@ class Controller:
         isdisjoint = avoid.isdisjoint
         demand, find, installed, spilled = (self._demand, cols.tuple_of.get, self._installed,
                                             self._spilled)
+        load, paths, endpoints = plan.link_load_gbps, plan.paths, self._endpoints
+        # the shares on a dead path: each to be placed again, its load out of the dense copy
+        # (nothing is changed before every affected key is known to qualify)
         todo = []
+        p_grp: list[int] = []
+        p_tup: list[int] = []
+        p_rate: list[float] = []
+        p_key: list[float] = []
+        d_link: list[int] = []  # dense-load changes, applied at once
+        d_gbps: list[float] = []
         for k in affected:
             d = demand.get(k)
             if d is None:  # (a job no longer planned, e.g. cut off: its sets stay as they are)
@@ -1165,29 +1199,19 @@ class Controller:
                     or not isdisjoint(d.head) or not isdisjoint(d.tail)):
                 return None
             old = installed[k]  # (its paths and weights are the plan's: not spilled)
-            dead = [j for j, p in enumerate(old.paths) if not isdisjoint(p)]
-            if dead:
-                todo.append((k, d, old, dead, hit[1], hit[2]))
-        # the shares on a dead path out of the load (the plan's and the dense copy), each
-        # to be placed again
-        load, paths, endpoints = plan.link_load_gbps, plan.paths, self._endpoints
-        p_grp: list[int] = []
-        p_tup: list[int] = []
-        p_rate: list[float] = []
-        p_key: list[float] = []
-        d_link: list[int] = []  # dense-load changes, applied at once
-        d_gbps: list[float] = []
-        # (a demand's paths are its head, a candidate and its tail: a share that moves
-        # changes the load of its candidate's links only)
-        for _, d, old, dead, g, u in todo:
-            rate, ps, ws = d.rate_gbps, old.paths, old.weights
+            ps = old.paths
+            dead = [j for j, p in enumerate(ps) if not isdisjoint(p)]
+            if not dead:
+                continue
+            todo.append((k, d, old, dead))
+            # (a demand's paths are its head, a candidate and its tail: a share that moves
+            # changes the load of its candidate's links only)
+            rate, ws, g, u = d.rate_gbps, old.weights, hit[1], hit[2]
             nh, nt = len(d.head), len(d.tail)
             for j in dead:
                 p = ps[j]
                 mid = p[nh:len(p) - nt]
                 out = rate * ws[j]
-                for lk in mid:
-                    load[lk] -= out
                 d_link.extend(mid)
                 d_gbps.extend([-out] * len(mid))
                 p_grp.append(g)
@@ -1195,6 +1219,7 @@ class Controller:
                 p_rate.append(out)
                 p_key.append(-d.weight * out)
         np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
+        touched = d_link[:]  # links whose load changes: the plan's dict takes the dense value
         d_link.clear()
         d_gbps.clear()
         down = np.zeros(len(rows), np.bool_)
@@ -1218,8 +1243,9 @@ class Controller:
         n_src: list[int] = []
         n_dst: list[int] = []
         n_start: list[int] = []
+        moves: list[tuple[str, set[int], set[int]]] = []  # key, links it leaves, links it takes
         i = 0
-        for k, d, old, dead, _, _ in todo:
+        for k, d, old, dead in todo:
             picks = choice[i:i + len(dead)]
             i += len(dead)
             rate = d.rate_gbps
@@ -1228,25 +1254,21 @@ class Controller:
                 for j, (p, w) in enumerate(zip(old.paths, old.weights, strict=True)):
                     # (the dead shares' candidate links are out already)
                     gone = p if j not in dead else head + tail
-                    out = rate * w
-                    for lk in gone:
-                        load[lk] -= out
                     d_link.extend(gone)
-                    d_gbps.extend([-out] * len(gone))
+                    d_gbps.extend([-rate * w] * len(gone))
                 self._cut_off(k)
                 continue
             ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
             merged = False
+            taken: list[int] = []
             for row, j in zip(picks, dead, strict=True):
                 pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
                 w = ws[j] / len(pieces)
-                out = rate * w
                 ws[j] = 0.0  # (the dead share's slot, for its first new path)
                 free = True
                 for c in pieces:
                     mid = cands[c]  # (the kernel added its links to the dense load)
-                    for lk in mid:
-                        load[lk] = load.get(lk, 0.0) + out
+                    taken.extend(mid)
                     p = head + mid + tail
                     if p in ps:  # (a live share's path, or one a dead share took just now)
                         ws[ps.index(p)] += w
@@ -1263,6 +1285,12 @@ class Controller:
                 keep = [j for j, w in enumerate(ws) if w > 0.0]
                 ps, ws = [ps[j] for j in keep], [ws[j] for j in keep]
                 pts, rls = [pts[j] for j in keep], [rls[j] for j in keep]
+            touched.extend(taken)
+            # the index: only candidate links change (head and tail stay)
+            nh, nt = len(head), len(tail)
+            was = set(_chain(p[nh:len(p) - nt] for p in old.paths))
+            now_links = set(_chain(p[nh:len(p) - nt] for p in ps))
+            moves.append((k, was - now_links, now_links - was))
             a, b = endpoints[k]
             for j, port in enumerate(pts):
                 if port < 0:
@@ -1272,7 +1300,11 @@ class Controller:
                     n_dst.append(b)
                     n_start.append((a * 1_000_003 + b) * 64 + j)
             now.append((k, ps, ws, pts, rls))
-        np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
+        if d_link:  # (cut off)
+            np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
+            touched.extend(d_link)
+        # the plan's load of each changed link: its dense value
+        load.update(zip(touched, rows[np.array(touched, np.int64)].tolist(), strict=True))
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         if new:  # steer the new paths
             table = self._steering_table()
@@ -1286,21 +1318,20 @@ class Controller:
         if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
             sets, report = self._steer_in(Plan(
                 {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in now}, {}, 0.0))
-        else:
-            sets = []
-            n_paths = pinned = 0
-            any_rules = bool(+self._rules_held)
-            for k, ps, ws, pts, rls in now:
-                tp = tuple(ps)
-                sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
-                paths[k] = list(zip(tp, ws, strict=True))
-                n_paths += len(ps)
-                if any_rules:
-                    pinned += sum(1 for r in rls if r)
-            report = PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
-        rep = self._healed(cause, t0, len(affected), sets, report)
-        if not rules:
-            report.switch_rules = dict(+self._rules_held)
+            return self._healed(cause, t0, len(affected), sets, report)
+        sets = []
+        n_paths = pinned = 0
+        any_rules = bool(+self._rules_held)
+        for k, ps, ws, pts, rls in now:
+            tp = tuple(ps)
+            sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
+            paths[k] = list(zip(tp, ws, strict=True))
+            n_paths += len(ps)
+            if any_rules:
+                pinned += sum(1 for r in rls if r)
+        report = PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
+        rep = self._healed(cause, t0, len(affected), sets, report, moves)
+        report.switch_rules = dict(+self._rules_held)
         return rep
 
     def tick(self, now_ns: float | None = None) -> TickReport:

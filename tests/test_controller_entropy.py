@@ -4,6 +4,8 @@ only where the hash cannot reach, within each switch's rule budget."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -292,3 +294,41 @@ def test_a_kept_steering_table_steers_as_a_fresh_one() -> None:
         assert steer(view, reqs, table=table) == steer(view, reqs)
     for q in reqs:
         assert cache[q.path[1:-1]] == constraints(view, q.dst, q.path)
+
+
+def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
+    """A table with no cache derives the constraints of a call's new switch paths together
+    (compiled over the view's arrays): path by path, they are what :func:`constraints`
+    gives (switch, group size, wanted member), including a link outside its switch's group
+    (wanted member -1: only a rule takes it) and a path met twice in one call."""
+    from fabricpilot.controller.entropy import SteeringTable
+
+    ctx = _ctx(per_switch=True)
+    view = fabric_view(ctx)
+    paths: list[tuple[int, ...]] = []
+    dst: list[int] = []
+    for g in range(0, 128, 9):
+        h = (g * 5 + 17) % 128
+        for p in _inter_pod_candidates(ctx, g, h)[:6]:
+            paths.append(p)
+            dst.append(h)
+    # gpu0 -> gpu4 (same pod, another edge) up to a core and back: the aggregation's
+    # group towards edge0_1 does not hold its core uplink
+    hops = ["gpu0", "edge0_0", "agg0_0", "core0", "agg0_0", "edge0_1", "gpu4"]
+    detour = tuple(view.link_between(a, b) for a, b in pairwise(hops))
+    paths += [detour, detour]
+    dst += [4, 4]
+    table = SteeringTable(view)
+    ids = table.intern(paths, dst).tolist()
+    assert ids[-1] == ids[-2] and len(table.ids) == len(set(ids))
+    ptr, _, _, size, want = table._flat()
+    c_sw = table._c_sw.values
+    for m, p, d in zip(ids, paths, dst, strict=True):
+        got = [(table._sw_names[int(c_sw[c])], int(size[c]), int(want[c]))
+               for c in range(int(ptr[m]), int(ptr[m + 1]))]
+        assert got == [(sw, len(grp), w) for sw, grp, w in constraints(view, d, p)]
+    assert ("agg0_0", 1, -1) in [(table._sw_names[int(c_sw[c])], int(size[c]), int(want[c]))
+                                 for c in range(int(ptr[ids[-1]]), int(ptr[ids[-1] + 1]))]
+    # a second call adds only the switch paths it has not met
+    n = len(table.ids)
+    assert table.intern(paths[:3], dst[:3]).tolist() == ids[:3] and len(table.ids) == n

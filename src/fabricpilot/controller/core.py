@@ -290,7 +290,6 @@ class Controller:
         self._installed: dict[str, PathSet] = {}
         self._on_link = _KeysByLink()  # link -> keys of installed sets using it
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
-        self._constraints: dict[tuple[int, ...], list] = {}  # path -> its hash decisions
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         self._weight: dict[str, float] = {}
@@ -622,10 +621,10 @@ class Controller:
         return arr
 
     def _steering_table(self) -> SteeringTable:
-        """The steering table of the view (made at first use), holding the constraints
-        cache."""
+        """The steering table of the view (made at first use; it keeps the hash decisions
+        of every switch path steered)."""
         if self._steering is None or self._steering.view is not self.view:
-            self._steering = SteeringTable(self.view, self._constraints)
+            self._steering = SteeringTable(self.view)
         return self._steering
 
     def plan(self, background: dict[int, float] | None = None) -> PlanReport:

@@ -17,14 +17,15 @@ the data plane (:class:`~fabricpilot.controller.southbound.EcmpSpec`), never ass
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass
-from operator import itemgetter
 
 import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.controller.planner import _offsets
 from fabricpilot.controller.southbound import FabricView
 from fabricpilot.net.hashing import (
     CRC32_TABLE,
@@ -305,14 +306,59 @@ class _Growing:
         self._n = end
 
 
+@numba.njit(cache=True, nogil=True)
+def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link_sw: NDArray,
+                      grp: NDArray, g_ptr: NDArray, g_links: NDArray,
+                      ) -> tuple[NDArray, NDArray, NDArray, NDArray]:  # pragma: no cover
+    """:func:`constraints` of many paths at once, by index: path ``r`` is ``flat[path_ptr[r]:
+    path_ptr[r + 1]]`` (link ids) towards leaf ``path_leaf[r]``; ``link_sw[link]`` is the
+    switch a link leaves (-1: none with groups), ``grp[switch, leaf]`` its group (-1: none)
+    and group ``g``'s members are ``g_links[g_ptr[g]:g_ptr[g + 1]]``. Returns each path's
+    number of constraints, then per constraint its switch, group size and wanted member."""
+    n = path_ptr.shape[0] - 1
+    count = np.zeros(n, np.int64)
+    out_sw = np.empty(flat.shape[0], np.int64)
+    out_size = np.empty(flat.shape[0], np.int64)
+    out_want = np.empty(flat.shape[0], np.int64)
+    q = 0
+    for r in range(n):
+        leaf = path_leaf[r]
+        start = q
+        for k in range(path_ptr[r], path_ptr[r + 1]):
+            link = flat[k]
+            sw = link_sw[link]
+            if sw < 0:
+                continue
+            g = grp[sw, leaf]
+            if g < 0:
+                continue
+            lo, hi = g_ptr[g], g_ptr[g + 1]
+            pos = -1
+            for m in range(lo, hi):
+                if g_links[m] == link:
+                    pos = m - lo
+                    break
+            if hi - lo < 2 and pos >= 0:  # (no choice)
+                continue
+            out_sw[q] = sw
+            out_size[q] = hi - lo
+            out_want[q] = pos
+            q += 1
+        count[r] = q - start
+    return count, out_sw[:q], out_size[:q], out_want[:q]
+
+
 class SteeringTable:
     """What steering needs of one fabric, kept across calls: the hash decisions
     (:func:`constraints`) of every switch path seen, interned (a switch path's id indexes
-    flat arrays of its constraints) and each constraint's switch term of the hash.
+    flat arrays of its constraints: switch, its hash term and rotation, group size, wanted
+    member).
 
     Constraints depend only on the switch links of a path (the links between its first and
-    last link): a switch path's are derived from the first request that uses it and kept in
-    ``cache`` (``{switch path: constraints}``, shared with :func:`steer` if given)."""
+    last link): a switch path's are derived from the first request that uses it, all the new
+    ones of a call at once (compiled, over arrays of the view's links and groups). If a
+    ``cache`` (``{switch path: constraints}``, shared with :func:`steer`) is given, they are
+    taken from it and put in it instead, path by path."""
 
     def __init__(self, view: FabricView,
                  cache: dict[tuple[int, ...], list[tuple[str, tuple[int, ...], int]]]
@@ -322,116 +368,112 @@ class SteeringTable:
             raise ValueError("the data plane does not describe its ECMP hash")
         self.view = view
         self.spec = spec
-        self.cache = cache if cache is not None else {}
+        self.cache = cache
         self.ids: dict[tuple[int, ...], int] = {}
         self.ports, self.port_term = _port_terms(spec.source_port_entropy)
-        # hash decisions (switch, group, wanted member), by id; the ids of those given by
-        # value (from ``cache``) and of the link each is towards a leaf (-1: none)
-        self._dec: list[tuple[str, tuple[int, ...], int]] = []
-        self._dec_by_value: dict[tuple[str, tuple[int, ...], int], int] = {}
-        self._dec_of_link: dict[tuple[int, str], int] = {}
-        self._ptr: list[int] = [0]   # switch path id -> its first constraint
-        self._cons: list[int] = []   # constraint -> its decision
-        # as arrays, extended as decisions and switch paths are added: per decision (switch
-        # term, rotation, group size, wanted member), then per constraint the same, with the
-        # offsets of the switch paths
-        self._dec_arrays = tuple(_Growing(t) for t in (np.uint32, np.int64, np.int64, np.int64))
+        # the switches (by index): name, hash term and rotation
+        self._sw_names = list(spec.switch_index)
+        self._sw_ix = {sw: i for i, sw in enumerate(self._sw_names)}
+        seeds = switch_seed(spec.base_seed, np.fromiter(spec.switch_index.values(), np.int64,
+                                                        len(spec.switch_index)),
+                            spec.per_switch_seed)
+        self._sw_term = _switch_terms(seeds)
+        self._sw_rot = ((seeds % np.uint64(32)).astype(np.int64) if spec.per_switch_seed
+                        else np.zeros(len(seeds), np.int64))
+        # per switch path: offsets of its constraints; per constraint: switch, its term and
+        # rotation, group size, wanted member (arrays grown in place as paths are added)
         self._arrays = tuple(_Growing(t) for t in (np.int64, np.uint32, np.int64, np.int64,
                                                    np.int64))
         self._arrays[0].extend([0])
+        self._c_sw = _Growing(np.int64)
+        self._compiled: tuple[NDArray, ...] | None = None  # (made at first use)
 
-    def _decision(self, link: int, leaf: str) -> int:
-        """The id of the hash decision ``link`` is towards ``leaf`` (see :func:`constraints`),
-        -1 if it is none (cached)."""
-        key = (link, leaf)
-        hit = self._dec_of_link.get(key)
-        if hit is None:
-            sw = self.view.links[link].src
-            group = self.spec.groups.get((sw, leaf))
-            if group is None or (len(group) < 2 and link in group):
-                hit = -1
-            else:
-                hit = len(self._dec)
-                self._dec.append((sw, group, group.index(link) if link in group else -1))
-            self._dec_of_link[key] = hit
-        return hit
-
-    def _decision_id(self, dec: tuple[str, tuple[int, ...], int]) -> int:
-        """The id of a hash decision ``(switch, group, wanted member)`` given by value (a
-        constraint of ``cache``)."""
-        hit = self._dec_by_value.get(dec)
-        if hit is None:
-            hit = self._dec_by_value[dec] = len(self._dec)
-            self._dec.append(dec)
-        return hit
+    def _compiled_view(self) -> tuple[NDArray, ...] | None:
+        """The view as arrays for :func:`_path_constraints` (link -> switch, (switch, leaf)
+        -> group, group members) and GPU -> leaf; ``None`` if link or GPU ids are not small
+        non-negative integers (then constraints are derived path by path)."""
+        if self._compiled is None:
+            spec, links = self.spec, self.view.links
+            ids = np.fromiter(links, np.int64, len(links))
+            gpus = np.fromiter(spec.gpu_leaf, np.int64, len(spec.gpu_leaf))
+            if (not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= 1 << 24
+                    or not len(gpus) or int(gpus.min()) < 0 or int(gpus.max()) >= 1 << 24):
+                return None
+            leaves = {leaf: i for i, leaf in enumerate(dict.fromkeys(
+                [*spec.gpu_leaf.values(), *(leaf for _, leaf in spec.groups)]))}
+            gpu_leaf = np.full(int(gpus.max()) + 1, -1, np.int64)
+            gpu_leaf[gpus] = [leaves[leaf] for leaf in spec.gpu_leaf.values()]
+            sw_ix = self._sw_ix
+            link_sw = np.full(int(ids.max()) + 1, -1, np.int64)
+            link_sw[ids] = [sw_ix.get(li.src, -1) for li in links.values()]
+            grp = np.full((len(sw_ix), len(leaves)), -1, np.int64)
+            members: dict[tuple[int, ...], int] = {}
+            for (sw, leaf), group in spec.groups.items():
+                i = sw_ix.get(sw)
+                if i is not None:
+                    grp[i, leaves[leaf]] = members.setdefault(group, len(members))
+            g_ptr = _offsets(np.fromiter(map(len, members), np.int64, len(members)))
+            g_links = np.fromiter(itertools.chain.from_iterable(members), np.int64,
+                                  int(g_ptr[-1]))
+            self._compiled = (link_sw, grp, g_ptr, g_links, gpu_leaf)
+        return self._compiled
 
     def intern(self, paths: list[tuple[int, ...]], dst: list[int] | NDArray[np.int64],
                ) -> NDArray[np.int64]:
         """The switch-path id of every path (``dst``: each path's destination GPU)."""
-        get = self.ids.get
-        mids = [p[1:-1] for p in paths]
-        ids = [get(m, -1) for m in mids]
-        if ids and min(ids) < 0:
-            new = [r for r, i in enumerate(ids) if i < 0]
-            # new switch path -> its first request (the last value a key is given, backwards)
-            first = dict(zip(reversed([mids[r] for r in new]), reversed(new), strict=True))
-            for m, r in sorted(first.items(), key=itemgetter(1)):  # in the order first met
-                self._add(m, dst[r], paths[r])
-            if 4 * len(new) < len(ids):  # (a few new: those looked up again)
-                for r in new:
-                    ids[r] = get(mids[r])
-            else:
-                ids = [get(m) for m in mids]
-        return np.array(ids, np.int64)
+        ids_of = self.ids
+        n0 = len(ids_of)
+        add = ids_of.setdefault  # (a new switch path gets the next id)
+        ids = np.fromiter((add(p[1:-1], len(ids_of)) for p in paths), np.int64, len(paths))
+        if len(ids_of) > n0:  # the new ones' constraints, from their first requests
+            rows = np.flatnonzero(ids >= n0)
+            _, first = np.unique(ids[rows], return_index=True)
+            firsts = rows[first].tolist()
+            try:
+                self._add([paths[r] for r in firsts], [int(dst[r]) for r in firsts])
+            except BaseException:
+                for m in list(itertools.islice(ids_of, n0, None)):
+                    del ids_of[m]
+                raise
+        return ids
 
-    def _add(self, mid: tuple[int, ...], dst: int | np.integer, path: tuple[int, ...]) -> int:
-        """Intern a new switch path: its constraints from ``cache``, or derived from
-        ``path`` (as :func:`constraints`, link by link) and put in ``cache``."""
-        cons = self.cache.get(mid)
-        if cons is None:
-            leaf = self.spec.gpu_leaf[int(dst)]
-            of_link = self._dec_of_link
-            dec = []
-            for link in path:
-                d = of_link.get((link, leaf))
-                if d is None:
-                    d = self._decision(link, leaf)
-                if d >= 0:
-                    dec.append(d)
-            decisions = self._dec
-            self.cache[mid] = [decisions[d] for d in dec]
-        else:
-            dec = [self._decision_id(c) for c in cons]
-        self._cons.extend(dec)
-        self._ptr.append(len(self._cons))
-        i = self.ids[mid] = len(self._ptr) - 2
-        return i
+    def _add(self, paths: list[tuple[int, ...]], dst: list[int]) -> None:
+        """Append the constraints of new switch paths (one request each, in id order)."""
+        compiled = self._compiled_view() if self.cache is None else None
+        if compiled is not None:
+            link_sw, grp, g_ptr, g_links, gpu_leaf = compiled
+            per = np.fromiter(map(len, paths), np.int64, len(paths))
+            flat = np.fromiter(itertools.chain.from_iterable(paths), np.int64, int(per.sum()))
+            count, c_sw, c_size, c_want = _path_constraints(
+                flat, _offsets(per), gpu_leaf[np.array(dst, np.int64)], link_sw, grp, g_ptr,
+                g_links)
+        else:  # path by path, through ``cache`` if given
+            cache, sw_ix = self.cache, self._sw_ix
+            count_l, sw_l, size_l, want_l = [], [], [], []
+            for p, d in zip(paths, dst, strict=True):
+                cons = cache.get(p[1:-1]) if cache is not None else None
+                if cons is None:
+                    cons = constraints(self.view, d, p)
+                    if cache is not None:
+                        cache[p[1:-1]] = cons
+                count_l.append(len(cons))
+                for sw, group, want in cons:
+                    sw_l.append(sw_ix[sw])
+                    size_l.append(len(group))
+                    want_l.append(want)
+            count = np.array(count_l, np.int64)
+            c_sw, c_size, c_want = (np.array(x, np.int64) for x in (sw_l, size_l, want_l))
+        ptr, term, rot, size, want = self._arrays
+        ptr.extend(len(term) + np.cumsum(count))
+        term.extend(self._sw_term[c_sw])
+        rot.extend(self._sw_rot[c_sw])
+        size.extend(c_size)
+        want.extend(c_want)
+        self._c_sw.extend(c_sw)
 
     def _flat(self) -> tuple[NDArray, ...]:
         """The constraint arrays: offsets per switch path, switch term, rotation, group size
-        and wanted member (extended with the decisions and switch paths added since; the
-        arrays grow in place, so a few new switch paths cost what they add, not a copy)."""
-        ptr, term, rot, size, want = self._arrays
-        if len(ptr) == len(self._ptr):
-            return tuple(a.values for a in self._arrays)
-        d_term, d_rot, d_size, d_want = self._dec_arrays
-        if len(d_term) < len(self._dec):
-            spec = self.spec
-            new = self._dec[len(d_term):]
-            index = spec.switch_index
-            seeds = switch_seed(spec.base_seed, np.array([index[sw] for sw, _, _ in new],
-                                                         np.int64), spec.per_switch_seed)
-            d_term.extend(_switch_terms(seeds))
-            d_rot.extend((seeds % np.uint64(32)).astype(np.int64) if spec.per_switch_seed
-                         else np.zeros(len(seeds), np.int64))
-            d_size.extend([len(g) for _, g, _ in new])
-            d_want.extend([w for _, _, w in new])
-        cons = np.array(self._cons[len(term):], np.int64)
-        ptr.extend(self._ptr[len(ptr):])
-        term.extend(d_term.values[cons])
-        rot.extend(d_rot.values[cons])
-        size.extend(d_size.values[cons])
-        want.extend(d_want.values[cons])
+        and wanted member."""
         return tuple(a.values for a in self._arrays)
 
     def steer(self, src: NDArray[np.int64], dst: NDArray[np.int64], start: NDArray[np.int64],
@@ -450,17 +492,18 @@ class SteeringTable:
         if len(rows):
             missed = _missed(rows, s_row, d_row, best, mid, ptr, term, rot, size, want,
                              a_term, b_term, self.port_term)
-            links = self.view.links
+            links, names, c_sw = self.view.links, self._sw_names, self._c_sw.values
+            ptr_l = ptr.tolist()
             q = 0
             for r, m in zip(rows.tolist(), mid[rows].tolist(), strict=True):
-                n_c = self._ptr[m + 1] - self._ptr[m]
+                n_c = ptr_l[m + 1] - ptr_l[m]
                 hit = [c for c in missed[q:q + n_c].tolist() if c >= 0]
                 q += n_c
                 if hit:
                     path = paths[r]
                     rules[r] = tuple(
                         (sw, next(lk for lk in path if links[lk].src == sw))
-                        for sw in (self._dec[self._cons[c]][0] for c in hit))
+                        for sw in (names[int(c_sw[c])] for c in hit))
         return ports, rules
 
 
@@ -483,6 +526,7 @@ def warm_up() -> None:
     best, _ = _search_terms(one, one, one, one, ptr, term, one, one + 2, one, a_term, b_term,
                             port_term, 1)
     _missed(one, one, one, best, one, ptr, term, one, one + 2, one, a_term, b_term, port_term)
+    _path_constraints(one, ptr, one * 0, one * 0, np.zeros((1, 1), np.int64), ptr, one)
     _WARM.append(True)
 
 

@@ -175,7 +175,7 @@ class TaskAware(Adaptive):
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         held = self._rules
         freed = Counter(sw for sw, _ in _chain(_chain(
-            held[r.key][0].rules for r in rules if r.key in held)))
+            held[r.key][0].rules for r in rules if r.key in held))) if self._table else Counter()
         added = Counter(sw for sw, _ in _chain(_chain(r.rules for r in rules)))
         if freed or added:  # (no rule in or out: the tables stay as they are)
             table = self._table - freed

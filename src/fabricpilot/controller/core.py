@@ -924,6 +924,7 @@ class Controller:
         (key, links it no longer uses, links it now uses; in the order of ``sets``)."""
         installed, rows, edits = self._installed, self._on_link._row, self._on_link._edits
         held = self._rules_held
+        some_held = bool(+held)  # (none held: no old set has a rule)
         for r, (key, gone, taken) in zip(sets, moves, strict=True):
             for lk in gone:
                 if lk not in rows and lk not in edits:
@@ -931,9 +932,10 @@ class Controller:
                 edits.setdefault(lk, {})[key] = False
             for lk in taken:
                 edits.setdefault(lk, {})[key] = True
-            old = installed[key]
-            if any(old.rules):
-                held.subtract(sw for pinned in old.rules for sw, _ in pinned)
+            if some_held:
+                old = installed[key]
+                if any(old.rules):
+                    held.subtract(sw for pinned in old.rules for sw, _ in pinned)
             if any(r.rules):
                 held.update(sw for pinned in r.rules for sw, _ in pinned)
             installed[key] = r
@@ -1260,6 +1262,7 @@ class Controller:
             ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
             merged = False
             taken: list[int] = []
+            fresh: list[int] = []  # the slots of new paths
             for row, j in zip(picks, dead, strict=True):
                 pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
                 w = ws[j] / len(pieces)
@@ -1273,8 +1276,10 @@ class Controller:
                         ws[ps.index(p)] += w
                     elif free:
                         ps[j], ws[j], pts[j], rls[j] = p, w, -1, ()
+                        fresh.append(j)
                         free = False
                     else:
+                        fresh.append(len(ps))
                         ps.append(p)
                         ws.append(w)
                         pts.append(-1)
@@ -1284,20 +1289,20 @@ class Controller:
                 keep = [j for j, w in enumerate(ws) if w > 0.0]
                 ps, ws = [ps[j] for j in keep], [ws[j] for j in keep]
                 pts, rls = [pts[j] for j in keep], [rls[j] for j in keep]
+                fresh = [j for j, port in enumerate(pts) if port < 0]
             touched.extend(taken)
-            # the index: only candidate links change (head and tail stay)
-            nh, nt = len(head), len(tail)
-            was = set(_chain(p[nh:len(p) - nt] for p in old.paths))
-            now_links = set(_chain(p[nh:len(p) - nt] for p in ps))
+            # the index: the links the key leaves and takes (candidate links only: its
+            # head and tail stay)
+            was, now_links = set(_chain(old.paths)), set(_chain(ps))
             moves.append((k, was - now_links, now_links - was))
             a, b = endpoints[k]
-            for j, port in enumerate(pts):
-                if port < 0:
-                    new.append((pts, j))
-                    n_path.append(ps[j])
-                    n_src.append(a)
-                    n_dst.append(b)
-                    n_start.append((a * 1_000_003 + b) * 64 + j)
+            base = (a * 1_000_003 + b) * 64  # (where a port search starts: as a plan's)
+            for j in fresh:
+                new.append((pts, j))
+                n_path.append(ps[j])
+                n_src.append(a)
+                n_dst.append(b)
+                n_start.append(base + j)
             now.append((k, ps, ws, pts, rls))
         if d_link:  # (cut off)
             np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))

@@ -499,6 +499,69 @@ def test_a_job_planned_by_itself_is_healed_on_compiled_candidates_too(
     _check_consistent(ctl)
 
 
+class _RulesOnly:
+    """A data plane that forwards path sets by explicit rules alone: the twin, with its
+    ECMP hash hidden from the controller (as switches that do not expose it)."""
+
+    def __init__(self, twin: object) -> None:
+        from dataclasses import replace
+
+        self._twin = twin
+        self._view = replace(twin.fabric(), ecmp=None)
+
+    def fabric(self) -> FabricView:
+        return self._view
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._twin, name)
+
+
+def test_a_data_plane_without_a_hash_is_healed_on_compiled_candidates_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switches that forward planned paths by rules alone (no hash to steer by): the plan's
+    sets carry no source ports, and a failure is healed on the compiled candidates all the
+    same: dead shares only move (live ones keep their path and at least their weight), off
+    the dead cable, weights summing to 1, the plan's load and indexes those of the sets,
+    and the sets still carry no ports."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller import core
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(_RulesOnly(TaskAware(PolicyContext(default_cluster(64), 1, 600))),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(7).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:48]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    assert all(r.ports == () and r.rules == () for r in ctl._installed.values())
+    before = dict(ctl._installed)
+    load = ctl.current.link_load_gbps
+    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+    li = ctl.view.links[hot]
+    cable = {hot, ctl.view.link_between(li.dst, li.src)}
+    crossing = {k for k, r in before.items() if any(cable & set(p) for p in r.paths)}
+    calls: list[int] = []
+    kernel = core.replace_parts
+    monkeypatch.setattr(core, "replace_parts", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    heal = ctl.on_links_changed(sorted(cable), [])
+    assert heal.affected == len(crossing) > 0 and calls == [1]
+    assert heal.plan is not None and heal.plan.steered == 0
+    for key, old in before.items():
+        new = ctl._installed[key]
+        assert new.ports == () and new.rules == ()
+        if key not in crossing:
+            assert new == old
+            continue
+        assert not any(cable & set(p) for p in new.paths)
+        assert sum(new.weights) == pytest.approx(1.0)
+        now = dict(zip(new.paths, new.weights, strict=True))
+        for p, w in zip(old.paths, old.weights, strict=True):
+            if not cable & set(p):
+                assert now[p] >= w - 1e-12
+    _check_consistent(ctl)
+
+
 # ------------------------------------------------------------------ incremental planning
 def test_a_job_planned_alone_is_placed_around_the_installed_plan() -> None:
     # the disjoint-spines case, job b planned by itself against a's installed paths

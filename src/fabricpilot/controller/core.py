@@ -1169,14 +1169,14 @@ class Controller:
         """:meth:`_heal_from` on the candidate structure the plan was made on: each share
         on a dead path is placed again by :func:`replace_parts` (one compiled pass over its
         candidates, dead ones masked) against the dense load, nothing compiled again; the
-        other shares keep their path and QP, only the new paths are steered. Returns
-        ``None``, having changed nothing, if an affected demand is not in ``cols`` (planned
-        by itself since), has a dead NIC link or a path left to its hash, or the data plane
-        forwards by rules alone: the general way does those."""
+        other shares keep their path and QP, only the new paths are steered (if the data
+        plane forwards path sets by rules alone, the sets carry no ports). Returns ``None``,
+        having changed nothing, if an affected demand is not in ``cols`` (planned by itself
+        since), has a dead NIC link or a path left to its hash: the general way does
+        those."""
         plan = self.current
         assert plan is not None
-        if self.view.ecmp is None:
-            return None
+        steered = self.view.ecmp is not None
         avoid = frozenset(self.down | self.degraded)
         isdisjoint = avoid.isdisjoint
         demand, find, installed, spilled = (self._demand, cols.tuple_of.get, self._installed,
@@ -1259,7 +1259,9 @@ class Controller:
                     d_gbps.extend([-rate * w] * len(gone))
                 self._cut_off(k)
                 continue
-            ps, ws, pts, rls = list(old.paths), list(old.weights), list(old.ports), list(old.rules)
+            ps, ws = list(old.paths), list(old.weights)
+            pts, rls = ((list(old.ports), list(old.rules)) if steered  # (else: placeholders)
+                        else ([0] * len(ps), [()] * len(ps)))
             merged = False
             taken: list[int] = []
             fresh: list[int] = []  # the slots of new paths
@@ -1297,7 +1299,7 @@ class Controller:
             moves.append((k, was - now_links, now_links - was))
             a, b = endpoints[k]
             base = (a * 1_000_003 + b) * 64  # (where a port search starts: as a plan's)
-            for j in fresh:
+            for j in fresh if steered else ():
                 new.append((pts, j))
                 n_path.append(ps[j])
                 n_src.append(a)
@@ -1328,12 +1330,14 @@ class Controller:
         any_rules = bool(+self._rules_held)
         for k, ps, ws, pts, rls in now:
             tp = tuple(ps)
-            sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
+            sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)) if steered
+                        else _path_set(k, tp, tuple(ws), (), ()))
             paths[k] = list(zip(tp, ws, strict=True))
             n_paths += len(ps)
             if any_rules:
                 pinned += sum(1 for r in rls if r)
-        report = PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
+        report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0) if steered
+                  else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
         rep = self._healed(cause, t0, len(affected), sets, report, moves)
         report.switch_rules = dict(+self._rules_held)
         return rep

@@ -332,3 +332,8 @@ def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
     # a second call adds only the switch paths it has not met
     n = len(table.ids)
     assert table.intern(paths[:3], dst[:3]).tolist() == ids[:3] and len(table.ids) == n
+    # a link the view lacks: named (the path-by-path way), and nothing of the call is kept
+    bad = (detour[0], 10**6, detour[-1])
+    with pytest.raises(KeyError, match=str(10**6)):
+        table.intern([paths[0], bad], [dst[0], 4])
+    assert len(table.ids) == n and (10**6,) not in table.ids

@@ -348,6 +348,25 @@ def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link
     return count, out_sw[:q], out_size[:q], out_want[:q]
 
 
+def _path_rows(paths: list[tuple[int, ...]], dst: list[int], compiled: tuple[NDArray, ...]
+               ) -> tuple[NDArray, NDArray, NDArray] | None:
+    """The links of ``paths`` (flat, with offsets) and each one's destination leaf, as
+    :func:`_path_constraints` reads them; ``None`` if a link or GPU is not in the compiled
+    view (``compiled``, see :meth:`SteeringTable._compiled_view`)."""
+    link_sw, _, _, _, gpu_leaf = compiled
+    per = np.fromiter(map(len, paths), np.int64, len(paths))
+    flat = np.fromiter(itertools.chain.from_iterable(paths), np.int64, int(per.sum()))
+    to = np.array(dst, np.int64)
+    if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= len(link_sw)):
+        return None
+    if len(to) and (int(to.min()) < 0 or int(to.max()) >= len(gpu_leaf)):
+        return None
+    leaf = gpu_leaf[to]
+    if len(leaf) and int(leaf.min()) < 0:
+        return None
+    return flat, _offsets(per), leaf
+
+
 class SteeringTable:
     """What steering needs of one fabric, kept across calls: the hash decisions
     (:func:`constraints`) of every switch path seen, interned (a switch path's id indexes
@@ -386,13 +405,14 @@ class SteeringTable:
                                                    np.int64))
         self._arrays[0].extend([0])
         self._c_sw = _Growing(np.int64)
-        self._compiled: tuple[NDArray, ...] | None = None  # (made at first use)
+        self._compiled: tuple[NDArray, ...] | None = None  # (made at first use; () if not)
 
     def _compiled_view(self) -> tuple[NDArray, ...] | None:
         """The view as arrays for :func:`_path_constraints` (link -> switch, (switch, leaf)
         -> group, group members) and GPU -> leaf; ``None`` if link or GPU ids are not small
         non-negative integers (then constraints are derived path by path)."""
         if self._compiled is None:
+            self._compiled = ()  # (until made: not compilable)
             spec, links = self.spec, self.view.links
             ids = np.fromiter(links, np.int64, len(links))
             gpus = np.fromiter(spec.gpu_leaf, np.int64, len(spec.gpu_leaf))
@@ -416,7 +436,7 @@ class SteeringTable:
             g_links = np.fromiter(itertools.chain.from_iterable(members), np.int64,
                                   int(g_ptr[-1]))
             self._compiled = (link_sw, grp, g_ptr, g_links, gpu_leaf)
-        return self._compiled
+        return self._compiled or None
 
     def intern(self, paths: list[tuple[int, ...]], dst: list[int] | NDArray[np.int64],
                ) -> NDArray[np.int64]:
@@ -440,13 +460,10 @@ class SteeringTable:
     def _add(self, paths: list[tuple[int, ...]], dst: list[int]) -> None:
         """Append the constraints of new switch paths (one request each, in id order)."""
         compiled = self._compiled_view() if self.cache is None else None
-        if compiled is not None:
-            link_sw, grp, g_ptr, g_links, gpu_leaf = compiled
-            per = np.fromiter(map(len, paths), np.int64, len(paths))
-            flat = np.fromiter(itertools.chain.from_iterable(paths), np.int64, int(per.sum()))
-            count, c_sw, c_size, c_want = _path_constraints(
-                flat, _offsets(per), gpu_leaf[np.array(dst, np.int64)], link_sw, grp, g_ptr,
-                g_links)
+        rows = _path_rows(paths, dst, compiled) if compiled is not None else None
+        if compiled is not None and rows is not None:
+            link_sw, grp, g_ptr, g_links, _ = compiled
+            count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links)
         else:  # path by path, through ``cache`` if given
             cache, sw_ix = self.cache, self._sw_ix
             count_l, sw_l, size_l, want_l = [], [], [], []

@@ -345,6 +345,43 @@ def test_a_link_failure_replaces_only_the_path_sets_that_crossed_it() -> None:
     assert again.affected == 0 and ctl.down == set()
 
 
+def test_a_link_back_gets_traffic_again_at_the_next_control_period() -> None:
+    """Two 400 Gb/s pairs on different spines (lambda 1). leaf0's uplink under gpu0 -> gpu2
+    dies: the heal puts it on the other spine (both pairs on one uplink: lambda 2), and the
+    next control period weighs a whole plan once: with the link still down none is better,
+    so nothing moves. The link comes back: the heal moves nothing, but the next control
+    period's plan gives one pair the link again (lambda 2 -> 1, better by half, above the
+    10 % hysteresis) and sends that pair's set only; later periods, with no link changed and
+    no background, compute no plan."""
+    dp = TelemetryPlane()
+    ctl = Controller(dp, ControllerParams(parts=1), nic_gbps=400.0)
+    ctl.declare(Intent("a", "t", (0, 1, 2, 3), (CommCall("broadcast", 1 << 30, 500.0, 0,
+                                                         pairs=((0, 2), (1, 3))),)))
+    ctl.plan()
+    assert ctl.current.max_utilization == pytest.approx(1.0)
+    v = dp.view
+    ups = [v.link_between("leaf0", f"spine{s}") for s in (0, 1)]
+    (used,) = [lk for lk in ctl._installed[rule_key("a", 0, 2)].paths[0] if lk in ups]
+    assert ctl.on_links_changed([used], []).installed == 1
+    assert ctl.current.max_utilization == pytest.approx(2.0)
+    n = len(dp.installed)
+    rep = ctl.tick()
+    assert rep.lambda_before == pytest.approx(2.0) and rep.lambda_after == pytest.approx(2.0)
+    assert not rep.replanned and len(dp.installed) == n
+    assert ctl.on_links_changed([], [used]).installed == 0
+    rep = ctl.tick()
+    assert rep.replanned and rep.lambda_after == pytest.approx(1.0) and ctl.replans == 1
+    (moved,) = dp.installed[n:]
+    assert used in moved.paths[0]
+    assert ctl.current.max_utilization == pytest.approx(1.0)
+    calls: list[int] = []
+    solve = ctl._solve
+    ctl._solve = lambda *a: calls.append(1) or solve(*a)  # type: ignore[method-assign]
+    for _ in range(3):
+        assert not ctl.tick().replanned
+    assert calls == [] and len(dp.installed) == n + 1
+
+
 def _cut_off() -> tuple[FakeDataPlane, Controller, list[int]]:
     """Job ``a`` (gpu0 <-> gpu2) planned, then both uplinks of leaf0 down (returned)."""
     dp = FakeDataPlane()

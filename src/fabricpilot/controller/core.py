@@ -295,6 +295,10 @@ class Controller:
         self._weight: dict[str, float] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
         self.replans = 0
+        # links went down, gray or back up since the last whole plan: the next control
+        # period weighs a whole plan again once (a heal is local; a link back carries
+        # nothing until a plan gives it traffic)
+        self._links_changed = False
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
@@ -862,6 +866,7 @@ class Controller:
         self.dp.install(changed)
         self._record_all(sets, rules=report.pinned > 0)
         self.current = plan
+        self._links_changed = False
         self._spilled = set(report.spilled)
         self._sync_load_rows()
         report.demands = n_demands
@@ -1009,6 +1014,7 @@ class Controller:
         (:meth:`plan_jobs`)."""
         self.down |= set(down)
         self.down -= set(up)
+        self._links_changed = True
         report = self._heal("down" if down else "up")
         # jobs cut off may have a path again: plan them (those still cut stay reported)
         if (up and self.partitioned and self.current is not None
@@ -1020,6 +1026,7 @@ class Controller:
         """Gray links confirmed: planned traffic moves off them before they fail (they stay
         usable for everything else, at a low congestion-table weight)."""
         self.degraded |= set(links)
+        self._links_changed = True
         return self._heal("gray")
 
     def _table(self, links: set[int] | None = None) -> dict[int, float]:
@@ -1346,8 +1353,11 @@ class Controller:
         """One control period, "global view + local response": fold the telemetry deltas
         into the congestion map, push the map as the switches' congestion table (they adapt
         locally until the next plan), and re-plan around the load the plan does not account
-        for. A new plan is computed only while some fabric link, with the plan's load and the
-        background, reaches the map's hot utilisation (80 %); it is installed only if it
+        for, or that links going down, gray or back up left (a heal moves only the QPs on
+        the failed link; a link back carries nothing until a plan gives it traffic): once
+        after such a change, and while there is background. A new plan is computed only if
+        some fabric link, with the plan's load and the background, reaches the map's hot
+        utilisation (80 %); it is installed only if it
         lowers the largest fabric-link utilisation (background included) by at least
         ``replan_gain`` of the current one, and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
@@ -1366,7 +1376,9 @@ class Controller:
         self.dp.push_congestion_table(self._table())
         hot = self.map.hot_links()
         bg = self.background_gbps()
-        if self.current is None or not bg:
+        # (links changed since the last plan: weighed once, background or not)
+        changed, self._links_changed = self._links_changed, False
+        if self.current is None or not (bg or changed):
             return TickReport(False, hot, bg)
         before = self._fabric_lambda(self.current.link_load_gbps, bg)
         if before < self.map.hot_utilization:

@@ -418,6 +418,30 @@ def _index_from_installed(ctl: Controller) -> dict[int, set[str]]:
     return out
 
 
+def _hottest(ctl: Controller) -> int:
+    """The fabric link carrying the most planned load (ties: the lowest id)."""
+    load = ctl.current.link_load_gbps
+    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
+    return max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+
+
+def _hottest_cable(ctl: Controller) -> set[int]:
+    """The hottest fabric link and its reverse: one cable."""
+    hot = _hottest(ctl)
+    li = ctl.view.links[hot]
+    return {hot, ctl.view.link_between(li.dst, li.src)}
+
+
+def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets an item at every call of ``replace_parts`` by the controller."""
+    from fabricpilot.controller import core
+
+    calls: list[int] = []
+    kernel = core.replace_parts
+    monkeypatch.setattr(core, "replace_parts", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    return calls
+
+
 def test_the_link_index_follows_plans_and_heals() -> None:
     """The keys per link the controller keeps (built in bulk by a plan,
     changed key by key by a heal) are those of the installed path sets."""
@@ -439,10 +463,7 @@ def test_the_link_index_follows_plans_and_heals() -> None:
     for _ in range(2):
         want = _index_from_installed(ctl)
         assert {lk: ctl._on_link[lk] for lk in ctl._on_link if ctl._on_link[lk]} == want
-        load = ctl.current.link_load_gbps
-        fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
-        hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
-        assert ctl.on_links_changed([hot], []).affected > 0
+        assert ctl.on_links_changed([_hottest(ctl)], []).affected > 0
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -468,17 +489,9 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     if not compiled:
         ctl.current = replace(ctl.current, columns=None)
     before = dict(ctl._installed)
-    load = ctl.current.link_load_gbps
-    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
-    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
-    li = ctl.view.links[hot]
-    cable = {hot, ctl.view.link_between(li.dst, li.src)}
+    cable = _hottest_cable(ctl)
     crossing = {k for k, r in before.items() if any(cable & set(p) for p in r.paths)}
-    from fabricpilot.controller import core
-
-    calls: list[int] = []
-    kernel = core.replace_parts
-    monkeypatch.setattr(core, "replace_parts", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    calls = _count_kernel_calls(monkeypatch)
     heal = ctl.on_links_changed(sorted(cable), [])
     assert heal.affected == len(crossing) > 0
     assert len(calls) == (1 if compiled else 0)  # the way it was meant to take
@@ -508,7 +521,6 @@ def test_a_job_planned_by_itself_is_healed_on_compiled_candidates_too(
     installed path crosses the dead cable and the controller's state is consistent."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
-    from fabricpilot.controller import core
     from fabricpilot.nccltests import default_cluster
 
     ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
@@ -522,14 +534,8 @@ def test_a_job_planned_by_itself_is_healed_on_compiled_candidates_too(
     b = [d for d in ctl.demands() if d.key.startswith("b:")]
     assert sum(first.find(d.candidates) is None for d in b) > len(b) // 2
     assert all(ctl.current.columns.find(d.candidates) is not None for d in b)
-    load = ctl.current.link_load_gbps
-    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
-    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
-    li = ctl.view.links[hot]
-    cable = {hot, ctl.view.link_between(li.dst, li.src)}
-    calls: list[int] = []
-    kernel = core.replace_parts
-    monkeypatch.setattr(core, "replace_parts", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    cable = _hottest_cable(ctl)
+    calls = _count_kernel_calls(monkeypatch)
     heal = ctl.on_links_changed(sorted(cable), [])
     assert heal.affected > 0 and calls == [1]
     assert not any(cable & set(p) for r in ctl._installed.values() for p in r.paths)
@@ -562,7 +568,6 @@ def test_a_data_plane_without_a_hash_is_healed_on_compiled_candidates_too(
     and the sets still carry no ports."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
-    from fabricpilot.controller import core
     from fabricpilot.nccltests import default_cluster
 
     ctl = Controller(_RulesOnly(TaskAware(PolicyContext(default_cluster(64), 1, 600))),
@@ -572,15 +577,9 @@ def test_a_data_plane_without_a_hash_is_healed_on_compiled_candidates_too(
     ctl.plan()
     assert all(r.ports == () and r.rules == () for r in ctl._installed.values())
     before = dict(ctl._installed)
-    load = ctl.current.link_load_gbps
-    fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
-    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
-    li = ctl.view.links[hot]
-    cable = {hot, ctl.view.link_between(li.dst, li.src)}
+    cable = _hottest_cable(ctl)
     crossing = {k for k, r in before.items() if any(cable & set(p) for p in r.paths)}
-    calls: list[int] = []
-    kernel = core.replace_parts
-    monkeypatch.setattr(core, "replace_parts", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    calls = _count_kernel_calls(monkeypatch)
     heal = ctl.on_links_changed(sorted(cable), [])
     assert heal.affected == len(crossing) > 0 and calls == [1]
     assert heal.plan is not None and heal.plan.steered == 0
@@ -746,9 +745,7 @@ def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -
     _check_consistent(third)
     # a resumed plan is compiled as a plan would be: a failure under it is healed the same way
     assert all(third.current.columns.find(d.candidates) is not None for d in third.demands())
-    load = third.current.link_load_gbps
-    fabric = [lk for lk, li in third.view.links.items() if li.kind == "fabric"]
-    hot = max(fabric, key=lambda lk: (load.get(lk, 0.0), -lk))
+    hot = _hottest(third)
     assert third.on_links_changed([hot], []).affected > 0
     assert not any(hot in p for r in third._installed.values() for p in r.paths)
     _check_consistent(third)

@@ -345,25 +345,38 @@ def test_a_link_failure_replaces_only_the_path_sets_that_crossed_it() -> None:
     assert again.affected == 0 and ctl.down == set()
 
 
-def test_a_link_back_gets_traffic_again_at_the_next_control_period() -> None:
-    """Two 400 Gb/s pairs on different spines (lambda 1). leaf0's uplink under gpu0 -> gpu2
-    dies: the heal puts it on the other spine (both pairs on one uplink: lambda 2), and the
-    next control period weighs a whole plan once: with the link still down none is better,
-    so nothing moves. The link comes back: the heal moves nothing, but the next control
-    period's plan gives one pair the link again (lambda 2 -> 1, better by half, above the
-    10 % hysteresis) and sends that pair's set only; later periods, with no link changed and
-    no background, compute no plan."""
+def _squeezed_pairs() -> tuple[TelemetryPlane, Controller, int]:
+    """Two 400 Gb/s pairs planned on different spines (lambda 1); leaf0's uplink under
+    gpu0 -> gpu2 (returned) dies, and the heal puts that pair on the other spine: both
+    pairs on one uplink, lambda 2."""
     dp = TelemetryPlane()
     ctl = Controller(dp, ControllerParams(parts=1), nic_gbps=400.0)
     ctl.declare(Intent("a", "t", (0, 1, 2, 3), (CommCall("broadcast", 1 << 30, 500.0, 0,
                                                          pairs=((0, 2), (1, 3))),)))
     ctl.plan()
     assert ctl.current.max_utilization == pytest.approx(1.0)
-    v = dp.view
-    ups = [v.link_between("leaf0", f"spine{s}") for s in (0, 1)]
+    ups = [dp.view.link_between("leaf0", f"spine{s}") for s in (0, 1)]
     (used,) = [lk for lk in ctl._installed[rule_key("a", 0, 2)].paths[0] if lk in ups]
     assert ctl.on_links_changed([used], []).installed == 1
     assert ctl.current.max_utilization == pytest.approx(2.0)
+    return dp, ctl, used
+
+
+def _count_solves(ctl: Controller) -> list[int]:
+    """A list that gets an item at every whole plan the controller computes."""
+    calls: list[int] = []
+    solve = ctl._solve
+    ctl._solve = lambda *a: calls.append(1) or solve(*a)  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_link_back_gets_traffic_again_at_the_next_control_period() -> None:
+    """After the heal (lambda 2) the next control period weighs a whole plan once: with the
+    link still down none is better, so nothing moves. The link comes back: the heal moves
+    nothing, but the next control period (no clock: no hold-down) plans one pair onto it
+    again (lambda 2 -> 1, better by half, above the 10 % hysteresis) and sends that pair's
+    set only; later periods, with no link changed and no background, compute no plan."""
+    dp, ctl, used = _squeezed_pairs()
     n = len(dp.installed)
     rep = ctl.tick()
     assert rep.lambda_before == pytest.approx(2.0) and rep.lambda_after == pytest.approx(2.0)
@@ -374,12 +387,37 @@ def test_a_link_back_gets_traffic_again_at_the_next_control_period() -> None:
     (moved,) = dp.installed[n:]
     assert used in moved.paths[0]
     assert ctl.current.max_utilization == pytest.approx(1.0)
-    calls: list[int] = []
-    solve = ctl._solve
-    ctl._solve = lambda *a: calls.append(1) or solve(*a)  # type: ignore[method-assign]
+    solves = _count_solves(ctl)
     for _ in range(3):
         assert not ctl.tick().replanned
-    assert calls == [] and len(dp.installed) == n + 1
+    assert solves == [] and len(dp.installed) == n + 1
+
+
+def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:
+    """The same with a clock (hold-down 1 ms, counted from the first control period that
+    sees the link up): up at 0, periods at 0 and 0.5 ms plan nothing; down again (the
+    period at 0.55 ms weighs a whole plan: none better, the link being down) and up again;
+    periods at 1.2 ms (first seen up again) and 2.1 ms plan nothing; at 2.2 ms the link has
+    been up 1 ms: one whole plan, and one pair moves back onto it."""
+    dp, ctl, used = _squeezed_pairs()
+    assert ctl.params.link_up_holddown_ns == 1e6
+    ctl.tick(0.0)  # (the failure's own period: nothing better with the link down)
+    solves = _count_solves(ctl)
+    n = len(dp.installed)
+    ctl.on_links_changed([], [used])
+    for t in (0.0, 0.5e6):
+        assert not ctl.tick(t).replanned
+    assert solves == []
+    ctl.on_links_changed([used], [])
+    assert not ctl.tick(0.55e6).replanned and solves == [1]
+    ctl.on_links_changed([], [used])
+    for t in (1.2e6, 2.1e6):
+        assert not ctl.tick(t).replanned
+    assert solves == [1] and len(dp.installed) == n
+    rep = ctl.tick(2.2e6)
+    assert rep.replanned and solves == [1, 1] and rep.lambda_after == pytest.approx(1.0)
+    (moved,) = dp.installed[n:]
+    assert used in moved.paths[0]
 
 
 def _cut_off() -> tuple[FakeDataPlane, Controller, list[int]]:

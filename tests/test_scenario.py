@@ -220,6 +220,10 @@ def _negative_heal_spread(d: dict[str, Any]) -> None:
     d["controller"] = {"heal_spread_over": -0.1}
 
 
+def _negative_holddown(d: dict[str, Any]) -> None:
+    d["controller"] = {"link_up_holddown_ns": "-1ms"}
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -238,6 +242,7 @@ BAD_CASES = [
     (_mice_out_of_range, "mice.gpus[1]", "GPU 200 is outside the cluster"),
     (_explicit_without_ids, "jobs[0].gpu_ids", "required when placement is explicit"),
     (_negative_heal_spread, "controller.heal_spread_over", "must be >= 0"),
+    (_negative_holddown, "controller.link_up_holddown_ns", "must be >= 0"),
 ]
 
 
@@ -340,6 +345,7 @@ def test_large_examples_validate(path: Path) -> None:
 
 def test_heal_spread_setting_reaches_the_controller(tmp_path: Path) -> None:
     data = base()
-    data["controller"] = {"heal_spread_over": 0.25}
+    data["controller"] = {"heal_spread_over": 0.25, "link_up_holddown_ns": "5ms"}
     sc = load_scenario(write(tmp_path, data))
     assert sc.controller.to_params().heal_spread_over == 0.25
+    assert sc.controller.to_params().link_up_holddown_ns == 5_000_000

@@ -295,10 +295,12 @@ class Controller:
         self._weight: dict[str, float] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
         self.replans = 0
-        # links went down, gray or back up since the last whole plan: the next control
-        # period weighs a whole plan again once (a heal is local; a link back carries
-        # nothing until a plan gives it traffic)
+        # links went down or gray since the last whole plan: the next control period weighs
+        # a whole plan again once (a heal is local); links back up (since when, in ns: None
+        # until a control period sees them) are weighed so once they stay up the hold-down
+        # (a link back carries nothing until a plan gives it traffic)
         self._links_changed = False
+        self._up_since: dict[int, float | None] = {}
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
@@ -867,6 +869,7 @@ class Controller:
         self._record_all(sets, rules=report.pinned > 0)
         self.current = plan
         self._links_changed = False
+        self._up_since.clear()
         self._spilled = set(report.spilled)
         self._sync_load_rows()
         report.demands = n_demands
@@ -1014,7 +1017,10 @@ class Controller:
         (:meth:`plan_jobs`)."""
         self.down |= set(down)
         self.down -= set(up)
-        self._links_changed = True
+        for lk in down:
+            self._up_since.pop(lk, None)
+        self._up_since.update(dict.fromkeys(up))
+        self._links_changed |= bool(down)
         report = self._heal("down" if down else "up")
         # jobs cut off may have a path again: plan them (those still cut stay reported)
         if (up and self.partitioned and self.current is not None
@@ -1355,7 +1361,8 @@ class Controller:
         locally until the next plan), and re-plan around the load the plan does not account
         for, or that links going down, gray or back up left (a heal moves only the QPs on
         the failed link; a link back carries nothing until a plan gives it traffic): once
-        after such a change, and while there is background. A new plan is computed only if
+        after such a change (a link back up once it has stayed up ``link_up_holddown_ns``),
+        and while there is background. A new plan is computed only if
         some fabric link, with the plan's load and the background, reaches the map's hot
         utilisation (80 %); it is installed only if it
         lowers the largest fabric-link utilisation (background included) by at least
@@ -1378,6 +1385,8 @@ class Controller:
         bg = self.background_gbps()
         # (links changed since the last plan: weighed once, background or not)
         changed, self._links_changed = self._links_changed, False
+        if self._up_since:
+            changed |= self._held_down_long_enough(now_ns)
         if self.current is None or not (bg or changed):
             return TickReport(False, hot, bg)
         before = self._fabric_lambda(self.current.link_load_gbps, bg)
@@ -1394,6 +1403,21 @@ class Controller:
         report = self._install(plan, sets, report, len(demands))
         self.replans += 1
         return TickReport(True, hot, bg, before, after, report)
+
+    def _held_down_long_enough(self, now_ns: float | None) -> bool:
+        """Whether a link back up has now stayed up ``link_up_holddown_ns`` (it is then
+        forgotten); a link is stamped by the first call that sees it up (no clock: at
+        once)."""
+        hold = self.params.link_up_holddown_ns
+        ready = []
+        for lk, since in self._up_since.items():
+            if since is None:  # first seen up now
+                since = self._up_since[lk] = now_ns
+            if since is None or now_ns is None or now_ns - since >= hold:
+                ready.append(lk)
+        for lk in ready:
+            del self._up_since[lk]
+        return bool(ready)
 
     def steer_plan(self, plan: Plan, weight: dict[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,

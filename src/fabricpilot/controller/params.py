@@ -16,7 +16,10 @@ class ControllerParams:
     samples within ``debounce_window_ns``. A QP moved off a failed link goes whole to its
     least loaded live path unless that would load a link more than ``heal_spread_over``
     (utilisation) above the plan's lambda (at least 100 %); then it is spread over ``parts``
-    QPs."""
+    QPs. After links go down or gray, the next control period weighs a whole plan; a link
+    back up is weighed so only once it has stayed up ``link_up_holddown_ns`` (counted from
+    the first control period that sees it up: a flapping link does not pull traffic back
+    between its flaps)."""
 
     control_latency_ns: int = 10_000
     parts: int = 4
@@ -30,3 +33,4 @@ class ControllerParams:
     debounce_count: int = 3
     debounce_window_ns: float = 500e6
     heal_spread_over: float = 0.02
+    link_up_holddown_ns: float = 1_000_000

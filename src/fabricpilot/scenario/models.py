@@ -778,9 +778,14 @@ class ControllerSpec(_Model):
         "it whole would load a link this much (utilisation) above the plan's lambda "
         "(at least 1)",
     )
+    link_up_holddown_ns: Int = Field(
+        default=1_000_000, ge=0,
+        description="a link back up gets planned traffic again (a whole plan weighed) only "
+        "once it has stayed up this long: a flapping link does not pull traffic back",
+    )
 
     _quantities = field_validator(
-        "control_latency_ns", "replan_interval_ns", mode="before",
+        "control_latency_ns", "replan_interval_ns", "link_up_holddown_ns", mode="before",
     )(_convert_quantity)
 
     def to_params(self) -> ControllerParams:
@@ -788,7 +793,8 @@ class ControllerSpec(_Model):
             self.control_latency_ns, self.parts, self.switch_rule_capacity,
             float(self.replan_interval_ns) if self.replan_interval_ns else float("inf"),
             self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries,
-            heal_spread_over=self.heal_spread_over)
+            heal_spread_over=self.heal_spread_over,
+            link_up_holddown_ns=float(self.link_up_holddown_ns))
 
 
 # --- jobs -----------------------------------------------------------------------------------

@@ -420,6 +420,63 @@ def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:
     assert used in moved.paths[0]
 
 
+def test_demands_with_links_down_keep_the_shared_switch_paths(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a fabric cable down and a fabric link gray, a pair's demand is still its NIC
+    links around one tuple of switch paths shared by the pairs between the same leaves:
+    those of its fewest-hop candidates that avoid both (so the planner reads each tuple
+    once). A pair whose NIC link is gray takes the general way: whole paths, through the
+    gray NIC link as no other is left, none through the dead cable. A control period that
+    weighs a whole plan and does not install it leaves the demands the plan was made of,
+    so the next failure is still healed on its compiled candidates."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(5).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:48]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    cable = _hottest_cable(ctl)
+    ctl.on_links_changed(sorted(cable), [])
+    gray = _hottest(ctl)
+    gpu = ctl.view.gpu_node[order[0]]
+    nic = ctl.view.link_between(gpu, next(n for n in ctl.view.graph.successors(gpu)
+                                          if n.startswith("leaf")))
+    kept = ctl._demand
+    ctl.degraded |= {gray, nic}
+    avoid = cable | {gray, nic}
+    tuples: dict[int, tuple] = {}
+    general = shared = 0
+    demands = ctl.demands()
+    assert len(demands) == 48 * 47
+    for d in demands:
+        a, b = ctl._endpoints[d.key]
+        cands = ctl.candidates(a, b)
+        if a == order[0]:  # (its NIC link gray: every candidate crosses it)
+            general += 1
+            assert d.head == () and d.tail == ()
+            assert list(d.candidates) == [p for p in cands if cable.isdisjoint(p)]
+        else:
+            assert list(d.full_candidates) == [p for p in cands if avoid.isdisjoint(p)]
+            if d.head:  # (pairs in one host take the general way: NVSwitch or leaf)
+                assert len(d.head) == 1 and len(d.tail) == 1
+                assert tuples.setdefault(id(d.candidates), d.candidates) is d.candidates
+                shared += 1
+    assert general == 47 and shared > len(demands) // 2 and len(tuples) < shared // 10
+    ctl.degraded -= {gray, nic}
+    ctl._demand = kept
+    # lambda went up a little with the heal: a whole plan is weighed, not installed (gain
+    # below 10 %), and the demands of the installed plan stay
+    rep = ctl.tick()
+    assert rep.lambda_before >= 0.8 and not rep.replanned and ctl._demand is kept
+    calls = _count_kernel_calls(monkeypatch)
+    assert ctl.on_links_changed(sorted(_hottest_cable(ctl)), []).affected > 0
+    assert calls == [1]
+    _check_consistent(ctl)
+
+
 def _cut_off() -> tuple[FakeDataPlane, Controller, list[int]]:
     """Job ``a`` (gpu0 <-> gpu2) planned, then both uplinks of leaf0 down (returned)."""
     dp = FakeDataPlane()

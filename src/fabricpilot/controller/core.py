@@ -495,6 +495,7 @@ class Controller:
         sw_paths = self._sw_paths
         nic_fixed = self._nic_gbps
         nic_rate = self._nic_cache
+        avoid = frozenset(self.down | self.degraded)
         for intent in opted:
             pending: dict[str, Demand] = {}
             heat = intent.heat  # the same for every demand of the job
@@ -506,7 +507,6 @@ class Controller:
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
-                avoid = self.down | self.degraded
                 level = call.level
                 for a, b, share in pairs:
                     na, nb = gpu_node[a], gpu_node[b]
@@ -523,46 +523,51 @@ class Controller:
                     prev = pending.get(key)
                     if prev is not None and prev.rate_gbps >= rate:
                         continue  # the same pair in several calls: its largest demand
-                    if not avoid:
-                        # the common case: one (first, last) switch pair; the NIC links
-                        # as head and tail and one shared tuple of switch paths
-                        ia = ends_out.get(na)
-                        if ia is None:
-                            ia = self._end_info(na, True)
-                        ib = ends_in.get(nb)
-                        if ib is None:
-                            ib = self._end_info(nb, False)
-                        common = ia[0] & ib[0]
-                        one = None
-                        if common and not common & (common - 1):
-                            # one component in common (ends elsewhere have no switch path)
-                            # with one end of each in it: the only combination
-                            xa, xb = ia[1][common], ib[1][common]
-                            if len(xa) == 1 and len(xb) == 1:
-                                one = xa[0], xb[0]
-                        if one is not None:
-                            (first, up, head), (last, down, tail) = one
-                            mids = sw_paths.get((first, last))
-                            if mids is None:
-                                mids = self._switch_paths(first, last)
-                            if mids and level != "L3":
-                                mids = self._scoped(mids, up, down, level)
-                            if mids:  # (the checked constructor raises on a bad rate)
-                                pending[key] = (_demand(key, rate, mids, heat, head, tail)
-                                                if rate >= 0 else
-                                                Demand(key, rate, mids, heat, head, tail))
+                    # the common case: one (first, last) switch pair; the NIC links
+                    # as head and tail and one shared tuple of switch paths (those
+                    # that avoid dead and gray links, if the NIC links do)
+                    ia = ends_out.get(na)
+                    if ia is None:
+                        ia = self._end_info(na, True)
+                    ib = ends_in.get(nb)
+                    if ib is None:
+                        ib = self._end_info(nb, False)
+                    common = ia[0] & ib[0]
+                    one = None
+                    if common and not common & (common - 1):
+                        # one component in common (ends elsewhere have no switch path)
+                        # with one end of each in it: the only combination
+                        xa, xb = ia[1][common], ib[1][common]
+                        if len(xa) == 1 and len(xb) == 1:
+                            one = xa[0], xb[0]
+                    if one is not None and avoid and not (
+                            avoid.isdisjoint(one[0][2]) and avoid.isdisjoint(one[1][2])):
+                        one = None  # (a NIC link down or gray: the general way)
+                    if one is not None:
+                        (first, up, head), (last, down, tail) = one
+                        mids = sw_paths.get((first, last))
+                        if mids is None:
+                            mids = self._switch_paths(first, last)
+                        if avoid and mids:  # (none left: the general way reports it)
+                            mids = self._live_mids(mids, avoid)
+                        if mids and level != "L3":
+                            mids = self._scoped(mids, up, down, level)
+                        if mids:  # (the checked constructor raises on a bad rate)
+                            pending[key] = (_demand(key, rate, mids, heat, head, tail)
+                                            if rate >= 0 else
+                                            Demand(key, rate, mids, heat, head, tail))
+                            endpoints[key] = (a, b)
+                            continue
+                    elif common and not avoid:  # (none in common: no combination)
+                        combos = self._combos(na, nb)
+                        if len(combos) == 1:
+                            up, mids, down = combos[0]
+                            mids = self._scoped(mids, up, down, level)
+                            if mids:
+                                pending[key] = Demand(key, rate, mids, heat, (up,),
+                                                      (down,))
                                 endpoints[key] = (a, b)
                                 continue
-                        elif common:  # (none in common: no combination at all)
-                            combos = self._combos(na, nb)
-                            if len(combos) == 1:
-                                up, mids, down = combos[0]
-                                mids = self._scoped(mids, up, down, level)
-                                if mids:
-                                    pending[key] = Demand(key, rate, mids, heat, (up,),
-                                                          (down,))
-                                    endpoints[key] = (a, b)
-                                    continue
                     cands = self.candidates(a, b)
                     if avoid:
                         live = [p for p in cands if avoid.isdisjoint(p)]
@@ -885,16 +890,25 @@ class Controller:
             live = tuple(p for p in full if avoid.isdisjoint(p)) or tuple(
                 p for p in full if self.down.isdisjoint(p))
             return Demand(d.key, d.rate_gbps, live, d.weight) if live else None
-        key = (id(d.candidates), avoid)
-        hit = self._live_cache.get(key)
-        if hit is None or hit[0] is not d.candidates:
-            live = tuple(p for p in d.candidates if avoid.isdisjoint(p)) or tuple(
-                p for p in d.candidates if self.down.isdisjoint(p))
-            hit = self._live_cache[key] = (d.candidates, live)
-        if not hit[1]:
+        live = self._live_mids(d.candidates, avoid)
+        if not live:
             return None
         # (d was checked when made, and its live candidates are not empty)
-        return _demand(d.key, d.rate_gbps, hit[1], d.weight, d.head, d.tail)
+        return _demand(d.key, d.rate_gbps, live, d.weight, d.head, d.tail)
+
+    def _live_mids(self, mids: tuple[tuple[int, ...], ...], avoid: frozenset[int]
+                   ) -> tuple[tuple[int, ...], ...]:
+        """The switch paths of ``mids`` that avoid ``avoid`` (if none does, those that avoid
+        the dead links: a gray link beats none), ``()`` if every one crosses a dead link;
+        cached per tuple and link set, so that demands sharing a tuple share its filtering
+        (and one object: the planner reads a tuple once)."""
+        key = (id(mids), avoid)
+        hit = self._live_cache.get(key)
+        if hit is None or hit[0] is not mids:
+            live = tuple(p for p in mids if avoid.isdisjoint(p)) or tuple(
+                p for p in mids if self.down.isdisjoint(p))
+            hit = self._live_cache[key] = (mids, live)
+        return hit[1]
 
     def _links_in(self, paths: tuple[tuple[int, ...], ...]) -> set[int]:
         """The links of a tuple of paths (cached per tuple)."""
@@ -1394,11 +1408,15 @@ class Controller:
             # no fabric link is (or, with the plan's load, would be) hot: nothing for a new
             # plan to fix, so none is computed
             return TickReport(False, hot, bg, before, before)
+        # (the demands the installed plan was made of stay, unless the new plan is installed:
+        # a failure under it is healed on them)
+        kept = self._demand, self._weight, self._strict_planned
         demands = self.demands()
         self._weight = {d.key: d.weight for d in demands}
         plan, sets, report = self._solve(demands, bg)
         after = self._fabric_lambda(plan.link_load_gbps, bg)
         if after > (1.0 - self.params.replan_gain) * before:
+            self._demand, self._weight, self._strict_planned = kept
             return TickReport(False, hot, bg, before, after)
         report = self._install(plan, sets, report, len(demands))
         self.replans += 1

@@ -608,6 +608,44 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     _check_consistent(ctl)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_dead_share_that_would_overload_a_link_is_spread(compiled: bool) -> None:
+    """Two ring AllReduce jobs of 32 GPUs: every pair at 400 Gb/s in 4 QPs of 100 Gb/s, the
+    plan at lambda 1 (links full). The hottest cable fails: a QP moved whole would take
+    some link to 500 / 400 = 1.25; both ways of healing (the compiled one and the general
+    one) split such a QP into 4 QPs of 25 Gb/s on the least loaded paths instead, so lambda
+    stays below 1.25, and some new path carries a fraction of a dead share."""
+    from dataclasses import replace
+
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(2).permutation(64).tolist()
+    for name, gpus in (("r", order[:32]), ("s", order[32:])):
+        ctl.declare(Intent(name, "t", tuple(gpus), (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    assert ctl.current.max_utilization == pytest.approx(1.0)
+    if not compiled:
+        ctl.current = replace(ctl.current, columns=None)
+    before = dict(ctl._installed)
+    cable = _hottest_cable(ctl)
+    ctl.on_links_changed(sorted(cable), [])
+    assert 1.0 <= ctl.current.max_utilization < 1.25 - 1e-9
+    fractions = 0
+    for key, old in before.items():
+        dead = [w for p, w in zip(old.paths, old.weights, strict=True) if cable & set(p)]
+        if not dead:
+            continue
+        new = ctl._installed[key]
+        fresh = [w for p, w in zip(new.paths, new.weights, strict=True) if p not in old.paths]
+        fractions += any(w < min(dead) - 1e-12 for w in fresh)
+    assert fractions > 0
+    _check_consistent(ctl)
+
+
 def test_a_job_planned_by_itself_is_healed_on_compiled_candidates_too(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Job a (4 GPUs) planned, then job b (40 GPUs) planned by itself: most of b's pairs

@@ -1141,6 +1141,11 @@ class Controller:
                 seen.add(id(d.candidates))
                 used.update(self._links_in(d.candidates))
 
+        # a share moves whole unless that would load a link well beyond the plan's lambda
+        # (at least 100 %): then it goes as ``parts`` equal QPs (as the compiled way does)
+        parts, pieces = self._spread_parts(
+            parts, used, max(1.0, plan.max_utilization) + self.params.heal_spread_over)
+
         def merge(placed: dict[str, list[tuple[tuple[int, ...], float]]]
                   ) -> dict[str, list[tuple[tuple[int, ...], float]]]:
             """Each moved key's live shares and its dead shares' new paths, merged."""
@@ -1148,8 +1153,11 @@ class Controller:
             for k, dead_w in moved.items():
                 acc = dict(kept[k])
                 for j, w in enumerate(dead_w):
-                    for p, f in placed[f"{k}\x1f{j}"]:
-                        acc[p] = acc.get(p, 0.0) + w * f
+                    part = f"{k}\x1f{j}"
+                    n = pieces.get(part, 1)
+                    for q in range(n):
+                        for p, f in placed[part if n == 1 else f"{part}\x1e{q}"]:
+                            acc[p] = acc.get(p, 0.0) + w * f / n
                 out[k] = sorted(acc.items())
             return out
 
@@ -1159,6 +1167,44 @@ class Controller:
         rep = self._healed(cause, t0, len(affected), sets, report)
         self._sync_load_rows()
         return rep
+
+    def _spread_parts(self, parts: list[Demand], used: set[int], limit: float
+                      ) -> tuple[list[Demand], dict[str, int]]:
+        """The heal's ``parts`` (shares of dead paths), each that, moved whole (one greedy
+        pass against the plan's load, on the links ``used``), would take a link its
+        candidates choose between above ``limit`` (utilisation) replaced by ``parts`` equal
+        pieces (keys ``<part key>\x1e<q>``); and the pieces per part so replaced."""
+        n = self.parts
+        plan = self.current
+        if n <= 1 or not parts or plan is None:
+            return parts, {}
+        ids = np.fromiter(used, np.int64, len(used))
+        ids.sort()
+        ids_l = ids.tolist()
+        cap = self._capacity_of(ids, ids_l)
+        get = plan.link_load_gbps.get
+        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
+        trial = plan_greedy(parts, LinkValues(ids, cap), background=LinkValues(ids, before),
+                            split=1, sweeps=1, max_moves=0)
+        added = trial.link_load_gbps
+        util = (before + np.array([added.get(lk, 0.0) for lk in ids_l])) / np.where(
+            cap > 0, cap, np.inf)
+        fixed = {lk for d in parts for lk in (*d.head, *d.tail)}  # (every candidate's)
+        over = {lk for lk, u in zip(ids_l, util.tolist(), strict=True)
+                if u > limit and lk not in fixed}
+        if not over:
+            return parts, {}
+        out: list[Demand] = []
+        pieces: dict[str, int] = {}
+        for d in parts:
+            ((path, _),) = trial.paths[d.key]
+            if over.isdisjoint(path):
+                out.append(d)
+                continue
+            pieces[d.key] = n
+            out.extend(_demand(f"{d.key}\x1e{q}", d.rate_gbps / n, d.candidates, d.weight,
+                               d.head, d.tail) for q in range(n))
+        return out, pieces
 
     def _cut_off(self, key: str) -> None:
         """The pair ``key`` has no live path left: out of the plan (its load is out

@@ -465,6 +465,9 @@ def test_demands_with_links_down_keep_the_shared_switch_paths(
                 assert tuples.setdefault(id(d.candidates), d.candidates) is d.candidates
                 shared += 1
     assert general == 47 and shared > len(demands) // 2 and len(tuples) < shared // 10
+    # (the filtering kept is that of the links avoided now only: it cannot grow with every
+    # failure seen)
+    assert ctl._live_cache and {k[1] for k in ctl._live_cache} == {frozenset(avoid)}
     ctl.degraded -= {gray, nic}
     ctl._demand = kept
     # lambda went up a little with the heal: a whole plan is weighed, not installed (gain

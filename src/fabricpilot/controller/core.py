@@ -291,6 +291,7 @@ class Controller:
         self._on_link = _KeysByLink()  # link -> keys of installed sets using it
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
+        self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         self._weight: dict[str, float] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
@@ -900,8 +901,11 @@ class Controller:
                    ) -> tuple[tuple[int, ...], ...]:
         """The switch paths of ``mids`` that avoid ``avoid`` (if none does, those that avoid
         the dead links: a gray link beats none), ``()`` if every one crosses a dead link;
-        cached per tuple and link set, so that demands sharing a tuple share its filtering
-        (and one object: the planner reads a tuple once)."""
+        cached per tuple for the links avoided now, so that demands sharing a tuple share its
+        filtering (and one object: the planner reads a tuple once)."""
+        if avoid is not self._live_for and avoid != self._live_for:  # (other links now)
+            self._live_cache.clear()
+            self._live_for = avoid
         key = (id(mids), avoid)
         hit = self._live_cache.get(key)
         if hit is None or hit[0] is not mids:

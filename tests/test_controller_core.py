@@ -420,6 +420,17 @@ def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:
     assert used in moved.paths[0]
 
 
+def test_the_hold_down_counts_from_the_time_a_link_came_back_if_given() -> None:
+    """Back up at 0.3 ms (the data plane's clock given): at 1.2 ms it has been up 0.9 ms,
+    no plan; at 1.3 ms, 1 ms: the whole plan moves a pair back onto it."""
+    _, ctl, used = _squeezed_pairs()
+    ctl.tick(0.0)
+    ctl.on_links_changed([], [used], now_ns=0.3e6)
+    assert not ctl.tick(1.2e6).replanned
+    rep = ctl.tick(1.3e6)
+    assert rep.replanned and rep.lambda_after == pytest.approx(1.0)
+
+
 def test_demands_with_links_down_keep_the_shared_switch_paths(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a fabric cable down and a fabric link gray, a pair's demand is still its NIC

@@ -377,7 +377,7 @@ class TaskAware(Adaptive):
         returned (the engine pauses the affected streams until then)."""
         if self.controller is None:
             return now
-        self.controller.on_links_changed(down, up)
+        self.controller.on_links_changed(down, up, now)
         return now + self.ctx.controller.control_latency_ns
 
     def repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],

@@ -298,7 +298,7 @@ class Controller:
         self.replans = 0
         # links went down or gray since the last whole plan: the next control period weighs
         # a whole plan again once (a heal is local); links back up (since when, in ns: None
-        # until a control period sees them) are weighed so once they stay up the hold-down
+        # until known) are weighed so once they stay up the hold-down
         # (a link back carries nothing until a plan gives it traffic)
         self._links_changed = False
         self._up_since: dict[int, float | None] = {}
@@ -1022,7 +1022,8 @@ class Controller:
                     for lk in set(bg) | set(load) if links[lk].kind == "fabric"), default=0.0)
 
     # --------------------------------------------------------------- failures
-    def on_links_changed(self, down: list[int], up: list[int]) -> HealReport:
+    def on_links_changed(self, down: list[int], up: list[int],
+                         now_ns: float | None = None) -> HealReport:
         """Links went down (or came back): the switches get the congestion table with the
         dead links excluded at once, and the QPs whose path crosses one move: each share on
         a dead path goes to its least loaded live candidate (of the candidates the plan was
@@ -1032,12 +1033,14 @@ class Controller:
         steered. The rest of the plan stays: the cost grows with the traffic on the failed
         link, not with the fabric. A pair left without a path reports its job
         :attr:`partitioned`; when links come back, such jobs are planned again
-        (:meth:`plan_jobs`)."""
+        (:meth:`plan_jobs`), and the others get traffic on them from a whole plan weighed
+        once they have stayed up ``link_up_holddown_ns`` (see :meth:`tick`), counted from
+        ``now_ns`` (the clock :meth:`tick` is given) if known, else from the next period."""
         self.down |= set(down)
         self.down -= set(up)
         for lk in down:
             self._up_since.pop(lk, None)
-        self._up_since.update(dict.fromkeys(up))
+        self._up_since.update(dict.fromkeys(up, now_ns))
         self._links_changed |= bool(down)
         report = self._heal("down" if down else "up")
         # jobs cut off may have a path again: plan them (those still cut stay reported)
@@ -1425,7 +1428,8 @@ class Controller:
         locally until the next plan), and re-plan around the load the plan does not account
         for, or that links going down, gray or back up left (a heal moves only the QPs on
         the failed link; a link back carries nothing until a plan gives it traffic): once
-        after such a change (a link back up once it has stayed up ``link_up_holddown_ns``),
+        after such a change (a link back up once it has stayed up ``link_up_holddown_ns``,
+        from the time :meth:`on_links_changed` was given, else from the first period),
         and while there is background. A new plan is computed only if
         some fabric link, with the plan's load and the background, reaches the map's hot
         utilisation (80 %); it is installed only if it
@@ -1474,12 +1478,12 @@ class Controller:
 
     def _held_down_long_enough(self, now_ns: float | None) -> bool:
         """Whether a link back up has now stayed up ``link_up_holddown_ns`` (it is then
-        forgotten); a link is stamped by the first call that sees it up (no clock: at
-        once)."""
+        forgotten); a link whose time up is not known is stamped by the first call that
+        sees it up (no clock: at once)."""
         hold = self.params.link_up_holddown_ns
         ready = []
         for lk, since in self._up_since.items():
-            if since is None:  # first seen up now
+            if since is None:  # (first seen up now)
                 since = self._up_since[lk] = now_ns
             if since is None or now_ns is None or now_ns - since >= hold:
                 ready.append(lk)

@@ -611,10 +611,10 @@ class FabricService:
             if f.kind == "gray":
                 rep = self.controller.on_links_degraded([lk])
             elif f.kind == "down":
-                rep = self.controller.on_links_changed([lk], [])
+                rep = self.controller.on_links_changed([lk], [], self.now_ns())
             else:
                 self.controller.degraded.discard(lk)
-                rep = self.controller.on_links_changed([], [lk])
+                rep = self.controller.on_links_changed([], [lk], self.now_ns())
             self.observe_planner("heal", rep.wall_s)
             self.counters.heals += 1
             li = self.view.links[lk]

@@ -18,8 +18,8 @@ class ControllerParams:
     (utilisation) above the plan's lambda (at least 100 %); then it is spread over ``parts``
     QPs. After links go down or gray, the next control period weighs a whole plan; a link
     back up is weighed so only once it has stayed up ``link_up_holddown_ns`` (counted from
-    the first control period that sees it up: a flapping link does not pull traffic back
-    between its flaps)."""
+    when the data plane saw it back, else from the first control period that sees it up: a
+    flapping link does not pull traffic back between its flaps)."""
 
     control_latency_ns: int = 10_000
     parts: int = 4

@@ -772,13 +772,9 @@ class Controller:
         plan = self.current
         assert plan is not None
         load = plan.link_load_gbps
-        ids = np.fromiter(used, np.int64, len(used))
-        ids.sort()
-        ids_l = ids.tolist()
-        get = load.get
-        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
-        sub = plan_greedy(demands, LinkValues(ids, self._capacity_of(ids, ids_l)),
-                          background=LinkValues(ids, before), **{"split": self.parts, **greedy})
+        ids_l, cap, bg = self._around(used)
+        before = bg.values
+        sub = plan_greedy(demands, cap, background=bg, **{"split": self.parts, **greedy})
         if merge is not None:
             sub = replace(sub, paths=merge(sub.paths))
         sets, report = self._steer_in(sub)
@@ -790,6 +786,17 @@ class Controller:
             for lk, v in added.items():
                 load[lk] = load.get(lk, 0.0) + v
         return sets, report
+
+    def _around(self, used: set[int]) -> tuple[list[int], LinkValues, LinkValues]:
+        """The links ``used`` (ascending), their capacity and the current plan's load on
+        them: what a placement around the plan reads."""
+        assert self.current is not None
+        ids = np.fromiter(used, np.int64, len(used))
+        ids.sort()
+        ids_l = ids.tolist()
+        get = self.current.link_load_gbps.get
+        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
+        return ids_l, LinkValues(ids, self._capacity_of(ids, ids_l)), LinkValues(ids, before)
 
     def _steer_in(self, sub: Plan) -> tuple[list[PathSet], PlanReport]:
         """Steer the path sets of ``sub`` (a path a key already has keeps its port) and put
@@ -948,16 +955,11 @@ class Controller:
                       moves: list[tuple[str, set[int], set[int]]]) -> None:
         """:meth:`_record` of sets already installed whose links changed as ``moves`` say
         (key, links it no longer uses, links it now uses; in the order of ``sets``)."""
-        installed, rows, edits = self._installed, self._on_link._row, self._on_link._edits
+        installed, move = self._installed, self._on_link.move
         held = self._rules_held
         some_held = bool(+held)  # (none held: no old set has a rule)
         for r, (key, gone, taken) in zip(sets, moves, strict=True):
-            for lk in gone:
-                if lk not in rows and lk not in edits:
-                    raise KeyError(lk)
-                edits.setdefault(lk, {})[key] = False
-            for lk in taken:
-                edits.setdefault(lk, {})[key] = True
+            move(key, gone, taken)
             if some_held:
                 old = installed[key]
                 if any(old.rules):
@@ -1182,20 +1184,13 @@ class Controller:
         candidates choose between above ``limit`` (utilisation) replaced by ``parts`` equal
         pieces (keys ``<part key>\x1e<q>``); and the pieces per part so replaced."""
         n = self.parts
-        plan = self.current
-        if n <= 1 or not parts or plan is None:
+        if n <= 1 or not parts or self.current is None:
             return parts, {}
-        ids = np.fromiter(used, np.int64, len(used))
-        ids.sort()
-        ids_l = ids.tolist()
-        cap = self._capacity_of(ids, ids_l)
-        get = plan.link_load_gbps.get
-        before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
-        trial = plan_greedy(parts, LinkValues(ids, cap), background=LinkValues(ids, before),
-                            split=1, sweeps=1, max_moves=0)
+        ids_l, cap, bg = self._around(used)
+        trial = plan_greedy(parts, cap, background=bg, split=1, sweeps=1, max_moves=0)
         added = trial.link_load_gbps
-        util = (before + np.array([added.get(lk, 0.0) for lk in ids_l])) / np.where(
-            cap > 0, cap, np.inf)
+        util = (bg.values + np.array([added.get(lk, 0.0) for lk in ids_l])) / np.where(
+            cap.values > 0, cap.values, np.inf)
         fixed = {lk for d in parts for lk in (*d.head, *d.tail)}  # (every candidate's)
         over = {lk for lk, u in zip(ids_l, util.tolist(), strict=True)
                 if u > limit and lk not in fixed}

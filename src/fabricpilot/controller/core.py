@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -1005,20 +1006,26 @@ class Controller:
                 out[lid] = extra
         return out
 
+    def _fabric_caps(self) -> NDArray[np.float64]:
+        """Capacity (Gb/s) by link id, infinite for links that are not fabric links (made
+        once; the dense capacity must exist)."""
+        if self._fabric_cap is None:
+            cap = self._dense_capacity()
+            fabric = np.zeros(len(cap), bool)
+            fabric[[lk for lk, li in self.view.links.items() if li.kind == "fabric"]] = True
+            self._fabric_cap = np.where(fabric, cap, np.inf)
+        return self._fabric_cap
+
     def _fabric_lambda(self, load: Mapping[int, float], bg: Mapping[int, float]) -> float:
         """Largest utilisation of a fabric link under ``load`` plus ``bg`` (Gb/s)."""
         cap = self._dense_capacity()
         if len(cap) and not bg:  # (vectorised: a plan's load covers every link)
-            if self._fabric_cap is None:
-                fabric = np.zeros(len(cap), bool)
-                fabric[[lk for lk, li in self.view.links.items() if li.kind == "fabric"]] = True
-                self._fabric_cap = np.where(fabric, cap, np.inf)
             ids = np.fromiter(load, np.int64, len(load))
             if not len(ids):
                 return 0.0
             if int(ids.min()) >= 0 and int(ids.max()) < len(cap):
                 vals = np.fromiter(load.values(), np.float64, len(ids))
-                return max(float((vals / self._fabric_cap[ids]).max()), 0.0)
+                return max(float((vals / self._fabric_caps()[ids]).max()), 0.0)
         links = self.view.links
         return max(((bg.get(lk, 0.0) + load.get(lk, 0.0)) / links[lk].capacity_gbps
                     for lk in set(bg) | set(load) if links[lk].kind == "fabric"), default=0.0)
@@ -1220,11 +1227,13 @@ class Controller:
 
     def _healed(self, cause: str, t0: float, affected: int, sets: list[PathSet],
                 report: PlanReport,
-                moves: list[tuple[str, set[int], set[int]]] | None = None) -> HealReport:
+                moves: list[tuple[str, set[int], set[int]]] | None = None,
+                dense: bool = False) -> HealReport:
         """Install and record a heal's path sets and report it (its wall time from ``t0``);
         then, as bookkeeping once the new paths are out, bring the plan's lambda up to
-        date. ``moves`` (key, links it leaves, links it takes), if given, are the link
-        index's changes, known already (as :meth:`_record` would find them)."""
+        date (from the dense copy of the load if ``dense``: it is the plan's load now).
+        ``moves`` (key, links it leaves, links it takes), if given, are the link index's
+        changes, known already (as :meth:`_record` would find them)."""
         self.dp.install(sets)
         if moves is None:
             self._record(sets)
@@ -1234,8 +1243,11 @@ class Controller:
         self.heals.append(rep)
         plan = self.current
         assert plan is not None
-        self.current = replace(plan, max_utilization=self._fabric_lambda(plan.link_load_gbps,
-                                                                          {}))
+        rows = self._load_rows
+        lam = (max(float((rows / self._fabric_caps()).max()), 0.0)
+               if dense and rows is not None and len(rows) else
+               self._fabric_lambda(plan.link_load_gbps, {}))
+        self.current = replace(plan, max_utilization=lam)
         report.plan = self.current
         return rep
 
@@ -1260,73 +1272,73 @@ class Controller:
         # the shares on a dead path: each to be placed again, its load out of the dense copy
         # (nothing is changed before every affected key is known to qualify)
         todo = []
-        p_grp: list[int] = []
-        p_tup: list[int] = []
-        p_rate: list[float] = []
-        p_key: list[float] = []
-        d_link: list[int] = []  # dense-load changes, applied at once
-        d_gbps: list[float] = []
+        shares: list[tuple[int, int, float, float]] = []  # (group, tuple, Gb/s, order key)
+        mids: list[tuple[int, ...]] = []  # each share's candidate links (its load moves)
         for k in affected:
             d = demand.get(k)
             if d is None:  # (a job no longer planned, e.g. cut off: its sets stay as they are)
                 continue
-            hit = find(id(d.candidates))
-            if (hit is None or hit[0] is not d.candidates or k in spilled
-                    or not isdisjoint(d.head) or not isdisjoint(d.tail)):
+            cands, head, tail = d.candidates, d.head, d.tail
+            hit = find(id(cands))
+            if (hit is None or hit[0] is not cands or k in spilled
+                    or not isdisjoint(head) or not isdisjoint(tail)):
                 return None
             old = installed[k]  # (its paths and weights are the plan's: not spilled)
             ps = old.paths
-            dead = [j for j, p in enumerate(ps) if not isdisjoint(p)]
-            if not dead:
+            live = list(map(isdisjoint, ps))
+            n_dead = len(ps) - sum(live)
+            if not n_dead:
                 continue
+            dead = ([live.index(False)] if n_dead == 1 else
+                    [j for j, ok in enumerate(live) if not ok])
             todo.append((k, d, old, dead))
             # (a demand's paths are its head, a candidate and its tail: a share that moves
             # changes the load of its candidate's links only)
-            rate, ws, g, u = d.rate_gbps, old.weights, hit[1], hit[2]
-            nh, nt = len(d.head), len(d.tail)
+            rate, ws, g, u, nh, nt = d.rate_gbps, old.weights, hit[1], hit[2], len(head), len(tail)
             for j in dead:
                 p = ps[j]
-                mid = p[nh:len(p) - nt]
                 out = rate * ws[j]
-                d_link.extend(mid)
-                d_gbps.extend([-out] * len(mid))
-                p_grp.append(g)
-                p_tup.append(u)
-                p_rate.append(out)
-                p_key.append(-d.weight * out)
-        np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
-        touched = d_link[:]  # links whose load changes: the plan's dict takes the dense value
-        d_link.clear()
-        d_gbps.clear()
+                mids.append(p[nh:len(p) - nt])
+                shares.append((g, u, out, -d.weight * out))
+        share = np.array(shares, np.float64).reshape(-1, 4)
+        per_mid = np.fromiter(map(len, mids), np.int64, len(mids))
+        left = np.fromiter(_chain(mids), np.int64, int(per_mid.sum()))
+        np.add.at(rows, left, np.repeat(-share[:, 2], per_mid))
+        touched = [left]  # links whose load changes: the plan's dict takes the dense value
         down = np.zeros(len(rows), np.bool_)
         down[list(self.down)] = True
         avoid_rows = down.copy()
         avoid_rows[list(self.degraded)] = True
         cap = self._dense_capacity()
         # heaviest first (as a plan places parts), ties in key order
-        order = np.argsort(np.array(p_key, np.float64), kind="stable")
+        order = np.argsort(share[:, 3], kind="stable")
         # a share moves whole unless that would load a link well beyond the plan's lambda
         # (at least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
         limit = max(1.0, plan.max_utilization) + self.params.heal_spread_over
-        choice = replace_parts(cols, np.array(p_grp, np.int64), np.array(p_tup, np.int64),
-                               np.array(p_rate, np.float64), order, cap, rows, down,
-                               avoid_rows, spread=self.parts, limit=limit).tolist()
+        choice = replace_parts(cols, share[:, 0].astype(np.int64),
+                               share[:, 1].astype(np.int64), np.ascontiguousarray(share[:, 2]),
+                               order, cap, rows, down, avoid_rows, spread=self.parts,
+                               limit=limit).tolist()
         # each moved key's set now: a dead share's slot takes its new path (or its weight
         # joins the share already on that path); new paths are steered below
-        now: list[tuple[str, list, list, list, list]] = []
+        now: list[tuple[str, Any, Any, Any, Any]] = []  # key, paths, weights, ports, rules
         new: list[tuple[list, int]] = []  # (ports list, slot) to steer
         n_path: list[tuple[int, ...]] = []
         n_src: list[int] = []
         n_dst: list[int] = []
         n_start: list[int] = []
         moves: list[tuple[str, set[int], set[int]]] = []  # key, links it leaves, links it takes
+        taken: list[int] = []
+        d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
+        d_gbps: list[float] = []
         i = 0
         for k, d, old, dead in todo:
             picks = choice[i:i + len(dead)]
             i += len(dead)
-            rate = d.rate_gbps
             head, tail, cands = d.head, d.tail, d.candidates
-            if picks[0][0] < 0:  # every candidate crosses a dead link: out of the plan
+            first = picks[0]
+            if first[0] < 0:  # every candidate crosses a dead link: out of the plan
+                rate = d.rate_gbps
                 for j, (p, w) in enumerate(zip(old.paths, old.weights, strict=True)):
                     # (the dead shares' candidate links are out already)
                     gone = p if j not in dead else head + tail
@@ -1334,11 +1346,40 @@ class Controller:
                     d_gbps.extend([-rate * w] * len(gone))
                 self._cut_off(k)
                 continue
-            ps, ws = list(old.paths), list(old.weights)
+            a, b = endpoints[k]
+            base = (a * 1_000_003 + b) * 64  # (where a port search starts: as a plan's)
+            ps = old.paths
+            if len(picks) == 1 and (len(first) == 1 or first[1] < 0):
+                # the common case, one dead share moving whole to a path the pair does not
+                # use yet: its slot changes, the rest of the set stays as it is
+                mid = cands[first[0]]  # (the kernel added its links to the dense load)
+                p = head + mid + tail
+                if p not in ps:
+                    j = dead[0]
+                    taken.extend(mid)
+                    was, rest = ps[j], ps[:j] + ps[j + 1:]
+                    moves.append((k, set(was).difference(p, *rest),
+                                  set(p).difference(was, *rest)))
+                    ps = (*ps[:j], p, *ps[j + 1:])
+                    if not steered:
+                        now.append((k, ps, old.weights, (), ()))
+                        continue
+                    pts = list(old.ports)
+                    pts[j] = -1
+                    rls = old.rules
+                    if rls[j]:
+                        rls = (*rls[:j], (), *rls[j + 1:])
+                    new.append((pts, j))
+                    n_path.append(p)
+                    n_src.append(a)
+                    n_dst.append(b)
+                    n_start.append(base + j)
+                    now.append((k, ps, old.weights, pts, rls))
+                    continue
+            ps_l, ws = list(ps), list(old.weights)
             pts, rls = ((list(old.ports), list(old.rules)) if steered  # (else: placeholders)
-                        else ([0] * len(ps), [()] * len(ps)))
+                        else ([0] * len(ps_l), [()] * len(ps_l)))
             merged = False
-            taken: list[int] = []
             fresh: list[int] = []  # the slots of new paths
             for row, j in zip(picks, dead, strict=True):
                 pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
@@ -1349,43 +1390,43 @@ class Controller:
                     mid = cands[c]  # (the kernel added its links to the dense load)
                     taken.extend(mid)
                     p = head + mid + tail
-                    if p in ps:  # (a live share's path, or one a dead share took just now)
-                        ws[ps.index(p)] += w
+                    if p in ps_l:  # (a live share's path, or one a dead share took just now)
+                        ws[ps_l.index(p)] += w
                     elif free:
-                        ps[j], ws[j], pts[j], rls[j] = p, w, -1, ()
+                        ps_l[j], ws[j], pts[j], rls[j] = p, w, -1, ()
                         fresh.append(j)
                         free = False
                     else:
-                        fresh.append(len(ps))
-                        ps.append(p)
+                        fresh.append(len(ps_l))
+                        ps_l.append(p)
                         ws.append(w)
                         pts.append(-1)
                         rls.append(())
                 merged |= free
             if merged:  # the emptied slots go
                 keep = [j for j, w in enumerate(ws) if w > 0.0]
-                ps, ws = [ps[j] for j in keep], [ws[j] for j in keep]
+                ps_l, ws = [ps_l[j] for j in keep], [ws[j] for j in keep]
                 pts, rls = [pts[j] for j in keep], [rls[j] for j in keep]
                 fresh = [j for j, port in enumerate(pts) if port < 0]
-            touched.extend(taken)
             # the index: the links the key leaves and takes (candidate links only: its
             # head and tail stay)
-            was, now_links = set(_chain(old.paths)), set(_chain(ps))
-            moves.append((k, was - now_links, now_links - was))
-            a, b = endpoints[k]
-            base = (a * 1_000_003 + b) * 64  # (where a port search starts: as a plan's)
+            was_l, now_l = set(_chain(ps)), set(_chain(ps_l))
+            moves.append((k, was_l - now_l, now_l - was_l))
             for j in fresh if steered else ():
                 new.append((pts, j))
-                n_path.append(ps[j])
+                n_path.append(ps_l[j])
                 n_src.append(a)
                 n_dst.append(b)
                 n_start.append(base + j)
-            now.append((k, ps, ws, pts, rls))
+            now.append((k, ps_l, ws, pts, rls) if steered else (k, ps_l, ws, (), ()))
+        touched.append(np.array(taken, np.int64))
         if d_link:  # (cut off)
-            np.add.at(rows, np.array(d_link, np.int64), np.array(d_gbps, np.float64))
-            touched.extend(d_link)
+            cut = np.array(d_link, np.int64)
+            np.add.at(rows, cut, np.array(d_gbps, np.float64))
+            touched.append(cut)
         # the plan's load of each changed link: its dense value
-        load.update(zip(touched, rows[np.array(touched, np.int64)].tolist(), strict=True))
+        changed = np.concatenate(touched)
+        load.update(zip(changed.tolist(), rows[changed].tolist(), strict=True))
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         if new:  # steer the new paths
             table = self._steering_table()
@@ -1405,15 +1446,14 @@ class Controller:
         any_rules = bool(+self._rules_held)
         for k, ps, ws, pts, rls in now:
             tp = tuple(ps)
-            sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)) if steered
-                        else _path_set(k, tp, tuple(ws), (), ()))
+            sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
             paths[k] = list(zip(tp, ws, strict=True))
-            n_paths += len(ps)
+            n_paths += len(tp)
             if any_rules:
                 pinned += sum(1 for r in rls if r)
         report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0) if steered
                   else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
-        rep = self._healed(cause, t0, len(affected), sets, report, moves)
+        rep = self._healed(cause, t0, len(affected), sets, report, moves, dense=True)
         report.switch_rules = dict(+self._rules_held)
         return rep
 

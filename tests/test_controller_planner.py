@@ -266,6 +266,40 @@ def test_greedy_plans_exactly_as_the_previous_implementation(seed: int, split: i
     assert (plan.paths, plan.max_utilization, plan.moves) == (paths, lam, moves)
 
 
+@pytest.mark.parametrize("seed", [4, 6, 8, 9])
+def test_later_sweeps_that_skip_untouched_demands_plan_as_full_sweeps(seed: int) -> None:
+    # from the second sweep on, the planner re-places only demands whose candidate links
+    # saw a part move since they were placed; the plain-Python reference re-places every
+    # part in every sweep. On these instances (over 2 000 parts: no local search) the
+    # later sweeps still move parts (the plan after one sweep is not the plan after
+    # five), and both give the same paths and loads after five
+    demands, cap = rail_demands(seed, leaves=8, spines=6, gpus_per_leaf=2, n=600,
+                                factored=True)
+    paths, load, lam, _ = reference_plan_greedy(demands, cap, split=4, sweeps=5)
+    assert plan_greedy(demands, cap, split=4, sweeps=1).paths != paths
+    plan = plan_greedy(demands, cap, split=4, sweeps=5)
+    assert plan.paths == paths and plan.max_utilization == lam
+    assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
+
+
+def test_link_groups_lists_every_group_with_a_column_on_the_link() -> None:
+    # brute force over the compiled candidate structure of a rail plan: group g is on
+    # link row r iff r is in one of g's columns
+    from fabricpilot.controller.planner import _Commodities, _link_groups
+
+    demands, cap = rail_demands(3, leaves=6, spines=4, n=300, factored=True, odd=True)
+    com = _Commodities(demands, cap, None)
+    ptr, idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx, len(com.links))
+    on: dict[int, set[int]] = {r: set() for r in range(len(com.links))}
+    for g in range(com.n_groups):
+        for col in range(com.g_col0[g], com.g_col0[g] + com.g_ncand[g]):
+            for r in com.c_idx[com.c_ptr[col]:com.c_ptr[col + 1]].tolist():
+                on[r].add(g)
+    assert len(ptr) == len(com.links) + 1
+    assert {r: idx[ptr[r]:ptr[r + 1]].tolist() for r in on} == {
+        r: sorted(gs) for r, gs in on.items()}
+
+
 def test_aggregated_factored_and_per_demand_plans_are_the_same() -> None:
     # 600 demands over 12 leaf pairs: ~50 per pair, each with its own NIC links; in 4 parts
     # (2 400 parts: above the local-search limit, as in the large instances)

@@ -726,13 +726,37 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     by_key = np.array(sorted(range(n), key=keys.__getitem__), np.int64)
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
+    lg_ptr, lg_idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
+                                  len(com.links))
     choice = _place(order, com.grp, com.rate, com.fix_ptr, com.fix_idx, com.g_col0,
                     com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                    sweeps)
+                    sweeps, lg_ptr, lg_idx)
     if max_moves is None:
         max_moves = 10_000 if n * split <= 2_000 else 0
     moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
     return _package(com, choice, load, "greedy", moves)
+
+
+def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
+                 c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], n_links: int,
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Per link row, the groups with a column on it (CSR: groups of row ``r`` are
+    ``idx[ptr[r]:ptr[r + 1]]``, ascending, each once).
+
+    Group 0 has columns (row 0) and (row 1), group 1 (row 1, row 2) and (row 3):
+
+    >>> ptr, idx = _link_groups(np.array([0, 2]), np.array([2, 2]), np.array([0, 1, 2, 4, 5]),
+    ...                         np.array([0, 1, 1, 2, 3]), 4)
+    >>> ptr.tolist(), idx.tolist()
+    ([0, 1, 3, 4, 5], [0, 0, 1, 1, 1])
+    """
+    col_grp = np.repeat(np.arange(len(g_ncand), dtype=np.int64), g_ncand)
+    entry_grp = np.repeat(col_grp, np.diff(c_ptr))
+    pairs = np.unique(c_idx.astype(np.int64) * max(len(g_ncand), 1) + entry_grp)
+    links, groups = np.divmod(pairs, max(len(g_ncand), 1))
+    ptr = np.zeros(n_links + 1, np.int64)
+    np.cumsum(np.bincount(links, minlength=n_links), out=ptr[1:])
+    return ptr, groups.astype(np.int64)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -740,14 +764,25 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
            fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64], g_col0: NDArray[np.int64],
            g_ncand: NDArray[np.int64], g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
-           split: int, sweeps: int) -> NDArray[np.int64]:
+           split: int, sweeps: int, lg_ptr: NDArray[np.int64], lg_idx: NDArray[np.int64],
+           ) -> NDArray[np.int64]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
     updated in place; returns every part's candidate (within its demand). A candidate's
     cost counts only the links not shared by all of its demand's candidates (the group's
     columns): (largest utilisation after adding the part, sum of squares). Between two
     parts of one demand only the columns whose load changed are costed again when the
-    group's columns are link-disjoint (the others' costs are unchanged)."""
+    group's columns are link-disjoint (the others' costs are unchanged).
+
+    From the second sweep on, a demand is skipped when no part has moved on its group's
+    columns since it was last placed (``lg_ptr`` / ``lg_idx``: the groups whose columns
+    hold each link, :func:`_link_groups`): its parts would find the same loads and stay
+    where they are. A sweep that moves little (the usual last one) costs that little."""
     choice = np.full((grp.shape[0], split), -1, np.int64)
+    # change tracking from the first sweep: a counter of moves, per group the count when
+    # a part last moved on one of its columns, per demand the count when it was placed
+    moves = 0
+    g_moved = np.zeros(g_ncand.shape[0], np.int64)
+    d_seen = np.full(grp.shape[0], -1, np.int64)
     k_max = 1
     for g in range(g_ncand.shape[0]):
         k_max = max(k_max, g_ncand[g])
@@ -757,6 +792,10 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
         moved = False
         for d in order:
             g = grp[d]
+            if rnd > 1 and g_moved[g] <= d_seen[d]:
+                continue  # (nothing moved on its columns since: its parts would stay)
+            if rnd > 0:
+                d_seen[d] = moves
             k_c = g_ncand[g]
             col0 = g_col0[g]
             part = rate[d] / split
@@ -798,6 +837,13 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                     cached = g_disjoint[g]
                 if best != old:
                     moved = True
+                    if rnd > 0:  # the groups on the columns it left and took
+                        moves += 1
+                        for col in (col0 + old, col0 + best):
+                            for q in range(c_ptr[col], c_ptr[col + 1]):
+                                lk = c_idx[q]
+                                for h in range(lg_ptr[lk], lg_ptr[lk + 1]):
+                                    g_moved[lg_idx[h]] = moves
                 choice[d, k] = best
                 for q in range(f0, f1):
                     load[fix_idx[q]] += part

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
+from fabricpilot.controller.core import Controller, PlanInterrupted, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
@@ -429,6 +429,54 @@ def test_the_hold_down_counts_from_the_time_a_link_came_back_if_given() -> None:
     assert not ctl.tick(1.2e6).replanned
     rep = ctl.tick(1.3e6)
     assert rep.replanned and rep.lambda_after == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("stage", ["demands", "planner", "steering"])
+def test_a_whole_plan_gives_way_to_urgent_work_and_is_weighed_again(
+        stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread sets the controller's interrupt while a control period computes a
+    whole plan (after the link is back: the plan would take lambda 2 -> 1): the period
+    gives way at its next check, installs nothing and leaves the demands and reports of
+    the installed plan as they were; the next period weighs the plan again and installs
+    it. A plan that may not give way ignores the interrupt."""
+    from fabricpilot.controller import core
+
+    dp, ctl, used = _squeezed_pairs()
+    assert not ctl.tick().replanned  # (the failure weighed once: the link is still down)
+    ctl.on_links_changed([], [used])
+    n = len(dp.installed)
+    kept = ctl._demand, ctl._weight, ctl.sla_unmet, ctl.partitioned, ctl.current
+
+    def interrupting(fn):  # type: ignore[no-untyped-def]
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            out = fn(*a, **k)
+            ctl.interrupt.set()  # (as a fault report waiting for the controller does)
+            return out
+        return run
+
+    if stage == "demands":
+        monkeypatch.setattr(ctl, "demands", interrupting(ctl.demands))
+    elif stage == "planner":  # (set inside the planner: its next stage stops)
+        monkeypatch.setattr(core.planner, "_Commodities",
+                            interrupting(core.planner._Commodities))
+    else:
+        monkeypatch.setattr(ctl, "steer_plan", interrupting(ctl.steer_plan))
+    rep = ctl.tick()
+    assert rep.interrupted and not rep.replanned and len(dp.installed) == n
+    assert (ctl._demand, ctl._weight, ctl.sla_unmet, ctl.partitioned, ctl.current) == kept
+    assert ctl._demand is kept[0] and ctl.current is kept[4]
+    monkeypatch.undo()
+    ctl.interrupt.clear()
+    rep = ctl.tick()
+    assert rep.replanned and not rep.interrupted and rep.lambda_after == pytest.approx(1.0)
+    assert len(dp.installed) == n + 1
+    # a plan asked to give way raises and changes nothing; one not asked ignores the flag
+    ctl.interrupt.set()
+    before, demand = ctl.current, ctl._demand
+    with pytest.raises(PlanInterrupted):
+        ctl.plan(may_yield=True)
+    assert ctl.current is before and ctl._demand is demand
+    assert ctl.plan().plan.max_utilization == pytest.approx(1.0)
 
 
 def test_demands_with_links_down_keep_the_shared_switch_paths(

@@ -279,6 +279,60 @@ def test_fault_heals_and_partitions(client: httpx.Client) -> None:
     assert not job["sla_met"] and "gpu0 -> gpu64" in job["sla_problem"]
 
 
+def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
+    """A fault reported while the control loop computes a whole plan: the plan gives way
+    at its next check (nothing installed, its changes stay queued), the fault is healed at
+    once, and the changes are planned afterwards, around the dead link."""
+    import threading
+
+    from fabricpilot.service.schemas import FaultIn, IntentIn
+
+    _, svc = _service(tmp_path)
+    ops = Principal("ops", "operator")
+    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[
+        {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}]), replace_ok=False)
+    svc.plan_pending("intents")
+    held = dict(svc.dp.installed)
+    dead = next(lk for p in held["ring:0->64"].paths for lk in p
+                if svc.view.links[lk].kind == "fabric")
+    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64, 8, 72], calls=[
+        {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}]), replace_ok=True)
+    ctl = svc.controller
+    started = threading.Event()
+    demands = ctl.demands
+
+    def slow_demands(*a, **k):  # type: ignore[no-untyped-def]
+        started.set()  # the plan holds the controller's lock from here ...
+        assert _wait(ctl.interrupt.is_set)  # ... until a fault report waits for it
+        return demands(*a, **k)
+
+    ctl.demands = slow_demands  # type: ignore[method-assign]
+    planner = threading.Thread(target=svc.plan_pending, args=("intents",))
+    planner.start()
+    assert started.wait(10)
+    rep = svc.report_fault(ops, FaultIn(kind="down", link_id=dead))
+    planner.join(10)
+    assert not planner.is_alive()
+    assert rep["affected_path_sets"] == 1 and svc.counters.plans_yielded == 1
+    assert set(svc.dp.installed) == set(held)  # (the plan installed nothing)
+    assert all(dead not in p for p in svc.dp.installed["ring:0->64"].paths)
+    assert "ring" in svc._pending and not ctl.interrupt.is_set()
+    assert _metric(svc.metrics_text(), "fabricpilot_plans_yielded_total") == 1
+    ctl.demands = demands  # type: ignore[method-assign]
+    svc.plan_pending("intents")
+    assert "ring:8->72" in svc.dp.installed and not svc._pending
+    assert all(dead not in p for ps in svc.dp.installed.values() for p in ps.paths)
+
+
+def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def test_state_survives_a_restart(tmp_path: Path) -> None:
     app, _ = _service(tmp_path)
     with TestClient(app) as c:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -173,6 +174,38 @@ class TickReport:
     lambda_before: float = 0.0
     lambda_after: float = 0.0
     plan: PlanReport | None = None
+    # the new plan gave way to urgent work (:attr:`Controller.interrupt`) before it was
+    # weighed: the next period weighs one again
+    interrupted: bool = False
+
+
+class PlanInterrupted(RuntimeError):
+    """A whole plan gave way to urgent work (:attr:`Controller.interrupt` was set while it
+    was computed): nothing of it was installed, and the controller is as it was before."""
+
+
+class Interrupt:
+    """A request from another thread that a whole plan being computed give way, e.g. to a
+    failure's heal waiting for the controller: :meth:`set` it before waiting, and the plan
+    stops at its next check (between jobs while finding demands, between the planner's and
+    the steering's stages), installs nothing and raises :class:`PlanInterrupted`;
+    :meth:`clear` it once the urgent work has the controller.
+
+    >>> flag = Interrupt(); flag.set(); flag.is_set()
+    True
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
 
 
 class _KeysByLink(Mapping[int, set[str]]):
@@ -297,6 +330,10 @@ class Controller:
         self._weight: dict[str, float] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
         self.replans = 0
+        # set from another thread: a whole plan being computed gives way (see Interrupt);
+        # checked only inside plans that may give way (``_yielding``)
+        self.interrupt = Interrupt()
+        self._may_yield = False
         # links went down or gray since the last whole plan: the next control period weighs
         # a whole plan again once (a heal is local); links back up (since when, in ns: None
         # until known) are weighed so once they stay up the hold-down
@@ -499,6 +536,7 @@ class Controller:
         nic_rate = self._nic_cache
         avoid = frozenset(self.down | self.degraded)
         for intent in opted:
+            self._check()
             pending: dict[str, Demand] = {}
             heat = intent.heat  # the same for every demand of the job
             task = intent.task_id
@@ -640,14 +678,51 @@ class Controller:
             self._steering = SteeringTable(self.view)
         return self._steering
 
-    def plan(self, background: dict[int, float] | None = None) -> PlanReport:
+    def plan(self, background: dict[int, float] | None = None, *,
+             may_yield: bool = False) -> PlanReport:
         """Plan every opted-in job together, steer the planned paths and install them.
-        ``background`` is load (Gb/s per link) the plan must route around."""
+        ``background`` is load (Gb/s per link) the plan must route around. With
+        ``may_yield``, the plan gives way if :attr:`interrupt` is set before it installs
+        anything (:class:`PlanInterrupted`; the controller is left as it was)."""
         # many long-lived objects and no reference cycles: spare the collector its passes
         with _gc_paused(promote=True):
-            demands = self.demands()
-            self._weight = {d.key: d.weight for d in demands}
-            return self._install(*self._solve(demands, background), len(demands))
+            kept = self._kept()
+            try:
+                with self._yielding(may_yield):
+                    demands = self.demands()
+                    self._weight = {d.key: d.weight for d in demands}
+                    solved = self._solve(demands, background)
+            except PlanInterrupted:
+                self._restore(kept)
+                raise
+            return self._install(*solved, len(demands))
+
+    def _kept(self) -> tuple[Any, ...]:
+        """What computing a whole plan changes before it installs (see :meth:`_restore`):
+        the demands the installed plan was made of and what they said."""
+        return (self._demand, self._weight, self._strict_planned, self.sla_unmet,
+                self.partitioned)
+
+    def _restore(self, kept: tuple[Any, ...]) -> None:
+        """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
+        (self._demand, self._weight, self._strict_planned, self.sla_unmet,
+         self.partitioned) = kept
+
+    @contextlib.contextmanager
+    def _yielding(self, may_yield: bool = True) -> Iterator[None]:
+        """Within: :meth:`_check` raises :class:`PlanInterrupted` if :attr:`interrupt` is set
+        (when ``may_yield``)."""
+        self._may_yield = may_yield
+        try:
+            yield
+        finally:
+            self._may_yield = False
+
+    def _check(self) -> None:
+        """Give way (:class:`PlanInterrupted`) if this plan may and :attr:`interrupt` is
+        set."""
+        if self._may_yield and self.interrupt.is_set():
+            raise PlanInterrupted("the plan gave way to urgent work")
 
     def plan_jobs(self, tasks: set[str]) -> PlanReport | None:
         """Re-plan only the jobs ``tasks`` (declared, changed or withdrawn since the last
@@ -851,13 +926,18 @@ class Controller:
         loads the fabric less once every path is the one its QP really takes."""
         cap = self._link_capacity()
         self._dense_capacity()  # (made now for the re-plans of a failure, not on their clock)
-        plan = plan_greedy(demands, cap, background=background, split=self.parts)
+        check = self._check
+        plan = plan_greedy(demands, cap, background=background, split=self.parts,
+                           checkpoint=check)
         sets, report = self.steer_plan(plan, self._weight)
+        check()
         if not report.spilled:
             return plan, sets, report
         narrowed = [self._entropy_only(d) if d.key in report.spilled else d for d in demands]
-        plan2 = plan_greedy(narrowed, cap, background=background, split=self.parts)
+        plan2 = plan_greedy(narrowed, cap, background=background, split=self.parts,
+                            checkpoint=check)
         sets2, report2 = self.steer_plan(plan2, self._weight)
+        check()
         rate = {d.key: d.rate_gbps for d in demands}
         bg = background or {}
         if (self._fabric_lambda(_set_load(sets2, rate), bg)
@@ -1499,13 +1579,19 @@ class Controller:
             return TickReport(False, hot, bg, before, before)
         # (the demands the installed plan was made of stay, unless the new plan is installed:
         # a failure under it is healed on them)
-        kept = self._demand, self._weight, self._strict_planned
-        demands = self.demands()
-        self._weight = {d.key: d.weight for d in demands}
-        plan, sets, report = self._solve(demands, bg)
+        kept = self._kept()
+        try:
+            with self._yielding():  # (urgent work waiting: weighed again next period)
+                demands = self.demands()
+                self._weight = {d.key: d.weight for d in demands}
+                plan, sets, report = self._solve(demands, bg)
+        except PlanInterrupted:
+            self._restore(kept)
+            self._links_changed |= changed
+            return TickReport(False, hot, bg, before, interrupted=True)
         after = self._fabric_lambda(plan.link_load_gbps, bg)
         if after > (1.0 - self.params.replan_gain) * before:
-            self._demand, self._weight, self._strict_planned = kept
+            self._restore(kept)
             return TickReport(False, hot, bg, before, after)
         report = self._install(plan, sets, report, len(demands))
         self.replans += 1
@@ -1585,8 +1671,10 @@ class Controller:
                 ports[r] = port
                 rules[r] = rl
         else:
-            ports, got_rules = table.steer(src, dst, start, table.intern(paths, dst), paths,
-                                           tries)
+            mids = table.intern(paths, dst)
+            self._check()
+            ports, got_rules = table.steer(src, dst, start, mids, paths, tries)
+            self._check()
             for r, rl in got_rules.items():
                 rules[r] = rl
         used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold

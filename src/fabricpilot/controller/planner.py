@@ -23,7 +23,7 @@ can share one ``candidates`` tuple: the planner then reads every shared tuple on
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numba
@@ -686,7 +686,8 @@ def _repeated_links(factored: NDArray[np.int64], grp: NDArray[np.int64],
 def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 background: Mapping[int, float] | None = None, split: int = 1,
                 sweeps: int = 2, max_moves: int | None = None,
-                aggregate: bool = True) -> Plan:
+                aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
+                ) -> Plan:
     """Place every demand (in ``split`` equal parts) on its candidates, heaviest first, each
     part on the candidate whose most loaded link stays lowest (counting only the links that
     differ between its candidates; ties by the sum of squared utilisations); then ``sweeps``
@@ -702,6 +703,9 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     ``rate / split`` and placed in the same order, so the plan is the same as without
     aggregation; the paths are given per demand.
 
+    ``checkpoint``, if given, is called between the stages (compiled candidates,
+    placement, local search): it may raise to abandon the plan.
+
     Two 300 Gb/s demands with the same two 400 Gb/s candidate links go one each:
 
     >>> d = [Demand("a", 300, ((0,), (1,))), Demand("b", 300, ((0,), (1,)))]
@@ -712,14 +716,21 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     if split < 1:
         raise ValueError("split must be >= 1")
     with _gc_paused():  # no reference cycles are made: spare the collector's passes
-        return _plan_greedy(demands, capacity, background, split, sweeps, max_moves, aggregate)
+        return _plan_greedy(demands, capacity, background, split, sweeps, max_moves, aggregate,
+                            checkpoint or _go_on)
+
+
+def _go_on() -> None:
+    """A checkpoint that never stops a plan."""
 
 
 def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, split: int, sweeps: int,
-                 max_moves: int | None, aggregate: bool) -> Plan:
+                 max_moves: int | None, aggregate: bool, checkpoint: Callable[[], None],
+                 ) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
     com = _Commodities(demands, capacity, background, aggregate)
+    checkpoint()
     n = len(com.demands)
     load = com.bg.copy()
     keys = [d.key for d in com.demands]
@@ -731,9 +742,11 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     choice = _place(order, com.grp, com.rate, com.fix_ptr, com.fix_idx, com.g_col0,
                     com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
                     sweeps, lg_ptr, lg_idx)
+    checkpoint()
     if max_moves is None:
         max_moves = 10_000 if n * split <= 2_000 else 0
     moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
+    checkpoint()
     return _package(com, choice, load, "greedy", moves)
 
 

@@ -92,7 +92,9 @@ class ServiceCollector(Collector):
                 ("telemetry_deltas", "Port deltas ingested through the API",
                  svc.dp.posted_total),
                 ("announces", "Communication calls announced", c.announces),
-                ("sla_refused", "Announced calls whose SLA no path can meet", c.sla_refused)):
+                ("sla_refused", "Announced calls whose SLA no path can meet", c.sla_refused),
+                ("plans_yielded", "Whole plans that gave way to a fault report (computed "
+                 "again after it)", c.plans_yielded)):
             yield CounterMetricFamily(f"fabricpilot_{name}", doc, value=v)
 
 

@@ -15,16 +15,21 @@ controller and the data plane (the control loop and the twin hold it while they 
 the job registry (intents, tenancy checks, changes waiting to be planned) has its own small
 lock, so declaring, reading and announcing never wait for a plan to finish. The data plane
 publishes its path table copy-on-write, so readers see a consistent table without a lock.
+A fault report does not wait for a whole plan either: while it waits for ``lock`` it sets
+the controller's :attr:`~fabricpilot.controller.core.Controller.interrupt`, the plan gives
+way at its next check (installing nothing), the fault is healed, and the plan is computed
+again afterwards (a control period's at the next period, declared changes at the next plan).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -32,7 +37,7 @@ from typing import Any, cast
 from prometheus_client import generate_latest
 
 from fabricpilot.balancing.task_aware import job_intents
-from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
+from fabricpilot.controller.core import Controller, PlanInterrupted, pattern_pairs, rule_key
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
 from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared
@@ -80,6 +85,7 @@ class Counters:
     faults: int = 0
     announces: int = 0
     sla_refused: int = 0       # announced calls no path can serve within their SLA
+    plans_yielded: int = 0     # whole plans that gave way to a fault report (done again)
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -118,6 +124,9 @@ class FabricService:
         self.prep = prep
         self.store = store
         self.lock = threading.RLock()
+        # fault reports waiting for ``lock`` (while any does, a whole plan gives way)
+        self._urgent = 0
+        self._urgent_lock = threading.Lock()
         self.started_s = time.time()
         self.tick_interval_s = tick_interval_s
         self.plan_interval_s = plan_interval_s  # at most one plan of changes per interval
@@ -236,7 +245,16 @@ class FabricService:
                     self.dp.forget_task(task)
                 else:
                     self.controller.declare(intent)
-            self._plan(why, only=set(pending))
+            try:
+                self._plan(why, only=set(pending), may_yield=True)
+            except PlanInterrupted:  # a fault came first: these changes wait for the next
+                self.counters.plans_yielded += 1
+                log.info("plan gave way to a fault", extra={"fields": {"why": why}})
+                with self._changed:
+                    for task, intent in pending.items():  # (newer changes stay)
+                        self._pending.setdefault(task, intent)
+                    self._changed.notify_all()
+                return
         with self._changed:
             self._planned_upto = max(self._planned_upto, upto)
             self._changed.notify_all()
@@ -251,13 +269,15 @@ class FabricService:
     def _timed(self, kind: str, t0: float) -> None:
         self.observe_planner(kind, time.perf_counter() - t0)
 
-    def _plan(self, why: str, only: set[str] | None = None, resume: bool = False) -> None:
+    def _plan(self, why: str, only: set[str] | None = None, resume: bool = False,
+              may_yield: bool = False) -> None:
         """Plan the declared jobs (lock held): the jobs ``only`` by themselves, around the
         installed plan, when they are at most half of the jobs (withdrawn ones included)
         and the controller can
         (:meth:`~fabricpilot.controller.core.Controller.plan_jobs`); with ``resume``, the
         path sets restored as the plan (:meth:`~fabricpilot.controller.core.Controller.
-        resume`); every job otherwise."""
+        resume`); every job otherwise (giving way to a fault report if ``may_yield``:
+        :class:`~fabricpilot.controller.core.PlanInterrupted`)."""
         before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
         rep = None
@@ -267,7 +287,7 @@ class FabricService:
             rep = self.controller.plan_jobs(only)
         scope = "all" if rep is None else "resumed" if resume else "jobs"
         if rep is None:
-            rep = self.controller.plan()
+            rep = self.controller.plan(may_yield=may_yield)
             self.counters.plans += 1
         elif not resume:
             self.counters.job_plans += 1
@@ -283,6 +303,9 @@ class FabricService:
         t0 = time.perf_counter()
         rep = self.controller.tick(self.now_ns())
         self._timed("tick", t0)
+        if rep.interrupted:  # (weighed again at the next period)
+            self.counters.plans_yielded += 1
+            log.info("control period's plan gave way to a fault")
         if self.remote is not None:  # the remote twin's jobs' bus bandwidth, if it tells
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
@@ -602,9 +625,30 @@ class FabricService:
         except (KeyError, ValueError):
             raise ServiceError(422, f"endpoints: no link from {a!r} to {b!r}") from None
 
+    @contextlib.contextmanager
+    def _urgently(self) -> Iterator[None]:
+        """Hold ``lock``, taken ahead of a whole plan: while this waits for it, the
+        controller's :attr:`~fabricpilot.controller.core.Controller.interrupt` is set, so a
+        plan being computed gives way at its next check."""
+        ctl = self.controller
+        with self._urgent_lock:
+            self._urgent += 1
+            ctl.interrupt.set()
+        try:
+            self.lock.acquire()
+        finally:
+            with self._urgent_lock:
+                self._urgent -= 1
+                if not self._urgent:
+                    ctl.interrupt.clear()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     def report_fault(self, p: Principal, f: FaultIn) -> dict[str, Any]:
         lk = self._link_of(f)
-        with self.lock:
+        with self._urgently():
             fid = self.store.add_fault(time.time(), f.kind, lk, f.detail, p.name)
             self.counters.faults += 1
             before = self.dp.installed  # published copy-on-write: a snapshot

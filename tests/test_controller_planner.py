@@ -282,6 +282,23 @@ def test_later_sweeps_that_skip_untouched_demands_plan_as_full_sweeps(seed: int)
     assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
 
 
+@pytest.mark.parametrize(("factored", "odd", "split"), [(True, False, 4), (False, True, 3),
+                                                       (True, True, 1)])
+def test_a_plan_lists_the_links_of_each_demands_paths(factored: bool, odd: bool,
+                                                      split: int) -> None:
+    # the flattened links a plan carries (what the controller indexes it by) are, per
+    # demand, exactly the links of its planned paths, also for paths of several lengths,
+    # a link twice on a path or the same path twice
+    demands, cap = rail_demands(5, n=200, factored=factored, odd=odd)
+    plan = plan_greedy(demands, cap, split=split)
+    kl = plan.key_links
+    assert kl is not None and sorted(kl.keys) == sorted(plan.paths)
+    got: dict[str, set[int]] = {k: set() for k in kl.keys}
+    for lk, i in zip(kl.links.tolist(), kl.owner.tolist(), strict=True):
+        got[kl.keys[i]].add(lk)
+    assert got == {k: {lk for p, _ in shares for lk in p} for k, shares in plan.paths.items()}
+
+
 def test_link_groups_lists_every_group_with_a_column_on_the_link() -> None:
     # brute force over the compiled candidate structure of a rail plan: group g is on
     # link row r iff r is in one of g's columns

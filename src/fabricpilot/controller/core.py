@@ -38,6 +38,7 @@ from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import (
     Columns,
     Demand,
+    KeyLinks,
     LinkValues,
     Plan,
     _demand,
@@ -240,9 +241,21 @@ class _KeysByLink(Mapping[int, set[str]]):
         per_key = np.fromiter((len(r.paths) for r in sets), np.int64, len(sets))
         per_path = np.fromiter(map(len, paths), np.int64, len(paths))
         flat = np.fromiter(_chain(paths), np.int64, int(per_path.sum()))
+        owner = np.repeat(np.repeat(np.arange(len(keys), dtype=np.int64), per_key), per_path)
+        return cls.of_links(keys, flat, owner)
+
+    @classmethod
+    def of_links(cls, keys: list[str], flat: NDArray[np.int64], owner: NDArray[np.int64],
+                 ) -> _KeysByLink:
+        """The index of keys by their links: ``keys[owner[i]]`` uses link ``flat[i]``
+        (repeats allowed).
+
+        >>> idx = _KeysByLink.of_links(["a", "b"], np.array([2, 1, 2, 2]), np.array([0, 0, 1, 0]))
+        >>> sorted(idx[2]), sorted(idx)
+        (['a', 'b'], [1, 2])
+        """
         if not len(flat):
             return cls()
-        owner = np.repeat(np.repeat(np.arange(len(keys), dtype=np.int64), per_key), per_path)
         # one sort of every (link, key) use: radix for 16-bit link ids
         by_link = (np.argsort(flat.astype(np.uint16), kind="stable")
                    if int(flat.min()) >= 0 and int(flat.max()) < 1 << 16 else np.argsort(flat))
@@ -960,7 +973,11 @@ class Controller:
         installed = self._installed
         changed = [r for r in sets if r.key not in installed or installed[r.key] != r]
         self.dp.install(changed)
-        self._record_all(sets, rules=report.pinned > 0)
+        # (the plan's own link arrays index the sets, if every path is the plan's: no path
+        # was left to its hash; they are dropped then, being the plan's paths' only)
+        links, plan.key_links = plan.key_links, None
+        self._record_all(sets, rules=report.pinned > 0,
+                         links=links if not report.unpinned else None)
         self.current = plan
         self._links_changed = False
         self._up_since.clear()
@@ -1049,14 +1066,17 @@ class Controller:
                 held.update(sw for pinned in r.rules for sw, _ in pinned)
             installed[key] = r
 
-    def _record_all(self, sets: list[PathSet], rules: bool = True) -> None:
+    def _record_all(self, sets: list[PathSet], rules: bool = True,
+                    links: KeyLinks | None = None) -> None:
         """Remember ``sets`` as all the installed path sets (forgetting the others), as
         :meth:`_record` does from empty, in bulk: the keys per link are indexed by one sort.
-        ``rules=False`` says that no set has an explicit rule."""
+        ``rules=False`` says that no set has an explicit rule; ``links``, if given, are the
+        links of the sets' paths (read from them otherwise)."""
         self._installed = {r.key: r for r in sets}
         self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
                             if rules else Counter())
-        self._on_link = _KeysByLink.of(sets)
+        self._on_link = (_KeysByLink.of(sets) if links is None else
+                         _KeysByLink.of_links(links.keys, links.links, links.owner))
 
     def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
         """Measured load the current plan does not account for, on the fabric links (the

@@ -87,6 +87,20 @@ class Plan:
     # the candidate structure the plan was made on (for re-placing parts of it later:
     # :func:`replace_parts`), if made by :func:`plan_greedy`
     columns: Columns | None = field(default=None, repr=False, compare=False)
+    # the links of each demand's paths as arrays, if made by :func:`plan_greedy` (for
+    # indexing the plan by link without reading its paths; a user may drop it)
+    key_links: KeyLinks | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class KeyLinks:
+    """The links of every demand's paths in a plan, flattened: demand ``keys[owner[i]]``
+    has link ``links[i]`` on one of its paths (as many times as it has paths through it, or
+    fewer; every link of its paths at least once)."""
+
+    keys: list[str]
+    links: NDArray[np.int64]
+    owner: NDArray[np.int64]
 
 
 class LinkValues(Mapping[int, float]):
@@ -1098,7 +1112,21 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
-                columns=Columns.of(com))
+                columns=Columns.of(com), key_links=_key_links(com, choice))
+
+
+def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
+    """The links of every demand's paths under ``choice``: its fixed links once, and the
+    links of the column of each of its parts (a path is its fixed links and its column's,
+    as a set)."""
+    n, split = choice.shape
+    cols = (com.g_col0[com.grp][:, None] + choice).reshape(-1)
+    c_len = com.c_ptr[cols + 1] - com.c_ptr[cols]
+    rows = np.concatenate((com.fix_idx, com.c_idx[_ranges(com.c_ptr[cols], c_len)]))
+    ids = np.arange(n, dtype=np.int64)
+    owner = np.concatenate((np.repeat(ids, np.diff(com.fix_ptr)),
+                            np.repeat(np.repeat(ids, split), c_len)))
+    return KeyLinks([d.key for d in com.demands], com.links[rows], owner)
 
 
 _WARM: list[bool] = []

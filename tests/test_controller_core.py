@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -242,6 +243,37 @@ def test_small_or_unhelpful_changes_do_not_replan(u: float) -> None:
     rep = ctl.tick()
     assert not rep.replanned and len(dp.installed) == n_installed
     assert (rep.background_gbps == {}) == (u == 0.3)
+
+
+def test_a_hot_link_no_plan_relieves_is_weighed_once_until_something_changes() -> None:
+    """Both leaf0 uplinks at 95 % (280 Gb/s each unaccounted): every plan leaves lambda at
+    0.95, so the first period weighs one and does not install it; the next periods, on the
+    same plan, jobs and background, compute none (no plan for lambda 0.95 -> 0.95 each
+    period). The background moving by more than 5 % of a link (20 Gb/s) is weighed again,
+    as is a job declared again, and a change below the tolerance is not."""
+    dp, ctl, used, other = _two_pair_job()
+    solves = _count_solves(ctl)
+    dp.deltas = [_util(used, 0.95), _util(other, 0.95)]
+    rep = ctl.tick()
+    assert rep.lambda_before == pytest.approx(0.95) and rep.lambda_after == pytest.approx(0.95)
+    assert not rep.replanned and not rep.skipped and solves == [1]
+    for _ in range(3):
+        rep = ctl.tick()
+        assert rep.skipped and not rep.replanned and rep.lambda_after == pytest.approx(0.95)
+    assert solves == [1]
+    # 0.95 -> 0.96 on one uplink: the smoothed background moves by less than 4 Gb/s
+    dp.deltas = [_util(used, 0.96), _util(other, 0.95)]
+    assert ctl.tick().skipped and solves == [1]
+    # the other uplink drops to 0.8: its background falls by more than 20 Gb/s (smoothed)
+    dp.deltas = [_util(used, 0.96), _util(other, 0.8)]
+    for _ in range(3):
+        ctl.tick()
+    assert len(solves) == 2
+    # a job declared again (a new intent object) is weighed again
+    n = len(solves)
+    ctl.declare(replace(ctl.intents["a"]))
+    ctl.tick()
+    assert len(solves) == n + 1
 
 
 def test_no_plan_is_computed_while_no_fabric_link_is_hot() -> None:
@@ -631,8 +663,6 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     only the dead shares get new paths (none through the dead links), the weights still sum
     to 1, and the plan's loads and indexes match the installed sets. Both ways of healing:
     on the plan's compiled candidates, and the general one (the plan without them)."""
-    from dataclasses import replace
-
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
     from fabricpilot.nccltests import default_cluster
@@ -677,8 +707,6 @@ def test_a_dead_share_that_would_overload_a_link_is_spread(compiled: bool) -> No
     some link to 500 / 400 = 1.25; both ways of healing (the compiled one and the general
     one) split such a QP into 4 QPs of 25 Gb/s on the least loaded paths instead, so lambda
     stays below 1.25, and some new path carries a fraction of a dead share."""
-    from dataclasses import replace
-
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
     from fabricpilot.nccltests import default_cluster
@@ -742,8 +770,6 @@ class _RulesOnly:
     ECMP hash hidden from the controller (as switches that do not expose it)."""
 
     def __init__(self, twin: object) -> None:
-        from dataclasses import replace
-
         self._twin = twin
         self._view = replace(twin.fabric(), ecmp=None)
 

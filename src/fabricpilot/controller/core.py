@@ -178,6 +178,9 @@ class TickReport:
     # the new plan gave way to urgent work (:attr:`Controller.interrupt`) before it was
     # weighed: the next period weighs one again
     interrupted: bool = False
+    # no new plan computed: the last one weighed (not installed; its lambda is
+    # ``lambda_after``) was made on the same plan, jobs, links and nearly the same background
+    skipped: bool = False
 
 
 class PlanInterrupted(RuntimeError):
@@ -347,6 +350,9 @@ class Controller:
         # checked only inside plans that may give way (``_yielding``)
         self.interrupt = Interrupt()
         self._may_yield = False
+        # the last whole plan weighed and not installed: on what (the plan, the intents, the
+        # background) and its lambda (see _weighed_alike)
+        self._weighed: tuple[Plan, dict[str, Intent], dict[int, float], float] | None = None
         # links went down or gray since the last whole plan: the next control period weighs
         # a whole plan again once (a heal is local); links back up (since when, in ns: None
         # until known) are weighed so once they stay up the hold-down
@@ -1571,7 +1577,11 @@ class Controller:
         lowers the largest fabric-link utilisation (background included) by at least
         ``replan_gain`` of the current one, and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
-        never flaps back, since it is compared against itself at the next tick."""
+        never flaps back, since it is compared against itself at the next tick. A plan
+        weighed and not installed is not computed again while the plan, the jobs and the
+        links stay as they were and no link's background moves by more than
+        ``replan_background_tolerance`` of its capacity: a hot link no plan can relieve
+        costs one plan, not one per period."""
         with _gc_paused():
             return self._tick(now_ns)
 
@@ -1597,6 +1607,10 @@ class Controller:
             # no fabric link is (or, with the plan's load, would be) hot: nothing for a new
             # plan to fix, so none is computed
             return TickReport(False, hot, bg, before, before)
+        if not changed and self._weighed_alike(bg):  # (it would lose again)
+            assert self._weighed is not None
+            return TickReport(False, hot, bg, before, self._weighed[3], skipped=True)
+        self._weighed = None
         # (the demands the installed plan was made of stay, unless the new plan is installed:
         # a failure under it is healed on them)
         kept = self._kept()
@@ -1612,10 +1626,26 @@ class Controller:
         after = self._fabric_lambda(plan.link_load_gbps, bg)
         if after > (1.0 - self.params.replan_gain) * before:
             self._restore(kept)
+            self._weighed = (self.current, dict(self.intents), bg, after)
             return TickReport(False, hot, bg, before, after)
         report = self._install(plan, sets, report, len(demands))
         self.replans += 1
         return TickReport(True, hot, bg, before, after, report)
+
+    def _weighed_alike(self, bg: dict[int, float]) -> bool:
+        """Whether the last whole plan weighed and not installed was made on the installed
+        plan, the intents as they are and a background (Gb/s per link) that ``bg`` differs
+        from by at most ``replan_background_tolerance`` of any link's capacity."""
+        if self._weighed is None:
+            return False
+        plan, intents, bg0, _ = self._weighed
+        now = self.intents
+        if (plan is not self.current or intents.keys() != now.keys()
+                or any(now[k] is not v for k, v in intents.items())):
+            return False
+        tol, links = self.params.replan_background_tolerance, self.view.links
+        return all(abs(bg.get(lk, 0.0) - bg0.get(lk, 0.0)) <= tol * links[lk].capacity_gbps
+                   for lk in bg.keys() | bg0.keys())
 
     def _held_down_long_enough(self, now_ns: float | None) -> bool:
         """Whether a link back up has now stayed up ``link_up_holddown_ns`` (it is then

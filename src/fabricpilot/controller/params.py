@@ -19,7 +19,10 @@ class ControllerParams:
     QPs. After links go down or gray, the next control period weighs a whole plan; a link
     back up is weighed so only once it has stayed up ``link_up_holddown_ns`` (counted from
     when the data plane saw it back, else from the first control period that sees it up: a
-    flapping link does not pull traffic back between its flaps)."""
+    flapping link does not pull traffic back between its flaps). A whole plan weighed and
+    not installed is not weighed again while the plan, the jobs and the links stay as they
+    were and the background load of no link moves by more than
+    ``replan_background_tolerance`` of its capacity (it would lose again)."""
 
     control_latency_ns: int = 10_000
     parts: int = 4
@@ -34,3 +37,4 @@ class ControllerParams:
     debounce_window_ns: float = 500e6
     heal_spread_over: float = 0.02
     link_up_holddown_ns: float = 1_000_000
+    replan_background_tolerance: float = 0.05

@@ -784,6 +784,13 @@ class ControllerSpec(_Model):
         "once it has stayed up this long: a flapping link does not pull traffic back",
     )
 
+    replan_background_tolerance: float = Field(
+        default=0.05, ge=0, le=1, allow_inf_nan=False,
+        description="a whole plan weighed and not installed is weighed again only once the "
+        "background load of some link moved by more than this share of its capacity (or "
+        "the jobs, the links or the plan changed)",
+    )
+
     _quantities = field_validator(
         "control_latency_ns", "replan_interval_ns", "link_up_holddown_ns", mode="before",
     )(_convert_quantity)
@@ -794,7 +801,8 @@ class ControllerSpec(_Model):
             float(self.replan_interval_ns) if self.replan_interval_ns else float("inf"),
             self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries,
             heal_spread_over=self.heal_spread_over,
-            link_up_holddown_ns=float(self.link_up_holddown_ns))
+            link_up_holddown_ns=float(self.link_up_holddown_ns),
+            replan_background_tolerance=self.replan_background_tolerance)
 
 
 # --- jobs -----------------------------------------------------------------------------------

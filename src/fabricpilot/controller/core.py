@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,6 +103,67 @@ def _path_set(key: str, paths: tuple[tuple[int, ...], ...], weights: tuple[float
 
 if hasattr(PathSet, "__post_init__"):  # pragma: no cover - checks to keep: the plain way
     _path_set = PathSet  # type: ignore[assignment]
+
+
+def _merge_pieces(paths: Sequence[tuple[int, ...]], weights: Sequence[float],
+                  ports: Sequence[int], rules: Sequence[tuple[tuple[str, int], ...]],
+                  dead: list[int], picks: list[list[int]], cands: tuple[tuple[int, ...], ...],
+                  head: tuple[int, ...], tail: tuple[int, ...], taken: list[int],
+                  ) -> tuple[list[tuple[int, ...]], list[float], list[int],
+                             list[tuple[tuple[str, int], ...]], list[int]]:
+    """A path set's slots once its dead shares have moved. The share of slot ``dead[i]``
+    goes to candidates ``picks[i]`` (one candidate then -2s: whole; else in equal pieces),
+    each piece's path ``head + cands[c] + tail`` joining the share already on it, else
+    taking the dead share's slot (its first new path) or a new slot at the end; emptied
+    slots go. A new path's port is -1 (to steer) and it has no rule; every piece's
+    candidate links are appended to ``taken``. Returns the paths, weights, ports, rules
+    and the slots of the new paths.
+
+    Slot 0 (candidate (5,)) is dead and moves to candidate (6,), which slot 1 has: the
+    two shares merge into one slot, and nothing is new:
+
+    >>> _merge_pieces([(1, 5, 2), (1, 6, 2)], [0.5, 0.5], [7, 8], [(), ()], [0], [[1, -2]],
+    ...               ((5,), (6,), (9,)), (1,), (2,), [])
+    ([(1, 6, 2)], [1.0], [8], [()], [])
+
+    Spread in two pieces over candidates (6,) and (9,): half joins slot 1, half a new path
+    in the dead share's slot:
+
+    >>> _merge_pieces([(1, 5, 2), (1, 6, 2)], [0.5, 0.5], [7, 8], [(), ()], [0], [[1, 2]],
+    ...               ((5,), (6,), (9,)), (1,), (2,), [])
+    ([(1, 9, 2), (1, 6, 2)], [0.25, 0.75], [-1, 8], [(), ()], [0])
+    """
+    ps, ws, pts, rls = list(paths), list(weights), list(ports), list(rules)
+    merged = False
+    fresh: list[int] = []  # the slots of new paths
+    for row, j in zip(picks, dead, strict=True):
+        pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
+        w = ws[j] / len(pieces)
+        ws[j] = 0.0  # (the dead share's slot, for its first new path)
+        free = True
+        for c in pieces:
+            mid = cands[c]
+            taken.extend(mid)
+            p = head + mid + tail
+            if p in ps:  # (a live share's path, or one a dead share took just now)
+                ws[ps.index(p)] += w
+            elif free:
+                ps[j], ws[j], pts[j], rls[j] = p, w, -1, ()
+                fresh.append(j)
+                free = False
+            else:
+                fresh.append(len(ps))
+                ps.append(p)
+                ws.append(w)
+                pts.append(-1)
+                rls.append(())
+        merged |= free
+    if merged:  # the emptied slots go
+        keep = [j for j, w in enumerate(ws) if w > 0.0]
+        ps, ws = [ps[j] for j in keep], [ws[j] for j in keep]
+        pts, rls = [pts[j] for j in keep], [rls[j] for j in keep]
+        fresh = [j for j, port in enumerate(pts) if port < 0]
+    return ps, ws, pts, rls, fresh
 
 
 def _set_load(sets: list[PathSet], rate_gbps: dict[str, float]) -> dict[int, float]:
@@ -1482,38 +1543,11 @@ class Controller:
                     n_start.append(base + j)
                     now.append((k, ps, old.weights, pts, rls))
                     continue
-            ps_l, ws = list(ps), list(old.weights)
-            pts, rls = ((list(old.ports), list(old.rules)) if steered  # (else: placeholders)
-                        else ([0] * len(ps_l), [()] * len(ps_l)))
-            merged = False
-            fresh: list[int] = []  # the slots of new paths
-            for row, j in zip(picks, dead, strict=True):
-                pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
-                w = ws[j] / len(pieces)
-                ws[j] = 0.0  # (the dead share's slot, for its first new path)
-                free = True
-                for c in pieces:
-                    mid = cands[c]  # (the kernel added its links to the dense load)
-                    taken.extend(mid)
-                    p = head + mid + tail
-                    if p in ps_l:  # (a live share's path, or one a dead share took just now)
-                        ws[ps_l.index(p)] += w
-                    elif free:
-                        ps_l[j], ws[j], pts[j], rls[j] = p, w, -1, ()
-                        fresh.append(j)
-                        free = False
-                    else:
-                        fresh.append(len(ps_l))
-                        ps_l.append(p)
-                        ws.append(w)
-                        pts.append(-1)
-                        rls.append(())
-                merged |= free
-            if merged:  # the emptied slots go
-                keep = [j for j, w in enumerate(ws) if w > 0.0]
-                ps_l, ws = [ps_l[j] for j in keep], [ws[j] for j in keep]
-                pts, rls = [pts[j] for j in keep], [rls[j] for j in keep]
-                fresh = [j for j, port in enumerate(pts) if port < 0]
+            # (the kernel added the new paths' candidate links to the dense load)
+            ps_l, ws, pts, rls, fresh = _merge_pieces(
+                ps, old.weights, old.ports if steered else [0] * len(ps),
+                old.rules if steered else [()] * len(ps), dead, picks, cands, head, tail,
+                taken)
             # the index: the links the key leaves and takes (candidate links only: its
             # head and tail stay)
             was_l, now_l = set(_chain(ps)), set(_chain(ps_l))

@@ -88,3 +88,34 @@ def test_a_twin_process_that_cannot_start_says_why_in_one_line() -> None:
     with pytest.raises(SouthboundError) as err:
         tp.wait_ready(timeout_s=30)
     assert str(err.value) == "the twin process failed to start: it exited with code -9"
+
+
+def test_a_twin_process_that_died_is_started_again_with_the_controllers_rules(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The service's twin process is killed: the control loop starts it again (a new run of
+    the scenario on the same fabric) and sends it every path set the controller had
+    installed, its congestion table and QoS; the restart is counted and in the events. A
+    twin that is running is left alone."""
+    from fabricpilot.service.control import ServiceSpec
+    from fabricpilot.service.server import build_service
+
+    svc = build_service(ServiceSpec(default_scenario(), "default", tmp_path / "state",
+                                    twin=True, twin_process=True))
+    try:
+        tp = svc.remote
+        assert isinstance(tp, TwinProcess) and svc.dp.installed
+        assert not svc.revive_twin()  # (running)
+        first = tp.process.pid
+        tp.process.kill()
+        tp.process.wait(10)
+        assert tp.gone == "the twin process is not running (exit code -9)"
+        assert svc.revive_twin()
+        assert tp.gone is None and tp.process.pid != first and tp.restarts == 1
+        assert {ps.key: ps for ps in tp.rules()} == svc.dp.installed
+        assert svc.remote_status["running"] and svc.counters.twin_restarts == 1
+        assert svc.events[-1]["kind"] == "twin-restart"
+        assert "exit code -9" in svc.events[-1]["why"]
+        assert not svc.revive_twin()
+    finally:
+        svc.stop()
+    assert tp.process.returncode is not None

@@ -94,7 +94,9 @@ class ServiceCollector(Collector):
                 ("announces", "Communication calls announced", c.announces),
                 ("sla_refused", "Announced calls whose SLA no path can meet", c.sla_refused),
                 ("plans_yielded", "Whole plans that gave way to a fault report (computed "
-                 "again after it)", c.plans_yielded)):
+                 "again after it)", c.plans_yielded),
+                ("twin_restarts", "Times the twin's process died and was started again",
+                 c.twin_restarts)):
             yield CounterMetricFamily(f"fabricpilot_{name}", doc, value=v)
 
 

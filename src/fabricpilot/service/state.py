@@ -45,6 +45,7 @@ from fabricpilot.service.auth import Principal
 from fabricpilot.service.metrics import service_registry
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
 from fabricpilot.service.southbound_http import (
+    SouthboundError,
     pathset_from_dict,
     pathset_to_dict,
 )
@@ -86,6 +87,7 @@ class Counters:
     announces: int = 0
     sla_refused: int = 0       # announced calls no path can serve within their SLA
     plans_yielded: int = 0     # whole plans that gave way to a fault report (done again)
+    twin_restarts: int = 0     # the twin's process died and was started again
 
 
 def intent_to_dict(intent: Intent) -> dict[str, Any]:
@@ -158,6 +160,10 @@ class FabricService:
         self._changed_at: dict[str, int] = {}  # task -> the change that last touched it
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
+        # a twin process that died is started again, at most once per this many seconds
+        # (doubling while it fails to start, up to a minute)
+        self._revive_wait_s = 1.0
+        self._revive_at = 0.0
         self.events: deque[dict[str, Any]] = deque(maxlen=200)  # reroutes, heals, faults
         self.runner: TwinRunner | None = None
         # task -> (pattern, pairs, bucket) -> the call announced for it last
@@ -223,6 +229,7 @@ class FabricService:
                 return
             now = time.monotonic()
             try:
+                self.revive_twin()
                 if now >= next_tick:
                     next_tick = now + self.tick_interval_s
                     with self.lock:
@@ -258,6 +265,39 @@ class FabricService:
         with self._changed:
             self._planned_upto = max(self._planned_upto, upto)
             self._changed.notify_all()
+
+    def revive_twin(self) -> bool:
+        """If the twin's process died, start it again (without the controller's lock: it
+        takes a while) and send it what the controller had installed: every path set, the
+        congestion table and the QoS map. At most once per ``_revive_wait_s`` (doubling
+        while it fails to start). Returns whether it was started again."""
+        remote = self.remote
+        restart = getattr(remote, "restart", None)
+        why = getattr(remote, "gone", None)
+        if restart is None or why is None or time.monotonic() < self._revive_at:
+            return False
+        try:
+            restart()
+        except SouthboundError as err:
+            self._revive_at = time.monotonic() + self._revive_wait_s
+            self._revive_wait_s = min(2 * self._revive_wait_s, 60.0)
+            log.warning("twin restart failed", extra={"fields": {"why": str(err)}})
+            return False
+        assert remote is not None
+        self._revive_wait_s = 1.0
+        with self.lock:
+            sets = list(self.dp.installed.values())
+            remote.install(sets)
+            if self.dp.congestion:
+                remote.push_congestion_table(dict(self.dp.congestion))
+            if self.dp.qos:
+                remote.set_qos(dict(self.dp.qos))
+            self.remote_status = remote.status()
+            self.counters.twin_restarts += 1
+            self.events.append({"at_s": time.time(), "kind": "twin-restart", "why": why,
+                                "path_sets": len(sets), "keys": []})
+        log.warning("twin restarted", extra={"fields": {"why": why, "path_sets": len(sets)}})
+        return True
 
     # ------------------------------------------------------------ control
     def now_ns(self) -> float:

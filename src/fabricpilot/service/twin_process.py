@@ -15,7 +15,9 @@ and make every API call wait its turn. Apart, it runs at a lower CPU priority (`
 instead of slowing the API.
 
 The twin process lives as long as its controller: it exits when the socket closes (the
-control process stopped, or died), so it is never orphaned.
+control process stopped, or died), so it is never orphaned. If it dies first,
+:meth:`TwinProcess.restart` starts it again (the service's control loop does, then sends it
+the controller's rules).
 """
 
 from __future__ import annotations
@@ -101,6 +103,16 @@ class TwinProcess:
 
     def __init__(self, scenario: Scenario, source: str, *, time_scale: float = 1e-3,
                  nice: int = 10, log_level: str = "WARNING") -> None:
+        self._lock = threading.Lock()
+        self.view: FabricView | None = None
+        self._jobs: list[dict[str, Any]] = []
+        self.telemetry_failures = 0
+        self.restarts = 0
+        self._setup = (scenario, source, time_scale, nice, log_level)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """Start the child and tell it what to run (it answers :meth:`wait_ready`)."""
         ours, theirs = socket.socketpair()
         with theirs:
             self.process = subprocess.Popen(
@@ -110,12 +122,30 @@ class TwinProcess:
                 stdout=subprocess.DEVNULL)
         self._sock = ours
         self._stream = ours.makefile("rb")
-        self._lock = threading.Lock()
         self._gone: str | None = None
-        self.view: FabricView | None = None
-        self._jobs: list[dict[str, Any]] = []
-        self.telemetry_failures = 0
-        send(ours, (scenario, source, time_scale, nice, log_level))
+        send(ours, self._setup)
+
+    @property
+    def gone(self) -> str | None:
+        """Why the child is not running (``None`` while it is)."""
+        if self._gone is None and self.process.poll() is not None:
+            return f"the twin process is not running (exit code {self.process.returncode})"
+        return self._gone
+
+    def restart(self, timeout_s: float = 600.0) -> None:
+        """Start the twin again once its process has died: a new run of the scenario on the
+        same fabric, holding no rules (the caller installs them again). Calls made
+        meanwhile wait for it; :class:`SouthboundError` if it does not start."""
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+                self._sock.close()
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait(5.0)
+            self._spawn()
+            self.wait_ready(timeout_s)
+            self.restarts += 1
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Wait until the child has built the twin; raise :class:`SouthboundError` with its
@@ -129,12 +159,16 @@ class TwinProcess:
             first = None
         self._sock.settimeout(None)
         if isinstance(first, tuple) and len(first) == 3 and first[0] == "ready":
-            self.view = view_from_dict(first[1])
-            self._jobs = list(first[2])
-            return
+            view = view_from_dict(first[1])
+            if self.view is not None and view.links != self.view.links:  # (a restart)
+                first = ("error", "it came back with another fabric")
+            else:
+                self.view = view
+                self._jobs = list(first[2])
+                return
         why = first[1] if isinstance(first, tuple) and len(first) > 1 else (
             f"it exited with code {self._exit_code(5.0)}")
-        self.close()
+        self._stop_child()
         raise SouthboundError(f"the twin process failed to start: {why}")
 
     def _exit_code(self, wait_s: float) -> int | None:
@@ -205,9 +239,13 @@ class TwinProcess:
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the twin: closing the socket tells it to exit."""
         with self._lock:
-            self._gone = self._gone or "the twin process was stopped"
-            self._stream.close()
-            self._sock.close()
+            self._stop_child(timeout_s)
+
+    def _stop_child(self, timeout_s: float = 10.0) -> None:
+        """:meth:`close` (the lock held, or not needed)."""
+        self._gone = self._gone or "the twin process was stopped"
+        self._stream.close()
+        self._sock.close()
         if self._exit_code(timeout_s) is None:
             self.process.kill()
             self.process.wait(5.0)

@@ -874,6 +874,49 @@ def _check_consistent(ctl: Controller) -> None:
     assert ctl.current.max_utilization == pytest.approx(fabric_max)
 
 
+@pytest.mark.parametrize("hashed", [True, False])
+def test_heals_on_a_fat_tree_whose_candidates_share_links(
+        hashed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a k = 4 fat-tree, paths between pods share edge-aggregation links (two of the four
+    go through each aggregation switch): candidate columns are not link-disjoint, so the
+    compiled heal finds the links a pair leaves and takes against its other paths too.
+    With three QPs per pair, a pair has two paths through one aggregation switch. Links
+    from aggregation to core switches fail one after the other (each healed on the
+    compiled candidates): some QP leaves such a pair's shared edge-aggregation link for a
+    new path while the pair's other path keeps it, and after every failure the plan, the
+    load and the link index are those of the installed sets. On the twin (``hashed``) some
+    new paths need explicit rules (the index then follows the sets); on a data plane that
+    forwards by rules alone, none does (the index takes the heal's own link changes)."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.topology import compile_topology, fat_tree
+
+    ct = compile_topology(fat_tree(k=4, gpus_per_host=1, rail_optimized=False))
+    twin = TaskAware(PolicyContext(ct, 1, 600))
+    ctl = Controller(twin if hashed else _RulesOnly(twin),  # type: ignore[arg-type]
+                     ControllerParams(parts=3))
+    ctl.declare(Intent("a", "t", tuple(range(16)), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    assert ctl.current is not None and ctl.current.columns is not None
+    assert not ctl.current.columns.g_disjoint.all()
+    links = ctl.view.links
+    up = sorted(lk for lk, li in links.items()
+                if li.src.startswith("agg") and li.dst.startswith("core"))
+    calls = _count_kernel_calls(monkeypatch)
+    kept_shared = 0  # moves off a path whose edge-aggregation link another path keeps
+    for n, dead in enumerate(up[::2], 1):
+        before = {k: set(ps.paths) for k, ps in ctl._installed.items()}
+        assert ctl.on_links_changed([dead], []).affected > 0
+        assert calls == [1] * n  # (healed on the compiled candidates)
+        _check_consistent(ctl)
+        for k, old in before.items():
+            now = set(ctl._installed[k].paths)
+            for gone in old - now:
+                if now - old and any(gone[1] in p for p in now):
+                    kept_shared += 1
+    assert kept_shared > 0
+
+
 def test_declaring_changing_and_withdrawing_jobs_one_at_a_time() -> None:
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware

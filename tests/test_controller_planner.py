@@ -315,6 +315,15 @@ def test_link_groups_lists_every_group_with_a_column_on_the_link() -> None:
     assert len(ptr) == len(com.links) + 1
     assert {r: idx[ptr[r]:ptr[r + 1]].tolist() for r in on} == {
         r: sorted(gs) for r, gs in on.items()}
+    # the columns a plan keeps say which groups have link-disjoint columns (some here do
+    # not: demands whose paths repeat a link or differ in length)
+    from fabricpilot.controller.planner import Columns
+
+    want = []
+    for g in range(com.n_groups):
+        rows = com.c_idx[com.c_ptr[com.g_col0[g]]:com.c_ptr[com.g_col0[g] + com.g_ncand[g]]]
+        want.append(len(set(rows.tolist())) == len(rows))
+    assert Columns.of(com).g_disjoint.tolist() == want and not all(want)
 
 
 def test_aggregated_factored_and_per_demand_plans_are_the_same() -> None:

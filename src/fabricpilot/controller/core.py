@@ -1458,10 +1458,10 @@ class Controller:
                 continue
             dead = ([live.index(False)] if n_dead == 1 else
                     [j for j, ok in enumerate(live) if not ok])
-            todo.append((k, d, old, dead))
             # (a demand's paths are its head, a candidate and its tail: a share that moves
             # changes the load of its candidate's links only)
             rate, ws, g, u, nh, nt = d.rate_gbps, old.weights, hit[1], hit[2], len(head), len(tail)
+            todo.append((k, d, old, dead, g))
             for j in dead:
                 p = ps[j]
                 out = rate * ws[j]
@@ -1498,8 +1498,9 @@ class Controller:
         taken: list[int] = []
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
         d_gbps: list[float] = []
+        disjoint = cols.g_disjoint.tolist()
         i = 0
-        for k, d, old, dead in todo:
+        for k, d, old, dead, g in todo:
             picks = choice[i:i + len(dead)]
             i += len(dead)
             head, tail, cands = d.head, d.tail, d.candidates
@@ -1524,9 +1525,18 @@ class Controller:
                 if p not in ps:
                     j = dead[0]
                     taken.extend(mid)
-                    was, rest = ps[j], ps[:j] + ps[j + 1:]
-                    moves.append((k, set(was).difference(p, *rest),
-                                  set(p).difference(was, *rest)))
+                    was = ps[j]
+                    if disjoint[g]:
+                        # (link-disjoint columns: two candidates share only the tuple's
+                        # fixed links, head and tail, which every path of the set has; so
+                        # no other path has a link of the old path that the new one lacks,
+                        # nor one of the new path that the old one lacks)
+                        o, n = set(was), set(p)
+                        moves.append((k, o - n, n - o))
+                    else:
+                        rest = ps[:j] + ps[j + 1:]
+                        moves.append((k, set(was).difference(p, *rest),
+                                      set(p).difference(was, *rest)))
                     ps = (*ps[:j], p, *ps[j + 1:])
                     if not steered:
                         now.append((k, ps, old.weights, (), ()))

@@ -1239,6 +1239,7 @@ class Columns:
     c_idx: NDArray[np.int64]
     ufix_ptr: NDArray[np.int64]
     ufix_idx: NDArray[np.int64]
+    g_disjoint: NDArray[np.bool_]  # per group: its columns share no link
 
     @classmethod
     def of(cls, com: _Commodities) -> Columns:
@@ -1247,7 +1248,7 @@ class Columns:
         tuple_of = {id(t): (t, g, u) for u, (t, g) in enumerate(zip(com.u_obj, u_grp,
                                                                     strict=True)) if g >= 0}
         return cls(com.links, tuple_of, com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
-                   com.ufix_ptr, com.ufix_idx)
+                   com.ufix_ptr, com.ufix_idx, com.g_disjoint)
 
     def find(self, candidates: tuple[tuple[int, ...], ...]) -> tuple[int, int] | None:
         """``(group, unique tuple)`` of a candidate tuple the plan was made on, else None."""
@@ -1298,7 +1299,8 @@ class Columns:
                        np.concatenate((self.c_ptr, self.c_ptr[-1] + np.cumsum(col_len))),
                        np.concatenate((self.c_idx, c_idx)),
                        np.concatenate((self.ufix_ptr, self.ufix_ptr[-1] + np.cumsum(fix_len))),
-                       np.concatenate((self.ufix_idx, ufix_idx)))
+                       np.concatenate((self.ufix_idx, ufix_idx)),
+                       np.concatenate((self.g_disjoint, other.g_disjoint[groups])))
 
 
 def compile_columns(demands: Sequence[Demand], capacity: Mapping[int, float]) -> Columns:

@@ -463,7 +463,7 @@ def test_the_hold_down_counts_from_the_time_a_link_came_back_if_given() -> None:
     assert rep.replanned and rep.lambda_after == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("stage", ["demands", "planner", "steering"])
+@pytest.mark.parametrize("stage", ["demands", "planner", "placement", "paths", "steering"])
 def test_a_whole_plan_gives_way_to_urgent_work_and_is_weighed_again(
         stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another thread sets the controller's interrupt while a control period computes a
@@ -491,6 +491,17 @@ def test_a_whole_plan_gives_way_to_urgent_work_and_is_weighed_again(
     elif stage == "planner":  # (set inside the planner: its next stage stops)
         monkeypatch.setattr(core.planner, "_Commodities",
                             interrupting(core.planner._Commodities))
+    elif stage == "placement":  # (set just before the compiled placement reads the flag)
+        monkeypatch.setattr(core.planner, "_link_groups",
+                            interrupting(core.planner._link_groups))
+    elif stage == "paths":  # (set just before the paths are written: they stop at once)
+        fill = core.planner._fill_paths
+
+        def fill_interrupted(*a, **k):  # type: ignore[no-untyped-def]
+            ctl.interrupt.set()
+            return fill(*a, **k)
+
+        monkeypatch.setattr(core.planner, "_fill_paths", fill_interrupted)
     else:
         monkeypatch.setattr(ctl, "steer_plan", interrupting(ctl.steer_plan))
     rep = ctl.tick()

@@ -299,6 +299,52 @@ def test_a_plan_lists_the_links_of_each_demands_paths(factored: bool, odd: bool,
     assert got == {k: {lk for p, _ in shares for lk in p} for k, shares in plan.paths.items()}
 
 
+def test_a_plan_stops_when_its_stop_flag_is_set() -> None:
+    # the placement reads the flag before each demand and the paths are written in chunks
+    # that read it too: set, the plan raises (after its checkpoint, which may raise first)
+    from fabricpilot.controller.planner import (
+        PlanStopped,
+        _Commodities,
+        _fill_paths,
+        _link_groups,
+        _place,
+    )
+
+    demands, cap = rail_demands(2, n=200, factored=True)
+    stop = np.ones(1, np.bool_)
+    with pytest.raises(PlanStopped):
+        plan_greedy(demands, cap, split=4, stop=stop)
+    seen: list[int] = []
+
+    class Raised(Exception):
+        pass
+
+    def checkpoint() -> None:
+        seen.append(1)
+        if len(seen) == 2:  # (the first call comes after compiling, the second after placing)
+            raise Raised
+
+    with pytest.raises(Raised):
+        plan_greedy(demands, cap, split=4, stop=stop, checkpoint=checkpoint)
+    # the compiled placement: stopped before its first demand, nothing placed or loaded
+    com = _Commodities(demands, cap, None)
+    load = com.bg.copy()
+    lg = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx, len(com.links))
+    placed = _place(np.arange(len(com.demands)), com.grp, com.rate, com.fix_ptr, com.fix_idx,
+                    com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
+                    load, 4, 2, *lg, stop)
+    assert (placed == -1).all() and not load.any()
+    # writing the paths: stopped before the first chunk, none written
+    paths: dict[str, list] = {}
+    choice = np.zeros((len(com.demands), 2), np.int64)
+    assert not _fill_paths(com, choice, paths, [0.0, 0.5, 1.0], stop) and paths == {}
+    assert _fill_paths(com, choice, paths, [0.0, 0.5, 1.0]) and len(paths) == len(demands)
+    # not set: the same plan as without a flag
+    stop[0] = False
+    assert plan_greedy(demands, cap, split=4, stop=stop).paths == plan_greedy(
+        demands, cap, split=4).paths
+
+
 def test_link_groups_lists_every_group_with_a_column_on_the_link() -> None:
     # brute force over the compiled candidate structure of a rail plan: group g is on
     # link row r iff r is in one of g's columns

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -252,25 +251,26 @@ class PlanInterrupted(RuntimeError):
 class Interrupt:
     """A request from another thread that a whole plan being computed give way, e.g. to a
     failure's heal waiting for the controller: :meth:`set` it before waiting, and the plan
-    stops at its next check (between jobs while finding demands, between the planner's and
-    the steering's stages), installs nothing and raises :class:`PlanInterrupted`;
+    stops at its next check (between jobs while finding demands, before each demand the
+    planner places, between the planner's and the steering's stages), installs nothing and
+    raises :class:`PlanInterrupted`;
     :meth:`clear` it once the urgent work has the controller.
 
-    >>> flag = Interrupt(); flag.set(); flag.is_set()
-    True
+    >>> flag = Interrupt(); flag.set(); flag.is_set(), bool(flag.flag[0])
+    (True, True)
     """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.flag = np.zeros(1, np.bool_)  # (the planner's compiled placement reads it)
 
     def set(self) -> None:
-        self._event.set()
+        self.flag[0] = True
 
     def clear(self) -> None:
-        self._event.clear()
+        self.flag[0] = False
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return bool(self.flag[0])
 
 
 class _KeysByLink(Mapping[int, set[str]]):
@@ -1007,15 +1007,16 @@ class Controller:
         cap = self._link_capacity()
         self._dense_capacity()  # (made now for the re-plans of a failure, not on their clock)
         check = self._check
+        stop = self.interrupt.flag if self._may_yield else None
         plan = plan_greedy(demands, cap, background=background, split=self.parts,
-                           checkpoint=check)
+                           checkpoint=check, stop=stop)
         sets, report = self.steer_plan(plan, self._weight)
         check()
         if not report.spilled:
             return plan, sets, report
         narrowed = [self._entropy_only(d) if d.key in report.spilled else d for d in demands]
         plan2 = plan_greedy(narrowed, cap, background=background, split=self.parts,
-                            checkpoint=check)
+                            checkpoint=check, stop=stop)
         sets2, report2 = self.steer_plan(plan2, self._weight)
         check()
         rate = {d.key: d.rate_gbps for d in demands}
@@ -1715,6 +1716,7 @@ class Controller:
         way has room (``switch_rule_capacity``); a path that does not fit follows the hash
         of its port, and the path set says so (it carries the path actually taken). With
         ``reuse``, a path a key already has keeps its port (only new paths are steered)."""
+        self._check()
         if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
             sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
                     for key, shares in plan.paths.items()]

@@ -701,7 +701,7 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 background: Mapping[int, float] | None = None, split: int = 1,
                 sweeps: int = 2, max_moves: int | None = None,
                 aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
-                ) -> Plan:
+                stop: NDArray[np.bool_] | None = None) -> Plan:
     """Place every demand (in ``split`` equal parts) on its candidates, heaviest first, each
     part on the candidate whose most loaded link stays lowest (counting only the links that
     differ between its candidates; ties by the sum of squared utilisations); then ``sweeps``
@@ -718,7 +718,10 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     aggregation; the paths are given per demand.
 
     ``checkpoint``, if given, is called between the stages (compiled candidates,
-    placement, local search): it may raise to abandon the plan.
+    placement, local search): it may raise to abandon the plan. ``stop``, if given, is a
+    one-element flag the placement reads before each demand: set (from another thread), the
+    placement stops there, ``checkpoint`` is called and, if it does not raise,
+    :class:`PlanStopped` is raised.
 
     Two 300 Gb/s demands with the same two 400 Gb/s candidate links go one each:
 
@@ -731,17 +734,24 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
         raise ValueError("split must be >= 1")
     with _gc_paused():  # no reference cycles are made: spare the collector's passes
         return _plan_greedy(demands, capacity, background, split, sweeps, max_moves, aggregate,
-                            checkpoint or _go_on)
+                            checkpoint or _go_on, _NEVER if stop is None else stop)
+
+
+class PlanStopped(RuntimeError):
+    """:func:`plan_greedy` was stopped by its ``stop`` flag."""
 
 
 def _go_on() -> None:
     """A checkpoint that never stops a plan."""
 
 
+_NEVER = np.zeros(1, np.bool_)  # a stop flag never set
+
+
 def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, split: int, sweeps: int,
                  max_moves: int | None, aggregate: bool, checkpoint: Callable[[], None],
-                 ) -> Plan:
+                 stop: NDArray[np.bool_]) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
     com = _Commodities(demands, capacity, background, aggregate)
     checkpoint()
@@ -755,13 +765,20 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                                   len(com.links))
     choice = _place(order, com.grp, com.rate, com.fix_ptr, com.fix_idx, com.g_col0,
                     com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                    sweeps, lg_ptr, lg_idx)
+                    sweeps, lg_ptr, lg_idx, stop)
+    if len(choice) and int(choice.min()) < 0:  # (stopped part way: parts left unplaced)
+        checkpoint()
+        raise PlanStopped("the placement was stopped")
     checkpoint()
     if max_moves is None:
         max_moves = 10_000 if n * split <= 2_000 else 0
     moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
     checkpoint()
-    return _package(com, choice, load, "greedy", moves)
+    plan = _package(com, choice, load, "greedy", moves, stop)
+    if plan is None:  # (stopped while writing the paths)
+        checkpoint()
+        raise PlanStopped("the plan was stopped")
+    return plan
 
 
 def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
@@ -792,7 +809,7 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
            g_ncand: NDArray[np.int64], g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
            split: int, sweeps: int, lg_ptr: NDArray[np.int64], lg_idx: NDArray[np.int64],
-           ) -> NDArray[np.int64]:
+           stop: NDArray[np.bool_]) -> NDArray[np.int64]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
     updated in place; returns every part's candidate (within its demand). A candidate's
     cost counts only the links not shared by all of its demand's candidates (the group's
@@ -803,7 +820,10 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
     From the second sweep on, a demand is skipped when no part has moved on its group's
     columns since it was last placed (``lg_ptr`` / ``lg_idx``: the groups whose columns
     hold each link, :func:`_link_groups`): its parts would find the same loads and stay
-    where they are. A sweep that moves little (the usual last one) costs that little."""
+    where they are. A sweep that moves little (the usual last one) costs that little.
+
+    ``stop[0]`` set (from another thread) ends the placement before the next demand, with
+    the remaining parts unplaced (-1)."""
     choice = np.full((grp.shape[0], split), -1, np.int64)
     # change tracking from the first sweep: a counter of moves, per group the count when
     # a part last moved on one of its columns, per demand the count when it was placed
@@ -818,6 +838,8 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
     for rnd in range(sweeps + 1):
         moved = False
         for d in order:
+            if stop[0]:
+                return choice
             g = grp[d]
             if rnd > 1 and g_moved[g] <= d_seen[d]:
                 continue  # (nothing moved on its columns since: its parts would stay)
@@ -1099,16 +1121,18 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
 
 
 def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.float64],
-             solver: str, moves: int) -> Plan:
+             solver: str, moves: int, stop: NDArray[np.bool_] = _NEVER) -> Plan | None:
     """The plan: every demand's full paths with their shares (parts on the same path add
-    up, in path order), the load per link (background excluded) and ``lambda``."""
+    up, in path order), the load per link (background excluded) and ``lambda``; ``None`` if
+    ``stop[0]`` was set meanwhile."""
     split = choice.shape[1]
     inc = 1.0 / split
     acc = [0.0]  # acc[m]: the share of m parts, added up part by part
     for _ in range(split):
         acc.append(acc[-1] + inc)
     paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}
-    _fill_paths(com, choice, paths, acc)
+    if not _fill_paths(com, choice, paths, acc, stop):
+        return None
     util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
@@ -1179,18 +1203,28 @@ def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
 
 
 def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
-                paths: dict[str, list[tuple[tuple[int, ...], float]]], acc: list[float]) -> None:
+                paths: dict[str, list[tuple[tuple[int, ...], float]]], acc: list[float],
+                stop: NDArray[np.bool_] = _NEVER) -> bool:
     """Every demand's full paths and shares into ``paths`` (``acc[m]``: the share of ``m``
-    parts, added up part by part, as the parts' shares would be)."""
+    parts, added up part by part, as the parts' shares would be). Returns ``False`` if
+    ``stop[0]`` was set meanwhile (read every few thousand demands; ``paths`` then
+    incomplete)."""
     split = choice.shape[1]
     inc = acc[1]
-    if len(com.demands):
-        srt = np.sort(choice, axis=1)
-        single = (srt[:, 0] == srt[:, -1]).tolist()
-        distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & com.ordered).tolist()
-        whole = acc[split]
-        for dem, row, one, dist, ordered in zip(com.demands, srt.tolist(), single, distinct,
-                                                com.ordered.tolist(), strict=True):
+    n = len(com.demands)
+    if not n:
+        return True
+    srt = np.sort(choice, axis=1)
+    single = (srt[:, 0] == srt[:, -1]).tolist()
+    distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & com.ordered).tolist()
+    rows, ordered_l = srt.tolist(), com.ordered.tolist()
+    whole = acc[split]
+    for lo in range(0, n, _FILL_CHUNK):
+        if stop[0]:
+            return False
+        hi = lo + _FILL_CHUNK
+        for dem, row, one, dist, ordered in zip(com.demands[lo:hi], rows[lo:hi], single[lo:hi],
+                                                distinct[lo:hi], ordered_l[lo:hi], strict=True):
             cands, head, tail = dem.candidates, dem.head, dem.tail
             if head or tail:  # full paths: head + candidate + tail
                 if one:
@@ -1220,6 +1254,10 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
                 paths[dem.key] = sorted(shares.items())
+    return True
+
+
+_FILL_CHUNK = 4096  # demands between two reads of a stop flag
 
 
 @dataclass(frozen=True)

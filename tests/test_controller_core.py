@@ -676,6 +676,7 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     on the plan's compiled candidates, and the general one (the plan without them)."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller import core
     from fabricpilot.nccltests import default_cluster
 
     twin = TaskAware(PolicyContext(default_cluster(64), 1, 600))
@@ -690,15 +691,21 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     cable = _hottest_cable(ctl)
     crossing = {k for k, r in before.items() if any(cable & set(p) for p in r.paths)}
     calls = _count_kernel_calls(monkeypatch)
+    placements: list[int] = []
+    greedy = core.plan_greedy
+    monkeypatch.setattr(core, "plan_greedy",
+                        lambda *a, **k: placements.append(1) or greedy(*a, **k))
     heal = ctl.on_links_changed(sorted(cable), [])
     assert heal.affected == len(crossing) > 0
     assert len(calls) == (1 if compiled else 0)  # the way it was meant to take
-    moved_shares = 0
+    moved_shares = spread = 0
     for key, old in before.items():
         new = ctl._installed[key]
         if key not in crossing:
             assert new == old
             continue
+        dead = sum(1 for p in old.paths if cable & set(p))
+        spread += len(set(new.paths) - set(old.paths)) > dead
         assert not any(cable & set(p) for p in new.paths)
         assert sum(new.weights) == pytest.approx(1.0)
         now = dict(zip(new.paths, zip(new.weights, new.ports, strict=True), strict=True))
@@ -708,6 +715,9 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
             else:  # a live share stays where it was, with its port (and at least its weight)
                 assert now[p][1] == port and now[p][0] >= w - 1e-12
     assert moved_shares >= len(crossing)
+    # the general way places the dead shares once when none is spread (its trial pass is
+    # the placement)
+    assert len(placements) == (0 if compiled else 1 if not spread else 2)
     _check_consistent(ctl)
 
 

@@ -919,18 +919,23 @@ class Controller:
     def _place_around(self, demands: list[Demand], used: set[int],
                       merge: Callable[[dict[str, list[tuple[tuple[int, ...], float]]]],
                                       dict[str, list[tuple[tuple[int, ...], float]]]]
-                      | None = None, **greedy: int) -> tuple[list[PathSet], PlanReport]:
+                      | None = None, placed: tuple[Plan, list[int], LinkValues] | None = None,
+                      **greedy: int) -> tuple[list[PathSet], PlanReport]:
         """Place ``demands`` around the current plan's load, on the links ``used`` (those
         their candidates can take), steer them and add them to the plan (paths and load);
         the path sets are returned, not yet installed. ``merge`` turns the placed demands'
         paths into the plan's path sets (by default they are the same); ``greedy``: options
-        of :func:`plan_greedy`."""
+        of :func:`plan_greedy`. ``placed``: that placement, made already (its plan, and the
+        links and load :meth:`_around` gave it)."""
         plan = self.current
         assert plan is not None
         load = plan.link_load_gbps
-        ids_l, cap, bg = self._around(used)
+        if placed is not None:
+            sub, ids_l, bg = placed
+        else:
+            ids_l, cap, bg = self._around(used)
+            sub = plan_greedy(demands, cap, background=bg, **{"split": self.parts, **greedy})
         before = bg.values
-        sub = plan_greedy(demands, cap, background=bg, **{"split": self.parts, **greedy})
         if merge is not None:
             sub = replace(sub, paths=merge(sub.paths))
         sets, report = self._steer_in(sub)
@@ -1327,7 +1332,7 @@ class Controller:
 
         # a share moves whole unless that would load a link well beyond the plan's lambda
         # (at least 100 %): then it goes as ``parts`` equal QPs (as the compiled way does)
-        parts, pieces = self._spread_parts(
+        parts, pieces, placed = self._spread_parts(
             parts, used, max(1.0, plan.max_utilization) + self.params.heal_spread_over)
 
         def merge(placed: dict[str, list[tuple[tuple[int, ...], float]]]
@@ -1347,20 +1352,24 @@ class Controller:
 
         # only the links the moved shares can use; one greedy pass and one sweep (an
         # emergency answer: the next control period may improve it)
-        sets, report = self._place_around(parts, used, merge, split=1, sweeps=1, max_moves=0)
+        sets, report = self._place_around(parts, used, merge, placed, split=1, sweeps=1,
+                                          max_moves=0)
         rep = self._healed(cause, t0, len(affected), sets, report)
         self._sync_load_rows()
         return rep
 
     def _spread_parts(self, parts: list[Demand], used: set[int], limit: float
-                      ) -> tuple[list[Demand], dict[str, int]]:
+                      ) -> tuple[list[Demand], dict[str, int],
+                                 tuple[Plan, list[int], LinkValues] | None]:
         """The heal's ``parts`` (shares of dead paths), each that, moved whole (one greedy
         pass against the plan's load, on the links ``used``), would take a link its
         candidates choose between above ``limit`` (utilisation) replaced by ``parts`` equal
-        pieces (keys ``<part key>\x1e<q>``); and the pieces per part so replaced."""
+        pieces (keys ``<part key>\x1e<q>``); the pieces per part so replaced; and, if none
+        was, that pass (its plan, links and load before: the heal's placement itself,
+        for :meth:`_place_around`)."""
         n = self.parts
         if n <= 1 or not parts or self.current is None:
-            return parts, {}
+            return parts, {}, None
         ids_l, cap, bg = self._around(used)
         trial = plan_greedy(parts, cap, background=bg, split=1, sweeps=1, max_moves=0)
         added = trial.link_load_gbps
@@ -1370,7 +1379,7 @@ class Controller:
         over = {lk for lk, u in zip(ids_l, util.tolist(), strict=True)
                 if u > limit and lk not in fixed}
         if not over:
-            return parts, {}
+            return parts, {}, (trial, ids_l, bg)
         out: list[Demand] = []
         pieces: dict[str, int] = {}
         for d in parts:
@@ -1381,7 +1390,7 @@ class Controller:
             pieces[d.key] = n
             out.extend(_demand(f"{d.key}\x1e{q}", d.rate_gbps / n, d.candidates, d.weight,
                                d.head, d.tail) for q in range(n))
-        return out, pieces
+        return out, pieces, None
 
     def _cut_off(self, key: str) -> None:
         """The pair ``key`` has no live path left: out of the plan (its load is out

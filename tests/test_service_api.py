@@ -343,6 +343,8 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
                                                            ("globex-r", GLOBEX))}
         c.post("/api/v1/faults", headers=_auth(OPS), json={"kind": "gray", "link_id": 300})
         jobs = c.get("/api/v1/jobs", headers=_auth(OPS)).json()
+        events = c.get("/api/v1/events", headers=_auth(OPS)).json()
+        assert any(e["kind"] == "fault-gray" for e in events)
     app2, svc2 = _service(tmp_path)
     assert svc2.restored["jobs"] == len(jobs) and svc2.restored["faults"] == 1
     with TestClient(app2) as c:
@@ -350,6 +352,9 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         for t, tok in (("acme-r", ACME), ("globex-r", GLOBEX)):
             assert _planned_paths(c, t, tok) == paths[t]
         assert 300 in svc2.controller.degraded
+        # the timeline of reroutes, heals and faults is back too (then the restart's own)
+        again = c.get("/api/v1/events", headers=_auth(OPS)).json()
+        assert again[:len(events)] == events
 
 
 def test_openapi_lists_every_resource(client: httpx.Client) -> None:

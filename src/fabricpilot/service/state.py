@@ -164,7 +164,8 @@ class FabricService:
         # (doubling while it fails to start, up to a minute)
         self._revive_wait_s = 1.0
         self._revive_at = 0.0
-        self.events: deque[dict[str, Any]] = deque(maxlen=200)  # reroutes, heals, faults
+        # reroutes, heals, faults (the recent ones; kept in the store too: see _event)
+        self.events: deque[dict[str, Any]] = deque(store.events(limit=200), maxlen=200)
         self.runner: TwinRunner | None = None
         # task -> (pattern, pairs, bucket) -> the call announced for it last
         self._announced: dict[str, dict[tuple[Any, ...], CommCall]] = {}
@@ -294,8 +295,8 @@ class FabricService:
                 remote.set_qos(dict(self.dp.qos))
             self.remote_status = remote.status()
             self.counters.twin_restarts += 1
-            self.events.append({"at_s": time.time(), "kind": "twin-restart", "why": why,
-                                "path_sets": len(sets), "keys": []})
+            self._event({"at_s": time.time(), "kind": "twin-restart", "why": why,
+                         "path_sets": len(sets), "keys": []})
         log.warning("twin restarted", extra={"fields": {"why": why, "path_sets": len(sets)}})
         return True
 
@@ -361,10 +362,16 @@ class FabricService:
                  if k in before and before[k].paths != ps.paths]
         if moved:
             self.counters.reroutes += len(moved)
-            self.events.append({"at_s": time.time(), "kind": kind, "why": why,
-                                "path_sets": len(moved), "keys": moved[:20]})
+            self._event({"at_s": time.time(), "kind": kind, "why": why,
+                         "path_sets": len(moved), "keys": moved[:20]})
             log.info("reroute", extra={"fields": {"kind": kind, "why": why,
                                                   "path_sets": len(moved)}})
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """Record an event: in the recent ones (``events``) and in the store, so that the
+        timeline survives a restart."""
+        self.events.append(event)
+        self.store.add_event(event)
 
     def _persist_paths(self, sets: list[PathSet]) -> None:
         self.store.put_paths([(ps.key, ps.key.split(":", 1)[0], pathset_to_dict(ps))
@@ -702,9 +709,9 @@ class FabricService:
             self.observe_planner("heal", rep.wall_s)
             self.counters.heals += 1
             li = self.view.links[lk]
-            self.events.append({"at_s": time.time(), "kind": f"fault-{f.kind}",
-                                "why": f"{li.src} -> {li.dst} ({f.detail or p.name})",
-                                "path_sets": rep.installed, "keys": []})
+            self._event({"at_s": time.time(), "kind": f"fault-{f.kind}",
+                         "why": f"{li.src} -> {li.dst} ({f.detail or p.name})",
+                         "path_sets": rep.installed, "keys": []})
             self._note_reroutes(before, "heal", f"link {lk} {f.kind}")
             return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
                     "installed_path_sets": rep.installed, "replan_ms": rep.wall_s * 1e3,

@@ -1,5 +1,6 @@
-"""Durable controller state: jobs (intents), installed path sets, announced calls and the
-fault log, in one SQLite database in WAL mode.
+"""Durable controller state: jobs (intents), installed path sets, announced calls, the
+fault log and the recent events (reroutes, heals, faults), in one SQLite database in WAL
+mode.
 
 Every write is its own transaction, committed before the API answers, so a ``kill -9`` loses
 nothing that a client was told had happened. On start the service reads it all back
@@ -53,7 +54,14 @@ CREATE TABLE IF NOT EXISTS calls (
     call TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_task ON calls(task_id);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    event TEXT NOT NULL
+);
 """
+
+EVENTS_KEPT = 10_000
+"""Events kept in the store (older ones are dropped as new ones come)."""
 
 
 class Store:
@@ -66,8 +74,10 @@ class Store:
     ``checkpoint_interval_s`` (on its own connection, never holding the writers' lock), so
     that no request waits for a flush."""
 
-    def __init__(self, path: str | Path, *, checkpoint_interval_s: float = 1.0) -> None:
+    def __init__(self, path: str | Path, *, checkpoint_interval_s: float = 1.0,
+                 events_kept: int = EVENTS_KEPT) -> None:
         self.path = str(path)
+        self.events_kept = events_kept
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._stop = threading.Event()
@@ -157,6 +167,31 @@ class Store:
                           "ORDER BY id DESC LIMIT ?", (limit,))
         return [dict(zip(("id", "at_s", "kind", "link_id", "detail", "source"), r, strict=True))
                 for r in reversed(rows)]
+
+    # ------------------------------------------------------------------ events
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Keep one event (a JSON-able dict); the oldest go once there are ``events_kept``
+        (checked every tenth of that many events: up to 10 % more are kept meanwhile).
+
+        >>> s = Store(":memory:", events_kept=4)
+        >>> for i in range(9): s.add_event({"kind": "heal", "n": i})
+        >>> [e["n"] for e in s.events()], s.events(limit=2)[-1]
+        ([5, 6, 7, 8], {'kind': 'heal', 'n': 8})
+        """
+        encoded = json.dumps(event)
+        kept = self.events_kept
+        with self._lock:
+            cur = self._db.execute("INSERT INTO events (event) VALUES (?)", (encoded,))
+            last = int(cur.lastrowid or 0)
+            if last % max(kept // 10, 1) == 0:  # (not a delete per event)
+                self._db.execute("DELETE FROM events WHERE id <= ?", (last - kept,))
+
+    def events(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The last ``limit`` events (default: ``events_kept``), oldest first."""
+        if limit is None:
+            limit = self.events_kept
+        rows = self._read("SELECT event FROM events ORDER BY id DESC LIMIT ?", (limit,))
+        return [json.loads(e) for (e,) in reversed(rows)]
 
     # ------------------------------------------------------------------ calls
     def add_call(self, at_s: float, task_id: str, call: dict[str, Any]) -> None:

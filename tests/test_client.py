@@ -190,6 +190,12 @@ def test_telemetry_congestion_tick_faults_events(live: Live) -> None:
                     assert down_link not in path["links"]
                 _check_pair_paths(live, pair)
             assert {c["link_id"]: c for c in fp.congestion()}[down_link]["down"] is True
+            # the dead link carries no planned pair of the job any more; a link of its
+            # new paths does
+            dead = fp.link(down_link)
+            assert dead["down"] is True and "ops-ring" not in {j["task_id"] for j in dead["jobs"]}
+            on = fp.link(pairs[0]["paths"][0]["links"][1])
+            assert any(j["task_id"] == "ops-ring" and j["pairs"] >= 1 for j in on["jobs"])
 
             link = live.service.view.links[down_link]
             up = fp.report_fault("up", endpoints=(link.src, link.dst))

@@ -333,6 +333,46 @@ def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def
     return True
 
 
+def test_who_is_on_a_link(client: httpx.Client) -> None:
+    """An operator asks who a link carries: per job, the GPU pairs with a path through it
+    and the Gb/s planned on it, which the paths resource and the NIC rate (400 Gb/s; a ring
+    of two GPUs sends each pair the whole NIC rate) give independently."""
+    c = client
+    c.post("/api/v1/jobs", json=_job("acme-l", [0, 64]), headers=_auth(ACME))
+    c.post("/api/v1/jobs", json=_job("globex-l", [8, 72]), headers=_auth(GLOBEX))
+    _planned_paths(c, "acme-l", ACME)
+    _planned_paths(c, "globex-l", GLOBEX)
+    body = {t: c.get(f"/api/v1/jobs/{t}/paths", headers=_auth(tok)).json()
+            for t, tok in (("acme-l", ACME), ("globex-l", GLOBEX))}
+    fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
+    first = body["acme-l"]["pairs"][0]["paths"][0]["links"]
+    up = next(lk for lk in first if fabric[lk]["kind"] == "fabric")
+    want: dict[str, list[float]] = {}
+    for task, b in body.items():
+        for pair in b["pairs"]:
+            share = sum(q["share"] for q in pair["paths"] if up in q["links"])
+            if share:
+                acc = want.setdefault(task, [0, 0.0])
+                acc[0] += 1
+                acc[1] += 400.0 * share
+    r = c.get(f"/api/v1/fabric/links/{up}", headers=_auth(OPS))
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert (got["src"], got["dst"], got["kind"]) == (fabric[up]["src"], fabric[up]["dst"],
+                                                     "fabric")
+    assert {j["task_id"]: j["pairs"] for j in got["jobs"]} == {t: v[0] for t, v in want.items()}
+    assert {j["task_id"]: j["planned_gbps"] for j in got["jobs"]} == pytest.approx(
+        {t: v[1] for t, v in want.items()})
+    assert got["jobs"][0]["tenant"] == ("acme" if want["acme-l"][1] >= want.get(
+        "globex-l", [0, 0.0])[1] else "globex")
+    assert got["planned_gbps"] == pytest.approx(sum(v[1] for v in want.values()))
+    assert not got["down"] and not got["gray"]
+    # operators only; an unknown link is named
+    assert c.get(f"/api/v1/fabric/links/{up}", headers=_auth(ACME)).status_code == 403
+    r = c.get("/api/v1/fabric/links/999999", headers=_auth(OPS))
+    assert r.status_code == 404 and r.json()["detail"] == "link 999999 not found"
+
+
 def test_state_survives_a_restart(tmp_path: Path) -> None:
     app, _ = _service(tmp_path)
     with TestClient(app) as c:
@@ -366,6 +406,7 @@ def test_openapi_lists_every_resource(client: httpx.Client) -> None:
                            "/api/v1/jobs/{task_id}/paths": {"get"},
                            "/api/v1/telemetry": {"post"}, "/api/v1/faults": {"get", "post"},
                            "/api/v1/congestion": {"get"}, "/api/v1/fabric": {"get"},
+                           "/api/v1/fabric/links/{link_id}": {"get"},
                            "/health": {"get"}, "/metrics": {"get"}}.items():
         assert methods <= set(paths[route]), route
     # request bodies are the validated models

@@ -427,6 +427,13 @@ class Client:
         result: list[JSONDict] = self._get(f"{API_PREFIX}/congestion")
         return result
 
+    def link(self, link_id: int) -> JSONDict:
+        """``GET /api/v1/fabric/links/{link_id}`` (operators): one link's state and the jobs
+        the installed plan puts on it (``jobs``: ``task_id``, ``tenant``, ``pairs``,
+        ``planned_gbps``, heaviest first)."""
+        result: JSONDict = self._get(f"{API_PREFIX}/fabric/links/{int(link_id)}")
+        return result
+
     def events(self) -> list[JSONDict]:
         """``GET /api/v1/events``: recent reroutes, heals and faults, newest last."""
         result: list[JSONDict] = self._get(f"{API_PREFIX}/events")

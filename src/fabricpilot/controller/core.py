@@ -1151,6 +1151,40 @@ class Controller:
         self._on_link = (_KeysByLink.of(sets) if links is None else
                          _KeysByLink.of_links(links.keys, links.links, links.owner))
 
+    def link_users(self, link: int) -> dict[str, tuple[int, float]]:
+        """Who the installed plan puts on ``link``: per job, the GPU pairs with a path
+        through it and the Gb/s planned on it (each pair's rate times the shares of its
+        paths that cross it), heaviest first. What to ask before draining a link.
+
+        >>> from fabricpilot.controller.intents import CommCall
+        >>> from fabricpilot.controller.southbound import LinkInfo
+        >>> class DP:
+        ...     def fabric(self): return FabricView.from_links(
+        ...         [LinkInfo(0, "g0", "s", 100, 1, "nic"), LinkInfo(1, "s", "g1", 100, 1, "nic")],
+        ...         {"g0": "gpu", "g1": "gpu", "s": "switch"}, {}, {0: "g0", 1: "g1"})
+        ...     def install(self, rules): pass
+        >>> ctl = Controller(DP())
+        >>> ctl.declare(Intent("j", "t", (0, 1), (CommCall("broadcast", 1 << 20, 500.0, 0,
+        ...                                                  pairs=((0, 1),)),)))
+        >>> _ = ctl.plan()
+        >>> ctl.link_users(1), ctl.link_users(5)
+        ({'j': (1, 100.0)}, {})
+        """
+        out: dict[str, list[float]] = {}
+        for key in self._on_link.get(link, set()):
+            ps, d = self._installed.get(key), self._demand.get(key)
+            if ps is None:
+                continue
+            share = sum(w for p, w in zip(ps.paths, ps.weights, strict=True) if link in p)
+            if not share:
+                continue
+            task = key.split(":", 1)[0]
+            acc = out.setdefault(task, [0, 0.0])
+            acc[0] += 1
+            acc[1] += share * (d.rate_gbps if d is not None else 0.0)
+        return {t: (int(n), gbps) for t, (n, gbps) in
+                sorted(out.items(), key=lambda kv: (-kv[1][1], kv[0]))}
+
     def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
         """Measured load the current plan does not account for, on the fabric links (the
         switch-to-switch links a plan can route around): the smoothed utilisation of the

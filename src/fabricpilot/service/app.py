@@ -322,6 +322,12 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         """The congestion map per link (``?kind=fabric&kind=nic`` to leave NVLink out)."""
         return await call("congestion", set(kind) if kind else None)  # type: ignore[no-any-return]
 
+    @app.get(f"{v1}/fabric/links/{{link_id}}", tags=["fabric"])
+    async def link(link_id: int, _: Operator) -> dict[str, Any]:
+        """One link: its state and the jobs the installed plan puts on it (pairs, planned
+        Gb/s), heaviest first: who a drain or a repair would move."""
+        return await call("link_usage", link_id)  # type: ignore[no-any-return]
+
     @app.get(f"{v1}/events", tags=["fabric"])
     async def events(_: Caller) -> list[dict[str, Any]]:
         """Recent reroutes, heals and faults, newest last."""

@@ -53,11 +53,12 @@ log = logging.getLogger("fabricpilot.service")
 
 OPERATIONS = frozenset({
     "declare", "withdraw", "jobs", "job", "announce", "calls", "paths", "ingest", "ingest_rows",
-    "tick_now", "report_fault", "faults", "topology", "congestion", "health", "events_list",
-    "metrics_text"})
+    "tick_now", "report_fault", "faults", "topology", "congestion", "link_usage", "health",
+    "events_list", "metrics_text"})
 """The :class:`FabricService` methods a control may call."""
 
-WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "metrics_text"})
+WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "link_usage",
+                     "metrics_text"})
 """Operations that may wait for a plan or the controller's lock (run on a thread pool)."""
 
 _DELTA_FIELDS = tuple(f.name for f in fields(PortDelta))

@@ -754,6 +754,27 @@ class FabricService:
                 out.append(st)
             return out
 
+    def link_usage(self, link_id: int) -> dict[str, Any]:
+        """One link: what it is, its state in the congestion map, and who the installed plan
+        puts on it (per job: tenant, GPU pairs, planned Gb/s), heaviest first."""
+        li = self.view.links.get(link_id)
+        if li is None:
+            raise ServiceError(404, f"link {link_id} not found")
+        with self.lock:
+            ctl = self.controller
+            users = ctl.link_users(link_id)
+            st = asdict(ctl.map.state(link_id))
+            jobs = [{"task_id": t, "tenant": ctl.intents[t].tenant if t in ctl.intents else None,
+                     "pairs": n, "planned_gbps": round(gbps, 6)}
+                    for t, (n, gbps) in users.items()]
+            return {"link_id": link_id, "src": li.src, "dst": li.dst, "kind": li.kind,
+                    "capacity_gbps": li.capacity_gbps, **st,
+                    "weight": self.dp.congestion.get(link_id, 1.0),
+                    "down": link_id in ctl.down, "gray": link_id in ctl.degraded,
+                    "hot": ctl.map.is_hot(link_id),
+                    "planned_gbps": round(sum(j["planned_gbps"] for j in jobs), 6),
+                    "jobs": jobs}
+
     def _twin_status(self) -> dict[str, Any] | None:
         """The twin's state: the in-process runner's, or a remote twin's last report."""
         runner = self.runner

@@ -324,6 +324,51 @@ def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
     assert all(dead not in p for ps in svc.dp.installed.values() for p in ps.paths)
 
 
+def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -> None:
+    """Telemetry shows a link of a job at 95 % (undeclared traffic): a control period weighs
+    a whole plan; a job declared while it does makes it give way (nothing installed): the
+    job is planned first, and the following period weighs the whole plan again."""
+    import threading
+
+    from fabricpilot.service.schemas import IntentIn, PortDeltaIn
+
+    _, svc = _service(tmp_path)
+    ops = Principal("ops", "operator")
+    ring = {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}
+    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[ring]), replace_ok=False)
+    svc.plan_pending("intents")
+    hot = next(lk for p in svc.dp.installed["ring:0->64"].paths for lk in p
+               if svc.view.links[lk].kind == "fabric")
+    svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, tx_bytes=0.95 * 400 * 1000 / 8)])
+    ctl = svc.controller
+    started = threading.Event()
+    weighed: list[int] = []
+    demands = ctl.demands
+
+    def slow_demands(*a, **k):  # type: ignore[no-untyped-def]
+        weighed.append(1)
+        started.set()
+        assert _wait(ctl.interrupt.is_set)  # (until a change is declared)
+        return demands(*a, **k)
+
+    ctl.demands = slow_demands  # type: ignore[method-assign]
+    period = threading.Thread(target=svc.run_tick)
+    period.start()
+    assert started.wait(10)
+    held = dict(svc.dp.installed)
+    svc.declare(ops, IntentIn(task_id="ring2", gpus=[8, 72], calls=[ring]), replace_ok=False)
+    period.join(10)
+    assert not period.is_alive() and svc.counters.plans_yielded == 1
+    assert svc.dp.installed == held and not ctl.interrupt.is_set() and "ring2" in svc._pending
+    ctl.demands = demands  # type: ignore[method-assign]
+    svc.plan_pending("intents")
+    assert "ring2:8->72" in svc.dp.installed and not svc._pending
+    ctl.demands = slow_demands  # type: ignore[method-assign]
+    ctl.interrupt.set()  # (let it pass at once: what counts is that it weighs again)
+    svc.run_tick()
+    assert len(weighed) == 2 and not ctl.interrupt.is_set()
+
+
 def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not cond():

@@ -19,6 +19,8 @@ A fault report does not wait for a whole plan either: while it waits for ``lock`
 the controller's :attr:`~fabricpilot.controller.core.Controller.interrupt`, the plan gives
 way at its next check (installing nothing), the fault is healed, and the plan is computed
 again afterwards (a control period's at the next period, declared changes at the next plan).
+Changes declared while a control period weighs a whole plan interrupt it the same way:
+they are planned first, and the period's plan is weighed again at the next period.
 """
 
 from __future__ import annotations
@@ -164,6 +166,9 @@ class FabricService:
         # (doubling while it fails to start, up to a minute)
         self._revive_wait_s = 1.0
         self._revive_at = 0.0
+        # a control period of the loop runs (a change declared meanwhile interrupts the
+        # whole plan it may weigh; jobs lock)
+        self._weighing = False
         # reroutes, heals, faults (the recent ones; kept in the store too: see _event)
         self.events: deque[dict[str, Any]] = deque(store.events(limit=200), maxlen=200)
         self.runner: TwinRunner | None = None
@@ -233,13 +238,31 @@ class FabricService:
                 self.revive_twin()
                 if now >= next_tick:
                     next_tick = now + self.tick_interval_s
-                    with self.lock:
-                        self._tick()
+                    self.run_tick()
                 if self._pending and time.monotonic() >= next_plan:
                     next_plan = time.monotonic() + self.plan_interval_s
                     self.plan_pending("intents")
             except Exception:  # keep serving; the failure is in the logs
                 log.exception("control period failed")
+
+    def run_tick(self) -> None:
+        """One control period of the loop. A whole plan it weighs gives way to a fault report
+        (as any) and to changes declared meanwhile: they are planned next, and the plan is
+        weighed again at the next period."""
+        with self.lock:
+            self._weighing = True
+            try:
+                self._tick()
+            finally:
+                with self._changed:
+                    self._weighing = False
+                self._calm()
+
+    def _calm(self) -> None:
+        """Clear the controller's interrupt unless a fault report is waiting (lock held)."""
+        with self._urgent_lock:
+            if not self._urgent:
+                self.controller.interrupt.clear()
 
     def plan_pending(self, why: str) -> None:
         """Hand the declared changes to the controller and plan them (one plan for all)."""
@@ -247,6 +270,7 @@ class FabricService:
             pending, self._pending = self._pending, {}
             upto = self._epoch
         with self.lock:
+            self._calm()  # (a change declared during a control period asked it to give way)
             for task, intent in pending.items():
                 if intent is None:
                     self.controller.withdraw(task)
@@ -346,7 +370,7 @@ class FabricService:
         self._timed("tick", t0)
         if rep.interrupted:  # (weighed again at the next period)
             self.counters.plans_yielded += 1
-            log.info("control period's plan gave way to a fault")
+            log.info("control period's plan gave way (to a fault or declared changes)")
         if self.remote is not None:  # the remote twin's jobs' bus bandwidth, if it tells
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
@@ -499,6 +523,8 @@ class FabricService:
         self._pending[task_id] = intent
         self._epoch += 1
         self._changed_at[task_id] = self._epoch
+        if self._weighing:  # (a control period's whole plan gives way: this comes first)
+            self.controller.interrupt.set()
         self._changed.notify_all()
 
     def _use_gpus(self, intent: Intent, n: int) -> None:

@@ -93,8 +93,8 @@ class ServiceCollector(Collector):
                  svc.dp.posted_total),
                 ("announces", "Communication calls announced", c.announces),
                 ("sla_refused", "Announced calls whose SLA no path can meet", c.sla_refused),
-                ("plans_yielded", "Whole plans that gave way to a fault report (computed "
-                 "again after it)", c.plans_yielded),
+                ("plans_yielded", "Whole plans that gave way to a fault report or to jobs "
+                 "declared meanwhile (computed again after them)", c.plans_yielded),
                 ("twin_restarts", "Times the twin's process died and was started again",
                  c.twin_restarts)):
             yield CounterMetricFamily(f"fabricpilot_{name}", doc, value=v)

@@ -88,7 +88,7 @@ class Counters:
     faults: int = 0
     announces: int = 0
     sla_refused: int = 0       # announced calls no path can serve within their SLA
-    plans_yielded: int = 0     # whole plans that gave way to a fault report (done again)
+    plans_yielded: int = 0     # whole plans that gave way (to a fault, or declared jobs)
     twin_restarts: int = 0     # the twin's process died and was started again
 
 

@@ -133,3 +133,15 @@ def wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
     return [p for p in pids if alive(p)]
+
+
+def wait_until(pred: Any, timeout_s: float = 30.0, poll_s: float = 0.1) -> Any:
+    """Poll ``pred()`` until it returns something true, and return that;
+    ``AssertionError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll_s)
+    raise AssertionError("condition not reached")

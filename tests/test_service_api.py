@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from conftest import served
+from conftest import served, wait_until
 from fabricpilot.scenario import default_scenario
 from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.server import build
@@ -303,7 +303,7 @@ def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
 
     def slow_demands(*a, **k):  # type: ignore[no-untyped-def]
         started.set()  # the plan holds the controller's lock from here ...
-        assert _wait(ctl.interrupt.is_set)  # ... until a fault report waits for it
+        wait_until(ctl.interrupt.is_set, 10.0, 0.001)  # ... until a fault report waits for it
         return demands(*a, **k)
 
     ctl.demands = slow_demands  # type: ignore[method-assign]
@@ -348,7 +348,7 @@ def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -
     def slow_demands(*a, **k):  # type: ignore[no-untyped-def]
         weighed.append(1)
         started.set()
-        assert _wait(ctl.interrupt.is_set)  # (until a change is declared)
+        wait_until(ctl.interrupt.is_set, 10.0, 0.001)  # (until a change is declared)
         return demands(*a, **k)
 
     ctl.demands = slow_demands  # type: ignore[method-assign]
@@ -367,15 +367,6 @@ def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -
     ctl.interrupt.set()  # (let it pass at once: what counts is that it weighs again)
     svc.run_tick()
     assert len(weighed) == 2 and not ctl.interrupt.is_set()
-
-
-def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def test_who_is_on_a_link(client: httpx.Client) -> None:

@@ -9,26 +9,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from conftest import free_port, wait_http
+from conftest import free_port, wait_http, wait_until
 
 OPS = "operator-token-0123456789"
 SOUTH = "southbound-token-01234567"
 
-
-
-def _wait(pred, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError("condition not reached")
 
 
 def test_fail_static_and_resync(tmp_path: Path) -> None:
@@ -62,7 +51,7 @@ def test_fail_static_and_resync(tmp_path: Path) -> None:
             "task_id": "extra", "gpus": free,
             "calls": [{"pattern": "alltoall", "size_bytes": 1 << 24, "sla_us": 900}]})
         assert r.status_code == 201
-        paths = _wait(lambda: httpx.get(f"{ctl_url}/api/v1/jobs/extra/paths",
+        paths = wait_until(lambda: httpx.get(f"{ctl_url}/api/v1/jobs/extra/paths",
                                         headers=ops).json()["pairs"])
         assert len(paths) == 12  # every ordered pair of 4 GPUs
         held = httpx.get(f"{twin_url}/health").json()
@@ -72,7 +61,7 @@ def test_fail_static_and_resync(tmp_path: Path) -> None:
         ctl.wait(10)
         # fail-static: the twin keeps training on the rules it holds
         done = held["collectives"]
-        after = _wait(lambda: (h := httpx.get(f"{twin_url}/health").json())["collectives"]
+        after = wait_until(lambda: (h := httpx.get(f"{twin_url}/health").json())["collectives"]
                       > done + 2 and h)
         assert after["running"] and after["error"] is None
         assert after["rules"] == held["rules"] and after["installs"] == held["installs"]

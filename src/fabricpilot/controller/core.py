@@ -1533,11 +1533,9 @@ class Controller:
         # each moved key's set now: a dead share's slot takes its new path (or its weight
         # joins the share already on that path); new paths are steered below
         now: list[tuple[str, Any, Any, Any, Any]] = []  # key, paths, weights, ports, rules
-        new: list[tuple[list, int]] = []  # (ports list, slot) to steer
-        n_path: list[tuple[int, ...]] = []
-        n_src: list[int] = []
-        n_dst: list[int] = []
-        n_start: list[int] = []
+        # new paths to steer: (ports list, slot, path, source GPU, destination GPU, where
+        # the port search starts: as a plan's)
+        new: list[tuple[list, int, tuple[int, ...], int, int, int]] = []
         moves: list[tuple[str, set[int], set[int]]] = []  # key, links it leaves, links it takes
         taken: list[int] = []
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
@@ -1590,11 +1588,7 @@ class Controller:
                     rls = old.rules
                     if rls[j]:
                         rls = (*rls[:j], (), *rls[j + 1:])
-                    new.append((pts, j))
-                    n_path.append(p)
-                    n_src.append(a)
-                    n_dst.append(b)
-                    n_start.append(base + j)
+                    new.append((pts, j, p, a, b, base + j))
                     now.append((k, ps, old.weights, pts, rls))
                     continue
             # (the kernel added the new paths' candidate links to the dense load)
@@ -1607,11 +1601,7 @@ class Controller:
             was_l, now_l = set(_chain(ps)), set(_chain(ps_l))
             moves.append((k, was_l - now_l, now_l - was_l))
             for j in fresh if steered else ():
-                new.append((pts, j))
-                n_path.append(ps_l[j])
-                n_src.append(a)
-                n_dst.append(b)
-                n_start.append(base + j)
+                new.append((pts, j, ps_l[j], a, b, base + j))
             now.append((k, ps_l, ws, pts, rls) if steered else (k, ps_l, ws, (), ()))
         touched.append(np.array(taken, np.int64))
         if d_link:  # (cut off)
@@ -1624,12 +1614,14 @@ class Controller:
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         if new:  # steer the new paths
             table = self._steering_table()
+            _, _, n_paths_t, n_src, n_dst, n_start = zip(*new, strict=True)
+            n_path = list(n_paths_t)
             dst = np.array(n_dst, np.int64)
             got, rules = table.steer(np.array(n_src, np.int64), dst,
                                      np.array(n_start, np.int64),
                                      table.intern(n_path, dst), n_path,
                                      self.params.steer_tries)
-            for (pts, j), port in zip(new, got, strict=True):
+            for (pts, j, *_), port in zip(new, got, strict=True):
                 pts[j] = port
         if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
             sets, report = self._steer_in(Plan(

@@ -312,11 +312,11 @@ class FabricService:
         self._revive_wait_s = 1.0
         with self.lock:
             sets = list(self.dp.installed.values())
-            remote.install(sets)
+            self.dp.restore(sets)
             if self.dp.congestion:
-                remote.push_congestion_table(dict(self.dp.congestion))
+                self.dp.push_congestion_table(dict(self.dp.congestion))
             if self.dp.qos:
-                remote.set_qos(dict(self.dp.qos))
+                self.dp.set_qos(dict(self.dp.qos))
             self.remote_status = remote.status()
             self.counters.twin_restarts += 1
             self._event({"at_s": time.time(), "kind": "twin-restart", "why": why,

@@ -695,9 +695,15 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     greedy = core.plan_greedy
     monkeypatch.setattr(core, "plan_greedy",
                         lambda *a, **k: placements.append(1) or greedy(*a, **k))
+    # the new paths go out first; the controller's records of them follow
+    records_then: list[bool] = []
+    send = twin.install
+    monkeypatch.setattr(twin, "install", lambda sets: records_then.append(
+        all(ctl._installed[r.key] is before[r.key] for r in sets)) or send(sets))
     heal = ctl.on_links_changed(sorted(cable), [])
     assert heal.affected == len(crossing) > 0
     assert len(calls) == (1 if compiled else 0)  # the way it was meant to take
+    assert records_then == [True] and 0.0 < heal.sent_s <= heal.wall_s
     moved_shares = spread = 0
     for key, old in before.items():
         new = ctl._installed[key]

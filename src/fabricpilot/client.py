@@ -401,8 +401,9 @@ class Client:
                      endpoints: tuple[str, str] | None = None, detail: str = "") -> JSONDict:
         """``POST /api/v1/faults`` (operators): link ``link_id`` (or the link between the two
         ``endpoints`` node names) went ``down``, came back ``up`` or is ``gray``. Returns
-        ``id``, ``link_id``, ``affected_path_sets``, ``installed_path_sets``, ``replan_ms``,
-        ``partitioned``."""
+        ``id``, ``link_id``, ``affected_path_sets``, ``installed_path_sets``, ``replan_ms``
+        (the controller's whole reaction), ``sent_ms`` (until the new paths were sent: the
+        records follow), ``partitioned``."""
         body: JSONDict = {"kind": kind, "detail": detail}
         if link_id is not None:
             body["link_id"] = int(link_id)

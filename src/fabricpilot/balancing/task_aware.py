@@ -236,6 +236,8 @@ class TaskAware(Adaptive):
             "heals": len(self.controller.heals) if self.controller else 0,
             "heal_max_ms": round(max((h.wall_s for h in self.controller.heals), default=0.0)
                                  * 1e3, 3) if self.controller else 0.0,
+            "heal_sent_max_ms": round(max((h.sent_s for h in self.controller.heals),
+                                          default=0.0) * 1e3, 3) if self.controller else 0.0,
             "gray_links_confirmed": sum(1 for a in self.gray_actions if a[2]),
             "gray_false_alarms": sum(1 for a in self.gray_actions if not a[2]),
         }

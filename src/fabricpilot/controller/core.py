@@ -214,13 +214,17 @@ class PlanReport:
 @dataclass
 class HealReport:
     """One reaction to failed or degraded links: its cause, the path sets re-placed and
-    sent, and the controller's wall time for it (seconds)."""
+    sent, and the controller's wall time for it (seconds): ``wall_s`` until it was done
+    (the new paths sent and the controller's own records of them updated), ``sent_s``
+    until the new paths were handed to the data plane (what the traffic waits for; the
+    records follow)."""
 
     cause: str
     affected: int
     installed: int
     wall_s: float
     plan: PlanReport | None = None
+    sent_s: float = 0.0
 
 
 @dataclass
@@ -1439,18 +1443,23 @@ class Controller:
     def _healed(self, cause: str, t0: float, affected: int, sets: list[PathSet],
                 report: PlanReport,
                 moves: list[tuple[str, set[int], set[int]]] | None = None,
-                dense: bool = False) -> HealReport:
+                dense: bool = False, settle: Callable[[], None] | None = None,
+                ) -> HealReport:
         """Install and record a heal's path sets and report it (its wall time from ``t0``);
-        then, as bookkeeping once the new paths are out, bring the plan's lambda up to
-        date (from the dense copy of the load if ``dense``: it is the plan's load now).
-        ``moves`` (key, links it leaves, links it takes), if given, are the link index's
-        changes, known already (as :meth:`_record` would find them)."""
+        the records (``settle`` first, if given: the plan's own updates) once the new paths
+        are out; then, as bookkeeping, bring the plan's lambda up to date (from the dense
+        copy of the load if ``dense``: it is the plan's load now). ``moves`` (key, links it
+        leaves, links it takes), if given, are the link index's changes, known already (as
+        :meth:`_record` would find them)."""
         self.dp.install(sets)
+        sent_s = time.perf_counter() - t0
+        if settle is not None:
+            settle()
         if moves is None:
             self._record(sets)
         else:
             self._record_moves(sets, moves)
-        rep = HealReport(cause, affected, len(sets), time.perf_counter() - t0, report)
+        rep = HealReport(cause, affected, len(sets), time.perf_counter() - t0, report, sent_s)
         self.heals.append(rep)
         plan = self.current
         assert plan is not None
@@ -1537,6 +1546,7 @@ class Controller:
         # the port search starts: as a plan's)
         new: list[tuple[list, int, tuple[int, ...], int, int, int]] = []
         moves: list[tuple[str, set[int], set[int]]] = []  # key, links it leaves, links it takes
+        lazy: list[int] = []  # moves held as (key, old path, new path) until the paths are out
         taken: list[int] = []
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
         d_gbps: list[float] = []
@@ -1572,9 +1582,11 @@ class Controller:
                         # (link-disjoint columns: two candidates share only the tuple's
                         # fixed links, head and tail, which every path of the set has; so
                         # no other path has a link of the old path that the new one lacks,
-                        # nor one of the new path that the old one lacks)
-                        o, n = set(was), set(p)
-                        moves.append((k, o - n, n - o))
+                        # nor one of the new path that the old one lacks: the links it
+                        # leaves and takes are those the two paths do not share, found
+                        # once the new paths are out)
+                        lazy.append(len(moves))
+                        moves.append((k, was, p))  # type: ignore[arg-type]
                     else:
                         rest = ps[:j] + ps[j + 1:]
                         moves.append((k, set(was).difference(p, *rest),
@@ -1602,15 +1614,19 @@ class Controller:
             moves.append((k, was_l - now_l, now_l - was_l))
             for j in fresh if steered else ():
                 new.append((pts, j, ps_l[j], a, b, base + j))
-            now.append((k, ps_l, ws, pts, rls) if steered else (k, ps_l, ws, (), ()))
+            now.append((k, tuple(ps_l), tuple(ws), pts, tuple(rls)) if steered
+                       else (k, tuple(ps_l), tuple(ws), (), ()))
         touched.append(np.array(taken, np.int64))
         if d_link:  # (cut off)
             cut = np.array(d_link, np.int64)
             np.add.at(rows, cut, np.array(d_gbps, np.float64))
             touched.append(cut)
-        # the plan's load of each changed link: its dense value
-        changed = np.concatenate(touched)
-        load.update(zip(changed.tolist(), rows[changed].tolist(), strict=True))
+
+        def settle_load() -> None:
+            """The plan's load of each changed link: its dense value."""
+            changed = np.unique(np.concatenate(touched))
+            load.update(zip(changed.tolist(), rows[changed].tolist(), strict=True))
+
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         if new:  # steer the new paths
             table = self._steering_table()
@@ -1624,6 +1640,7 @@ class Controller:
             for (pts, j, *_), port in zip(new, got, strict=True):
                 pts[j] = port
         if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
+            settle_load()
             sets, report = self._steer_in(Plan(
                 {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in now}, {}, 0.0))
             return self._healed(cause, t0, len(affected), sets, report)
@@ -1631,15 +1648,26 @@ class Controller:
         n_paths = pinned = 0
         any_rules = bool(+self._rules_held)
         for k, ps, ws, pts, rls in now:
-            tp = tuple(ps)
-            sets.append(_path_set(k, tp, tuple(ws), tuple(pts), tuple(rls)))
-            paths[k] = list(zip(tp, ws, strict=True))
-            n_paths += len(tp)
+            sets.append(_path_set(k, ps, ws, tuple(pts), rls))
+            n_paths += len(ps)
             if any_rules:
                 pinned += sum(1 for r in rls if r)
+
+        def settle() -> None:
+            """The plan's records, once the new paths are out: its paths, its load and the
+            links each moved key leaves and takes."""
+            settle_load()
+            for r in sets:
+                paths[r.key] = list(zip(r.paths, r.weights, strict=True))
+            for i in lazy:
+                k, was, p = moves[i]
+                o, n = set(was), set(p)
+                moves[i] = (k, o - n, n - o)
+
         report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0) if steered
                   else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
-        rep = self._healed(cause, t0, len(affected), sets, report, moves, dense=True)
+        rep = self._healed(cause, t0, len(affected), sets, report, moves, dense=True,
+                           settle=settle)
         report.switch_rules = dict(+self._rules_held)
         return rep
 

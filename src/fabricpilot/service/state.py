@@ -741,6 +741,7 @@ class FabricService:
             self._note_reroutes(before, "heal", f"link {lk} {f.kind}")
             return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
                     "installed_path_sets": rep.installed, "replan_ms": rep.wall_s * 1e3,
+                    "sent_ms": rep.sent_s * 1e3,
                     "partitioned": dict(self.controller.partitioned)}
 
     def faults(self, limit: int) -> list[dict[str, Any]]:

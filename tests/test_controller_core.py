@@ -171,6 +171,32 @@ def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:
     assert cmap.state(5).queue_bytes == 1000.0
 
 
+def test_twin_ports_report_their_state() -> None:
+    """A link its neighbours have seen go down says so (``oper_up=False``) in every report,
+    at zero load, and once back up says so in the next report only; with no controller
+    beside it, the twin tells the engine to let the fabric converge (``None``)."""
+    from fabricpilot.balancing import PolicyContext, make_policy
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    pol = make_policy("task-aware", PolicyContext(ct, 1, 600))
+    now = {"t": 0.0}
+    zero = np.zeros(ct.n_links)
+    pol.bind(lambda: LinkTelemetry(zero, zero, zero, now["t"]))  # type: ignore[attr-defined]
+
+    def report() -> dict[int, bool | None]:
+        now["t"] += 1000.0
+        return {d.link_id: d.oper_up for d in pol.telemetry()}  # type: ignore[attr-defined]
+
+    assert pol.on_links_changed(0.0, [3, 4], []) is None  # type: ignore[attr-defined]
+    assert report() == {3: False, 4: False}
+    assert report() == {3: False, 4: False}
+    pol.on_links_changed(0.0, [], [3])  # type: ignore[attr-defined]
+    assert report() == {3: True, 4: False}
+    assert report() == {4: False}
+
+
 class TelemetryPlane(FakeDataPlane):
     """The fake fabric, reporting the counter deltas a test sets and recording the
     congestion tables it is pushed."""
@@ -1053,3 +1079,35 @@ def test_a_heal_skips_the_sets_of_a_job_no_longer_planned() -> None:
     report = ctl.on_links_changed([fabric], [])
     assert report.affected == 1 and report.installed == 0
     assert ctl._installed[rule_key("a", 2, 0)].paths == (back,)
+
+
+def test_ports_reported_down_in_telemetry_are_healed() -> None:
+    """A switch reporting a port down is a link failure: the control period heals it (the
+    pair on that spine moves to the other one, the only path left) and says so; the same
+    report again changes nothing; the port back up brings the link back. A link an operator
+    reported down stays down while its switch keeps saying the port is up."""
+    dp = TelemetryPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    key = rule_key("a", 0, 2)
+    (path,) = ctl._installed[key].paths
+    up_link = next(lk for lk in path if dp.view.link(lk).dst.startswith("spine"))
+    spine = dp.view.link(up_link).dst
+    dp.deltas = [PortDelta(up_link, 1000, oper_up=False)]
+    rep = ctl.tick(1000.0)
+    assert rep.links_down == [up_link] and up_link in ctl.down
+    (new,) = ctl._installed[key].paths
+    assert up_link not in new and spine not in {dp.view.link(lk).dst for lk in new}
+    heals = len(ctl.heals)
+    rep = ctl.tick(2000.0)  # the same report: nothing new
+    assert rep.links_down == [] and len(ctl.heals) == heals
+    dp.deltas = [PortDelta(up_link, 1000, oper_up=True)]
+    rep = ctl.tick(3000.0)
+    assert rep.links_up == [up_link] and up_link not in ctl.down
+    # an operator's report is not undone by a switch that keeps saying "up"
+    other = ctl.view.link_between(spine, "leaf1")
+    ctl.on_links_changed([other], [])
+    dp.deltas = [PortDelta(other, 1000, oper_up=True)]
+    rep = ctl.tick(4000.0)
+    assert rep.links_up == [] and other in ctl.down

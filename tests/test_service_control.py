@@ -30,7 +30,9 @@ OTHER = Principal("other-ci", "tenant", "other")
 
 def test_rows_keep_the_delta_field_order() -> None:
     d = PortDeltaIn(link_id=3, interval_ns=1000, tx_bytes=5.0, pause_ns=7.0, rx_bits=9.0)
-    assert delta_rows([d]) == [(3, 1000, 5.0, 0.0, 0.0, 0.0, 7.0, 0.0, 0.0, 9.0)]
+    assert delta_rows([d]) == [(3, 1000, 5.0, 0.0, 0.0, 0.0, 7.0, 0.0, 0.0, 9.0, None)]
+    down = PortDeltaIn(link_id=4, interval_ns=1000, oper_up=False)
+    assert delta_rows([down]) == [(4, 1000, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False)]
 
 
 def test_operations_through_a_control_process(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ no process left behind."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,38 @@ def test_a_twin_process_that_died_is_started_again_with_the_controllers_rules(
     finally:
         svc.stop()
     assert tp.process.returncode is not None
+
+
+def test_faults_played_in_the_twin_process_reach_the_controller(tmp_path: Path) -> None:
+    """A link the scenario fails at 200 us of fabric time: the twin process's ports report
+    it down, and a controller ticking on its telemetry heals it (no installed path crosses
+    it any more)."""
+    import yaml
+
+    from fabricpilot.scenario import load_scenario
+    from fabricpilot.scenario.loader import default_scenario_path
+
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data["faults"] = {"events": [{"kind": "link_down", "link": "leaf0-spine0",
+                                  "at_ns": "200us"}]}
+    path = tmp_path / "faults.yaml"
+    path.write_text(yaml.safe_dump(data))
+    sc = load_scenario(path)
+    tp = TwinProcess(sc, str(path), time_scale=SCALE)
+    try:
+        tp.wait_ready()
+        ctl = Controller(tp, prepare(sc, str(path)).controller)
+        for d in tp.jobs():
+            ctl.declare(intent_from_dict(d))
+        ctl.plan()
+        view = tp.fabric()
+        dead = {view.link_between("leaf0", "spine0"), view.link_between("spine0", "leaf0")}
+        seen: list[int] = []
+        deadline = time.monotonic() + 30
+        while not dead <= ctl.down and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += ctl.tick(tp.status().get("fabric_time_ms", 0.0) * 1e6).links_down
+        assert dead <= ctl.down and sorted(seen) == sorted(dead)
+        assert not any(dead & set(p) for ps in tp.rules() for p in ps.paths)
+    finally:
+        tp.close()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -193,14 +194,11 @@ def qos_warnings(prep: Prepared) -> list[str]:
     return list(prep.qos_mismatches)
 
 
-def _simulate(
-    prep: Prepared,
-    policy: str,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[EngineOutput, object, float]:
-    """Run the engine on ``prep.jobs`` under ``policy``: its output, the policy object and
-    the wall time of the run in seconds."""
-    model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
+def fault_setup(prep: Prepared) -> tuple[FaultTimeline | None, ControllerParams,
+                                         dict[str, Any]]:
+    """The scenario's faults if any play (events, or noisy error counters; else ``None``),
+    the controller's parameters with the gray-link detection the faults section sets, and
+    the twin's error-counter sampling (:class:`PolicyContext` keywords)."""
     faults = prep.faults if prep.faults is not None and (
         prep.faults.events or prep.faults.params.noise_spike_probability > 0) else None
     controller, fec = prep.controller, {}
@@ -211,6 +209,18 @@ def _simulate(
                              debounce_window_ns=float(fp.debounce_window_ns))
         fec = {"fec_sample_ns": fp.telemetry_interval_ns,
                "fec_noise": (fp.noise_spike_probability, fp.noise_spike_ber)}
+    return faults, controller, fec
+
+
+def _simulate(
+    prep: Prepared,
+    policy: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[EngineOutput, object, float]:
+    """Run the engine on ``prep.jobs`` under ``policy``: its output, the policy object and
+    the wall time of the run in seconds."""
+    model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
+    faults, controller, fec = fault_setup(prep)
     ctx = PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
                         member_routes=model.needs_paths or faults is not None,
                         adaptive=prep.adaptive, controller=controller,

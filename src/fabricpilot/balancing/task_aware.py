@@ -15,6 +15,7 @@ collective is a call whose pairs are the GPU pairs its stages exchange data betw
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -131,6 +132,10 @@ class TaskAware(Adaptive):
         self.confirmed_gray: dict[int, float] = {}  # link -> when the controller acted
         # rule key -> (the path set, the link-id rows its QPs are forwarded on)
         self._forwarded: dict[str, tuple[PathSet, list[NDArray[np.int32]]]] = {}
+        # ports whose loss of signal the switches have seen (reported down in every
+        # telemetry), and those back up since the last report (reported up once)
+        self.ports_down: set[int] = set()
+        self._ports_back: set[int] = set()
 
     # ------------------------------------------------------------ DataPlane
     def fabric(self) -> FabricView:
@@ -140,7 +145,9 @@ class TaskAware(Adaptive):
         """Counter deltas since the last call, as the switches would report them: each
         link's bytes at its current rate over the interval, and its queue now. Links idle
         now and at the previous report are left out (only changes are sent); a link that
-        went idle reports its zeros once."""
+        went idle reports its zeros once. The port of a link its neighbours have seen go
+        down says so (``oper_up=False``) in every report, and once up again, says that in
+        the next."""
         if self._telemetry is None:
             return []
         tel = self._telemetry()
@@ -167,7 +174,18 @@ class TaskAware(Adaptive):
                 d = deltas.get(i, PortDelta(i, interval))
                 deltas[i] = replace(d, rx_bits=float(bits[i]),
                                     fec_corrected=float(bits[i] * ber[i]))
+        back, self._ports_back = self._ports_back, set()
+        for i, state in [*((i, True) for i in back), *((i, False) for i in self.ports_down)]:
+            deltas[i] = replace(deltas.get(i, PortDelta(i, interval)), oper_up=state)
         return [deltas[i] for i in sorted(deltas)]
+
+    def note_links(self, down: list[int], up: list[int]) -> None:
+        """The neighbours of links ``down`` have seen them go down, those of ``up`` come
+        back: what the ports say in telemetry from now on."""
+        self.ports_down.update(down)
+        self.ports_down.difference_update(up)
+        self._ports_back.difference_update(down)
+        self._ports_back.update(up)
 
     def install(self, rules: list[PathSet]) -> None:
         """Take path sets (effective after the control-channel latency). A switch whose
@@ -329,7 +347,8 @@ class TaskAware(Adaptive):
         if self.controller is None or self._telemetry is None:
             return moves
         now = self._telemetry().now_ns
-        if now - self._last_tick_ns >= self.ctx.controller.replan_interval_ns:
+        period = self.ctx.controller.replan_interval_ns  # (infinite: the periods are not ours)
+        if period < math.inf and now - self._last_tick_ns >= period:
             self._last_tick_ns = now
             before = set(self.controller.degraded)
             self.ticks.append(self.controller.tick(now))
@@ -373,12 +392,14 @@ class TaskAware(Adaptive):
         return src.astype(np.int64), dst.astype(np.int64)
 
     # ------------------------------------------------------------ failures
-    def on_links_changed(self, now: float, down: list[int], up: list[int]) -> float:
+    def on_links_changed(self, now: float, down: list[int], up: list[int]) -> float | None:
         """Links went down or up (seen by their neighbours): the controller re-places the
         affected path sets; they take effect after the control-channel latency, which is
-        returned (the engine pauses the affected streams until then)."""
+        returned (the engine pauses the affected streams until then). Without a controller,
+        ``None``: the fabric converges on its own."""
+        self.note_links(down, up)
         if self.controller is None:
-            return now
+            return None
         self.controller.on_links_changed(down, up, now)
         return now + self.ctx.controller.control_latency_ns
 

@@ -48,7 +48,7 @@ from fabricpilot.controller.planner import (
     replace_parts,
 )
 from fabricpilot.controller.ranking import in_scope
-from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet
+from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 
 
 def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, float]]:
@@ -245,6 +245,11 @@ class TickReport:
     # no new plan computed: the last one weighed (not installed; its lambda is
     # ``lambda_after``) was made on the same plan, jobs, links and nearly the same background
     skipped: bool = False
+    # what the period's telemetry told and the controller acted on (healed): ports their
+    # switches reported gone down or back up, links confirmed gray by their error counters
+    links_down: list[int] = field(default_factory=list)
+    links_up: list[int] = field(default_factory=list)
+    links_gray: list[int] = field(default_factory=list)
 
 
 class PlanInterrupted(RuntimeError):
@@ -424,6 +429,9 @@ class Controller:
         # (a link back carries nothing until a plan gives it traffic)
         self._links_changed = False
         self._up_since: dict[int, float | None] = {}
+        # the last operational state each port's switch reported (PortDelta.oper_up)
+        self._port_up: dict[int, bool] = {}
+        self._seen_links: tuple[list[int], list[int], list[int]] = ([], [], [])
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
@@ -1691,15 +1699,59 @@ class Controller:
         ``replan_background_tolerance`` of its capacity: a hot link no plan can relieve
         costs one plan, not one per period."""
         with _gc_paused():
-            return self._tick(now_ns)
+            self._seen_links = ([], [], [])
+            rep = self._tick(now_ns)
+            rep.links_down, rep.links_up, rep.links_gray = self._seen_links
+            return rep
+
+    def port_changes(self, deltas: list[PortDelta]) -> tuple[list[int], list[int]]:
+        """The links whose switch reports, in ``deltas``, the port gone down (and that are
+        not known down) or back up (and that are known down): a change from the state it
+        reported last (up if it never did). Reporting a state again changes nothing, so a
+        link an operator reported down stays down while its switch keeps saying up.
+
+        >>> from fabricpilot.controller.southbound import LinkInfo, PortDelta
+        >>> class DP:
+        ...     def fabric(self): return FabricView.from_links(
+        ...         [LinkInfo(0, "a", "b", 400, 1), LinkInfo(1, "b", "a", 400, 1)],
+        ...         {"a": "switch", "b": "switch"}, {}, {})
+        >>> ctl = Controller(DP())
+        >>> ctl.port_changes([PortDelta(0, 1000, oper_up=False), PortDelta(1, 1000)])
+        ([0], [])
+        >>> ctl.down.add(0); ctl.down.add(1)  # (as on_links_changed does)
+        >>> ctl.port_changes([PortDelta(0, 1000, oper_up=False), PortDelta(1, 1000, oper_up=True)])
+        ([], [])
+        >>> ctl.port_changes([PortDelta(0, 1000, oper_up=True)])
+        ([], [0])
+        """
+        last = self._port_up
+        down: set[int] = set()
+        up: set[int] = set()
+        for d in deltas:
+            state = d.oper_up
+            if state is None or last.get(d.link_id, True) is state:
+                continue
+            last[d.link_id] = state
+            if not state and d.link_id not in self.down:
+                down.add(d.link_id)
+            elif state and d.link_id in self.down:
+                up.add(d.link_id)
+        return sorted(down), sorted(up - down)
 
     def _tick(self, now_ns: float | None) -> TickReport:
         """:meth:`tick`."""
         deltas = self.dp.telemetry()
         self.map.update(deltas)
+        # ports their switches report gone down or back: healed as a fault report would be
+        down, up = self.port_changes(deltas)
+        if down or up:
+            self._seen_links[0].extend(down)
+            self._seen_links[1].extend(up)
+            self.on_links_changed(down, up, now_ns)
         if now_ns is not None:  # error counters: gray links, debounced
             gray = [lk for lk in self.gray.update(deltas, now_ns) if lk not in self.degraded]
             if gray:
+                self._seen_links[2].extend(gray)
                 self.on_links_degraded(gray)
         self.dp.push_congestion_table(self._table())
         hot = self.map.hot_links()

@@ -102,7 +102,9 @@ class FabricView:
 class PortDelta:
     """Counter deltas of one egress port (link) over ``interval_ns``, as a switch reports
     them: bytes sent, queue depth now, drops, ECN marks, PFC pause time and FEC-corrected /
-    uncorrectable errors, and bits received (for error rates)."""
+    uncorrectable errors, bits received (for error rates), and the port's operational
+    state if the switch reports it (``oper_up``: ``False`` down, ``True`` up, ``None``
+    not said)."""
 
     link_id: int
     interval_ns: int
@@ -114,6 +116,7 @@ class PortDelta:
     fec_corrected: float = 0.0
     fec_uncorrected: float = 0.0
     rx_bits: float = 0.0
+    oper_up: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ What the fabric does on its own (the baseline every policy gets):
 A controller-driven policy (one with ``on_links_changed``) is told at detection time; it
 answers with the instant its new paths take effect. Until then the affected streams pause
 (the job holds the collective at its step boundary: no byte goes into the dead path after
-detection), then they move to the paths the policy gives (``repath``).
+detection), then they move to the paths the policy gives (``repath``). A policy that answers
+``None`` has no controller beside it to tell (one elsewhere learns of the change from the
+ports' state in telemetry): the fabric converges on its own, as without a controller.
 
 Every fault gets a :class:`FaultRecord`: detection, reroute and recovery times (recovery:
 every affected job back to >= 95 % of its throughput before the fault, see ``metrics.md``),
@@ -134,6 +136,7 @@ class FaultsMixin:
         self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
         self._held_flows: set[int] = set()      # flows (rows) paused for a fault
         self._reroute_at = -math.inf            # when the controller's new paths take effect
+        self._told = False                      # a controller beside the policy was told
         self._loss_since: dict[int, int] = {}   # flow id -> when it first lost a packet
         self._cut_flows: dict[int, set[int]] = {}  # flows waiting for a path to come back
         self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
@@ -215,8 +218,10 @@ class FaultsMixin:
         self._known_down[links] = state
         down = links[state].tolist() if ev.kind == "down" else []
         up = links[~state].tolist() if ev.kind == "up" else []
-        if told is not None:
-            effective = max(math.ceil(told(self.now, down, up)), self.now)
+        when = told(self.now, down, up) if told is not None else None
+        if when is not None:
+            self._told = True
+            effective = max(math.ceil(when), self.now)
             self._reroute_at = max(self._reroute_at, effective)
             if down:
                 self._hold(np.unique(self._member_rows()[self._members_on(
@@ -262,7 +267,7 @@ class FaultsMixin:
         new paths (or take them at once if they are in place)."""
         if self._ft is None or self._instant or not self._known_down.any():
             return
-        if getattr(self.policy, "on_links_changed", None) is None:
+        if not self._told:
             return
         rows = self._member_rows()
         hit = self._members_on(np.flatnonzero(self._known_down)) & (rows >= first_row)

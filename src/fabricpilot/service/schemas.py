@@ -123,6 +123,9 @@ class PortDeltaIn(_Strict):
     fec_corrected: float = Field(default=0.0, ge=0)
     fec_uncorrected: float = Field(default=0.0, ge=0)
     rx_bits: float = Field(default=0.0, ge=0)
+    # the port's operational state, if the switch reports it: a change is a link going
+    # down or coming back
+    oper_up: bool | None = None
 
 
 class TelemetryIn(_Strict):

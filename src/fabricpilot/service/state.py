@@ -39,10 +39,16 @@ from typing import Any, cast
 from prometheus_client import generate_latest
 
 from fabricpilot.balancing.task_aware import job_intents
-from fabricpilot.controller.core import Controller, PlanInterrupted, pattern_pairs, rule_key
+from fabricpilot.controller.core import (
+    Controller,
+    PlanInterrupted,
+    TickReport,
+    pattern_pairs,
+    rule_key,
+)
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
 from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
-from fabricpilot.runner import Prepared
+from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.metrics import service_registry
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
@@ -145,7 +151,8 @@ class FabricService:
         policy = None if remote is not None else PacedTwin(twin_context(prep))
         inner: DataPlane = remote if remote is not None else cast("PacedTwin", policy)
         self.dp = ServiceDataPlane(inner, on_install=self._persist_paths)
-        self.controller = Controller(self.dp, prep.controller)
+        # (gray-link detection as the scenario's faults section says, if it has one)
+        self.controller = Controller(self.dp, fault_setup(prep)[1])
         if policy is not None:
             policy.controller = self.controller
             policy.job_names = [j.name for j in prep.jobs]
@@ -374,12 +381,37 @@ class FabricService:
         if self.remote is not None:  # the remote twin's jobs' bus bandwidth, if it tells
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
+        # links the telemetry showed down, back up or gray: in the fault log as reports are
+        seen = self._log_seen_links(rep)
         if rep.replanned:
             self.counters.replans += 1
-            self._note_reroutes(before, "replan",
-                                f"hot links {rep.hot_links[:8]}: max fabric utilisation "
-                                f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}")
             self._plan_epoch += 1
+        why = "; ".join(
+            ([f"from telemetry: {seen}"] if seen else [])
+            + ([f"hot links {rep.hot_links[:8]}: max fabric utilisation "
+                f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}"] if rep.replanned else []))
+        if why:
+            self._note_reroutes(before, "heal" if seen else "replan", why)
+
+    def _log_seen_links(self, rep: TickReport) -> str:
+        """Record the links a control period learned of from telemetry (ports down or back
+        up, links gray by their error counters) as faults reported by ``telemetry``: in the
+        store (a restart knows them), the counters and the events. Returns a summary."""
+        seen = [("down", rep.links_down, "port down"), ("up", rep.links_up, "port up"),
+                ("gray", rep.links_gray, "FEC errors above threshold")]
+        said = []
+        for kind, links, detail in seen:
+            for lk in links:
+                self.store.add_fault(time.time(), kind, lk, detail, "telemetry")
+                self.counters.faults += 1
+                li = self.view.links[lk]
+                self._event({"at_s": time.time(), "kind": f"fault-{kind}",
+                             "why": f"{li.src} -> {li.dst} ({detail}, from telemetry)",
+                             "path_sets": 0, "keys": []})
+            if links:
+                self.counters.heals += 1
+                said.append(f"{kind} {links[:8]}")
+        return ", ".join(said)
 
     def _note_reroutes(self, before: dict[str, PathSet], kind: str, why: str) -> None:
         moved = [k for k, ps in self.dp.installed.items()

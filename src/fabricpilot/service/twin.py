@@ -10,7 +10,10 @@ The default inner data plane is :class:`PacedTwin`, the twin's ``task-aware`` po
 :class:`TwinRunner` in a background thread: the scenario's jobs train in a loop, the engine
 paced so that fabric time advances ``time_scale`` times as fast as wall time (``1e-3``: one
 millisecond of fabric time per second). Between pacing points the runner holds the service
-lock; it sleeps with the lock released, so API calls interleave with the simulation.
+lock; it sleeps with the lock released, so API calls interleave with the simulation. The
+scenario's faults play in every run: the fabric reacts on its own (detection, routing
+convergence, losses), and the ports report their state and error counters in telemetry,
+from which the service's controller learns of them, as it would from switches.
 
 ``fabricpilot serve`` runs it in a process of its own
 (:mod:`fabricpilot.service.twin_process`); ``serve --single-process`` and embedders run it
@@ -33,7 +36,7 @@ from fabricpilot.balancing.task_aware import TaskAware
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 from fabricpilot.dataplane import make_rate_model
 from fabricpilot.dataplane.engine import Engine
-from fabricpilot.runner import Prepared, port_buffer_bytes
+from fabricpilot.runner import Prepared, fault_setup, port_buffer_bytes
 
 __all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "twin_context"]
 
@@ -122,11 +125,15 @@ class ServiceDataPlane:
 
 def twin_context(prep: Prepared) -> PolicyContext:
     """The policy context of the service's twin. Its control periods are the service's
-    (the service ticks the controller on the wall clock), so the policy never ticks."""
+    (the service ticks the controller on the wall clock), so the policy never ticks. If
+    the scenario has faults, the twin plays them (every run of the scenario) and its ports
+    report their state and error counters as the faults section says."""
+    faults, controller, fec = fault_setup(prep)
     return PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
                          adaptive=prep.adaptive,
-                         controller=replace(prep.controller, replan_interval_ns=math.inf),
-                         port_buffer_bytes=port_buffer_bytes(prep))
+                         controller=replace(controller, replan_interval_ns=math.inf),
+                         port_buffer_bytes=port_buffer_bytes(prep),
+                         member_routes=faults is not None, faults=faults is not None, **fec)
 
 
 class PacedTwin(TaskAware):
@@ -158,6 +165,18 @@ class PacedTwin(TaskAware):
 
     def now_ns(self) -> float:
         return self.last_tel.now_ns if self.last_tel is not None else self.offset_ns
+
+    def on_links_changed(self, now: float, down: list[int], up: list[int]) -> float | None:
+        """Links seen going down or back by their neighbours: the ports say so in the next
+        telemetry, as switches do, and the service's controller learns it there (at its
+        next control period); meanwhile the fabric converges on its own (``None``)."""
+        self.note_links(down, up)
+        return None
+
+    def new_run(self) -> None:
+        """A run of the scenario starts on a fresh fabric: every link is up again (the
+        ports down say so in the next telemetry)."""
+        self.note_links([], sorted(self.ports_down))
 
 
 class TwinRunner:
@@ -241,15 +260,17 @@ class TwinRunner:
 
     def _loop(self) -> None:
         prep = self.prep
+        faults = fault_setup(prep)[0]
         try:
             while not self._stop.is_set():
                 with self.lock:
                     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric,
                                             **prep.model_params)
+                    self.twin.new_run()
                     self._engine = Engine(prep.topology, self.twin, prep.jobs,
                                           fabric=prep.fabric, mice=prep.mice, rate_model=model,
                                           batch_rel_eps=prep.completion_tolerance,
-                                          mice_class=prep.mice_class)
+                                          mice_class=prep.mice_class, faults=faults)
                     self._seen = 0
                     self._t0_wall = time.monotonic()
                     self._t0_sim = self.twin.offset_ns

@@ -1,0 +1,52 @@
+"""The service's twin plays the scenario's faults, and the controller learns of them as it
+would from switches: a port reported down (healed at the next control period), a link
+whose FEC error counters cross the threshold (gray, debounced); both in the fault log as
+reported by ``telemetry``, in the events, and off every installed path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import yaml
+
+from conftest import served, wait_until
+from fabricpilot.scenario import load_scenario
+from fabricpilot.scenario.loader import default_scenario_path
+from fabricpilot.service.auth import Principal, TokenRegistry
+from fabricpilot.service.server import build
+
+OPS = "operator-token-0123456789"
+
+
+def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) -> None:
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data["faults"] = {"events": [
+        {"kind": "link_down", "link": "leaf0-spine0", "at_ns": "200us"},
+        {"kind": "gray", "link": "leaf1-spine1", "at_ns": "200us", "ber": 2e-5,
+         "drop_probability": 1e-4}]}
+    path = tmp_path / "faults.yaml"
+    path.write_text(yaml.safe_dump(data))
+    tokens = TokenRegistry()
+    tokens.add(OPS, Principal("ops", "operator"))
+    app, svc, _, _ = build(load_scenario(path), str(path), tmp_path / "state", tokens=tokens,
+                           twin=True, time_scale=1e-3, tick_interval_s=0.05)
+    view = svc.view
+    dead = {view.link_between("leaf0", "spine0"), view.link_between("spine0", "leaf0")}
+    gray = {view.link_between("leaf1", "spine1"), view.link_between("spine1", "leaf1")}
+    planned_on = {lk for ps in svc.dp.installed.values() for p in ps.paths for lk in p}
+    assert dead <= planned_on and gray <= planned_on  # (traffic to move)
+    with served(app) as url, httpx.Client(base_url=url, timeout=20,
+                                          headers={"Authorization": f"Bearer {OPS}"}) as c:
+        wait_until(lambda: dead <= svc.controller.down and gray <= svc.controller.degraded,
+                   timeout_s=60)
+        with svc.lock:
+            still = [k for k, ps in svc.dp.installed.items()
+                     if any((dead | gray) & set(p) for p in ps.paths)]
+        assert still == []
+        faults = c.get("/api/v1/faults").json()
+        by_kind = {(f["kind"], f["link_id"]) for f in faults if f["source"] == "telemetry"}
+        assert {("down", lk) for lk in dead} <= by_kind
+        assert {("gray", lk) for lk in gray} <= by_kind
+        kinds = {e["kind"] for e in c.get("/api/v1/events").json()}
+        assert {"fault-down", "fault-gray", "heal"} <= kinds

@@ -1022,7 +1022,9 @@ class Controller:
         entropy reaches, which frees rules for the others, and keep whichever of the two
         loads the fabric less once every path is the one its QP really takes."""
         cap = self._link_capacity()
-        self._dense_capacity()  # (made now for the re-plans of a failure, not on their clock)
+        # (made now for the re-plans of a failure, not on their clock)
+        if len(self._dense_capacity()):
+            self._fabric_caps()
         check = self._check
         stop = self.interrupt.flag if self._may_yield else None
         plan = plan_greedy(demands, cap, background=background, split=self.parts,

@@ -369,6 +369,59 @@ def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -
     assert len(weighed) == 2 and not ctl.interrupt.is_set()
 
 
+def test_declarations_cannot_starve_the_control_loop(tmp_path: Path) -> None:
+    """Three control periods in a row give way to a job declared while they weigh a whole
+    plan; the fourth weighs its plan to the end (the job declared meanwhile waits, still
+    pending), and the count starts again: the fifth gives way again."""
+    import threading
+
+    from fabricpilot.service.schemas import IntentIn, PortDeltaIn
+    from fabricpilot.service.state import PERIOD_YIELDS_MAX
+
+    _, svc = _service(tmp_path)
+    ops = Principal("ops", "operator")
+    ring = {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}
+    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[ring]), replace_ok=False)
+    svc.plan_pending("intents")
+    hot = next(lk for p in svc.dp.installed["ring:0->64"].paths for lk in p
+               if svc.view.links[lk].kind == "fabric")
+    ctl = svc.controller
+    demands = ctl.demands
+    started, declared = threading.Event(), threading.Event()
+
+    def slow_demands(*a, **k):  # type: ignore[no-untyped-def]
+        started.set()
+        assert declared.wait(10)  # (until the test has declared a job)
+        return demands(*a, **k)
+
+    def period_with_a_declaration(i: int) -> None:
+        svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000,
+                                tx_bytes=0.95 * 400 * 1000 / 8)])
+        started.clear()
+        declared.clear()
+        ctl.demands = slow_demands  # type: ignore[method-assign]
+        period = threading.Thread(target=svc.run_tick)
+        period.start()
+        assert started.wait(10)
+        svc.declare(ops, IntentIn(task_id=f"job{i}", gpus=[8 + i, 72 + i], calls=[ring]),
+                    replace_ok=False)
+        declared.set()
+        period.join(20)
+        assert not period.is_alive()
+        ctl.demands = demands  # type: ignore[method-assign]
+
+    for i in range(PERIOD_YIELDS_MAX):
+        period_with_a_declaration(i)
+        assert svc.counters.plans_yielded == i + 1 and f"job{i}" in svc._pending
+        svc.plan_pending("intents")
+    period_with_a_declaration(PERIOD_YIELDS_MAX)  # weighed to the end
+    assert svc.counters.plans_yielded == PERIOD_YIELDS_MAX
+    assert f"job{PERIOD_YIELDS_MAX}" in svc._pending and not ctl.interrupt.is_set()
+    svc.plan_pending("intents")
+    period_with_a_declaration(PERIOD_YIELDS_MAX + 1)  # gives way again
+    assert svc.counters.plans_yielded == PERIOD_YIELDS_MAX + 1
+
+
 def test_who_is_on_a_link(client: httpx.Client) -> None:
     """An operator asks who a link carries: per job, the GPU pairs with a path through it
     and the Gb/s planned on it, which the paths resource and the NIC rate (400 Gb/s; a ring

@@ -72,6 +72,10 @@ TWIN_TENANT = "twin"
 
 DEFAULT_ANNOUNCE_SLA_US = 1_000.0
 
+PERIOD_YIELDS_MAX = 3
+"""Control periods in a row whose whole plan may give way to declared changes; the next
+one weighs its plan to the end (see :meth:`FabricService.run_tick`)."""
+
 
 class ServiceError(Exception):
     """An API-level refusal: HTTP ``status`` and a one-line ``detail``."""
@@ -176,6 +180,7 @@ class FabricService:
         # a control period of the loop runs (a change declared meanwhile interrupts the
         # whole plan it may weigh; jobs lock)
         self._weighing = False
+        self._periods_yielded = 0  # control periods in a row whose plan gave way
         # reroutes, heals, faults (the recent ones; kept in the store too: see _event)
         self.events: deque[dict[str, Any]] = deque(store.events(limit=200), maxlen=200)
         self.runner: TwinRunner | None = None
@@ -255,9 +260,12 @@ class FabricService:
     def run_tick(self) -> None:
         """One control period of the loop. A whole plan it weighs gives way to a fault report
         (as any) and to changes declared meanwhile: they are planned next, and the plan is
-        weighed again at the next period."""
+        weighed again at the next period. After ``PERIOD_YIELDS_MAX`` periods in a row gave
+        way, the next one weighs its plan to the end whatever is declared meanwhile (those
+        changes wait for it; fault reports still come first): a steady stream of
+        declarations cannot keep the loop from ever re-planning congestion."""
         with self.lock:
-            self._weighing = True
+            self._weighing = self._periods_yielded < PERIOD_YIELDS_MAX
             try:
                 self._tick()
             finally:
@@ -375,6 +383,7 @@ class FabricService:
         t0 = time.perf_counter()
         rep = self.controller.tick(self.now_ns())
         self._timed("tick", t0)
+        self._periods_yielded = self._periods_yielded + 1 if rep.interrupted else 0
         if rep.interrupted:  # (weighed again at the next period)
             self.counters.plans_yielded += 1
             log.info("control period's plan gave way (to a fault or declared changes)")

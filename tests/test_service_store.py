@@ -47,3 +47,23 @@ def test_the_checkpointer_copies_the_log_in_the_background(tmp_path: Path) -> No
     assert len(_checkpointers() - before) == 1
     store.close()
     assert _checkpointers() - before == set()  # close() stops it
+
+
+def test_the_fault_log_is_bounded_but_keeps_every_links_last_state(tmp_path: Path) -> None:
+    """A link reported down once, then 1 000 reports flapping two other links (a twin
+    replaying its scenario's faults): the log keeps at most ``faults_kept`` + 10 % of the
+    newest reports, and after a reopen the first link is still down."""
+    s = Store(tmp_path / "s.db", faults_kept=100)
+    s.add_fault(0.0, "down", 5, "cable pulled", "operator")
+    for i in range(1000):
+        s.add_fault(1.0 + i, "down" if i % 2 == 0 else "up", 7 + i % 4 // 2, "", "telemetry")
+    s.close()
+    s = Store(tmp_path / "s.db", faults_kept=100)
+    try:
+        assert s.link_states() == {5: "down", 7: "up", 8: "up"}
+        kept = s.faults(limit=10_000)
+        assert kept[0]["link_id"] == 5 and 100 <= len(kept) <= 1 + 110
+        assert [f["at_s"] for f in kept[1:]] == sorted(f["at_s"] for f in kept[1:])
+        assert kept[-1]["at_s"] == 1000.0
+    finally:
+        s.close()

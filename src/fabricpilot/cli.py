@@ -254,7 +254,8 @@ def serve(
     err.print(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs /docs, "
               f"metrics /metrics); state in {state_dir}/"
               + (f"; restored {restored['jobs']} jobs, {restored['path_sets']} path sets, "
-                 f"{restored['faults']} faults" if restored["jobs"] or restored["faults"]
+                 f"the fault state of {restored['faults']} links"
+                 if restored["jobs"] or restored["faults"]
                  else ""), highlight=False, soft_wrap=True)
     if token_file is not None:
         err.print(f"operator token: {token_file}", highlight=False)

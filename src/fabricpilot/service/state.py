@@ -469,10 +469,7 @@ class FabricService:
                 if call in intent.calls:
                     self._announced.setdefault(task, {})[
                         (rec["pattern"], pairs, rec["bucket"])] = call
-        last: dict[int, str] = {}
-        faults = self.store.faults(limit=1_000_000)
-        for f in faults:
-            last[int(f["link_id"])] = str(f["kind"])
+        last = self.store.link_states()
         self.controller.down = {lk for lk, k in last.items() if k == "down"}
         self.controller.degraded = {lk for lk, k in last.items() if k == "gray"}
         known = {t for t, _, _ in jobs} | set(running)
@@ -493,7 +490,8 @@ class FabricService:
                 self.controller.adopt(kept)
             except ValueError as err:  # e.g. the rule capacity shrank: plan from scratch
                 log.warning("restore", extra={"fields": {"error": str(err)}})
-        return {"jobs": len(jobs), "faults": len(faults), "path_sets": len(kept),
+        # ("faults": the links whose fault state was read back)
+        return {"jobs": len(jobs), "faults": len(last), "path_sets": len(kept),
                 "held_by_dataplane": len(held)}
 
     # ------------------------------------------------------------ jobs

@@ -63,6 +63,10 @@ CREATE TABLE IF NOT EXISTS events (
 EVENTS_KEPT = 10_000
 """Events kept in the store (older ones are dropped as new ones come)."""
 
+FAULTS_KEPT = 100_000
+"""Fault reports kept in the store, besides the last of each link (older ones are dropped
+as new ones come: a twin replaying its scenario's faults in a loop adds some every run)."""
+
 
 class Store:
     """The service's SQLite database (``path``; ``":memory:"`` for a throw-away one).
@@ -75,9 +79,10 @@ class Store:
     that no request waits for a flush."""
 
     def __init__(self, path: str | Path, *, checkpoint_interval_s: float = 1.0,
-                 events_kept: int = EVENTS_KEPT) -> None:
+                 events_kept: int = EVENTS_KEPT, faults_kept: int = FAULTS_KEPT) -> None:
         self.path = str(path)
         self.events_kept = events_kept
+        self.faults_kept = faults_kept
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._stop = threading.Event()
@@ -158,9 +163,37 @@ class Store:
 
     # ------------------------------------------------------------------ faults
     def add_fault(self, at_s: float, kind: str, link_id: int, detail: str, source: str) -> int:
-        cur = self._write("INSERT INTO faults (at_s, kind, link_id, detail, source) "
-                          "VALUES (?, ?, ?, ?, ?)", (at_s, kind, link_id, detail, source))
-        return int(cur.lastrowid or 0)
+        """Log a fault report; returns its id. The oldest reports go once there are
+        ``faults_kept`` (checked every tenth of that many), except the last of each link:
+        :meth:`link_states` stays whole.
+
+        >>> s = Store(":memory:", faults_kept=2)
+        >>> for i, (kind, link) in enumerate([("down", 1), ("gray", 2), ("up", 2), ("down", 3),
+        ...                                   ("up", 3)]):
+        ...     _ = s.add_fault(float(i), kind, link, "", "telemetry")
+        >>> [(f["kind"], f["link_id"]) for f in s.faults()]  # (the gray report of 2 went)
+        [('down', 1), ('up', 2), ('down', 3), ('up', 3)]
+        >>> s.link_states()
+        {1: 'down', 2: 'up', 3: 'up'}
+        """
+        kept = self.faults_kept
+        with self._lock:
+            cur = self._db.execute("INSERT INTO faults (at_s, kind, link_id, detail, source) "
+                                   "VALUES (?, ?, ?, ?, ?)",
+                                   (at_s, kind, link_id, detail, source))
+            last = int(cur.lastrowid or 0)
+            if last % max(kept // 10, 1) == 0:  # (not a delete per report)
+                self._db.execute("DELETE FROM faults WHERE id <= ? AND id NOT IN "
+                                 "(SELECT MAX(id) FROM faults GROUP BY link_id)",
+                                 (last - kept,))
+        return last
+
+    def link_states(self) -> dict[int, str]:
+        """The kind of the last fault report of each link reported (``down``, ``up``,
+        ``gray``), by link id."""
+        return {int(lk): str(kind) for lk, kind in self._read(
+            "SELECT link_id, kind FROM faults WHERE id IN "
+            "(SELECT MAX(id) FROM faults GROUP BY link_id) ORDER BY link_id")}
 
     def faults(self, limit: int = 1000) -> list[dict[str, Any]]:
         rows = self._read("SELECT id, at_s, kind, link_id, detail, source FROM faults "

@@ -324,13 +324,10 @@ def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
     assert all(dead not in p for ps in svc.dp.installed.values() for p in ps.paths)
 
 
-def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -> None:
-    """Telemetry shows a link of a job at 95 % (undeclared traffic): a control period weighs
-    a whole plan; a job declared while it does makes it give way (nothing installed): the
-    job is planned first, and the following period weighs the whole plan again."""
-    import threading
-
-    from fabricpilot.service.schemas import IntentIn, PortDeltaIn
+def _service_with_a_ring(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A service (no twin) with one planned 2-GPU ring across the spines: the service, an
+    operator, the ring's call and a fabric link the ring crosses."""
+    from fabricpilot.service.schemas import IntentIn
 
     _, svc = _service(tmp_path)
     ops = Principal("ops", "operator")
@@ -339,6 +336,18 @@ def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -
     svc.plan_pending("intents")
     hot = next(lk for p in svc.dp.installed["ring:0->64"].paths for lk in p
                if svc.view.links[lk].kind == "fabric")
+    return svc, ops, ring, hot
+
+
+def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -> None:
+    """Telemetry shows a link of a job at 95 % (undeclared traffic): a control period weighs
+    a whole plan; a job declared while it does makes it give way (nothing installed): the
+    job is planned first, and the following period weighs the whole plan again."""
+    import threading
+
+    from fabricpilot.service.schemas import IntentIn, PortDeltaIn
+
+    svc, ops, ring, hot = _service_with_a_ring(tmp_path)
     svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, tx_bytes=0.95 * 400 * 1000 / 8)])
     ctl = svc.controller
     started = threading.Event()
@@ -378,13 +387,7 @@ def test_declarations_cannot_starve_the_control_loop(tmp_path: Path) -> None:
     from fabricpilot.service.schemas import IntentIn, PortDeltaIn
     from fabricpilot.service.state import PERIOD_YIELDS_MAX
 
-    _, svc = _service(tmp_path)
-    ops = Principal("ops", "operator")
-    ring = {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}
-    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[ring]), replace_ok=False)
-    svc.plan_pending("intents")
-    hot = next(lk for p in svc.dp.installed["ring:0->64"].paths for lk in p
-               if svc.view.links[lk].kind == "fabric")
+    svc, ops, ring, hot = _service_with_a_ring(tmp_path)
     ctl = svc.controller
     demands = ctl.demands
     started, declared = threading.Event(), threading.Event()

@@ -117,6 +117,7 @@ def _chromium() -> str:
 class Pages:
     dom: str            # --dump-dom of /#token=<operator>
     bad_dom: str        # --dump-dom of /#token=<unknown>
+    inspect_dom: str    # --dump-dom of /#token=<operator>&link=<the down link>
     png: bytes          # --screenshot of /#token=<operator>
     seconds: float
 
@@ -130,6 +131,7 @@ def pages(live: Live, tmp_path_factory: pytest.TempPathFactory) -> Pages:
     runs = {
         "dom": ["--dump-dom", f"{live.base}/#token={OPS}"],
         "bad": ["--dump-dom", f"{live.base}/#token=not-a-known-token-000000"],
+        "inspect": ["--dump-dom", f"{live.base}/#token={OPS}&link={live.down_link}"],
         "shot": [f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}",
                  f"{live.base}/#token={OPS}"],
     }
@@ -153,7 +155,7 @@ def pages(live: Live, tmp_path_factory: pytest.TempPathFactory) -> Pages:
     keep = os.environ.get("FABRICPILOT_SCREENSHOT")
     if keep:
         Path(keep).write_bytes(png)
-    return Pages(out["dom"], out["bad"], png, time.monotonic() - t0)
+    return Pages(out["dom"], out["bad"], out["inspect"], png, time.monotonic() - t0)
 
 
 class _Elements(HTMLParser):
@@ -261,6 +263,31 @@ def test_dashboard_renders_fabric_jobs_and_events(live: Live, pages: Pages) -> N
     assert " ".join(doc.text.get("status", [])).strip() == "ok"
     assert " ".join(doc.text.get("h-epoch", [])).strip().isdigit()
     assert "updated" in " ".join(doc.text.get("updated-text", []))
+
+
+def test_the_link_inspector_shows_who_is_on_a_link(live: Live, pages: Pages) -> None:
+    """Opened as ``/#link=ID`` (what a click on a link does), the page shows both directions
+    of that cable as the operators' link resource reports them: the direction reported
+    down carries no planned traffic (its pairs were moved), and every job listed is one the
+    service runs."""
+    doc = _parse(pages.inspect_dom)
+    assert OPS not in pages.inspect_dom, "the token leaked into the page"
+    card = doc.by_id("inspector")
+    assert card is not None and "hidden" not in card[1], "the inspector is not shown"
+    down = next(lk for lk in live.fabric["links"] if lk["id"] == live.down_link)
+    back = next(lk["id"] for lk in live.fabric["links"]
+                if (lk["src"], lk["dst"]) == (down["dst"], down["src"]))
+    dirs = {int(a["data-insp-link"]) for _, a in doc.with_attr("data-insp-link")}
+    assert dirs == {live.down_link, back}
+    title = " ".join(doc.text.get("insp-title", []))
+    assert down["src"] in title and down["dst"] in title
+    body = " ".join(doc.text.get("insp-body", []))
+    assert "DOWN" in body and "No planned traffic" in body
+    listed = {a["data-insp-job"] for _, a in doc.with_attr("data-insp-job")}
+    assert listed <= set(live.jobs)
+    sel = {int(a["data-link-id"]) for _, a in doc.with_attr("data-link-id")
+           if "sel" in a.get("class", "").split()}
+    assert sel == {live.down_link, back}  # (drawn selected)
 
 
 def test_dashboard_asks_for_a_token_on_401(pages: Pages) -> None:

@@ -50,3 +50,6 @@ def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) ->
         assert {("gray", lk) for lk in gray} <= by_kind
         kinds = {e["kind"] for e in c.get("/api/v1/events").json()}
         assert {"fault-down", "fault-gray", "heal"} <= kinds
+        moved = {e["kind"]: e["path_sets"] for e in c.get("/api/v1/events").json()
+                 if e["kind"].startswith("fault-")}
+        assert moved["fault-down"] > 0 and moved["fault-gray"] > 0

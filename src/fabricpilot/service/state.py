@@ -41,6 +41,7 @@ from prometheus_client import generate_latest
 from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.controller.core import (
     Controller,
+    HealReport,
     PlanInterrupted,
     TickReport,
     pattern_pairs,
@@ -381,6 +382,7 @@ class FabricService:
     def _tick(self) -> None:
         before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
+        n_heals = len(self.controller.heals)
         rep = self.controller.tick(self.now_ns())
         self._timed("tick", t0)
         self._periods_yielded = self._periods_yielded + 1 if rep.interrupted else 0
@@ -391,7 +393,7 @@ class FabricService:
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
         # links the telemetry showed down, back up or gray: in the fault log as reports are
-        seen = self._log_seen_links(rep)
+        seen = self._log_seen_links(rep, self.controller.heals[n_heals:])
         if rep.replanned:
             self.counters.replans += 1
             self._plan_epoch += 1
@@ -402,12 +404,18 @@ class FabricService:
         if why:
             self._note_reroutes(before, "heal" if seen else "replan", why)
 
-    def _log_seen_links(self, rep: TickReport) -> str:
+    def _log_seen_links(self, rep: TickReport, heals: list[HealReport]) -> str:
         """Record the links a control period learned of from telemetry (ports down or back
         up, links gray by their error counters) as faults reported by ``telemetry``: in the
-        store (a restart knows them), the counters and the events. Returns a summary."""
+        store (a restart knows them), the counters and the events (with the path sets the
+        period's heal of them re-placed: ``heals``, the period's, ports first). Returns a
+        summary."""
         seen = [("down", rep.links_down, "port down"), ("up", rep.links_up, "port up"),
                 ("gray", rep.links_gray, "FEC errors above threshold")]
+        ports = bool(rep.links_down or rep.links_up)
+        healed = {"down": heals[0].installed if ports and heals else 0,
+                  "up": heals[0].installed if ports and heals else 0,
+                  "gray": heals[-1].installed if rep.links_gray and heals else 0}
         said = []
         for kind, links, detail in seen:
             for lk in links:
@@ -416,7 +424,7 @@ class FabricService:
                 li = self.view.links[lk]
                 self._event({"at_s": time.time(), "kind": f"fault-{kind}",
                              "why": f"{li.src} -> {li.dst} ({detail}, from telemetry)",
-                             "path_sets": 0, "keys": []})
+                             "path_sets": healed[kind], "keys": []})
             if links:
                 self.counters.heals += 1
                 said.append(f"{kind} {links[:8]}")

@@ -265,3 +265,31 @@ def test_a_job_cut_off_until_a_repair_waits_for_it(tmp_path: Path) -> None:
     # stalled from the fault to the repair's detection plus the control latency
     assert c.end_ns - c.start_ns == pytest.approx(
         clean + 1_000_000 + DETECT_NS + CONTROL_NS, abs=5_000)
+
+
+def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
+        tmp_path: Path) -> None:
+    """The task-aware data plane with no controller in the process (the service's twin: its
+    controller learns of faults from telemetry) answers the engine's detection with
+    ``None``: nothing pauses, routing converges on its own (rerouted at detection +
+    convergence, as ECMP is), and the dead cable's ports report down from detection on."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.dataplane import Engine, make_rate_model
+    from fabricpilot.runner import fault_setup, port_buffer_bytes
+
+    prep = _scenario(tmp_path, [RING], [DOWN])
+    faults, controller, fec = fault_setup(prep)
+    assert faults is not None
+    pol = TaskAware(PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns,
+                                  prep.ecmp, member_routes=True, adaptive=prep.adaptive,
+                                  controller=controller, port_buffer_bytes=port_buffer_bytes(prep),
+                                  faults=True, **fec))
+    model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
+    out = Engine(prep.topology, pol, prep.jobs, fabric=prep.fabric, mice=prep.mice,
+                 rate_model=model, batch_rel_eps=prep.completion_tolerance,
+                 mice_class=prep.mice_class, faults=faults).run()
+    (f,) = out.faults
+    assert f.detected_ns - f.start_ns == DETECT_NS
+    assert f.rerouted_ns - f.start_ns == DETECT_NS + CONVERGE_NS
+    assert pol.ports_down == set(faults.faults[0].links)

@@ -1111,3 +1111,36 @@ def test_ports_reported_down_in_telemetry_are_healed() -> None:
     dp.deltas = [PortDelta(other, 1000, oper_up=True)]
     rep = ctl.tick(4000.0)
     assert rep.links_up == [] and other in ctl.down
+
+
+def test_a_gray_link_is_restored_once_its_counters_stay_clean() -> None:
+    """Error rate 5e-6 (> 1e-6) in three samples 1 us apart: the link is confirmed gray and
+    the pair on it moves. With ``gray_clear_ns`` = 10 us, clean samples (0 errors) from
+    t = 10 us restore it at the first period at or after t = 20 us, not before. A link an
+    operator reported gray stays gray however clean its counters, and with the default
+    (never) nothing is restored."""
+    def run(params: ControllerParams) -> tuple[Controller, int, int, list[tuple[float, int]]]:
+        dp = TelemetryPlane()
+        ctl = Controller(dp, params)
+        ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+        ctl.plan()
+        (path,) = ctl._installed[rule_key("a", 0, 2)].paths
+        lk = next(x for x in path if dp.view.link(x).kind == "fabric")
+        other = next(x for x in dp.view.links if dp.view.link(x).kind == "fabric"
+                     and x not in path)
+        ctl.on_links_degraded([other])  # (an operator's report)
+        dp.deltas = [PortDelta(x, 1000, fec_corrected=5, rx_bits=1e6) for x in (lk, other)]
+        for t in (1000.0, 2000.0, 3000.0):
+            ctl.tick(t)
+        assert lk in ctl.degraded and lk not in set(ctl._installed[rule_key("a", 0, 2)].paths[0])
+        dp.deltas = [PortDelta(x, 1000, fec_corrected=0, rx_bits=1e6) for x in (lk, other)]
+        cleared = [(t, x) for t in (10_000.0, 15_000.0, 19_999.0, 20_000.0, 30_000.0)
+                   for x in ctl.tick(t).links_clear]
+        return ctl, lk, other, cleared
+
+    ctl, lk, other, cleared = run(ControllerParams(parts=1, debounce_count=3,
+                                                   debounce_window_ns=1e6, gray_clear_ns=10_000))
+    assert cleared == [(20_000.0, lk)] and ctl.degraded == {other}
+    ctl, lk, other, cleared = run(ControllerParams(parts=1, debounce_count=3,
+                                                   debounce_window_ns=1e6))
+    assert cleared == [] and ctl.degraded == {lk, other}

@@ -224,6 +224,10 @@ def _negative_holddown(d: dict[str, Any]) -> None:
     d["controller"] = {"link_up_holddown_ns": "-1ms"}
 
 
+def _gray_clear_rate(d: dict[str, Any]) -> None:
+    d["controller"] = {"gray_clear_ns": "5Gbps"}
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -243,6 +247,7 @@ BAD_CASES = [
     (_explicit_without_ids, "jobs[0].gpu_ids", "required when placement is explicit"),
     (_negative_heal_spread, "controller.heal_spread_over", "must be >= 0"),
     (_negative_holddown, "controller.link_up_holddown_ns", "must be >= 0"),
+    (_gray_clear_rate, "controller.gray_clear_ns", "wrong unit 'Gbps' for a time"),
 ]
 
 
@@ -349,3 +354,6 @@ def test_heal_spread_setting_reaches_the_controller(tmp_path: Path) -> None:
     sc = load_scenario(write(tmp_path, data))
     assert sc.controller.to_params().heal_spread_over == 0.25
     assert sc.controller.to_params().link_up_holddown_ns == 5_000_000
+    assert sc.controller.to_params().gray_clear_ns == float("inf")  # (never, by default)
+    data["controller"] = {"gray_clear_ns": "2ms"}
+    assert load_scenario(write(tmp_path, data)).controller.to_params().gray_clear_ns == 2e6

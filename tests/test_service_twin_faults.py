@@ -1,7 +1,9 @@
 """The service's twin plays the scenario's faults, and the controller learns of them as it
 would from switches: a port reported down (healed at the next control period), a link
 whose FEC error counters cross the threshold (gray, debounced); both in the fault log as
-reported by ``telemetry``, in the events, and off every installed path."""
+reported by ``telemetry``, in the events, and off every installed path. Once the gray
+failure ends in the twin, its counters stay clean and the link is restored after
+``controller.gray_clear_ns``."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) ->
     data = yaml.safe_load(default_scenario_path().read_text())
     data["faults"] = {"events": [
         {"kind": "link_down", "link": "leaf0-spine0", "at_ns": "200us"},
-        {"kind": "gray", "link": "leaf1-spine1", "at_ns": "200us", "ber": 2e-5,
-         "drop_probability": 1e-4}]}
+        {"kind": "gray", "link": "leaf1-spine1", "at_ns": "200us", "until_ns": "5ms",
+         "ber": 2e-5, "drop_probability": 1e-4}]}
+    data.setdefault("controller", {})["gray_clear_ns"] = "2ms"
     path = tmp_path / "faults.yaml"
     path.write_text(yaml.safe_dump(data))
     tokens = TokenRegistry()
@@ -53,3 +56,9 @@ def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) ->
         moved = {e["kind"]: e["path_sets"] for e in c.get("/api/v1/events").json()
                  if e["kind"].startswith("fault-")}
         assert moved["fault-down"] > 0 and moved["fault-gray"] > 0
+        # the gray failure ends at 5 ms: clean counters for 2 ms restore the link
+        wait_until(lambda: not gray & svc.controller.degraded, timeout_s=60)
+        faults = c.get("/api/v1/faults").json()
+        restored = {f["link_id"] for f in faults
+                    if f["source"] == "telemetry" and "restored" in f["detail"]}
+        assert restored == gray and dead <= svc.controller.down

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -250,6 +251,8 @@ class TickReport:
     links_down: list[int] = field(default_factory=list)
     links_up: list[int] = field(default_factory=list)
     links_gray: list[int] = field(default_factory=list)
+    # gray links whose error counters stayed clean for ``gray_clear_ns``: restored
+    links_clear: list[int] = field(default_factory=list)
 
 
 class PlanInterrupted(RuntimeError):
@@ -431,7 +434,8 @@ class Controller:
         self._up_since: dict[int, float | None] = {}
         # the last operational state each port's switch reported (PortDelta.oper_up)
         self._port_up: dict[int, bool] = {}
-        self._seen_links: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._seen_links: tuple[list[int], ...] = ([], [], [], [])
+        self._gray_by_counters: set[int] = set()  # gray links the error counters confirmed
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
@@ -1286,6 +1290,15 @@ class Controller:
         self._links_changed = True
         return self._heal("gray")
 
+    def on_links_restored(self, links: list[int]) -> None:
+        """Gray links repaired (their error counters clean again): usable as any link, at
+        their congestion-table weight, from the next table pushed. A link change: a control
+        period weighs a whole plan (if a fabric link is hot), which may give them planned
+        traffic again."""
+        self.degraded.difference_update(links)
+        self._gray_by_counters.difference_update(links)
+        self._links_changed = True
+
     def _table(self, links: set[int] | None = None) -> dict[int, float]:
         """The congestion table (of ``links`` only, if given): the map's weights, gray
         links at most 0.05, dead links 0."""
@@ -1701,9 +1714,9 @@ class Controller:
         ``replan_background_tolerance`` of its capacity: a hot link no plan can relieve
         costs one plan, not one per period."""
         with _gc_paused():
-            self._seen_links = ([], [], [])
+            self._seen_links = ([], [], [], [])
             rep = self._tick(now_ns)
-            rep.links_down, rep.links_up, rep.links_gray = self._seen_links
+            rep.links_down, rep.links_up, rep.links_gray, rep.links_clear = self._seen_links
             return rep
 
     def port_changes(self, deltas: list[PortDelta]) -> tuple[list[int], list[int]]:
@@ -1754,7 +1767,14 @@ class Controller:
             gray = [lk for lk in self.gray.update(deltas, now_ns) if lk not in self.degraded]
             if gray:
                 self._seen_links[2].extend(gray)
+                self._gray_by_counters.update(gray)
                 self.on_links_degraded(gray)
+            soak = self.params.gray_clear_ns
+            if soak < math.inf and self._gray_by_counters & self.degraded:
+                clear = self.gray.clean(self._gray_by_counters & self.degraded, now_ns, soak)
+                if clear:
+                    self._seen_links[3].extend(clear)
+                    self.on_links_restored(clear)
         self.dp.push_congestion_table(self._table())
         hot = self.map.hot_links()
         bg = self.background_gbps()

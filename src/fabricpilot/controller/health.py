@@ -3,7 +3,9 @@
 A gray link stays up but corrupts bits; the only early sign is the FEC-corrected error rate
 in the port counters. Counters are noisy, so one bad sample must not move traffic: a link is
 *confirmed* degraded only after ``count`` detections (samples above ``threshold``) within
-``window_ns``. ``count = 1`` disables the debounce.
+``window_ns``. ``count = 1`` disables the debounce. Once repaired, a link is *clean* again
+after its samples have stayed at or below ``threshold`` for a soak time (:meth:`GrayDetector.
+clean`).
 """
 
 from __future__ import annotations
@@ -59,22 +61,41 @@ class GrayDetector:
     [3]
     >>> g.detections
     2
+
+    Clean since the first sample at or below the threshold that no detection followed:
+
+    >>> g.update([PortDelta(3, 1000, fec_corrected=0, rx_bits=1e6)], 2000)
+    []
+    >>> g.clean([3], 2500, soak_ns=1000), g.clean([3], 3000, soak_ns=1000)
+    ([], [3])
     """
 
     threshold: float = 1e-6
     debounce: Debouncer = field(default_factory=Debouncer)
     detections: int = 0
     per_link: dict[int, int] = field(default_factory=dict)  # detections of each link
+    # link -> the first sample at or below the threshold since its last detection
+    clean_since: dict[int, float] = field(default_factory=dict)
 
     def update(self, deltas: list[PortDelta], now_ns: float) -> list[int]:
         """Links confirmed degraded by this batch of deltas (sorted)."""
         out = []
+        clean = self.clean_since
         for d in deltas:
             if d.rx_bits <= 0:
                 continue
             if d.fec_corrected / d.rx_bits > self.threshold:
                 self.detections += 1
                 self.per_link[d.link_id] = self.per_link.get(d.link_id, 0) + 1
+                clean.pop(d.link_id, None)
                 if self.debounce.observe(d.link_id, now_ns):
                     out.append(d.link_id)
+            elif d.link_id not in clean:
+                clean[d.link_id] = now_ns
         return sorted(out)
+
+    def clean(self, links: set[int] | list[int], now_ns: float, soak_ns: float) -> list[int]:
+        """Those of ``links`` whose samples have all been at or below the threshold for at
+        least ``soak_ns`` (sorted)."""
+        since = self.clean_since
+        return sorted(lk for lk in links if lk in since and now_ns - since[lk] >= soak_ns)

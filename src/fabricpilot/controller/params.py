@@ -22,7 +22,9 @@ class ControllerParams:
     flapping link does not pull traffic back between its flaps). A whole plan weighed and
     not installed is not weighed again while the plan, the jobs and the links stay as they
     were and the background load of no link moves by more than
-    ``replan_background_tolerance`` of its capacity (it would lose again)."""
+    ``replan_background_tolerance`` of its capacity (it would lose again). A link its error
+    counters made gray is restored once they have stayed below the threshold for
+    ``gray_clear_ns`` (infinite, the default: only an operator's report restores it)."""
 
     control_latency_ns: int = 10_000
     parts: int = 4
@@ -38,3 +40,4 @@ class ControllerParams:
     heal_spread_over: float = 0.02
     link_up_holddown_ns: float = 1_000_000
     replan_background_tolerance: float = 0.05
+    gray_clear_ns: float = float("inf")

@@ -790,9 +790,15 @@ class ControllerSpec(_Model):
         "background load of some link moved by more than this share of its capacity (or "
         "the jobs, the links or the plan changed)",
     )
+    gray_clear_ns: int | None = Field(
+        default=None, ge=0,
+        description="a link its error counters made gray is restored once they have stayed "
+        "below the threshold this long (null: never by itself, only an operator's report)",
+    )
 
     _quantities = field_validator(
-        "control_latency_ns", "replan_interval_ns", "link_up_holddown_ns", mode="before",
+        "control_latency_ns", "replan_interval_ns", "link_up_holddown_ns", "gray_clear_ns",
+        mode="before",
     )(_convert_quantity)
 
     def to_params(self) -> ControllerParams:
@@ -802,7 +808,9 @@ class ControllerSpec(_Model):
             self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries,
             heal_spread_over=self.heal_spread_over,
             link_up_holddown_ns=float(self.link_up_holddown_ns),
-            replan_background_tolerance=self.replan_background_tolerance)
+            replan_background_tolerance=self.replan_background_tolerance,
+            gray_clear_ns=(float(self.gray_clear_ns) if self.gray_clear_ns is not None
+                           else float("inf")))
 
 
 # --- jobs -----------------------------------------------------------------------------------

@@ -406,28 +406,29 @@ class FabricService:
 
     def _log_seen_links(self, rep: TickReport, heals: list[HealReport]) -> str:
         """Record the links a control period learned of from telemetry (ports down or back
-        up, links gray by their error counters) as faults reported by ``telemetry``: in the
-        store (a restart knows them), the counters and the events (with the path sets the
-        period's heal of them re-placed: ``heals``, the period's, ports first). Returns a
-        summary."""
-        seen = [("down", rep.links_down, "port down"), ("up", rep.links_up, "port up"),
-                ("gray", rep.links_gray, "FEC errors above threshold")]
-        ports = bool(rep.links_down or rep.links_up)
-        healed = {"down": heals[0].installed if ports and heals else 0,
-                  "up": heals[0].installed if ports and heals else 0,
-                  "gray": heals[-1].installed if rep.links_gray and heals else 0}
+        up, links gray by their error counters, gray links clean again) as faults reported
+        by ``telemetry``: in the store (a restart knows them), the counters and the events
+        (with the path sets the period's heal of them re-placed: ``heals``, the period's,
+        ports first; a gray link restored moves nothing by itself). Returns a summary."""
+        ports = heals[0].installed if (rep.links_down or rep.links_up) and heals else 0
+        gray = heals[-1].installed if rep.links_gray and heals else 0
+        seen = [("down", "down", rep.links_down, "port down", ports),
+                ("up", "up", rep.links_up, "port up", ports),
+                ("gray", "gray", rep.links_gray, "FEC errors above threshold", gray),
+                ("clear", "up", rep.links_clear, "FEC errors below threshold: gray link "
+                 "restored", None)]
         said = []
-        for kind, links, detail in seen:
+        for name, kind, links, detail, moved in seen:
             for lk in links:
                 self.store.add_fault(time.time(), kind, lk, detail, "telemetry")
                 self.counters.faults += 1
                 li = self.view.links[lk]
                 self._event({"at_s": time.time(), "kind": f"fault-{kind}",
                              "why": f"{li.src} -> {li.dst} ({detail}, from telemetry)",
-                             "path_sets": healed[kind], "keys": []})
+                             "path_sets": moved or 0, "keys": []})
             if links:
-                self.counters.heals += 1
-                said.append(f"{kind} {links[:8]}")
+                self.counters.heals += moved is not None
+                said.append(f"{name} {links[:8]}")
         return ", ".join(said)
 
     def _note_reroutes(self, before: dict[str, PathSet], kind: str, why: str) -> None:

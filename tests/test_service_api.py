@@ -265,6 +265,10 @@ def test_fault_heals_and_partitions(client: httpx.Client) -> None:
     assert r.status_code == 201, r.text
     rep = r.json()
     assert rep["link_id"] == dead and rep["affected_path_sets"] >= 1
+    assert 0 < rep["sent_ms"] <= rep["replan_ms"]
+    metrics = c.get("/metrics").text
+    for kind in ("heal", "heal_sent"):
+        assert _metric(metrics, f'fabricpilot_planner_seconds_count{{kind="{kind}"}}') == 1
     after = _planned_paths(c, "acme-f", ACME)
     assert all(dead not in p for paths in after.values() for p in paths)
     assert [f["link_id"] for f in c.get("/api/v1/faults", headers=_auth(ACME)).json()] == [dead]

@@ -102,10 +102,12 @@ class ServiceCollector(Collector):
 
 def service_registry(service: FabricService) -> CollectorRegistry:
     """A registry for one service: its state collector and the planner-latency histogram
-    (the service observes it after each plan, control period and heal)."""
+    (the service observes it after each plan, control period and heal; ``kind`` plan, tick,
+    heal, heal_sent)."""
     reg = CollectorRegistry()
     planner = Histogram("fabricpilot_planner_seconds",
-                        "Wall time of the controller's plans, control periods and heals",
+                        "Wall time of the controller's plans, control periods and heals "
+                        "(heal_sent: until a heal's new paths were sent)",
                         ["kind"], registry=reg, buckets=LATENCY_BUCKETS_S)
     service.observe_planner = lambda kind, s: planner.labels(kind).observe(s)
     reg.register(ServiceCollector(service))

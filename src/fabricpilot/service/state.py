@@ -393,7 +393,9 @@ class FabricService:
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
         # links the telemetry showed down, back up or gray: in the fault log as reports are
-        seen = self._log_seen_links(rep, self.controller.heals[n_heals:])
+        heals = self.controller.heals[n_heals:]
+        self._observe_heals(heals)
+        seen = self._log_seen_links(rep, heals)
         if rep.replanned:
             self.counters.replans += 1
             self._plan_epoch += 1
@@ -403,6 +405,13 @@ class FabricService:
                 f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}"] if rep.replanned else []))
         if why:
             self._note_reroutes(before, "heal" if seen else "replan", why)
+
+    def _observe_heals(self, heals: list[HealReport]) -> None:
+        """The planner-latency metrics of heals: the whole reaction, and until the new paths
+        were sent."""
+        for h in heals:
+            self.observe_planner("heal", h.wall_s)
+            self.observe_planner("heal_sent", h.sent_s)
 
     def _log_seen_links(self, rep: TickReport, heals: list[HealReport]) -> str:
         """Record the links a control period learned of from telemetry (ports down or back
@@ -780,7 +789,7 @@ class FabricService:
             else:
                 self.controller.degraded.discard(lk)
                 rep = self.controller.on_links_changed([], [lk], self.now_ns())
-            self.observe_planner("heal", rep.wall_s)
+            self._observe_heals([rep])
             self.counters.heals += 1
             li = self.view.links[lk]
             self._event({"at_s": time.time(), "kind": f"fault-{f.kind}",

@@ -493,6 +493,28 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         assert again[:len(events)] == events
 
 
+def test_ports_reported_down_are_known_as_such_after_a_restart(tmp_path: Path) -> None:
+    """A link its switch reported down (telemetry) and one an operator reported down; after
+    a restart both are still down, and the switches then saying both ports are up brings
+    back the first only: the operator's report stands until an operator says otherwise."""
+    from fabricpilot.service.schemas import FaultIn, PortDeltaIn
+
+    svc, ops, _, hot = _service_with_a_ring(tmp_path)
+    other = next(lk for lk, li in svc.view.links.items() if li.kind == "fabric" and lk != hot)
+    svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, oper_up=False)])
+    svc.tick_now()
+    svc.report_fault(ops, FaultIn(kind="down", link_id=other))
+    assert {hot, other} <= svc.controller.down
+    _, svc2 = _service(tmp_path)
+    assert {hot, other} <= svc2.controller.down
+    svc2.ingest([PortDeltaIn(link_id=lk, interval_ns=1000, oper_up=True) for lk in (hot, other)])
+    svc2.tick_now()
+    assert hot not in svc2.controller.down and other in svc2.controller.down
+    ups = [f["link_id"] for f in svc2.faults(100)
+           if f["kind"] == "up" and f["source"] == "telemetry"]
+    assert ups == [hot]
+
+
 def test_openapi_lists_every_resource(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]

@@ -60,7 +60,8 @@ def test_the_fault_log_is_bounded_but_keeps_every_links_last_state(tmp_path: Pat
     s.close()
     s = Store(tmp_path / "s.db", faults_kept=100)
     try:
-        assert s.link_states() == {5: "down", 7: "up", 8: "up"}
+        assert s.link_states() == {5: ("down", "operator"), 7: ("up", "telemetry"),
+                                   8: ("up", "telemetry")}
         kept = s.faults(limit=10_000)
         assert kept[0]["link_id"] == 5 and 100 <= len(kept) <= 1 + 110
         assert [f["at_s"] for f in kept[1:]] == sorted(f["at_s"] for f in kept[1:])

@@ -1290,6 +1290,20 @@ class Controller:
         self._links_changed = True
         return self._heal("gray")
 
+    def restore_links(self, down: set[int], degraded: set[int], *,
+                      ports_down: set[int] | frozenset[int] = frozenset(),
+                      gray_by_counters: set[int] | frozenset[int] = frozenset()) -> None:
+        """Take back the link state an earlier run of the controller knew (after a restart,
+        before the first plan): the links ``down`` and gray (``degraded``), those of them
+        their switches reported down (``ports_down``: a port reported up again brings such
+        a link back) and those gray by their error counters (``gray_by_counters``:
+        restored by clean counters, with ``gray_clear_ns``). The others stay as they are
+        until an operator says otherwise."""
+        self.down = set(down)
+        self.degraded = set(degraded)
+        self._port_up = dict.fromkeys(ports_down & self.down, False)
+        self._gray_by_counters = set(gray_by_counters) & self.degraded
+
     def on_links_restored(self, links: list[int]) -> None:
         """Gray links repaired (their error counters clean again): usable as any link, at
         their congestion-table weight, from the next table pushed. A link change: a control

@@ -488,8 +488,14 @@ class FabricService:
                     self._announced.setdefault(task, {})[
                         (rec["pattern"], pairs, rec["bucket"])] = call
         last = self.store.link_states()
-        self.controller.down = {lk for lk, k in last.items() if k == "down"}
-        self.controller.degraded = {lk for lk, k in last.items() if k == "gray"}
+
+        def links(kind: str, telemetry: bool = False) -> set[int]:
+            return {lk for lk, (k, src) in last.items()
+                    if k == kind and (not telemetry or src == "telemetry")}
+
+        self.controller.restore_links(links("down"), links("gray"),
+                                      ports_down=links("down", True),
+                                      gray_by_counters=links("gray", True))
         known = {t for t, _, _ in jobs} | set(running)
         stored = [pathset_from_dict(d) for d in self.store.paths().values()]
         kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]

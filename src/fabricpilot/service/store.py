@@ -174,7 +174,7 @@ class Store:
         >>> [(f["kind"], f["link_id"]) for f in s.faults()]  # (the gray report of 2 went)
         [('down', 1), ('up', 2), ('down', 3), ('up', 3)]
         >>> s.link_states()
-        {1: 'down', 2: 'up', 3: 'up'}
+        {1: ('down', 'telemetry'), 2: ('up', 'telemetry'), 3: ('up', 'telemetry')}
         """
         kept = self.faults_kept
         with self._lock:
@@ -188,11 +188,11 @@ class Store:
                                  (last - kept,))
         return last
 
-    def link_states(self) -> dict[int, str]:
-        """The kind of the last fault report of each link reported (``down``, ``up``,
-        ``gray``), by link id."""
-        return {int(lk): str(kind) for lk, kind in self._read(
-            "SELECT link_id, kind FROM faults WHERE id IN "
+    def link_states(self) -> dict[int, tuple[str, str]]:
+        """The kind (``down``, ``up``, ``gray``) and source of the last fault report of each
+        link reported, by link id."""
+        return {int(lk): (str(kind), str(src)) for lk, kind, src in self._read(
+            "SELECT link_id, kind, source FROM faults WHERE id IN "
             "(SELECT MAX(id) FROM faults GROUP BY link_id) ORDER BY link_id")}
 
     def faults(self, limit: int = 1000) -> list[dict[str, Any]]:

@@ -1756,9 +1756,9 @@ class Controller:
         last = self._port_up
         down: set[int] = set()
         up: set[int] = set()
-        for d in deltas:
-            state = d.oper_up
-            if state is None or last.get(d.link_id, True) is state:
+        for d in [d for d in deltas if d.oper_up is not None]:  # (few say)
+            state = bool(d.oper_up)
+            if last.get(d.link_id, True) is state:
                 continue
             last[d.link_id] = state
             if not state and d.link_id not in self.down:

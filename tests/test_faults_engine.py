@@ -21,12 +21,12 @@ RTO_NS = 4_000_000  # RoCE retransmission timeout (the default)
 
 
 def _scenario(tmp_path: Path, jobs: list[dict[str, Any]], events: list[dict[str, Any]],
-              **faults: Any) -> Prepared:
+              controller: dict[str, Any] | None = None, **faults: Any) -> Prepared:
     data = {
         "name": "faults", "seed": 3,
         "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
                      "nics_per_leaf": 2, "rail_optimized": False},
-        "controller": {"parts": 1},
+        "controller": {"parts": 1, **(controller or {})},
         "jobs": jobs,
         "faults": {"detection_delay_ns": DETECT_NS, "convergence_delay_ns": CONVERGE_NS,
                    "events": events, **faults},
@@ -162,10 +162,11 @@ def test_a_failure_that_cuts_a_gpu_off_is_reported_not_hung(tmp_path: Path) -> N
         assert r.summary()["aborted_jobs"] == r.aborted
 
 
-def _gray_run(tmp_path: Path, policy: str, **faults: Any) -> tuple[Any, Any]:
+def _gray_run(tmp_path: Path, policy: str, controller: dict[str, Any] | None = None,
+              **faults: Any) -> tuple[Any, Any]:
     from fabricpilot.runner import _simulate
 
-    prep = _scenario(tmp_path, [RING], faults.pop("events", []), **faults)
+    prep = _scenario(tmp_path, [RING], faults.pop("events", []), controller, **faults)
     out, pol, _ = _simulate(prep, policy)
     return out, pol
 
@@ -293,3 +294,26 @@ def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
     assert f.detected_ns - f.start_ns == DETECT_NS
     assert f.rerouted_ns - f.start_ns == DETECT_NS + CONVERGE_NS
     assert pol.ports_down == set(faults.faults[0].links)
+
+
+def test_a_repaired_gray_link_is_restored_after_its_counters_stay_clean(tmp_path: Path) -> None:
+    """The same gray link, repaired at 5 ms, with ``gray_clear_ns`` 2 ms: confirmed gray on
+    the third sample (3 ms), clean from the first sample after the repair (5 or 6 ms: one
+    every 1 ms), restored by the first control period (every 200 us) at least 2 ms later,
+    so between 7 and 8.2 ms; without ``gray_clear_ns`` it stays gray."""
+    gray = [{"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "until_ns": "5ms",
+             "ber": 1e-5}]
+    ring = {**RING, "iterations": 4}
+    from fabricpilot.runner import _simulate
+
+    prep = _scenario(tmp_path, [ring], gray, {"gray_clear_ns": "2ms"})
+    _, pol, _ = _simulate(prep, "task-aware")
+    both = {lk for _, lk, _, _ in pol.gray_actions}
+    assert len(both) == 2
+    cleared = pol.gray_restored
+    assert sorted(lk for _, lk in cleared) == sorted(both)
+    assert all(7_000_000 <= t <= 8_200_000 for t, _ in cleared), cleared
+    assert not pol.controller.degraded and pol.stats()["gray_links_restored"] == 2
+    prep = _scenario(tmp_path, [ring], gray)
+    _, pol, _ = _simulate(prep, "task-aware")
+    assert pol.controller.degraded == both and pol.stats()["gray_links_restored"] == 0

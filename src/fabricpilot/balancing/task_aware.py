@@ -130,6 +130,7 @@ class TaskAware(Adaptive):
         # links the controller found gray: (time, link, really gray, detections of it)
         self.gray_actions: list[tuple[float, int, bool, int]] = []
         self.confirmed_gray: dict[int, float] = {}  # link -> when the controller acted
+        self.gray_restored: list[tuple[float, int]] = []  # (time, link) clean counters again
         # rule key -> (the path set, the link-id rows its QPs are forwarded on)
         self._forwarded: dict[str, tuple[PathSet, list[NDArray[np.int32]]]] = {}
         # ports whose loss of signal the switches have seen (reported down in every
@@ -258,6 +259,7 @@ class TaskAware(Adaptive):
                                           default=0.0) * 1e3, 3) if self.controller else 0.0,
             "gray_links_confirmed": sum(1 for a in self.gray_actions if a[2]),
             "gray_false_alarms": sum(1 for a in self.gray_actions if not a[2]),
+            "gray_links_restored": len(self.gray_restored),
         }
 
     def report(self) -> list[str]:
@@ -351,7 +353,9 @@ class TaskAware(Adaptive):
         if period < math.inf and now - self._last_tick_ns >= period:
             self._last_tick_ns = now
             before = set(self.controller.degraded)
-            self.ticks.append(self.controller.tick(now))
+            tick = self.controller.tick(now)
+            self.ticks.append(tick)
+            self.gray_restored.extend((now, lk) for lk in tick.links_clear)
             ber = self._telemetry().ber
             for lk in sorted(self.controller.degraded - before):
                 self.gray_actions.append((now, lk, bool(ber is not None and ber[lk] > 0),

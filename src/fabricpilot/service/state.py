@@ -399,8 +399,11 @@ class FabricService:
         if rep.replanned:
             self.counters.replans += 1
             self._plan_epoch += 1
+        sent = max((h.sent_s for h in heals), default=0.0) * 1e3
         why = "; ".join(
-            ([f"from telemetry: {seen}"] if seen else [])
+            ([f"from telemetry: {seen}" + (f" (new paths sent after {sent:.2f} ms)"
+                                           if any(h.installed for h in heals) else "")]
+             if seen else [])
             + ([f"hot links {rep.hot_links[:8]}: max fabric utilisation "
                 f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}"] if rep.replanned else []))
         if why:
@@ -801,7 +804,8 @@ class FabricService:
             self._event({"at_s": time.time(), "kind": f"fault-{f.kind}",
                          "why": f"{li.src} -> {li.dst} ({f.detail or p.name})",
                          "path_sets": rep.installed, "keys": []})
-            self._note_reroutes(before, "heal", f"link {lk} {f.kind}")
+            self._note_reroutes(before, "heal", f"link {lk} {f.kind} (new paths sent after "
+                                                f"{rep.sent_s * 1e3:.2f} ms)")
             return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
                     "installed_path_sets": rep.installed, "replan_ms": rep.wall_s * 1e3,
                     "sent_ms": rep.sent_s * 1e3,

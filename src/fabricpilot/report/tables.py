@@ -120,14 +120,34 @@ def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its f
     task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips
+
+    With heals (failed or gray links), how many and the slowest, and gray links found:
+
+    >>> c |= {"heals": 2, "heal_max_ms": 3.25, "heal_sent_max_ms": 2.5,
+    ...       "gray_links_confirmed": 2, "gray_false_alarms": 0, "gray_links_restored": 2}
+    >>> print(controller_line(SimpleNamespace(policy="task-aware", controller=c)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
+    on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
+    trips; 2 heals (the slowest 3.25 ms, its new paths sent after 2.50 ms); 2 gray links
+    confirmed, 0 false alarms, 2 restored
     """
     c = r.controller
     plural = "" if c["replans"] == 1 else "s"
-    return (f"{r.policy} controller: {c['qps_steered']} QPs steered by source port, "
+    line = (f"{r.policy} controller: {c['qps_steered']} QPs steered by source port, "
             f"{c['qps_pinned']} pinned by rules (at most {c['switch_rules_max']} rules on a "
             f"switch, capacity {c['switch_rule_capacity']}), {c['qps_unpinned']} left to the "
             f"hash; {c['control_periods']} control periods, {c['replans']} re-plan{plural}, "
             f"{c['fuse_trips']} fuse trips")
+    if c.get("heals"):
+        line += (f"; {c['heals']} heal{'' if c['heals'] == 1 else 's'} (the slowest "
+                 f"{c['heal_max_ms']:.2f} ms, its new paths sent after "
+                 f"{c.get('heal_sent_max_ms', 0.0):.2f} ms)")
+    if c.get("gray_links_confirmed") or c.get("gray_false_alarms"):
+        line += (f"; {c['gray_links_confirmed']} gray links confirmed, "
+                 f"{c['gray_false_alarms']} false alarms, "
+                 f"{c.get('gray_links_restored', 0)} restored")
+    return line
 
 
 def _us(v: object) -> str:

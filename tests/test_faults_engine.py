@@ -317,3 +317,45 @@ def test_a_repaired_gray_link_is_restored_after_its_counters_stay_clean(tmp_path
     prep = _scenario(tmp_path, [ring], gray)
     _, pol, _ = _simulate(prep, "task-aware")
     assert pol.controller.degraded == both and pol.stats()["gray_links_restored"] == 0
+
+
+def test_faults_injected_while_the_run_goes_play_as_the_scenarios_do(tmp_path: Path) -> None:
+    """The ring's run with no scenario fault (an empty timeline): at its first adaptive
+    round after 1 ms (the twin with no controller beside it), leaf0-spine0 fails for
+    the rest of the run. It is the routing baseline of a scenario's failure, shifted to the
+    injection time: detected 100 us later, rerouted at detection + convergence, its bytes
+    lost counted; the timeline the engine was given is left as it was."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.dataplane import Engine, make_rate_model
+    from fabricpilot.faults import resolve_faults
+    from fabricpilot.faults.model import FaultTimeline
+    from fabricpilot.scenario.models import FaultsSpec
+
+    prep = _scenario(tmp_path, [RING], [{**DOWN, "at_ns": 900_000_000}])  # (after the run)
+    assert prep.faults is not None
+    empty = FaultTimeline([], [], prep.faults.params)
+    pol = TaskAware(PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns,
+                                  prep.ecmp, member_routes=True, faults=True))
+    model = make_rate_model(prep.rate_model, prep.topology, prep.fabric, **prep.model_params)
+    eng = Engine(prep.topology, pol, prep.jobs, fabric=prep.fabric, rate_model=model,
+                 batch_rel_eps=prep.completion_tolerance, faults=empty)
+    drill = resolve_faults(FaultsSpec.model_validate(
+        {"events": [{"kind": "link_down", "link": "leaf0-spine0", "at_ns": 0}],
+         "detection_delay_ns": DETECT_NS, "convergence_delay_ns": CONVERGE_NS}),
+        prep.topology, prep.seed)
+    at: list[int] = []
+    rebalance = pol.rebalance
+
+    def once(members):  # type: ignore[no-untyped-def]
+        if not at and eng.now >= 1_000_000:
+            assert eng.inject_faults(drill) == [0]
+            at.append(int(eng.now))
+        return rebalance(members)
+
+    pol.rebalance = once  # type: ignore[method-assign]
+    out = eng.run()
+    (f,) = out.faults
+    assert f.start_ns == at[0] and f.detected_ns == at[0] + DETECT_NS
+    assert f.rerouted_ns == at[0] + DETECT_NS + CONVERGE_NS and f.bytes_lost > 0
+    assert empty.faults == [] and empty.events == []

@@ -19,6 +19,7 @@ from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.server import build
 
 OPS = "operator-token-0123456789"
+TENANT = "tenant-token-0123456789abc"
 
 
 def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) -> None:
@@ -62,3 +63,46 @@ def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) ->
         restored = {f["link_id"] for f in faults
                     if f["source"] == "telemetry" and "restored" in f["detail"]}
         assert restored == gray and dead <= svc.controller.down
+
+
+def test_a_fault_drill_in_the_twin_is_healed_from_telemetry(tmp_path: Path) -> None:
+    """The default scenario (no faults): an operator fails leaf2-spine3 in the twin for 2 ms
+    of fabric time. The controller is not told; it finds the ports down in the telemetry,
+    heals, and brings the cable back once the twin reports it up. A bad event is a 422
+    naming its field, a tenant gets 403, and a service without a twin answers 501."""
+    from fabricpilot.scenario import default_scenario
+
+    tokens = TokenRegistry()
+    tokens.add(OPS, Principal("ops", "operator"))
+    tokens.add(TENANT, Principal("acme", "tenant", "acme"))
+    app, svc, _, _ = build(default_scenario(), "default", tmp_path / "state", tokens=tokens,
+                           twin=True, time_scale=1e-3, tick_interval_s=0.05)
+    view = svc.view
+    cable = {view.link_between("leaf2", "spine3"), view.link_between("spine3", "leaf2")}
+    with served(app) as url, httpx.Client(base_url=url, timeout=20,
+                                          headers={"Authorization": f"Bearer {OPS}"}) as c:
+        drill = {"events": [{"kind": "link_down", "link": "leaf2-spine3", "at_ns": 0,
+                             "until_ns": "2ms"}]}
+        r = c.post("/api/v1/twin/faults", json=drill)
+        assert r.status_code == 201, r.text
+        (fault,) = r.json()["faults"]
+        assert "leaf2" in fault["label"] and "spine3" in fault["label"]
+        wait_until(lambda: cable <= svc.controller.down, timeout_s=60)
+        wait_until(lambda: not cable & svc.controller.down, timeout_s=60)
+        logged = [(f["kind"], f["link_id"]) for f in c.get("/api/v1/faults").json()
+                  if f["source"] == "telemetry"]
+        assert {("down", lk) for lk in cable} | {("up", lk) for lk in cable} <= set(logged)
+        assert any(e["kind"] == "drill" for e in c.get("/api/v1/events").json())
+        bad = c.post("/api/v1/twin/faults", json={"events": [{"kind": "link_down",
+                                                               "link": "leaf2-spine99",
+                                                               "at_ns": 0}]})
+        assert bad.status_code == 422 and "faults.events[0].link" in bad.json()["detail"]
+        tenant = c.post("/api/v1/twin/faults", json=drill,
+                        headers={"Authorization": f"Bearer {TENANT}"})
+        assert tenant.status_code == 403
+    app2, _, _, _ = build(default_scenario(), "default", tmp_path / "state2", tokens=tokens,
+                          twin=False, tick_interval_s=3600.0)
+    with served(app2) as url, httpx.Client(base_url=url, timeout=20,
+                                           headers={"Authorization": f"Bearer {OPS}"}) as c:
+        r = c.post("/api/v1/twin/faults", json=drill)
+        assert r.status_code == 501 and "only the twin" in r.json()["detail"]

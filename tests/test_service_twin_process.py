@@ -155,3 +155,26 @@ def test_faults_played_in_the_twin_process_reach_the_controller(tmp_path: Path) 
         assert not any(dead & set(p) for ps in tp.rules() for p in ps.paths)
     finally:
         tp.close()
+
+
+def test_a_fault_drill_reaches_the_twin_process() -> None:
+    """A drill sent to the twin process fails the link in its current run: its ports then
+    report down; a bad event is a one-line ``ValueError`` naming its field."""
+    tp = TwinProcess(default_scenario(), "default", time_scale=SCALE)
+    try:
+        tp.wait_ready()
+        view = tp.fabric()
+        cable = {view.link_between("leaf1", "spine2"), view.link_between("spine2", "leaf1")}
+        (fault,) = tp.inject_faults([{"kind": "link_down", "link": "leaf1-spine2",
+                                      "at_ns": 0}])
+        assert fault["id"] == 0 and "leaf1" in fault["label"]
+        down: set[int] = set()
+        deadline = time.monotonic() + 30
+        while not cable <= down and time.monotonic() < deadline:
+            time.sleep(0.05)
+            down |= {d.link_id for d in tp.telemetry() if d.oper_up is False}
+        assert cable <= down
+        with pytest.raises(ValueError, match=r"faults\.events\[0\]\.at_ns"):
+            tp.inject_faults([{"kind": "link_down", "link": "leaf1-spine2", "at_ns": "soon"}])
+    finally:
+        tp.close()

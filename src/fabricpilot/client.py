@@ -397,6 +397,19 @@ class Client:
         result: JSONDict = self._request("POST", f"{API_PREFIX}/control/tick").json()
         return result
 
+    def twin_fault_drill(self, events: list[JSONDict]) -> list[JSONDict]:
+        """``POST /api/v1/twin/faults`` (operators): the twin plays these fault ``events``
+        (as a scenario's ``faults.events``, times counted from now) in its current run; the
+        controller learns of them from telemetry. Returns each fault's ``id``, ``label`` and
+        ``at_ms`` (fabric time).
+
+        >>> # Client(url, token).twin_fault_drill(
+        >>> #     [{"kind": "link_down", "link": "leaf0-spine1", "at_ns": 0, "until_ns": "2ms"}])
+        """
+        result: list[JSONDict] = self._request(
+            "POST", f"{API_PREFIX}/twin/faults", json={"events": events}).json()["faults"]
+        return result
+
     def report_fault(self, kind: FaultKind, *, link_id: int | None = None,
                      endpoints: tuple[str, str] | None = None, detail: str = "") -> JSONDict:
         """``POST /api/v1/faults`` (operators): link ``link_id`` (or the link between the two

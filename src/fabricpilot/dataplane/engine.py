@@ -189,8 +189,8 @@ class Engine(FaultsMixin):
             and math.isfinite(getattr(policy, "rebalance_interval_ns", math.inf))
             and (not self._stepping or hasattr(self.model, "in_flight_bytes")))
         self._track = self._stepping or self._rebalancing
-        self._timeline = faults if faults is not None and (
-            faults.events or faults.params.noise_spike_probability > 0) else None
+        # (a timeline without events still plays: faults may be injected into the run)
+        self._timeline = faults
         if self._timeline is not None:
             if self._stepping:
                 raise SimulationError("faults are modelled by the flow-level model: set "

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.errors import TopologyError
+from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down
 from fabricpilot.topology.paths import walk_paths
@@ -124,7 +124,9 @@ class FaultsMixin:
     _mark_dirty: Callable[[], None]
 
     def _faults_setup(self, timeline: FaultTimeline | None) -> None:
-        self._ft = timeline
+        # (a copy of its own: :meth:`inject_faults` adds to it)
+        self._ft = (None if timeline is None else
+                    replace(timeline, events=list(timeline.events), faults=list(timeline.faults)))
         n = self.ct.n_links
         self._phys_down = np.zeros(n, bool)     # the links that are down
         self._down_count = np.zeros(n, np.int64)  # faults holding each link down
@@ -151,6 +153,30 @@ class FaultsMixin:
                                                        info.start_ns, info.end_ns)
         for ev in timeline.events:
             self._at(ev.time_ns, lambda ev=ev: self._fault_event(ev))
+
+    def inject_faults(self, timeline: FaultTimeline) -> list[int]:
+        """Play ``timeline``'s faults from now on, its times counted from now: faults added
+        while the run goes (a drill). They are numbered after the run's own and get their
+        records as those do. Needs a run that plays faults (``faults`` given, possibly
+        without any). Returns their fault ids.
+
+        ``SimulationError`` if the run plays no faults."""
+        if self._ft is None:
+            raise SimulationError("this run plays no faults (give the engine a fault timeline)")
+        base, now = len(self._ft.faults), int(self.now)
+        ids = []
+        for info in timeline.faults:
+            new = replace(info, fault_id=base + info.fault_id, start_ns=info.start_ns + now,
+                          end_ns=None if info.end_ns is None else info.end_ns + now)
+            self._ft.faults.append(new)
+            self._records[new.fault_id] = FaultRecord(new.fault_id, new.kind, new.label,
+                                                      new.start_ns, new.end_ns)
+            ids.append(new.fault_id)
+        for ev in timeline.events:
+            moved = replace(ev, time_ns=ev.time_ns + now, fault_id=base + ev.fault_id)
+            self._ft.events.append(moved)
+            self._at(moved.time_ns, lambda ev=moved: self._fault_event(ev))
+        return ids
 
     @property
     def _instant(self) -> bool:

@@ -20,12 +20,13 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from fabricpilot.errors import ScenarioError
-from fabricpilot.scenario.models import FieldProblem, Scenario, check_fits
+from fabricpilot.scenario.models import FaultsSpec, FieldProblem, Scenario, check_fits
 
 __all__ = [
     "check_gpu_count",
     "default_scenario",
     "default_scenario_path",
+    "fault_events",
     "format_loc",
     "load_scenario",
     "scenario_from_dict",
@@ -217,6 +218,28 @@ def scenario_from_dict(
             update={"topology": topology.model_copy(update={"path": str(resolved)})}
         )
     return scenario
+
+
+def fault_events(events: Any, source: str) -> FaultsSpec:
+    """Fault events given apart from a scenario (e.g. a drill sent to the service's twin),
+    checked as a scenario's ``faults.events``: a :class:`FaultsSpec` with them and default
+    settings. Raises :class:`ScenarioError` (``SOURCE: faults.events[i].FIELD: PROBLEM``) on
+    the first problem.
+
+    >>> fault_events([{"kind": "link_down", "link": "leaf0-spine0", "at_ns": "1ms"}],
+    ...              "drill").events[0].at_ns
+    1000000
+    >>> fault_events([{"kind": "link_down", "at_ns": 0}], "drill")
+    Traceback (most recent call last):
+    ...
+    fabricpilot.errors.ScenarioError: drill: faults.events[0].link: required for kind \
+link_down
+    """
+    try:
+        return FaultsSpec.model_validate({"events": events})
+    except ValidationError as exc:
+        field, problem = _readable(exc.errors(include_url=False)[0])
+        raise ScenarioError(source, f"faults.{field}" if field else "faults", problem) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:

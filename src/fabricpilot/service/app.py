@@ -40,7 +40,7 @@ from fabricpilot import __version__
 from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.control import ControlProcess, LocalControl
 from fabricpilot.service.metrics import api_histogram
-from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, TelemetryIn
+from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, TelemetryIn, TwinFaultsIn
 from fabricpilot.service.state import ServiceError
 
 log = logging.getLogger("fabricpilot.service")
@@ -306,6 +306,13 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         """A link went down, came back up, or is gray: the controller re-places the path
         sets that cross it."""
         return await call("report_fault", p, body)  # type: ignore[no-any-return]
+
+    @app.post(f"{v1}/twin/faults", status_code=201, tags=["faults"])
+    async def twin_faults(body: TwinFaultsIn, p: Operator) -> dict[str, Any]:
+        """A fault drill: the twin plays these faults in its current run, from now (as a
+        scenario's ``faults.events``); the controller learns of them from the twin's
+        telemetry, as it would from switches. 501 if the data plane is not the twin."""
+        return await call("inject_twin_faults", p, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/faults", tags=["faults"])
     async def list_faults(_: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200

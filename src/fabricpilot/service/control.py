@@ -54,11 +54,11 @@ log = logging.getLogger("fabricpilot.service")
 OPERATIONS = frozenset({
     "declare", "withdraw", "jobs", "job", "announce", "calls", "paths", "ingest", "ingest_rows",
     "tick_now", "report_fault", "faults", "topology", "congestion", "link_usage", "health",
-    "events_list", "metrics_text"})
+    "events_list", "metrics_text", "inject_twin_faults"})
 """The :class:`FabricService` methods a control may call."""
 
 WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "link_usage",
-                     "metrics_text"})
+                     "metrics_text", "inject_twin_faults"})
 """Operations that may wait for a plan or the controller's lock (run on a thread pool)."""
 
 _DELTA_FIELDS = tuple(f.name for f in fields(PortDelta))

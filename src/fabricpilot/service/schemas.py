@@ -13,7 +13,7 @@ upper bounds so that one request cannot ask the controller for unbounded work.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -133,6 +133,14 @@ class TelemetryIn(_Strict):
 
     switch: str | None = Field(default=None, max_length=128)
     deltas: list[PortDeltaIn] = Field(min_length=1, max_length=MAX_DELTAS_PER_BATCH)
+
+
+class TwinFaultsIn(_Strict):
+    """A fault drill: events to play in the twin's current run, each as in a scenario's
+    ``faults.events`` (``kind``, ``link`` or ``switch`` by name, ``at_ns`` and ``until_ns``
+    counted from now, ``ber``...; checked against the fabric by the twin)."""
+
+    events: list[dict[str, Any]] = Field(min_length=1, max_length=64)
 
 
 class FaultIn(_Strict):

@@ -52,7 +52,7 @@ from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, Path
 from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.metrics import service_registry
-from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn
+from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn, TwinFaultsIn
 from fabricpilot.service.southbound_http import (
     SouthboundError,
     pathset_from_dict,
@@ -784,6 +784,28 @@ class FabricService:
             yield
         finally:
             self.lock.release()
+
+    def inject_twin_faults(self, p: Principal, body: TwinFaultsIn) -> dict[str, Any]:
+        """A fault drill (operators): the twin plays ``body.events`` in its current run, from
+        now. The controller is not told: it learns of them from the twin's telemetry at its
+        next control periods, as it would from switches. 501 without a twin (real switches
+        take no drills), 422 for a bad event (one line naming its field)."""
+        inject = (self.runner.inject if self.runner is not None
+                  else getattr(self.remote, "inject_faults", None))
+        if inject is None:
+            raise ServiceError(501, "the data plane takes no fault drills: only the twin does "
+                               "(serve with the twin)")
+        try:
+            faults = inject(body.events)
+        except ValueError as err:
+            raise ServiceError(422, str(err)) from None
+        except SouthboundError as err:
+            raise ServiceError(503, f"the twin: {err}") from None
+        log.info("fault drill", extra={"fields": {"by": p.name, "faults": len(faults)}})
+        self._event({"at_s": time.time(), "kind": "drill",
+                     "why": "fault drill in the twin: " + "; ".join(f["label"] for f in faults),
+                     "path_sets": 0, "keys": []})
+        return {"faults": faults}
 
     def report_fault(self, p: Principal, f: FaultIn) -> dict[str, Any]:
         lk = self._link_of(f)

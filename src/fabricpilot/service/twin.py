@@ -13,7 +13,8 @@ millisecond of fabric time per second). Between pacing points the runner holds t
 lock; it sleeps with the lock released, so API calls interleave with the simulation. The
 scenario's faults play in every run: the fabric reacts on its own (detection, routing
 convergence, losses), and the ports report their state and error counters in telemetry,
-from which the service's controller learns of them, as it would from switches.
+from which the service's controller learns of them, as it would from switches. More can be
+played in the current run at any time (:meth:`TwinRunner.inject`: a drill).
 
 ``fabricpilot serve`` runs it in a process of its own
 (:mod:`fabricpilot.service.twin_process`); ``serve --single-process`` and embedders run it
@@ -30,13 +31,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from fabricpilot.balancing.base import ActiveMembers, LinkTelemetry, Moves, PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 from fabricpilot.dataplane import make_rate_model
 from fabricpilot.dataplane.engine import Engine
+from fabricpilot.errors import ScenarioError
+from fabricpilot.faults import resolve_faults
+from fabricpilot.faults.model import FaultParams, FaultTimeline
 from fabricpilot.runner import Prepared, fault_setup, port_buffer_bytes
+from fabricpilot.scenario.loader import fault_events
 
 __all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "twin_context"]
 
@@ -125,15 +131,16 @@ class ServiceDataPlane:
 
 def twin_context(prep: Prepared) -> PolicyContext:
     """The policy context of the service's twin. Its control periods are the service's
-    (the service ticks the controller on the wall clock), so the policy never ticks. If
-    the scenario has faults, the twin plays them (every run of the scenario) and its ports
-    report their state and error counters as the faults section says."""
-    faults, controller, fec = fault_setup(prep)
+    (the service ticks the controller on the wall clock), so the policy never ticks. The
+    twin plays faults (the scenario's, in every run, and drills) and its ports report their
+    state and error counters as the scenario's faults section says (its defaults if it has
+    none)."""
+    _, controller, fec = fault_setup(prep)
     return PolicyContext(prep.topology, prep.seed, prep.fabric.switch_latency_ns, prep.ecmp,
                          adaptive=prep.adaptive,
                          controller=replace(controller, replan_interval_ns=math.inf),
                          port_buffer_bytes=port_buffer_bytes(prep),
-                         member_routes=faults is not None, faults=faults is not None, **fec)
+                         member_routes=True, faults=True, **fec)
 
 
 class PacedTwin(TaskAware):
@@ -202,6 +209,7 @@ class TwinRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
+        self._running = False  # an engine run is going (faults may be injected into it)
         self._seen = 0
         self._t0_wall = 0.0
         self._t0_sim = 0.0
@@ -229,6 +237,26 @@ class TwinRunner:
             return 0.0
         due_ns = self._t0_sim + (time.monotonic() - self._t0_wall) * self.time_scale * 1e9
         return max(0.0, (due_ns - self.twin.now_ns()) * 1e-6)
+
+    def inject(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Play fault ``events`` (a scenario's ``faults.events``, their times counted from
+        now) in the current run, as the scenario's own faults play: a drill. They last until
+        their end or the end of the run (the next run of the scenario starts with every link
+        up). Returns each fault's id (in the run) and label. ``ValueError``, one line naming
+        the event's field, for a bad event, and when no run is going."""
+        try:
+            spec = fault_events(events, "fault drill")
+            drill = resolve_faults(spec, self.prep.topology, self.prep.seed,
+                                   source="fault drill")
+        except ScenarioError as err:
+            raise ValueError(str(err)) from None
+        with self.lock:
+            eng = self._engine
+            if eng is None or not self._running:
+                raise ValueError("the twin is between two runs of its scenario: try again")
+            ids = eng.inject_faults(drill)
+            return [{"id": i, "label": info.label, "at_ms": round(eng.now * 1e-6, 6)}
+                    for i, info in zip(ids, drill.faults, strict=True)]
 
     def _pace(self, now_ns: float) -> None:
         """Called with the lock held: report finished collectives, then wait (lock
@@ -260,7 +288,9 @@ class TwinRunner:
 
     def _loop(self) -> None:
         prep = self.prep
-        faults = fault_setup(prep)[0]
+        # (a run plays faults even if the scenario has none: a drill may add some)
+        faults = fault_setup(prep)[0] or FaultTimeline([], [], prep.faults.params
+                                                       if prep.faults else FaultParams())
         try:
             while not self._stop.is_set():
                 with self.lock:
@@ -274,7 +304,11 @@ class TwinRunner:
                     self._seen = 0
                     self._t0_wall = time.monotonic()
                     self._t0_sim = self.twin.offset_ns
-                    out = self._engine.run()
+                    self._running = True
+                    try:
+                        out = self._engine.run()
+                    finally:
+                        self._running = False
                     self._report()
                     self.twin.offset_ns += float(out.sim_time_ns)
                     self.runs += 1

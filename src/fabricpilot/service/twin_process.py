@@ -236,6 +236,11 @@ class TwinProcess:
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._jobs)
 
+    def inject_faults(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Play fault ``events`` in the twin's current run (see :meth:`TwinRunner.inject`);
+        ``ValueError`` for a bad event."""
+        return list(self._call("inject", events))
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the twin: closing the socket tells it to exit."""
         with self._lock:
@@ -276,6 +281,8 @@ def _serve(host: TwinHost, op: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
             return True, None
         if op == "status":
             return True, host.health()
+        if op == "inject":
+            return True, host.runner.inject(args[0])
         return False, ("error", f"unknown operation {op!r}")
     except ValueError as err:  # e.g. a switch's rule table would overflow
         return False, ("value", str(err))

@@ -288,6 +288,8 @@ def test_the_link_inspector_shows_who_is_on_a_link(live: Live, pages: Pages) -> 
     sel = {int(a["data-link-id"]) for _, a in doc.with_attr("data-link-id")
            if "sel" in a.get("class", "").split()}
     assert sel == {live.down_link, back}  # (drawn selected)
+    drill = doc.by_id("insp-drill")  # (a drill of the cable in the twin, for operators)
+    assert drill is not None and drill[0] == "button"
 
 
 def test_dashboard_asks_for_a_token_on_401(pages: Pages) -> None:

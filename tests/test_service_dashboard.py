@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import uvicorn
 
-from conftest import free_port
+from conftest import free_port, wait_until
 from fabricpilot.scenario import default_scenario
 from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.server import build
@@ -368,3 +368,93 @@ def test_dashboard_screenshot(pages: Pages) -> None:
     chroma = img.max(axis=2).astype(int) - img.min(axis=2)
     assert (chroma > 90).sum() > 5_000, "no coloured links or GPUs drawn"
     assert pages.seconds < 60
+
+
+# ------------------------------------------------------------------ an interaction
+def _click_and_read(exe: str, url: str, click: str, read: str, tmp: Path) -> tuple[str, str]:
+    """Open ``url`` in headless Chromium driven over its DevTools protocol, let the page
+    render, click the element of id ``click`` and return the text of ``read`` before and
+    after (a second later)."""
+    import asyncio
+    import json
+
+    import websockets
+
+    port = free_port()
+    proc = subprocess.Popen([exe, *CHROMIUM_FLAGS[:-1], f"--remote-debugging-port={port}",
+                             f"--user-data-dir={tmp / 'profile-cdp'}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                tabs = httpx.get(f"http://127.0.0.1:{port}/json", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "Chromium's DevTools did not come up"
+                time.sleep(0.1)
+        page = next(t["webSocketDebuggerUrl"] for t in tabs if t["type"] == "page")
+
+        async def drive() -> tuple[str, str]:
+            async with websockets.connect(page, max_size=None) as ws:
+                seq = 0
+
+                async def call(method: str, **params: Any) -> dict[str, Any]:
+                    nonlocal seq
+                    seq += 1
+                    await ws.send(json.dumps({"id": seq, "method": method, "params": params}))
+                    while True:
+                        msg = json.loads(await ws.recv())
+                        if msg.get("id") == seq:
+                            return msg  # type: ignore[no-any-return]
+
+                async def text(ident: str) -> str:
+                    r = await call("Runtime.evaluate", expression=(
+                        f"(document.getElementById({ident!r}) || {{}}).textContent || ''"))
+                    return str(r["result"]["result"].get("value", ""))
+
+                await call("Page.navigate", url=url)
+                for _ in range(150):  # (until the first render and the inspector's data)
+                    await asyncio.sleep(0.1)
+                    r = await call("Runtime.evaluate", expression="document.body.dataset.ready")
+                    if r["result"]["result"].get("value") == "1" and await text("insp-body"):
+                        break
+                before = await text(read)
+                await call("Runtime.evaluate",
+                           expression=f"document.getElementById({click!r}).click()")
+                for _ in range(50):
+                    await asyncio.sleep(0.1)
+                    after = await text(read)
+                    if after and after != before and after != "sending…":
+                        break
+                return before, after
+
+        return asyncio.run(drive())
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_drill_button_fails_the_cable_in_the_twin(live: Live, pages: Pages,
+                                                      tmp_path: Path) -> None:
+    """In the link inspector of a cable (neither the down nor the gray one), the drill
+    button has the twin fail the cable for 2 ms: the page says what the twin plays, and
+    the controller then finds both directions down in the twin's telemetry (the fault log,
+    source telemetry)."""
+    exe = _chromium()
+    links = {lk["id"]: lk for lk in live.fabric["links"]}
+    taken = {links[live.down_link]["src"], links[live.down_link]["dst"],
+             links[live.gray_link]["src"], links[live.gray_link]["dst"]}
+    lk = next(x for x in live.fabric["links"] if x["kind"] == "fabric"
+              and not {x["src"], x["dst"]} & taken)
+    _, said = _click_and_read(exe, f"{live.base}/#token={OPS}&link={lk['id']}", "insp-drill",
+                              "insp-drill-msg", tmp_path)
+    assert said.startswith("twin: link ") and lk["src"] in said and lk["dst"] in said, said
+    ops = {"Authorization": f"Bearer {OPS}"}
+
+    def seen_down() -> bool:
+        faults = httpx.get(f"{live.base}/api/v1/faults", headers=ops, timeout=10).json()
+        return lk["id"] in {f["link_id"] for f in faults
+                            if f["source"] == "telemetry" and f["kind"] == "down"}
+
+    wait_until(seen_down, timeout_s=60)

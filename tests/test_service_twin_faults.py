@@ -87,6 +87,8 @@ def test_a_fault_drill_in_the_twin_is_healed_from_telemetry(tmp_path: Path) -> N
         assert r.status_code == 201, r.text
         (fault,) = r.json()["faults"]
         assert "leaf2" in fault["label"] and "spine3" in fault["label"]
+        # the twin's own view: its switches see the cable's two ports down
+        wait_until(lambda: c.get("/health").json()["twin"]["ports_down"] == 2, 60, 0.02)
         wait_until(lambda: cable <= svc.controller.down, timeout_s=60)
         wait_until(lambda: not cable & svc.controller.down, timeout_s=60)
         logged = [(f["kind"], f["link_id"]) for f in c.get("/api/v1/faults").json()

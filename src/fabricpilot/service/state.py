@@ -898,10 +898,12 @@ class FabricService:
             return {"running": runner.alive, "runs": runner.runs, "error": runner.error,
                     "fabric_time_ms": round(runner.twin.now_ns() * 1e-6, 3),
                     "time_scale": runner.time_scale,
-                    "behind_ms": round(runner.behind_ms, 3)}
+                    "behind_ms": round(runner.behind_ms, 3),
+                    "ports_down": len(runner.twin.ports_down)}
         st = self.remote_status
         if "fabric_time_ms" in st or st.get("running") is False:
-            keys = ("running", "runs", "error", "fabric_time_ms", "time_scale", "behind_ms")
+            keys = ("running", "runs", "error", "fabric_time_ms", "time_scale", "behind_ms",
+                    "ports_down")
             return {k: st.get(k) for k in keys}
         return None
 

@@ -531,3 +531,28 @@ def test_openapi_lists_every_resource(client: httpx.Client) -> None:
     assert "IntentIn" in spec["components"]["schemas"]
     assert spec["components"]["schemas"]["CallIn"]["properties"]["size_bytes"][
         "exclusiveMinimum"] == 0
+
+
+def test_a_port_posted_down_is_healed_at_once(tmp_path: Path) -> None:
+    """Control periods every hour: a switch posting a port down still gets it healed within
+    seconds (the loop runs a period at once), and the same report again, or a port that
+    says up as it always did, does not make it run again."""
+    svc, _, _, hot = _service_with_a_ring(tmp_path)
+    svc.start()
+    try:
+        from fabricpilot.service.schemas import PortDeltaIn
+
+        periods = svc.controller.tick
+        calls: list[int] = []
+        svc.controller.tick = lambda *a: calls.append(1) or periods(*a)  # type: ignore[method-assign]
+        svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, oper_up=False)])
+        wait_until(lambda: hot in svc.controller.down, timeout_s=10, poll_s=0.01)
+        assert all(hot not in p for ps in svc.dp.installed.values() for p in ps.paths)
+        n = len(calls)
+        other = next(lk for lk, li in svc.view.links.items() if li.kind == "fabric" and lk != hot)
+        svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, oper_up=False),
+                    PortDeltaIn(link_id=other, interval_ns=1000, oper_up=True)])
+        time.sleep(0.5)
+        assert len(calls) == n
+    finally:
+        svc.stop()

@@ -1767,6 +1767,14 @@ class Controller:
                 up.add(d.link_id)
         return sorted(down), sorted(up - down)
 
+    def reports_port_change(self, deltas: list[PortDelta]) -> bool:
+        """Whether some delta reports a port state other than the last its switch reported
+        (what :meth:`port_changes` looks at, without remembering anything): worth a
+        control period now rather than at the next interval."""
+        last = self._port_up
+        return any(last.get(d.link_id, True) is not bool(d.oper_up)
+                   for d in deltas if d.oper_up is not None)
+
     def _tick(self, now_ns: float | None) -> TickReport:
         """:meth:`tick`."""
         deltas = self.dp.telemetry()

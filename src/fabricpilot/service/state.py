@@ -182,6 +182,9 @@ class FabricService:
         # whole plan it may weigh; jobs lock)
         self._weighing = False
         self._periods_yielded = 0  # control periods in a row whose plan gave way
+        # posted telemetry says a port changed state: a control period runs at once (jobs
+        # lock)
+        self._tick_soon = False
         # reroutes, heals, faults (the recent ones; kept in the store too: see _event)
         self.events: deque[dict[str, Any]] = deque(store.events(limit=200), maxlen=200)
         self.runner: TwinRunner | None = None
@@ -234,22 +237,24 @@ class FabricService:
 
     def _loop(self) -> None:
         """Plan declared changes at most every ``plan_interval_s`` (changes arriving in
-        between join the next plan) and run a control period every ``tick_interval_s``; a
-        stream of declarations never starves the control periods."""
+        between join the next plan) and run a control period every ``tick_interval_s``, or
+        at once when posted telemetry says a port went down or came back; a stream of
+        declarations never starves the control periods."""
         next_tick = time.monotonic() + self.tick_interval_s
         next_plan = 0.0
         while not self._stop.is_set():
             with self._changed:
                 due = min(next_tick, next_plan) if self._pending else next_tick
                 wait = due - time.monotonic()
-                if wait > 0:
+                if wait > 0 and not self._tick_soon:
                     self._changed.wait(wait)
+                soon, self._tick_soon = self._tick_soon, False
             if self._stop.is_set():
                 return
             now = time.monotonic()
             try:
                 self.revive_twin()
-                if now >= next_tick:
+                if now >= next_tick or soon:
                     next_tick = now + self.tick_interval_s
                     self.run_tick()
                 if self._pending and time.monotonic() >= next_plan:
@@ -736,6 +741,15 @@ class FabricService:
         # a PortDeltaIn has every field of a PortDelta under the same name, and the
         # controller only reads those: handed over as they are (no copy per delta)
         self.dp.post(cast("list[PortDelta]", deltas))
+        # (read without the controller's lock: a hint, the control period decides)
+        if self.controller.reports_port_change(cast("list[PortDelta]", deltas)):
+            # a port went down or came back: its control period (the heal) runs now, not at
+            # the next interval, and a whole plan being weighed gives way to it
+            with self._changed:
+                self._tick_soon = True
+                if self._weighing:
+                    self.controller.interrupt.set()
+                self._changed.notify_all()
         return len(deltas)
 
     def ingest_rows(self, rows: list[tuple[Any, ...]]) -> int:

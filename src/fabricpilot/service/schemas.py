@@ -140,6 +140,10 @@ class TwinFaultsIn(_Strict):
     ``faults.events`` (``kind``, ``link`` or ``switch`` by name, ``at_ns`` and ``until_ns``
     counted from now, ``ber``...; checked against the fabric by the twin)."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"events": [
+        {"kind": "link_down", "link": "leaf0-spine1", "at_ns": 0, "until_ns": "2ms"},
+        {"kind": "gray", "link": "leaf1->spine0", "at_ns": "500us", "ber": 2e-5}]}]})
+
     events: list[dict[str, Any]] = Field(min_length=1, max_length=64)
 
 

@@ -547,7 +547,8 @@ def test_a_port_posted_down_is_healed_at_once(tmp_path: Path) -> None:
         svc.controller.tick = lambda *a: calls.append(1) or periods(*a)  # type: ignore[method-assign]
         svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, oper_up=False)])
         wait_until(lambda: hot in svc.controller.down, timeout_s=10, poll_s=0.01)
-        assert all(hot not in p for ps in svc.dp.installed.values() for p in ps.paths)
+        with svc.lock:  # (the period that healed it is over)
+            assert all(hot not in p for ps in svc.dp.installed.values() for p in ps.paths)
         n = len(calls)
         other = next(lk for lk, li in svc.view.links.items() if li.kind == "fabric" and lk != hot)
         svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, oper_up=False),

@@ -414,7 +414,7 @@ def _click_and_read(exe: str, url: str, click: str, read: str, tmp: Path) -> tup
                     return str(r["result"]["result"].get("value", ""))
 
                 await call("Page.navigate", url=url)
-                for _ in range(150):  # (until the first render and the inspector's data)
+                for _ in range(400):  # (until the first render and the inspector's data)
                     await asyncio.sleep(0.1)
                     r = await call("Runtime.evaluate", expression="document.body.dataset.ready")
                     if r["result"]["result"].get("value") == "1" and await text("insp-body"):
@@ -422,7 +422,7 @@ def _click_and_read(exe: str, url: str, click: str, read: str, tmp: Path) -> tup
                 before = await text(read)
                 await call("Runtime.evaluate",
                            expression=f"document.getElementById({click!r}).click()")
-                for _ in range(50):
+                for _ in range(200):
                     await asyncio.sleep(0.1)
                     after = await text(read)
                     if after and after != before and after != "sending…":

@@ -502,13 +502,13 @@ def test_ports_reported_down_are_known_as_such_after_a_restart(tmp_path: Path) -
     svc, ops, _, hot = _service_with_a_ring(tmp_path)
     other = next(lk for lk, li in svc.view.links.items() if li.kind == "fabric" and lk != hot)
     svc.ingest([PortDeltaIn(link_id=hot, interval_ns=1000, oper_up=False)])
-    svc.tick_now()
+    assert svc.tick_now()["links_down"] == [hot]
     svc.report_fault(ops, FaultIn(kind="down", link_id=other))
     assert {hot, other} <= svc.controller.down
     _, svc2 = _service(tmp_path)
     assert {hot, other} <= svc2.controller.down
     svc2.ingest([PortDeltaIn(link_id=lk, interval_ns=1000, oper_up=True) for lk in (hot, other)])
-    svc2.tick_now()
+    assert svc2.tick_now()["links_up"] == [hot]
     assert hot not in svc2.controller.down and other in svc2.controller.down
     ups = [f["link_id"] for f in svc2.faults(100)
            if f["kind"] == "up" and f["source"] == "telemetry"]

@@ -67,7 +67,8 @@ def test_operations_through_a_control_process(tmp_path: Path) -> None:
         got = await asyncio.gather(*(control.call("job", ACME, "ring") for _ in range(50)))
         assert {g["task_id"] for g in got} == {"ring"}
         tick = await control.call("tick_now")
-        assert set(tick) == {"replanned", "plan_epoch"}
+        assert set(tick) == {"replanned", "plan_epoch", "links_down", "links_up",
+                             "links_gray", "links_clear"}
         metrics = await control.call("metrics_text")
         assert "fabricpilot_telemetry_deltas_total 4.0" in metrics
         for _ in range(200):  # the control loop plans declared changes every 0.25 s

@@ -393,7 +393,8 @@ class Client:
 
     def tick(self) -> JSONDict:
         """``POST /api/v1/control/tick`` (operators): run one control period now; returns
-        ``replanned`` and ``plan_epoch``."""
+        ``replanned``, ``plan_epoch`` and the links its telemetry showed ``links_down``,
+        ``links_up``, ``links_gray`` and ``links_clear`` (gray ones restored)."""
         result: JSONDict = self._request("POST", f"{API_PREFIX}/control/tick").json()
         return result
 

@@ -384,7 +384,9 @@ class FabricService:
                                            "installed": rep.installed,
                                            "lambda": round(rep.plan.max_utilization, 4)}})
 
-    def _tick(self) -> None:
+    def _tick(self) -> TickReport:
+        """One control period (lock held): the controller's, then its record (counters,
+        metrics, fault log, events); returns the controller's report."""
         before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
         n_heals = len(self.controller.heals)
@@ -413,6 +415,7 @@ class FabricService:
                 f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}"] if rep.replanned else []))
         if why:
             self._note_reroutes(before, "heal" if seen else "replan", why)
+        return rep
 
     def _observe_heals(self, heals: list[HealReport]) -> None:
         """The planner-latency metrics of heals: the whole reaction, and until the new paths
@@ -758,12 +761,14 @@ class FabricService:
         return self.ingest(cast("list[PortDeltaIn]", [PortDelta(*r) for r in rows]))
 
     def tick_now(self) -> dict[str, Any]:
-        """Run one control period now (operators; tests)."""
+        """Run one control period now (operators; tests): whether it installed a new plan,
+        the plan epoch, and the links its telemetry showed down, back up, gray, or clean
+        again (restored)."""
         with self.lock:
-            before = self.counters.replans
-            self._tick()
-            return {"replanned": self.counters.replans > before,
-                    "plan_epoch": self._plan_epoch}
+            rep = self._tick()
+            return {"replanned": rep.replanned, "plan_epoch": self._plan_epoch,
+                    "links_down": rep.links_down, "links_up": rep.links_up,
+                    "links_gray": rep.links_gray, "links_clear": rep.links_clear}
 
     # ------------------------------------------------------------ faults
     def _link_of(self, f: FaultIn) -> int:

@@ -168,7 +168,8 @@ def test_telemetry_congestion_tick_faults_events(live: Live) -> None:
                                          switch="leaf0")
             assert accepted == 1
             tick = fp.tick()
-            assert set(tick) == {"replanned", "plan_epoch"}
+            assert set(tick) == {"replanned", "plan_epoch", "links_down", "links_up",
+                                 "links_gray", "links_clear"}
             state = {c["link_id"]: c for c in fp.congestion()}[hot_link]
             assert state["utilization"] == pytest.approx(0.9)
             assert state["hot"] is True and state["down"] is False

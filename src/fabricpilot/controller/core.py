@@ -184,6 +184,9 @@ def _set_load(sets: list[PathSet], rate_gbps: dict[str, float]) -> dict[int, flo
 _SCOPE = {"L1": "one switch", "L2": "its leaves (no spine)"}
 
 
+_PENDING: set[int] = set()  # (a heal's link-index change not known yet: replaced, never read)
+
+
 def rule_key(task_id: str, src: int, dst: int) -> str:
     """The match key of a planned pair: ``"<task>:<src>-><dst>"``."""
     return f"{task_id}:{src}->{dst}"
@@ -253,6 +256,9 @@ class TickReport:
     links_gray: list[int] = field(default_factory=list)
     # gray links whose error counters stayed clean for ``gray_clear_ns``: restored
     links_clear: list[int] = field(default_factory=list)
+    # the heals of the ports reported down or up, and of the links found gray, if any
+    port_heal: HealReport | None = None
+    gray_heal: HealReport | None = None
 
 
 class PlanInterrupted(RuntimeError):
@@ -434,7 +440,7 @@ class Controller:
         self._up_since: dict[int, float | None] = {}
         # the last operational state each port's switch reported (PortDelta.oper_up)
         self._port_up: dict[int, bool] = {}
-        self._seen_links: tuple[list[int], ...] = ([], [], [], [])
+        self._seen: dict[str, Any] = {}  # what the control period under way saw and did
         self._gray_by_counters: set[int] = set()  # gray links the error counters confirmed
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
@@ -1583,7 +1589,8 @@ class Controller:
         # the port search starts: as a plan's)
         new: list[tuple[list, int, tuple[int, ...], int, int, int]] = []
         moves: list[tuple[str, set[int], set[int]]] = []  # key, links it leaves, links it takes
-        lazy: list[int] = []  # moves held as (key, old path, new path) until the paths are out
+        # moves found once the paths are out: (index in moves, old path, new path)
+        lazy: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
         taken: list[int] = []
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
         d_gbps: list[float] = []
@@ -1622,8 +1629,8 @@ class Controller:
                         # nor one of the new path that the old one lacks: the links it
                         # leaves and takes are those the two paths do not share, found
                         # once the new paths are out)
-                        lazy.append(len(moves))
-                        moves.append((k, was, p))  # type: ignore[arg-type]
+                        lazy.append((len(moves), was, p))
+                        moves.append((k, _PENDING, _PENDING))
                     else:
                         rest = ps[:j] + ps[j + 1:]
                         moves.append((k, set(was).difference(p, *rest),
@@ -1696,10 +1703,9 @@ class Controller:
             settle_load()
             for r in sets:
                 paths[r.key] = list(zip(r.paths, r.weights, strict=True))
-            for i in lazy:
-                k, was, p = moves[i]
+            for i, was, p in lazy:
                 o, n = set(was), set(p)
-                moves[i] = (k, o - n, n - o)
+                moves[i] = (moves[i][0], o - n, n - o)
 
         report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0) if steered
                   else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
@@ -1728,10 +1734,8 @@ class Controller:
         ``replan_background_tolerance`` of its capacity: a hot link no plan can relieve
         costs one plan, not one per period."""
         with _gc_paused():
-            self._seen_links = ([], [], [], [])
-            rep = self._tick(now_ns)
-            rep.links_down, rep.links_up, rep.links_gray, rep.links_clear = self._seen_links
-            return rep
+            self._seen = {}
+            return replace(self._tick(now_ns), **self._seen)
 
     def port_changes(self, deltas: list[PortDelta]) -> tuple[list[int], list[int]]:
         """The links whose switch reports, in ``deltas``, the port gone down (and that are
@@ -1782,20 +1786,18 @@ class Controller:
         # ports their switches report gone down or back: healed as a fault report would be
         down, up = self.port_changes(deltas)
         if down or up:
-            self._seen_links[0].extend(down)
-            self._seen_links[1].extend(up)
-            self.on_links_changed(down, up, now_ns)
+            self._seen.update(links_down=down, links_up=up,
+                              port_heal=self.on_links_changed(down, up, now_ns))
         if now_ns is not None:  # error counters: gray links, debounced
             gray = [lk for lk in self.gray.update(deltas, now_ns) if lk not in self.degraded]
             if gray:
-                self._seen_links[2].extend(gray)
                 self._gray_by_counters.update(gray)
-                self.on_links_degraded(gray)
+                self._seen.update(links_gray=gray, gray_heal=self.on_links_degraded(gray))
             soak = self.params.gray_clear_ns
             if soak < math.inf and self._gray_by_counters & self.degraded:
                 clear = self.gray.clean(self._gray_by_counters & self.degraded, now_ns, soak)
                 if clear:
-                    self._seen_links[3].extend(clear)
+                    self._seen["links_clear"] = clear
                     self.on_links_restored(clear)
         self.dp.push_congestion_table(self._table())
         hot = self.map.hot_links()

@@ -389,7 +389,6 @@ class FabricService:
         metrics, fault log, events); returns the controller's report."""
         before = self.dp.installed  # published copy-on-write: a snapshot
         t0 = time.perf_counter()
-        n_heals = len(self.controller.heals)
         rep = self.controller.tick(self.now_ns())
         self._timed("tick", t0)
         self._periods_yielded = self._periods_yielded + 1 if rep.interrupted else 0
@@ -400,9 +399,9 @@ class FabricService:
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
         # links the telemetry showed down, back up or gray: in the fault log as reports are
-        heals = self.controller.heals[n_heals:]
+        heals = [h for h in (rep.port_heal, rep.gray_heal) if h is not None]
         self._observe_heals(heals)
-        seen = self._log_seen_links(rep, heals)
+        seen = self._log_seen_links(rep)
         if rep.replanned:
             self.counters.replans += 1
             self._plan_epoch += 1
@@ -424,14 +423,14 @@ class FabricService:
             self.observe_planner("heal", h.wall_s)
             self.observe_planner("heal_sent", h.sent_s)
 
-    def _log_seen_links(self, rep: TickReport, heals: list[HealReport]) -> str:
+    def _log_seen_links(self, rep: TickReport) -> str:
         """Record the links a control period learned of from telemetry (ports down or back
         up, links gray by their error counters, gray links clean again) as faults reported
         by ``telemetry``: in the store (a restart knows them), the counters and the events
-        (with the path sets the period's heal of them re-placed: ``heals``, the period's,
-        ports first; a gray link restored moves nothing by itself). Returns a summary."""
-        ports = heals[0].installed if (rep.links_down or rep.links_up) and heals else 0
-        gray = heals[-1].installed if rep.links_gray and heals else 0
+        (with the path sets the period's heal of them re-placed; a gray link restored moves
+        nothing by itself). Returns a summary."""
+        ports = rep.port_heal.installed if rep.port_heal is not None else 0
+        gray = rep.gray_heal.installed if rep.gray_heal is not None else 0
         seen = [("down", "down", rep.links_down, "port down", ports),
                 ("up", "up", rep.links_up, "port up", ports),
                 ("gray", "gray", rep.links_gray, "FEC errors above threshold", gray),

@@ -176,16 +176,19 @@ class Store:
         >>> s.link_states()
         {1: ('down', 'telemetry'), 2: ('up', 'telemetry'), 3: ('up', 'telemetry')}
         """
-        kept = self.faults_kept
+        return self._append("INSERT INTO faults (at_s, kind, link_id, detail, source) "
+                            "VALUES (?, ?, ?, ?, ?)", (at_s, kind, link_id, detail, source),
+                            "DELETE FROM faults WHERE id <= ? AND id NOT IN "
+                            "(SELECT MAX(id) FROM faults GROUP BY link_id)", self.faults_kept)
+
+    def _append(self, insert: str, args: tuple[Any, ...], prune: str, kept: int) -> int:
+        """Run ``insert`` (a row of a table with an increasing ``id``) and return the row's
+        id; every tenth of ``kept`` rows, run ``prune`` with the highest id to drop (the
+        rows before the last ``kept``; up to 10 % more are kept meanwhile)."""
         with self._lock:
-            cur = self._db.execute("INSERT INTO faults (at_s, kind, link_id, detail, source) "
-                                   "VALUES (?, ?, ?, ?, ?)",
-                                   (at_s, kind, link_id, detail, source))
-            last = int(cur.lastrowid or 0)
-            if last % max(kept // 10, 1) == 0:  # (not a delete per report)
-                self._db.execute("DELETE FROM faults WHERE id <= ? AND id NOT IN "
-                                 "(SELECT MAX(id) FROM faults GROUP BY link_id)",
-                                 (last - kept,))
+            last = int(self._db.execute(insert, args).lastrowid or 0)
+            if last % max(kept // 10, 1) == 0:  # (not a delete per row)
+                self._db.execute(prune, (last - kept,))
         return last
 
     def link_states(self) -> dict[int, tuple[str, str]]:
@@ -211,13 +214,8 @@ class Store:
         >>> [e["n"] for e in s.events()], s.events(limit=2)[-1]
         ([5, 6, 7, 8], {'kind': 'heal', 'n': 8})
         """
-        encoded = json.dumps(event)
-        kept = self.events_kept
-        with self._lock:
-            cur = self._db.execute("INSERT INTO events (event) VALUES (?)", (encoded,))
-            last = int(cur.lastrowid or 0)
-            if last % max(kept // 10, 1) == 0:  # (not a delete per event)
-                self._db.execute("DELETE FROM events WHERE id <= ?", (last - kept,))
+        self._append("INSERT INTO events (event) VALUES (?)", (json.dumps(event),),
+                     "DELETE FROM events WHERE id <= ?", self.events_kept)
 
     def events(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The last ``limit`` events (default: ``events_kept``), oldest first."""

@@ -282,7 +282,10 @@ def _read_token(path: Path | None, flag: str) -> str | None:
     return token
 
 
-@app.command()
+@app.command(help="Run the twin as a data plane of its own, for a controller to drive over "
+             "HTTP.\n\nThe scenario's jobs train in scaled real time, and a controller "
+             "(fabricpilot serve --dataplane URL) drives it over HTTP. Without a controller, "
+             "or when it dies, it keeps forwarding on the rules it holds.")
 def twin(
     scenario: Annotated[Path | None, typer.Argument(
         help="Scenario to run; the built-in default scenario when omitted.")] = None,
@@ -293,9 +296,7 @@ def twin(
     token_file: Annotated[Path | None, typer.Option(
         help="File holding the bearer token a controller must present.")] = None,
 ) -> None:
-    """Run the twin as a data plane of its own: the scenario's jobs train in scaled real
-    time, and a controller (fabricpilot serve --dataplane URL) drives it over HTTP. Without
-    a controller, or when it dies, it keeps forwarding on the rules it holds."""
+    """Run the twin as a data plane of its own (see the command's help)."""
     import uvicorn
 
     from fabricpilot.service.server import build_twin, configure_logging

@@ -12,6 +12,7 @@ through a :class:`~fabricpilot.controller.southbound.DataPlane`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import time
@@ -185,6 +186,27 @@ _SCOPE = {"L1": "one switch", "L2": "its leaves (no spine)"}
 
 
 _PENDING: set[int] = set()  # (a heal's link-index change not known yet: replaced, never read)
+# a key a heal moves: (key, its demand, its installed set, its dead slots, its group)
+_Moving = tuple[str, Demand, PathSet, list[int], int]
+
+
+@dataclass
+class _SetEdits:
+    """What a heal changes in the moving keys' sets (see ``Controller._edit_sets``)."""
+
+    # each moved key's set now: (key, paths, weights, ports, rules); a new path's port -1
+    now: list[tuple[str, Any, Any, Any, Any]] = field(default_factory=list)
+    # the new paths to steer: (the ports list of its set, slot, path, source GPU,
+    # destination GPU, where its port search starts: as a plan's)
+    new: list[tuple[list[int], int, tuple[int, ...], int, int, int]] = field(
+        default_factory=list)
+    # the link index's changes: (key, links it leaves, links it takes)
+    moves: list[tuple[str, set[int], set[int]]] = field(default_factory=list)
+    # those found once the paths are out: (index in moves, old path, new path)
+    lazy: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    taken: list[int] = field(default_factory=list)  # the candidate links of new shares
+    # the links whose load changed (arrays of link ids)
+    touched: list[NDArray[np.int64]] = field(default_factory=list)
 
 
 def rule_key(task_id: str, src: int, dst: int) -> str:
@@ -1526,15 +1548,63 @@ class Controller:
         those."""
         plan = self.current
         assert plan is not None
-        steered = self.view.ecmp is not None
+        found = self._dead_shares(affected, cols)
+        if found is None:
+            return None
+        todo, share, mids = found
+        # each share's load out of the dense copy
+        per_mid = np.fromiter(map(len, mids), np.int64, len(mids))
+        left = np.fromiter(_chain(mids), np.int64, int(per_mid.sum()))
+        np.add.at(rows, left, np.repeat(-share[:, 2], per_mid))
+        down = np.zeros(len(rows), np.bool_)
+        down[list(self.down)] = True
+        avoid_rows = down.copy()
+        avoid_rows[list(self.degraded)] = True
+        # heaviest first (as a plan places parts), ties in key order
+        order = np.argsort(share[:, 3], kind="stable")
+        # a share moves whole unless that would load a link well beyond the plan's lambda
+        # (at least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
+        limit = max(1.0, plan.max_utilization) + self.params.heal_spread_over
+        choice = replace_parts(cols, share[:, 0].astype(np.int64),
+                               share[:, 1].astype(np.int64), np.ascontiguousarray(share[:, 2]),
+                               order, self._dense_capacity(), rows, down, avoid_rows,
+                               spread=self.parts, limit=limit).tolist()
+        edits = self._edit_sets(todo, choice, cols.g_disjoint.tolist(), rows)
+        # links whose load changed: the plan's dict takes their dense value
+        edits.touched = [left, *edits.touched]
+        rules = self._steer_new(edits.new) if edits.new else {}
+        if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
+            self._settle_load(edits)
+            sets, report = self._steer_in(Plan(
+                {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in edits.now}, {}, 0.0))
+            return self._healed(cause, t0, len(affected), sets, report)
+        sets = []
+        n_paths = pinned = 0
+        any_rules = bool(+self._rules_held)
+        for k, ps, ws, pts, rls in edits.now:
+            sets.append(_path_set(k, ps, ws, tuple(pts), rls))
+            n_paths += len(ps)
+            if any_rules:
+                pinned += sum(1 for r in rls if r)
+        report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
+                  if self.view.ecmp is not None
+                  else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
+        rep = self._healed(cause, t0, len(affected), sets, report, edits.moves, dense=True,
+                           settle=functools.partial(self._settle_sets, edits, sets))
+        report.switch_rules = dict(+self._rules_held)
+        return rep
+
+    def _dead_shares(self, affected: list[str], cols: Columns
+                     ) -> tuple[list[_Moving], NDArray[np.float64], list[tuple[int, ...]]] | None:
+        """The shares of the ``affected`` keys on a dead path, for :meth:`_heal_in_columns`:
+        each key with one (key, demand, installed set, its dead slots, its group), each
+        share (group, tuple, Gb/s, order key: heaviest first) and its candidate links (those
+        whose load it moves); ``None`` if a key does not qualify (nothing is changed)."""
         avoid = frozenset(self.down | self.degraded)
         isdisjoint = avoid.isdisjoint
         demand, find, installed, spilled = (self._demand, cols.tuple_of.get, self._installed,
                                             self._spilled)
-        load, paths, endpoints = plan.link_load_gbps, plan.paths, self._endpoints
-        # the shares on a dead path: each to be placed again, its load out of the dense copy
-        # (nothing is changed before every affected key is known to qualify)
-        todo = []
+        todo: list[_Moving] = []
         shares: list[tuple[int, int, float, float]] = []  # (group, tuple, Gb/s, order key)
         mids: list[tuple[int, ...]] = []  # each share's candidate links (its load moves)
         for k in affected:
@@ -1563,38 +1633,21 @@ class Controller:
                 out = rate * ws[j]
                 mids.append(p[nh:len(p) - nt])
                 shares.append((g, u, out, -d.weight * out))
-        share = np.array(shares, np.float64).reshape(-1, 4)
-        per_mid = np.fromiter(map(len, mids), np.int64, len(mids))
-        left = np.fromiter(_chain(mids), np.int64, int(per_mid.sum()))
-        np.add.at(rows, left, np.repeat(-share[:, 2], per_mid))
-        touched = [left]  # links whose load changes: the plan's dict takes the dense value
-        down = np.zeros(len(rows), np.bool_)
-        down[list(self.down)] = True
-        avoid_rows = down.copy()
-        avoid_rows[list(self.degraded)] = True
-        cap = self._dense_capacity()
-        # heaviest first (as a plan places parts), ties in key order
-        order = np.argsort(share[:, 3], kind="stable")
-        # a share moves whole unless that would load a link well beyond the plan's lambda
-        # (at least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
-        limit = max(1.0, plan.max_utilization) + self.params.heal_spread_over
-        choice = replace_parts(cols, share[:, 0].astype(np.int64),
-                               share[:, 1].astype(np.int64), np.ascontiguousarray(share[:, 2]),
-                               order, cap, rows, down, avoid_rows, spread=self.parts,
-                               limit=limit).tolist()
-        # each moved key's set now: a dead share's slot takes its new path (or its weight
-        # joins the share already on that path); new paths are steered below
-        now: list[tuple[str, Any, Any, Any, Any]] = []  # key, paths, weights, ports, rules
-        # new paths to steer: (ports list, slot, path, source GPU, destination GPU, where
-        # the port search starts: as a plan's)
-        new: list[tuple[list, int, tuple[int, ...], int, int, int]] = []
-        moves: list[tuple[str, set[int], set[int]]] = []  # key, links it leaves, links it takes
-        # moves found once the paths are out: (index in moves, old path, new path)
-        lazy: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
-        taken: list[int] = []
+        return todo, np.array(shares, np.float64).reshape(-1, 4), mids
+
+    def _edit_sets(self, todo: list[_Moving], choice: list[list[int]], disjoint: list[bool],
+                   rows: NDArray[np.float64]) -> _SetEdits:
+        """Each moving key's set once its dead shares have gone where ``choice`` says (per
+        share, in ``todo``'s order: :func:`replace_parts`): a dead share's slot takes its
+        new path (or its weight joins the share already on that path; spread in pieces, it
+        may add slots); a key left with no live candidate is cut off (its load out of the
+        dense ``rows``). ``disjoint``: per group, its columns share no link."""
+        steered = self.view.ecmp is not None
+        endpoints = self._endpoints
+        ed = _SetEdits()
+        now, new, moves, lazy, taken = ed.now, ed.new, ed.moves, ed.lazy, ed.taken
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
         d_gbps: list[float] = []
-        disjoint = cols.g_disjoint.tolist()
         i = 0
         for k, d, old, dead, g in todo:
             picks = choice[i:i + len(dead)]
@@ -1660,59 +1713,47 @@ class Controller:
                 new.append((pts, j, ps_l[j], a, b, base + j))
             now.append((k, tuple(ps_l), tuple(ws), pts, tuple(rls)) if steered
                        else (k, tuple(ps_l), tuple(ws), (), ()))
-        touched.append(np.array(taken, np.int64))
+        ed.touched.append(np.array(taken, np.int64))
         if d_link:  # (cut off)
             cut = np.array(d_link, np.int64)
             np.add.at(rows, cut, np.array(d_gbps, np.float64))
-            touched.append(cut)
+            ed.touched.append(cut)
+        return ed
 
-        def settle_load() -> None:
-            """The plan's load of each changed link: its dense value."""
-            changed = np.unique(np.concatenate(touched))
-            load.update(zip(changed.tolist(), rows[changed].tolist(), strict=True))
+    def _steer_new(self, new: list[tuple[list[int], int, tuple[int, ...], int, int, int]]
+                   ) -> dict[int, tuple[tuple[str, int], ...]]:
+        """Steer a heal's new paths (``(ports list, slot, path, source GPU, destination GPU,
+        where the port search starts)``): each one's port into its slot of its list; the
+        rules still needed, by index in ``new``."""
+        table = self._steering_table()
+        _, _, n_paths_t, n_src, n_dst, n_start = zip(*new, strict=True)
+        n_path = list(n_paths_t)
+        dst = np.array(n_dst, np.int64)
+        got, rules = table.steer(np.array(n_src, np.int64), dst, np.array(n_start, np.int64),
+                                 table.intern(n_path, dst), n_path, self.params.steer_tries)
+        for (pts, j, *_), port in zip(new, got, strict=True):
+            pts[j] = port
+        return rules
 
-        rules: dict[int, tuple[tuple[str, int], ...]] = {}
-        if new:  # steer the new paths
-            table = self._steering_table()
-            _, _, n_paths_t, n_src, n_dst, n_start = zip(*new, strict=True)
-            n_path = list(n_paths_t)
-            dst = np.array(n_dst, np.int64)
-            got, rules = table.steer(np.array(n_src, np.int64), dst,
-                                     np.array(n_start, np.int64),
-                                     table.intern(n_path, dst), n_path,
-                                     self.params.steer_tries)
-            for (pts, j, *_), port in zip(new, got, strict=True):
-                pts[j] = port
-        if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
-            settle_load()
-            sets, report = self._steer_in(Plan(
-                {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in now}, {}, 0.0))
-            return self._healed(cause, t0, len(affected), sets, report)
-        sets = []
-        n_paths = pinned = 0
-        any_rules = bool(+self._rules_held)
-        for k, ps, ws, pts, rls in now:
-            sets.append(_path_set(k, ps, ws, tuple(pts), rls))
-            n_paths += len(ps)
-            if any_rules:
-                pinned += sum(1 for r in rls if r)
+    def _settle_load(self, edits: _SetEdits) -> None:
+        """The plan's load of each link a heal changed: its dense value."""
+        assert self.current is not None and self._load_rows is not None
+        changed = np.unique(np.concatenate(edits.touched))
+        self.current.link_load_gbps.update(zip(
+            changed.tolist(), self._load_rows[changed].tolist(), strict=True))
 
-        def settle() -> None:
-            """The plan's records, once the new paths are out: its paths, its load and the
-            links each moved key leaves and takes."""
-            settle_load()
-            for r in sets:
-                paths[r.key] = list(zip(r.paths, r.weights, strict=True))
-            for i, was, p in lazy:
-                o, n = set(was), set(p)
-                moves[i] = (moves[i][0], o - n, n - o)
-
-        report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0) if steered
-                  else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
-        rep = self._healed(cause, t0, len(affected), sets, report, moves, dense=True,
-                           settle=settle)
-        report.switch_rules = dict(+self._rules_held)
-        return rep
+    def _settle_sets(self, edits: _SetEdits, sets: list[PathSet]) -> None:
+        """The plan's records of a heal, once its new paths are out: its paths, its load and
+        the links each moved key leaves and takes."""
+        assert self.current is not None
+        self._settle_load(edits)
+        paths = self.current.paths
+        for r in sets:
+            paths[r.key] = list(zip(r.paths, r.weights, strict=True))
+        moves = edits.moves
+        for i, was, p in edits.lazy:
+            o, n = set(was), set(p)
+            moves[i] = (moves[i][0], o - n, n - o)
 
     def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas

@@ -143,6 +143,11 @@ def twin_context(prep: Prepared) -> PolicyContext:
                          member_routes=True, faults=True, **fec)
 
 
+# a twin behind its schedule lets go of the service's lock this often, this long
+YIELD_EVERY_S = 0.02
+YIELD_FOR_S = 0.001
+
+
 class PacedTwin(TaskAware):
     """The twin's ``task-aware`` data plane with a clock that runs on across runs of the
     scenario (``offset_ns``) and a pacing hook called at every adaptive round."""
@@ -213,6 +218,7 @@ class TwinRunner:
         self._seen = 0
         self._t0_wall = 0.0
         self._t0_sim = 0.0
+        self._yielded = 0.0  # when the lock was last let go of (time.monotonic)
         twin.pace = self._pace
 
     def start(self) -> None:
@@ -265,13 +271,19 @@ class TwinRunner:
         if self._stop.is_set():
             raise _Stopped
         due = self._t0_wall + (now_ns - self._t0_sim) * 1e-9 / self.time_scale
-        wait = due - time.monotonic()
+        now = time.monotonic()
+        wait = due - now
+        # behind schedule, the lock is still let go of now and then: the API's calls wait
+        # for it at most about YIELD_EVERY_S
+        if wait <= 0 and now - self._yielded >= YIELD_EVERY_S:
+            wait = YIELD_FOR_S
         if wait > 0:
             self.lock.release()
             try:
                 self._stop.wait(wait)
             finally:
                 self.lock.acquire()
+            self._yielded = time.monotonic()
         if self._stop.is_set():
             raise _Stopped
 

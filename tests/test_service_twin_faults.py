@@ -8,6 +8,7 @@ failure ends in the twin, its counters stay clean and the link is restored after
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -114,3 +115,64 @@ def test_a_fault_drill_in_the_twin_is_healed_from_telemetry(tmp_path: Path) -> N
                                            headers={"Authorization": f"Bearer {OPS}"}) as c:
         r = c.post("/api/v1/twin/faults", json=drill)
         assert r.status_code == 501 and "only the twin" in r.json()["detail"]
+
+
+def test_a_drill_goes_on_in_the_next_runs_for_what_is_left_of_it(tmp_path: Path) -> None:
+    """The twin's runs of the default scenario last ~20 ms of fabric time (routing
+    converges around a dead link within 1 ms here, so that a run ends). A drill injected
+    at time T (the twin's clock) holds leaf2-spine3 down until T + 60 ms, lays a gray
+    failure on leaf0-spine0 with no end, and fails leaf1-spine1 from T + 30 ms to
+    T + 32 ms. A run starting at S later than T plays what is left, times from S: the cable
+    down until T + 60 ms - S (while that is > 0); the leaf1 fault at T + 30 ms - S if not
+    started yet (else the rest of it); the open-ended gray failure ends with its run. Once
+    every part is over the drill is forgotten."""
+    from fabricpilot.runner import prepare
+    from fabricpilot.service.twin_process import host_twin
+
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data["faults"] = {"convergence_delay_ns": "1ms"}
+    path = tmp_path / "fast_convergence.yaml"
+    path.write_text(yaml.safe_dump(data))
+    host = host_twin(prepare(load_scenario(path), str(path)), time_scale=1.0)
+    runner = host.runner
+    runner.start()
+    try:
+        drill = [
+            {"kind": "link_down", "link": "leaf2-spine3", "at_ns": 0, "until_ns": "60ms"},
+            {"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "ber": 2e-5,
+             "drop_probability": 1e-4},
+            {"kind": "link_down", "link": "leaf1-spine1", "at_ns": "30ms", "until_ns": "32ms"}]
+
+        def inject() -> list[dict[str, Any]] | None:
+            try:
+                return runner.inject(drill)
+            except ValueError:  # (between two runs)
+                return None
+
+        got = wait_until(inject, 60, 0.005)
+        with runner.lock:
+            t_ns = runner.run_start_ns + round(got[0]["at_ms"] * 1e6)
+        first_run = runner.runs
+        seen: dict[float, list[tuple[str, int, int | None]]] = {}  # run start -> drill faults
+
+        def drill_faults() -> bool:
+            with runner.lock:
+                eng, start = runner._engine, runner.run_start_ns
+                if runner.runs > first_run and eng is not None and start not in seen:
+                    seen[start] = [(r.label, r.start_ns, r.end_ns) for r in eng.fault_records]
+            return bool(seen) and max(seen) - t_ns > 62e6
+
+        wait_until(drill_faults, 300, 0.005)
+        for start, faults in seen.items():
+            elapsed = start - t_ns
+            want = []
+            if elapsed < 60e6:
+                want.append(("leaf2", 0, round(60e6 - elapsed)))
+            if elapsed < 30e6:
+                want.append(("leaf1", round(30e6 - elapsed), round(32e6 - elapsed)))
+            elif elapsed < 32e6:
+                want.append(("leaf1", 0, round(32e6 - elapsed)))
+            assert [(lab.split("<->")[0].split()[-1], a, b) for lab, a, b in faults] == want
+        assert runner._drills == []
+    finally:
+        runner.stop()

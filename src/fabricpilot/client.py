@@ -400,9 +400,10 @@ class Client:
 
     def twin_fault_drill(self, events: list[JSONDict]) -> list[JSONDict]:
         """``POST /api/v1/twin/faults`` (operators): the twin plays these fault ``events``
-        (as a scenario's ``faults.events``, times counted from now) in its current run; the
-        controller learns of them from telemetry. Returns each fault's ``id``, ``label`` and
-        ``at_ms`` (fabric time).
+        (as a scenario's ``faults.events``, times counted from now; what is left of them at
+        the end of its run goes on in the next); the controller learns of them from
+        telemetry. Returns each fault's ``id`` (in the current run), ``label`` and ``at_ms``
+        (fabric time).
 
         >>> # Client(url, token).twin_fault_drill(
         >>> #     [{"kind": "link_down", "link": "leaf0-spine1", "at_ns": 0, "until_ns": "2ms"}])

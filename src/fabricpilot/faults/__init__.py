@@ -25,6 +25,7 @@ from fabricpilot.faults.model import (
     FaultTimeline,
     gray_drop_probability,
     random_faults,
+    remaining_events,
     resolve_faults,
 )
 
@@ -36,5 +37,6 @@ __all__ = [
     "FaultTimeline",
     "gray_drop_probability",
     "random_faults",
+    "remaining_events",
     "resolve_faults",
 ]

@@ -26,7 +26,8 @@ in order of their start time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -50,6 +51,7 @@ __all__ = [
     "FaultTimeline",
     "gray_drop_probability",
     "random_faults",
+    "remaining_events",
     "resolve_faults",
 ]
 
@@ -188,6 +190,25 @@ class FaultTimeline:
     params: FaultParams
     seed: int = 0
 
+    def merged(self, other: FaultTimeline) -> FaultTimeline:
+        """These faults and ``other``'s (numbered after these, on the same clock), with
+        these parameters and seed.
+
+        >>> a = FaultTimeline([FaultEvent(5, "down", (1,), 0)],
+        ...                   [FaultInfo(0, "link_down", "a", (1,), 5, None)], FaultParams())
+        >>> b = FaultTimeline([FaultEvent(2, "down", (2,), 0)],
+        ...                   [FaultInfo(0, "link_down", "b", (2,), 2, None)], FaultParams())
+        >>> m = a.merged(b)
+        >>> [(e.time_ns, e.fault_id) for e in m.events], [f.label for f in m.faults]
+        ([(2, 1), (5, 0)], ['a', 'b'])
+        """
+        n = len(self.faults)
+        faults = [*self.faults, *(replace(f, fault_id=n + f.fault_id) for f in other.faults)]
+        events = sorted([*self.events,
+                         *(replace(e, fault_id=n + e.fault_id) for e in other.events)],
+                        key=lambda e: (e.time_ns, e.fault_id))
+        return replace(self, events=events, faults=faults)
+
     def links_at(self, time_ns: int) -> tuple[frozenset[int], dict[int, float]]:
         """Replay the events up to and including ``time_ns``: the links down at that time and
         the drop probability of every gray link (a link held by several faults of one kind
@@ -214,6 +235,57 @@ class FaultTimeline:
 
 
 # --- gray failures: bit errors through the FEC ----------------------------------------------
+
+
+def remaining_events(events: Sequence[FaultEventSpec], elapsed_ns: int
+                     ) -> list[FaultEventSpec]:
+    """What is left of fault ``events`` (their times counted from some instant) once
+    ``elapsed_ns`` have passed, with times counted from then: an event not started yet is
+    shifted; one under way with an end (``until_ns``, a flap's last cycle) keeps the rest
+    of it (a flap in the middle of a down time is down for the rest of it, then its
+    remaining cycles); one over, or under way without an end, is gone (an open-ended fault
+    lasts to the end of the run it started in).
+
+    >>> from fabricpilot.scenario.models import FaultEventSpec as E
+    >>> evs = [E(kind="link_down", link="a-b", at_ns=1_000, until_ns=5_000),
+    ...        E(kind="gray", link="c-d", at_ns=0, ber=1e-5),
+    ...        E(kind="switch_down", switch="s", at_ns=3_000, until_ns=4_000),
+    ...        E(kind="link_up", link="e-f", at_ns=9_000)]
+    >>> [(e.kind, e.at_ns, e.until_ns) for e in remaining_events(evs, 2_000)]
+    [('link_down', 0, 3000), ('switch_down', 1000, 2000), ('link_up', 7000, None)]
+
+    A flap of 3 cycles (down 100 ns, up 300 ns) from 0, 450 ns on: the second cycle's
+    down time has 50 ns left, then one cycle from 350 ns:
+
+    >>> f = E(kind="flap", link="a-b", at_ns=0, down_ns=100, up_ns=300, count=3)
+    >>> [(e.kind, e.at_ns, e.until_ns, e.count) for e in remaining_events([f], 450)]
+    [('link_down', 0, 50, None), ('flap', 350, None, 1)]
+    >>> remaining_events([f], 1_200)
+    []
+    """
+    from fabricpilot.scenario.models import FaultEventSpec
+
+    out: list[FaultEventSpec] = []
+    for e in events:
+        if e.at_ns >= elapsed_ns:  # (not started yet)
+            out.append(e.model_copy(update={
+                "at_ns": e.at_ns - elapsed_ns,
+                "until_ns": None if e.until_ns is None else e.until_ns - elapsed_ns}))
+        elif e.kind == "flap":
+            assert e.down_ns is not None and e.up_ns is not None and e.count is not None
+            cycle = e.down_ns + e.up_ns
+            done, phase = divmod(elapsed_ns - e.at_ns, cycle)
+            if done >= e.count:
+                continue
+            if phase < e.down_ns:  # (down now: the rest of this down time)
+                out.append(FaultEventSpec(kind="link_down", link=e.link, at_ns=0,
+                                          until_ns=e.down_ns - phase))
+            if e.count - done - 1 > 0:
+                out.append(e.model_copy(update={"at_ns": cycle - phase,
+                                                "count": e.count - done - 1}))
+        elif e.until_ns is not None and e.until_ns > elapsed_ns:
+            out.append(e.model_copy(update={"at_ns": 0, "until_ns": e.until_ns - elapsed_ns}))
+    return out
 
 
 def gray_drop_probability(ber: float, packet_bytes: int = 4096) -> float:

@@ -309,9 +309,10 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
 
     @app.post(f"{v1}/twin/faults", status_code=201, tags=["faults"])
     async def twin_faults(body: TwinFaultsIn, p: Operator) -> dict[str, Any]:
-        """A fault drill: the twin plays these faults in its current run, from now (as a
-        scenario's ``faults.events``); the controller learns of them from the twin's
-        telemetry, as it would from switches. 501 if the data plane is not the twin."""
+        """A fault drill: the twin plays these faults from now (as a scenario's
+        ``faults.events``; what is left of them at the end of its run goes on in the next);
+        the controller learns of them from the twin's telemetry, as it would from
+        switches. 501 if the data plane is not the twin."""
         return await call("inject_twin_faults", p, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/faults", tags=["faults"])

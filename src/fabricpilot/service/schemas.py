@@ -136,7 +136,7 @@ class TelemetryIn(_Strict):
 
 
 class TwinFaultsIn(_Strict):
-    """A fault drill: events to play in the twin's current run, each as in a scenario's
+    """A fault drill: events for the twin to play from now on, each as in a scenario's
     ``faults.events`` (``kind``, ``link`` or ``switch`` by name, ``at_ns`` and ``until_ns``
     counted from now, ``ber``...; checked against the fabric by the twin)."""
 

@@ -804,10 +804,11 @@ class FabricService:
             self.lock.release()
 
     def inject_twin_faults(self, p: Principal, body: TwinFaultsIn) -> dict[str, Any]:
-        """A fault drill (operators): the twin plays ``body.events`` in its current run, from
-        now. The controller is not told: it learns of them from the twin's telemetry at its
-        next control periods, as it would from switches. 501 without a twin (real switches
-        take no drills), 422 for a bad event (one line naming its field)."""
+        """A fault drill (operators): the twin plays ``body.events`` from now (into its next
+        runs for what is left of them). The controller is not told: it learns of them from
+        the twin's telemetry at its next control periods, as it would from switches. 501
+        without a twin (real switches take no drills), 422 for a bad event (one line naming
+        its field)."""
         inject = (self.runner.inject if self.runner is not None
                   else getattr(self.remote, "inject_faults", None))
         if inject is None:

@@ -14,7 +14,7 @@ lock; it sleeps with the lock released, so API calls interleave with the simulat
 scenario's faults play in every run: the fabric reacts on its own (detection, routing
 convergence, losses), and the ports report their state and error counters in telemetry,
 from which the service's controller learns of them, as it would from switches. More can be
-played in the current run at any time (:meth:`TwinRunner.inject`: a drill).
+played at any time (:meth:`TwinRunner.inject`: a drill), from the current run on.
 
 ``fabricpilot serve`` runs it in a process of its own
 (:mod:`fabricpilot.service.twin_process`); ``serve --single-process`` and embedders run it
@@ -39,10 +39,11 @@ from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, Po
 from fabricpilot.dataplane import make_rate_model
 from fabricpilot.dataplane.engine import Engine
 from fabricpilot.errors import ScenarioError
-from fabricpilot.faults import resolve_faults
+from fabricpilot.faults import remaining_events, resolve_faults
 from fabricpilot.faults.model import FaultParams, FaultTimeline
 from fabricpilot.runner import Prepared, fault_setup, port_buffer_bytes
 from fabricpilot.scenario.loader import fault_events
+from fabricpilot.scenario.models import FaultEventSpec, FaultsSpec
 
 __all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "twin_context"]
 
@@ -219,6 +220,8 @@ class TwinRunner:
         self._t0_wall = 0.0
         self._t0_sim = 0.0
         self._yielded = 0.0  # when the lock was last let go of (time.monotonic)
+        # the drills played, each with when (twin time, ns) its times count from
+        self._drills: list[tuple[float, list[FaultEventSpec]]] = []
         twin.pace = self._pace
 
     def start(self) -> None:
@@ -235,6 +238,11 @@ class TwinRunner:
         return self._thread is not None and self._thread.is_alive()
 
     @property
+    def run_start_ns(self) -> float:
+        """The twin's time (ns, running on across runs) at which the current run started."""
+        return self._t0_sim
+
+    @property
     def behind_ms(self) -> float:
         """How far (fabric milliseconds) the twin is behind its schedule in the current run:
         0 while it keeps pace with ``time_scale``, growing when the machine cannot give it
@@ -246,10 +254,13 @@ class TwinRunner:
 
     def inject(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Play fault ``events`` (a scenario's ``faults.events``, their times counted from
-        now) in the current run, as the scenario's own faults play: a drill. They last until
-        their end or the end of the run (the next run of the scenario starts with every link
-        up). Returns each fault's id (in the run) and label. ``ValueError``, one line naming
-        the event's field, for a bad event, and when no run is going."""
+        now) in the twin, as the scenario's own faults play: a drill. It goes on in the next
+        runs of the scenario (which start with every link up) for what is left of it
+        (:func:`~fabricpilot.faults.remaining_events`): an event with an end lasts until
+        then, one not started yet starts when due, and an open-ended one lasts to the end
+        of the run it started in. Returns each fault's id (in the run) and label.
+        ``ValueError``, one line naming the event's field, for a bad event, and when no run
+        is going."""
         try:
             spec = fault_events(events, "fault drill")
             drill = resolve_faults(spec, self.prep.topology, self.prep.seed,
@@ -261,8 +272,24 @@ class TwinRunner:
             if eng is None or not self._running:
                 raise ValueError("the twin is between two runs of its scenario: try again")
             ids = eng.inject_faults(drill)
+            self._drills.append((self.twin.offset_ns + eng.now, list(spec.events)))
             return [{"id": i, "label": info.label, "at_ms": round(eng.now * 1e-6, 6)}
                     for i, info in zip(ids, drill.faults, strict=True)]
+
+    def _carried(self) -> FaultsSpec | None:
+        """What is left of the drills at the start of a run (the twin's clock at
+        ``offset_ns``), their times counted from then; the drills with nothing left are
+        forgotten."""
+        now = self.twin.offset_ns
+        left: list[FaultEventSpec] = []
+        kept = []
+        for since, evs in self._drills:
+            rest = remaining_events(evs, round(now - since))
+            if rest:
+                kept.append((since, evs))
+                left.extend(rest)
+        self._drills = kept
+        return FaultsSpec(events=left) if left else None
 
     def _pace(self, now_ns: float) -> None:
         """Called with the lock held: report finished collectives, then wait (lock
@@ -309,10 +336,14 @@ class TwinRunner:
                     model = make_rate_model(prep.rate_model, prep.topology, prep.fabric,
                                             **prep.model_params)
                     self.twin.new_run()
+                    # (what is left of the drills plays too, numbered after the scenario's)
+                    carried = self._carried()
+                    run_faults = faults if carried is None else faults.merged(resolve_faults(
+                        carried, prep.topology, prep.seed, source="fault drill"))
                     self._engine = Engine(prep.topology, self.twin, prep.jobs,
                                           fabric=prep.fabric, mice=prep.mice, rate_model=model,
                                           batch_rel_eps=prep.completion_tolerance,
-                                          mice_class=prep.mice_class, faults=faults)
+                                          mice_class=prep.mice_class, faults=run_faults)
                     self._seen = 0
                     self._t0_wall = time.monotonic()
                     self._t0_sim = self.twin.offset_ns

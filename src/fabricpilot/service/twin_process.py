@@ -238,7 +238,7 @@ class TwinProcess:
         return list(self._jobs)
 
     def inject_faults(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Play fault ``events`` in the twin's current run (see :meth:`TwinRunner.inject`);
+        """Play fault ``events`` in the twin from now (see :meth:`TwinRunner.inject`);
         ``ValueError`` for a bad event."""
         return list(self._call("inject", events))
 

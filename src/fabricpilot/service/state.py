@@ -60,6 +60,7 @@ from fabricpilot.service.southbound_http import (
 )
 from fabricpilot.service.store import Store
 from fabricpilot.service.twin import (
+    TWIN_STATUS_KEYS,
     PacedTwin,
     ServiceDataPlane,
     TwinRunner,
@@ -912,18 +913,11 @@ class FabricService:
 
     def _twin_status(self) -> dict[str, Any] | None:
         """The twin's state: the in-process runner's, or a remote twin's last report."""
-        runner = self.runner
-        if runner is not None:
-            return {"running": runner.alive, "runs": runner.runs, "error": runner.error,
-                    "fabric_time_ms": round(runner.twin.now_ns() * 1e-6, 3),
-                    "time_scale": runner.time_scale,
-                    "behind_ms": round(runner.behind_ms, 3),
-                    "ports_down": len(runner.twin.ports_down)}
+        if self.runner is not None:
+            return self.runner.status()
         st = self.remote_status
         if "fabric_time_ms" in st or st.get("running") is False:
-            keys = ("running", "runs", "error", "fabric_time_ms", "time_scale", "behind_ms",
-                    "ports_down")
-            return {k: st.get(k) for k in keys}
+            return {k: st.get(k) for k in TWIN_STATUS_KEYS}
         return None
 
     def health(self) -> dict[str, Any]:

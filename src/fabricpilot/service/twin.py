@@ -144,6 +144,9 @@ def twin_context(prep: Prepared) -> PolicyContext:
                          member_routes=True, faults=True, **fec)
 
 
+# what TwinRunner.status reports
+TWIN_STATUS_KEYS = ("running", "runs", "error", "fabric_time_ms", "time_scale", "behind_ms",
+                    "ports_down")
 # a twin behind its schedule lets go of the service's lock this often, this long
 YIELD_EVERY_S = 0.02
 YIELD_FOR_S = 0.001
@@ -236,6 +239,14 @@ class TwinRunner:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def status(self) -> dict[str, Any]:
+        """The runner's state for ``/health``: running, runs done, the error that stopped
+        it, the twin's time (ms), ``time_scale``, how far behind schedule it is (fabric
+        ms) and how many ports its switches see down."""
+        values = (self.alive, self.runs, self.error, round(self.twin.now_ns() * 1e-6, 3),
+                  self.time_scale, round(self.behind_ms, 3), len(self.twin.ports_down))
+        return dict(zip(TWIN_STATUS_KEYS, values, strict=True))
 
     @property
     def run_start_ns(self) -> float:

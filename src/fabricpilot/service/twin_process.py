@@ -71,12 +71,8 @@ class TwinHost:
         return self.runner.twin
 
     def health(self) -> dict[str, Any]:
-        r = self.runner
-        return {"running": r.alive, "runs": r.runs, "error": r.error,
-                "fabric_time_ms": round(r.twin.now_ns() * 1e-6, 3),
-                "time_scale": r.time_scale, "behind_ms": round(r.behind_ms, 3),
-                "ports_down": len(r.twin.ports_down),  # (links its switches see down)
-                "collectives": r.collectives, "busbw_GBps": dict(self.busbw_GBps)}
+        return {**self.runner.status(), "collectives": self.runner.collectives,
+                "busbw_GBps": dict(self.busbw_GBps)}
 
 
 def host_twin(prep: Prepared, time_scale: float) -> TwinHost:

@@ -234,9 +234,6 @@ class FaultTimeline:
                 {k: max(v.values()) for k, v in gray.items() if v})
 
 
-# --- gray failures: bit errors through the FEC ----------------------------------------------
-
-
 def remaining_events(events: Sequence[FaultEventSpec], elapsed_ns: int
                      ) -> list[FaultEventSpec]:
     """What is left of fault ``events`` (their times counted from some instant) once
@@ -286,6 +283,9 @@ def remaining_events(events: Sequence[FaultEventSpec], elapsed_ns: int
         elif e.until_ns is not None and e.until_ns > elapsed_ns:
             out.append(e.model_copy(update={"at_ns": 0, "until_ns": e.until_ns - elapsed_ns}))
     return out
+
+
+# --- gray failures: bit errors through the FEC ----------------------------------------------
 
 
 def gray_drop_probability(ber: float, packet_bytes: int = 4096) -> float:

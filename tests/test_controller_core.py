@@ -1144,3 +1144,82 @@ def test_a_gray_link_is_restored_once_its_counters_stay_clean() -> None:
     ctl, lk, other, cleared = run(ControllerParams(parts=1, debounce_count=3,
                                                    debounce_window_ns=1e6))
     assert cleared == [] and ctl.degraded == {lk, other}
+
+
+def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slot table (the whole plan's sets in columns) is a faster way to read the same
+    shares: two controllers with the same jobs and plan, one healing from the table and
+    one from the sets (table dropped), go through the same failures and repairs, after
+    every one of which their installed sets, plans and reports are the same. Among them:
+    a failure healed from the sets (an idle GPU's NIC link fails with the cable), then
+    failures under the paths that heal chose (their rows must not be read as they were),
+    and a job planned again by itself (its rows stale, its new pairs unknown to the
+    table). The table was read, at least once with stale rows among the fresh ones."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller.slots import SlotTable
+    from fabricpilot.nccltests import default_cluster
+
+    order = np.random.default_rng(11).permutation(64).tolist()
+
+    def controller() -> Controller:
+        ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                         ControllerParams(parts=4))
+        ctl.declare(Intent("a", "t", tuple(order[:32]),
+                           (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+        ctl.declare(Intent("b", "t", tuple(order[32:56]),  # (order[56:]: idle GPUs)
+                           (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+        ctl.plan()
+        return ctl
+
+    table, sets = controller(), controller()
+    assert table._slots is not None
+    sets._slots = None
+    reads: list[bool] = []  # per read of the table: were some of its rows stale?
+    dead_shares = SlotTable.dead_shares
+    monkeypatch.setattr(SlotTable, "dead_shares", lambda self, rows, *a: reads.append(
+        bool(self.stale.any())) or dead_shares(self, rows, *a))
+    view = table.view
+
+    def same() -> None:
+        assert table._installed == sets._installed
+        assert table.current is not None and sets.current is not None
+        assert table.current.paths == sets.current.paths
+        _check_consistent(table)
+
+    def cable(up: int) -> list[int]:
+        li = view.links[up]
+        return sorted((up, view.link_between(li.dst, li.src)))
+
+    def fail(links: list[int]) -> None:
+        a, b = table.on_links_changed(links, []), sets.on_links_changed(links, [])
+        assert (a.affected, a.installed) == (b.affected, b.installed) and a.affected > 0
+        same()
+        table.on_links_changed([], links)
+        sets.on_links_changed([], links)
+        same()
+
+    for _ in range(3):
+        fail(cable(_hottest(table)))
+    assert len(reads) == 3
+    # an idle GPU's NIC link with the hottest cable: healed from the sets
+    idle = next(lk for lk, li in view.links.items()
+                if li.src == view.gpu_node[order[60]] and li.kind == "nic")
+    before = dict(table._installed)
+    fail([idle, *cable(_hottest(table))])
+    assert len(reads) == 3
+    taken = sorted({lk for k, r in table._installed.items() if r != before[k]
+                    for p in set(r.paths) - set(before[k].paths) for lk in p
+                    if view.links[lk].kind == "fabric" and view.links[lk].src.startswith("leaf")})
+    assert taken
+    for up in taken[:4]:  # (the pairs moved there are read from the table again)
+        fail(cable(up))
+    assert len(reads) > 3 and any(reads)
+    for ctl in (table, sets):  # job b becomes an AlltoAll, planned by itself
+        ctl.declare(Intent("b", "t", tuple(order[32:56]),
+                           (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+        assert ctl.plan_jobs({"b"}) is not None
+    same()
+    for _ in range(2):
+        fail(cable(_hottest(table)))

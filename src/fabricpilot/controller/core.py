@@ -45,11 +45,13 @@ from fabricpilot.controller.planner import (
     _demand,
     _gc_paused,
     _offsets,
+    _ranges,
     compile_columns,
     plan_greedy,
     replace_parts,
 )
 from fabricpilot.controller.ranking import in_scope
+from fabricpilot.controller.slots import DeadShares, SlotTable
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 
 
@@ -186,8 +188,10 @@ _SCOPE = {"L1": "one switch", "L2": "its leaves (no spine)"}
 
 
 _PENDING: set[int] = set()  # (a heal's link-index change not known yet: replaced, never read)
-# a key a heal moves: (key, its demand, its installed set, its dead slots, its group)
-_Moving = tuple[str, Demand, PathSet, list[int], int]
+# a key a heal moves: (key, its installed set, its dead slots, its group, its demand's head,
+# tail, candidates and rate, its source and destination GPU, its slot table row or -1)
+_Moving = tuple[str, PathSet, list[int], int, tuple[int, ...], tuple[int, ...],
+                tuple[tuple[int, ...], ...], float, int, int, int]
 
 
 @dataclass
@@ -205,6 +209,8 @@ class _SetEdits:
     # those found once the paths are out: (index in moves, old path, new path)
     lazy: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     taken: list[int] = field(default_factory=list)  # the candidate links of new shares
+    # slot table rows whose slot moved whole: (row, slot, candidate, index in now)
+    moved_rows: list[tuple[int, int, int, int]] = field(default_factory=list)
     # the links whose load changed (arrays of link ids)
     touched: list[NDArray[np.int64]] = field(default_factory=list)
 
@@ -410,6 +416,40 @@ class _KeysByLink(Mapping[int, set[str]]):
         for link in new:
             edits.setdefault(link, {})[key] = True
 
+    def rows_on(self, link: int, row_of: Mapping[str, int]) -> tuple[NDArray[np.int64],
+                                                                      list[str]]:
+        """The keys on ``link`` as positions in the list the index was built from (in no
+        order, possibly repeated), found through ``row_of`` (key -> that position) for the
+        keys added since; and the keys added since that ``row_of`` does not know.
+
+        >>> idx = _KeysByLink.of([PathSet("a", ((1, 2),), (1.0,)), PathSet("b", ((2,),), (1.0,))])
+        >>> idx.discard(2, "a"); idx.add(2, "c"); idx.add(1, "b")
+        >>> rows, unknown = idx.rows_on(2, {"a": 0, "b": 1})
+        >>> sorted(rows.tolist()), unknown
+        ([1], ['c'])
+        >>> sorted(idx.rows_on(1, {"a": 0, "b": 1})[0].tolist())
+        [0, 1]
+        """
+        row = self._row.get(link)
+        bulk = (self._owner[self._ptr[row]:self._ptr[row + 1]] if row is not None
+                else np.zeros(0, np.int64))
+        edits = self._edits.get(link)
+        if not edits:
+            return bulk, []
+        gone, added, unknown = [], [], []
+        for key, there in edits.items():
+            r = row_of.get(key)
+            if there:
+                if r is None:
+                    unknown.append(key)
+                else:
+                    added.append(r)
+            elif r is not None:
+                gone.append(r)
+        if gone:
+            bulk = bulk[~np.isin(bulk, gone)]
+        return np.concatenate((bulk, np.array(added, np.int64))), unknown
+
     def discard(self, link: int, key: str) -> None:
         """``key`` no longer uses ``link``; ``KeyError`` if the link is not indexed."""
         if link not in self:
@@ -482,11 +522,19 @@ class Controller:
         self._load_rows: NDArray[np.float64] | None = None
         # keys whose installed paths are not the plan's (a path left to its hash)
         self._spilled: set[str] = set()
+        # the installed sets of the last whole plan, in columns (what a heal reads first),
+        # and the GPUs of the pairs of the plan steered last (to make it)
+        self._slots: SlotTable | None = None
+        self._steered_ends: tuple[Plan, NDArray[np.int64]] | None = None
         self._scoped_cache: dict[tuple[int, str], tuple[tuple, tuple]] = {}
         g = self.view.graph
         self._switch_graph = g.subgraph(
             [n for n, k in g.nodes(data="kind") if k != "gpu"]).copy()
         self._nic_gbps = nic_gbps
+        # links into or out of a GPU (its NIC's): a demand's head and tail are of these
+        self._gpu_links = frozenset(lk for u, v, lk in g.edges(data="link_id")
+                                    if g.nodes[u].get("kind") == "gpu"
+                                    or g.nodes[v].get("kind") == "gpu")
         self._component = {n: i for i, c in enumerate(
             nx.weakly_connected_components(self._switch_graph)) for n in c}
         self._link_id: dict[tuple[str, str], int] = {
@@ -504,6 +552,8 @@ class Controller:
         """Take note that the data plane already holds these path sets (e.g. switches that
         kept their rules while the controller restarted): the next plan sends only the sets
         that differ from them."""
+        if self._slots is not None:
+            self._slots.mark_stale(ps.key for ps in sets)
         self._installed.update({ps.key: ps for ps in sets})
 
     def withdraw(self, task_id: str) -> None:
@@ -757,6 +807,8 @@ class Controller:
             self._demand = dict(out)
         else:
             self._demand.update(out)
+            if self._slots is not None:  # (their demands changed)
+                self._slots.mark_stale(out)
         return list(out.values())
 
     def _capacity(self) -> dict[int, float]:
@@ -1036,6 +1088,8 @@ class Controller:
     def _forget(self, key: str) -> None:
         """Drop an installed path set the plan no longer has (its job withdrawn, or the
         pair gone from its calls)."""
+        if self._slots is not None:
+            self._slots.mark_stale((key,))
         old = self._installed.pop(key, None)
         if old is not None:
             if any(old.rules):
@@ -1097,6 +1151,12 @@ class Controller:
         links, plan.key_links = plan.key_links, None
         self._record_all(sets, rules=report.pinned > 0,
                          links=links if not report.unpinned else None)
+        parts, plan.parts = plan.parts, None  # (the table keeps what it needs of it)
+        steered, self._steered_ends = self._steered_ends, None
+        if (parts is not None and links is not None and not report.unpinned
+                and steered is not None and steered[0] is plan):
+            ends = steered[1]
+            self._slots = SlotTable.of(parts, sets, ends[:, 0], ends[:, 1], keys=links.keys)
         self.current = plan
         self._links_changed = False
         self._up_since.clear()
@@ -1147,6 +1207,8 @@ class Controller:
 
     def _record(self, sets: list[PathSet]) -> None:
         """Remember installed path sets, indexed by link, with their explicit rules."""
+        if self._slots is not None:
+            self._slots.mark_stale(r.key for r in sets)
         installed, on_link = self._installed, self._on_link
         # the index's own edits, inline (as _KeysByLink.move, for speed)
         rows, edits = on_link._row, on_link._edits
@@ -1192,6 +1254,7 @@ class Controller:
         ``rules=False`` says that no set has an explicit rule; ``links``, if given, are the
         links of the sets' paths (read from them otherwise)."""
         self._installed = {r.key: r for r in sets}
+        self._slots = None  # (a whole plan's sets make one: see _install)
         self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
                             if rules else Counter())
         self._on_link = (_KeysByLink.of(sets) if links is None else
@@ -1367,17 +1430,25 @@ class Controller:
         if self.current is None:
             return HealReport(cause, 0, 0, time.perf_counter() - t0)
         plan = self.current
-        affected = sorted(set().union(*(self._on_link.get(lk, set()) for lk in avoid)))
-        if not affected:
+        cols, rows = plan.columns, self._load_rows
+        in_columns = (cols is not None and rows is not None and len(cols.links) == len(rows)
+                      and int(cols.links[-1]) == len(rows) - 1)  # (link ids 0 .. n - 1: rows)
+        # the keys on the links avoided: as rows of the slot table if it knows them all
+        t_rows = self._affected_rows(avoid) if in_columns else None
+        affected = ([] if t_rows is not None else
+                    sorted(set().union(*(self._on_link.get(lk, set()) for lk in avoid))))
+        if not (len(t_rows) if t_rows is not None else affected):
             rep = HealReport(cause, 0, 0, time.perf_counter() - t0)
             self.heals.append(rep)
             return rep
-        cols, rows = plan.columns, self._load_rows
-        if (cols is not None and rows is not None and len(cols.links) == len(rows)
-                and int(cols.links[-1]) == len(rows) - 1):  # (link ids 0 .. n - 1: rows)
-            fast = self._heal_in_columns(cause, t0, affected, cols, rows)
+        if in_columns:
+            assert cols is not None and rows is not None
+            fast = self._heal_in_columns(cause, t0, affected, t_rows, cols, rows)
             if fast is not None:
                 return fast
+            if t_rows is not None:  # (the general way reads the keys)
+                affected = sorted(set().union(*(self._on_link.get(lk, set())
+                                                for lk in avoid)))
         load = plan.link_load_gbps  # updated in place: out with the dead paths, in with new
         avoid_key = frozenset(avoid)
         isdisjoint = avoid_key.isdisjoint
@@ -1536,7 +1607,25 @@ class Controller:
         report.plan = self.current
         return rep
 
-    def _heal_in_columns(self, cause: str, t0: float, affected: list[str], cols: Columns,
+    def _affected_rows(self, avoid: set[int]) -> NDArray[np.int64] | None:
+        """The keys on the links ``avoid`` as rows of the slot table, in key order, if it
+        knows them all and no GPU link is avoided (the table's shares are those of the
+        candidates: a dead head or tail link is read from the sets); ``None`` otherwise."""
+        slots, idx = self._slots, self._on_link
+        if (slots is None or idx._keys is not slots.keys  # (the index counts in its rows)
+                or not avoid.isdisjoint(self._gpu_links)):
+            return None
+        found = []
+        for lk in avoid:
+            rows, unknown = idx.rows_on(lk, slots.row_of)
+            if unknown:
+                return None
+            found.append(rows)
+        rows = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+        return rows[np.argsort(slots.rank[rows], kind="stable")]
+
+    def _heal_in_columns(self, cause: str, t0: float, affected: list[str],
+                         t_rows: NDArray[np.int64] | None, cols: Columns,
                          rows: NDArray[np.float64]) -> HealReport | None:
         """:meth:`_heal_from` on the candidate structure the plan was made on: each share
         on a dead path is placed again by :func:`replace_parts` (one compiled pass over its
@@ -1545,30 +1634,31 @@ class Controller:
         plane forwards path sets by rules alone, the sets carry no ports). Returns ``None``,
         having changed nothing, if an affected demand is not in ``cols`` (planned by itself
         since), has a dead NIC link or a path left to its hash: the general way does
-        those."""
+        those. The keys are ``affected`` (in key order), or if ``t_rows`` is given, those
+        rows of the slot table (in key order): the table gives the shares of the rows it
+        still describes, the others are read from their sets."""
         plan = self.current
         assert plan is not None
-        found = self._dead_shares(affected, cols)
-        if found is None:
-            return None
-        todo, share, mids = found
-        # each share's load out of the dense copy
-        per_mid = np.fromiter(map(len, mids), np.int64, len(mids))
-        left = np.fromiter(_chain(mids), np.int64, int(per_mid.sum()))
-        np.add.at(rows, left, np.repeat(-share[:, 2], per_mid))
+        n_keys = len(t_rows) if t_rows is not None else len(affected)
         down = np.zeros(len(rows), np.bool_)
         down[list(self.down)] = True
         avoid_rows = down.copy()
         avoid_rows[list(self.degraded)] = True
+        found = self._dead_shares(affected, t_rows, cols, avoid_rows)
+        if found is None:
+            return None
+        todo, sh = found
+        left, per_mid = sh.links, np.diff(sh.ptr)
+        # each share's load out of the dense copy
+        np.add.at(rows, left, np.repeat(-sh.gbps, per_mid))
         # heaviest first (as a plan places parts), ties in key order
-        order = np.argsort(share[:, 3], kind="stable")
+        order = np.argsort(-sh.weight * sh.gbps, kind="stable")
         # a share moves whole unless that would load a link well beyond the plan's lambda
         # (at least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
         limit = max(1.0, plan.max_utilization) + self.params.heal_spread_over
-        choice = replace_parts(cols, share[:, 0].astype(np.int64),
-                               share[:, 1].astype(np.int64), np.ascontiguousarray(share[:, 2]),
-                               order, self._dense_capacity(), rows, down, avoid_rows,
-                               spread=self.parts, limit=limit).tolist()
+        choice = replace_parts(cols, sh.grp, sh.tup, sh.gbps, order, self._dense_capacity(),
+                               rows, down, avoid_rows, spread=self.parts,
+                               limit=limit).tolist()
         edits = self._edit_sets(todo, choice, cols.g_disjoint.tolist(), rows)
         # links whose load changed: the plan's dict takes their dense value
         edits.touched = [left, *edits.touched]
@@ -1577,7 +1667,7 @@ class Controller:
             self._settle_load(edits)
             sets, report = self._steer_in(Plan(
                 {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in edits.now}, {}, 0.0))
-            return self._healed(cause, t0, len(affected), sets, report)
+            return self._healed(cause, t0, n_keys, sets, report)
         sets = []
         n_paths = pinned = 0
         any_rules = bool(+self._rules_held)
@@ -1589,25 +1679,40 @@ class Controller:
         report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
                   if self.view.ecmp is not None
                   else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
-        rep = self._healed(cause, t0, len(affected), sets, report, edits.moves, dense=True,
+        rep = self._healed(cause, t0, n_keys, sets, report, edits.moves, dense=True,
                            settle=functools.partial(self._settle_sets, edits, sets))
         report.switch_rules = dict(+self._rules_held)
         return rep
 
-    def _dead_shares(self, affected: list[str], cols: Columns
-                     ) -> tuple[list[_Moving], NDArray[np.float64], list[tuple[int, ...]]] | None:
-        """The shares of the ``affected`` keys on a dead path, for :meth:`_heal_in_columns`:
-        each key with one (key, demand, installed set, its dead slots, its group), each
-        share (group, tuple, Gb/s, order key: heaviest first) and its candidate links (those
-        whose load it moves); ``None`` if a key does not qualify (nothing is changed)."""
+    def _dead_shares(self, affected: list[str], t_rows: NDArray[np.int64] | None,
+                     cols: Columns, avoid_rows: NDArray[np.bool_],
+                     ) -> tuple[list[_Moving], DeadShares] | None:
+        """The shares on a dead path of the keys a heal reads (``affected``, or the slot
+        table's rows ``t_rows``; see :meth:`_heal_in_columns`): each key with one, in key
+        order, and its shares, in key then slot order (positions among the keys read),
+        each with its candidate links (those whose load it moves); ``None`` if a key does
+        not qualify (nothing is changed)."""
         avoid = frozenset(self.down | self.degraded)
         isdisjoint = avoid.isdisjoint
-        demand, find, installed, spilled = (self._demand, cols.tuple_of.get, self._installed,
-                                            self._spilled)
-        todo: list[_Moving] = []
-        shares: list[tuple[int, int, float, float]] = []  # (group, tuple, Gb/s, order key)
+        demand, find, installed, spilled, endpoints = (
+            self._demand, cols.tuple_of.get, self._installed, self._spilled, self._endpoints)
+        slots = self._slots
+        fresh: NDArray[np.int64] | None = None  # positions of the rows the table describes
+        if t_rows is not None:
+            assert slots is not None
+            stale = slots.stale[t_rows]
+            fresh = np.flatnonzero(~stale)
+            keys_t = slots.keys
+            read = list(zip(np.flatnonzero(stale).tolist(),
+                            [keys_t[r] for r in t_rows[stale].tolist()], strict=True))
+        else:
+            read = list(enumerate(affected))
+        # the keys read from their sets
+        todo: list[tuple[int, _Moving]] = []  # (position, key's entry)
+        cols_p: list[tuple[int, int, int, int, float, float]] = []  # (position, slot, group,
+        # tuple, Gb/s, weight) of each share
         mids: list[tuple[int, ...]] = []  # each share's candidate links (its load moves)
-        for k in affected:
+        for i, k in read:
             d = demand.get(k)
             if d is None:  # (a job no longer planned, e.g. cut off: its sets stay as they are)
                 continue
@@ -1627,13 +1732,50 @@ class Controller:
             # (a demand's paths are its head, a candidate and its tail: a share that moves
             # changes the load of its candidate's links only)
             rate, ws, g, u, nh, nt = d.rate_gbps, old.weights, hit[1], hit[2], len(head), len(tail)
-            todo.append((k, d, old, dead, g))
+            a, b = endpoints[k]
+            todo.append((i, (k, old, dead, g, head, tail, cands, rate, a, b, -1)))
             for j in dead:
                 p = ps[j]
-                out = rate * ws[j]
                 mids.append(p[nh:len(p) - nt])
-                shares.append((g, u, out, -d.weight * out))
-        return todo, np.array(shares, np.float64).reshape(-1, 4), mids
+                cols_p.append((i, j, g, u, rate * ws[j], d.weight))
+        per = np.fromiter(map(len, mids), np.int64, len(mids))
+        by_col = list(zip(*cols_p, strict=True)) or [()] * 6
+        read_sh = DeadShares(*(np.array(c, np.int64) for c in by_col[:4]),
+                             *(np.array(c, np.float64) for c in by_col[4:]),
+                             np.fromiter(_chain(mids), np.int64, int(per.sum())), _offsets(per))
+        if fresh is None or not len(fresh):
+            return [e for _, e in todo], read_sh
+        assert slots is not None and t_rows is not None
+        # the rows the table describes: their shares at once, their entries from the rows
+        tab = slots.dead_shares(t_rows[fresh], cols, avoid_rows)
+        tab.pos = fresh[tab.pos]
+        if len(tab.pos):
+            pos_l, slot_l, grp_l = tab.pos.tolist(), tab.slot.tolist(), tab.grp.tolist()
+            lo_l = np.flatnonzero(np.r_[True, tab.pos[1:] != tab.pos[:-1]]).tolist()
+            moving = t_rows[tab.pos[lo_l]]
+            rows_l, tup_l = moving.tolist(), slots.tup[moving].tolist()
+            rate_l, src_l = slots.rate[moving].tolist(), slots.src[moving].tolist()
+            dst_l = slots.dst[moving].tolist()
+            keys_t, sets_t, tuples = slots.keys, slots.sets, slots.tuples
+            for n, (lo, hi) in enumerate(zip(lo_l, [*lo_l[1:], len(pos_l)], strict=True)):
+                r = rows_l[n]
+                old = sets_t[r]
+                p0 = old.paths[0]  # (a plain row: one head link, one tail link)
+                todo.append((pos_l[lo], (keys_t[r], old, slot_l[lo:hi], grp_l[lo], p0[:1],
+                                         p0[-1:], tuples[tup_l[n]], rate_l[n], src_l[n],
+                                         dst_l[n], r)))
+        if not len(read_sh.pos):
+            return [e for _, e in todo], tab
+        # both kinds: in key order, then slot order
+        todo.sort(key=lambda e: e[0])
+        order = np.lexsort((np.r_[read_sh.slot, tab.slot], np.r_[read_sh.pos, tab.pos]))
+        lens = np.r_[np.diff(read_sh.ptr), np.diff(tab.ptr)][order]
+        starts = np.r_[read_sh.ptr[:-1], len(read_sh.links) + tab.ptr[:-1]][order]
+        links = np.r_[read_sh.links, tab.links][_ranges(starts, lens)]
+        both = DeadShares(*(np.r_[getattr(read_sh, f), getattr(tab, f)][order]
+                            for f in ("pos", "slot", "grp", "tup", "gbps", "weight")),
+                          links, _offsets(lens))
+        return [e for _, e in todo], both
 
     def _edit_sets(self, todo: list[_Moving], choice: list[list[int]], disjoint: list[bool],
                    rows: NDArray[np.float64]) -> _SetEdits:
@@ -1643,19 +1785,16 @@ class Controller:
         may add slots); a key left with no live candidate is cut off (its load out of the
         dense ``rows``). ``disjoint``: per group, its columns share no link."""
         steered = self.view.ecmp is not None
-        endpoints = self._endpoints
         ed = _SetEdits()
         now, new, moves, lazy, taken = ed.now, ed.new, ed.moves, ed.lazy, ed.taken
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
         d_gbps: list[float] = []
         i = 0
-        for k, d, old, dead, g in todo:
+        for k, old, dead, g, head, tail, cands, rate, a, b, row in todo:
             picks = choice[i:i + len(dead)]
             i += len(dead)
-            head, tail, cands = d.head, d.tail, d.candidates
             first = picks[0]
             if first[0] < 0:  # every candidate crosses a dead link: out of the plan
-                rate = d.rate_gbps
                 for j, (p, w) in enumerate(zip(old.paths, old.weights, strict=True)):
                     # (the dead shares' candidate links are out already)
                     gone = p if j not in dead else head + tail
@@ -1663,7 +1802,6 @@ class Controller:
                     d_gbps.extend([-rate * w] * len(gone))
                 self._cut_off(k)
                 continue
-            a, b = endpoints[k]
             base = (a * 1_000_003 + b) * 64  # (where a port search starts: as a plan's)
             ps = old.paths
             if len(picks) == 1 and (len(first) == 1 or first[1] < 0):
@@ -1689,6 +1827,8 @@ class Controller:
                         moves.append((k, set(was).difference(p, *rest),
                                       set(p).difference(was, *rest)))
                     ps = (*ps[:j], p, *ps[j + 1:])
+                    if row >= 0:
+                        ed.moved_rows.append((row, j, first[0], len(now)))
                     if not steered:
                         now.append((k, ps, old.weights, (), ()))
                         continue
@@ -1754,6 +1894,12 @@ class Controller:
         for i, was, p in edits.lazy:
             o, n = set(was), set(p)
             moves[i] = (moves[i][0], o - n, n - o)
+        slots = self._slots
+        if slots is not None:  # (the rows of the other keys no longer describe their sets)
+            for row, j, c, at in edits.moved_rows:
+                slots.moved(row, j, c, sets[at])
+            kept = {at for *_, at in edits.moved_rows}
+            slots.mark_stale(r.key for at, r in enumerate(sets) if at not in kept)
 
     def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas
@@ -1933,6 +2079,7 @@ class Controller:
         endpoints = self._endpoints
         ends = np.fromiter(_chain(map(endpoints.__getitem__, keys)), np.int64,
                            2 * len(keys)).reshape(len(keys), 2)
+        self._steered_ends = (plan, ends)
         src = np.repeat(ends[:, 0], n_per_key)
         dst = np.repeat(ends[:, 1], n_per_key)
         first = _offsets(n_per_key)

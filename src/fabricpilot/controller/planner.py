@@ -90,6 +90,9 @@ class Plan:
     # the links of each demand's paths as arrays, if made by :func:`plan_greedy` (for
     # indexing the plan by link without reading its paths; a user may drop it)
     key_links: KeyLinks | None = field(default=None, repr=False, compare=False)
+    # where each demand's parts went, if made by :func:`plan_greedy` (for keeping the
+    # installed paths in columns; a user may drop it)
+    parts: PartChoice | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,31 @@ class KeyLinks:
     keys: list[str]
     links: NDArray[np.int64]
     owner: NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class PartChoice:
+    """Where a plan put every demand's parts, as the planner compiled them, in the plan's
+    order: ``demands[i]``'s parts went to its candidates ``choice[i]``; it has group
+    ``grp[i]`` and unique candidate tuple ``tup[i]`` (``tuples[tup[i]]``) of the plan's
+    :class:`Columns`; ``plain[i]``: its tuple is regular and its candidate paths strictly
+    increasing (its paths are then listed in candidate order), with one head link
+    ``head[i]`` and one tail link ``tail[i]``. The share of ``m`` parts is ``acc[m]`` (as
+    the plan adds them up); ``rank[i]`` is the demand's place in key order; ``rate`` and
+    ``weight``: the demands' rates and weights."""
+
+    demands: list[Demand]
+    grp: NDArray[np.int64]
+    tup: NDArray[np.int64]
+    tuples: list[tuple[tuple[int, ...], ...]]
+    plain: NDArray[np.bool_]
+    head: NDArray[np.int64]
+    tail: NDArray[np.int64]
+    choice: NDArray[np.int64]
+    acc: tuple[float, ...]
+    rank: NDArray[np.int64]
+    rate: NDArray[np.float64]
+    weight: NDArray[np.float64]
 
 
 class LinkValues(Mapping[int, float]):
@@ -489,6 +517,12 @@ class _Commodities:
         ids = np.fromiter(itertools.chain(_chain(_chain(uobj)), _chain(heads), _chain(tails)),
                           np.int64, n_c + n_h + n_t)
         rows = _link_rows(ids, self.links)
+        # each demand's head and tail link when it has exactly one (-1 otherwise)
+        self.head1 = np.full(n, -1, np.int64)
+        self.tail1 = np.full(n, -1, np.int64)
+        one_h, one_t = np.flatnonzero(hl == 1), np.flatnonzero(tl == 1)
+        self.head1[one_h] = ids[n_c + _offsets(hl)[one_h]]
+        self.tail1[one_t] = ids[n_c + n_h + _offsets(tl)[one_t]]
         del ids
         if cap_arrays is not None:
             self.cap = cap_arrays.values.astype(np.float64)
@@ -543,6 +577,7 @@ class _Commodities:
         if not g_ok.all():  # a link on all columns, or twice on one: the exact route
             u_grp[np.isin(u_grp, np.flatnonzero(~g_ok))] = -1
         self.u_obj, self.u_grp = uobj, u_grp  # unique candidate tuples and their groups
+        self.u_of = u_of  # each demand's unique tuple
         ufix_len = np.where(u_grp >= 0, n_fixed, 0)
         ufix_ptr = _offsets(ufix_len)
         ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
@@ -778,6 +813,14 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     if plan is None:  # (stopped while writing the paths)
         checkpoint()
         raise PlanStopped("the plan was stopped")
+    rank = np.empty(n, np.int64)
+    rank[by_key] = np.arange(n, dtype=np.int64)
+    tup = com.u_of if n else np.zeros(0, np.int64)
+    plain = (com.ordered & (com.u_grp[tup] >= 0) & (com.head1 >= 0) & (com.tail1 >= 0)
+             if n else np.zeros(0, np.bool_))
+    plan.parts = PartChoice(com.demands, com.grp, tup.astype(np.int64), com.u_obj, plain,
+                            com.head1, com.tail1, choice, tuple(_shares(split)), rank,
+                            com.rate, com.weight)
     return plan
 
 
@@ -1126,10 +1169,7 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     up, in path order), the load per link (background excluded) and ``lambda``; ``None`` if
     ``stop[0]`` was set meanwhile."""
     split = choice.shape[1]
-    inc = 1.0 / split
-    acc = [0.0]  # acc[m]: the share of m parts, added up part by part
-    for _ in range(split):
-        acc.append(acc[-1] + inc)
+    acc = _shares(split)
     paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}
     if not _fill_paths(com, choice, paths, acc, stop):
         return None
@@ -1137,6 +1177,20 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
                 columns=Columns.of(com), key_links=_key_links(com, choice))
+
+
+def _shares(split: int) -> list[float]:
+    """``acc[m]``: the share of ``m`` of ``split`` parts, added up part by part (as a plan
+    adds up the parts of a demand on one path).
+
+    >>> _shares(4)
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+    """
+    inc = 1.0 / split
+    acc = [0.0]
+    for _ in range(split):
+        acc.append(acc[-1] + inc)
+    return acc
 
 
 def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:

@@ -16,6 +16,7 @@ import functools
 import itertools
 import math
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -525,7 +526,8 @@ class Controller:
         # the installed sets of the last whole plan, in columns (what a heal reads first),
         # and the GPUs of the pairs of the plan steered last (to make it)
         self._slots: SlotTable | None = None
-        self._steered_ends: tuple[Plan, NDArray[np.int64]] | None = None
+        # (the plan by weak reference: a plan weighed and not installed is not kept)
+        self._steered_ends: tuple[weakref.ref[Plan], NDArray[np.int64]] | None = None
         self._scoped_cache: dict[tuple[int, str], tuple[tuple, tuple]] = {}
         g = self.view.graph
         self._switch_graph = g.subgraph(
@@ -1154,7 +1156,7 @@ class Controller:
         parts, plan.parts = plan.parts, None  # (the table keeps what it needs of it)
         steered, self._steered_ends = self._steered_ends, None
         if (parts is not None and links is not None and not report.unpinned
-                and steered is not None and steered[0] is plan):
+                and steered is not None and steered[0]() is plan):
             ends = steered[1]
             self._slots = SlotTable.of(parts, sets, ends[:, 0], ends[:, 1], keys=links.keys)
         self.current = plan
@@ -2079,7 +2081,7 @@ class Controller:
         endpoints = self._endpoints
         ends = np.fromiter(_chain(map(endpoints.__getitem__, keys)), np.int64,
                            2 * len(keys)).reshape(len(keys), 2)
-        self._steered_ends = (plan, ends)
+        self._steered_ends = (weakref.ref(plan), ends)
         src = np.repeat(ends[:, 0], n_per_key)
         dst = np.repeat(ends[:, 1], n_per_key)
         first = _offsets(n_per_key)

@@ -52,7 +52,7 @@ from fabricpilot.controller.planner import (
     replace_parts,
 )
 from fabricpilot.controller.ranking import in_scope
-from fabricpilot.controller.slots import DeadShares, SlotTable
+from fabricpilot.controller.slots import DeadShares, SlotTable, WholeMoves
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 
 
@@ -193,6 +193,24 @@ _PENDING: set[int] = set()  # (a heal's link-index change not known yet: replace
 # tail, candidates and rate, its source and destination GPU, its slot table row or -1)
 _Moving = tuple[str, PathSet, list[int], int, tuple[int, ...], tuple[int, ...],
                 tuple[tuple[int, ...], ...], float, int, int, int]
+
+
+def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: bool,
+                ) -> list[PathSet]:
+    """The path sets of slots moved whole (:meth:`SlotTable.move_whole`): each key's set
+    with the moved slot's new path and, if ``steered``, its new source port ``ports[i]``
+    (and no explicit rule, if ``any_rules`` says a set may have some)."""
+    if not steered:
+        return [_path_set(k, ps, old.weights, (), ())
+                for k, ps, old in zip(moved.keys, moved.paths, moved.olds, strict=True)]
+    out = []
+    for k, ps, old, j, port in zip(moved.keys, moved.paths, moved.olds, moved.slot.tolist(),
+                                   ports, strict=True):
+        pts, rls = old.ports, old.rules
+        if any_rules and rls[j]:
+            rls = (*rls[:j], (), *rls[j + 1:])
+        out.append(_path_set(k, ps, old.weights, (*pts[:j], port, *pts[j + 1:]), rls))
+    return out
 
 
 @dataclass
@@ -1579,24 +1597,18 @@ class Controller:
         self._forget(key)
 
     def _healed(self, cause: str, t0: float, affected: int, sets: list[PathSet],
-                report: PlanReport,
-                moves: list[tuple[str, set[int], set[int]]] | None = None,
-                dense: bool = False, settle: Callable[[], None] | None = None,
-                ) -> HealReport:
-        """Install and record a heal's path sets and report it (its wall time from ``t0``);
-        the records (``settle`` first, if given: the plan's own updates) once the new paths
-        are out; then, as bookkeeping, bring the plan's lambda up to date (from the dense
-        copy of the load if ``dense``: it is the plan's load now). ``moves`` (key, links it
-        leaves, links it takes), if given, are the link index's changes, known already (as
-        :meth:`_record` would find them)."""
+                report: PlanReport, dense: bool = False,
+                record: Callable[[], None] | None = None) -> HealReport:
+        """Install a heal's path sets and report it (its wall time from ``t0``); once the
+        new paths are out, ``record`` the controller's records of them (:meth:`_record` of
+        the sets if not given); then, as bookkeeping, bring the plan's lambda up to date
+        (from the dense copy of the load if ``dense``: it is the plan's load now)."""
         self.dp.install(sets)
         sent_s = time.perf_counter() - t0
-        if settle is not None:
-            settle()
-        if moves is None:
+        if record is None:
             self._record(sets)
         else:
-            self._record_moves(sets, moves)
+            record()
         rep = HealReport(cause, affected, len(sets), time.perf_counter() - t0, report, sent_s)
         self.heals.append(rep)
         plan = self.current
@@ -1649,7 +1661,7 @@ class Controller:
         found = self._dead_shares(affected, t_rows, cols, avoid_rows)
         if found is None:
             return None
-        todo, sh = found
+        read, (f_pos, f_rows), sh = found
         left, per_mid = sh.links, np.diff(sh.ptr)
         # each share's load out of the dense copy
         np.add.at(rows, left, np.repeat(-sh.gbps, per_mid))
@@ -1658,17 +1670,49 @@ class Controller:
         # a share moves whole unless that would load a link well beyond the plan's lambda
         # (at least 100 %): then it goes as ``parts`` equal QPs, each to its least loaded path
         limit = max(1.0, plan.max_utilization) + self.params.heal_spread_over
-        choice = replace_parts(cols, sh.grp, sh.tup, sh.gbps, order, self._dense_capacity(),
-                               rows, down, avoid_rows, spread=self.parts,
-                               limit=limit).tolist()
-        edits = self._edit_sets(todo, choice, cols.g_disjoint.tolist(), rows)
+        placed = replace_parts(cols, sh.grp, sh.tup, sh.gbps, order, self._dense_capacity(),
+                               rows, down, avoid_rows, spread=self.parts, limit=limit)
+        # each moving key's shares are a run of sh (key order, then slot order)
+        run0 = (np.flatnonzero(np.r_[True, sh.pos[1:] != sh.pos[:-1]]) if len(sh.pos)
+                else np.zeros(0, np.int64))
+        run_n, run_pos = np.diff(np.r_[run0, len(sh.pos)]), sh.pos[run0]
+        at = np.searchsorted(run_pos, f_pos)
+        f_s0, f_n = run0[at], run_n[at]
+        # most keys of the table have one dead share, which goes whole to a candidate they
+        # do not use yet: those sets are made in columns, the others key by key
+        to = placed[f_s0, 0]
+        whole = (f_n == 1) & (to >= 0)
+        if placed.shape[1] > 1:
+            whole &= placed[f_s0, 1] < 0
+        slots = self._slots
+        moved: WholeMoves | None = None
+        if whole.any():
+            assert slots is not None
+            whole[whole] = slots.whole(f_rows[whole], sh.grp[f_s0[whole]], to[whole], cols)
+            w = np.flatnonzero(whole)
+            moved = slots.move_whole(f_rows[w], sh.slot[f_s0[w]], sh.grp[f_s0[w]], to[w], cols)
+        rest = np.flatnonzero(~whole)
+        s0_read = run0[np.searchsorted(run_pos, np.array([i for i, _ in read], np.int64))]
+        todo = [*zip(s0_read.tolist(), [e for _, e in read], strict=True),
+                *zip(f_s0[rest].tolist(), self._table_moving(f_rows[rest], f_s0[rest],
+                                                             f_n[rest], sh), strict=True)]
+        todo.sort(key=lambda e: e[0])  # (runs are in key order)
+        edits = self._edit_sets(todo, placed.tolist(), cols.g_disjoint.tolist(), rows)
         # links whose load changed: the plan's dict takes their dense value
-        edits.touched = [left, *edits.touched]
-        rules = self._steer_new(edits.new) if edits.new else {}
+        edits.touched = [left, *edits.touched, *([moved.taken] if moved is not None else [])]
+        steered = self.view.ecmp is not None
+        ports: list[int] = []
+        rules: dict[int, tuple[tuple[str, int], ...]] = {}
+        if steered and (edits.new or moved is not None):
+            ports, rules = self._steer_new(edits.new, moved)
         if rules:  # a new path needs a rule: steer_plan weighs the switches' rule budgets
             self._settle_load(edits)
-            sets, report = self._steer_in(Plan(
-                {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in edits.now}, {}, 0.0))
+            now = {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in edits.now}
+            if moved is not None:
+                now.update((k, list(zip(ps, old.weights, strict=True)))
+                           for k, ps, old in zip(moved.keys, moved.paths, moved.olds,
+                                                 strict=True))
+            sets, report = self._steer_in(Plan(now, {}, 0.0))
             return self._healed(cause, t0, n_keys, sets, report)
         sets = []
         n_paths = pinned = 0
@@ -1678,22 +1722,35 @@ class Controller:
             n_paths += len(ps)
             if any_rules:
                 pinned += sum(1 for r in rls if r)
-        report = (PlanReport(plan, len(sets), 0, n_paths - pinned, pinned, 0)
-                  if self.view.ecmp is not None
-                  else PlanReport(plan, len(sets), 0))  # (as steer_plan reports rules alone)
-        rep = self._healed(cause, t0, n_keys, sets, report, edits.moves, dense=True,
-                           settle=functools.partial(self._settle_sets, edits, sets))
+        whole_sets: list[PathSet] = []
+        if moved is not None:
+            assert slots is not None
+            whole_sets = _whole_sets(moved, ports, steered, any_rules)
+            n_paths += int(slots.count[moved.rows].sum())
+            if any_rules:
+                pinned += sum(1 for r in _chain(s.rules for s in whole_sets) if r)
+        report = (PlanReport(plan, len(sets) + len(whole_sets), 0, n_paths - pinned, pinned,
+                             0)
+                  if steered
+                  else PlanReport(plan, len(sets) + len(whole_sets), 0))  # (as steer_plan
+        # reports rules alone)
+        rep = self._healed(cause, t0, n_keys, sets + whole_sets, report, dense=True,
+                           record=functools.partial(self._settle_sets, edits, sets, moved,
+                                                    whole_sets))
         report.switch_rules = dict(+self._rules_held)
         return rep
 
     def _dead_shares(self, affected: list[str], t_rows: NDArray[np.int64] | None,
                      cols: Columns, avoid_rows: NDArray[np.bool_],
-                     ) -> tuple[list[_Moving], DeadShares] | None:
+                     ) -> tuple[list[tuple[int, _Moving]],
+                                tuple[NDArray[np.int64], NDArray[np.int64]],
+                                DeadShares] | None:
         """The shares on a dead path of the keys a heal reads (``affected``, or the slot
-        table's rows ``t_rows``; see :meth:`_heal_in_columns`): each key with one, in key
-        order, and its shares, in key then slot order (positions among the keys read),
-        each with its candidate links (those whose load it moves); ``None`` if a key does
-        not qualify (nothing is changed)."""
+        table's rows ``t_rows``; see :meth:`_heal_in_columns`): of each key with one that
+        is read from its set, its position (among the keys read) and entry, in key order;
+        of those the table describes, their positions and rows, in key order; and every
+        such share, in key then slot order, with its candidate links (those whose load it
+        moves). ``None`` if a key does not qualify (nothing is changed)."""
         avoid = frozenset(self.down | self.degraded)
         isdisjoint = avoid.isdisjoint
         demand, find, installed, spilled, endpoints = (
@@ -1745,31 +1802,20 @@ class Controller:
         read_sh = DeadShares(*(np.array(c, np.int64) for c in by_col[:4]),
                              *(np.array(c, np.float64) for c in by_col[4:]),
                              np.fromiter(_chain(mids), np.int64, int(per.sum())), _offsets(per))
+        none = np.zeros(0, np.int64)
         if fresh is None or not len(fresh):
-            return [e for _, e in todo], read_sh
+            return todo, (none, none), read_sh
         assert slots is not None and t_rows is not None
-        # the rows the table describes: their shares at once, their entries from the rows
+        # the rows the table describes: their shares at once (their entries are made once
+        # their shares are placed: most move whole, see SlotTable.whole)
         tab = slots.dead_shares(t_rows[fresh], cols, avoid_rows)
         tab.pos = fresh[tab.pos]
-        if len(tab.pos):
-            pos_l, slot_l, grp_l = tab.pos.tolist(), tab.slot.tolist(), tab.grp.tolist()
-            lo_l = np.flatnonzero(np.r_[True, tab.pos[1:] != tab.pos[:-1]]).tolist()
-            moving = t_rows[tab.pos[lo_l]]
-            rows_l, tup_l = moving.tolist(), slots.tup[moving].tolist()
-            rate_l, src_l = slots.rate[moving].tolist(), slots.src[moving].tolist()
-            dst_l = slots.dst[moving].tolist()
-            keys_t, sets_t, tuples = slots.keys, slots.sets, slots.tuples
-            for n, (lo, hi) in enumerate(zip(lo_l, [*lo_l[1:], len(pos_l)], strict=True)):
-                r = rows_l[n]
-                old = sets_t[r]
-                p0 = old.paths[0]  # (a plain row: one head link, one tail link)
-                todo.append((pos_l[lo], (keys_t[r], old, slot_l[lo:hi], grp_l[lo], p0[:1],
-                                         p0[-1:], tuples[tup_l[n]], rate_l[n], src_l[n],
-                                         dst_l[n], r)))
+        f_pos = (tab.pos[np.flatnonzero(np.r_[True, tab.pos[1:] != tab.pos[:-1]])]
+                 if len(tab.pos) else none)
+        moving = (f_pos, t_rows[f_pos])
         if not len(read_sh.pos):
-            return [e for _, e in todo], tab
+            return todo, moving, tab
         # both kinds: in key order, then slot order
-        todo.sort(key=lambda e: e[0])
         order = np.lexsort((np.r_[read_sh.slot, tab.slot], np.r_[read_sh.pos, tab.pos]))
         lens = np.r_[np.diff(read_sh.ptr), np.diff(tab.ptr)][order]
         starts = np.r_[read_sh.ptr[:-1], len(read_sh.links) + tab.ptr[:-1]][order]
@@ -1777,12 +1823,35 @@ class Controller:
         both = DeadShares(*(np.r_[getattr(read_sh, f), getattr(tab, f)][order]
                             for f in ("pos", "slot", "grp", "tup", "gbps", "weight")),
                           links, _offsets(lens))
-        return [e for _, e in todo], both
+        return todo, moving, both
 
-    def _edit_sets(self, todo: list[_Moving], choice: list[list[int]], disjoint: list[bool],
-                   rows: NDArray[np.float64]) -> _SetEdits:
+    def _table_moving(self, rows: NDArray[np.int64], s0: NDArray[np.int64],
+                      n_dead: NDArray[np.int64], sh: DeadShares) -> list[_Moving]:
+        """The entries of moving keys the slot table describes (rows ``rows``, their
+        ``n_dead`` dead shares from ``s0`` in ``sh``), as :meth:`_dead_shares` makes those of
+        keys read from their sets."""
+        if not len(rows):
+            return []
+        slots = self._slots
+        assert slots is not None
+        slot_l, s0_l = sh.slot.tolist(), s0.tolist()
+        keys_t, sets_t, tuples = slots.keys, slots.sets, slots.tuples
+        out: list[_Moving] = []
+        for r, lo, n, g, u, rate, a, b in zip(
+                rows.tolist(), s0_l, n_dead.tolist(), sh.grp[s0].tolist(),
+                slots.tup[rows].tolist(), slots.rate[rows].tolist(),
+                slots.src[rows].tolist(), slots.dst[rows].tolist(), strict=True):
+            old = sets_t[r]
+            p0 = old.paths[0]  # (a plain row: one head link, one tail link)
+            out.append((keys_t[r], old, slot_l[lo:lo + n], g, p0[:1], p0[-1:], tuples[u], rate,
+                        a, b, r))
+        return out
+
+    def _edit_sets(self, todo: list[tuple[int, _Moving]], choice: list[list[int]],
+                   disjoint: list[bool], rows: NDArray[np.float64]) -> _SetEdits:
         """Each moving key's set once its dead shares have gone where ``choice`` says (per
-        share, in ``todo``'s order: :func:`replace_parts`): a dead share's slot takes its
+        share, from :func:`replace_parts`; ``todo``: each key's entry after the index of
+        its first share, its others following): a dead share's slot takes its
         new path (or its weight joins the share already on that path; spread in pieces, it
         may add slots); a key left with no live candidate is cut off (its load out of the
         dense ``rows``). ``disjoint``: per group, its columns share no link."""
@@ -1791,10 +1860,8 @@ class Controller:
         now, new, moves, lazy, taken = ed.now, ed.new, ed.moves, ed.lazy, ed.taken
         d_link: list[int] = []  # dense-load changes of pairs cut off, applied at once
         d_gbps: list[float] = []
-        i = 0
-        for k, old, dead, g, head, tail, cands, rate, a, b, row in todo:
+        for i, (k, old, dead, g, head, tail, cands, rate, a, b, row) in todo:
             picks = choice[i:i + len(dead)]
-            i += len(dead)
             first = picks[0]
             if first[0] < 0:  # every candidate crosses a dead link: out of the plan
                 for j, (p, w) in enumerate(zip(old.paths, old.weights, strict=True)):
@@ -1862,20 +1929,31 @@ class Controller:
             ed.touched.append(cut)
         return ed
 
-    def _steer_new(self, new: list[tuple[list[int], int, tuple[int, ...], int, int, int]]
-                   ) -> dict[int, tuple[tuple[str, int], ...]]:
-        """Steer a heal's new paths (``(ports list, slot, path, source GPU, destination GPU,
-        where the port search starts)``): each one's port into its slot of its list; the
-        rules still needed, by index in ``new``."""
+    def _steer_new(self, new: list[tuple[list[int], int, tuple[int, ...], int, int, int]],
+                   whole: WholeMoves | None = None,
+                   ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]]:
+        """Steer a heal's new paths: those of ``new`` (``(ports list, slot, path, source
+        GPU, destination GPU, where the port search starts)``; each one's port goes into its
+        slot of its list), then those of ``whole`` (their ports returned, in order); and the
+        rules still needed, by index among all of them."""
         table = self._steering_table()
-        _, _, n_paths_t, n_src, n_dst, n_start = zip(*new, strict=True)
-        n_path = list(n_paths_t)
-        dst = np.array(n_dst, np.int64)
-        got, rules = table.steer(np.array(n_src, np.int64), dst, np.array(n_start, np.int64),
-                                 table.intern(n_path, dst), n_path, self.params.steer_tries)
-        for (pts, j, *_), port in zip(new, got, strict=True):
+        n_path = [n[2] for n in new]
+        src = np.array([n[3] for n in new], np.int64)
+        dst = np.array([n[4] for n in new], np.int64)
+        start = np.array([n[5] for n in new], np.int64)
+        if whole is not None:
+            slots = self._slots
+            assert slots is not None
+            a, b = slots.src[whole.rows], slots.dst[whole.rows]
+            n_path += whole.new
+            src, dst = np.r_[src, a], np.r_[dst, b]
+            # (where a port search starts: as a plan's)
+            start = np.r_[start, (a * 1_000_003 + b) * 64 + whole.slot]
+        got, rules = table.steer(src, dst, start, table.intern(n_path, dst), n_path,
+                                 self.params.steer_tries)
+        for (pts, j, *_), port in zip(new, got, strict=False):
             pts[j] = port
-        return rules
+        return got[len(new):], rules
 
     def _settle_load(self, edits: _SetEdits) -> None:
         """The plan's load of each link a heal changed: its dense value."""
@@ -1884,9 +1962,11 @@ class Controller:
         self.current.link_load_gbps.update(zip(
             changed.tolist(), self._load_rows[changed].tolist(), strict=True))
 
-    def _settle_sets(self, edits: _SetEdits, sets: list[PathSet]) -> None:
-        """The plan's records of a heal, once its new paths are out: its paths, its load and
-        the links each moved key leaves and takes."""
+    def _settle_sets(self, edits: _SetEdits, sets: list[PathSet], whole: WholeMoves | None,
+                     whole_sets: list[PathSet]) -> None:
+        """The plan's records of a heal, once its new paths are out: its paths, its load, the
+        slot table and the links each moved key leaves and takes; ``sets`` are those of
+        ``edits``, ``whole_sets`` those of ``whole`` (slots moved whole, in columns)."""
         assert self.current is not None
         self._settle_load(edits)
         paths = self.current.paths
@@ -1902,6 +1982,34 @@ class Controller:
                 slots.moved(row, j, c, sets[at])
             kept = {at for *_, at in edits.moved_rows}
             slots.mark_stale(r.key for at, r in enumerate(sets) if at not in kept)
+        self._record_moves(sets, moves)
+        if whole is None:
+            return
+        assert slots is not None
+        paths.update(zip(whole.keys, map(list, map(zip, whole.paths,
+                                                   (old.weights for old in whole.olds))),
+                         strict=True))
+        slots.moved_whole(whole, whole_sets)
+        # the link index: each key leaves its old candidate's column, takes the new one's
+        edits_by_link, keys = self._on_link._edits, whole.keys
+        for links, of, there in ((whole.left, whole.left_of, False),
+                                 (whole.taken, whole.taken_of, True)):
+            if not len(links):
+                continue
+            srt = np.argsort(links, kind="stable")
+            lk_s, own = links[srt], of[srt].tolist()
+            cut = np.flatnonzero(np.r_[True, lk_s[1:] != lk_s[:-1]]).tolist()
+            for lo, hi, lk in zip(cut, [*cut[1:], len(own)], lk_s[cut].tolist(), strict=True):
+                e = edits_by_link.get(lk)
+                if e is None:
+                    e = edits_by_link[lk] = {}
+                e.update(dict.fromkeys([keys[i] for i in own[lo:hi]], there))
+        held = self._rules_held
+        if +held:  # (a slot moved whole drops its old path's rules, if any)
+            for old, j in zip(whole.olds, whole.slot.tolist(), strict=True):
+                if j < len(old.rules) and old.rules[j]:
+                    held.subtract(sw for sw, _ in old.rules[j])
+        self._installed.update(zip(keys, whole_sets, strict=True))
 
     def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas

@@ -173,3 +173,85 @@ class SlotTable:
         ``now``."""
         self.cand[self.first[row] + slot] = cand
         self.sets[row] = now
+
+    def whole(self, rows: NDArray[np.int64], grp: NDArray[np.int64],
+              cand: NDArray[np.int64], cols: Columns) -> NDArray[np.bool_]:
+        """Which of these moves (the one dead share of row ``rows[i]``, of group ``grp[i]``,
+        going whole to candidate ``cand[i]``) leave the row's other slots as they are: the
+        row has no slot on that candidate yet, and its group's candidates share no link
+        (so the key leaves exactly the old candidate's column and takes the new one's).
+
+        >>> t = SlotTable(["a"], {"a": 0}, [], np.zeros(1, np.bool_), np.zeros(1, np.int64),
+        ...               np.zeros(1, np.int64), np.zeros(1, np.int64), [], np.ones(1),
+        ...               np.ones(1), np.zeros(1, np.int64), np.ones(1, np.int64),
+        ...               np.zeros(1, np.int64), np.array([2]), np.array([0, 1]),
+        ...               np.array([0.5, 0.5]))
+        >>> cols = type("C", (), {"g_disjoint": np.array([True])})
+        >>> t.whole(np.array([0, 0]), np.array([0, 0]), np.array([1, 2]), cols).tolist()
+        [False, True]
+        """
+        cnt = self.count[rows]
+        own = np.repeat(np.arange(len(rows), dtype=np.int64), cnt)
+        same = self.cand[_ranges(self.first[rows], cnt)] == cand[own]
+        has = np.bincount(own, weights=same.astype(np.float64), minlength=len(rows)) > 0
+        return ~has & cols.g_disjoint[grp]
+
+    def move_whole(self, rows: NDArray[np.int64], slot: NDArray[np.int64],
+                   grp: NDArray[np.int64], cand: NDArray[np.int64],
+                   cols: Columns) -> WholeMoves:
+        """The sets of rows whose slot ``slot[i]`` goes whole to candidate ``cand[i]`` (moves
+        :meth:`whole` allows): each key's paths with that slot's path replaced, and the
+        links the keys leave and take (the old and new candidates' columns)."""
+        keys_t, sets_t, tuples = self.keys, self.sets, self.tuples
+        rows_l = rows.tolist()
+        olds = [sets_t[r] for r in rows_l]
+        paths: list[tuple[tuple[int, ...], ...]] = []
+        new: list[tuple[int, ...]] = []
+        for old, j, u, c in zip(olds, slot.tolist(), self.tup[rows].tolist(), cand.tolist(),
+                                strict=True):
+            ps = old.paths
+            was = ps[j]
+            p = (was[0], *tuples[u][c], was[-1])  # (a plain row: one head, one tail link)
+            new.append(p)
+            paths.append((*ps[:j], p, *ps[j + 1:]))
+        g0 = cols.g_col0[grp]
+        left, left_of = _column_links(cols, g0 + self.cand[self.first[rows] + slot])
+        taken, taken_of = _column_links(cols, g0 + cand)
+        return WholeMoves(rows, slot, cand, [keys_t[r] for r in rows_l], olds, paths, new,
+                          left, left_of, taken, taken_of)
+
+    def moved_whole(self, moves: WholeMoves, sets: list[PathSet]) -> None:
+        """The moves of :meth:`move_whole` are installed: ``sets``, in their order."""
+        self.cand[self.first[moves.rows] + moves.slot] = moves.cand
+        sets_t = self.sets
+        for r, s in zip(moves.rows.tolist(), sets, strict=True):
+            sets_t[r] = s
+
+
+@dataclass
+class WholeMoves:
+    """Slots of table rows that go whole to another candidate (:meth:`SlotTable.move_whole`):
+    row ``rows[i]`` (key ``keys[i]``, installed set ``olds[i]``) has slot ``slot[i]`` on
+    candidate ``cand[i]`` now, its new path ``new[i]``, all its paths ``paths[i]``; the keys
+    leave links ``left`` (key ``left_of``, index in these) and take ``taken`` (``taken_of``)."""
+
+    rows: NDArray[np.int64]
+    slot: NDArray[np.int64]
+    cand: NDArray[np.int64]
+    keys: list[str]
+    olds: list[PathSet]
+    paths: list[tuple[tuple[int, ...], ...]]
+    new: list[tuple[int, ...]]
+    left: NDArray[np.int64]
+    left_of: NDArray[np.int64]
+    taken: NDArray[np.int64]
+    taken_of: NDArray[np.int64]
+
+
+def _column_links(cols: Columns, col: NDArray[np.int64]
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The links of columns ``col`` of ``cols`` (link ids), and the index in ``col`` of
+    each."""
+    lens = cols.c_ptr[col + 1] - cols.c_ptr[col]
+    return (cols.links[cols.c_idx[_ranges(cols.c_ptr[col], lens)]],
+            np.repeat(np.arange(len(col), dtype=np.int64), lens))

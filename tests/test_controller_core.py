@@ -1155,7 +1155,8 @@ def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
     a failure healed from the sets (an idle GPU's NIC link fails with the cable), then
     failures under the paths that heal chose (their rows must not be read as they were),
     and a job planned again by itself (its rows stale, its new pairs unknown to the
-    table). The table was read, at least once with stale rows among the fresh ones."""
+    table). The table was read, at least once with stale rows among the fresh ones, and
+    rows whose one dead share went whole to a new path got their sets in columns."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
     from fabricpilot.controller.slots import SlotTable
@@ -1180,6 +1181,10 @@ def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
     dead_shares = SlotTable.dead_shares
     monkeypatch.setattr(SlotTable, "dead_shares", lambda self, rows, *a: reads.append(
         bool(self.stale.any())) or dead_shares(self, rows, *a))
+    wholes: list[int] = []  # per heal in columns: the rows whose slot moved whole
+    move_whole = SlotTable.move_whole
+    monkeypatch.setattr(SlotTable, "move_whole", lambda self, rows, *a: wholes.append(
+        len(rows)) or move_whole(self, rows, *a))
     view = table.view
 
     def same() -> None:
@@ -1216,6 +1221,7 @@ def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
     for up in taken[:4]:  # (the pairs moved there are read from the table again)
         fail(cable(up))
     assert len(reads) > 3 and any(reads)
+    assert wholes and min(wholes) > 0  # (most rows: their sets made in columns)
     for ctl in (table, sets):  # job b becomes an AlltoAll, planned by itself
         ctl.declare(Intent("b", "t", tuple(order[32:56]),
                            (CommCall("alltoall", 1 << 24, 900.0, 0),)))

@@ -337,3 +337,37 @@ def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
     with pytest.raises(KeyError, match=str(10**6)):
         table.intern([paths[0], bad], [dst[0], 4])
     assert len(table.ids) == n and (10**6,) not in table.ids
+
+
+def test_a_plan_interns_one_path_per_candidate_of_its_tuples(monkeypatch) -> None:
+    """Steering a whole plan interns one path per candidate of a candidate tuple (the
+    others share its switch path), not every path; yet every path gets the id of its own
+    switch path, as interning it alone would give."""
+    from fabricpilot.controller import core
+    from fabricpilot.controller.entropy import SteeringTable
+
+    ctx = _ctx(per_switch=True)
+    _, ctl = _alltoall_controller(ctx)
+    seen: dict = {}
+    interned: list[int] = []
+    real_ids, real_intern = core._switch_path_ids, SteeringTable.intern
+
+    def spy_ids(table, parts, paths, dst, n_per_key):  # type: ignore[no-untyped-def]
+        ids = real_ids(table, parts, paths, dst, n_per_key)
+        seen.update(table=table, parts=parts, paths=list(paths), ids=ids)
+        return ids
+
+    def spy_intern(self, paths, dst):  # type: ignore[no-untyped-def]
+        interned.append(len(paths))
+        return real_intern(self, paths, dst)
+
+    monkeypatch.setattr(core, "_switch_path_ids", spy_ids)
+    monkeypatch.setattr(SteeringTable, "intern", spy_intern)
+    ctl.plan()
+    paths, ids = seen["paths"], seen["ids"].tolist()
+    assert seen["parts"] is not None and seen["parts"].plain.all()
+    by_id = {i: sw for sw, i in seen["table"].ids.items()}
+    assert [by_id[i] for i in ids] == [p[1:-1] for p in paths]
+    # 64 GPUs: 4032 pairs; each switch path interned once
+    assert len({p[:1] + p[-1:] for p in paths}) == 64 * 63
+    assert sum(interned) == len({p[1:-1] for p in paths}) < len(paths) / 2

@@ -42,6 +42,7 @@ from fabricpilot.controller.planner import (
     Demand,
     KeyLinks,
     LinkValues,
+    PartChoice,
     Plan,
     _demand,
     _gc_paused,
@@ -211,6 +212,37 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
             rls = (*rls[:j], (), *rls[j + 1:])
         out.append(_path_set(k, ps, old.weights, (*pts[:j], port, *pts[j + 1:]), rls))
     return out
+
+
+def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
+                     paths: list[tuple[int, ...]], dst: NDArray[np.int64],
+                     n_per_key: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The steering table's switch-path id of every path of a plan (``paths``: each
+    demand's in turn, ``n_per_key`` of them; ``dst``: their destination GPUs). For the
+    demands whose part choices say what their paths are (:attr:`PartChoice.plain`: path
+    ``head + tuples[tup][c] + tail`` for each candidate ``c`` chosen, in order), one path per
+    candidate of a tuple is interned, not each path: the others share its switch path."""
+    n = len(n_per_key)
+    if parts is None or len(parts.demands) != n or not n or not parts.plain.any():
+        return table.intern(paths, dst)
+    split = parts.choice.shape[1]
+    srt = np.sort(parts.choice.reshape(n, split), axis=1)
+    new = np.ones((n, split), np.bool_)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    if not np.array_equal(new.sum(axis=1), n_per_key):
+        return table.intern(paths, dst)
+    cand = srt[new]  # (row by row: each demand's candidates in order, as its paths)
+    row = np.repeat(np.arange(n, dtype=np.int64), n_per_key)
+    plain = np.flatnonzero(parts.plain[row])
+    code = parts.tup[row[plain]] * (int(cand.max()) + 1) + cand[plain]
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    ids = np.empty(len(paths), np.int64)
+    reps = plain[first]
+    ids[plain] = table.intern([paths[r] for r in reps.tolist()], dst[reps])[inv.ravel()]
+    other = np.flatnonzero(~parts.plain[row])
+    if len(other):
+        ids[other] = table.intern([paths[r] for r in other.tolist()], dst[other])
+    return ids
 
 
 @dataclass
@@ -2226,7 +2258,7 @@ class Controller:
                 ports[r] = port
                 rules[r] = rl
         else:
-            mids = table.intern(paths, dst)
+            mids = _switch_path_ids(table, plan.parts, paths, dst, n_per_key)
             self._check()
             ports, got_rules = table.steer(src, dst, start, mids, paths, tries)
             self._check()

@@ -1229,3 +1229,53 @@ def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
     same()
     for _ in range(2):
         fail(cable(_hottest(table)))
+
+
+def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demands a call's pairs get at once (the common case: GPUs of different hosts,
+    each with one NIC) are those the pair-by-pair way gives, in the same order: the GPUs'
+    NIC links as head and tail around the tuple of fewest-hop switch paths between their
+    leaves, shared by the pairs of those leaves. Pairs of GPUs in one host (NVSwitch and
+    fabric both in common) are left to the pair-by-pair way."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(3).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:40]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.declare(Intent("b", "t", tuple(order[40:]), (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+    made: list[int] = []
+    at_once = Controller._call_demands
+
+    def spy(self: Controller, *args: object) -> list:
+        out = at_once(self, *args)  # type: ignore[arg-type]
+        made.append(sum(d is not None for d in out))
+        return out
+
+    monkeypatch.setattr(Controller, "_call_demands", spy)
+    fast = ctl.demands()
+    ends = dict(ctl._endpoints)
+    host = {g: ctl.view.gpu_node[g] for g in range(64)}
+
+    def apart(a: int, b: int) -> bool:  # (8 GPUs per host, "gpu<i>")
+        return int(host[a][3:]) // 8 != int(host[b][3:]) // 8
+
+    same_host = sum(1 for a in order[:40] for b in order[:40] if a != b and not apart(a, b))
+    ring = order[40:]
+    assert same_host > 0 and made == [40 * 39 - same_host, sum(
+        apart(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True))] and made[1] < 24
+    for d in fast:
+        a, b = ends[d.key]
+        if apart(a, b):
+            assert d.full_candidates == tuple(ctl.candidates(a, b))
+            assert d.head == (ctl.view.link_between(host[a], ctl.view.links[d.head[0]].dst),)
+    monkeypatch.setattr(Controller, "_call_demands",
+                        lambda self, task, pairs, *a: [None] * len(pairs))
+    ctl._endpoints.clear()
+    slow = ctl.demands()
+    assert ([(d.key, d.rate_gbps, d.candidates, d.weight, d.head, d.tail) for d in fast]
+            == [(d.key, d.rate_gbps, d.candidates, d.weight, d.head, d.tail) for d in slow])
+    assert ctl._endpoints == ends

@@ -774,7 +774,16 @@ class Controller:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 level = call.level
-                for a, b, share in pairs:
+                # the common case, every pair at once (then only the others one by one)
+                made = (self._call_demands(task, pairs, cap, heat)
+                        if not (call.pairs or pending or avoid) and level == "L3" else None)
+                for i, (a, b, share) in enumerate(pairs):
+                    if made is not None:
+                        d = made[i]
+                        if d is not None:
+                            pending[d.key] = d
+                            endpoints[d.key] = (a, b)
+                            continue
                     na, nb = gpu_node[a], gpu_node[b]
                     if a == b or na == nb:
                         continue
@@ -862,6 +871,98 @@ class Controller:
             if self._slots is not None:  # (their demands changed)
                 self._slots.mark_stale(out)
         return list(out.values())
+
+    def _call_demands(self, task: str, pairs: list[tuple[int, int, float]], rate_cap: float,
+                      heat: float) -> list[Demand | None]:
+        """The demands of a call's GPU pairs (``(source, destination, share of the source's
+        NIC)``, each pair once) at ``rate_cap`` of their rate and weight ``heat``, made
+        together, of the pairs that are :meth:`demands`'s common case: two GPUs of different
+        hosts with one NIC each (one end in the component of switches all the call's GPUs
+        reach, and at most one other component, as an NVLink domain, which the two do not
+        share), a fewest-hop path between their switches, and no link avoided (level L3:
+        no scope). Per pair, in order: its demand, or ``None`` (it is made by itself)."""
+        out: list[Demand | None] = [None] * len(pairs)
+        if not pairs:
+            return out
+        gpu_node = self.view.gpu_node
+        a_l, b_l, share_l = (list(c) for c in zip(*pairs, strict=True))
+        gpus = list(dict.fromkeys(a_l + b_l))
+        # per GPU: its node; its ends' components (all GPUs share one: ``fabric``), its one
+        # out end there (first switch, head) and in end (last switch, tail), and its other
+        # component on each side, if one
+        infos = []
+        fabric = -1
+        for g in gpus:
+            node = gpu_node[g]
+            for ends, is_out in ((self._ends_out, True), (self._ends_in, False)):
+                info = ends.get(node)
+                if info is None:
+                    info = self._end_info(node, is_out)
+                fabric &= info[0]
+                infos.append(info)
+        if not fabric or fabric & (fabric - 1):
+            return out
+        node_ix: dict[str, int] = {}
+        firsts: dict[str, int] = {}
+        lasts: dict[str, int] = {}
+        n_g = max(gpus) + 1
+        g_node = np.full(n_g, -1, np.int64)
+        g_ok = np.zeros(n_g, np.bool_)
+        g_other = np.full((2, n_g), -1, np.int64)  # (out, in): the other component
+        g_sw = np.zeros((2, n_g), np.int64)
+        heads: dict[int, tuple[int, ...]] = {}
+        tails: dict[int, tuple[int, ...]] = {}
+        for i, g in enumerate(gpus):
+            g_node[g] = node_ix.setdefault(gpu_node[g], len(node_ix))
+            ends_f, others = [], []
+            for side in (0, 1):
+                mask, by_comp = infos[2 * i + side]
+                ends_f.append(by_comp[fabric])
+                others.append(mask ^ fabric)
+            if any(len(e) != 1 for e in ends_f) or any(o & (o - 1) for o in others):
+                continue  # (its pairs: one by one)
+            g_ok[g] = True
+            (first, _, head), = ends_f[0]
+            (last, _, tail), = ends_f[1]
+            g_sw[0, g] = firsts.setdefault(first, len(firsts))
+            g_sw[1, g] = lasts.setdefault(last, len(lasts))
+            heads[g], tails[g] = head, tail
+            g_other[0, g], g_other[1, g] = (o.bit_length() - 1 for o in others)
+        a, b = np.array(a_l, np.int64), np.array(b_l, np.int64)
+        o_a, o_b = g_other[0, a], g_other[1, b]
+        fast = g_ok[a] & g_ok[b] & (g_node[a] != g_node[b]) & ((o_a < 0) | (o_a != o_b))
+        # the switch paths of each (first, last) switch pair met
+        n_last = max(len(lasts), 1)
+        code = g_sw[0, a] * n_last + g_sw[1, b]
+        uniq, inv = np.unique(code[fast], return_inverse=True)
+        first_of, last_of = list(firsts), list(lasts)
+        mids_of = []
+        for c in uniq.tolist():
+            first, last = first_of[c // n_last], last_of[c % n_last]
+            mids = self._sw_paths.get((first, last))
+            if mids is None:
+                mids = self._switch_paths(first, last)
+            mids_of.append(mids)
+        nic_fixed = self._nic_gbps
+        if nic_fixed is not None:
+            nic = np.full(len(a_l), nic_fixed)
+        else:
+            g_nic = np.zeros(n_g)
+            g_nic[gpus] = [self._nic(g) for g in gpus]
+            nic = g_nic[a]
+        rates = nic * np.array(share_l, np.float64) * rate_cap
+        idx = np.flatnonzero(fast)
+        has = np.array([bool(m) for m in mids_of], np.bool_)[inv.ravel()]
+        ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
+        idx, inv = idx[ok], inv.ravel()[ok]
+        fa, fb = a[idx].tolist(), b[idx].tolist()
+        keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
+        for i, d in zip(idx.tolist(), map(_demand, keys, rates[idx].tolist(),
+                                          map(mids_of.__getitem__, inv.tolist()),
+                                          itertools.repeat(heat), map(heads.__getitem__, fa),
+                                          map(tails.__getitem__, fb)), strict=False):
+            out[i] = d
+        return out
 
     def _capacity(self) -> dict[int, float]:
         """Capacity (Gb/s) of every link of the view (a copy of a cached table)."""

@@ -8,7 +8,10 @@ of a million pairs. :class:`SlotTable` keeps, per path set of a plan (a *row*, i
 order), its planner group and candidate tuple (in the plan's
 :class:`~fabricpilot.controller.planner.Columns`), its rate, weight and GPUs, and per slot
 its candidate and share, so that :meth:`SlotTable.dead_shares` finds the shares on dead
-links with array operations, and the new sets are made from the rows.
+links with array operations, and the new sets are made from the rows. Most dead shares go
+whole to a candidate their pair does not use yet (:meth:`SlotTable.whole`): those sets are
+made together (:meth:`SlotTable.move_whole`), with the links each key leaves and takes read
+from the candidates' columns, not from its paths.
 
 A row describes its key's installed set until anything else changes that set or the key's
 demand (a job planned again, a set adopted or forgotten, a heal that merged or split

@@ -137,21 +137,33 @@ def _merge_pieces(paths: Sequence[tuple[int, ...]], weights: Sequence[float],
     >>> _merge_pieces([(1, 5, 2), (1, 6, 2)], [0.5, 0.5], [7, 8], [(), ()], [0], [[1, 2]],
     ...               ((5,), (6,), (9,)), (1,), (2,), [])
     ([(1, 9, 2), (1, 6, 2)], [0.25, 0.75], [-1, 8], [(), ()], [0])
+
+    Both slots dead (gray links: no path avoids them all), slot 0's share placed on slot
+    1's candidate and slot 1's on (9,): slot 1 keeps its path (and port) with slot 0's
+    share, its own share takes a new slot:
+
+    >>> _merge_pieces([(1, 5, 2), (1, 6, 2)], [0.5, 0.5], [7, 8], [(), ()], [0, 1],
+    ...               [[1, -2], [2, -2]], ((5,), (6,), (9,)), (1,), (2,), [])
+    ([(1, 6, 2), (1, 9, 2)], [0.5, 0.5], [8, -1], [(), ()], [1])
     """
     ps, ws, pts, rls = list(paths), list(weights), list(ports), list(rules)
+    own = [ws[j] for j in dead]  # (a piece may join a dead slot not moved yet: it stays)
+    joined: set[int] = set()  # slots a piece joined
     merged = False
     fresh: list[int] = []  # the slots of new paths
-    for row, j in zip(picks, dead, strict=True):
+    for row, j, w_own in zip(picks, dead, own, strict=True):
         pieces = row if row[-1] >= 0 else row[:1]  # (whole: one piece, then -2s)
-        w = ws[j] / len(pieces)
-        ws[j] = 0.0  # (the dead share's slot, for its first new path)
-        free = True
+        w = w_own / len(pieces)
+        ws[j] -= w_own  # (the dead share's slot, for its first new path, unless joined)
+        free = j not in joined
         for c in pieces:
             mid = cands[c]
             taken.extend(mid)
             p = head + mid + tail
             if p in ps:  # (a live share's path, or one a dead share took just now)
-                ws[ps.index(p)] += w
+                at = ps.index(p)
+                ws[at] += w
+                joined.add(at)
             elif free:
                 ps[j], ws[j], pts[j], rls[j] = p, w, -1, ()
                 fresh.append(j)

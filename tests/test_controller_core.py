@@ -1382,3 +1382,28 @@ def test_the_plan_s_records_follow_its_sets_through_many_faults(
 
 
 SEED_JOINED = 33  # (a run in which a share joins a dead share not moved yet)
+
+
+def test_a_plan_s_lambda_is_that_of_the_fabric_links_as_after_a_heal() -> None:
+    """An AlltoAll loads the NICs of its GPUs more than any fabric link (the planner's
+    lambda, over every link it was given, is that of a NIC); the controller's plan reports
+    the lambda of the fabric links, as heals and plans of single jobs do, so the figures
+    before and after a failure compare; the planner's own is kept in ``extra``."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(2).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:48]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    rep = ctl.plan()
+    assert ctl.current is not None and rep.plan is ctl.current
+    want = _load_from_plan(ctl)
+    cap = {lk: li.capacity_gbps for lk, li in ctl.view.links.items()}
+    nic = max(v / cap[lk] for lk, v in want.items() if ctl.view.links[lk].kind == "nic")
+    fabric = max(v / cap[lk] for lk, v in want.items() if ctl.view.links[lk].kind == "fabric")
+    assert nic > fabric
+    assert ctl.current.max_utilization == pytest.approx(fabric)
+    assert ctl.current.extra["lambda_all_links"] == pytest.approx(nic)
+    _check_consistent(ctl)

@@ -1036,7 +1036,7 @@ class Controller:
             except PlanInterrupted:
                 self._restore(kept)
                 raise
-            return self._install(*solved, len(demands))
+            return self._install(*solved, len(demands), background)
 
     def _kept(self) -> tuple[Any, ...]:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
@@ -1306,8 +1306,13 @@ class Controller:
         free = tuple(p for p, s in zip(full, got, strict=True) if not s.rules)
         return replace(d, candidates=free, head=(), tail=()) if free else d
 
-    def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int
-                 ) -> PlanReport:
+    def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int,
+                 background: dict[int, float] | None = None) -> PlanReport:
+        """Install a whole plan's sets and make it the current plan, its lambda that of the
+        fabric links (with ``background``), as heals and plans of single jobs give it (the
+        planner's, over every link it was given, NIC links too, stays in ``extra``)."""
+        plan.extra["lambda_all_links"] = plan.max_utilization
+        plan.max_utilization = self._fabric_lambda(plan.link_load_gbps, background or {})
         installed = self._installed
         changed = [r for r in sets if r.key not in installed or installed[r.key] != r]
         self.dp.install(changed)
@@ -2276,7 +2281,7 @@ class Controller:
             self._restore(kept)
             self._weighed = (self.current, dict(self.intents), bg, after)
             return TickReport(False, hot, bg, before, after)
-        report = self._install(plan, sets, report, len(demands))
+        report = self._install(plan, sets, report, len(demands), bg)
         self.replans += 1
         return TickReport(True, hot, bg, before, after, report)
 

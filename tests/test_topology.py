@@ -804,3 +804,39 @@ def test_json_not_an_object_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="file not found") as info:
         load_topology_json(missing)
     assert str(info.value) == f"{missing}: file not found"
+
+
+def test_routing_around_a_link_down_in_one_direction_only() -> None:
+    """A cable that fails one way (spine0 -> leaf1 down, leaf1 -> spine0 up) on a 2-leaf,
+    2-spine fabric: spine0 can no longer reach leaf1 in two hops, only leaf0 -> spine1 ->
+    leaf1 is left from leaf0 (hand count), while leaf1 still reaches leaf0 through both
+    spines. Every switch that can reach a leaf has a next hop towards it, so spraying and
+    path walks never meet an empty group where the distance says there is a way."""
+    from fabricpilot.topology.compiled import with_links_down
+    from fabricpilot.topology.paths import equal_cost_paths, split_fractions
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    names = ct.node_names
+    sw = {names[n]: int(ct.switch_of_node[n]) for n in range(len(names))
+          if ct.switch_of_node[n] >= 0}
+    link = {(names[int(ct.link_src[i])], names[int(ct.link_dst[i])]): i
+            for i in range(ct.n_links)}
+    down = np.zeros(ct.n_links, bool)
+    down[link["spine0", "leaf1"]] = True
+    cut = with_links_down(ct, down)
+    slot0, slot1 = (int(ct.leaf_slot[sw[f"leaf{i}"]]) for i in (0, 1))
+    # towards leaf1: leaf0 goes by spine1 only; spine0 has no way within the fabric's depth
+    hops = cut.nh_link[sw["leaf0"], slot1, :cut.nh_count[sw["leaf0"], slot1]].tolist()
+    assert hops == [link["leaf0", "spine1"]]
+    assert cut.nh_count[sw["spine0"], slot1] == 0 and cut.hop_distance[sw["spine0"], slot1] == -1
+    # towards leaf0: both spines still (leaf1 -> spine0 is up)
+    assert int(cut.nh_count[sw["leaf1"], slot0]) == 2
+    reach = cut.hop_distance > 0
+    assert (cut.nh_count[reach] > 0).all()
+    links, frac = split_fractions(cut, sw["leaf0"], slot1)
+    assert dict(zip(links.tolist(), frac.tolist(), strict=True)) == {
+        link["leaf0", "spine1"]: 1.0, link["spine1", "leaf1"]: 1.0}
+    src, dst = (next(g for g in range(ct.n_gpus) if int(ct.gpu_leaf[g]) == sw[leaf])
+                for leaf in ("leaf0", "leaf1"))
+    assert [p[1:-1] for p in equal_cost_paths(cut, src, dst)] == [
+        (link["leaf0", "spine1"], link["spine1", "leaf1"])]

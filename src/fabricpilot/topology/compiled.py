@@ -159,8 +159,10 @@ def ecmp_tables(
     sw_links = np.flatnonzero(is_sw_link).astype(np.int32)
     su = switch_of_node[src[sw_links]]
     sv = switch_of_node[dst[sw_links]]
-    adj = sp.csr_matrix((np.ones(len(sw_links)), (su, sv)), shape=(n_sw, n_sw))
-    dist = shortest_path(adj, unweighted=True, directed=True, indices=leaf_switches)  # [T, S]
+    # (hops from every switch to each leaf: from the leaf over the links reversed, as a
+    # link may be down in one direction only)
+    rev = sp.csr_matrix((np.ones(len(sw_links)), (sv, su)), shape=(n_sw, n_sw))
+    dist = shortest_path(rev, unweighted=True, directed=True, indices=leaf_switches)  # [T, S]
     dist_to = dist.T  # [S, T]
     n_t = len(leaf_switches)
     closer = dist_to[sv] == (dist_to[su] - 1)  # [E, T]

@@ -177,3 +177,35 @@ def test_a_drill_goes_on_in_the_next_runs_for_what_is_left_of_it(tmp_path: Path)
         assert runner._drills == []
     finally:
         runner.stop()
+
+
+def test_a_port_down_and_back_between_two_reads_is_still_reported() -> None:
+    """The service's controller learns of links from the twin's telemetry alone: a cable
+    that goes down and comes back between two reads (a flap, a short drill, a twin
+    catching up on its schedule) says it went down in the next report and that it is back
+    in the one after, as switches report a link-down event however short; a port still
+    down says so in every report, and nothing is said once all is reported."""
+    import numpy as np
+
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.runner import prepare
+    from fabricpilot.scenario import default_scenario
+    from fabricpilot.service.twin import PacedTwin, twin_context
+
+    twin = PacedTwin(twin_context(prepare(default_scenario())))
+    n = twin.ctx.topology.n_links
+    clock = [0.0]
+    twin.bind(lambda: LinkTelemetry(np.zeros(n), np.zeros(n), np.zeros(n), now_ns=clock[0]))
+
+    def report() -> dict[int, bool | None]:
+        clock[0] += 1_000.0
+        return {d.link_id: d.oper_up for d in twin.telemetry() if d.oper_up is not None}
+
+    twin.on_links_changed(0.0, [5, 6], [])
+    twin.on_links_changed(0.0, [], [5, 6])  # back before anyone read the ports
+    twin.on_links_changed(0.0, [9], [])  # down and still down
+    assert report() == {5: False, 6: False, 9: False}
+    assert report() == {5: True, 6: True, 9: False}
+    twin.on_links_changed(0.0, [], [9])
+    assert report() == {9: True}
+    assert report() == {}

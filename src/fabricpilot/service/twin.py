@@ -161,6 +161,7 @@ class PacedTwin(TaskAware):
         self.offset_ns = 0.0
         self.pace: Callable[[float], None] | None = None
         self.last_tel: LinkTelemetry | None = None
+        self._went_down: set[int] = set()  # ports gone down since the last report
 
     def bind(self, telemetry: Callable[[], LinkTelemetry]) -> None:
         offset = self.offset_ns
@@ -187,7 +188,29 @@ class PacedTwin(TaskAware):
         telemetry, as switches do, and the service's controller learns it there (at its
         next control period); meanwhile the fabric converges on its own (``None``)."""
         self.note_links(down, up)
+        self._went_down.update(down)
         return None
+
+    def telemetry(self) -> list[PortDelta]:
+        """:meth:`TaskAware.telemetry`, where a port that went down since the last report
+        says so even if it is back already, and that it is back in the next report, as a
+        switch reports a link-down event however short: the service's controller learns of
+        links from telemetry alone, and a flap or a short drill (or a twin catching up on
+        its schedule) must not slip between two reads."""
+        went, self._went_down = self._went_down, set()
+        flapped = went - self.ports_down
+        if flapped:
+            self.ports_down |= flapped
+            self._ports_back -= flapped
+        try:
+            out = super().telemetry()
+        finally:
+            if flapped:
+                self.ports_down -= flapped
+                self._ports_back |= flapped
+        if not out:  # (nothing reported: no time went by, or no fabric yet)
+            self._went_down |= went
+        return out
 
     def new_run(self) -> None:
         """A run of the scenario starts on a fresh fabric: every link is up again (the

@@ -424,6 +424,19 @@ class Flowlet(Adaptive):
         self.rebalance_interval_ns = float("inf")  # paths change at flowlet boundaries only
         # connection -> [path (link ids), time its last byte was sent (inf: still sending)]
         self._conn: dict[tuple[int, int, int], tuple[NDArray[np.int32], float]] = {}
+        self._routable_of: tuple[CompiledTopology, NDArray[np.bool_]] | None = None
+
+    def _routable(self, ct: CompiledTopology) -> NDArray[np.bool_]:
+        """Per link: whether a flowlet may go on using it (routing has not given it up: a
+        switch link is in some ECMP group of ``ct``; links to and from GPUs always are). A
+        flowlet whose path crosses a link routing gave up takes a new path however soon
+        it starts: its old one leads nowhere."""
+        if self._routable_of is None or self._routable_of[0] is not ct:
+            ok = (ct.switch_of_node[ct.link_src] < 0) | (ct.switch_of_node[ct.link_dst] < 0)
+            held = ct.nh_link[ct.nh_link >= 0]
+            ok[held] = True
+            self._routable_of = (ct, ok)
+        return self._routable_of[1]
 
     def flows_done(self, job: NDArray[np.int64], src: NDArray[np.int64],
                    dst: NDArray[np.int64], end_ns: int) -> None:
@@ -444,15 +457,19 @@ class Flowlet(Adaptive):
         new_delay = path_delay_ns(ct, paths, lat)
         events = np.zeros(len(sub), np.int64)
         line = ct.rate_gbps[ct.gpu_up[sub.src]]
+        routable = self._routable(ct)
         for i, key in enumerate(zip(sub.job.tolist(), sub.src.tolist(), sub.dst.tolist(),
                                     strict=True)):
             hit = self._conn.get(key)
             if hit is not None:
                 old, last_ns = hit
                 gap = now - last_ns
-                if gap < self.gap_ns:
+                alive = bool(routable[old[old >= 0]].all())
+                if gap < self.gap_ns and alive:
                     paths[i] = old        # too soon: the flowlet continues on its path
-                elif not np.array_equal(old, paths[i]):
+                elif alive and not np.array_equal(old, paths[i]):
+                    # (a new path: the old flowlet's last packets may arrive after the new
+                    # one's first; off a path routing gave up, none of them arrives)
                     d_old = float(path_delay_ns(ct, old[None, :], lat)[0])
                     ahead_ns = d_old - float(new_delay[i]) - gap
                     if ahead_ns > 0:

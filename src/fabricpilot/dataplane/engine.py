@@ -298,6 +298,8 @@ class Engine(FaultsMixin):
                     self._advance(int(t_next))
             else:
                 t_finish, batch = self._earliest_finish()
+                if t_finish == math.inf and t_next == math.inf:
+                    raise SimulationError("flows are active but none can make progress")
                 if t_finish <= t_next:
                     self._advance(int(t_finish))
                     self._complete(batch)

@@ -237,10 +237,7 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
     n = len(n_per_key)
     if parts is None or len(parts.demands) != n or not n or not parts.plain.any():
         return table.intern(paths, dst)
-    split = parts.choice.shape[1]
-    srt = np.sort(parts.choice.reshape(n, split), axis=1)
-    new = np.ones((n, split), np.bool_)
-    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    srt, new = parts.slot_starts()
     if not np.array_equal(new.sum(axis=1), n_per_key):
         return table.intern(paths, dst)
     cand = srt[new]  # (row by row: each demand's candidates in order, as its paths)

@@ -130,6 +130,22 @@ class PartChoice:
     rate: NDArray[np.float64]
     weight: NDArray[np.float64]
 
+    def slot_starts(self) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        """Each demand's part choices sorted (a row per demand), and which of them start a
+        slot (a distinct candidate: the demand's paths, in order, are those candidates).
+
+        >>> z = np.zeros(1)
+        >>> pc = PartChoice([], z, z, [], z, z, z, np.array([[2, 0, 2]]), (), z, z, z)
+        >>> srt, new = pc.slot_starts()
+        >>> srt.tolist(), new.tolist()
+        ([[0, 2, 2]], [[True, True, False]])
+        """
+        n = len(self.choice)
+        srt = np.sort(self.choice.reshape(n, self.choice.shape[1] if n else 1), axis=1)
+        new = np.ones(srt.shape, np.bool_)
+        new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        return srt, new
+
 
 class LinkValues(Mapping[int, float]):
     """A read-only mapping link id -> value (Gb/s) held as arrays: ``ids`` ascending and

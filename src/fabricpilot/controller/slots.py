@@ -108,10 +108,8 @@ class SlotTable:
             return None
         if keys is None:
             keys = [d.key for d in dem]
-        split = parts.choice.shape[1] if n else 1
-        srt = np.sort(parts.choice.reshape(n, split), axis=1)
-        new = np.ones((n, split), np.bool_)
-        new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        srt, new = parts.slot_starts()
+        split = srt.shape[1]
         at = np.flatnonzero(new.ravel())  # each slot's first part (flat)
         row_end = (at // split + 1) * split
         runs = np.minimum(np.r_[at[1:], n * split], row_end) - at  # parts per slot

@@ -224,6 +224,40 @@ def test_validation_and_limits(tmp_path: Path) -> None:
         assert r.status_code == 422
 
 
+
+def test_hostile_bodies_get_a_422_and_change_nothing(tmp_path: Path) -> None:
+    """Non-finite or huge numbers, booleans for numbers, bytes that are not UTF-8 and pairs
+    from a GPU to itself: each a 422 naming the field (never a 500), and the map as it was."""
+    app, svc = _service(tmp_path)
+    h = {**_auth(OPS), "content-type": "application/json"}
+    with TestClient(app, raise_server_exceptions=False) as c:
+        cases = [
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[0,1],"calls":[{"pattern":"allreduce",'
+                             b'"size_bytes":1,"sla_us":1e309}]}', "body.calls.0.sla_us"),
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[0,1],"calls":[{"pattern":"allreduce",'
+                             b'"size_bytes":true,"sla_us":5}]}', "body.calls.0.size_bytes"),
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[0,1],"calls":[{"pattern":"allreduce",'
+                             b'"size_bytes":1,"sla_us":5,"pairs":[[1,1]]}]}',
+             "body.calls.0.pairs"),
+            ("/api/v1/telemetry", b'{"deltas":[{"link_id":1,"interval_ns":1000,'
+                                  b'"tx_bytes":NaN}]}', "body.deltas.0.tx_bytes"),
+            ("/api/v1/telemetry", b'{"deltas":[{"link_id":1,"interval_ns":1000,'
+                                  b'"tx_bytes":1e308}]}', "body.deltas.0.tx_bytes"),
+            ("/api/v1/telemetry", b'{"deltas":[{"link_id":1,"interval_ns":1' + b"0" * 400
+             + b'}]}', "body.deltas.0.interval_ns"),
+            ("/api/v1/faults", b'{"kind":"down","link_id":Infinity}', "body.link_id"),
+            ("/api/v1/jobs", b'{"task_id": "\xff"}', "body"),
+        ]
+        for url, body, loc in cases:
+            r = c.post(url, content=body, headers=h)
+            assert r.status_code == 422, (url, body[:60], r.text)
+            locs = [".".join(str(x) for x in e["loc"]) for e in r.json()["detail"]]
+            assert loc in locs, (body[:60], locs)
+        assert c.get("/api/v1/jobs", headers=h).json() == []
+        assert c.post("/api/v1/control/tick", headers=h).status_code == 200
+    assert max(svc.controller.map.utilization().values()) == 0.0
+    assert not svc.controller.map.hot_links()
+
 def test_announce_returns_the_ring_paths(client: httpx.Client) -> None:
     c = client
     c.post("/api/v1/jobs", json=_job("acme-ddp", [0, 1, 64, 65]), headers=_auth(ACME))

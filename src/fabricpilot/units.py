@@ -58,7 +58,10 @@ def parse_quantity(value: object, dimension: str) -> float:
     if isinstance(value, bool):
         raise UnitError(f"expected a {dimension} in {canonical}, got a boolean")
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # (an int beyond any float)
+            raise UnitError(f"{dimension} out of range (above 1e308 {canonical})") from None
     if not isinstance(value, str):
         raise UnitError(f"expected a {dimension} in {canonical}, got {type(value).__name__}")
     match = _PATTERN.match(value)

@@ -121,7 +121,19 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
     number = parse_quantity(value, dimension)
     if not math.isfinite(number):
         raise UnitError(f"expected a finite {dimension}, got {value!r}")
+    top, name = _LARGEST[dimension]
+    if abs(number) > top:
+        raise UnitError(f"{value!r} is beyond the largest {dimension} a scenario takes ({name})")
     return number if dimension == "rate" else round(number)
+
+
+# the largest quantities a scenario takes (fabric times, sizes and rates far beyond any
+# cluster's, and within the engine's 64-bit integers and float precision)
+_LARGEST: dict[str, tuple[float, str]] = {
+    "time": (1e15, "1e15 ns, 11.6 days"),
+    "size": (float(1 << 50), "1 PiB"),
+    "rate": (1e6, "1e6 Gbps"),
+}
 
 
 def _reject_bool(value: Any) -> Any:
@@ -1036,7 +1048,8 @@ class FaultEventSpec(_Model):
     )
     down_ns: int | None = Field(default=None, gt=0, description="flap: down time of a cycle")
     up_ns: int | None = Field(default=None, gt=0, description="flap: up time of a cycle")
-    count: Int | None = Field(default=None, ge=1, description="flap: number of down/up cycles")
+    count: Int | None = Field(default=None, ge=1, le=10_000,
+                              description="flap: number of down/up cycles (at most 10000)")
     ber: float | None = Field(
         default=None, allow_inf_nan=False,
         description="gray: pre-FEC bit error rate, 0 < ber <= 0.5 (what FEC counters see)",

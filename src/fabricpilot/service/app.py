@@ -22,6 +22,7 @@ token.
 
 import json
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -129,8 +130,60 @@ async def _parsed(request: Request, model: type[M]) -> M:
             e = dict(e)
             e["loc"] = ("body", *e["loc"]) if e["type"] != "json_invalid" else ("body",)
             e.pop("ctx", None)
+            if e["type"] == "json_invalid":  # (the body itself: not echoed back)
+                e.pop("input", None)
             errors.append(e)
         raise RequestValidationError(errors) from None
+
+
+_ECHO_MAX_CHARS = 1000  # the largest offending input a 422 repeats
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` as JSON can carry it: non-finite numbers as strings (``"inf"``), bytes
+    decoded (undecodable ones replaced), anything else not JSON as its ``str``.
+
+    >>> _json_safe({"a": [float("nan"), (1, 2)]})
+    {'a': ['nan', [1, 2]]}
+    >>> _json_safe(b"\\xff1") == "\\ufffd1"
+    True
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+def _echo_safe(error: Any) -> dict[str, Any]:
+    """One validation error as a 422 lists it: its ``input`` made JSON-safe, left out if
+    long (a 422 names the field and the problem; it need not repeat a large body), its
+    ``ctx`` as strings.
+
+    >>> _echo_safe({"type": "finite_number", "loc": ("body", "x"), "msg": "m",
+    ...             "input": float("inf")})["input"]
+    'inf'
+    >>> "input" in _echo_safe({"type": "t", "loc": (), "msg": "m", "input": "x" * 5000})
+    False
+    """
+    e = {k: v for k, v in dict(error).items() if k != "url"}
+    if "input" in e:
+        safe = _json_safe(e["input"])
+        if len(json.dumps(safe, default=str)) > _ECHO_MAX_CHARS:
+            del e["input"]
+        else:
+            e["input"] = safe
+    if "ctx" in e:
+        e["ctx"] = {str(k): _json_safe(v) if isinstance(v, int | float | str) else str(v)
+                    for k, v in dict(e["ctx"]).items()}
+    e["loc"] = list(e.get("loc", ()))
+    return e
 
 
 def _with_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
@@ -209,6 +262,11 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                   description="Task-aware control plane for AI-training fabrics: declare "
                               "jobs and their communication, read their paths, feed it "
                               "telemetry and faults.")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": [_echo_safe(e) for e in exc.errors()]},
+                            status_code=422)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:

@@ -13,9 +13,16 @@ upper bounds so that one request cannot ask the controller for unbounded work.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fabricpilot.controller.intents import PATTERNS, CommCall, Intent, sla_level
 
@@ -29,8 +36,24 @@ Pattern = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadc
 assert set(Pattern.__args__) == set(PATTERNS)  # type: ignore[attr-defined]
 
 
+MAX_INTERVAL_NS = 10**15  # a delta's interval, a call's period: at most ~11.6 days
+MAX_COUNTER = 1e21  # bytes, bits, events or ns in one delta (a 1.6 Pb/s port for a week)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown keys are refused, numbers must be finite and booleans are not numbers
+    (JSON ``true`` is not a size of 1)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            ann = cls.model_fields[info.field_name].annotation
+            if ann is not bool and bool not in get_args(ann):
+                raise ValueError(f"expected a number, got a boolean ({str(value).lower()})")
+        return value
 
 
 class CallIn(_Strict):
@@ -40,9 +63,17 @@ class CallIn(_Strict):
     pattern: Pattern
     size_bytes: int = Field(gt=0, le=1 << 50)
     sla_us: float = Field(gt=0, le=1e9)
-    period_ns: int = Field(default=0, ge=0)
+    period_ns: int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
     priority: int = Field(default=0, ge=0, le=7)
     pairs: list[tuple[int, int]] = Field(default_factory=list, max_length=MAX_PAIRS_PER_CALL)
+
+    @field_validator("pairs")
+    @classmethod
+    def _two_ends(cls, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        same = next((p for p in pairs if p[0] == p[1]), None)
+        if same is not None:
+            raise ValueError(f"a pair's two GPUs must differ, got {list(same)}")
+        return pairs
 
     @property
     def level(self) -> str:
@@ -97,8 +128,9 @@ class AnnounceIn(_Strict):
     size_bytes: int = Field(gt=0, le=1 << 50)
     ranks: list[int] = Field(min_length=2, max_length=MAX_GPUS_PER_JOB)
     sla_us: float | None = Field(default=None, gt=0, le=1e9)
-    period_ns: int = Field(default=0, ge=0)
-    bucket: int | None = Field(default=None, ge=0, description="e.g. a DDP gradient bucket")
+    period_ns: int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
+    bucket: int | None = Field(default=None, ge=0, le=1 << 31,
+                               description="e.g. a DDP gradient bucket")
 
     @field_validator("ranks")
     @classmethod
@@ -114,15 +146,15 @@ class PortDeltaIn(_Strict):
     """Counter deltas of one egress port over ``interval_ns``, as a switch reports them."""
 
     link_id: int = Field(ge=0)
-    interval_ns: int = Field(gt=0)
-    tx_bytes: float = Field(default=0.0, ge=0)
-    queue_bytes: float = Field(default=0.0, ge=0)
-    drops: float = Field(default=0.0, ge=0)
-    ecn_marks: float = Field(default=0.0, ge=0)
-    pause_ns: float = Field(default=0.0, ge=0)
-    fec_corrected: float = Field(default=0.0, ge=0)
-    fec_uncorrected: float = Field(default=0.0, ge=0)
-    rx_bits: float = Field(default=0.0, ge=0)
+    interval_ns: int = Field(gt=0, le=MAX_INTERVAL_NS)
+    tx_bytes: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    queue_bytes: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    drops: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    ecn_marks: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    pause_ns: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    fec_corrected: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    fec_uncorrected: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    rx_bits: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
     # the port's operational state, if the switch reports it: a change is a link going
     # down or coming back
     oper_up: bool | None = None
@@ -140,7 +172,8 @@ class TwinFaultsIn(_Strict):
     ``faults.events`` (``kind``, ``link`` or ``switch`` by name, ``at_ns`` and ``until_ns``
     counted from now, ``ber``...; checked against the fabric by the twin)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"events": [
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False,
+                              json_schema_extra={"examples": [{"events": [
         {"kind": "link_down", "link": "leaf0-spine1", "at_ns": 0, "until_ns": "2ms"},
         {"kind": "gray", "link": "leaf1->spine0", "at_ns": "500us", "ber": 2e-5}]}]})
 

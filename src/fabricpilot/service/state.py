@@ -532,7 +532,13 @@ class FabricService:
     # ------------------------------------------------------------ jobs
     def _owned(self, p: Principal, task_id: str) -> Intent:
         with self._jobs_lock:
-            intent = self.intents.get(task_id)
+            return self._owned_locked(p, task_id)
+
+    def _owned_locked(self, p: Principal, task_id: str) -> Intent:
+        """:meth:`_owned`, the jobs lock held: a change that acts on the job checks it
+        under the lock it changes the job under (a job withdrawn or declared again by
+        another tenant meanwhile is not acted on)."""
+        intent = self.intents.get(task_id)
         if intent is None:
             raise ServiceError(404, f"job {task_id!r} not found")
         if not p.owns(intent.tenant):
@@ -577,11 +583,10 @@ class FabricService:
         return self._job_dict(intent)
 
     def withdraw(self, p: Principal, task_id: str) -> None:
-        self._owned(p, task_id)
         with self._changed:
-            if task_id in self.intents:
-                self.store.delete_job(task_id)
-                self._queue(task_id, None)
+            self._owned_locked(p, task_id)
+            self.store.delete_job(task_id)
+            self._queue(task_id, None)
 
     def _queue(self, task_id: str, intent: Intent | None) -> None:
         """Record a change for the next plan (jobs lock held)."""
@@ -655,9 +660,8 @@ class FabricService:
     def announce(self, p: Principal, task_id: str, body: AnnounceIn) -> dict[str, Any]:
         """A run-time call: added to the job's intent (replacing a call of the same pattern
         over the same ranks), planned, and answered with its paths."""
-        intent = self._owned(p, task_id)
         with self._changed:
-            intent = self.intents.get(task_id, intent)
+            intent = self._owned_locked(p, task_id)
             outside = sorted(set(body.ranks) - set(intent.gpus))
             if outside:
                 raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of job "

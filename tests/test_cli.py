@@ -130,6 +130,22 @@ BAD_CASES = {
                            "jobs[0].gpu_ids[1]"),
     "job larger than cluster": (lambda d: d["jobs"][0].update(gpus=9), "jobs[0].gpus"),
     "unknown policy": (lambda d: d.update(policies=["ecmp", "magic"]), "policies[1]"),
+    # beyond what the engine's integers hold, or what a laptop can build or run
+    "time beyond int64": (lambda d: d["jobs"][0].update(compute_ns=2**63),
+                          "jobs[0].compute_ns"),
+    "size beyond float": (lambda d: d["jobs"][0]["collectives"][0].update(
+        size_bytes=10**400), "jobs[0].collectives[0].size_bytes"),
+    "ten million hosts": (lambda d: d["topology"].update(hosts=10**7), "topology.hosts"),
+    "a million spines": (lambda d: d["topology"].update(fabric_rate_gbps=0.0009765625),
+                         "topology.fabric_rate_gbps"),
+    "1e13 mice": (lambda d: d["mice"].update(rate_per_s=1e13, duration_ns="1s"),
+                  "mice.rate_per_s"),
+    "a window under one packet": (lambda d: d.update(fabric={"model": "fluid",
+                                                             "fluid": {"window_bytes": 1}}),
+                                  "fabric.fluid.window_bytes"),
+    "a billion QPs": (lambda d: d.update(ecmp={"qps_per_connection": 10**9}),
+                      "ecmp.qps_per_connection"),
+    "a key with a newline": (lambda d: d.update({"bad\nkey": 1}), "'bad\\nkey'"),
 }
 
 
@@ -153,6 +169,67 @@ def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
     assert res.returncode == 2 and "magic" in res.stderr
     res = cli("nccl-test", "--min-bytes", "1ms")
     assert res.returncode == 2 and "--min-bytes" in res.stderr
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gpus-per-host", "0"], "--gpus-per-host"),
+    (["--min-bytes", "1e400"], "--min-bytes"),
+    (["--rate-gbps", "inf"], "--rate-gbps"),
+    (["--algorithm", "bogus"], "--algorithm"),
+    (["--seed", "-1"], "--seed"),
+    (["--min-bytes", "2M", "--max-bytes", "1M"], "--max-bytes"),
+])
+def test_nccl_test_bad_flags_fail_with_one_line(args: list[str], flag: str) -> None:
+    res = cli("nccl-test", "--gpus", "16", "--min-bytes", "1M", "--max-bytes", "2M", *args)
+    assert res.returncode == 2 and res.stdout == ""  # (nothing printed before the error)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), res.stderr
+
+
+def test_outputs_that_cannot_be_written_fail_before_the_run(tmp_path: Path) -> None:
+    """A path through a file, a directory for the JSON file, a file for the tables' folder:
+    one line at once (not a traceback after the whole simulation), nothing half written."""
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    path = write(tmp_path, small_scenario(tmp_path))
+    for args, flag in ((["--json", str(tmp_path / "afile" / "x.json")], "--json"),
+                       (["--json", str(tmp_path / "adir")], "--json"),
+                       (["--out", str(tmp_path / "afile")], "--out")):
+        res = cli("run", str(path), *args)
+        assert res.returncode == 2 and res.stdout == "", res.stdout
+        assert res.stderr.startswith(f"error: {flag}: ") and "Traceback" not in res.stderr
+    res = cli("run", str(path), "--seed", "-1")
+    assert res.returncode == 2 and "--seed" in res.stderr
+    res = cli("topology", "export", str(tmp_path / "adir"))
+    assert res.returncode == 2 and "is a directory" in res.stderr
+
+
+def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
+    out = tmp_path / "topo.json"
+    assert cli("topology", "export", str(out)).returncode == 0
+    good = json.loads(out.read_text())
+    gpu = next(i for i, n in enumerate(good["nodes"]) if n["kind"] == "gpu")
+    sw = next(i for i, n in enumerate(good["nodes"]) if n["kind"] == "switch")
+    cases = [
+        (lambda t: t["nodes"][gpu].update(gpu="abc"), f"nodes[{gpu}].gpu"),
+        (lambda t: t["nodes"][gpu].pop("host"), f"nodes[{gpu}]"),
+        (lambda t: t["nodes"][sw].update(tier="x"), f"nodes[{sw}].tier"),
+        (lambda t: t.update(gpus_per_host=3), "gpus_per_host"),
+        (lambda t: t["links"][0].update(rate_gbps=float("inf")), "links[0].rate_gbps"),
+    ]
+    for mutate, field in cases:
+        topo = json.loads(out.read_text())
+        mutate(topo)
+        (tmp_path / "bad.json").write_text(json.dumps(topo))
+        data = yaml.safe_load(default_scenario_path().read_text())
+        data["topology"] = {"kind": "file", "path": str(tmp_path / "bad.json"),
+                            "gpus_per_host": 8}
+        res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert f"bad.json: {field}" in res.stderr, res.stderr
+    (tmp_path / "bad.json").write_bytes(b"\x80\x81binary")
+    res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
+    assert res.returncode == 2 and "not a UTF-8 text file" in res.stderr
 
 
 def test_nccl_test_table(tmp_path: Path) -> None:

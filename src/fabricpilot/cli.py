@@ -7,9 +7,11 @@ traceback.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 from rich.console import Console
@@ -19,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from fabricpilot import __version__
 from fabricpilot.balancing import POLICIES
 from fabricpilot.errors import FabricpilotError
+from fabricpilot.topology.builders import MAX_GPUS
 from fabricpilot.units import UnitError, parse_quantity
 
 app = typer.Typer(
@@ -91,6 +94,9 @@ def run(
     from fabricpilot.runner import config_warnings, interference, prepare, run_policy
 
     try:
+        if seed is not None and seed < 0:
+            _fail(f"--seed: must be >= 0, got {seed}")
+        _check_outputs(json_path, out_dir)
         sc, source = _load(scenario)
         if seed is not None:
             sc = sc.model_copy(update={"seed": seed})
@@ -146,13 +152,23 @@ def run(
             out.print("PFC storms and deadlocks:")
             for line in events:
                 out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+        failed = []  # (one output that cannot be written does not lose the other)
         if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
-            out.print(f"summary written to {json_path}")
+            try:
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
+                out.print(f"summary written to {json_path}")
+            except OSError as e:
+                failed.append(f"--json: cannot write {json_path}: {e.strerror or e}")
+        if out_dir is not None:
+            try:
+                for r in shown:
+                    write_tables(r, out_dir / r.policy)
+            except OSError as e:
+                failed.append(f"--out: cannot write {e.filename or out_dir}: {e.strerror or e}")
+                out_dir = None
         if out_dir is not None:
             for r in shown:
-                write_tables(r, out_dir / r.policy)
                 ts = r.model_report.timeseries if r.model_report is not None else None
                 if ts is not None and ts.interval_ns > sc.fabric.fluid.sample_interval_ns:
                     out.print(f"{r.policy}: timeseries.csv has one sample every "
@@ -161,8 +177,30 @@ def run(
                               f"more than fabric.fluid.max_timeseries_rows="
                               f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False)
             out.print(f"tables written to {out_dir}/<policy>/")
+        if failed:
+            _fail("; ".join(failed))
     except FabricpilotError as e:
         _fail(str(e))
+
+
+def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str = "--json",
+                   ) -> None:
+    """Fail at once (not after the runs) if ``--json`` (``json_flag``: the file's option or
+    argument) or ``--out`` cannot be written: a path through a file, a directory for the
+    JSON file, a file for the tables' folder, or a folder not writable."""
+    for flag, path, is_dir in ((json_flag, json_path, False), ("--out", out_dir, True)):
+        if path is None:
+            continue
+        if path.exists() and path.is_dir() != is_dir:
+            _fail(f"{flag}: {path} is {'a file' if is_dir else 'a directory'}")
+        # the nearest existing folder must be a writable folder
+        at = path if is_dir and path.exists() else path.parent
+        while not at.exists() and at != at.parent:
+            at = at.parent
+        if not at.is_dir():
+            _fail(f"{flag}: {path}: {at} is not a directory")
+        if not os.access(at, os.W_OK | os.X_OK):
+            _fail(f"{flag}: {path}: {at} is not writable")
 
 
 @app.command()
@@ -338,12 +376,26 @@ def validate(
               f"{n_gpus} GPUs; policies {', '.join(sc.policies)})", highlight=False)
 
 
+MAX_SIZE_BYTES = 1 << 50  # the largest message a sweep takes (1 PiB)
+
+
 def _size(value: str, flag: str) -> int:
     try:
-        return int(parse_quantity(value, "size"))
+        size = parse_quantity(value, "size")
     except UnitError as e:
         _fail(f"{flag}: {e}")
         raise AssertionError from None
+    if not math.isfinite(size) or size > MAX_SIZE_BYTES:
+        _fail(f"{flag}: {value!r} is beyond the largest size a sweep takes (1 PiB)")
+    return int(size)
+
+
+def _number(value: float, flag: str, *, low: float, high: float, low_ok: bool = False
+            ) -> None:
+    """Fail with one line unless ``low < value <= high`` (``low <= value`` if ``low_ok``)."""
+    above = value >= low if low_ok else value > low
+    if not (math.isfinite(value) and above and value <= high):
+        _fail(f"{flag}: must be {'>=' if low_ok else '>'} {low:g} and <= {high:g}, got {value:g}")
 
 
 @app.command("nccl-test")
@@ -370,6 +422,7 @@ def nccl_test(
         run_sweep,
         sweep_sizes,
     )
+    from fabricpilot.scenario.models import Algorithm
     from fabricpilot.workload.plan import Op
 
     try:
@@ -377,6 +430,15 @@ def nccl_test(
             _fail(f"--op: unknown op {op!r} (known: {', '.join(o.value for o in Op)})")
         if policy not in POLICIES:
             _fail(f"--policy: unknown policy {policy!r} (known: {', '.join(sorted(POLICIES))})")
+        known = get_args(Algorithm)
+        if algorithm not in known:
+            _fail(f"--algorithm: unknown algorithm {algorithm!r} (known: {', '.join(known)})")
+        _number(gpus, "--gpus", low=2, high=MAX_GPUS, low_ok=True)
+        _number(gpus_per_host, "--gpus-per-host", low=1, high=64, low_ok=True)
+        _number(rate_gbps, "--rate-gbps", low=0, high=1e6)
+        _number(oversubscription, "--oversubscription", low=0, high=64)
+        if seed < 0:
+            _fail(f"--seed: must be >= 0, got {seed}")
         sizes = sweep_sizes(_size(min_bytes, "--min-bytes"), _size(max_bytes, "--max-bytes"),
                             step_factor)
         ct = default_cluster(gpus, gpus_per_host, rate_gbps, oversubscription)
@@ -420,11 +482,14 @@ def topology_export(
     from fabricpilot.runner import build_scenario_topology
     from fabricpilot.topology.io import save_topology_json
 
+    _check_outputs(path, None, "topology export")
     try:
         sc, source = _load(scenario)
         save_topology_json(build_scenario_topology(sc, source), path)
     except FabricpilotError as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"{path}: cannot write the topology: {e.strerror or e}")
     out.print(f"topology written to {path}")
 
 

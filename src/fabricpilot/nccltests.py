@@ -46,7 +46,8 @@ def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.
     hosts = n_gpus // gpus_per_host
     per_leaf = max(d for d in range(1, min(hosts, 64) + 1) if hosts % d == 0)
     if oversubscription > 1 and per_leaf % oversubscription:
-        raise FabricpilotError("oversubscription must divide the leaf port count")
+        raise FabricpilotError(f"--oversubscription: must divide the leaf port count "
+                               f"({per_leaf}), got {oversubscription:g}")
     return compile_topology(leaf_spine(
         hosts=hosts, gpus_per_host=gpus_per_host, nics_per_leaf=per_leaf,
         oversubscription=oversubscription, nic_rate_gbps=rate_gbps, fabric_rate_gbps=rate_gbps))
@@ -58,8 +59,13 @@ def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
     >>> sweep_sizes(1024, 8192, 2)
     [1024, 2048, 4096, 8192]
     """
-    if min_bytes <= 0 or max_bytes < min_bytes or step_factor < 2:
-        raise FabricpilotError("need 0 < min-bytes <= max-bytes and step-factor >= 2")
+    if min_bytes <= 0:
+        raise FabricpilotError(f"--min-bytes: must be > 0, got {min_bytes}")
+    if max_bytes < min_bytes:
+        raise FabricpilotError(f"--max-bytes: must be >= --min-bytes ({min_bytes}), got "
+                               f"{max_bytes}")
+    if step_factor < 2:
+        raise FabricpilotError(f"--step-factor: must be >= 2, got {step_factor}")
     sizes, s = [], min_bytes
     while s <= max_bytes:
         sizes.append(s)

@@ -48,7 +48,7 @@ from fabricpilot.dataplane.rates import (
     MemberPaths,
     RateModel,
 )
-from fabricpilot.errors import SimulationError
+from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.faults.model import FaultTimeline
 from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns
@@ -519,7 +519,11 @@ class Engine(FaultsMixin):
         if routed is None:
             batch = TransferBatch(stage.src, stage.dst, stage.size_bytes, stage.group,
                                   np.full(stage.n_transfers, j, np.int64))
-            routed = self.policy.route(batch)
+            try:
+                routed = self.policy.route(batch)
+            except TopologyError as err:  # (links down left a pair of it without a path)
+                self._no_route(j, lambda: self._start_stage(j, it, c, s), str(err))
+                return
             if self.policy.static:
                 self._route_cache[key] = routed
         st.outstanding = len(routed)

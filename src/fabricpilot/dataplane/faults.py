@@ -445,6 +445,26 @@ class FaultsMixin:
 
         return walk_paths(ct, src, dst, choose)
 
+    def _no_route(self, j: int, retry: Callable[[], None], why: str) -> None:
+        """Job ``j``'s next stage has a pair routing finds no path for (``why``): links are
+        down. If one comes back later in the run, the stage starts again once routing has
+        converged on it (the collective waits, as NCCL does); otherwise the job is stopped
+        and reported, as a partition of the faults down now. Without faults the fabric
+        itself is cut: an error."""
+        ft = self._ft
+        if ft is None:
+            raise SimulationError(f"{why}: the fabric is not connected")
+        ups = [ev.time_ns for ev in ft.events if ev.kind == "up" and ev.time_ns > self.now]
+        if ups:
+            self._at(min(ups) + ft.params.convergence_delay_ns, retry)
+            return
+        for info in ft.faults:
+            if (info.start_ns <= self.now and self._phys_down[list(info.links)].any()
+                    and self.jobs[j].name not in self._records[info.fault_id].partitioned):
+                self._records[info.fault_id].partitioned.append(self.jobs[j].name)
+        self._abort_job(j, f"{why.replace('no path from ', '').replace(' to ', ' -> ')} "
+                           "has no path left")
+
     def _partition(self, rows: NDArray[np.int64], faults: set[int]) -> None:
         """Flows with no live path left. If a link comes back later in the run (a repair,
         a flap), their jobs wait for it (the collective hangs on its peers, as NCCL does);

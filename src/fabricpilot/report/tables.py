@@ -14,7 +14,8 @@ from fabricpilot.units import format_bytes
 def comparison_table(results: Sequence[RunResult], reference: RunResult | None) -> Table:
     """One row per (job, policy): mean iteration time, mean busbw and fraction of ``ideal``.
 
-    ``reference`` is the ``ideal`` run; without it the fraction column shows "-". When any
+    ``reference`` is the ``ideal`` run; without it the fraction column shows "-". A job
+    stopped before it finished one iteration (cut off by faults) shows "stopped". When any
     run carries interference ratios (``run --interference``) an "interference" column
     follows: busbw alone / busbw shared, see :func:`format_interference`.
     """
@@ -32,9 +33,11 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
             if reference is not None:
                 ref = reference.mean_busbw_GBps(job.name)
                 frac = f"{busbw / ref:.1%}" if ref > 0 else "-"
+            iteration_ns = r.mean_iteration_ns(job.name)
+            stopped = job.name in r.aborted and not iteration_ns > 0  # (no iteration done)
             cells = [job.name if k == 0 else "", str(job.n_gpus) if k == 0 else "",
-                     r.policy, f"{r.mean_iteration_ns(job.name) / 1e6:.3f}",
-                     f"{busbw:.1f}", frac]
+                     r.policy, "stopped" if stopped else f"{iteration_ns / 1e6:.3f}",
+                     "-" if stopped else f"{busbw:.1f}", "-" if stopped else frac]
             if with_ratio:
                 cells.append(format_interference(r.interference.get(job.name)))
             table.add_row(*cells, end_section=k == len(results) - 1)

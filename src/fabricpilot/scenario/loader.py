@@ -84,7 +84,10 @@ def format_loc(loc: Sequence[int | str]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            part = str(part)
+            if not part.isprintable():  # (a key with a newline: the error stays one line)
+                part = repr(part)
+            out += f".{part}" if out else part
     return out
 
 
@@ -263,6 +266,10 @@ def load_scenario(path: str | Path) -> Scenario:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ScenarioError(source, "", _yaml_problem(exc)) from None
+    except RecursionError:
+        raise ScenarioError(source, "", "nested too deeply to read") from None
+    except ValueError as exc:  # (e.g. an integer of more digits than Python converts)
+        raise ScenarioError(source, "", f"cannot read a value: {exc}") from None
     return scenario_from_dict(data, source, base_dir=file.parent)
 
 

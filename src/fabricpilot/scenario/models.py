@@ -39,6 +39,7 @@ from fabricpilot.controller.params import ControllerParams
 from fabricpilot.dataplane.params import DcqcnParams, EcnParams, FluidParams, PfcParams
 from fabricpilot.dataplane.qos import N_PRIORITIES, TRAFFIC_CLASSES, QosParams
 from fabricpilot.faults.model import FaultParams
+from fabricpilot.topology.builders import MAX_GPUS, MAX_SPINES
 from fabricpilot.units import UnitError, parse_quantity
 
 __all__ = [
@@ -253,11 +254,23 @@ class TopologySpec(_Model):
                 f"nics_per_leaf / oversubscription = {per_leaf} / {self.oversubscription:g} "
                 f"must be a whole number (>= 1) of spine uplinks",
             )
+        if hosts * per_host > MAX_GPUS:
+            raise FieldProblem("hosts", f"{hosts} hosts x {per_host} GPUs = "
+                                        f"{hosts * per_host} GPUs; at most {MAX_GPUS}")
+        n_spines = spines * self.nic_rate_gbps / self.fabric_rate_gbps
+        if n_spines > MAX_SPINES:
+            raise FieldProblem(
+                "fabric_rate_gbps",
+                f"nics_per_leaf x nic_rate / (oversubscription x fabric_rate) = {n_spines:.3g} "
+                f"spines; at most {MAX_SPINES}")
 
     def _check_fat_tree(self) -> None:
         if self.k is None:
             raise FieldProblem("k", "required for kind fat_tree")
         n_nics = self.k**3 // 4
+        if n_nics > MAX_GPUS:
+            raise FieldProblem("k", f"a fat-tree of k = {self.k} has k^3/4 = {n_nics} NICs; "
+                                    f"at most {MAX_GPUS}")
         if n_nics % self.gpus_per_host:
             raise FieldProblem(
                 "gpus_per_host",
@@ -692,6 +705,20 @@ class FabricSpec(_Model):
         mode="before",
     )(_convert_quantity)
 
+    @model_validator(mode="after")
+    def _a_packet_fits(self) -> FabricSpec:
+        """A packet must fit the fluid model's buffers and window: below one MTU no packet
+        could ever be queued or sent (the run would make no progress)."""
+        if self.header_bytes > self.mtu_bytes:
+            raise FieldProblem("header_bytes", f"{self.header_bytes} B of headers on a "
+                                               f"{self.mtu_bytes} B MTU: at most the MTU")
+        for key in ("buffer_bytes_per_port", "buffer_bytes_per_switch", "window_bytes"):
+            if getattr(self.fluid, key) < self.mtu_bytes:
+                raise FieldProblem(f"fluid.{key}", f"{getattr(self.fluid, key)} B is less "
+                                                   f"than one packet (mtu_bytes "
+                                                   f"{self.mtu_bytes})")
+        return self
+
     @property
     def payload_efficiency(self) -> float:
         """Payload share of the wire: ``mtu / (mtu + headers + preamble/IFG)``.
@@ -706,7 +733,8 @@ class EcmpSpec(_Model):
     """Static ECMP hashing parameters."""
 
     qps_per_connection: Int = Field(
-        default=1, ge=1, description="queue pairs (distinct 5-tuples) per GPU-pair connection"
+        default=1, ge=1, le=1024,
+        description="queue pairs (distinct 5-tuples) per GPU-pair connection",
     )
     source_port_entropy: bool = Field(
         default=True, description="each QP uses its own UDP source port (hash entropy)"
@@ -951,6 +979,18 @@ class MiceSpec(_Model):
         if len(value) < 2:
             raise ValueError("mice need at least 2 GPUs to send between")
         return list(value)
+
+    @model_validator(mode="after")
+    def _not_too_many(self) -> MiceSpec:
+        expected = self.rate_per_s * self.duration_ns / 1e9
+        if expected > MAX_MICE:
+            raise FieldProblem("rate_per_s", f"{self.rate_per_s:g} per s for "
+                                             f"{self.duration_ns:g} ns make ~{expected:.3g} "
+                                             f"flows; at most {MAX_MICE}")
+        return self
+
+
+MAX_MICE = 2_000_000  # mice flows in one run (each is a flow of the engine)
 
 
 # --- faults ---------------------------------------------------------------------------------

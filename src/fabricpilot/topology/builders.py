@@ -19,6 +19,8 @@ import networkx as nx
 from fabricpilot.errors import TopologyError
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, gpu_name, nvswitch_name
 
+MAX_GPUS = 1 << 17  # the largest fabric built: 131072 GPUs (NICs)
+MAX_SPINES = 4096
 
 def _add_hosts(
     g: nx.Graph,
@@ -76,6 +78,9 @@ def leaf_spine(
         )
     n_spines = int(spines)
     n_gpus = hosts * gpus_per_host
+    if n_gpus > MAX_GPUS or n_spines > MAX_SPINES:
+        raise TopologyError(f"{n_gpus} GPUs and {n_spines} spines: at most {MAX_GPUS} GPUs "
+                            f"and {MAX_SPINES} spines")
     g = nx.Graph()
     _add_hosts(g, n_gpus, gpus_per_host, nvlink_rate_gbps, nvlink_delay_ns)
 
@@ -128,6 +133,8 @@ def fat_tree(
         raise TopologyError(f"fat-tree k must be even and >= 2, got {k}")
     half = k // 2
     n_gpus = k**3 // 4
+    if n_gpus > MAX_GPUS:
+        raise TopologyError(f"a fat-tree of k = {k} has {n_gpus} NICs: at most {MAX_GPUS}")
     if n_gpus % gpus_per_host:
         raise TopologyError(f"k^3/4 = {n_gpus} NICs is not a multiple of gpus_per_host")
     if gpus_per_host > 1 and half % gpus_per_host:

@@ -14,11 +14,12 @@ Every field is validated on import; errors name the file, the field and the prob
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fabricpilot.errors import ScenarioError, TopologyError
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, validate_topology
@@ -30,6 +31,19 @@ class _Node(BaseModel):
     model_config = ConfigDict(extra="allow")
     id: str = Field(min_length=1)
     kind: NodeKind
+    # (whole numbers only: 0.5 or "0" is not a GPU id)
+    gpu: int | None = Field(default=None, ge=0, strict=True)
+    host: int | None = Field(default=None, ge=0, strict=True)
+    local_rank: int | None = Field(default=None, ge=0, strict=True)
+    tier: int | None = Field(default=None, ge=1, le=8, strict=True)
+
+    @model_validator(mode="after")
+    def _needs(self) -> _Node:
+        if self.kind == NodeKind.GPU and (self.gpu is None or self.host is None):
+            raise ValueError("a GPU node needs its 'gpu' id and its 'host'")
+        if self.kind == NodeKind.SWITCH and self.tier is None:
+            raise ValueError("a switch node needs its 'tier' (1: leaf)")
+        return self
 
 
 class _Link(BaseModel):
@@ -37,8 +51,8 @@ class _Link(BaseModel):
     a: str
     b: str
     kind: LinkKind
-    rate_gbps: float = Field(gt=0)
-    delay_ns: int = Field(ge=0)
+    rate_gbps: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    delay_ns: int = Field(ge=0, le=10**15)
 
 
 class _TopologyFile(BaseModel):
@@ -69,18 +83,23 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
 
 def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
     """Build a :class:`Topology` from :func:`topology_to_dict` output; errors name the field."""
+    if not isinstance(data, dict):
+        raise ScenarioError(source, "", "a topology file holds one JSON object (format, "
+                                        "gpus_per_host, nodes, links), not a "
+                                        f"{type(data).__name__}")
     try:
         parsed = _TopologyFile.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-        raise ScenarioError(source, loc.lstrip("."), first["msg"]) from None
+        raise ScenarioError(source, loc.lstrip("."),
+                            first["msg"].removeprefix("Value error, ")) from None
     g = nx.Graph()
     for i, node in enumerate(parsed.nodes):
         if node.id in g:
             raise ScenarioError(source, f"nodes[{i}].id", f"duplicate node {node.id!r}")
-        extra = dict(node.model_extra or {})
-        g.add_node(node.id, kind=node.kind, **extra)
+        attrs = node.model_dump(exclude={"id", "kind"}, exclude_none=True)
+        g.add_node(node.id, kind=node.kind, **attrs)
     for i, link in enumerate(parsed.links):
         for end in ("a", "b"):
             if getattr(link, end) not in g:
@@ -90,6 +109,12 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
             raise ScenarioError(source, f"links[{i}]", f"duplicate link {link.a}-{link.b}")
         g.add_edge(link.a, link.b, kind=link.kind, rate_gbps=link.rate_gbps,
                    delay_ns=link.delay_ns)
+    per_host = Counter(node.host for node in parsed.nodes if node.kind == NodeKind.GPU)
+    most = max(per_host.values(), default=parsed.gpus_per_host)
+    if most != parsed.gpus_per_host:
+        host = next(h for h, n in per_host.items() if n == most)
+        raise ScenarioError(source, "gpus_per_host", f"{parsed.gpus_per_host}, but host {host} "
+                                                     f"has {most} GPU{'s' * (most != 1)}")
     topo = Topology(g, parsed.name, parsed.gpus_per_host, dict(parsed.params))
     try:
         validate_topology(topo)
@@ -106,9 +131,11 @@ def load_topology_json(path: str | Path) -> Topology:
     """Read a topology JSON file; every problem becomes a one-line :class:`ScenarioError`."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScenarioError(str(p), "", "file not found") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(str(p), "", "not a UTF-8 text file") from None
     except OSError as err:
         raise ScenarioError(str(p), "", f"cannot read: {err.strerror}") from None
     try:

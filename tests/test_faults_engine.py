@@ -288,6 +288,40 @@ def test_a_job_cut_off_until_a_repair_waits_for_it(tmp_path: Path) -> None:
         clean + 1_000_000 + DETECT_NS + CONTROL_NS, abs=5_000)
 
 
+def test_a_job_waits_for_routing_to_converge_on_a_repaired_link(tmp_path: Path) -> None:
+    """gpu1's NIC link is down from 0.2 to 6.2 ms and leaf0-spine0 from 1.2 to 2.2 ms. When
+    routing converges on the spine link (6.3 ms) every repair has happened, but routing
+    still avoids gpu1's link until it converges on its repair (11.3 ms): the ring waits for
+    that (it was stopped as cut off for good), then moves every byte."""
+    near = {**RING, "gpus": 4, "placement": "explicit", "gpu_ids": [0, 1, 2, 3]}
+    events = [{"kind": "link_down", "link": "gpu1-leaf0", "at_ns": 200_000,
+               "until_ns": 6_200_000},
+              {"kind": "link_down", "link": "leaf0-spine0", "at_ns": 1_200_000,
+               "until_ns": 2_200_000}]
+    r = run_policy(_scenario(tmp_path, [near], events), "ecmp")
+    assert not r.aborted and r.bytes_delivered == r.bytes_sent > 0
+    (c,) = r.collectives
+    assert c.end_ns > 6_200_000 + DETECT_NS + CONVERGE_NS
+
+
+@pytest.mark.parametrize("policy", ["ideal", "ecmp", "task-aware"])
+def test_a_stream_cut_off_goes_on_once_a_new_path_is_found(tmp_path: Path,
+                                                           policy: str) -> None:
+    """gpu0's NIC link is down from 0.2 to 1 ms, so the ring is cut off; meanwhile
+    leaf0-spine0 dies for good, under streams that could not be moved then (their GPU had
+    no link). Once gpu0 is back, those streams get new paths and the ring goes on (a cut-off
+    stream given a new path stayed paused: the run ended in "flows are active but none can
+    make progress")."""
+    near = {**RING, "gpus": 4, "placement": "explicit", "gpu_ids": [0, 1, 2, 3]}
+    events = [{"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 200_000,
+               "until_ns": 1_000_000},
+              {"kind": "link_down", "link": "leaf0-spine0", "at_ns": 500_000}]
+    r = run_policy(_scenario(tmp_path, [near], events), policy)
+    assert not r.aborted and r.bytes_delivered == r.bytes_sent > 0
+    (c,) = r.collectives
+    assert c.end_ns > 1_000_000
+
+
 def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
         tmp_path: Path) -> None:
     """The task-aware data plane with no controller in the process (the service's twin: its

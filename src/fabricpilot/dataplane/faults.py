@@ -361,8 +361,31 @@ class FaultsMixin:
                 self._records[f].streams_moved += len(mem)
             if ct2 is not None and not self._instant:
                 self._wait_for_timeout(np.unique(rows[mem]), faults)
+            self._rejoin(known)  # (cut-off streams that have a whole path now go on)
+        self._cut_for_good(faults)
         self._loss_since.clear()
         self._release_held()
+
+    def _may_come_back(self) -> bool:
+        """A link routing avoids now may come back later in the run: a repair is to come,
+        or a link already back is still avoided (routing has not converged on it yet, or
+        the controller not told)."""
+        assert self._ft is not None
+        back = ~self._phys_down
+        return (any(ev.kind == "up" and ev.time_ns >= self.now for ev in self._ft.events)
+                or bool((self._route_down & back).any())
+                or bool((self._known_down & back).any()))
+
+    def _cut_for_good(self, faults: set[int]) -> None:
+        """Streams still cut off when no link is to come back later in the run will never
+        move again: their jobs are stopped and reported (else the run would wait forever)."""
+        if not self._cut_flows or self._ft is None or self._may_come_back():
+            return
+        rows = np.flatnonzero(np.isin(self._row_flow, list(self._cut_flows)))
+        why = set().union(*self._cut_flows.values()) | faults
+        self._cut_flows.clear()
+        if len(rows):
+            self._partition(rows, why)
 
     def _release_held(self) -> None:
         """The streams paused for the controller's new paths resume (not those cut off)."""
@@ -454,9 +477,11 @@ class FaultsMixin:
         ft = self._ft
         if ft is None:
             raise SimulationError(f"{why}: the fabric is not connected")
-        ups = [ev.time_ns for ev in ft.events if ev.kind == "up" and ev.time_ns > self.now]
-        if ups:
-            self._at(min(ups) + ft.params.convergence_delay_ns, retry)
+        if self._may_come_back():
+            ups = [ev.time_ns for ev in ft.events if ev.kind == "up" and ev.time_ns > self.now]
+            p = ft.params
+            self._at(min(ups) + p.convergence_delay_ns if ups else
+                     self.now + max(p.convergence_delay_ns, p.detection_delay_ns, 1), retry)
             return
         for info in ft.faults:
             if (info.start_ns <= self.now and self._phys_down[list(info.links)].any()
@@ -474,7 +499,7 @@ class FaultsMixin:
             for j in sorted(set(self._row_owner[rows].tolist()) - {-1}):
                 if self.jobs[j].name not in rec.partitioned:
                     rec.partitioned.append(self.jobs[j].name)
-        if any(ev.kind == "up" and ev.time_ns >= self.now for ev in self._ft.events):
+        if self._may_come_back():
             self._row_hold[rows] = math.inf
             for r in rows.tolist():
                 self._cut_flows[int(self._row_flow[r])] = set(faults)

@@ -204,6 +204,14 @@ def test_outputs_that_cannot_be_written_fail_before_the_run(tmp_path: Path) -> N
     assert res.returncode == 2 and "is a directory" in res.stderr
 
 
+def test_a_policy_setting_the_fabric_cannot_meet_names_file_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, small_scenario(tmp_path, adaptive={"reserved_spines": 100}))
+    res = cli("run", str(path), "-p", "adaptive-split")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}: adaptive.reserved_spines: 100 of the fabric's 4 ")
+
+
 def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
     out = tmp_path / "topo.json"
     assert cli("topology", "export", str(out)).returncode == 0

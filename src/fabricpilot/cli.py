@@ -93,6 +93,7 @@ def run(
     from fabricpilot.results import summary_json, write_tables
     from fabricpilot.runner import config_warnings, interference, prepare, run_policy
 
+    source: str | None = None  # (named in errors once the scenario is read)
     try:
         if seed is not None and seed < 0:
             _fail(f"--seed: must be >= 0, got {seed}")
@@ -180,7 +181,19 @@ def run(
         if failed:
             _fail("; ".join(failed))
     except FabricpilotError as e:
-        _fail(str(e))
+        _fail(_in_source(str(e), source))
+
+
+def _in_source(message: str, source: str | None) -> str:
+    """An error's line, naming the scenario it came from if it does not already.
+
+    >>> _in_source("adaptive.reserved_spines: too many", "my.yaml")
+    'my.yaml: adaptive.reserved_spines: too many'
+    >>> _in_source("my.yaml: jobs[0].gpus: too many", "my.yaml")
+    'my.yaml: jobs[0].gpus: too many'
+    """
+    return message if source is None or message.startswith(f"{source}:") else \
+        f"{source}: {message}"
 
 
 def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str = "--json",

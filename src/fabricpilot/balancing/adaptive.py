@@ -337,6 +337,11 @@ class AdaptiveSplit(Adaptive):
         # bytes_seen: every flow starts as a mouse and is promoted once it has sent mice_bytes
         self.watches_bytes_sent = ctx.adaptive.mice_by == "bytes_seen"
         top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
+        n_top = int((ct.switch_tier == top).sum())
+        if n_top > 1 and self.reserved_spines >= n_top:
+            raise FabricpilotError(
+                f"adaptive.reserved_spines: {self.reserved_spines} of the fabric's {n_top} "
+                f"top-tier switches would leave none for the elephants (at most {n_top - 1})")
         spines = np.flatnonzero(ct.switch_tier == top)[: self.reserved_spines]
         node_is_reserved = np.zeros(len(ct.node_names), bool)
         node_is_reserved[ct.switch_node[spines]] = True

@@ -173,6 +173,8 @@ def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
     for r in results:
         for f in r.faults:
             labels[f["fault_id"]] = f["label"]
+            if float(f["at_ms"]) * 1e6 >= max(x.sim_time_ns for x in results):  # type: ignore[arg-type]
+                labels[f["fault_id"]] = f"{f['label']} (after every run ended: no effect)"
             stall = f["job_stall_us"]
             worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
             t.add_row(r.policy, f"#{f['fault_id']}", _us(f["detection_us"]),

@@ -186,6 +186,22 @@ def test_nccl_test_bad_flags_fail_with_one_line(args: list[str], flag: str) -> N
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), res.stderr
 
 
+@pytest.mark.parametrize("args, flag", [
+    (["serve", "--no-twin", "--max-body", "-1"], "--max-body"),
+    (["serve", "--no-twin", "--tick-interval", "nan"], "--tick-interval"),
+    (["serve", "--no-twin", "--port", "99999"], "--port"),
+    (["serve", "--time-scale", "inf"], "--time-scale"),
+    (["twin", "--time-scale", "nan"], "--time-scale"),
+    (["twin", "--port", "-5"], "--port"),
+])
+def test_service_flags_are_checked_before_anything_starts(args: list[str], flag: str,
+                                                          tmp_path: Path) -> None:
+    res = cli(*args, *(["--state-dir", str(tmp_path)] if args[0] == "serve" else []))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()]
+    assert res.stderr.startswith(f"error: {flag}:"), res.stderr
+
+
 def test_outputs_that_cannot_be_written_fail_before_the_run(tmp_path: Path) -> None:
     """A path through a file, a directory for the JSON file, a file for the tables' folder:
     one line at once (not a traceback after the whole simulation), nothing half written."""

@@ -260,15 +260,15 @@ def serve(
     from fabricpilot.service.control import ServiceSpec
     from fabricpilot.service.server import build, build_process, configure_logging
 
-    if time_scale <= 0:
-        _fail(f"--time-scale: must be > 0, got {time_scale}")
-    if tick_interval <= 0:
-        _fail(f"--tick-interval: must be > 0, got {tick_interval}")
-    if plan_interval < 0:
-        _fail(f"--plan-interval: must be >= 0, got {plan_interval}")
+    _number(time_scale, "--time-scale", low=0, high=1e6)
+    _number(tick_interval, "--tick-interval", low=0, high=86_400)
+    _number(plan_interval, "--plan-interval", low=0, high=86_400, low_ok=True)
+    _number(port, "--port", low=1, high=65_535, low_ok=True)
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         _fail(f"--log-level: unknown level {log_level!r}")
     max_body_bytes = _size(max_body, "--max-body")
+    if max_body_bytes < 1:
+        _fail(f"--max-body: must be at least 1 byte, got {max_body!r}")
     # the control process dying under us: stop serving (a supervisor restarts serve, which
     # restores the state) rather than answer 503 forever
     lost: list[str] = []
@@ -352,8 +352,8 @@ def twin(
 
     from fabricpilot.service.server import build_twin, configure_logging
 
-    if time_scale <= 0:
-        _fail(f"--time-scale: must be > 0, got {time_scale}")
+    _number(time_scale, "--time-scale", low=0, high=1e6)
+    _number(port, "--port", low=1, high=65_535, low_ok=True)
     token = _read_token(token_file, "--token-file")
     try:
         sc, source = _load(scenario)
@@ -399,7 +399,7 @@ def _size(value: str, flag: str) -> int:
         _fail(f"{flag}: {e}")
         raise AssertionError from None
     if not math.isfinite(size) or size > MAX_SIZE_BYTES:
-        _fail(f"{flag}: {value!r} is beyond the largest size a sweep takes (1 PiB)")
+        _fail(f"{flag}: {value!r} is beyond the largest size taken (1 PiB)")
     return int(size)
 
 

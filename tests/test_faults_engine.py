@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -320,6 +321,36 @@ def test_a_stream_cut_off_goes_on_once_a_new_path_is_found(tmp_path: Path,
     assert not r.aborted and r.bytes_delivered == r.bytes_sent > 0
     (c,) = r.collectives
     assert c.end_ns > 1_000_000
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "ideal", "adaptive", "task-aware"])
+def test_mice_to_a_leaf_that_is_gone_are_cut_off_not_hung(tmp_path: Path,
+                                                           policy: str) -> None:
+    """leaf3 (gpus 6 and 7) dies for good at 0 while mice flow between all 8 GPUs: the
+    mice to or from it are dropped and counted (the run ended in a traceback or in "flows
+    are active but none can make progress"); the job on gpus 0 and 2 finishes, and the
+    bytes not delivered are exactly those of the mice cut off in flight."""
+    data = {
+        "name": "mice", "seed": 149,
+        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                     "nics_per_leaf": 2, "rail_optimized": False},
+        "jobs": [{"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
+                  "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}],
+        "mice": {"rate_per_s": 1_000_000, "size_bytes": "64KiB", "duration_ns": "20us"},
+        "faults": {"events": [{"kind": "switch_down", "switch": "leaf3", "at_ns": 0}]},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    prep = prepare(load_scenario(path), str(path))
+    to_leaf3 = int(np.isin(prep.mice.src, [6, 7]).sum() + np.isin(prep.mice.dst, [6, 7]).sum()
+                   - (np.isin(prep.mice.src, [6, 7]) & np.isin(prep.mice.dst, [6, 7])).sum())
+    assert to_leaf3 > 0
+    r = run_policy(prep, policy)
+    assert not r.aborted and len(r.collectives) == 1
+    assert r.mice_cut_off == to_leaf3 and r.summary()["mice_cut_off"] == to_leaf3
+    in_flight = (r.bytes_sent - r.bytes_delivered) // (64 << 10)
+    assert r.bytes_sent - r.bytes_delivered == in_flight * (64 << 10)
+    assert 0 <= in_flight <= to_leaf3  # (the others had no path when they came: never sent)
 
 
 def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(

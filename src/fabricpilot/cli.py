@@ -142,6 +142,9 @@ def run(
             for job, why in r.aborted.items():
                 out.print(f"{r.policy}: job {escape(job)} stopped: {escape(why)}",
                           highlight=False, soft_wrap=True)
+            if r.mice_cut_off:
+                out.print(f"{r.policy}: {r.mice_cut_off} mice cut off (no path left between "
+                          f"their GPUs), never delivered", highlight=False, soft_wrap=True)
         for r in shown:
             if r.sla_unmet:
                 out.print(f"{r.policy}: {len(r.sla_unmet)} SLAs no path meets, "

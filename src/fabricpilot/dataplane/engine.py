@@ -128,6 +128,7 @@ class EngineOutput:
     path_moves: int = 0  # streams moved to another path mid-flow (rebalancing policies)
     faults: list[FaultRecord] = field(default_factory=list)
     aborted: dict[str, str] = field(default_factory=dict)  # job -> why it was stopped
+    mice_cut_off: int = 0  # mice dropped for want of a path (links down)
 
 
 @dataclass
@@ -256,6 +257,7 @@ class Engine(FaultsMixin):
         self._done_units = 0
         self._total_units = sum(j.iterations * len(j.collectives) for j in self.jobs)
         self._aborted: dict[int, str] = {}
+        self._mice_cut = 0  # mice dropped: no path left when they came or while they went
         self._jobs_done: set[int] = {j for j, job in enumerate(self.jobs)
                                      if job.iterations == 0 or not job.collectives}
         self._goodput = np.zeros(0)
@@ -359,6 +361,7 @@ class Engine(FaultsMixin):
             model_report=report,
             faults=self.fault_records,
             aborted={self.jobs[j].name: why for j, why in self._aborted.items()},
+            mice_cut_off=self._mice_cut,
         )
 
     def _telemetry(self) -> LinkTelemetry:
@@ -563,8 +566,28 @@ class Engine(FaultsMixin):
         n = j - i
         batch = TransferBatch(m.src[i:j], m.dst[i:j], m.size_bytes[i:j],
                               np.full(n, -1, np.int64), np.full(n, -1, np.int64))
-        self._add_rows(self.policy.route(batch), -1, 1, owner=MICE_OWNER,
-                       tclass=self._mice_class)
+        try:
+            routed = self.policy.route(batch)
+        except TopologyError as err:  # links down: a mouse with no path is cut off
+            if self._timeline is None:
+                raise SimulationError(f"{err}: the fabric is not connected") from None
+            ok = np.zeros(n, np.bool_)
+            for k in range(n):
+                one = TransferBatch(*(a[k:k + 1] for a in (batch.src, batch.dst,
+                                                           batch.size_bytes, batch.group,
+                                                           batch.job)))
+                try:
+                    self.policy.route(one)
+                    ok[k] = True
+                except TopologyError:
+                    pass
+            self._mice_cut += int(n - ok.sum())
+            if not ok.any():
+                return
+            batch = TransferBatch(batch.src[ok], batch.dst[ok], batch.size_bytes[ok],
+                                  batch.group[ok], batch.job[ok])
+            routed = self.policy.route(batch)
+        self._add_rows(routed, -1, 1, owner=MICE_OWNER, tclass=self._mice_class)
 
     def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int,
                   tclass: int = 0) -> None:
@@ -742,7 +765,8 @@ class Engine(FaultsMixin):
             self._m_share = self._m_share[stay]
             self._m_path = self._m_path[stay]
             self._m_key = self._m_key[stay]
-        self._rates = self._rates[keep]
+        # (rows just added have no rate yet: the rates cover a prefix of the rows)
+        self._rates = self._rates[keep[:len(self._rates)]]
         if len(self._goodput) == len(keep):
             self._goodput = self._goodput[keep]
         self._dirty = True

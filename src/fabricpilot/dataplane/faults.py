@@ -121,7 +121,9 @@ class FaultsMixin:
     _at: Callable[[int, Callable[[], None]], None]
     _weights_from_members: Callable[[NDArray[np.int64]], None]
     _abort_job: Callable[[int, str], None]
+    _drop_rows: Callable[[NDArray[np.bool_], NDArray[np.int64]], None]
     _mark_dirty: Callable[[], None]
+    _mice_cut: int
 
     def _faults_setup(self, timeline: FaultTimeline | None) -> None:
         # (a copy of its own: :meth:`inject_faults` adds to it)
@@ -290,16 +292,18 @@ class FaultsMixin:
 
     def _fault_new_rows(self, first_row: int) -> None:
         """Streams that start on a link the controller already knows is down wait for its
-        new paths (or take them at once if they are in place)."""
-        if self._ft is None or self._instant or not self._known_down.any():
+        new paths (or take them at once if they are in place). Under the bound (``ideal``,
+        which routes around dead links at once) a stream can start on one only if no path
+        avoids it (a GPU's own link): it is cut off at once, as its reroute finds."""
+        if self._ft is None or not self._known_down.any():
             return
-        if not self._told:
+        if not (self._told or self._instant):
             return
         rows = self._member_rows()
         hit = self._members_on(np.flatnonzero(self._known_down)) & (rows >= first_row)
         if not hit.any():
             return
-        if self._reroute_at > self.now:
+        if not self._instant and self._reroute_at > self.now:
             self._hold(np.unique(rows[hit]), int(self._reroute_at))
         else:
             self._reroute(None)
@@ -512,8 +516,14 @@ class FaultsMixin:
             pair = rows[self._row_owner[rows] == j][0]
             cut.append((j, f"gpu{int(self._row_src[pair])} -> gpu{int(self._row_dst[pair])} "
                            "has no path left"))
+        mice = self._row_flow[rows[self._row_owner[rows] < 0]]  # (no job: they are dropped)
         for j, why in cut:  # rows shift as jobs are stopped: decide first, then stop
             self._abort_job(j, why)
+        if len(mice):
+            gone = np.isin(self._row_flow, mice)
+            self._drop_rows(~gone, mice)
+            self._mice_cut += len(mice)
+            self._dirty = True
 
     def _rejoin(self, down: NDArray[np.bool_]) -> None:
         """Cut-off streams whose paths are whole again (a link came back) resume."""

@@ -86,6 +86,7 @@ class RunResult:
     # one summary per injected fault (fabricpilot.dataplane.faults.FaultRecord.summary)
     faults: list[dict[str, object]] = field(default_factory=list)
     aborted: dict[str, str] = field(default_factory=dict)  # job -> why it was stopped
+    mice_cut_off: int = 0  # mice dropped for want of a path (links down), never delivered
 
     @classmethod
     def from_engine(
@@ -122,6 +123,7 @@ class RunResult:
             path_moves=out.path_moves,
             model=model, model_report=report, qos_mismatches=list(qos_mismatches or []),
             faults=[f.summary() for f in out.faults], aborted=dict(out.aborted),
+            mice_cut_off=out.mice_cut_off,
         )
 
     # ----------------------------------------------------------------- derived
@@ -260,4 +262,5 @@ class RunResult:
             **({"controller": dict(self.controller)} if self.controller else {}),
             **({"faults": [dict(f) for f in self.faults]} if self.faults else {}),
             **({"aborted_jobs": dict(self.aborted)} if self.aborted else {}),
+            **({"mice_cut_off": self.mice_cut_off} if self.mice_cut_off else {}),
         }

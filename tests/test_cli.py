@@ -87,6 +87,21 @@ def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:
                                             rel=1e-5)
 
 
+def test_a_controller_run_with_heals_is_reproducible(tmp_path: Path) -> None:
+    """The controller's heal times are wall-clock figures: --reproducible writes them as 0,
+    as the wall time (they made two equal runs differ)."""
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.json"
+        res = cli("run", str(ROOT / "examples" / "link_failure.yaml"), "-p", "task-aware",
+                  "--json", str(out), "--reproducible")
+        assert res.returncode == 0, res.stderr
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]
+    c = json.loads(outs[0])["controller"]
+    assert c["heals"] > 0 and c["heal_max_ms"] == c["heal_sent_max_ms"] == 0.0
+
+
 def test_seed_changes_ecmp_but_same_seed_does_not(tmp_path: Path) -> None:
     data = small_scenario(tmp_path)
     path = write(tmp_path, data)

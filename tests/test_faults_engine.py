@@ -353,6 +353,25 @@ def test_mice_to_a_leaf_that_is_gone_are_cut_off_not_hung(tmp_path: Path,
     assert 0 <= in_flight <= to_leaf3  # (the others had no path when they came: never sent)
 
 
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "sla-aware", "ideal", "task-aware"])
+def test_a_job_starting_on_a_gpu_link_down_for_good_is_stopped(tmp_path: Path,
+                                                               policy: str) -> None:
+    """gpu0's own link dies at 0 and routing has converged on it when the job (gpu0 and
+    gpu2) starts at 1 ms: no path avoids that link, so the job is stopped and the fault
+    names it. Its first streams crossed the dead link with nobody to move them: ECMP ended
+    in "no progress", adaptive routing ran forever, ideal delivered every byte through it."""
+    job = {"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
+           "start_ns": 1_000_000, "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}
+    prep = _scenario(tmp_path, [job], [{"kind": "link_down", "link": "leaf0-gpu0",
+                                        "at_ns": 0}],
+                     detection_delay_ns=0, convergence_delay_ns=0)
+    r = run_policy(prep, policy)
+    assert r.aborted == {"j0": "gpu0 -> gpu2 has no path left"}
+    assert r.collectives == [] and r.bytes_delivered == 0
+    (f,) = r.faults
+    assert f["partitioned"] == ["j0"]
+
+
 def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
         tmp_path: Path) -> None:
     """The task-aware data plane with no controller in the process (the service's twin: its

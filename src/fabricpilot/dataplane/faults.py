@@ -292,21 +292,30 @@ class FaultsMixin:
 
     def _fault_new_rows(self, first_row: int) -> None:
         """Streams that start on a link the controller already knows is down wait for its
-        new paths (or take them at once if they are in place). Under the bound (``ideal``,
-        which routes around dead links at once) a stream can start on one only if no path
-        avoids it (a GPU's own link): it is cut off at once, as its reroute finds."""
-        if self._ft is None or not self._known_down.any():
+        new paths (or take them at once if they are in place). A stream that starts on a
+        link its policy already routes around (``ideal`` at once, others once routing has
+        converged) has no path that avoids it (a GPU's own link): it is rerouted at once,
+        which finds it cut off (and names the faults that cut it)."""
+        if self._ft is None:
             return
-        if not (self._told or self._instant):
+        told = self._told and not self._instant
+        avoided = (self._known_down if told or self._instant
+                   else self._route_down & self._phys_down)
+        if not avoided.any():
             return
         rows = self._member_rows()
-        hit = self._members_on(np.flatnonzero(self._known_down)) & (rows >= first_row)
+        hit = self._members_on(np.flatnonzero(avoided)) & (rows >= first_row)
         if not hit.any():
             return
-        if not self._instant and self._reroute_at > self.now:
+        crossed = self._m_path[hit]
+        crossed = np.unique(crossed[(crossed >= 0) & avoided[np.maximum(crossed, 0)]])
+        faults = set(self._owner_fault[crossed].tolist()) - {-1}
+        if told and self._reroute_at > self.now:
             self._hold(np.unique(rows[hit]), int(self._reroute_at))
+        elif told or self._instant:
+            self._reroute(None, faults=faults)
         else:
-            self._reroute(None)
+            self._reroute(None, with_links_down(self.ct, self._route_down), faults)
 
     # ---------------------------------------------------------------- rerouting
     def _member_rows(self) -> NDArray[np.int64]:

@@ -372,6 +372,18 @@ def test_a_job_starting_on_a_gpu_link_down_for_good_is_stopped(tmp_path: Path,
     assert f["partitioned"] == ["j0"]
 
 
+@pytest.mark.parametrize("policy", ["ecmp", "ideal", "task-aware"])
+def test_a_stopped_ring_names_a_pair_that_is_cut(tmp_path: Path, policy: str) -> None:
+    """leaf2 (gpus 4 and 5) dies for good under an 8-GPU ring: the reason names a pair with
+    one end there (it named the ring row's first pair, gpu0 -> gpu1, which was fine)."""
+    prep = _scenario(tmp_path, [RING], [{"kind": "switch_down", "switch": "leaf2",
+                                         "at_ns": 200_000}])
+    r = run_policy(prep, policy)
+    why = r.aborted["ring"]
+    a, b = (int(x.removeprefix("gpu")) for x in why.split(" has ")[0].split(" -> "))
+    assert {a, b} & {4, 5}, why
+
+
 def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
         tmp_path: Path) -> None:
     """The task-aware data plane with no controller in the process (the service's twin: its

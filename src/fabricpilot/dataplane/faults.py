@@ -519,12 +519,22 @@ class FaultsMixin:
             self._dirty = True
             return
         cut = []
+        # (name a stream that is cut: a ring's row stands for all its pairs)
+        on_dead = (self._members_on(np.flatnonzero(self._phys_down | self._route_down
+                                                   | self._known_down))
+                   & np.isin(self._member_rows(), rows))
+        m_rows = self._member_rows()
         for j in sorted(set(self._row_owner[rows].tolist())):
             if j < 0:
                 continue
-            pair = rows[self._row_owner[rows] == j][0]
-            cut.append((j, f"gpu{int(self._row_src[pair])} -> gpu{int(self._row_dst[pair])} "
-                           "has no path left"))
+            mine = rows[self._row_owner[rows] == j]
+            a, b = int(self._row_src[mine[0]]), int(self._row_dst[mine[0]])
+            pick = np.flatnonzero(on_dead & np.isin(m_rows, mine))[:1]
+            if len(pick):
+                ma, mb = self._member_endpoints(pick)
+                if ma[0] >= 0 and mb[0] >= 0:
+                    a, b = int(ma[0]), int(mb[0])
+            cut.append((j, f"gpu{a} -> gpu{b} has no path left"))
         mice = self._row_flow[rows[self._row_owner[rows] < 0]]  # (no job: they are dropped)
         for j, why in cut:  # rows shift as jobs are stopped: decide first, then stop
             self._abort_job(j, why)

@@ -375,7 +375,7 @@ def test_a_job_starting_on_a_gpu_link_down_for_good_is_stopped(tmp_path: Path,
 @pytest.mark.parametrize("policy", ["ecmp", "ideal", "task-aware"])
 def test_a_stopped_ring_names_a_pair_that_is_cut(tmp_path: Path, policy: str) -> None:
     """leaf2 (gpus 4 and 5) dies for good under an 8-GPU ring: the reason names a pair with
-    one end there (it named the ring row's first pair, gpu0 -> gpu1, which was fine)."""
+    one end there (it named the ring row's first pair, gpu0 -> gpu1, which was not cut)."""
     prep = _scenario(tmp_path, [RING], [{"kind": "switch_down", "switch": "leaf2",
                                          "at_ns": 200_000}])
     r = run_policy(prep, policy)

@@ -384,6 +384,44 @@ def test_a_stopped_ring_names_a_pair_that_is_cut(tmp_path: Path, policy: str) ->
     assert {a, b} & {4, 5}, why
 
 
+@pytest.mark.parametrize("policy", ["ideal", "ecmp", "task-aware"])
+def test_a_job_held_for_a_repair_that_does_not_help_is_stopped(tmp_path: Path,
+                                                               policy: str) -> None:
+    """gpu0's own link dies for good while leaf0 -> spine0 is down until 3.294 ms: the job
+    (gpu0 -> gpu1) waits for that repair, which does not give it a path; it is then stopped
+    (the repair's own instant still counted as a repair to come: "no progress")."""
+    job = {"name": "j2", "gpus": 2, "placement": "contiguous", "iterations": 1,
+           "collectives": [{"op": "reducescatter", "size_bytes": 16669}]}
+    events = [{"kind": "link_down", "link": "leaf0->spine0", "at_ns": 0,
+               "until_ns": 3_294_000},
+              {"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 0}]
+    r = run_policy(_scenario(tmp_path, [job], events), policy)
+    assert r.aborted == {"j2": "gpu0 -> gpu1 has no path left"}
+    assert "j2" in r.faults[1]["partitioned"]
+
+
+def test_a_flowlet_longer_than_the_new_paths_continues(tmp_path: Path) -> None:
+    """On a k=4 fat-tree under random faults, a flowlet continuing on its 6-link path (via a
+    core) within a batch of 4-link paths raised a broadcasting ValueError; the run now
+    delivers every byte."""
+    data = {
+        "name": "fz1082", "seed": 1082,
+        "topology": {"kind": "fat_tree", "k": 4, "gpus_per_host": 1},
+        "jobs": [{"name": "j1", "gpus": 2, "iterations": 1, "placement": "contiguous",
+                  "collectives": [{"op": "broadcast", "size_bytes": 34772}]}],
+        "mice": {"rate_per_s": 100000.0, "size_bytes": 262144, "duration_ns": 777000,
+                 "start_ns": 845000},
+        "faults": {"random": {"link_mtbf_ns": 1000000, "repair_ns": 1690000,
+                              "horizon_ns": 7000000, "scope": "all"},
+                   "convergence_delay_ns": 10000},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = run_policy(prepare(load_scenario(path), str(path)), "flowlet")
+    assert not r.aborted and len(r.collectives) == 1
+    assert r.bytes_sent == r.bytes_delivered > 0
+
+
 def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
         tmp_path: Path) -> None:
     """The task-aware data plane with no controller in the process (the service's twin: its

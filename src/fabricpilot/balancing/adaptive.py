@@ -471,7 +471,13 @@ class Flowlet(Adaptive):
                 gap = now - last_ns
                 alive = bool(routable[old[old >= 0]].all())
                 if gap < self.gap_ns and alive:
-                    paths[i] = old        # too soon: the flowlet continues on its path
+                    # too soon: the flowlet continues on its path (which may be longer or
+                    # shorter than this batch's: through a core, or within a pod)
+                    if len(old) > paths.shape[1]:
+                        paths = np.pad(paths, ((0, 0), (0, len(old) - paths.shape[1])),
+                                       constant_values=-1)
+                    paths[i, :len(old)] = old
+                    paths[i, len(old):] = -1
                 elif alive and not np.array_equal(old, paths[i]):
                     # (a new path: the old flowlet's last packets may arrive after the new
                     # one's first; off a path routing gave up, none of them arrives)

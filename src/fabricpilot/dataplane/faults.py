@@ -148,6 +148,7 @@ class FaultsMixin:
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
         self._goodput = np.zeros(0)
+        self._ups_to_come = 0  # repairs scheduled and not played yet
         if timeline is None:
             return
         for info in timeline.faults:
@@ -155,6 +156,7 @@ class FaultsMixin:
                                                        info.start_ns, info.end_ns)
         for ev in timeline.events:
             self._at(ev.time_ns, lambda ev=ev: self._fault_event(ev))
+        self._ups_to_come = sum(1 for ev in timeline.events if ev.kind == "up")
 
     def inject_faults(self, timeline: FaultTimeline) -> list[int]:
         """Play ``timeline``'s faults from now on, its times counted from now: faults added
@@ -178,6 +180,7 @@ class FaultsMixin:
             moved = replace(ev, time_ns=ev.time_ns + now, fault_id=base + ev.fault_id)
             self._ft.events.append(moved)
             self._at(moved.time_ns, lambda ev=moved: self._fault_event(ev))
+            self._ups_to_come += ev.kind == "up"
         return ids
 
     @property
@@ -200,6 +203,7 @@ class FaultsMixin:
         """A fault changes the physical fabric (see the module docstring)."""
         rec = self._records[ev.fault_id]
         links = np.asarray(ev.links, np.int64)
+        self._ups_to_come -= ev.kind == "up"
         if ev.kind in ("down", "gray") and not rec.pre_fault_gbps:
             rec.pre_fault_gbps = dict(enumerate(self._job_goodput().tolist()))
         if ev.kind in ("down", "up"):
@@ -385,7 +389,7 @@ class FaultsMixin:
         the controller not told)."""
         assert self._ft is not None
         back = ~self._phys_down
-        return (any(ev.kind == "up" and ev.time_ns >= self.now for ev in self._ft.events)
+        return (self._ups_to_come > 0
                 or bool((self._route_down & back).any())
                 or bool((self._known_down & back).any()))
 

@@ -422,6 +422,28 @@ def test_a_flowlet_longer_than_the_new_paths_continues(tmp_path: Path) -> None:
     assert r.bytes_sent == r.bytes_delivered > 0
 
 
+def test_gray_faults_again_on_a_link_are_not_detected_before_they_start(tmp_path: Path) -> None:
+    """Random gray faults hit gpu8<->edge2_0 three times: the controller's confirmation of
+    the first was taken as the later ones' detection, before they started (-6150 us)."""
+    data = {
+        "name": "fz1063", "seed": 1063,
+        "topology": {"kind": "fat_tree", "k": 4, "gpus_per_host": 2},
+        "jobs": [{"name": "j1", "gpus": 3, "iterations": 1, "placement": "contiguous",
+                  "collectives": [{"op": "allreduce", "size_bytes": 51789650}]}],
+        "faults": {"random": {"link_mtbf_ns": 13000000, "repair_ns": 2313000,
+                              "horizon_ns": 10000000, "scope": "all", "gray_fraction": 0.56,
+                              "gray_ber": 0.0001}},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = run_policy(prepare(load_scenario(path), str(path)), "task-aware")
+    gray = [f for f in r.faults if f["kind"] == "gray"]
+    assert any(f["detection_us"] is not None for f in gray)
+    for f in r.faults:
+        for key in ("detection_us", "reroute_us", "recovery_us"):
+            assert f[key] is None or f[key] >= 0, (f["label"], key, f[key])
+
+
 def test_a_policy_with_no_controller_beside_it_leaves_the_fabric_to_converge(
         tmp_path: Path) -> None:
     """The task-aware data plane with no controller in the process (the service's twin: its

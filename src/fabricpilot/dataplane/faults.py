@@ -611,7 +611,9 @@ class FaultsMixin:
             if info.kind != "gray" or rec.rerouted_ns is not None:
                 continue
             if rec.detected_ns is None:
-                seen = [confirmed[lk] for lk in info.links if lk in confirmed]
+                # (a confirmation of an earlier gray fault on the same link is not this one's)
+                seen = [confirmed[lk] for lk in info.links
+                        if lk in confirmed and confirmed[lk] >= info.start_ns]
                 if not seen:
                     continue
                 rec.detected_ns = int(min(seen))

@@ -351,6 +351,16 @@ def test_mice_to_a_leaf_that_is_gone_are_cut_off_not_hung(tmp_path: Path,
     in_flight = (r.bytes_sent - r.bytes_delivered) // (64 << 10)
     assert r.bytes_sent - r.bytes_delivered == in_flight * (64 << 10)
     assert 0 <= in_flight <= to_leaf3  # (the others had no path when they came: never sent)
+    # leaf3 back at 3 ms: every mouse is delivered, those to or from it after the repair,
+    # their FCT counted from when they came (they waited for a path)
+    data["faults"]["events"][0]["until_ns"] = 3_000_000
+    path.write_text(yaml.safe_dump(data))
+    r = run_policy(prepare(load_scenario(path), str(path)), policy)
+    assert r.mice_cut_off == 0 and r.bytes_sent == r.bytes_delivered
+    fl = r.flows
+    mice = (fl["owner"] == -1) & (np.isin(fl["src"], [6, 7]) | np.isin(fl["dst"], [6, 7]))
+    assert mice.sum() == to_leaf3
+    assert (fl["start_ns"][mice] < 20_000).all() and (fl["deliver_ns"][mice] > 3_000_000).all()
 
 
 @pytest.mark.parametrize("policy", ["ecmp", "adaptive", "sla-aware", "ideal", "task-aware"])

@@ -258,6 +258,7 @@ class Engine(FaultsMixin):
         self._total_units = sum(j.iterations * len(j.collectives) for j in self.jobs)
         self._aborted: dict[int, str] = {}
         self._mice_cut = 0  # mice dropped: no path left when they came or while they went
+        self._mice_waiting = 0  # mice that came with no path, to try again after a repair
         self._jobs_done: set[int] = {j for j, job in enumerate(self.jobs)
                                      if job.iterations == 0 or not job.collectives}
         self._goodput = np.zeros(0)
@@ -279,7 +280,8 @@ class Engine(FaultsMixin):
                     t_next == math.inf
                     # only faults are left to happen, after every job and mouse is done
                     or (self._timeline is not None and t_mice == math.inf
-                        and len(self._jobs_done) == len(self.jobs))):
+                        and len(self._jobs_done) == len(self.jobs)
+                        and not self._mice_waiting)):
                 break
             if self._stepping:
                 if self._remaining.size:
@@ -561,14 +563,20 @@ class Engine(FaultsMixin):
 
     # ------------------------------------------------------------------ flows
     def _add_mice(self, i: int, j: int) -> None:
+        self._route_mice(np.arange(i, j, dtype=np.int64))
+
+    def _route_mice(self, idx: NDArray[np.int64], arrived_ns: int | None = None) -> None:
+        """Start the mice ``idx`` (of :attr:`mice`) now. Links down may leave one no path:
+        it waits for a repair that may give it one (``arrived_ns``: when it came, its start
+        for its FCT), or is dropped and counted if none will."""
         m = self.mice
         assert m is not None
-        n = j - i
-        batch = TransferBatch(m.src[i:j], m.dst[i:j], m.size_bytes[i:j],
+        n = len(idx)
+        batch = TransferBatch(m.src[idx], m.dst[idx], m.size_bytes[idx],
                               np.full(n, -1, np.int64), np.full(n, -1, np.int64))
         try:
             routed = self.policy.route(batch)
-        except TopologyError as err:  # links down: a mouse with no path is cut off
+        except TopologyError as err:  # links down: a mouse with no path waits or is dropped
             if self._timeline is None:
                 raise SimulationError(f"{err}: the fabric is not connected") from None
             ok = np.zeros(n, np.bool_)
@@ -581,16 +589,27 @@ class Engine(FaultsMixin):
                     ok[k] = True
                 except TopologyError:
                     pass
-            self._mice_cut += int(n - ok.sum())
+            for k in idx[~ok].tolist():
+                self._no_mouse_route(lambda k=k: self._retry_mouse(k))
             if not ok.any():
                 return
+            idx = idx[ok]
             batch = TransferBatch(batch.src[ok], batch.dst[ok], batch.size_bytes[ok],
                                   batch.group[ok], batch.job[ok])
             routed = self.policy.route(batch)
-        self._add_rows(routed, -1, 1, owner=MICE_OWNER, tclass=self._mice_class)
+        self._add_rows(routed, -1, 1, owner=MICE_OWNER, tclass=self._mice_class,
+                       start_ns=arrived_ns)
+
+    def _retry_mouse(self, k: int) -> None:
+        """Mouse ``k``, which found no path when it came, tries again."""
+        assert self.mice is not None
+        self._mice_waiting -= 1
+        self._route_mice(np.array([k], np.int64), int(self.mice.time_ns[k]))
 
     def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int,
-                  tclass: int = 0) -> None:
+                  tclass: int = 0, start_ns: int | None = None) -> None:
+        """Start the rows of ``routed`` now (``start_ns``: when their transfer came, if it
+        waited for a path: the flows' start, for their FCT)."""
         n = len(routed)
         first_row = len(self._remaining)
         ids = np.arange(self._n_flows, self._n_flows + n, dtype=np.int64)
@@ -607,7 +626,8 @@ class Engine(FaultsMixin):
             stage=np.full(n, meta.stage if meta else -1, np.int64),
             src=routed.src, dst=routed.dst, members=routed.members,
             size_bytes=routed.size_bytes, wire_bytes=wire,
-            start_ns=np.full(n, self.now, np.int64), latency_ns=latency.astype(np.int64),
+            start_ns=np.full(n, self.now if start_ns is None else start_ns, np.int64),
+            latency_ns=latency.astype(np.int64),
             alone_fct_ns=alone_fct,
         )
         # a receiver that cannot take reordered packets makes the sender resend some

@@ -124,6 +124,7 @@ class FaultsMixin:
     _drop_rows: Callable[[NDArray[np.bool_], NDArray[np.int64]], None]
     _mark_dirty: Callable[[], None]
     _mice_cut: int
+    _mice_waiting: int
 
     def _faults_setup(self, timeline: FaultTimeline | None) -> None:
         # (a copy of its own: :meth:`inject_faults` adds to it)
@@ -382,6 +383,20 @@ class FaultsMixin:
         self._cut_for_good(faults)
         self._loss_since.clear()
         self._release_held()
+
+    def _no_mouse_route(self, retry: Callable[[], None]) -> None:
+        """A mouse has no path now: it tries again once routing may give it one (as
+        :meth:`_no_route`), or is dropped and counted if no link will come back."""
+        ft = self._ft
+        assert ft is not None
+        if not self._may_come_back():
+            self._mice_cut += 1
+            return
+        ups = [ev.time_ns for ev in ft.events if ev.kind == "up" and ev.time_ns > self.now]
+        p = ft.params
+        self._mice_waiting += 1  # (the run goes on for it)
+        self._at(min(ups) + p.convergence_delay_ns if ups else
+                 self.now + max(p.convergence_delay_ns, p.detection_delay_ns, 1), retry)
 
     def _may_come_back(self) -> bool:
         """A link routing avoids now may come back later in the run: a repair is to come,

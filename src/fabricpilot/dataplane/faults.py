@@ -387,14 +387,18 @@ class FaultsMixin:
     def _no_mouse_route(self, retry: Callable[[], None]) -> None:
         """A mouse has no path now: it tries again once routing may give it one (as
         :meth:`_no_route`), or is dropped and counted if no link will come back."""
-        ft = self._ft
-        assert ft is not None
         if not self._may_come_back():
             self._mice_cut += 1
             return
-        ups = [ev.time_ns for ev in ft.events if ev.kind == "up" and ev.time_ns > self.now]
-        p = ft.params
         self._mice_waiting += 1  # (the run goes on for it)
+        self._retry_after_repair(retry)
+
+    def _retry_after_repair(self, retry: Callable[[], None]) -> None:
+        """Call ``retry`` once routing may have converged on the next repair (or, if the
+        repairs were all played, on the links still avoided though up)."""
+        assert self._ft is not None
+        ups = [ev.time_ns for ev in self._ft.events if ev.kind == "up" and ev.time_ns > self.now]
+        p = self._ft.params
         self._at(min(ups) + p.convergence_delay_ns if ups else
                  self.now + max(p.convergence_delay_ns, p.detection_delay_ns, 1), retry)
 
@@ -510,10 +514,7 @@ class FaultsMixin:
         if ft is None:
             raise SimulationError(f"{why}: the fabric is not connected")
         if self._may_come_back():
-            ups = [ev.time_ns for ev in ft.events if ev.kind == "up" and ev.time_ns > self.now]
-            p = ft.params
-            self._at(min(ups) + p.convergence_delay_ns if ups else
-                     self.now + max(p.convergence_delay_ns, p.detection_delay_ns, 1), retry)
+            self._retry_after_repair(retry)
             return
         for info in ft.faults:
             if (info.start_ns <= self.now and self._phys_down[list(info.links)].any()
@@ -539,10 +540,10 @@ class FaultsMixin:
             return
         cut = []
         # (name a stream that is cut: a ring's row stands for all its pairs)
+        m_rows = self._member_rows()
         on_dead = (self._members_on(np.flatnonzero(self._phys_down | self._route_down
                                                    | self._known_down))
-                   & np.isin(self._member_rows(), rows))
-        m_rows = self._member_rows()
+                   & np.isin(m_rows, rows))
         for j in sorted(set(self._row_owner[rows].tolist())):
             if j < 0:
                 continue

@@ -26,6 +26,7 @@ import networkx as nx
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.arrays import distinct
 from fabricpilot.controller import entropy, planner
 from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import (
@@ -1782,7 +1783,7 @@ class Controller:
             if unknown:
                 return None
             found.append(rows)
-        rows = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+        rows = distinct(np.concatenate(found)) if found else np.zeros(0, np.int64)
         return rows[np.argsort(slots.rank[rows], kind="stable")]
 
     def _heal_in_columns(self, cause: str, t0: float, affected: list[str],
@@ -2105,7 +2106,7 @@ class Controller:
     def _settle_load(self, edits: _SetEdits) -> None:
         """The plan's load of each link a heal changed: its dense value."""
         assert self.current is not None and self._load_rows is not None
-        changed = np.unique(np.concatenate(edits.touched))
+        changed = distinct(np.concatenate(edits.touched))
         self.current.link_load_gbps.update(zip(
             changed.tolist(), self._load_rows[changed].tolist(), strict=True))
 

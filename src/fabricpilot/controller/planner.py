@@ -32,6 +32,7 @@ import scipy.sparse as sp
 from numpy.typing import NDArray
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
+from fabricpilot.arrays import distinct
 from fabricpilot.collector import paused as _gc_paused
 
 _chain = itertools.chain.from_iterable
@@ -182,7 +183,7 @@ class _Problem:
                  background: Mapping[int, float] | None) -> None:
         self.demands = list(demands)
         self.cands = [d.full_candidates for d in self.demands]
-        used = np.unique(np.fromiter(_chain(_chain(self.cands)), np.int64))
+        used = distinct(np.fromiter(_chain(_chain(self.cands)), np.int64))
         links = sorted(set(used.tolist()) | set(capacity))
         missing = [lk for lk in links if lk not in capacity]
         if missing:
@@ -264,7 +265,7 @@ def _link_rows(ids: NDArray[np.int64], links: NDArray[np.int64]) -> NDArray[np.i
         if not bad.any():
             bad = None
     if bad is not None:
-        raise ValueError(f"no capacity for links {np.unique(ids[bad])[:5].tolist()}")
+        raise ValueError(f"no capacity for links {distinct(ids[bad])[:5].tolist()}")
     return rows
 
 
@@ -855,7 +856,7 @@ def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
     """
     col_grp = np.repeat(np.arange(len(g_ncand), dtype=np.int64), g_ncand)
     entry_grp = np.repeat(col_grp, np.diff(c_ptr))
-    pairs = np.unique(c_idx.astype(np.int64) * max(len(g_ncand), 1) + entry_grp)
+    pairs = distinct(c_idx.astype(np.int64) * max(len(g_ncand), 1) + entry_grp)
     links, groups = np.divmod(pairs, max(len(g_ncand), 1))
     ptr = np.zeros(n_links + 1, np.int64)
     np.cumsum(np.bincount(links, minlength=n_links), out=ptr[1:])
@@ -1383,7 +1384,7 @@ class Columns:
         if (rows_of >= len(self.links)).any() or (self.links[np.minimum(
                 rows_of, len(self.links) - 1)] != other.links).any():
             raise ValueError("the other columns use links these do not have")
-        groups = np.unique(np.array([g for _, g, _ in fresh], np.int64))
+        groups = distinct(np.array([g for _, g, _ in fresh], np.int64))
         g_new = np.full(len(other.g_ncand), -1, np.int64)
         g_new[groups] = len(self.g_ncand) + np.arange(len(groups))
         # the fresh groups' columns, in order, appended

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.arrays import distinct
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down
@@ -257,7 +258,7 @@ class FaultsMixin:
             effective = max(math.ceil(when), self.now)
             self._reroute_at = max(self._reroute_at, effective)
             if down:
-                self._hold(np.unique(self._member_rows()[self._members_on(
+                self._hold(distinct(self._member_rows()[self._members_on(
                     np.asarray(down, np.int64))]), effective)
             self._at(effective, lambda: self._reroute(ev.fault_id))
             return
@@ -313,10 +314,10 @@ class FaultsMixin:
         if not hit.any():
             return
         crossed = self._m_path[hit]
-        crossed = np.unique(crossed[(crossed >= 0) & avoided[np.maximum(crossed, 0)]])
+        crossed = distinct(crossed[(crossed >= 0) & avoided[np.maximum(crossed, 0)]])
         faults = set(self._owner_fault[crossed].tolist()) - {-1}
         if told and self._reroute_at > self.now:
-            self._hold(np.unique(rows[hit]), int(self._reroute_at))
+            self._hold(distinct(rows[hit]), int(self._reroute_at))
         elif told or self._instant:
             self._reroute(None, faults=faults)
         else:
@@ -356,7 +357,7 @@ class FaultsMixin:
             new, failed = self._repath_each(job, src, dst, mem, ct2)
             bad = failed | self._crosses(new, known)
             if bad.any():
-                cut_rows = np.unique(r[bad])
+                cut_rows = distinct(r[bad])
                 keep = ~np.isin(r, cut_rows)  # a stream with no path holds its whole row
                 keys, new = self._m_key[mem[keep]], new[keep]
                 self._partition(cut_rows, faults)
@@ -378,7 +379,7 @@ class FaultsMixin:
             for f in faults:
                 self._records[f].streams_moved += len(mem)
             if ct2 is not None and not self._instant:
-                self._wait_for_timeout(np.unique(rows[mem]), faults)
+                self._wait_for_timeout(distinct(rows[mem]), faults)
             self._rejoin(known)  # (cut-off streams that have a whole path now go on)
         self._cut_for_good(faults)
         self._loss_since.clear()
@@ -669,7 +670,7 @@ class FaultsMixin:
             for fid in self._row_flow[r[dead]].tolist():
                 self._loss_since.setdefault(int(fid), self.now)
             f_of = self._m_fault[mem]
-            for f in np.unique(f_of).tolist():
+            for f in distinct(f_of).tolist():
                 sel = f_of == f
                 rec = self._records[f]
                 rec.bytes_lost += float(sent[sel & dead].sum())

@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
+from fabricpilot.arrays import distinct
 from fabricpilot.dataplane import fluid_kernels as fk
 from fabricpilot.dataplane.dcqcn import DcqcnState, notification_point, reaction_point
 from fabricpilot.dataplane.params import (
@@ -689,8 +690,8 @@ class _Members:
         ingress_valid = valid[:, 1:] & valid[:, :-1]
         ingress_pidx = np.where(ingress_valid, safe[:, :-1].astype(np.int64) * P + prio[:, 1:],
                                 0)
-        ulinks = np.unique(safe[valid]).astype(np.int64)
-        uprios = np.unique(np.concatenate([prio[valid], np.zeros(0, np.int64)])).astype(np.int64)
+        ulinks = distinct(safe[valid]).astype(np.int64)
+        uprios = distinct(np.concatenate([prio[valid], np.zeros(0, np.int64)])).astype(np.int64)
         link_pos = np.zeros(ct.n_links, np.int64)
         link_pos[ulinks] = np.arange(len(ulinks))
         prio_pos = np.zeros(P, np.int64)

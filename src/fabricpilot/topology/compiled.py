@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from numpy.typing import NDArray
 from scipy.sparse.csgraph import shortest_path
 
+from fabricpilot.arrays import distinct
 from fabricpilot.errors import TopologyError
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, gpu_name, validate_topology
 
@@ -125,7 +126,7 @@ def compile_topology(topo: Topology) -> CompiledTopology:
                 gpu_nv_down[i] = link_id[(index[v], i)]
 
     # ECMP tables over the switch graph.
-    leaf_switches = np.unique(switch_of_node[gpu_leaf_node])
+    leaf_switches = distinct(switch_of_node[gpu_leaf_node])
     leaf_slot = np.full(n_sw, -1, np.int32)
     leaf_slot[leaf_switches] = np.arange(len(leaf_switches), dtype=np.int32)
     nh_count, nh_link, hop_distance = ecmp_tables(src, dst, switch_of_node, leaf_switches,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.arrays import distinct
+
 __all__ = ["MiceArrivals", "poisson_mice"]
 
 
@@ -73,7 +75,7 @@ def poisson_mice(
     if pool.ndim != 1 or (pool.size and not np.issubdtype(pool.dtype, np.integer)):
         raise ValueError("gpus must be a 1-D sequence of integer GPU ids")
     pool = pool.astype(np.int64)
-    if len(np.unique(pool)) != len(pool):
+    if len(distinct(pool)) != len(pool):
         raise ValueError("gpus must be distinct")
     rate = float(rate_per_s)
     if not math.isfinite(rate) or rate < 0:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.arrays import distinct
+
 COLUMNS = ("time_ns", "link", "queue_bytes", "utilization", "ecn_marks", "paused")
 
 
@@ -48,7 +50,7 @@ def merge(a: _Sample, b: _Sample) -> _Sample:
     >>> m.ecn_marks.tolist(), m.paused.tolist()
     ([1.0, 2.0], [False, False])
     """
-    links = np.union1d(a.link, b.link)
+    links = distinct(np.concatenate((a.link, b.link)))
     ia = np.searchsorted(links, a.link)
     ib = np.searchsorted(links, b.link)
     n = len(links)

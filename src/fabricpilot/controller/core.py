@@ -787,6 +787,11 @@ class Controller:
                 # the common case, every pair at once (then only the others one by one)
                 made = (self._call_demands(task, pairs, cap, heat)
                         if not (call.pairs or pending or avoid) and level == "L3" else None)
+                if made is not None and all(made):  # (every pair: all at once)
+                    keys = [d.key for d in made]  # type: ignore[union-attr]
+                    pending.update(zip(keys, made, strict=True))  # type: ignore[arg-type]
+                    endpoints.update(zip(keys, [(a, b) for a, b, _ in pairs], strict=True))
+                    continue
                 for i, (a, b, share) in enumerate(pairs):
                     if made is not None:
                         d = made[i]

@@ -15,8 +15,8 @@ Resources, under ``/api/v1``:
 Every other request needs ``Authorization: Bearer <token>`` (401 without a known one). A
 tenant token sees and changes its tenant's jobs only (403 otherwise); an operator token
 may do everything. Bodies above ``max_body_bytes`` get 413; invalid bodies 422 with the
-offending fields. Each request is logged as one JSON line with the caller's name, never its
-token.
+offending fields; every error's body is JSON with a ``detail``. Each request is logged as
+one JSON line with the caller's name, never its token.
 """
 
 
@@ -98,6 +98,49 @@ class Observe:
                     "method": scope["method"], "route": route, "status": status,
                     "ms": round(dt * 1e3, 3), "principal": state.get("principal"),
                     "client": client[0] if client else None}})
+
+
+class BodyLimit:
+    """ASGI middleware: a request body above ``max_bytes`` gets 413 with a JSON ``detail``
+    naming the limit, as every other error: at once when its ``Content-Length`` says so
+    (nothing is read), or as soon as the bytes read pass the limit (a chunked body)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _detail(self, size: str) -> str:
+        return (f"request body of {size} is larger than this service accepts "
+                f"({self.max_bytes} bytes; serve --max-body)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = None
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+                break
+        if declared is not None and declared > self.max_bytes:
+            await JSONResponse({"detail": self._detail(f"{declared} bytes")},
+                               status_code=413)(scope, receive, send)
+            return
+        total = 0
+
+        async def limited() -> Message:
+            nonlocal total
+            msg = await receive()
+            if msg["type"] == "http.request":
+                total += len(msg.get("body", b""))
+                if total > self.max_bytes:  # (the route's exception handler answers)
+                    raise HTTPException(413, self._detail(f"more than {self.max_bytes} bytes"))
+            return msg
+
+        await self.app(scope, limited, send)
 
 
 def _body(model: type[BaseModel], path_params: tuple[str, ...] | list[str] = ()
@@ -256,7 +299,6 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                 await control.stop()
 
     app = FastAPI(title="fabricpilot controller", version=__version__, lifespan=lifespan,
-                  max_body_size=max_body_bytes,
                   # metrics are Prometheus (/metrics); no OpenTelemetry checks per request
                   telemetry={"tracing": False, "metrics": False, "logs": False},
                   description="Task-aware control plane for AI-training fabrics: declare "
@@ -407,5 +449,6 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                              Route(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
                              Route(f"{v1}/jobs", declare, methods=["POST"])]
     _with_schemas(app, [IntentIn, TelemetryIn])
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # (inside Observe: logged)
     app.add_middleware(Observe, latency=api_latency)
     return app

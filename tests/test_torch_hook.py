@@ -50,7 +50,7 @@ def test_environment_values() -> None:
     assert task_id_from_env({}) == DEFAULT_TASK_ID
     assert sla_from_env({"AI_SLA_LATENCY": " 250.5 "}) == 250.5
     assert sla_from_env({}) is None
-    for bad in ("fast", "0", "-3"):
+    for bad in ("fast", "0", "-3", "inf", "nan", "1e400"):
         with pytest.raises(ValueError, match="AI_SLA_LATENCY"):
             sla_from_env({"AI_SLA_LATENCY": bad})
     assert gpus_from_env(3, {}) == [0, 1, 2]
@@ -61,6 +61,10 @@ def test_environment_values() -> None:
         gpus_from_env(2, {"FABRICPILOT_GPUS": "0-7"})
     with pytest.raises(ValueError, match="FABRICPILOT_GPUS: bad range '3-1'"):
         gpus_from_env(2, {"FABRICPILOT_GPUS": "3-1"})
+    with pytest.raises(ValueError, match="GPU 4 is listed twice"):  # (one GPU per rank)
+        gpus_from_env(3, {"FABRICPILOT_GPUS": "4,5,4"})
+    with pytest.raises(ValueError, match="FABRICPILOT_GPUS: more than"):  # (not expanded)
+        gpus_from_env(2, {"FABRICPILOT_GPUS": "0-99999999999"})
     assert ring_pairs([1]) == [] and ring_pairs([4, 2]) == [(4, 2), (2, 4)]
 
 

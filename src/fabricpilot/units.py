@@ -103,8 +103,13 @@ def gbps_to_bytes_per_ns(rate_gbps: float) -> float:
     return rate_gbps / 8.0
 
 
-def parse_id_ranges(text: str) -> list[int]:
-    """Ids written as ranges, in the order written: ``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``.
+MAX_IDS = 1 << 20
+"""The most ids :func:`parse_id_ranges` expands (more than any fabric has GPUs)."""
+
+
+def parse_id_ranges(text: str, max_ids: int = MAX_IDS) -> list[int]:
+    """Ids written as ranges, in the order written: ``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``; at
+    most ``max_ids`` of them (a longer list is an error, found before it is expanded).
 
     >>> parse_id_ranges("64-65, 0-1")
     [64, 65, 0, 1]
@@ -112,6 +117,10 @@ def parse_id_ranges(text: str) -> list[int]:
     Traceback (most recent call last):
     ...
     ValueError: bad range '3-1' (expected N or N-M with 0 <= N <= M)
+    >>> parse_id_ranges("0-99999999999")
+    Traceback (most recent call last):
+    ...
+    ValueError: more than 1048576 ids ('0-99999999999' alone has 100000000000)
     """
     out: list[int] = []
     for part in text.split(","):
@@ -125,6 +134,8 @@ def parse_id_ranges(text: str) -> list[int]:
             a, b = 1, 0
         if b < a or a < 0:
             raise ValueError(f"bad range {part!r} (expected N or N-M with 0 <= N <= M)")
+        if len(out) + b - a + 1 > max_ids:
+            raise ValueError(f"more than {max_ids} ids ({part!r} alone has {b - a + 1})")
         out.extend(range(a, b + 1))
     return out
 

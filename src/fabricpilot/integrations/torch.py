@@ -53,6 +53,7 @@ What goes over the wire:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -112,8 +113,8 @@ def sla_from_env(env: Mapping[str, str] | None = None) -> float | None:
         sla_us = float(raw)
     except ValueError:
         raise ValueError(f"{SLA_ENV}={raw!r}: not a number of microseconds") from None
-    if not sla_us > 0:
-        raise ValueError(f"{SLA_ENV}={raw!r}: must be > 0 (microseconds)")
+    if not 0 < sla_us < math.inf:
+        raise ValueError(f"{SLA_ENV}={raw!r}: must be a finite number > 0 (microseconds)")
     return sla_us
 
 
@@ -150,6 +151,12 @@ def gpus_from_env(world_size: int, env: Mapping[str, str] | None = None) -> list
         if len(gpus) != world_size:
             raise ValueError(f"{GPUS_ENV}={listed!r}: lists {len(gpus)} GPUs for "
                              f"{world_size} ranks (one GPU id per global rank)")
+        seen: set[int] = set()
+        for rank, g in enumerate(gpus):
+            if g in seen:
+                raise ValueError(f"{GPUS_ENV}={listed!r}: GPU {g} is listed twice (again "
+                                 f"for rank {rank}; one GPU per rank)")
+            seen.add(g)
         return gpus
     raw = env.get(GPU_OFFSET_ENV, "").strip() or "0"
     try:
@@ -357,8 +364,8 @@ def declare(client: Client | None = None, *, task_id: str | None = None,
     rank, world_size = _rank_and_world(env)
     task = task_id if task_id is not None else task_id_from_env(env)
     sla = sla_us if sla_us is not None else sla_from_env(env)
-    if sla is not None and not sla > 0:
-        raise ValueError(f"sla_us must be > 0, got {sla}")
+    if sla is not None and not 0 < sla < math.inf:
+        raise ValueError(f"sla_us must be a finite number > 0, got {sla}")
     gpu_ids = [int(g) for g in gpus] if gpus is not None else gpus_from_env(world_size, env)
     if len(gpu_ids) != world_size:
         raise ValueError(f"gpus: {len(gpu_ids)} GPU ids for {world_size} ranks "

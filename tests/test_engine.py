@@ -209,3 +209,19 @@ def test_completion_tolerance_bounds_the_error_and_saves_updates() -> None:
     fct = {e: o.flows["deliver_ns"] - o.flows["start_ns"] for e, o in outs.items()}
     assert np.all(np.abs(fct[1e-3] - fct[0.0]) <= 2e-3 * fct[0.0] + 2)
     assert fast.n_rate_updates < 0.75 * exact.n_rate_updates
+
+
+def test_a_run_ends_with_its_traffic_not_with_a_policy_round() -> None:
+    """Policies that move flows in periodic rounds (adaptive, task-aware) schedule the next
+    round while flows are active; once the last byte has arrived the run is over: its
+    simulated time is that of the last delivery (as under ECMP, which has no rounds), not of
+    a round still to come."""
+    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=1, nics_per_leaf=4,
+                                     rail_optimized=False))
+    ends = {}
+    for policy in ("ecmp", "adaptive", "task-aware"):
+        res = run_one(ct, "alltoall", list(range(8)), 1 << 20, policy)
+        last = int(res.flows["deliver_ns"].max())
+        assert res.sim_time_ns == last
+        ends[policy] = last
+    assert len(set(ends.values())) == 1  # (no collision here: the same traffic everywhere)

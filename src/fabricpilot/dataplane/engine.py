@@ -205,6 +205,7 @@ class Engine(FaultsMixin):
         self.now = 0
         self._seq = 0
         self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._idle_seqs: set[int] = set()  # the events in the heap that are idle (``_at``)
         self._stages: dict[int, _Stage] = {}
         self._next_stage_id = 0
         self._flows = FlowTable()
@@ -278,6 +279,9 @@ class Engine(FaultsMixin):
                 self._recompute()
             if not self._remaining.size and (
                     t_next == math.inf
+                    # only idle rounds are left (the last flow ended before them)
+                    or (t_mice == math.inf and len(self._heap) == len(self._idle_seqs)
+                        and not self._mice_waiting)
                     # only faults are left to happen, after every job and mouse is done
                     or (self._timeline is not None and t_mice == math.inf
                         and len(self._jobs_done) == len(self.jobs)
@@ -316,7 +320,8 @@ class Engine(FaultsMixin):
                 self._add_mice(mice_i, j)
                 mice_i = j
             while self._heap and self._heap[0][0] == self.now:
-                _, _, fn = heapq.heappop(self._heap)
+                _, seq, fn = heapq.heappop(self._heap)
+                self._idle_seqs.discard(seq)
                 self._n_events += 1
                 fn()
 
@@ -408,7 +413,7 @@ class Engine(FaultsMixin):
                 self._quiet_key = key
         self._rebalance_pending = True
         self._at(self.now + int(self.policy.rebalance_interval_ns),  # type: ignore[attr-defined]
-                 self._rebalance)
+                 self._rebalance, idle=True)
 
     def _apply_moves(self, row: NDArray[np.int64], moves: Moves) -> None:
         if self._stepping:
@@ -486,10 +491,14 @@ class Engine(FaultsMixin):
         self._weights_from_members(row)
 
     # ------------------------------------------------------------- scheduling
-    def _at(self, time_ns: int, fn: Callable[[], None]) -> None:
+    def _at(self, time_ns: int, fn: Callable[[], None], idle: bool = False) -> None:
+        """Call ``fn`` at ``time_ns``. An ``idle`` event (a policy's periodic round) does
+        nothing once no flow is left: the run does not wait for it to end."""
         if time_ns < self.now:
             raise SimulationError(f"event scheduled in the past ({time_ns} < {self.now})")
         heapq.heappush(self._heap, (int(time_ns), self._seq, fn))
+        if idle:
+            self._idle_seqs.add(self._seq)
         self._seq += 1
 
     def _start_iteration(self, j: int, it: int) -> None:
@@ -678,7 +687,7 @@ class Engine(FaultsMixin):
         if self._rebalancing and not self._rebalance_pending:
             self._rebalance_pending = True
             self._at(self.now + int(self.policy.rebalance_interval_ns),  # type: ignore[attr-defined]
-                     self._rebalance)
+                     self._rebalance, idle=True)
 
     def _recompute(self) -> None:
         caps = np.where(self._row_hold > self.now, 0.0, np.inf)

@@ -110,7 +110,8 @@ def run(
         prep = prepare(sc, source)
         _warn(source, config_warnings(sc, prep))
         out.print(f"[bold]{sc.name}[/]: {prep.topology.topo.summary()}; "
-                  f"{len(prep.jobs)} jobs" + (f", {len(prep.mice)} mice" if prep.mice else ""),
+                  f"{_count(len(prep.jobs), 'job')}"
+                  + (f", {_count(len(prep.mice), 'mouse', 'mice')}" if prep.mice else ""),
                   highlight=False)
         total_units = sum(j.iterations * len(j.collectives) for j in prep.jobs)
         results = []
@@ -185,6 +186,15 @@ def run(
             _fail("; ".join(failed))
     except FabricpilotError as e:
         _fail(_in_source(str(e), source))
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``n`` things, singular or plural.
+
+    >>> _count(1, "job"), _count(3, "job"), _count(1, "mouse", "mice")
+    ('1 job', '3 jobs', '1 mouse')
+    """
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _in_source(message: str, source: str | None) -> str:
@@ -388,8 +398,8 @@ def validate(
         return
     _warn(source, config_warnings(sc, prep))
     n_gpus = sum(j.n_gpus for j in prep.jobs)
-    out.print(f"{scenario}: ok ({prep.topology.topo.summary()}; {len(prep.jobs)} jobs on "
-              f"{n_gpus} GPUs; policies {', '.join(sc.policies)})", highlight=False)
+    out.print(f"{scenario}: ok ({prep.topology.topo.summary()}; {_count(len(prep.jobs), 'job')} on "
+              f"{_count(n_gpus, 'GPU')}; policies {', '.join(sc.policies)})", highlight=False)
 
 
 MAX_SIZE_BYTES = 1 << 50  # the largest message a sweep takes (1 PiB)

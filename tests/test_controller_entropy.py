@@ -17,6 +17,7 @@ from fabricpilot.controller.entropy import (
     SteerRequest,
     constraints,
     hash_path,
+    hash_paths,
     rules_per_switch,
     steer,
 )
@@ -133,11 +134,16 @@ def test_the_rule_budget_is_respected_and_what_does_not_fit_follows_its_hash() -
     assert twin.switch_rules() == rules_per_switch_of(twin)
     assert max(twin.switch_rules().values()) <= cap
     view = fabric_view(ctx)
+    qps = []
     for rule, _ in twin._rules.values():
         a, b = (int(x) for x in rule.key.split(":")[1].split("->"))
         for path, port, pinned in zip(rule.paths, rule.ports, rule.rules, strict=True):
             if not pinned:  # not pinned: the installed path is the hash path of its port
                 assert path == _twin_path(ctx, a, b, port) == hash_path(view, a, b, port)
+                qps.append((a, b, port, path))
+    # the hash paths of many QPs at once, hop by hop: the same paths
+    src, dst, ports, paths = zip(*qps, strict=True)
+    assert len(qps) > 10 and hash_paths(view, src, dst, ports) == list(paths)
 
 
 def rules_per_switch_of(twin: TaskAware) -> dict[str, int]:
@@ -207,11 +213,18 @@ def test_spilled_demands_are_replanned_on_entropy_paths_only_if_that_loads_less(
             <= ctl._fabric_lambda(_set_load(sets_once, rate), {}) + 1e-9)
     # a demand narrowed to entropy paths keeps only paths that need no rule
     d = demands[0]
-    narrowed = ctl._entropy_only(d)
+    out = ctl._entropy_only(demands, {d.key})
+    narrowed = out[0]
+    assert out[1:] == demands[1:]  # (only the demands asked for)
     a, b = ctl._endpoints[d.key]
     got = steer(fabric_view(ctx), [SteerRequest(a, b, p) for p in narrowed.full_candidates])
     assert all(not s.rules for s in got)
     assert set(narrowed.full_candidates) <= set(d.full_candidates)
+    # narrowed together (one steering of all their candidates) as each one alone
+    some = demands[:12]
+    together = ctl._entropy_only(some, {x.key for x in some})
+    assert together == [ctl._entropy_only([x], {x.key})[0] for x in some]
+    assert any(t != x for t, x in zip(together, some, strict=True))
 
 
 def test_a_failure_resteers_only_the_paths_that_changed() -> None:

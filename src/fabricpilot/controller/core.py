@@ -32,7 +32,7 @@ from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import (
     SteeringTable,
     SteerRequest,
-    hash_path,
+    hash_paths,
     steer,
 )
 from fabricpilot.controller.health import Debouncer, GrayDetector
@@ -1287,7 +1287,7 @@ class Controller:
         check()
         if not report.spilled:
             return plan, sets, report
-        narrowed = [self._entropy_only(d) if d.key in report.spilled else d for d in demands]
+        narrowed = self._entropy_only(demands, report.spilled)
         plan2 = plan_greedy(narrowed, cap, background=background, split=self.parts,
                             checkpoint=check, stop=stop)
         sets2, report2 = self.steer_plan(plan2, self._weight)
@@ -1299,15 +1299,27 @@ class Controller:
             return plan2, sets2, report2
         return plan, sets, report
 
-    def _entropy_only(self, d: Demand) -> Demand:
-        """``d`` with only the candidates some source port reaches without a rule (all of
-        them if none is)."""
-        a, b = self._endpoints[d.key]
-        full = d.full_candidates
-        got = steer(self.view, [SteerRequest(a, b, p, i) for i, p in enumerate(full)],
-                    max_tries=self.params.steer_tries, table=self._steering_table())
-        free = tuple(p for p, s in zip(full, got, strict=True) if not s.rules)
-        return replace(d, candidates=free, head=(), tail=()) if free else d
+    def _entropy_only(self, demands: list[Demand], keys: set[str]) -> list[Demand]:
+        """``demands``, those of ``keys`` with only the candidates some source port reaches
+        without a rule (all of them if none is); their candidates are steered together."""
+        todo = [i for i, d in enumerate(demands) if d.key in keys]
+        requests: list[SteerRequest] = []
+        fulls = []
+        for i in todo:
+            d = demands[i]
+            a, b = self._endpoints[d.key]
+            fulls.append(full := d.full_candidates)
+            requests.extend(SteerRequest(a, b, p, c) for c, p in enumerate(full))
+        if not requests:
+            return demands
+        got = iter(steer(self.view, requests, max_tries=self.params.steer_tries,
+                         table=self._steering_table()))
+        out = list(demands)
+        for i, full in zip(todo, fulls, strict=True):
+            free = tuple(p for p in full if not next(got).rules)
+            if free:
+                out[i] = replace(demands[i], candidates=free, head=(), tail=())
+        return out
 
     def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int,
                  background: dict[int, float] | None = None) -> PlanReport:
@@ -2394,6 +2406,7 @@ class Controller:
         if needy:
             owner = np.repeat(np.arange(len(keys)), n_per_key)
             key_of = {r: keys[int(owner[r])] for r in needy}
+            hashed: list[int] = []  # (they take the path their port hashes to)
             for r in sorted(needy, key=lambda r: (-weight.get(key_of[r], 0.0), r)):
                 need = Counter(sw for sw, _ in rules[r])
                 if all(used[sw] + n <= cap for sw, n in need.items()):
@@ -2402,7 +2415,11 @@ class Controller:
                     unpinned += 1
                     spilled.add(key_of[r])
                     rules[r] = ()
-                    paths[r] = hash_path(self.view, int(src[r]), int(dst[r]), ports[r])
+                    hashed.append(r)
+            for r, p in zip(hashed, hash_paths(self.view, src[hashed].tolist(),
+                                               dst[hashed].tolist(),
+                                               [ports[r] for r in hashed]), strict=True):
+                paths[r] = p
         if unpinned:
             all_paths = tuple(paths)
         all_ports, all_rules = tuple(ports), tuple(rules)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numba
@@ -573,30 +574,48 @@ def steer(view: FabricView, requests: list[SteerRequest], *, max_tries: int = 10
 
 def hash_path(view: FabricView, src: int, dst: int, port: int) -> tuple[int, ...]:
     """The path the switches' hashes give a QP with source ``port`` (no rules): what a
-    request that could not be steered or pinned actually takes."""
+    request that could not be steered or pinned actually takes (:func:`hash_paths` of
+    one QP)."""
+    return hash_paths(view, [src], [dst], [port])[0]
+
+
+def hash_paths(view: FabricView, src: Sequence[int], dst: Sequence[int],
+               port: Sequence[int]) -> list[tuple[int, ...]]:
+    """:func:`hash_path` of many QPs (``src[i]``, ``dst[i]``, ``port[i]``), hop by hop for
+    all of them at once: one vectorised CRC of each hop's hash prefix instead of one per QP
+    and hop."""
     spec = view.ecmp
     if spec is None:
         raise ValueError("the data plane does not describe its ECMP hash")
-    g = view.graph
-    a, b = view.gpu_node[src], view.gpu_node[dst]
-    leaf = spec.gpu_leaf[dst]
-    first = spec.gpu_leaf[src]
-    path = [view.link_between(a, first)]
-    cur = first
-    while cur != leaf:
-        group = spec.groups[(cur, leaf)]
-        seed = switch_seed(spec.base_seed, np.array([spec.switch_index[cur]]),
+    n = len(src)
+    if not n:
+        return []
+    gpu_node, links = view.gpu_node, view.links
+    cur = [spec.gpu_leaf[a] for a in src]
+    last = [spec.gpu_leaf[b] for b in dst]
+    paths = [[view.link_between(gpu_node[a], sw)] for a, sw in zip(src, cur, strict=True)]
+    src_ip, dst_ip = gpu_ip(np.asarray(src)), gpu_ip(np.asarray(dst))
+    ports = np.asarray(port, np.int64)
+    todo = [i for i in range(n) if cur[i] != last[i]]
+    while todo:
+        rows = np.array(todo, np.int64)
+        seed = switch_seed(spec.base_seed, np.array([spec.switch_index[cur[i]] for i in todo]),
                            spec.per_switch_seed)
-        prefix = crc32_words([(seed, 4), (gpu_ip(np.array([src])), 4),
-                              (gpu_ip(np.array([dst])), 4), (np.array([UDP_PROTO]), 1)])
-        rot = int(seed[0] % 32) if spec.per_switch_seed else 0
-        h = _switch_hash(np.uint32(prefix[0] ^ np.uint32(0xFFFFFFFF)), np.int64(port),
-                         np.int64(rot), CRC32_TABLE)
-        link = group[int(h) % len(group)]
-        path.append(link)
-        cur = view.links[link].dst
-    path.append(int(g[leaf][b]["link_id"]))
-    return tuple(path)
+        prefix = crc32_words([(seed, 4), (src_ip[rows], 4), (dst_ip[rows], 4),
+                              (np.full(len(rows), UDP_PROTO), 1)]) ^ np.uint32(0xFFFFFFFF)
+        rot = (seed % np.uint64(32)).astype(np.int64) if spec.per_switch_seed else \
+            np.zeros(len(rows), np.int64)
+        for i, pre, r, p in zip(todo, prefix.tolist(), rot.tolist(), ports[rows].tolist(),
+                                strict=True):
+            group = spec.groups[(cur[i], last[i])]
+            h = _switch_hash(np.uint32(pre), np.int64(p), np.int64(r), CRC32_TABLE)
+            link = group[int(h) % len(group)]
+            paths[i].append(link)
+            cur[i] = links[link].dst
+        todo = [i for i in todo if cur[i] != last[i]]
+    g = view.graph
+    return [(*p, int(g[sw][gpu_node[b]]["link_id"]))
+            for p, sw, b in zip(paths, last, dst, strict=True)]
 
 
 def rules_per_switch(steerings: list[Steering]) -> Counter[str]:

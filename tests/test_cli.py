@@ -293,3 +293,20 @@ def test_topology_export_round_trips_through_a_scenario(tmp_path: Path) -> None:
     res = cli("validate", str(path))
     assert res.returncode == 0, res.stderr
     assert "128 GPUs" in res.stdout
+
+
+def test_fractions_above_ideal_are_named() -> None:
+    """The comparison's fractions above 100 % (ideal is no bound per job, nor against PFC
+    under the fluid model) are listed, beyond a 1 % margin; the reference itself never."""
+    from types import SimpleNamespace
+
+    from fabricpilot.report import above_reference
+
+    def run(policy: str, busbw: dict[str, float]) -> SimpleNamespace:
+        return SimpleNamespace(policy=policy, jobs=[SimpleNamespace(name=j) for j in busbw],
+                               mean_busbw_GBps=busbw.__getitem__)
+
+    ideal = run("ideal", {"a": 10.0, "b": 20.0, "c": 0.0})
+    ecmp = run("ecmp", {"a": 21.3, "b": 20.1, "c": 5.0})  # b: within 1 %; c: no reference
+    assert above_reference([ecmp, ideal], ideal) == ["a under ecmp (213.0%)"]  # type: ignore[list-item]
+    assert above_reference([ecmp], None) == []  # type: ignore[list-item]

@@ -84,6 +84,8 @@ def run(
 ) -> None:
     """Run one or several routing policies on a scenario and compare them."""
     from fabricpilot.report import (
+        ABOVE_REFERENCE,
+        above_reference,
         comparison_table,
         controller_line,
         fabric_table,
@@ -135,6 +137,10 @@ def run(
                             task, completed=offset[job] + d))
         reference = results[runs.index("ideal")]
         out.print(comparison_table(shown, reference))
+        above = above_reference(shown, reference)
+        if above:
+            out.print(f"above ideal: {escape(', '.join(above))}; {ABOVE_REFERENCE}",
+                      highlight=False, soft_wrap=True)
         out.print(fabric_table(shown))
         faults = fault_table(shown)
         if faults is not None:

@@ -1,6 +1,8 @@
 """Reports: terminal tables now; plots and HTML reports build on the same results."""
 
 from fabricpilot.report.tables import (
+    ABOVE_REFERENCE,
+    above_reference,
     comparison_table,
     controller_line,
     fabric_table,
@@ -10,6 +12,8 @@ from fabricpilot.report.tables import (
 )
 
 __all__ = [
+    "ABOVE_REFERENCE",
+    "above_reference",
     "comparison_table",
     "controller_line",
     "fabric_table",

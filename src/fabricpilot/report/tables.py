@@ -44,6 +44,29 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
     return table
 
 
+def above_reference(results: Sequence[RunResult], reference: RunResult | None,
+                    margin: float = 0.01) -> list[str]:
+    """``"<job> under <policy> (<fraction>)"`` for every job whose busbw under a policy
+    passes ``reference``'s (``ideal``) by more than ``margin``: the comparison table's
+    fractions above 100 %, which :data:`ABOVE_REFERENCE` explains."""
+    if reference is None:
+        return []
+    out = []
+    for job in results[0].jobs:
+        ref = reference.mean_busbw_GBps(job.name)
+        for r in results:
+            busbw = r.mean_busbw_GBps(job.name)
+            if r is not reference and ref > 0 and busbw > ref * (1 + margin):
+                out.append(f"{job.name} under {r.policy} ({busbw / ref:.1%})")
+    return out
+
+
+ABOVE_REFERENCE = (
+    "ideal spreads every flow evenly over every path: the best for the fabric as a whole, "
+    "not a bound for each job (a job can gain when collisions slow the others down) nor, "
+    "under the fluid model, against PFC (spraying an incast spreads its pauses)")
+
+
 def format_interference(ratio: float | None) -> str:
     """An interference ratio as the tables show it; "-" when it was not measured.
 

@@ -279,9 +279,9 @@ class FluidRateModel:
         self._apply_pending_pauses()
         sent = self._inject(m, dt)
         served_lp, delivered = self._serve(m, dt)
-        # a NIC holds about one base step of each QP's bytes; what the port could not send in
-        # this step stays with the QP (back-pressure), however long the step
-        fk.nic_hold(m.backlog, m.injected, sent, m.hold_bytes)
+        # a NIC port holds about one base step of bytes over all its QPs; what it could not
+        # send in this step stays with the QPs (back-pressure), however long the step
+        fk.nic_hold(m.backlog, m.injected, sent, m.first_port, m.hold_bytes)
         self._pfc(m, dt)
         self._mark(m, served_lp, delivered, dt)
         if self.cc.enabled:
@@ -650,7 +650,8 @@ class _Members:
     cell_lossy: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     pfc_watch: NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), bool))
     cell_marks: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
-    hold_bytes: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    first_port: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    hold_bytes: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))  # per ulink
     cell_switch: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     ulink_rate: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     half_rtt: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
@@ -726,8 +727,9 @@ class _Members:
             half_rtt=delay.astype(np.float64),
             cell_marks=np.repeat(model._src_is_switch[ulinks], width),
             cell_switch=np.repeat(ct.switch_of_node[ct.link_src[ulinks]], width).astype(np.int64),
-            # a NIC holds about one base step of each QP's bytes
-            hold_bytes=line * model.fp.step_ns / 8.0,
+            # a NIC port holds about one base step of bytes (over all its QPs)
+            first_port=link_pos[safe[:, 0]],
+            hold_bytes=ct.rate_gbps[ulinks].astype(np.float64) * model.fp.step_ns / 8.0,
             # ingresses that may send PFC: a switch receiving a lossless priority
             pfc_watch=model._dst_is_switch[ulinks][:, None] & model._lossless[uprios][None, :],
         )

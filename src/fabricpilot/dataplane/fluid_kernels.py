@@ -508,13 +508,29 @@ def nic_hold(
     back: NDArray[np.float64],
     injected: NDArray[np.float64],
     sent: NDArray[np.float64],
+    port: NDArray[np.int64],
     hold_bytes: NDArray[np.float64],
 ) -> None:
-    """A NIC holds at most ``hold_bytes`` of each member: what its port could not send stays
-    with the QP (back-pressure, un-injected), however long the step."""
+    """A NIC port holds at most ``hold_bytes[port]`` over all the members it sends (about one
+    base step at line rate: the NIC's transmit pipeline, not a queue per QP, which would
+    stand many QPs' worth of bytes in front of every byte); what it could not send stays with
+    the QPs (back-pressure, un-injected), however long the step, each member keeping a share
+    of the hold in proportion to what it had there.
+
+    Two members of one port with 300 and 100 bytes held, 200 allowed: 150 and 50 stay.
+
+    >>> b = np.array([[300.0], [100.0]]); inj = np.array([300.0, 100.0]); s = inj.copy()
+    >>> nic_hold(b, inj, s, np.zeros(2, np.int64), np.array([200.0]))
+    >>> b[:, 0].tolist(), inj.tolist(), s.tolist()
+    ([150.0, 50.0], [150.0, 50.0], [150.0, 50.0])
+    """
+    total = np.zeros(hold_bytes.shape[0])
     for i in range(back.shape[0]):
-        excess = back[i, 0] - hold_bytes[i]
-        if excess > 0.0:
+        total[port[i]] += back[i, 0]
+    for i in range(back.shape[0]):
+        t = total[port[i]]
+        if t > hold_bytes[port[i]]:
+            excess = back[i, 0] * (1.0 - hold_bytes[port[i]] / t)
             back[i, 0] -= excess
             injected[i] -= excess
             sent[i] -= excess

@@ -4,6 +4,7 @@ every example scenario runs, and nccl-test prints nccl-tests' layout with consis
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,14 @@ def test_out_dir_writes_tables(tmp_path: Path) -> None:
     assert flows[0].startswith("job,iteration")
     # 2 iterations x 8*7 AlltoAll pairs + the mice (1 ms at 100k/s: ~100)
     assert 2 * 56 + 50 < len(flows) - 1 < 2 * 56 + 160
+    # the plots and the page that shows them, with every policy and only files that exist
+    page = (tmp_path / "t" / "report.html").read_text()
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert {"plots/busbw.png", "plots/slowdown_cdf.png", "plots/link_utilization.png",
+            "plots/iterations.png"} <= set(images)
+    for image in images:
+        assert (tmp_path / "t" / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert '<a href="ecmp/">' in page and '<a href="ideal/">' in page
 
 
 def _bad(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]

@@ -92,6 +92,7 @@ def run(
         fault_table,
         pfc_event_lines,
     )
+    from fabricpilot.report.plots import write_report
     from fabricpilot.results import summary_json, write_tables
     from fabricpilot.runner import config_warnings, interference, prepare, run_policy
 
@@ -175,6 +176,7 @@ def run(
             try:
                 for r in shown:
                     write_tables(r, out_dir / r.policy)
+                write_report(shown, reference, out_dir)
             except OSError as e:
                 failed.append(f"--out: cannot write {e.filename or out_dir}: {e.strerror or e}")
                 out_dir = None
@@ -187,7 +189,8 @@ def run(
                               f"{sc.fabric.fluid.sample_interval_ns / 1e3:g} us; the run needed "
                               f"more than fabric.fluid.max_timeseries_rows="
                               f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False)
-            out.print(f"tables written to {out_dir}/<policy>/")
+            out.print(f"tables written to {out_dir}/<policy>/, plots and report to "
+                      f"{out_dir}/report.html")
         if failed:
             _fail("; ".join(failed))
     except FabricpilotError as e:

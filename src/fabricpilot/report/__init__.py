@@ -1,4 +1,5 @@
-"""Reports: terminal tables now; plots and HTML reports build on the same results."""
+"""Reports: terminal tables (:mod:`~fabricpilot.report.tables`), and plots with an HTML page
+(:mod:`~fabricpilot.report.plots`, written by ``run --out``), from the same results."""
 
 from fabricpilot.report.tables import (
     ABOVE_REFERENCE,

@@ -1,0 +1,306 @@
+"""Plots that compare the policies of one run (matplotlib, PNG) and the HTML page that shows
+them with the comparison's figures: what ``fabricpilot run --out DIR`` writes next to each
+policy's CSV tables (``DIR/report.html``, ``DIR/plots/*.png``).
+
+The data behind each plot comes from a small pure function (``busbw_by_job``,
+``slowdown_cdf``, ``fabric_utilization``, ``iteration_times``, ``queued_bytes``), so what a
+plot shows can be checked without reading pixels.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fabricpilot.report.tables import ABOVE_REFERENCE, above_reference
+from fabricpilot.results import RunResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# one colour per policy, the same in every plot (matplotlib's tab10, in a fixed order)
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+
+# ------------------------------------------------------------------------- the data
+def busbw_by_job(results: Sequence[RunResult]) -> dict[str, dict[str, float]]:
+    """Per job, per policy: the job's busbw (GB/s, :meth:`RunResult.mean_busbw_GBps`).
+
+    >>> busbw_by_job([])
+    {}
+    """
+    if not results:
+        return {}
+    return {job.name: {r.policy: r.mean_busbw_GBps(job.name) for r in results}
+            for job in results[0].jobs}
+
+
+def slowdown_cdf(slowdowns: NDArray[np.float64]) -> tuple[NDArray[np.float64],
+                                                          NDArray[np.float64]]:
+    """The empirical CDF of FCT slowdowns: the sorted values and, for each, the fraction of
+    flows at or below it.
+
+    >>> x, y = slowdown_cdf(np.array([3.0, 1.0, 2.0, 1.0]))
+    >>> x.tolist(), y.tolist()
+    ([1.0, 1.0, 2.0, 3.0], [0.25, 0.5, 0.75, 1.0])
+    """
+    x = np.sort(np.asarray(slowdowns, np.float64))
+    return x, np.arange(1, len(x) + 1) / max(len(x), 1)
+
+
+def fabric_utilization(result: RunResult) -> NDArray[np.float64]:
+    """The mean utilisation over the run of every fabric (switch-to-switch) link, sorted;
+    of every link if the topology names none so."""
+    util = result.link_utilization()
+    kinds = np.asarray(result.link_kind)
+    fabric = kinds == "fabric"
+    return np.sort(util[fabric] if fabric.any() else util)
+
+
+def iteration_times(result: RunResult) -> dict[str, list[float]]:
+    """Per job, its iterations' times in ms, in iteration order."""
+    return {job.name: [(i.end_ns - i.start_ns) / 1e6 for i in result.job_iterations(job.name)]
+            for job in result.jobs}
+
+
+def queued_bytes(result: RunResult) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The fluid model's sampled queues in switch buffers: sample times (ms) and the bytes
+    queued at each over all switch ports (the NICs' own send queues left out: there the
+    model holds what the QPs are about to send); empty arrays for a flow-level run or no
+    samples."""
+    rep = result.model_report
+    if rep is None or not len(rep.timeseries):
+        return np.zeros(0), np.zeros(0)
+    cols = rep.timeseries.columns()
+    link = np.asarray(cols["link"], np.int64)
+    at_nic = np.array([_NIC_SEND.match(n) is not None for n in result.link_names], np.bool_)
+    keep = ~at_nic[link] if len(at_nic) else np.ones(len(link), np.bool_)
+    t = np.asarray(cols["time_ns"], np.float64)
+    times, inv = np.unique(t, return_inverse=True)
+    total = np.bincount(inv.ravel(), weights=np.where(
+        keep, np.asarray(cols["queue_bytes"], np.float64), 0.0), minlength=len(times))
+    return times / 1e6, total
+
+
+_NIC_SEND = re.compile(r"^gpu\d+->")  # a link out of a GPU (its NIC or NVLink port)
+
+
+# ------------------------------------------------------------------------- the plots
+def _figure(width: float = 7.0, height: float = 3.6) -> tuple[Figure, Any]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    # (no metadata that changes between runs: equal results give equal files)
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def _color(i: int) -> str:
+    return _COLORS[i % len(_COLORS)]
+
+
+def plot_busbw(results: Sequence[RunResult], path: Path) -> Path:
+    """Grouped bars: each job's busbw under each policy."""
+    data = busbw_by_job(results)
+    jobs = list(data)
+    fig, ax = _figure(max(5.0, 1.2 * len(jobs) * max(len(results), 1) / 2 + 3), 3.8)
+    width = 0.8 / max(len(results), 1)
+    x = np.arange(len(jobs))
+    for k, r in enumerate(results):
+        values = [data[j][r.policy] for j in jobs]
+        bars = ax.bar(x + (k - (len(results) - 1) / 2) * width, values, width,
+                      label=r.policy, color=_color(k))
+        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=1)
+    ax.set_xticks(x, jobs)
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title("busbw per job")
+    ax.legend(fontsize=8, ncols=min(len(results), 4))
+    ax.margins(y=0.15)
+    return _save(fig, path)
+
+
+def plot_slowdowns(results: Sequence[RunResult], path: Path) -> Path | None:
+    """The CDF of FCT slowdown per policy: of the mice if there are any, else of the jobs'
+    flows; ``None`` (nothing written) if no flow has one."""
+    which = "mice" if any(len(r.slowdowns("mice")) for r in results) else "jobs"
+    curves = [(r.policy, slowdown_cdf(r.slowdowns(which))) for r in results]
+    if not any(len(x) for _, (x, _) in curves):
+        return None
+    fig, ax = _figure()
+    for k, (policy, (x, y)) in enumerate(curves):
+        if len(x):
+            p99 = float(np.quantile(x, 0.99))
+            ax.step(x, y, where="post", color=_color(k), label=f"{policy} (p99 {p99:.2f})")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # (1, 2, 5, not 2x10^0)
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.set_xlabel("FCT slowdown (FCT / FCT alone)")
+    ax.set_ylabel("fraction of flows")
+    ax.set_title(f"FCT slowdown, {'mice' if which == 'mice' else 'job flows'}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_utilization(results: Sequence[RunResult], path: Path) -> Path:
+    """The CDF of the fabric links' mean utilisation per policy: a policy that spreads its
+    traffic has a steep curve, one that collides a long tail of hot links."""
+    fig, ax = _figure()
+    for k, r in enumerate(results):
+        u = fabric_utilization(r)
+        if len(u):
+            ax.step(u, np.arange(1, len(u) + 1) / len(u), where="post", color=_color(k),
+                    label=f"{r.policy} (max {u[-1]:.0%})")
+    ax.set_xlabel("mean utilisation over the run")
+    ax.set_ylabel("fraction of fabric links")
+    ax.set_title("fabric link utilisation")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_iterations(results: Sequence[RunResult], path: Path) -> Path | None:
+    """Iteration time per iteration, one line per (job, policy); ``None`` (nothing written)
+    if no job runs more than one iteration (the busbw plot says it all then)."""
+    times = [(r.policy, iteration_times(r)) for r in results]
+    if not any(len(v) > 1 for _, t in times for v in t.values()):
+        return None
+    fig, ax = _figure()
+    styles = ("-", "--", ":", "-.")
+    jobs = [j.name for j in results[0].jobs]
+    for k, (policy, per_job) in enumerate(times):
+        for m, job in enumerate(jobs):
+            ms = per_job.get(job, [])
+            if ms:
+                ax.plot(range(len(ms)), ms, styles[m % len(styles)], marker="o", markersize=3,
+                        color=_color(k), label=f"{job}, {policy}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title("iteration times")
+    ax.legend(fontsize=7, ncols=2)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_queues(results: Sequence[RunResult], path: Path) -> Path | None:
+    """Bytes queued in the switches against time, per policy (fluid-model runs); ``None``
+    (nothing written) if no run sampled any."""
+    series = [(r.policy, queued_bytes(r)) for r in results]
+    if not any(len(t) for _, (t, _) in series):
+        return None
+    fig, ax = _figure()
+    for k, (policy, (t, q)) in enumerate(series):
+        if len(t):
+            ax.plot(t, q / 2**20, color=_color(k), label=policy)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("queued in switches (MiB)")
+    ax.set_title("queues (fluid model)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------- the page
+def write_report(results: Sequence[RunResult], reference: RunResult | None,
+                 out_dir: str | Path) -> list[Path]:
+    """Write ``plots/*.png`` and ``report.html`` under ``out_dir``: the plots above and the
+    comparison's figures (per job and policy: iteration time, busbw, fraction of
+    ``reference``'s busbw; per policy: simulated time, mice slowdown, peak fabric
+    utilisation, bytes delivered, faults). Returns the files written."""
+    out = Path(out_dir)
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    made = [plot_busbw(results, plots / "busbw.png"),
+            plot_slowdowns(results, plots / "slowdown_cdf.png"),
+            plot_utilization(results, plots / "link_utilization.png"),
+            plot_iterations(results, plots / "iterations.png"),
+            plot_queues(results, plots / "queues.png")]
+    images = [p for p in made if p is not None]
+    page = out / "report.html"
+    page.write_text(_page(results, reference, images, out), encoding="utf-8")
+    return [*images, page]
+
+
+def _page(results: Sequence[RunResult], reference: RunResult | None, images: list[Path],
+          out: Path) -> str:
+    e = html.escape
+    first = results[0]
+    rows = []
+    for job in first.jobs:
+        ref = reference.mean_busbw_GBps(job.name) if reference is not None else 0.0
+        for k, r in enumerate(results):
+            busbw = r.mean_busbw_GBps(job.name)
+            it_ns = r.mean_iteration_ns(job.name)
+            stopped = job.name in r.aborted and not it_ns > 0
+            frac = f"{busbw / ref:.1%}" if ref > 0 and not stopped else "-"
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+                e(job.name) if k == 0 else "", job.n_gpus if k == 0 else "", e(r.policy),
+                "stopped" if stopped else f"{it_ns / 1e6:.3f}",
+                "-" if stopped else f"{busbw:.1f}", frac)) + "</tr>")
+    fabric = []
+    for r in results:
+        s = r.summary(include_wall_time=False)
+        mice = s["fct_slowdown"]["mice"]
+        util = r.link_peak_util[np.asarray(r.link_kind) == "fabric"]
+        fabric.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+            e(r.policy), f"{r.sim_time_ns / 1e6:.3f}",
+            f"{mice['p50']:.2f}" if mice["count"] else "-",
+            f"{mice['p99']:.2f}" if mice["count"] else "-",
+            f"{float(util.max()):.0%}" if len(util) else "-",
+            f"{r.bytes_delivered / 1e9:.2f} GB", len(r.faults),
+            len(r.aborted))) + "</tr>")
+    figures = "\n".join(
+        f'<figure><img src="{e(p.relative_to(out).as_posix())}" alt="{e(p.stem)}"></figure>'
+        for p in images)
+    tables = ", ".join(f'<a href="{e(r.policy)}/">{e(r.policy)}</a>' for r in results)
+    above = above_reference(results, reference)
+    note = (f"<p>Above ideal: {e(', '.join(above))}; {e(ABOVE_REFERENCE)}.</p>"
+            if above else "")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>fabricpilot: {e(first.scenario)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+td, th {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
+td:first-child, th:first-child {{ text-align: left; }}
+figure {{ display: inline-block; margin: 0.5em; }}
+img {{ max-width: 100%; }}
+</style></head><body>
+<h1>scenario {e(first.scenario)}, seed {first.seed}</h1>
+<p>Policies: {e(", ".join(r.policy for r in results))}. Fractions are of
+{"the <code>ideal</code> run's busbw" if reference is not None else "nothing (no ideal run)"}.
+CSV tables per policy: {tables}.</p>
+<h2>jobs</h2>
+<table><tr><th>job</th><th>GPUs</th><th>policy</th><th>iteration ms</th><th>busbw GB/s</th>
+<th>of ideal</th></tr>
+{"".join(rows)}
+</table>
+{note}
+<h2>fabric</h2>
+<table><tr><th>policy</th><th>sim ms</th><th>mice p50 slowdown</th><th>mice p99 slowdown</th>
+<th>peak fabric util</th><th>delivered</th><th>faults</th><th>jobs stopped</th></tr>
+{"".join(fabric)}
+</table>
+<h2>plots</h2>
+{figures}
+</body></html>
+"""

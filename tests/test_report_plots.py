@@ -1,0 +1,120 @@
+"""The plots' data against figures derived independently, and the report's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fabricpilot.report.plots import (
+    busbw_by_job,
+    fabric_utilization,
+    iteration_times,
+    queued_bytes,
+    slowdown_cdf,
+    write_report,
+)
+from fabricpilot.runner import prepare, run_policy
+from fabricpilot.scenario import scenario_from_dict
+from fabricpilot.workload.plan import Op, busbw_factor
+
+
+@pytest.fixture(scope="module")
+def runs():  # type: ignore[no-untyped-def]
+    """A 16-GPU leaf-spine shared by an AlltoAll and a ring AllReduce (2 iterations), with
+    mice, under ECMP and ideal."""
+    sc = scenario_from_dict({
+        "name": "plots", "seed": 4,
+        "topology": {"kind": "leaf_spine", "hosts": 16, "gpus_per_host": 1,
+                     "nics_per_leaf": 4, "rail_optimized": False},
+        "jobs": [{"name": "a2a", "gpus": 8, "iterations": 2, "compute_ns": "20us",
+                  "collectives": [{"op": "alltoall", "size_bytes": "4MiB"}]},
+                 {"name": "ring", "gpus": 8, "iterations": 2, "compute_ns": "20us",
+                  "collectives": [{"op": "allreduce", "size_bytes": "8MiB"}]}],
+        "mice": {"rate_per_s": 200000, "size_bytes": "16KiB", "duration_ns": "200us"},
+    }, "plots.yaml")
+    prep = prepare(sc, "plots.yaml")
+    return [run_policy(prep, p) for p in ("ecmp", "ideal")]
+
+
+def test_busbw_is_bus_bytes_over_collective_time(runs) -> None:  # type: ignore[no-untyped-def]
+    """nccl-tests' busbw: algbw x factor (AlltoAll (n-1)/n, AllReduce 2(n-1)/n), a job's
+    collectives together: their bus bytes over their time."""
+    data = busbw_by_job(runs)
+    assert set(data) == {"a2a", "ring"}
+    for r in runs:
+        for job, op in (("a2a", Op.ALLTOALL), ("ring", Op.ALLREDUCE)):
+            cs = r.job_collectives(job)
+            assert len(cs) == 2
+            bus_bytes = sum(c.size_bytes * busbw_factor(op, 8) for c in cs)
+            assert data[job][r.policy] == pytest.approx(
+                bus_bytes / sum(c.end_ns - c.start_ns for c in cs), rel=1e-12)
+
+
+def test_fabric_utilization_adds_up_to_the_fabric_bytes(runs) -> None:  # type: ignore[no-untyped-def]
+    for r in runs:
+        u = fabric_utilization(r)
+        fabric = np.asarray(r.link_kind) == "fabric"
+        assert len(u) == fabric.sum() and np.all(np.diff(u) >= 0)
+        # utilisation x capacity x time is the bytes each carried
+        carried = np.sort(r.link_bytes[fabric] * 8.0
+                          / (r.link_capacity_gbps[fabric] * r.sim_time_ns))
+        np.testing.assert_allclose(u, carried, rtol=1e-12)
+        assert 0 < u[-1] <= 1.0
+
+
+def test_iteration_times_and_the_slowdown_cdf(runs) -> None:  # type: ignore[no-untyped-def]
+    r = runs[0]
+    times = iteration_times(r)
+    for job in ("a2a", "ring"):
+        its = r.job_iterations(job)
+        assert times[job] == [(i.end_ns - i.start_ns) / 1e6 for i in its] and len(its) == 2
+    x, y = slowdown_cdf(r.slowdowns("mice"))
+    assert len(x) == len(r.slowdowns("mice")) > 10
+    assert y[-1] == 1.0 and np.all(np.diff(x) >= 0) and x[0] >= 1.0 - 1e-9
+
+
+def test_queued_bytes_sums_the_links_of_each_sample() -> None:
+    ts = _Sized({"time_ns": np.array([1000, 1000, 1000, 2000]),
+                 "link": np.array([0, 1, 2, 1]),
+                 "queue_bytes": np.array([10.0, 20.0, 7.0, 5.0])})
+    # link 2 leaves a GPU: its NIC's send queue, not a switch buffer
+    fake = SimpleNamespace(model_report=SimpleNamespace(timeseries=ts),
+                           link_names=["leaf0->spine0", "spine0->leaf1", "gpu3->leaf0"])
+    t, q = queued_bytes(fake)  # type: ignore[arg-type]
+    assert t.tolist() == [0.001, 0.002] and q.tolist() == [30.0, 5.0]
+    t, q = queued_bytes(SimpleNamespace(model_report=None))  # type: ignore[arg-type]
+    assert len(t) == len(q) == 0
+
+
+class _Sized:
+    """A time series stand-in: its columns and its length (rows)."""
+
+    def __init__(self, cols: dict[str, np.ndarray]) -> None:
+        self._cols = cols
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return self._cols
+
+    def __len__(self) -> int:
+        return len(self._cols["time_ns"])
+
+
+def test_the_report_is_written_and_reproducible(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The page names every policy, the reference's fractions (hand-computed) and only
+    images that exist; the same results give byte-identical files."""
+    first = write_report(runs, runs[1], tmp_path / "a")
+    second = write_report(runs, runs[1], tmp_path / "b")
+    names = sorted(p.relative_to(tmp_path / "a").as_posix() for p in first)
+    assert names == ["plots/busbw.png", "plots/iterations.png", "plots/link_utilization.png",
+                     "plots/slowdown_cdf.png", "report.html"]  # (no queues: flow model)
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes()
+    page = (tmp_path / "a" / "report.html").read_text()
+    ecmp, ideal = runs
+    frac = ecmp.mean_busbw_GBps("a2a") / ideal.mean_busbw_GBps("a2a")
+    assert f"<td>ecmp</td><td>{ecmp.mean_iteration_ns('a2a') / 1e6:.3f}</td>" in page
+    assert f"<td>{frac:.1%}</td>" in page
+    assert page.count("<img ") == 4

@@ -293,6 +293,26 @@ def test_nccl_test_table(tmp_path: Path) -> None:
     assert "Avg bus bandwidth" in res.stdout
 
 
+def test_nccl_test_out_writes_the_sweep_as_printed(tmp_path: Path) -> None:
+    res = cli("nccl-test", "--op", "allgather", "--gpus", "16", "-b", "1M", "-e", "4M",
+              "--out", str(tmp_path / "sweep"))
+    assert res.returncode == 0, res.stderr
+    printed = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
+    lines = (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()
+    assert lines[0] == "size_bytes,count,redop,root,time_us,algbw_GBps,busbw_GBps"
+    written = [ln.split(",") for ln in lines[1:]]
+    assert [w[0] for w in written] == [p[0] for p in printed] == ["1048576", "2097152",
+                                                                  "4194304"]
+    for w, p in zip(written, printed, strict=True):
+        # busbw = algbw x (n-1)/n for AllGather, the same figures as the table's
+        assert float(w[6]) == pytest.approx(float(w[5]) * 15 / 16, rel=1e-5)
+        assert float(w[6]) == pytest.approx(float(p[7]), abs=0.01)
+    assert (tmp_path / "sweep" / "busbw.png").read_bytes()[:4] == b"\x89PNG"
+    bad = cli("nccl-test", "--gpus", "16", "-b", "1M", "-e", "1M",
+              "--out", str(tmp_path / "sweep" / "sweep.csv"))
+    assert bad.returncode != 0 and "--out" in bad.stderr and "is a file" in bad.stderr
+
+
 def test_topology_export_round_trips_through_a_scenario(tmp_path: Path) -> None:
     out = tmp_path / "topo.json"
     assert cli("topology", "export", str(out)).returncode == 0

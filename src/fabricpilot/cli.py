@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, get_args
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.console import Console
@@ -447,6 +447,9 @@ def nccl_test(
     oversubscription: Annotated[float, typer.Option(help="Leaf down:up ratio.")] = 1.0,
     algorithm: Annotated[str, typer.Option(help="auto, ring, hierarchical, flat")] = "auto",
     seed: Annotated[int, typer.Option()] = 1,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Also write sweep.csv and busbw.png (busbw and algbw against the "
+                      "message size) here.")] = None,
 ) -> None:
     """nccl-tests-style sweep of one collective over message sizes on a built-in cluster."""
     from fabricpilot.nccltests import (
@@ -474,6 +477,8 @@ def nccl_test(
         _number(oversubscription, "--oversubscription", low=0, high=64)
         if seed < 0:
             _fail(f"--seed: must be >= 0, got {seed}")
+        if out_dir is not None:
+            _check_outputs(None, out_dir)
         sizes = sweep_sizes(_size(min_bytes, "--min-bytes"), _size(max_bytes, "--max-bytes"),
                             step_factor)
         ct = default_cluster(gpus, gpus_per_host, rate_gbps, oversubscription)
@@ -484,8 +489,33 @@ def nccl_test(
         rows = run_sweep(ct, op, sizes, policy, algorithm=algorithm, seed=seed,
                          on_size=lambda r: print(format_row(r), flush=True))
         print(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {average_busbw(rows):g}")
+        if out_dir is not None:
+            title = f"{op}, {gpus} GPUs, {rate_gbps:g} Gb/s, policy {policy}\n{ct.topo.summary()}"
+            try:
+                _write_sweep(out_dir, rows, title, rate_gbps / 8.0)
+            except OSError as e:
+                _fail(f"--out: cannot write {e.filename or out_dir}: {e.strerror or e}")
+            print(f"# sweep written to {out_dir}/sweep.csv and {out_dir}/busbw.png")
     except (FabricpilotError, ValueError) as e:
         _fail(str(e))
+
+
+def _write_sweep(out_dir: Path, rows: list[Any], title: str, nic_GBps: float) -> None:
+    """``sweep.csv`` (one row per size, nccl-tests' columns) and ``busbw.png``."""
+    import csv
+
+    from fabricpilot.report.plots import plot_sweep
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "sweep.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["size_bytes", "count", "redop", "root", "time_us", "algbw_GBps",
+                    "busbw_GBps"])
+        for r in rows:
+            w.writerow([r.size_bytes, r.count, r.redop, r.root, f"{r.time_us:.6g}",
+                        f"{r.algbw_GBps:.6g}", f"{r.busbw_GBps:.6g}"])
+    plot_sweep([r.size_bytes for r in rows], [r.busbw_GBps for r in rows],
+               [r.algbw_GBps for r in rows], title, out_dir / "busbw.png", nic_GBps)
 
 
 @topology_app.command("show")

@@ -218,6 +218,33 @@ def plot_queues(results: Sequence[RunResult], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_sweep(sizes_bytes: Sequence[int], busbw_GBps: Sequence[float],
+               algbw_GBps: Sequence[float], title: str, path: Path,
+               bound_GBps: float | None = None) -> Path:
+    """An nccl-tests sweep: busbw and algbw against the message size (log scale), with the
+    link-rate bound if given."""
+    from matplotlib.ticker import FuncFormatter
+
+    from fabricpilot.units import format_bytes
+
+    fig, ax = _figure()
+    ax.plot(sizes_bytes, busbw_GBps, marker="o", markersize=3, color=_color(0), label="busbw")
+    ax.plot(sizes_bytes, algbw_GBps, marker="s", markersize=3, color=_color(1), ls="--",
+            label="algbw")
+    if bound_GBps is not None:
+        ax.axhline(bound_GBps, color="#555555", lw=0.8, ls=":",
+                   label=f"NIC rate ({bound_GBps:g} GB/s)")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(int(v))))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("message size")
+    ax.set_ylabel("GB/s")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
 # ------------------------------------------------------------------------- the page
 def write_report(results: Sequence[RunResult], reference: RunResult | None,
                  out_dir: str | Path) -> list[Path]:

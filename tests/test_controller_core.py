@@ -451,6 +451,31 @@ def test_a_link_back_gets_traffic_again_at_the_next_control_period() -> None:
     assert solves == [] and len(dp.installed) == n + 1
 
 
+def test_a_link_back_is_given_back_to_the_switches_at_once() -> None:
+    """A dead link is pushed to the switches at weight 0 (never chosen while another port
+    is eligible); when it comes back its entry is pushed again at once, at the map's
+    weight (neutral: 1), not left at 0 until some later full table (the switches' adaptive
+    routing would keep shunning a live link, and a stream with no other way would be taken
+    for cut off)."""
+    dp = TelemetryPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    v = dp.view
+    up = v.link_between("leaf0", "spine1")
+    ctl.on_links_changed([up], [])
+    assert dp.tables[-1] == {up: 0.0}
+    ctl.on_links_changed([], [up])
+    assert up in dp.tables[-2] and dp.tables[-2][up] == pytest.approx(1.0)
+    merged: dict[int, float] = {}
+    for t in dp.tables:
+        merged.update(t)
+    assert merged[up] == pytest.approx(1.0)  # (what the switches hold now)
+    # a link still gray when it comes back stays shunned
+    ctl.on_links_degraded([up])
+    ctl.on_links_changed([up], [])
+    ctl.on_links_changed([], [up])
+    assert dp.tables[-2][up] == pytest.approx(0.05)
+
+
 def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:
     """The same with a clock (hold-down 1 ms, counted from the first control period that
     sees the link up): up at 0, periods at 0 and 0.5 ms plan nothing; down again (the

@@ -1552,6 +1552,9 @@ class Controller:
             self._up_since.pop(lk, None)
         self._up_since.update(dict.fromkeys(up, now_ns))
         self._links_changed |= bool(down)
+        back = set(up) - self.down
+        if back:  # the switches may use them again (they excluded them while down)
+            self.dp.push_congestion_table(self._table(back))
         report = self._heal("down" if down else "up")
         # jobs cut off may have a path again: plan them (those still cut stay reported)
         if (up and self.partitioned and self.current is not None
@@ -1594,9 +1597,11 @@ class Controller:
         links at most 0.05, dead links 0."""
         table = (self.map.congestion_table() if links is None
                  else {lk: self.map.weight(lk) for lk in links})
-        for lk in self.degraded:
-            table[lk] = min(table[lk], 0.05)
-        for lk in self.down:
+        gray, dead = ((self.degraded, self.down) if links is None
+                      else (self.degraded & links, self.down & links))
+        for lk in gray:
+            table[lk] = min(table.get(lk, 1.0), 0.05)
+        for lk in dead:
             table[lk] = 0.0
         return table
 

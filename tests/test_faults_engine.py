@@ -583,3 +583,29 @@ def test_a_flowlet_does_not_continue_on_a_path_routing_gave_up(tmp_path: Path) -
     assert not r.aborted
     assert len(r.collectives) == sum(j.iterations * len(j.collectives) for j in prep.jobs)
     assert r.bytes_delivered == r.bytes_sent > 0
+
+
+def test_a_stream_its_policy_leaves_on_a_dead_link_is_not_taken_for_cut_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy whose new paths still cross the dead link (here: always the first spine,
+    the one leaf0 lost) does not cut its job off while the live fabric connects every pair:
+    those streams take the path the switches' hash gives them over the live groups, and
+    every byte arrives. (A twin that kept a repaired link excluded stopped a job this way.)"""
+    from fabricpilot.balancing import base
+    from fabricpilot.balancing.ecmp import Ecmp
+    from fabricpilot.topology.paths import walk_paths
+
+    class FirstSpine(Ecmp):
+        def repath(self, job, src, dst, stream):  # type: ignore[no-untyped-def]
+            return walk_paths(self.intact, src, dst, lambda s, sw, r: np.zeros(len(r)))
+
+    def make(ctx):  # type: ignore[no-untyped-def]
+        pol = FirstSpine(ctx)
+        pol.intact = ctx.topology
+        return pol
+
+    monkeypatch.setitem(base.POLICIES, "first-spine", make)
+    r = run_policy(_scenario(tmp_path, [A2A], [DOWN]), "first-spine")
+    assert not r.aborted and r.bytes_delivered == r.bytes_sent > 0
+    (f,) = r.faults
+    assert f["partitioned"] == [] and f["streams_moved"] > 0

@@ -356,6 +356,8 @@ class FaultsMixin:
             job = self._row_owner[r]
             new, failed = self._repath_each(job, src, dst, mem, ct2)
             bad = failed | self._crosses(new, known)
+            if bad.any():  # (a stream is cut off only if the live fabric has no path)
+                self._live_hash_paths(new, bad, src, dst, mem, known)
             if bad.any():
                 cut_rows = distinct(r[bad])
                 keep = ~np.isin(r, cut_rows)  # a stream with no path holds its whole row
@@ -484,6 +486,29 @@ class FaultsMixin:
         path = self._m_path[mem]
         last = np.maximum((path >= 0).sum(axis=1) - 1, 0)
         return gpu_of[path[:, 0]], gpu_to[path[np.arange(len(path)), last]]
+
+    def _live_hash_paths(self, new: NDArray[np.int32], bad: NDArray[np.bool_],
+                         src: NDArray[np.int64], dst: NDArray[np.int64],
+                         mem: NDArray[np.int64], known: NDArray[np.bool_]) -> None:
+        """Members the policy left on a link known down (or with no path) that the live
+        fabric still connects: a hash of the stream over the groups without the links known
+        down, as the switches would forward it (``new`` and ``bad`` updated in place)."""
+        idx = np.flatnonzero(bad)
+        ct = with_links_down(self.ct, known)
+        width = new.shape[1]
+        h = splitmix64(self._m_key[mem[idx]].astype(np.uint64))
+        for i, k in enumerate(idx.tolist()):
+            def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64],
+                       i: int = i) -> NDArray:
+                return splitmix64(h[i:i + 1][rows] ^ switch.astype(np.uint64))
+            try:
+                p = walk_paths(ct, src[k:k + 1], dst[k:k + 1], choose)
+            except TopologyError:
+                continue
+            if not self._crosses(p, known)[0]:
+                new[k] = -1
+                new[k, :min(width, p.shape[1])] = p[0, :width]
+                bad[k] = False
 
     def _crosses(self, paths: NDArray[np.int32], down: NDArray[np.bool_]) -> NDArray[np.bool_]:
         safe = np.where(paths >= 0, paths, 0)

@@ -609,3 +609,20 @@ def test_a_stream_its_policy_leaves_on_a_dead_link_is_not_taken_for_cut_off(
     assert not r.aborted and r.bytes_delivered == r.bytes_sent > 0
     (f,) = r.faults
     assert f["partitioned"] == [] and f["streams_moved"] > 0
+
+
+def test_spraying_is_no_bound_under_a_failure(tmp_path: Path) -> None:
+    """``ideal`` moves every stream to live paths at the fault instant (the bound); a fabric
+    that sprays (``spray``, ``spray-ooo``) keeps spraying onto the dead link until it is
+    detected and routing converges, as its switches would: its share on that link is lost
+    and resent, and the AlltoAll takes longer than under ``ideal``."""
+    prep = _scenario(tmp_path, [A2A], [DOWN])
+    bound = run_policy(prep, "ideal")
+    assert bound.faults[0]["bytes_lost"] == 0
+    for policy in ("spray", "spray-ooo"):
+        r = run_policy(prep, policy)
+        (f,) = r.faults
+        assert f["detection_us"] == pytest.approx(DETECT_NS / 1e3)
+        assert f["bytes_lost"] > 0 and f["bytes_retx"] >= f["bytes_lost"]
+        assert r.bytes_delivered == r.bytes_sent and not r.aborted
+        assert r.collectives[0].end_ns > bound.collectives[0].end_ns

@@ -105,6 +105,9 @@ class SprayOoo(Ideal):
 
     name = "spray-ooo"
     receiver_in_order = False
+    # a fabric that sprays is no bound under faults: its switches keep spraying onto a dead
+    # link until they learn of it, as every switch does (``ideal`` moves at once)
+    instant_reroute = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

@@ -362,7 +362,9 @@ class FaultsMixin:
                 cut_rows = distinct(r[bad])
                 keep = ~np.isin(r, cut_rows)  # a stream with no path holds its whole row
                 keys, new = self._m_key[mem[keep]], new[keep]
-                self._partition(cut_rows, faults)
+                named = {int(x): (int(a), int(b)) for x, a, b in zip(
+                    r[bad].tolist(), src[bad].tolist(), dst[bad].tolist(), strict=True)}
+                self._partition(cut_rows, faults, named)
                 # members may have gone (stopped jobs): find the kept ones again by key
                 pos = np.searchsorted(self._m_key, keys)
                 alive = (pos < len(self._m_key)) & (self._m_key[np.minimum(
@@ -549,10 +551,12 @@ class FaultsMixin:
         self._abort_job(j, f"{why.replace('no path from ', '').replace(' to ', ' -> ')} "
                            "has no path left")
 
-    def _partition(self, rows: NDArray[np.int64], faults: set[int]) -> None:
+    def _partition(self, rows: NDArray[np.int64], faults: set[int],
+                   named: dict[int, tuple[int, int]] | None = None) -> None:
         """Flows with no live path left. If a link comes back later in the run (a repair,
         a flap), their jobs wait for it (the collective hangs on its peers, as NCCL does);
-        otherwise the jobs are stopped and reported."""
+        otherwise the jobs are stopped and reported (``named``: per row, a GPU pair of it
+        found with no path, to name; else a stream of the job's on a dead link)."""
         for f in faults:
             rec = self._records[f]
             for j in sorted(set(self._row_owner[rows].tolist()) - {-1}):
@@ -576,7 +580,10 @@ class FaultsMixin:
             mine = rows[self._row_owner[rows] == j]
             a, b = int(self._row_src[mine[0]]), int(self._row_dst[mine[0]])
             pick = np.flatnonzero(on_dead & np.isin(m_rows, mine))[:1]
-            if len(pick):
+            known = [named[x] for x in mine.tolist() if named and x in named]
+            if known:
+                a, b = known[0]
+            elif len(pick):
                 ma, mb = self._member_endpoints(pick)
                 if ma[0] >= 0 and mb[0] >= 0:
                     a, b = int(ma[0]), int(mb[0])

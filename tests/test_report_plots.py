@@ -117,4 +117,24 @@ def test_the_report_is_written_and_reproducible(runs, tmp_path: Path) -> None:  
     frac = ecmp.mean_busbw_GBps("a2a") / ideal.mean_busbw_GBps("a2a")
     assert f"<td>ecmp</td><td>{ecmp.mean_iteration_ns('a2a') / 1e6:.3f}</td>" in page
     assert f"<td>{frac:.1%}</td>" in page
-    assert page.count("<img ") == 4
+    assert page.count("<img ") == 4 and "<h2>faults" not in page
+
+
+def test_the_report_lists_the_faults(tmp_path: Path) -> None:
+    """With faults, the page has the fault table: detected after the configured delay
+    (100 us), the fault described under it; without faults, none."""
+    sc = scenario_from_dict({
+        "name": "faulty", "seed": 3,
+        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                     "nics_per_leaf": 2, "rail_optimized": False},
+        "jobs": [{"name": "a2a", "gpus": 8, "collectives": [
+            {"op": "alltoall", "size_bytes": "64MiB"}]}],
+        "faults": {"detection_delay_ns": "100us", "convergence_delay_ns": "1ms",
+                   "events": [{"kind": "link_down", "link": "leaf0-spine0", "at_ns": "200us"}]},
+    }, "faulty.yaml")
+    r = run_policy(prepare(sc, "faulty.yaml"), "ecmp")
+    write_report([r], None, tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "<h2>faults" in page and "<td>ecmp</td><td>#0</td><td>100.0</td>" in page
+    assert "#0: link leaf0&lt;-&gt;spine0 down at 200 us" in page
+    assert "of nothing" not in page and "no ideal run" in page

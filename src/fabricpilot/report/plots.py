@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.report.tables import ABOVE_REFERENCE, above_reference
+from fabricpilot.report.tables import ABOVE_REFERENCE, _us, above_reference
 from fabricpilot.results import RunResult
+from fabricpilot.units import format_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -294,6 +295,7 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
             f"{float(util.max()):.0%}" if len(util) else "-",
             f"{r.bytes_delivered / 1e9:.2f} GB", len(r.faults),
             len(r.aborted))) + "</tr>")
+    faults = _faults_html(results)
     figures = "\n".join(
         f'<figure><img src="{e(p.relative_to(out).as_posix())}" alt="{e(p.stem)}"></figure>'
         for p in images)
@@ -327,7 +329,34 @@ CSV tables per policy: {tables}.</p>
 <th>peak fabric util</th><th>delivered</th><th>faults</th><th>jobs stopped</th></tr>
 {"".join(fabric)}
 </table>
+{faults}
 <h2>plots</h2>
 {figures}
 </body></html>
 """
+
+
+def _faults_html(results: Sequence[RunResult]) -> str:
+    """The faults' figures per policy (as the CLI's fault table), or nothing."""
+    if not any(r.faults for r in results):
+        return ""
+    e = html.escape
+    rows, labels = [], {}
+    for r in results:
+        for f in r.faults:
+            labels[f["fault_id"]] = f["label"]
+            stall = f["job_stall_us"]
+            worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
+            cells = (e(r.policy), f"#{f['fault_id']}", _us(f["detection_us"]),
+                     _us(f["reroute_us"]), _us(f["recovery_us"]),
+                     format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
+                     format_bytes(float(f["bytes_retx"])), _us(worst),  # type: ignore[arg-type]
+                     f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
+                     e(", ".join(f["partitioned"]) or "-"))  # type: ignore[arg-type]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{c}</th>" for c in (
+        "policy", "fault", "detected", "rerouted", "recovered", "lost", "resent",
+        "worst stall", "GPU-s lost", "cut off"))
+    legend = "; ".join(f"#{k}: {e(str(v))}" for k, v in labels.items())
+    return (f"<h2>faults (times in us after the fault)</h2>\n<table><tr>{head}</tr>\n"
+            f"{''.join(rows)}\n</table>\n<p>{legend}</p>")

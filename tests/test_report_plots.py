@@ -138,3 +138,17 @@ def test_the_report_lists_the_faults(tmp_path: Path) -> None:
     assert "<h2>faults" in page and "<td>ecmp</td><td>#0</td><td>100.0</td>" in page
     assert "#0: link leaf0&lt;-&gt;spine0 down at 200 us" in page
     assert "of nothing" not in page and "no ideal run" in page
+
+
+def test_the_report_carries_interference_and_the_controller_line(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    ecmp = replace(runs[0], interference={"a2a": 1.25, "ring": 1.0},
+                   controller={"qps_steered": 90, "qps_pinned": 6, "qps_unpinned": 0,
+                               "switch_rules_max": 4, "switch_rule_capacity": 4096,
+                               "control_periods": 12, "replans": 1, "fuse_trips": 0})
+    write_report([ecmp, runs[1]], runs[1], tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "<th>interference</th>" in page and "<td>1.250x</td>" in page
+    assert "<td>-</td></tr>" in page  # (ideal's run measured none)
+    assert "ecmp controller: 90 QPs steered by source port, 6 pinned by rules" in page

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.report.tables import ABOVE_REFERENCE, _us, above_reference
+from fabricpilot.report.tables import (
+    ABOVE_REFERENCE,
+    _us,
+    above_reference,
+    controller_line,
+    format_interference,
+)
 from fabricpilot.results import RunResult
 from fabricpilot.units import format_bytes
 
@@ -271,6 +277,7 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
           out: Path) -> str:
     e = html.escape
     first = results[0]
+    with_ratio = any(r.interference for r in results)
     rows = []
     for job in first.jobs:
         ref = reference.mean_busbw_GBps(job.name) if reference is not None else 0.0
@@ -279,10 +286,12 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
             it_ns = r.mean_iteration_ns(job.name)
             stopped = job.name in r.aborted and not it_ns > 0
             frac = f"{busbw / ref:.1%}" if ref > 0 and not stopped else "-"
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
-                e(job.name) if k == 0 else "", job.n_gpus if k == 0 else "", e(r.policy),
-                "stopped" if stopped else f"{it_ns / 1e6:.3f}",
-                "-" if stopped else f"{busbw:.1f}", frac)) + "</tr>")
+            cells = [e(job.name) if k == 0 else "", job.n_gpus if k == 0 else "",
+                     e(r.policy), "stopped" if stopped else f"{it_ns / 1e6:.3f}",
+                     "-" if stopped else f"{busbw:.1f}", frac]
+            if with_ratio:
+                cells.append(format_interference(r.interference.get(job.name)))
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     fabric = []
     for r in results:
         s = r.summary(include_wall_time=False)
@@ -296,6 +305,7 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
             f"{r.bytes_delivered / 1e9:.2f} GB", len(r.faults),
             len(r.aborted))) + "</tr>")
     faults = _faults_html(results)
+    controllers = "".join(f"<p>{e(controller_line(r))}</p>" for r in results if r.controller)
     figures = "\n".join(
         f'<figure><img src="{e(p.relative_to(out).as_posix())}" alt="{e(p.stem)}"></figure>'
         for p in images)
@@ -320,7 +330,7 @@ img {{ max-width: 100%; }}
 CSV tables per policy: {tables}.</p>
 <h2>jobs</h2>
 <table><tr><th>job</th><th>GPUs</th><th>policy</th><th>iteration ms</th><th>busbw GB/s</th>
-<th>of ideal</th></tr>
+<th>of ideal</th>{"<th>interference</th>" if with_ratio else ""}</tr>
 {"".join(rows)}
 </table>
 {note}
@@ -329,6 +339,7 @@ CSV tables per policy: {tables}.</p>
 <th>peak fabric util</th><th>delivered</th><th>faults</th><th>jobs stopped</th></tr>
 {"".join(fabric)}
 </table>
+{controllers}
 {faults}
 <h2>plots</h2>
 {figures}

@@ -10,10 +10,10 @@ import pytest
 
 from fabricpilot.report.plots import (
     busbw_by_job,
+    ecdf,
     fabric_utilization,
     iteration_times,
     queued_bytes,
-    slowdown_cdf,
     write_report,
 )
 from fabricpilot.runner import prepare, run_policy
@@ -71,7 +71,7 @@ def test_iteration_times_and_the_slowdown_cdf(runs) -> None:  # type: ignore[no-
     for job in ("a2a", "ring"):
         its = r.job_iterations(job)
         assert times[job] == [(i.end_ns - i.start_ns) / 1e6 for i in its] and len(its) == 2
-    x, y = slowdown_cdf(r.slowdowns("mice"))
+    x, y = ecdf(r.slowdowns("mice"))
     assert len(x) == len(r.slowdowns("mice")) > 10
     assert y[-1] == 1.0 and np.all(np.diff(x) >= 0) and x[0] >= 1.0 - 1e-9
 

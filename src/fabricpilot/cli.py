@@ -502,18 +502,11 @@ def nccl_test(
 
 def _write_sweep(out_dir: Path, rows: list[Any], title: str, nic_GBps: float) -> None:
     """``sweep.csv`` (one row per size, nccl-tests' columns) and ``busbw.png``."""
-    import csv
-
+    from fabricpilot.nccltests import write_sweep_csv
     from fabricpilot.report.plots import plot_sweep
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "sweep.csv").open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["size_bytes", "count", "redop", "root", "time_us", "algbw_GBps",
-                    "busbw_GBps"])
-        for r in rows:
-            w.writerow([r.size_bytes, r.count, r.redop, r.root, f"{r.time_us:.6g}",
-                        f"{r.algbw_GBps:.6g}", f"{r.busbw_GBps:.6g}"])
+    write_sweep_csv(rows, out_dir / "sweep.csv")
     plot_sweep([r.size_bytes for r in rows], [r.busbw_GBps for r in rows],
                [r.algbw_GBps for r in rows], title, out_dir / "busbw.png", nic_GBps)
 

@@ -8,8 +8,10 @@ AllGather / ReduceScatter; like nccl-tests, sizes are rounded down to a multiple
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -129,3 +131,17 @@ def format_row(row: SweepRow) -> str:
 
 def average_busbw(rows: list[SweepRow]) -> float:
     return float(np.mean([r.busbw_GBps for r in rows])) if rows else 0.0
+
+
+SWEEP_CSV_COLUMNS = ("size_bytes", "count", "redop", "root", "time_us", "algbw_GBps",
+                     "busbw_GBps")
+
+
+def write_sweep_csv(rows: list[SweepRow], path: Path) -> None:
+    """The sweep as CSV: one row per size under :data:`SWEEP_CSV_COLUMNS`."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(SWEEP_CSV_COLUMNS)
+        for r in rows:
+            w.writerow([r.size_bytes, r.count, r.redop, r.root, f"{r.time_us:.6g}",
+                        f"{r.algbw_GBps:.6g}", f"{r.busbw_GBps:.6g}"])

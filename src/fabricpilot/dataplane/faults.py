@@ -91,6 +91,18 @@ class FaultRecord:
         }
 
 
+def _hash_walk(ct: Any, src: NDArray[np.int64], dst: NDArray[np.int64],
+               key: NDArray[np.int64]) -> NDArray[np.int32]:
+    """Paths for streams (``key``: each one's member key) by a hash of the stream at every
+    switch of ``ct``, as its ECMP groups would forward it."""
+    h = splitmix64(key.astype(np.uint64))
+
+    def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64]) -> NDArray:
+        return splitmix64(h[rows] ^ switch.astype(np.uint64))
+
+    return walk_paths(ct, src, dst, choose)
+
+
 class FaultsMixin:
     """The engine's fault handling (see the module docstring). Mixed into
     :class:`~fabricpilot.dataplane.engine.Engine`, whose row and member arrays it reads."""
@@ -495,16 +507,11 @@ class FaultsMixin:
         """Members the policy left on a link known down (or with no path) that the live
         fabric still connects: a hash of the stream over the groups without the links known
         down, as the switches would forward it (``new`` and ``bad`` updated in place)."""
-        idx = np.flatnonzero(bad)
         ct = with_links_down(self.ct, known)
         width = new.shape[1]
-        h = splitmix64(self._m_key[mem[idx]].astype(np.uint64))
-        for i, k in enumerate(idx.tolist()):
-            def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64],
-                       i: int = i) -> NDArray:
-                return splitmix64(h[i:i + 1][rows] ^ switch.astype(np.uint64))
+        for k in np.flatnonzero(bad).tolist():
             try:
-                p = walk_paths(ct, src[k:k + 1], dst[k:k + 1], choose)
+                p = _hash_walk(ct, src[k:k + 1], dst[k:k + 1], self._m_key[mem[k:k + 1]])
             except TopologyError:
                 continue
             if not self._crosses(p, known)[0]:
@@ -525,12 +532,7 @@ class FaultsMixin:
         if repath is not None:
             return np.asarray(repath(job, src, dst, stream), np.int32)
         ct = ct2 if ct2 is not None else with_links_down(self.ct, self._phys_down)
-        h = splitmix64(key.astype(np.uint64))
-
-        def choose(step: int, switch: NDArray[np.int32], rows: NDArray[np.int64]) -> NDArray:
-            return splitmix64(h[rows] ^ switch.astype(np.uint64))
-
-        return walk_paths(ct, src, dst, choose)
+        return _hash_walk(ct, src, dst, key)
 
     def _no_route(self, j: int, retry: Callable[[], None], why: str) -> None:
         """Job ``j``'s next stage has a pair routing finds no path for (``why``): links are

@@ -3,7 +3,7 @@ them with the comparison's figures: what ``fabricpilot run --out DIR`` writes ne
 policy's CSV tables (``DIR/report.html``, ``DIR/plots/*.png``).
 
 The data behind each plot comes from a small pure function (``busbw_by_job``,
-``slowdown_cdf``, ``fabric_utilization``, ``iteration_times``, ``queued_bytes``), so what a
+``ecdf``, ``fabric_utilization``, ``iteration_times``, ``queued_bytes``), so what a
 plot shows can be checked without reading pixels.
 """
 
@@ -20,10 +20,13 @@ from numpy.typing import NDArray
 
 from fabricpilot.report.tables import (
     ABOVE_REFERENCE,
-    _us,
+    FABRIC_COLUMNS,
+    FAULT_COLUMNS,
     above_reference,
+    comparison_rows,
     controller_line,
-    format_interference,
+    fabric_cells,
+    fault_rows,
 )
 from fabricpilot.results import RunResult
 from fabricpilot.units import format_bytes
@@ -49,16 +52,15 @@ def busbw_by_job(results: Sequence[RunResult]) -> dict[str, dict[str, float]]:
             for job in results[0].jobs}
 
 
-def slowdown_cdf(slowdowns: NDArray[np.float64]) -> tuple[NDArray[np.float64],
-                                                          NDArray[np.float64]]:
-    """The empirical CDF of FCT slowdowns: the sorted values and, for each, the fraction of
-    flows at or below it.
+def ecdf(values: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The empirical CDF of ``values`` (FCT slowdowns, link utilisations): the sorted values
+    and, for each, the fraction at or below it.
 
-    >>> x, y = slowdown_cdf(np.array([3.0, 1.0, 2.0, 1.0]))
+    >>> x, y = ecdf(np.array([3.0, 1.0, 2.0, 1.0]))
     >>> x.tolist(), y.tolist()
     ([1.0, 1.0, 2.0, 3.0], [0.25, 0.5, 0.75, 1.0])
     """
-    x = np.sort(np.asarray(slowdowns, np.float64))
+    x = np.sort(np.asarray(values, np.float64))
     return x, np.arange(1, len(x) + 1) / max(len(x), 1)
 
 
@@ -113,6 +115,17 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _finish(fig: Figure, ax: Any, xlabel: str, ylabel: str, title: str, path: Path,
+            legend_size: int = 8, **legend: Any) -> Path:
+    """Label the axes, title, legend and grid of a plot and write it to ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=legend_size, **legend)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
 def _color(i: int) -> str:
     return _COLORS[i % len(_COLORS)]
 
@@ -141,7 +154,7 @@ def plot_slowdowns(results: Sequence[RunResult], path: Path) -> Path | None:
     """The CDF of FCT slowdown per policy: of the mice if there are any, else of the jobs'
     flows; ``None`` (nothing written) if no flow has one."""
     which = "mice" if any(len(r.slowdowns("mice")) for r in results) else "jobs"
-    curves = [(r.policy, slowdown_cdf(r.slowdowns(which))) for r in results]
+    curves = [(r.policy, ecdf(r.slowdowns(which))) for r in results]
     if not any(len(x) for _, (x, _) in curves):
         return None
     fig, ax = _figure()
@@ -156,12 +169,8 @@ def plot_slowdowns(results: Sequence[RunResult], path: Path) -> Path | None:
     ax.xaxis.set_major_formatter(plain)
     ax.xaxis.set_minor_formatter(plain)
     ax.tick_params(axis="x", which="minor", labelsize=7)
-    ax.set_xlabel("FCT slowdown (FCT / FCT alone)")
-    ax.set_ylabel("fraction of flows")
-    ax.set_title(f"FCT slowdown, {'mice' if which == 'mice' else 'job flows'}")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _finish(fig, ax, "FCT slowdown (FCT / FCT alone)", "fraction of flows",
+                   f"FCT slowdown, {'mice' if which == 'mice' else 'job flows'}", path)
 
 
 def plot_utilization(results: Sequence[RunResult], path: Path) -> Path:
@@ -169,16 +178,11 @@ def plot_utilization(results: Sequence[RunResult], path: Path) -> Path:
     traffic has a steep curve, one that collides a long tail of hot links."""
     fig, ax = _figure()
     for k, r in enumerate(results):
-        u = fabric_utilization(r)
+        u, frac = ecdf(fabric_utilization(r))
         if len(u):
-            ax.step(u, np.arange(1, len(u) + 1) / len(u), where="post", color=_color(k),
-                    label=f"{r.policy} (max {u[-1]:.0%})")
-    ax.set_xlabel("mean utilisation over the run")
-    ax.set_ylabel("fraction of fabric links")
-    ax.set_title("fabric link utilisation")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+            ax.step(u, frac, where="post", color=_color(k), label=f"{r.policy} (max {u[-1]:.0%})")
+    return _finish(fig, ax, "mean utilisation over the run", "fraction of fabric links",
+                   "fabric link utilisation", path)
 
 
 def plot_iterations(results: Sequence[RunResult], path: Path) -> Path | None:
@@ -199,12 +203,8 @@ def plot_iterations(results: Sequence[RunResult], path: Path) -> Path | None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("iteration time (ms)")
-    ax.set_title("iteration times")
-    ax.legend(fontsize=7, ncols=2)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _finish(fig, ax, "iteration", "iteration time (ms)", "iteration times", path,
+                   legend_size=7, ncols=2)
 
 
 def plot_queues(results: Sequence[RunResult], path: Path) -> Path | None:
@@ -217,39 +217,28 @@ def plot_queues(results: Sequence[RunResult], path: Path) -> Path | None:
     for k, (policy, (t, q)) in enumerate(series):
         if len(t):
             ax.plot(t, q / 2**20, color=_color(k), label=policy)
-    ax.set_xlabel("time (ms)")
-    ax.set_ylabel("queued in switches (MiB)")
-    ax.set_title("queues (fluid model)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _finish(fig, ax, "time (ms)", "queued in switches (MiB)", "queues (fluid model)",
+                   path)
 
 
 def plot_sweep(sizes_bytes: Sequence[int], busbw_GBps: Sequence[float],
                algbw_GBps: Sequence[float], title: str, path: Path,
-               bound_GBps: float | None = None) -> Path:
+               nic_GBps: float | None = None) -> Path:
     """An nccl-tests sweep: busbw and algbw against the message size (log scale), with the
-    link-rate bound if given."""
+    NIC rate for reference if given (not a bound: a hierarchical algorithm moves part of the
+    bytes over NVLink)."""
     from matplotlib.ticker import FuncFormatter
-
-    from fabricpilot.units import format_bytes
 
     fig, ax = _figure()
     ax.plot(sizes_bytes, busbw_GBps, marker="o", markersize=3, color=_color(0), label="busbw")
     ax.plot(sizes_bytes, algbw_GBps, marker="s", markersize=3, color=_color(1), ls="--",
             label="algbw")
-    if bound_GBps is not None:
-        ax.axhline(bound_GBps, color="#555555", lw=0.8, ls=":",
-                   label=f"NIC rate ({bound_GBps:g} GB/s)")
+    if nic_GBps is not None:
+        ax.axhline(nic_GBps, color="#555555", lw=0.8, ls=":", label=f"NIC rate ({nic_GBps:g} GB/s)")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(int(v))))
     ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel("message size")
-    ax.set_ylabel("GB/s")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _finish(fig, ax, "message size", "GB/s", title, path)
 
 
 # ------------------------------------------------------------------------- the page
@@ -277,33 +266,10 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
           out: Path) -> str:
     e = html.escape
     first = results[0]
-    with_ratio = any(r.interference for r in results)
-    rows = []
-    for job in first.jobs:
-        ref = reference.mean_busbw_GBps(job.name) if reference is not None else 0.0
-        for k, r in enumerate(results):
-            busbw = r.mean_busbw_GBps(job.name)
-            it_ns = r.mean_iteration_ns(job.name)
-            stopped = job.name in r.aborted and not it_ns > 0
-            frac = f"{busbw / ref:.1%}" if ref > 0 and not stopped else "-"
-            cells = [e(job.name) if k == 0 else "", job.n_gpus if k == 0 else "",
-                     e(r.policy), "stopped" if stopped else f"{it_ns / 1e6:.3f}",
-                     "-" if stopped else f"{busbw:.1f}", frac]
-            if with_ratio:
-                cells.append(format_interference(r.interference.get(job.name)))
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    fabric = []
-    for r in results:
-        s = r.summary(include_wall_time=False)
-        mice = s["fct_slowdown"]["mice"]
-        util = r.link_peak_util[np.asarray(r.link_kind) == "fabric"]
-        fabric.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
-            e(r.policy), f"{r.sim_time_ns / 1e6:.3f}",
-            f"{mice['p50']:.2f}" if mice["count"] else "-",
-            f"{mice['p99']:.2f}" if mice["count"] else "-",
-            f"{float(util.max()):.0%}" if len(util) else "-",
-            f"{r.bytes_delivered / 1e9:.2f} GB", len(r.faults),
-            len(r.aborted))) + "</tr>")
+    header, comparison = comparison_rows(results, reference)
+    rows = [_tr(cells) for cells, _ in comparison]
+    fabric = [_tr([*fabric_cells(r), str(len(r.faults)), str(len(r.aborted))])
+              for r in results]
     faults = _faults_html(results)
     controllers = "".join(f"<p>{e(controller_line(r))}</p>" for r in results if r.controller)
     figures = "\n".join(
@@ -329,14 +295,12 @@ img {{ max-width: 100%; }}
 {"the <code>ideal</code> run's busbw" if reference is not None else "nothing (no ideal run)"}.
 CSV tables per policy: {tables}.</p>
 <h2>jobs</h2>
-<table><tr><th>job</th><th>GPUs</th><th>policy</th><th>iteration ms</th><th>busbw GB/s</th>
-<th>of ideal</th>{"<th>interference</th>" if with_ratio else ""}</tr>
+<table>{_tr(header, "th")}
 {"".join(rows)}
 </table>
 {note}
 <h2>fabric</h2>
-<table><tr><th>policy</th><th>sim ms</th><th>mice p50 slowdown</th><th>mice p99 slowdown</th>
-<th>peak fabric util</th><th>delivered</th><th>faults</th><th>jobs stopped</th></tr>
+<table>{_tr([*FABRIC_COLUMNS, "faults", "jobs stopped"], "th")}
 {"".join(fabric)}
 </table>
 {controllers}
@@ -347,27 +311,17 @@ CSV tables per policy: {tables}.</p>
 """
 
 
+def _tr(cells: Sequence[str], tag: str = "td") -> str:
+    """One HTML table row of ``cells`` (escaped)."""
+    return "<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>"
+
+
 def _faults_html(results: Sequence[RunResult]) -> str:
-    """The faults' figures per policy (as the CLI's fault table), or nothing."""
+    """The faults' figures per policy (:func:`~fabricpilot.report.tables.fault_rows`, as the
+    CLI's fault table), or nothing."""
     if not any(r.faults for r in results):
         return ""
-    e = html.escape
-    rows, labels = [], {}
-    for r in results:
-        for f in r.faults:
-            labels[f["fault_id"]] = f["label"]
-            stall = f["job_stall_us"]
-            worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
-            cells = (e(r.policy), f"#{f['fault_id']}", _us(f["detection_us"]),
-                     _us(f["reroute_us"]), _us(f["recovery_us"]),
-                     format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
-                     format_bytes(float(f["bytes_retx"])), _us(worst),  # type: ignore[arg-type]
-                     f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
-                     e(", ".join(f["partitioned"]) or "-"))  # type: ignore[arg-type]
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    head = "".join(f"<th>{c}</th>" for c in (
-        "policy", "fault", "detected", "rerouted", "recovered", "lost", "resent",
-        "worst stall", "GPU-s lost", "cut off"))
-    legend = "; ".join(f"#{k}: {e(str(v))}" for k, v in labels.items())
-    return (f"<h2>faults (times in us after the fault)</h2>\n<table><tr>{head}</tr>\n"
-            f"{''.join(rows)}\n</table>\n<p>{legend}</p>")
+    rows, labels = fault_rows(results)
+    legend = html.escape("; ".join(f"#{k}: {v}" for k, v in labels.items()))
+    return (f"<h2>faults (times in us after the fault)</h2>\n<table>{_tr(FAULT_COLUMNS, 'th')}\n"
+            f"{''.join(_tr(c) for c in rows)}\n</table>\n<p>{legend}</p>\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -21,11 +22,22 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
     """
     table = Table(title=f"scenario {results[0].scenario!r}, seed {results[0].seed}",
                   title_justify="left")
+    header, rows = comparison_rows(results, reference)
+    for col in header:
+        table.add_column(col, justify="left" if col in ("job", "policy") else "right")
+    for cells, last in rows:
+        table.add_row(*cells, end_section=last)
+    return table
+
+
+def comparison_rows(results: Sequence[RunResult], reference: RunResult | None,
+                    ) -> tuple[list[str], list[tuple[list[str], bool]]]:
+    """The comparison's columns and rows (:func:`comparison_table`, the HTML report): per
+    row its cells and whether it is a job's last."""
     with_ratio = any(r.interference for r in results)
-    columns = [("job", "left"), ("GPUs", "right"), ("policy", "left"),
-               ("iteration ms", "right"), ("busbw GB/s", "right"), ("of ideal", "right")]
-    for col, just in columns + ([("interference", "right")] if with_ratio else []):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    header = ["job", "GPUs", "policy", "iteration ms", "busbw GB/s", "of ideal"]
+    header += ["interference"] if with_ratio else []
+    rows = []
     for job in results[0].jobs:
         for k, r in enumerate(results):
             busbw = r.mean_busbw_GBps(job.name)
@@ -40,8 +52,8 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
                      "-" if stopped else f"{busbw:.1f}", "-" if stopped else frac]
             if with_ratio:
                 cells.append(format_interference(r.interference.get(job.name)))
-            table.add_row(*cells, end_section=k == len(results) - 1)
-    return table
+            rows.append((cells, k == len(results) - 1))
+    return header, rows
 
 
 def above_reference(results: Sequence[RunResult], reference: RunResult | None,
@@ -88,22 +100,14 @@ def fabric_table(results: Sequence[RunResult]) -> RenderableType:
     runs) so that both stay readable in 110 columns.
     """
     table = Table(title="fabric", title_justify="left")
-    for col in ("policy", "sim ms", "mice p50 slowdown", "mice p99 slowdown",
-                "peak fabric util", "delivered", "wall s"):
+    for col in (*FABRIC_COLUMNS, "wall s"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     fluid = Table(title="fabric, fluid model", title_justify="left")
     for col in ("policy", *FLUID_COLUMNS):
         fluid.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
         s = r.summary()
-        mice = s["fct_slowdown"]["mice"]
-        table.add_row(
-            r.policy, f"{r.sim_time_ns / 1e6:.3f}",
-            f"{mice['p50']:.2f}" if mice["count"] else "-",
-            f"{mice['p99']:.2f}" if mice["count"] else "-",
-            f"{s['links']['fabric_peak_utilization']:.0%}",
-            f"{r.bytes_delivered / 1e9:.2f} GB", f"{r.wall_time_s:.2f}",
-        )
+        table.add_row(*fabric_cells(r, s), f"{r.wall_time_s:.2f}")
         fluid.add_row(r.policy, *([
             f"{s['ecn_marks']:,}", f"{s['pfc_pause_ns_total'] / 1e6:.3f}",
             str(s["pfc_storms"]), str(s["deadlocks"]), format_bytes(s["drops_bytes"]),
@@ -112,6 +116,22 @@ def fabric_table(results: Sequence[RunResult]) -> RenderableType:
     if any(r.model == "fluid" for r in results):
         return Group(table, fluid)
     return table
+
+
+FABRIC_COLUMNS = ("policy", "sim ms", "mice p50 slowdown", "mice p99 slowdown",
+                  "peak fabric util", "delivered")
+
+
+def fabric_cells(r: RunResult, summary: dict[str, Any] | None = None) -> list[str]:
+    """A run's cells under :data:`FABRIC_COLUMNS` (``summary``: its :meth:`RunResult.summary`,
+    if already made)."""
+    s = r.summary(include_wall_time=False) if summary is None else summary
+    mice = s["fct_slowdown"]["mice"]
+    return [r.policy, f"{r.sim_time_ns / 1e6:.3f}",
+            f"{mice['p50']:.2f}" if mice["count"] else "-",
+            f"{mice['p99']:.2f}" if mice["count"] else "-",
+            f"{s['links']['fabric_peak_utilization']:.0%}",
+            f"{r.bytes_delivered / 1e9:.2f} GB"]
 
 
 def pfc_event_lines(results: Sequence[RunResult], limit: int = 10) -> list[str]:
@@ -180,6 +200,32 @@ def _us(v: object) -> str:
     return "-" if v is None else f"{float(v):,.1f}"  # type: ignore[arg-type]
 
 
+FAULT_COLUMNS = ("policy", "fault", "detected", "rerouted", "recovered", "lost", "resent",
+                 "worst stall", "GPU-s lost", "cut off")
+
+
+def fault_rows(results: Sequence[RunResult]) -> tuple[list[list[str]], dict[object, str]]:
+    """Per policy and fault, the cells under :data:`FAULT_COLUMNS`; and each fault's label
+    by id (said to have had no effect if it came after every run ended)."""
+    rows: list[list[str]] = []
+    labels: dict[object, str] = {}
+    end_ns = max((x.sim_time_ns for x in results), default=0)
+    for r in results:
+        for f in r.faults:
+            labels[f["fault_id"]] = str(f["label"])
+            if float(f["at_ms"]) * 1e6 >= end_ns:  # type: ignore[arg-type]
+                labels[f["fault_id"]] = f"{f['label']} (after every run ended: no effect)"
+            stall = f["job_stall_us"]
+            worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
+            rows.append([r.policy, f"#{f['fault_id']}", _us(f["detection_us"]),
+                         _us(f["reroute_us"]), _us(f["recovery_us"]),
+                         format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
+                         format_bytes(float(f["bytes_retx"])),  # type: ignore[arg-type]
+                         _us(worst), f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
+                         ", ".join(f["partitioned"]) or "-"])  # type: ignore[arg-type]
+    return rows, labels
+
+
 def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
     """Per policy and fault: when it was detected, rerouted and recovered (us after the
     fault), bytes lost into dead links and resent, the longest job stall, the GPU time lost
@@ -188,24 +234,12 @@ def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
     if not any(r.faults for r in results):
         return None
     t = Table(title="faults (times in us after the fault)", title_justify="left")
-    for col in ("policy", "fault", "detected", "rerouted", "recovered", "lost", "resent",
-                "worst stall", "GPU-s lost", "cut off"):
+    for col in FAULT_COLUMNS:
         t.add_column(col, justify="left" if col in ("policy", "fault", "cut off") else "right",
                      no_wrap=col in ("policy", "fault", "lost", "resent"))
-    labels: dict[object, object] = {}
-    for r in results:
-        for f in r.faults:
-            labels[f["fault_id"]] = f["label"]
-            if float(f["at_ms"]) * 1e6 >= max(x.sim_time_ns for x in results):  # type: ignore[arg-type]
-                labels[f["fault_id"]] = f"{f['label']} (after every run ended: no effect)"
-            stall = f["job_stall_us"]
-            worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
-            t.add_row(r.policy, f"#{f['fault_id']}", _us(f["detection_us"]),
-                      _us(f["reroute_us"]), _us(f["recovery_us"]),
-                      format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
-                      format_bytes(float(f["bytes_retx"])), _us(worst),  # type: ignore[arg-type]
-                      f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
-                      ", ".join(f["partitioned"]) or "-")  # type: ignore[arg-type]
+    rows, labels = fault_rows(results)
+    for cells in rows:
+        t.add_row(*cells)
     t.caption = "; ".join(f"#{k}: {v}" for k, v in labels.items())
     t.caption_justify = "left"
     return t

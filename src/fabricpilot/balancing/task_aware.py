@@ -195,7 +195,8 @@ class TaskAware(Adaptive):
         held = self._rules
         freed = Counter(sw for sw, _ in _chain(_chain(
             held[r.key][0].rules for r in rules if r.key in held))) if self._table else Counter()
-        added = Counter(sw for sw, _ in _chain(_chain(r.rules for r in rules)))
+        added = Counter(sw for sw, _ in _chain(_chain(  # (most sets have none)
+            r.rules for r in rules if any(r.rules))))
         if freed or added:  # (no rule in or out: the tables stay as they are)
             table = self._table - freed
             table.update(added)

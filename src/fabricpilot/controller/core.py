@@ -380,6 +380,12 @@ class Interrupt:
         return bool(self.flag[0])
 
 
+# changes of a key index deferred (see _KeysByLink.defer): links sorted, the index in the
+# keys of each, the keys, whether they take or leave the links
+_Batch = tuple[NDArray[np.int64], NDArray[np.int64], list[str], bool]
+_LAZY_MAX = 4_000_000  # deferred (link, key) changes held at most
+
+
 class _KeysByLink(Mapping[int, set[str]]):
     """The keys of the installed path sets per link they use (a link met once stays, even
     when its set becomes empty). Built in bulk from path sets (:meth:`of`: their links
@@ -403,6 +409,9 @@ class _KeysByLink(Mapping[int, set[str]]):
         self._row: dict[int, int] = ({} if links is None else
                                      dict(zip(links.tolist(), range(len(links)), strict=True)))
         self._edits: dict[int, dict[str, bool]] = {}  # link -> key -> there (last change)
+        # link -> batches of changes not applied to its edits yet (see defer), in order
+        self._lazy: dict[int, list[_Batch]] = {}
+        self._lazy_n = 0  # (entries they hold)
 
     @classmethod
     def of(cls, sets: list[PathSet]) -> _KeysByLink:
@@ -435,6 +444,8 @@ class _KeysByLink(Mapping[int, set[str]]):
         return cls(srt[first], np.r_[first, len(srt)].astype(np.int64), owner[by_link], keys)
 
     def __getitem__(self, link: int) -> set[str]:
+        if link in self._lazy:
+            self._fold(link)
         row = self._row.get(link)
         edits = self._edits.get(link)
         if row is None:
@@ -453,29 +464,80 @@ class _KeysByLink(Mapping[int, set[str]]):
         return out
 
     def __contains__(self, link: object) -> bool:
-        return link in self._row or link in self._edits
+        return link in self._row or link in self._edits or link in self._lazy
 
     def __iter__(self) -> Iterator[int]:
+        self.fold_all()
         yield from self._row
         yield from (lk for lk in self._edits if lk not in self._row)
 
     def __len__(self) -> int:
+        self.fold_all()
         return len(self._row) + sum(1 for lk in self._edits if lk not in self._row)
 
     def add(self, link: int, key: str) -> None:
         """``key`` uses ``link`` (the link is added if new)."""
+        if link in self._lazy:
+            self._fold(link)
         self._edits.setdefault(link, {})[key] = True
 
     def move(self, key: str, gone: set[int], new: set[int]) -> None:
         """``key`` no longer uses the links ``gone`` (:meth:`discard` each) and now uses
         ``new`` (:meth:`add` each)."""
-        row, edits = self._row, self._edits
+        row, edits, lazy = self._row, self._edits, self._lazy
         for link in gone:
+            if lazy and link in lazy:
+                self._fold(link)
             if link not in row and link not in edits:
                 raise KeyError(link)
             edits.setdefault(link, {})[key] = False
         for link in new:
+            if lazy and link in lazy:
+                self._fold(link)
             edits.setdefault(link, {})[key] = True
+
+    def defer(self, keys: list[str], links: NDArray[np.int64], of: NDArray[np.int64],
+              there: bool) -> None:
+        """``keys[of[i]]`` now uses (``there``) or no longer uses link ``links[i]``: as
+        :meth:`add` or :meth:`discard` of each, applied to a link when it is next read or
+        changed. (A heal moves hundreds of keys off and onto a few hundred links, most of
+        which nobody reads before the next whole plan: their edits are not made key by key
+        while the switches wait.)
+
+        >>> idx = _KeysByLink.of([PathSet("a", ((1, 2),), (1.0,)), PathSet("b", ((2,),), (1.0,))])
+        >>> idx.defer(["a", "b"], np.array([2, 2, 1]), np.array([0, 1, 0]), False)
+        >>> idx.defer(["b"], np.array([3, 1]), np.array([0, 0]), True)
+        >>> idx[2], idx[1], idx[3], 3 in idx, sorted(idx)
+        (set(), {'b'}, {'b'}, True, [1, 2, 3])
+        """
+        if not len(links):
+            return
+        srt = np.argsort(links, kind="stable")
+        lk_s = links[srt]
+        batch = (lk_s, of[srt], keys, there)
+        lazy = self._lazy
+        for lk in lk_s[np.flatnonzero(np.r_[True, lk_s[1:] != lk_s[:-1]])].tolist():
+            got = lazy.get(lk)
+            if got is None:
+                lazy[lk] = [batch]
+            else:
+                got.append(batch)
+        self._lazy_n += len(lk_s)
+        if self._lazy_n > _LAZY_MAX:  # (bounded: the batches' arrays are kept until applied)
+            self.fold_all()
+
+    def _fold(self, link: int) -> None:
+        """Apply the deferred changes of ``link`` (it has some)."""
+        e = self._edits.setdefault(link, {})
+        for lk_s, own, keys, there in self._lazy.pop(link):
+            lo, hi = np.searchsorted(lk_s, [link, link + 1]).tolist()
+            e.update(dict.fromkeys([keys[i] for i in own[lo:hi].tolist()], there))
+
+    def fold_all(self) -> None:
+        """Apply every deferred change (see :meth:`defer`)."""
+        for link in list(self._lazy):
+            self._fold(link)
+        self._lazy_n = 0
 
     def rows_on(self, link: int, row_of: Mapping[str, int]) -> tuple[NDArray[np.int64],
                                                                       list[str]]:
@@ -491,6 +553,8 @@ class _KeysByLink(Mapping[int, set[str]]):
         >>> sorted(idx.rows_on(1, {"a": 0, "b": 1})[0].tolist())
         [0, 1]
         """
+        if link in self._lazy:
+            self._fold(link)
         row = self._row.get(link)
         bulk = (self._owner[self._ptr[row]:self._ptr[row + 1]] if row is not None
                 else np.zeros(0, np.int64))
@@ -515,6 +579,8 @@ class _KeysByLink(Mapping[int, set[str]]):
         """``key`` no longer uses ``link``; ``KeyError`` if the link is not indexed."""
         if link not in self:
             raise KeyError(link)
+        if link in self._lazy:
+            self._fold(link)
         self._edits.setdefault(link, {})[key] = False
 
 
@@ -1395,6 +1461,7 @@ class Controller:
         if self._slots is not None:
             self._slots.mark_stale(r.key for r in sets)
         installed, on_link = self._installed, self._on_link
+        on_link.fold_all()  # (edits made here come after the deferred ones)
         # the index's own edits, inline (as _KeysByLink.move, for speed)
         rows, edits = on_link._row, on_link._edits
         for r in sets:
@@ -2161,25 +2228,15 @@ class Controller:
                          strict=True))
         slots.moved_whole(whole, whole_sets)
         # the link index: each key leaves its old candidate's column, takes the new one's
-        edits_by_link, keys = self._on_link._edits, whole.keys
-        for links, of, there in ((whole.left, whole.left_of, False),
-                                 (whole.taken, whole.taken_of, True)):
-            if not len(links):
-                continue
-            srt = np.argsort(links, kind="stable")
-            lk_s, own = links[srt], of[srt].tolist()
-            cut = np.flatnonzero(np.r_[True, lk_s[1:] != lk_s[:-1]]).tolist()
-            for lo, hi, lk in zip(cut, [*cut[1:], len(own)], lk_s[cut].tolist(), strict=True):
-                e = edits_by_link.get(lk)
-                if e is None:
-                    e = edits_by_link[lk] = {}
-                e.update(dict.fromkeys([keys[i] for i in own[lo:hi]], there))
+        # (applied to a link when it is next read)
+        self._on_link.defer(whole.keys, whole.left, whole.left_of, False)
+        self._on_link.defer(whole.keys, whole.taken, whole.taken_of, True)
         held = self._rules_held
         if +held:  # (a slot moved whole drops its old path's rules, if any)
             for old, j in zip(whole.olds, whole.slot.tolist(), strict=True):
                 if j < len(old.rules) and old.rules[j]:
                     held.subtract(sw for sw, _ in old.rules[j])
-        self._installed.update(zip(keys, whole_sets, strict=True))
+        self._installed.update(zip(whole.keys, whole_sets, strict=True))
 
     def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas

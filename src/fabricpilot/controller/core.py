@@ -1619,10 +1619,9 @@ class Controller:
             self._up_since.pop(lk, None)
         self._up_since.update(dict.fromkeys(up, now_ns))
         self._links_changed |= bool(down)
-        back = set(up) - self.down
-        if back:  # the switches may use them again (they excluded them while down)
-            self.dp.push_congestion_table(self._table(back))
-        report = self._heal("down" if down else "up")
+        # the links back: the switches may use them again (they excluded them while
+        # down), in the heal's one table push
+        report = self._heal("down" if down else "up", set(up) - self.down)
         # jobs cut off may have a path again: plan them (those still cut stay reported)
         if (up and self.partitioned and self.current is not None
                 and self.plan_jobs(set(self.partitioned)) is None):
@@ -1672,17 +1671,20 @@ class Controller:
             table[lk] = 0.0
         return table
 
-    def _heal(self, cause: str) -> HealReport:
-        """Move the planned shares on a dead or gray link (see :meth:`on_links_changed`)."""
+    def _heal(self, cause: str, back: set[int] | frozenset[int] = frozenset()
+              ) -> HealReport:
+        """Move the planned shares on a dead or gray link (see :meth:`on_links_changed`);
+        ``back``: links that came back, whose entries the table pushed first carries too."""
         t0 = time.perf_counter()
         with _gc_paused():  # a collection over the whole plan would cost more than this
-            return self._heal_from(cause, t0)
+            return self._heal_from(cause, t0, back)
 
-    def _heal_from(self, cause: str, t0: float) -> HealReport:
+    def _heal_from(self, cause: str, t0: float, back: set[int] | frozenset[int] = frozenset()
+                   ) -> HealReport:
         """:meth:`_heal`, started at ``t0`` (``time.perf_counter``)."""
-        # the switches exclude dead links (and shun gray ones) at once: only those entries
-        self.dp.push_congestion_table({lk: w for lk, w in self._table(
-            self.down | self.degraded).items()})
+        # the switches exclude dead links (and shun gray ones) at once, and take back the
+        # links up again: only those entries
+        self.dp.push_congestion_table(self._table(self.down | self.degraded | back))
         avoid = self.down | self.degraded
         if self.current is None:
             return HealReport(cause, 0, 0, time.perf_counter() - t0)

@@ -4,6 +4,7 @@ rates, delays and sizes of each scenario."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -628,3 +629,51 @@ def test_spraying_is_no_bound_under_a_failure(tmp_path: Path) -> None:
         assert f["bytes_lost"] > 0 and f["bytes_retx"] >= f["bytes_lost"]
         assert r.bytes_delivered == r.bytes_sent and not r.aborted
         assert r.collectives[0].end_ns > bound.collectives[0].end_ns
+
+
+def test_mice_in_a_batch_that_meets_a_partition_are_routed_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mice that come together (one batch, at 100 us) after leaf3 died (at 0; ``ideal``
+    knows at once): those to or from leaf3 find no path and are dropped; each of the others
+    is routed exactly once (they were routed one by one to find which have a path, then
+    all again: a policy may keep state per route) and delivered."""
+    from dataclasses import replace
+
+    from fabricpilot.balancing.ideal import Ideal
+
+    data = {
+        "name": "mice", "seed": 149,
+        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                     "nics_per_leaf": 2, "rail_optimized": False},
+        "jobs": [{"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
+                  "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}],
+        "mice": {"rate_per_s": 1_000_000, "size_bytes": "64KiB", "duration_ns": "20us"},
+        "faults": {"events": [{"kind": "switch_down", "switch": "leaf3", "at_ns": 0}]},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    prep = prepare(load_scenario(path), str(path))
+    assert prep.mice is not None
+    mice = replace(prep.mice, time_ns=np.full(len(prep.mice.time_ns), 100_000, np.int64))
+    prep = replace(prep, mice=mice)
+    routed: list[tuple[int, int]] = []  # (source, destination) of each mouse routed
+    route = Ideal.route
+
+    def counting(self: Ideal, batch: Any) -> Any:
+        out = route(self, batch)  # (raises for a batch with a mouse cut off: not counted)
+        m = batch.job < 0
+        routed.extend(zip(batch.src[m].tolist(), batch.dst[m].tolist(), strict=True))
+        return out
+
+    monkeypatch.setattr(Ideal, "route", counting)
+    r = run_policy(prep, "ideal")
+    live = ~(np.isin(mice.src, [6, 7]) | np.isin(mice.dst, [6, 7]))
+    assert 1 < live.sum() < len(live)
+    pairs = Counter(zip(mice.src.tolist(), mice.dst.tolist(), strict=True))
+    live_pairs = Counter(zip(mice.src[live].tolist(), mice.dst[live].tolist(), strict=True))
+    got = Counter(routed)
+    # (a mouse between two GPUs of leaf3 is routed on their own links, then found cut off)
+    assert not got - pairs and not live_pairs - got
+    assert r.mice_cut_off == int((~live).sum())
+    done = r.flows["owner"] == -1
+    assert int(done.sum()) >= int(live.sum())

@@ -83,6 +83,48 @@ class RoutedBatch:
         return len(self.members)
 
 
+def concat_routed(batches: list[RoutedBatch]) -> RoutedBatch:
+    """The rows of ``batches`` (at least one, over the same links) as one batch, in order:
+    member routes renumbered to their rows and padded to the longest path; an optional
+    per-row array kept if every batch has it (else dropped: a policy sets it for all its
+    batches or none).
+
+    >>> w = sp.csr_matrix(np.array([[1.0, 0.0, 0.0]]))
+    >>> one = lambda p: RoutedBatch(w, np.array([1]), np.array([10]), np.array([5]),
+    ...                             np.array([0]), np.array([1]),
+    ...                             MemberRoutes(np.array([0]), np.array([0]), np.array([1.0]),
+    ...                                          np.array([p], np.int32)))
+    >>> b = concat_routed([one([0, 1]), one([2, 0, 1])])
+    >>> len(b), b.weights.shape, b.routes.row.tolist(), b.routes.path.tolist()
+    (2, (2, 3), [0, 1], [[0, 1, -1], [2, 0, 1]])
+    """
+    if len(batches) == 1:
+        return batches[0]
+    cat = np.concatenate
+    routes = [b.routes for b in batches]
+    joined: MemberRoutes | None = None
+    if all(r is not None for r in routes):
+        rs = [r for r in routes if r is not None]
+        width = max(r.path.shape[1] if r.path.ndim == 2 else 0 for r in rs)
+        offsets = np.cumsum([0, *(len(b) for b in batches[:-1])])
+        joined = MemberRoutes(
+            cat([r.row + off for r, off in zip(rs, offsets.tolist(), strict=True)]),
+            cat([r.stream for r in rs]), cat([r.share for r in rs]),
+            cat([np.pad(r.path.reshape(len(r.row), -1),
+                        ((0, 0), (0, width - r.path.reshape(len(r.row), -1).shape[1])),
+                        constant_values=-1) for r in rs]).astype(np.int32))
+
+    def opt(name: str) -> NDArray[np.generic] | None:
+        got = [getattr(b, name) for b in batches]
+        return cat(got) if all(g is not None for g in got) else None
+
+    return RoutedBatch(sp.vstack([b.weights for b in batches], format="csr"),
+                       cat([b.members for b in batches]), cat([b.size_bytes for b in batches]),
+                       cat([b.path_delay_ns for b in batches]), cat([b.src for b in batches]),
+                       cat([b.dst for b in batches]), joined, opt("wire_factor"),
+                       opt("reorder_per_packet"), opt("reorder_events"))
+
+
 @dataclass(frozen=True, slots=True)
 class EcmpParams:
     """ECMP settings: QPs per connection, whether source ports carry entropy, and whether every

@@ -35,6 +35,7 @@ from fabricpilot.balancing.base import (
     RoutedBatch,
     RoutingPolicy,
     TransferBatch,
+    concat_routed,
     paths_to_weights,
 )
 from fabricpilot.dataplane.faults import FaultRecord, FaultsMixin
@@ -589,23 +590,21 @@ class Engine(FaultsMixin):
             if self._timeline is None:
                 raise SimulationError(f"{err}: the fabric is not connected") from None
             ok = np.zeros(n, np.bool_)
+            got = []  # (each mouse routed once: a policy may keep state per route)
             for k in range(n):
                 one = TransferBatch(*(a[k:k + 1] for a in (batch.src, batch.dst,
                                                            batch.size_bytes, batch.group,
                                                            batch.job)))
                 try:
-                    self.policy.route(one)
+                    got.append(self.policy.route(one))
                     ok[k] = True
                 except TopologyError:
                     pass
             for k in idx[~ok].tolist():
                 self._no_mouse_route(lambda k=k: self._retry_mouse(k))
-            if not ok.any():
+            if not got:
                 return
-            idx = idx[ok]
-            batch = TransferBatch(batch.src[ok], batch.dst[ok], batch.size_bytes[ok],
-                                  batch.group[ok], batch.job[ok])
-            routed = self.policy.route(batch)
+            routed = concat_routed(got)
         self._add_rows(routed, -1, 1, owner=MICE_OWNER, tclass=self._mice_class,
                        start_ns=arrived_ns)
 

@@ -47,6 +47,9 @@ class Ideal:
     name = "ideal"
     static = True
     instant_reroute = True  # the bound: it sprays over whatever links are up, at once
+    # a stream's paths that die leave it, its live paths take their share (the fault
+    # engine's rerouting: see FaultsMixin._spread_off)
+    sprays = True
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

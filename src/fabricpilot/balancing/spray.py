@@ -34,6 +34,7 @@ from fabricpilot.balancing.base import (
     register_policy,
 )
 from fabricpilot.balancing.ideal import Ideal
+from fabricpilot.topology.compiled import CompiledTopology
 from fabricpilot.topology.paths import intra_host
 
 MTU_WIRE_BYTES = 4096 + 58 + 20  # payload + RoCEv2 headers + preamble/IFG
@@ -112,6 +113,12 @@ class SprayOoo(Ideal):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._gbn: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def set_topology(self, ct: CompiledTopology) -> None:
+        """As :meth:`Ideal.set_topology`; the costs per leaf pair are found again (the
+        live paths' delays may differ)."""
+        super().set_topology(ct)
+        self._gbn.clear()
 
     def _leaf_pair_cost(self, src_sw: int, dst_slot: int, line_gbps: float
                         ) -> tuple[float, float]:

@@ -360,6 +360,9 @@ class FaultsMixin:
             rec = self._records[f]
             if rec.rerouted_ns is None:
                 rec.rerouted_ns = self.now
+        if hit.any() and getattr(self.policy, "sprays", False):
+            hit = self._spread_off(hit, ct2, faults)
+            self._rejoin(known)  # (a stream cut off may be left with live paths only)
         rows = self._member_rows()
         if hit.any():
             mem = np.flatnonzero(hit)
@@ -400,6 +403,46 @@ class FaultsMixin:
         self._cut_for_good(faults)
         self._loss_since.clear()
         self._release_held()
+
+    def _spread_off(self, hit: NDArray[np.bool_], ct2: Any | None, faults: set[int]
+                    ) -> NDArray[np.bool_]:
+        """A sprayed stream's paths that cross a dead link (members ``hit``) leave it: once
+        its switches know, they spray over the live next hops only, so its other paths take
+        the share of the dead ones, in proportion (each path's share grows by the same
+        factor: an even spray stays even). Returns which members of those left still have
+        to move: the streams with no live path (hashed onto the converged groups as any,
+        or found cut off).
+
+        A stream on 8 paths that loses one sends 1/7 of its bytes on each of the other 7
+        (not 2/8 on one of them, as moving the dead path's member to one new path would)."""
+        rows = self._member_rows()
+        _, inv = np.unique(np.stack([rows, self._m_stream]), axis=1, return_inverse=True)
+        inv = inv.reshape(-1)
+        n_s = int(inv.max()) + 1
+        live = ~hit
+        has_live = np.bincount(inv, weights=live.astype(np.float64), minlength=n_s) > 0
+        drop = hit & has_live[inv]
+        if not drop.any():
+            return hit
+        total = np.bincount(inv, weights=self._m_share, minlength=n_s)
+        kept = np.bincount(inv, weights=self._m_share * live, minlength=n_s)
+        scale = np.divide(total, kept, out=np.ones(n_s), where=kept > 0)
+        spread_rows = distinct(rows[drop])
+        n_streams = len(distinct(inv[drop]))
+        keep = ~drop
+        self._m_share = (self._m_share * scale[inv])[keep]
+        self._m_flow = self._m_flow[keep]
+        self._m_stream = self._m_stream[keep]
+        self._m_path = self._m_path[keep]
+        self._m_key = self._m_key[keep]
+        if len(self._m_fault) == len(keep):
+            self._m_fault = self._m_fault[keep]
+        self._weights_from_members(self._member_rows())
+        for f in faults:
+            self._records[f].streams_moved += n_streams
+        if ct2 is not None and not self._instant:
+            self._wait_for_timeout(spread_rows, faults)
+        return hit[keep]
 
     def _no_mouse_route(self, retry: Callable[[], None]) -> None:
         """A mouse has no path now: it tries again once routing may give it one (as

@@ -679,10 +679,12 @@ def test_mice_in_a_batch_that_meets_a_partition_are_routed_once(
     assert int(done.sum()) >= int(live.sum())
 
 
-def _sprayed_pair(tmp_path: Path, at_ns: int | None) -> Any:
+def _sprayed_pair(tmp_path: Path, at_ns: int | None, policy: str = "ideal",
+                  converge_ns: int = CONVERGE_NS) -> Any:
     """gpu0 (leaf0) and gpu2 (leaf1) in a 64 MiB ring AllReduce sprayed over 4 spines of
     100 Gb/s (400 Gb/s NICs: the fabric holds each stream to 4 x 100 Gb/s); the cable
-    leaf1-spine0 dies at ``at_ns`` (``None``: never)."""
+    leaf1-spine0 dies at ``at_ns`` (``None``: never). Returns the prepared scenario and the
+    run of ``policy``."""
     data = {
         "name": "spray", "seed": 5,
         "topology": {"kind": "leaf_spine", "hosts": 4, "gpus_per_host": 1,
@@ -691,7 +693,7 @@ def _sprayed_pair(tmp_path: Path, at_ns: int | None) -> Any:
         "jobs": [{"name": "pair", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
                   "iterations": 1, "compute_ns": 100_000,
                   "collectives": [{"op": "allreduce", "size_bytes": 64 << 20}]}],
-        "faults": {"detection_delay_ns": DETECT_NS, "convergence_delay_ns": CONVERGE_NS,
+        "faults": {"detection_delay_ns": DETECT_NS, "convergence_delay_ns": converge_ns,
                    "events": ([] if at_ns is None else
                               [{"kind": "link_down", "link": "leaf1-spine0",
                                 "at_ns": at_ns}])},
@@ -699,7 +701,7 @@ def _sprayed_pair(tmp_path: Path, at_ns: int | None) -> Any:
     path = tmp_path / f"spray{at_ns}.yaml"
     path.write_text(yaml.safe_dump(data))
     prep = prepare(load_scenario(path), str(path))
-    return prep, run_policy(prep, "ideal")
+    return prep, run_policy(prep, policy)
 
 
 def test_a_sprayed_stream_spreads_a_dead_paths_share_over_its_live_paths(
@@ -726,3 +728,40 @@ def test_a_sprayed_stream_spreads_a_dead_paths_share_over_its_live_paths(
     (c,) = mid.collectives
     assert c.end_ns - c.start_ns == pytest.approx(three - t * (400 - 300) / 300, abs=500)
     assert mid.bytes_delivered == mid.bytes_sent
+
+
+def test_a_dead_path_costs_spraying_to_an_in_order_nic_a_go_back_n_per_loss(
+        tmp_path: Path) -> None:
+    """The same failure ``t`` into the ring, routing slow to converge (1 s, after the run):
+    the switches spray a quarter of every stream's packets into the dead link. An
+    out-of-order NIC (``spray-ooo``) keeps the other three quarters: 300 Gb/s of goodput,
+    as ``ideal`` on the 3 spines left. An in-order RoCE NIC (``spray``) goes back N at
+    every loss: a loss every 4 packets, each costing itself and the ``W`` packets of one
+    round trip after it, so goodput is ``400 / (1 + (1 + W) / 4)`` Gb/s (``W`` = 400 Gb/s
+    times twice the one-way latency, in packets); what it sends beyond that is resent."""
+    t = 300_000
+    prep, clean = _sprayed_pair(tmp_path, None, "spray-ooo")
+    (c0,) = clean.collectives
+    _, ideal = _sprayed_pair(tmp_path, c0.start_ns + t, "ideal", 1_000_000_000)
+    (ci,) = ideal.collectives
+    _, ooo = _sprayed_pair(tmp_path, c0.start_ns + t, "spray-ooo", 1_000_000_000)
+    (co,) = ooo.collectives
+    assert co.start_ns == c0.start_ns
+    assert co.end_ns == pytest.approx(ci.end_ns, abs=500)
+    (fo,) = ooo.faults
+    assert fo["bytes_retx"] == pytest.approx(fo["bytes_lost"], rel=1e-9)
+    _, gbn = _sprayed_pair(tmp_path, c0.start_ns + t, "spray", 1_000_000_000)
+    (cg,) = gbn.collectives
+    lat = float(gbn.flows["latency_ns"].max())
+    w = 400e9 * 2 * lat * 1e-9 / (8 * prep.fabric.mtu_bytes)
+    good_gbps = 400.0 / (1.0 + (1.0 + w) / 4)
+    assert good_gbps < 100.0  # (the pathology: far below the 300 Gb/s left)
+    wire = float(prep.fabric.wire_bytes(np.array([32 << 20]))[0])
+    left = 2 * wire - 400.0 / 8 * t  # bytes per stream after the failure (two steps)
+    assert cg.end_ns - cg.start_ns == pytest.approx(t + left * 8 / good_gbps, rel=0.01)
+    (fg,) = gbn.faults
+    # a quarter of what is sent is lost; all but the goodput is sent again
+    assert fg["bytes_lost"] > 0
+    assert fg["bytes_retx"] == pytest.approx(fg["bytes_lost"] * (1 - good_gbps / 400) / 0.25,
+                                             rel=1e-3)
+    assert gbn.bytes_delivered == gbn.bytes_sent

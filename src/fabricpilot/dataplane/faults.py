@@ -716,14 +716,38 @@ class FaultsMixin:
 
     def _goodput_of(self, rates: NDArray[np.float64]) -> NDArray[np.float64]:
         """Useful rate of every row: the dead share sends into nothing; a gray loss costs the
-        packet and one round trip of packets after it (go-back-N)."""
+        packet and one round trip of packets after it (go-back-N). A stream sprayed to an
+        in-order NIC (``receiver_in_order``) with part of its paths dead loses that share
+        of its packets as a gray link would (each loss costs a round trip of packets after
+        it), at most what it sends onto live paths."""
         if not len(rates):
             return rates
         if not (self._row_dead.any() or self._row_loss.any()):
             return rates
         window_pkts = rates * np.maximum(2 * self._row_latency, 1) / (8.0 * self.fabric.mtu_bytes)
         gray = 1.0 / (1.0 + self._row_loss * (1.0 + window_pkts))
-        return rates * np.clip(1.0 - self._row_dead, 0.0, 1.0) * gray
+        return rates * self._dead_useful(window_pkts) * gray
+
+    def _dead_useful(self, window_pkts: NDArray[np.float64],
+                     rows: NDArray[np.int64] | slice = slice(None)) -> NDArray[np.float64]:
+        """Of the bytes rows send (``window_pkts``: packets in one round trip of each),
+        the share not lost to dead links: all but the dead share; for a stream sprayed to an
+        in-order NIC with only part of its paths dead, ``1 / (1 + d (1 + W))`` (a loss
+        every ``1 / d`` packets, each costing itself and the ``W`` packets after it) if that
+        is less.
+
+        >>> m = type("M", (), {"_row_dead": np.array([0.0, 0.25, 1.0]),
+        ...                    "policy": type("P", (), {"receiver_in_order": True})})()
+        >>> FaultsMixin._dead_useful(m, np.array([9.0, 9.0, 9.0])).tolist()
+        [1.0, 0.2857142857142857, 0.0]
+        """
+        dead = np.clip(self._row_dead[rows], 0.0, 1.0)
+        useful = 1.0 - dead
+        if getattr(self.policy, "receiver_in_order", False):
+            part = (dead > 0) & (dead < 1)
+            useful = np.where(part, np.minimum(useful, 1.0 / (1.0 + dead * (1.0 + window_pkts))),
+                              useful)
+        return useful
 
     def _fault_account(self, dt: int) -> None:
         """Charge ``dt`` ns of the current rates to the faults: bytes lost and resent, and
@@ -743,7 +767,12 @@ class FaultsMixin:
             window = self._rates[r] * np.maximum(2 * self._row_latency[r], 1) / (
                 8.0 * self.fabric.mtu_bytes)
             gray_useful = 1.0 / (1.0 + self._row_loss[r] * (1.0 + window))
-            resent = np.where(dead, sent, sent * (1.0 - gray_useful))
+            # (a dead member of a stream sprayed to an in-order NIC also carries what its
+            # live paths resend, going back N after each of its losses: see _dead_useful)
+            d_row = np.clip(self._row_dead[r], 0.0, 1.0)
+            waste = np.divide(1.0 - self._dead_useful(window, r), d_row,
+                              out=np.ones(len(r)), where=(d_row > 0) & (d_row < 1))
+            resent = np.where(dead, sent * np.maximum(waste, 1.0), sent * (1.0 - gray_useful))
             for fid in self._row_flow[r[dead]].tolist():
                 self._loss_since.setdefault(int(fid), self.now)
             f_of = self._m_fault[mem]

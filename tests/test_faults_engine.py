@@ -765,3 +765,52 @@ def test_a_dead_path_costs_spraying_to_an_in_order_nic_a_go_back_n_per_loss(
     assert fg["bytes_retx"] == pytest.approx(fg["bytes_lost"] * (1 - good_gbps / 400) / 0.25,
                                              rel=1e-3)
     assert gbn.bytes_delivered == gbn.bytes_sent
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "spray"])
+def test_local_repair_turns_streams_away_from_a_dead_switch_at_detection(
+        tmp_path: Path, policy: str) -> None:
+    """spine0 dies at 1 ms. With ``local_repair`` each leaf drops its uplink to spine0 from
+    its groups at detection (the other spine is left), so every stream through spine0 moves
+    then: each of them sends into the dead switch for the detection delay only (400 Gb/s x
+    100 us; a sprayed stream half of that per stream on spine0), not detection + routing
+    convergence, and its lost packets are resent when its timer fires at 5 ms (4 ms after
+    the loss) instead of 9 ms: the ring ends 4 ms earlier."""
+    spine = {"kind": "switch_down", "switch": "spine0", "at_ns": 1_000_000}
+    base = run_policy(_scenario(tmp_path, [RING], [spine]), policy)
+    fast = run_policy(_scenario(tmp_path, [RING], [spine], local_repair=True), policy)
+    (fb,), (ff,) = base.faults, fast.faults
+    assert fb["reroute_us"] == pytest.approx((DETECT_NS + CONVERGE_NS) / 1e3)
+    assert ff["reroute_us"] == pytest.approx(DETECT_NS / 1e3)
+    share = 0.5 if policy == "spray" else 1.0  # (spraying: half of each stream on spine0)
+    assert ff["streams_moved"] == fb["streams_moved"] >= 1
+    lost = ff["streams_moved"] * share * NIC_GBPS / 8 * DETECT_NS
+    assert ff["bytes_lost"] == pytest.approx(lost, rel=1e-6)
+    (cb,), (cf,) = base.collectives, fast.collectives
+    if policy == "spray":  # (without it, the ring crawled on at its go-back-N goodput from
+        # detection to convergence instead of waiting: a little less than the timer saved)
+        assert 0.99 * RTO_NS < cb.end_ns - cf.end_ns < RTO_NS
+    else:
+        assert cb.end_ns - cf.end_ns == RTO_NS
+    assert fast.bytes_delivered == fast.bytes_sent and not fast.aborted
+
+
+def test_local_repair_cannot_turn_away_what_a_spine_has_no_other_way_for(
+        tmp_path: Path) -> None:
+    """The cable leaf0-spine0 dies at 1 ms under ECMP, with ``local_repair``. Of the two
+    ring streams on it, the one leaving leaf0 turns to the other spine at detection; the one
+    coming down spine0 into leaf0 cannot (spine0 has no other way to leaf0): it goes on
+    into the dead link until routing converges (6.1 ms), except while the ring (one row, as
+    slow as its slowest stream) waits for the first stream's timer (1.1 to 5 ms). Lost:
+    both streams for 100 us, then one for 1.1 ms, at 400 Gb/s."""
+    base = run_policy(_scenario(tmp_path, [RING], [DOWN]), "ecmp")
+    fast = run_policy(_scenario(tmp_path, [RING], [DOWN], local_repair=True), "ecmp")
+    (fb,), (ff,) = base.faults, fast.faults
+    assert fb["streams_moved"] == ff["streams_moved"] == 2
+    assert ff["reroute_us"] == pytest.approx((DETECT_NS + CONVERGE_NS) / 1e3)
+    at, rto_fires, converged = 1_000_000, 1_000_000 + RTO_NS, 1_000_000 + DETECT_NS + CONVERGE_NS
+    lost_ns = 2 * DETECT_NS + (converged - rto_fires)
+    assert ff["bytes_lost"] == pytest.approx(NIC_GBPS / 8 * lost_ns, rel=1e-6)
+    assert ff["bytes_lost"] < fb["bytes_lost"]
+    assert at < rto_fires < converged
+    assert fast.bytes_delivered == fast.bytes_sent and not fast.aborted

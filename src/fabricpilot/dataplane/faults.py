@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from fabricpilot.arrays import distinct
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
-from fabricpilot.topology.compiled import with_links_down
+from fabricpilot.topology.compiled import with_links_down, with_local_repair
 from fabricpilot.topology.paths import walk_paths
 
 if TYPE_CHECKING:
@@ -274,8 +274,89 @@ class FaultsMixin:
                     np.asarray(down, np.int64))]), effective)
             self._at(effective, lambda: self._reroute(ev.fault_id))
             return
+        if down and self._ft.params.local_repair:
+            self._local_repair(np.asarray(down, np.int64), ev.fault_id)
         self._at(self.now + self._ft.params.convergence_delay_ns,
                  lambda: self._converge(links))
+
+    def _routing_view(self) -> Any:
+        """The ECMP groups the switches use now: converged around the links routing knows
+        are down and, with ``local_repair``, without each switch's own ports on links seen
+        down since, where another next hop is left."""
+        view = with_links_down(self.ct, self._route_down)
+        if self._ft is not None and self._ft.params.local_repair:
+            seen = self._known_down & self._phys_down & ~self._route_down
+            if seen.any():
+                view = with_local_repair(view, seen)
+        return view
+
+    def _use_view(self, view: Any) -> None:
+        """The policy routes on ``view`` from now on."""
+        set_topology = getattr(self.policy, "set_topology", None)
+        if set_topology is not None:
+            set_topology(view)
+        elif getattr(self.policy, "ctx", None) is not None:
+            self.policy.ctx = replace(self.policy.ctx, topology=view)
+        self._route_cache.clear()
+
+    def _local_repair(self, links: NDArray[np.int64], fault_id: int) -> None:
+        """Fast failover at detection (``local_repair``): the switches drop their ports on
+        ``links`` from the groups that keep another next hop, and the streams whose every
+        dead link on their path is so dropped move (hashed again, or the policy's own
+        ``repath``, on those groups; a sprayed stream's share goes to its live paths); the
+        others keep sending into the dead links until routing converges."""
+        view = self._routing_view()
+        self._use_view(view)
+        hit = self._members_on(links)
+        if not hit.any():
+            return
+        ct = self.ct
+        mem = np.flatnonzero(hit)
+        path = self._m_path[mem]
+        valid = path >= 0
+        safe = np.where(valid, path, 0)
+        seen = self._known_down & self._phys_down & ~self._route_down
+        is_dead = valid & seen[safe]
+        # a dead link is avoided where its upstream switch had it in the group toward the
+        # stream's leaf and has it no more
+        _, dst = self._member_endpoints(mem)
+        slot = np.broadcast_to(ct.leaf_slot[ct.gpu_leaf[dst]][:, None], safe.shape)
+        sw = ct.switch_of_node[ct.link_src[safe]]
+        base = with_links_down(ct, self._route_down)
+        k = np.arange(ct.nh_link.shape[2])
+
+        def in_group(t: Any) -> NDArray[np.bool_]:
+            s0 = np.maximum(sw, 0)
+            grp = t.nh_link[s0, slot]
+            return ((grp == safe[..., None]) & (k < t.nh_count[s0, slot][..., None])).any(-1)
+
+        avoided = (sw >= 0) & (slot >= 0) & in_group(base) & ~in_group(view)
+        # the stream turns away at its first dead link if that switch drops it (the links
+        # after it are not reached any more)
+        first = np.argmax(is_dead, axis=1)
+        movable = is_dead.any(axis=1) & avoided[np.arange(len(mem)), first]
+        if not movable.any():
+            return
+        faults = {fault_id}
+        if getattr(self.policy, "sprays", False):
+            keep = np.zeros(len(hit), bool)
+            keep[mem[movable]] = True
+            self._spread_off(keep, view, faults)  # (a stream with no live path stays)
+        else:
+            mem = mem[movable]
+            rows = self._member_rows()
+            src, dst = self._member_endpoints(mem)
+            new, failed = self._repath_each(self._row_owner[rows[mem]], src, dst, mem, view)
+            ok = ~failed & ~self._crosses(new, self._route_down | seen)
+            if ok.any():
+                mem, new = mem[ok], new[ok]
+                self._m_path[mem] = new
+                self._weights_from_members(rows)
+                self._records[fault_id].streams_moved += len(mem)
+                self._wait_for_timeout(distinct(rows[mem]), faults)
+        rec = self._records[fault_id]
+        if rec.rerouted_ns is None and not self._members_on(links).any():
+            rec.rerouted_ns = self.now  # (every stream off the fault's dead links)
 
     def _converge(self, links: NDArray[np.int64] | None = None) -> None:
         """The routing protocol has converged on the state of ``links`` (every link if
@@ -287,13 +368,8 @@ class FaultsMixin:
         if self._instant:
             self._known_down[links] = self._phys_down[links]
         newly = self._route_down & ~before
-        ct2 = with_links_down(self.ct, self._route_down)
-        set_topology = getattr(self.policy, "set_topology", None)
-        if set_topology is not None:
-            set_topology(ct2)
-        elif getattr(self.policy, "ctx", None) is not None:
-            self.policy.ctx = replace(self.policy.ctx, topology=ct2)
-        self._route_cache.clear()
+        ct2 = self._routing_view()
+        self._use_view(ct2)
         hit = set(np.flatnonzero(newly).tolist())
         faults = {info.fault_id for info in self._ft.faults
                   if info.start_ns <= self.now and hit.intersection(info.links)}

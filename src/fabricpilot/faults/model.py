@@ -133,6 +133,11 @@ class FaultParams:
     * ``convergence_delay_ns``: the routing protocol has converged around a down link this long
       after detection (200 ms); until then traffic hashed onto it is black-holed.
     * ``rdma_timeout_ns``: RoCE retransmission timeout: a lost packet is resent after this.
+    * ``local_repair``: at detection, a switch drops its own port on a dead link from its
+      ECMP / adaptive-routing groups that keep another next hop (hardware fast failover),
+      and the streams it was sending there move; traffic a switch has no other way for
+      (its only link toward a leaf died) still waits for routing to converge (off: the
+      routing-protocol baseline, every switch keeps its groups until convergence).
     * ``fec_threshold``: a link whose FEC-corrected bit error rate exceeds this is flagged as
       gray (detection of gray failures from error counters).
     * ``debounce_count`` / ``debounce_window_ns``: act on a link only after this many
@@ -153,6 +158,7 @@ class FaultParams:
     detection_delay_ns: int = 100_000
     convergence_delay_ns: int = 200_000_000
     rdma_timeout_ns: int = 4_000_000
+    local_repair: bool = False
     fec_threshold: float = 1e-6
     debounce_count: int = 3
     debounce_window_ns: int = 500_000_000

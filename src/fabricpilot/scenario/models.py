@@ -1177,6 +1177,11 @@ class FaultsSpec(_Model):
         default=_FAULTS.rdma_timeout_ns, gt=0,
         description="RoCE retransmission timeout: a lost packet is resent after this",
     )
+    local_repair: bool = Field(
+        default=_FAULTS.local_repair,
+        description="at detection, switches drop their own dead ports from groups that keep "
+        "another next hop (fast failover); the rest waits for routing to converge",
+    )
     fec_threshold: float = Field(
         default=_FAULTS.fec_threshold, gt=0, le=0.5, allow_inf_nan=False,
         description="a link whose FEC-corrected bit error rate exceeds this is flagged gray",
@@ -1209,6 +1214,7 @@ class FaultsSpec(_Model):
             detection_delay_ns=self.detection_delay_ns,
             convergence_delay_ns=self.convergence_delay_ns,
             rdma_timeout_ns=self.rdma_timeout_ns,
+            local_repair=self.local_repair,
             fec_threshold=self.fec_threshold,
             debounce_count=self.debounce.count,
             debounce_window_ns=self.debounce.window_ns,

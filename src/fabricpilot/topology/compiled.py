@@ -182,6 +182,48 @@ def ecmp_tables(
     return nh_count, nh_link, hop_distance
 
 
+def with_local_repair(ct: CompiledTopology, dead: NDArray[np.bool_]) -> CompiledTopology:
+    """The topology once every switch has dropped its own ports on the links ``dead`` (a
+    mask over link ids) from its ECMP groups, where a group keeps another next hop
+    (hardware fast failover at loss of signal, before routing converges); a group whose
+    every next hop died keeps them (the switch has no other way: its traffic still goes
+    into them until routing converges upstream). Nothing else changes: distances, the other
+    switches' groups.
+
+    >>> from fabricpilot.topology.builders import leaf_spine
+    >>> ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    >>> leaf0, leaf1 = (int(ct.gpu_leaf[g]) for g in (0, 2))
+    >>> slot0, slot1 = int(ct.leaf_slot[leaf0]), int(ct.leaf_slot[leaf1])
+    >>> up = int(ct.nh_link[leaf0, slot1, 0])  # leaf0's uplink to a spine
+    >>> spine = int(ct.switch_of_node[ct.link_dst[up]])
+    >>> down_link = int(ct.nh_link[spine, slot0, 0])  # that spine's only link to leaf0
+    >>> dead = np.zeros(ct.n_links, bool); dead[[up, down_link]] = True
+    >>> rep = with_local_repair(ct, dead)
+    >>> int(rep.nh_count[leaf0, slot1]), int(rep.nh_link[leaf0, slot1, 0]) != up
+    (1, True)
+    >>> int(rep.nh_count[spine, slot0]), int(rep.nh_link[spine, slot0, 0]) == down_link
+    (1, True)
+    >>> int(rep.nh_count[leaf1, slot0])  # (leaf1 still sends to leaf0 through that spine)
+    2
+    """
+    dead = np.asarray(dead, bool)
+    nh, count = ct.nh_link, ct.nh_count
+    width = nh.shape[2]
+    member = np.arange(width) < count[..., None]
+    is_dead = member & dead[np.maximum(nh, 0)]
+    live = member & ~is_dead
+    n_live = live.sum(axis=-1)
+    fix = is_dead.any(axis=-1) & (n_live > 0)
+    if not fix.any():
+        return ct
+    # the live next hops first, in their order; the rest padded with -1
+    order = np.argsort(~live, axis=-1, kind="stable")
+    packed = np.where(np.arange(width) < n_live[..., None],
+                      np.take_along_axis(nh, order, axis=-1), -1).astype(nh.dtype)
+    return replace(ct, nh_link=np.where(fix[..., None], packed, nh),
+                   nh_count=np.where(fix, n_live, count).astype(count.dtype))
+
+
 def with_links_down(ct: CompiledTopology, down: NDArray[np.bool_]) -> CompiledTopology:
     """The topology as routing sees it once it has converged around the links ``down``
     (a mask over link ids): the same links and ids, ECMP groups rebuilt without them.

@@ -200,9 +200,11 @@ def test_params_from_the_section_and_defaults() -> None:
         "detection_delay_ns": "50us", "convergence_delay_ns": "1s", "rdma_timeout_ns": "8ms",
         "fec_threshold": "1e-7", "debounce": {"count": 1, "window_ns": "10ms"},
         "telemetry_interval_ns": "100us", "noise": {"spike_probability": 0.01,
-                                                    "spike_ber": "5e-6"}})
+                                                    "spike_ber": "5e-6"},
+        "local_repair": True})
     assert spec.to_params() == FaultParams(50_000, 1_000_000_000, 8_000_000, 1e-7, 1,
-                                           10_000_000, 100_000, 0.01, 5e-6)
+                                           10_000_000, 100_000, 0.01, 5e-6, local_repair=True)
+    assert not p.local_repair  # (the routing-protocol baseline)
 
 
 # --- random faults --------------------------------------------------------------------------

@@ -158,13 +158,13 @@ class FaultParams:
     detection_delay_ns: int = 100_000
     convergence_delay_ns: int = 200_000_000
     rdma_timeout_ns: int = 4_000_000
-    local_repair: bool = False
     fec_threshold: float = 1e-6
     debounce_count: int = 3
     debounce_window_ns: int = 500_000_000
     telemetry_interval_ns: int = 1_000_000
     noise_spike_probability: float = 0.0
     noise_spike_ber: float = 0.0
+    local_repair: bool = False
 
     def __post_init__(self) -> None:
         checks = [

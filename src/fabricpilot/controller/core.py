@@ -2180,7 +2180,8 @@ class Controller:
         src = np.array([n[3] for n in new], np.int64)
         dst = np.array([n[4] for n in new], np.int64)
         start = np.array([n[5] for n in new], np.int64)
-        if whole is not None:
+        mids = table.intern(n_path, dst)
+        if whole is not None and len(whole.rows):
             slots = self._slots
             assert slots is not None
             a, b = slots.src[whole.rows], slots.dst[whole.rows]
@@ -2188,8 +2189,14 @@ class Controller:
             src, dst = np.r_[src, a], np.r_[dst, b]
             # (where a port search starts: as a plan's)
             start = np.r_[start, (a * 1_000_003 + b) * 64 + whole.slot]
-        got, rules = table.steer(src, dst, start, table.intern(n_path, dst), n_path,
-                                 self.params.steer_tries)
+            # a slot moved whole takes candidate ``cand`` of its row's tuple: its switch
+            # path is that candidate's, interned once per (tuple, candidate) met
+            code = slots.tup[whole.rows] * (int(whole.cand.max()) + 1) + whole.cand
+            _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+            reps = first.tolist()
+            w_ids = table.intern([whole.new[r] for r in reps], b[first])[inv.ravel()]
+            mids = np.r_[mids, w_ids]
+        got, rules = table.steer(src, dst, start, mids, n_path, self.params.steer_tries)
         for (pts, j, *_), port in zip(new, got, strict=False):
             pts[j] = port
         return got[len(new):], rules

@@ -213,17 +213,25 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
                 ) -> list[PathSet]:
     """The path sets of slots moved whole (:meth:`SlotTable.move_whole`): each key's set
     with the moved slot's new path and, if ``steered``, its new source port ``ports[i]``
-    (and no explicit rule, if ``any_rules`` says a set may have some)."""
+    (and no explicit rule, if ``any_rules`` says a set may have some). The keys' paths are
+    made on the way (``moved.paths``)."""
     if not steered:
+        paths = moved.all_paths()
         return [_path_set(k, ps, old.weights, (), ())
-                for k, ps, old in zip(moved.keys, moved.paths, moved.olds, strict=True)]
+                for k, ps, old in zip(moved.keys, paths, moved.olds, strict=True)]
     out = []
-    for k, ps, old, j, port in zip(moved.keys, moved.paths, moved.olds, moved.slot.tolist(),
-                                   ports, strict=True):
+    paths = []
+    for k, p, old, j, port in zip(moved.keys, moved.new, moved.olds, moved.slot.tolist(),
+                                  ports, strict=True):
+        ps = old.paths
+        ps = (p,) if len(ps) == 1 else (*ps[:j], p, *ps[j + 1:])
+        paths.append(ps)
         pts, rls = old.ports, old.rules
         if any_rules and rls[j]:
             rls = (*rls[:j], (), *rls[j + 1:])
-        out.append(_path_set(k, ps, old.weights, (*pts[:j], port, *pts[j + 1:]), rls))
+        out.append(_path_set(k, ps, old.weights,
+                             (port,) if len(pts) == 1 else (*pts[:j], port, *pts[j + 1:]), rls))
+    moved.paths = paths
     return out
 
 
@@ -1949,7 +1957,7 @@ class Controller:
             now = {k: list(zip(ps, ws, strict=True)) for k, ps, ws, _, _ in edits.now}
             if moved is not None:
                 now.update((k, list(zip(ps, old.weights, strict=True)))
-                           for k, ps, old in zip(moved.keys, moved.paths, moved.olds,
+                           for k, ps, old in zip(moved.keys, moved.all_paths(), moved.olds,
                                                  strict=True))
             sets, report = self._steer_in(Plan(now, {}, 0.0))
             return self._healed(cause, t0, n_keys, sets, report)
@@ -2232,7 +2240,7 @@ class Controller:
         if whole is None:
             return
         assert slots is not None
-        paths.update(zip(whole.keys, map(list, map(zip, whole.paths,
+        paths.update(zip(whole.keys, map(list, map(zip, whole.all_paths(),
                                                    (old.weights for old in whole.olds))),
                          strict=True))
         slots.moved_whole(whole, whole_sets)

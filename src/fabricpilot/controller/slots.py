@@ -206,19 +206,15 @@ class SlotTable:
         keys_t, sets_t, tuples = self.keys, self.sets, self.tuples
         rows_l = rows.tolist()
         olds = [sets_t[r] for r in rows_l]
-        paths: list[tuple[tuple[int, ...], ...]] = []
         new: list[tuple[int, ...]] = []
         for old, j, u, c in zip(olds, slot.tolist(), self.tup[rows].tolist(), cand.tolist(),
                                 strict=True):
-            ps = old.paths
-            was = ps[j]
-            p = (was[0], *tuples[u][c], was[-1])  # (a plain row: one head, one tail link)
-            new.append(p)
-            paths.append((*ps[:j], p, *ps[j + 1:]))
+            was = old.paths[j]
+            new.append((was[0], *tuples[u][c], was[-1]))  # (a plain row: one head, one tail)
         g0 = cols.g_col0[grp]
         left, left_of = _column_links(cols, g0 + self.cand[self.first[rows] + slot])
         taken, taken_of = _column_links(cols, g0 + cand)
-        return WholeMoves(rows, slot, cand, [keys_t[r] for r in rows_l], olds, paths, new,
+        return WholeMoves(rows, slot, cand, [keys_t[r] for r in rows_l], olds, None, new,
                           left, left_of, taken, taken_of)
 
     def moved_whole(self, moves: WholeMoves, sets: list[PathSet]) -> None:
@@ -233,20 +229,29 @@ class SlotTable:
 class WholeMoves:
     """Slots of table rows that go whole to another candidate (:meth:`SlotTable.move_whole`):
     row ``rows[i]`` (key ``keys[i]``, installed set ``olds[i]``) has slot ``slot[i]`` on
-    candidate ``cand[i]`` now, its new path ``new[i]``, all its paths ``paths[i]``; the keys
-    leave links ``left`` (key ``left_of``, index in these) and take ``taken`` (``taken_of``)."""
+    candidate ``cand[i]`` now, its new path ``new[i]``, all its paths ``paths[i]`` (made
+    with the new sets, or by :meth:`all_paths`); the keys leave links ``left`` (key
+    ``left_of``, index in these) and take ``taken`` (``taken_of``)."""
 
     rows: NDArray[np.int64]
     slot: NDArray[np.int64]
     cand: NDArray[np.int64]
     keys: list[str]
     olds: list[PathSet]
-    paths: list[tuple[tuple[int, ...], ...]]
+    paths: list[tuple[tuple[int, ...], ...]] | None
     new: list[tuple[int, ...]]
     left: NDArray[np.int64]
     left_of: NDArray[np.int64]
     taken: NDArray[np.int64]
     taken_of: NDArray[np.int64]
+
+    def all_paths(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Each key's paths, its moved slot's replaced by the new one."""
+        if self.paths is None:
+            self.paths = [(*o.paths[:j], p, *o.paths[j + 1:])
+                          for o, j, p in zip(self.olds, self.slot.tolist(), self.new,
+                                             strict=True)]
+        return self.paths
 
 
 def _column_links(cols: Columns, col: NDArray[np.int64]

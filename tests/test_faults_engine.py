@@ -324,14 +324,10 @@ def test_a_stream_cut_off_goes_on_once_a_new_path_is_found(tmp_path: Path,
     assert c.end_ns > 1_000_000
 
 
-@pytest.mark.parametrize("policy", ["ecmp", "ideal", "adaptive", "task-aware"])
-def test_mice_to_a_leaf_that_is_gone_are_cut_off_not_hung(tmp_path: Path,
-                                                           policy: str) -> None:
-    """leaf3 (gpus 6 and 7) dies for good at 0 while mice flow between all 8 GPUs: the
-    mice to or from it are dropped and counted (the run ended in a traceback or in "flows
-    are active but none can make progress"); the job on gpus 0 and 2 finishes, and the
-    bytes not delivered are exactly those of the mice cut off in flight."""
-    data = {
+def _leaf3_gone_with_mice() -> dict[str, Any]:
+    """A job on gpus 0 and 2, Poisson mice between all 8 GPUs (one host each, two hosts
+    per leaf) for 20 us, and leaf3 (gpus 6 and 7) dying for good at 0."""
+    return {
         "name": "mice", "seed": 149,
         "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
                      "nics_per_leaf": 2, "rail_optimized": False},
@@ -340,6 +336,16 @@ def test_mice_to_a_leaf_that_is_gone_are_cut_off_not_hung(tmp_path: Path,
         "mice": {"rate_per_s": 1_000_000, "size_bytes": "64KiB", "duration_ns": "20us"},
         "faults": {"events": [{"kind": "switch_down", "switch": "leaf3", "at_ns": 0}]},
     }
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "ideal", "adaptive", "task-aware"])
+def test_mice_to_a_leaf_that_is_gone_are_cut_off_not_hung(tmp_path: Path,
+                                                           policy: str) -> None:
+    """leaf3 (gpus 6 and 7) dies for good at 0 while mice flow between all 8 GPUs: the
+    mice to or from it are dropped and counted (the run ended in a traceback or in "flows
+    are active but none can make progress"); the job on gpus 0 and 2 finishes, and the
+    bytes not delivered are exactly those of the mice cut off in flight."""
+    data = _leaf3_gone_with_mice()
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
     prep = prepare(load_scenario(path), str(path))
@@ -641,15 +647,7 @@ def test_mice_in_a_batch_that_meets_a_partition_are_routed_once(
 
     from fabricpilot.balancing.ideal import Ideal
 
-    data = {
-        "name": "mice", "seed": 149,
-        "topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
-                     "nics_per_leaf": 2, "rail_optimized": False},
-        "jobs": [{"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
-                  "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}],
-        "mice": {"rate_per_s": 1_000_000, "size_bytes": "64KiB", "duration_ns": "20us"},
-        "faults": {"events": [{"kind": "switch_down", "switch": "leaf3", "at_ns": 0}]},
-    }
+    data = _leaf3_gone_with_mice()
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
     prep = prepare(load_scenario(path), str(path))

@@ -330,7 +330,8 @@ class FaultsMixin:
             grp = t.nh_link[s0, slot]
             return ((grp == safe[..., None]) & (k < t.nh_count[s0, slot][..., None])).any(-1)
 
-        avoided = (sw >= 0) & (slot >= 0) & in_group(base) & ~in_group(view)
+        avoided = ((sw >= 0) & (slot >= 0) & (dst >= 0)[:, None] & in_group(base)
+                   & ~in_group(view))
         # the stream turns away at its first dead link if that switch drops it (the links
         # after it are not reached any more)
         first = np.argmax(is_dead, axis=1)

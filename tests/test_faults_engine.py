@@ -812,3 +812,28 @@ def test_local_repair_cannot_turn_away_what_a_spine_has_no_other_way_for(
     assert ff["bytes_lost"] < fb["bytes_lost"]
     assert at < rto_fires < converged
     assert fast.bytes_delivered == fast.bytes_sent and not fast.aborted
+
+
+def test_a_qp_out_of_retries_before_its_path_is_back_stops_its_job(tmp_path: Path) -> None:
+    """ECMP, the cable under the ring dies at 1 ms, routing converges at 6.1 ms; the streams
+    on it lost packets from 1 ms and resend every 4 ms (5, 9, 13 ms ...). With 2 retries the
+    one at 9 ms gets through: the ring ends as with unlimited retries. With 1 retry (at 5 ms,
+    before the path is back) the QP errors out at 9 ms and the job stops, named and
+    reported; with none, at 5 ms."""
+    unlimited = run_policy(_scenario(tmp_path, [RING], [DOWN]), "ecmp")
+    two = run_policy(_scenario(tmp_path, [RING], [DOWN], rdma_retry_count=2), "ecmp")
+    assert not two.aborted
+    assert two.collectives[0].end_ns == unlimited.collectives[0].end_ns
+    for retries, stop_ns in ((1, 1_000_000 + 2 * RTO_NS), (0, 1_000_000 + RTO_NS)):
+        r = run_policy(_scenario(tmp_path, [RING], [DOWN], rdma_retry_count=retries), "ecmp")
+        (why,) = r.aborted.values()
+        assert "RDMA retries exhausted" in why and f"({retries} every 4 ms)" in why
+        assert r.summary()["aborted_jobs"] == r.aborted and not r.collectives
+        assert r.sim_time_ns == stop_ns
+
+
+def test_rdma_retry_count_is_checked(tmp_path: Path) -> None:
+    from fabricpilot.errors import FabricpilotError
+
+    with pytest.raises(FabricpilotError, match="rdma_retry_count"):
+        _scenario(tmp_path, [RING], [DOWN], rdma_retry_count=8)

@@ -30,6 +30,7 @@ is reported, and the job stopped, not left hanging).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -131,7 +132,8 @@ class FaultsMixin:
     _rates: NDArray[np.float64]
     _remaining: NDArray[np.float64]
     _route_cache: dict[Any, Any]
-    _at: Callable[[int, Callable[[], None]], None]
+    _at: Callable[..., None]
+    _aborted: dict[int, str]
     _weights_from_members: Callable[[NDArray[np.int64]], None]
     _abort_job: Callable[[int, str], None]
     _drop_rows: Callable[[NDArray[np.bool_], NDArray[np.int64]], None]
@@ -156,6 +158,9 @@ class FaultsMixin:
         self._reroute_at = -math.inf            # when the controller's new paths take effect
         self._told = False                      # a controller beside the policy was told
         self._loss_since: dict[int, int] = {}   # flow id -> when it first lost a packet
+        # flow id -> the loss (its start) after which its path came back too late: its QP
+        # had made its last retransmission (rdma_retry_count) and errors out at the next
+        self._too_late: dict[int, int] = {}
         self._cut_flows: dict[int, set[int]] = {}  # flows waiting for a path to come back
         self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
@@ -604,10 +609,33 @@ class FaultsMixin:
             if since is None:
                 continue
             fires = since + math.ceil((self.now - since) / rto) * rto
+            retries = self._ft.params.rdma_retry_count
+            if retries is not None and fires > since + retries * rto:
+                self._too_late[int(self._row_flow[r])] = since
+                continue  # (its QP errors out: see _retries_out)
             if fires > self.now:
                 self._row_hold[r] = max(self._row_hold[r], float(fires))
                 self._rto_wait[int(self._row_flow[r])] = (fires, set(faults))
                 self._at(int(fires), self._mark_dirty)
+
+    def _retries_out(self, fid: int, since: int) -> None:
+        """Flow ``fid`` lost packets from ``since`` on and its QP's retransmissions
+        (``rdma_retry_count``, one per ``rdma_timeout_ns``) are spent now: if none reached
+        the peer (its path came back after the last, or not yet), the QP errors out and its
+        job stops (NCCL aborts the communicator), reported as such."""
+        if self._loss_since.get(fid) != since and self._too_late.get(fid) != since:
+            return  # (its path came back in time, or a new loss started since)
+        self._too_late.pop(fid, None)
+        r = int(np.searchsorted(self._row_flow, fid))
+        if r >= len(self._row_flow) or self._row_flow[r] != fid:
+            return  # (done, or dropped)
+        j = int(self._row_owner[r])
+        if j < 0 or j in self._aborted:
+            return
+        p = self._ft.params
+        self._abort_job(j, f"gpu{int(self._row_src[r])} -> gpu{int(self._row_dst[r])}: RDMA "
+                           f"retries exhausted ({p.rdma_retry_count} every "
+                           f"{p.rdma_timeout_ns / 1e6:g} ms) while its path was down")
 
     def _member_endpoints(self, mem: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
         """Source and destination GPU of members (a ring row's streams differ from its
@@ -850,8 +878,14 @@ class FaultsMixin:
             waste = np.divide(1.0 - self._dead_useful(window, r), d_row,
                               out=np.ones(len(r)), where=(d_row > 0) & (d_row < 1))
             resent = np.where(dead, sent * np.maximum(waste, 1.0), sent * (1.0 - gray_useful))
+            retries = self._ft.params.rdma_retry_count if self._ft is not None else None
             for fid in self._row_flow[r[dead]].tolist():
-                self._loss_since.setdefault(int(fid), self.now)
+                if fid not in self._loss_since:
+                    self._loss_since[fid] = self.now
+                    if retries is not None:  # (its QP gives up after its last retry)
+                        rto = self._ft.params.rdma_timeout_ns
+                        self._at(self.now + (retries + 1) * rto,
+                                 functools.partial(self._retries_out, fid, self.now), True)
             f_of = self._m_fault[mem]
             for f in distinct(f_of).tolist():
                 sel = f_of == f

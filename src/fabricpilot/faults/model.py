@@ -133,6 +133,9 @@ class FaultParams:
     * ``convergence_delay_ns``: the routing protocol has converged around a down link this long
       after detection (200 ms); until then traffic hashed onto it is black-holed.
     * ``rdma_timeout_ns``: RoCE retransmission timeout: a lost packet is resent after this.
+    * ``rdma_retry_count``: retransmissions a RoCE QP makes (one per ``rdma_timeout_ns``)
+      before it gives up: a stream still without a path after that errors out, and its job
+      with it (``None``: it retries until its path is back). NICs allow at most 7.
     * ``local_repair``: at detection, a switch drops its own port on a dead link from its
       ECMP / adaptive-routing groups that keep another next hop (hardware fast failover),
       and the streams it was sending there move; traffic a switch has no other way for
@@ -165,6 +168,7 @@ class FaultParams:
     noise_spike_probability: float = 0.0
     noise_spike_ber: float = 0.0
     local_repair: bool = False
+    rdma_retry_count: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -177,6 +181,8 @@ class FaultParams:
             ("telemetry_interval_ns", self.telemetry_interval_ns > 0, "> 0"),
             ("noise_spike_probability", 0 <= self.noise_spike_probability <= 1, "in [0, 1]"),
             ("noise_spike_ber", 0 <= self.noise_spike_ber <= 0.5, "in [0, 0.5]"),
+            ("rdma_retry_count", self.rdma_retry_count is None or 0 <= self.rdma_retry_count <= 7,
+             "in [0, 7]"),
         ]
         for name, ok, bound in checks:
             if not ok:

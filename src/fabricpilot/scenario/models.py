@@ -1177,6 +1177,11 @@ class FaultsSpec(_Model):
         default=_FAULTS.rdma_timeout_ns, gt=0,
         description="RoCE retransmission timeout: a lost packet is resent after this",
     )
+    rdma_retry_count: int | None = Field(
+        default=_FAULTS.rdma_retry_count, ge=0, le=7,
+        description="retransmissions a RoCE QP makes before it gives up (its job errors out); "
+        "unset: it retries until its path is back",
+    )
     local_repair: bool = Field(
         default=_FAULTS.local_repair,
         description="at detection, switches drop their own dead ports from groups that keep "
@@ -1215,6 +1220,7 @@ class FaultsSpec(_Model):
             convergence_delay_ns=self.convergence_delay_ns,
             rdma_timeout_ns=self.rdma_timeout_ns,
             local_repair=self.local_repair,
+            rdma_retry_count=self.rdma_retry_count,
             fec_threshold=self.fec_threshold,
             debounce_count=self.debounce.count,
             debounce_window_ns=self.debounce.window_ns,

@@ -830,6 +830,12 @@ def test_a_qp_out_of_retries_before_its_path_is_back_stops_its_job(tmp_path: Pat
         assert "RDMA retries exhausted" in why and f"({retries} every 4 ms)" in why
         assert r.summary()["aborted_jobs"] == r.aborted and not r.collectives
         assert r.sim_time_ns == stop_ns
+    # a timer far shorter than the steps between events: the QP gives up 1 us after the
+    # loss, inside the step up to detection (the engine went back in time there)
+    r = run_policy(_scenario(tmp_path, [RING], [DOWN], rdma_retry_count=0,
+                             rdma_timeout_ns=1_000), "ecmp")
+    (why,) = r.aborted.values()
+    assert "(0 every 1 us)" in why and r.sim_time_ns == 1_000_000 + 1_000
 
 
 def test_rdma_retry_count_is_checked(tmp_path: Path) -> None:

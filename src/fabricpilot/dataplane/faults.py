@@ -236,6 +236,15 @@ class FaultsMixin:
                 self._owner_fault[links] = np.where(
                     self._phys_down[links] | (self._drop_p[links] > 0),
                     self._owner_fault[links], -1)
+            if (ev.kind == "down" and not self._instant and self._ft is not None
+                    and self._ft.params.rdma_retry_count is not None and len(self._m_path)):
+                # streams on the links now dead lose packets from now on: their QPs' retry
+                # budgets start (one more timer after the last retry, they give up)
+                on = self._members_on(links)
+                if on.any():
+                    rows = self._member_rows()[on]
+                    for fid in distinct(self._row_flow[rows]).tolist():
+                        self._start_loss(fid, self.now)
             if self._instant:  # the bound: everything moves to live paths at once
                 if ev.kind == "down":
                     rec.detected_ns = rec.detected_ns if rec.detected_ns is not None \
@@ -618,6 +627,18 @@ class FaultsMixin:
                 self._rto_wait[int(self._row_flow[r])] = (fires, set(faults))
                 self._at(int(fires), self._mark_dirty)
 
+    def _start_loss(self, fid: int, not_before: int) -> None:
+        """Flow ``fid`` loses packets from now on (a loss episode starts); with
+        ``rdma_retry_count``, its QP gives up one timer after its last retry, checked then
+        (or at ``not_before``, the end of the step being accounted: the clock is at its
+        start)."""
+        self._loss_since[fid] = self.now
+        retries = self._ft.params.rdma_retry_count if self._ft is not None else None
+        if retries is not None:
+            rto = self._ft.params.rdma_timeout_ns
+            self._at(max(self.now + (retries + 1) * rto, not_before),
+                     functools.partial(self._retries_out, fid, self.now), True)
+
     def _retries_out(self, fid: int, since: int) -> None:
         """Flow ``fid`` lost packets from ``since`` on and its QP's retransmissions
         (``rdma_retry_count``, one per ``rdma_timeout_ns``) are spent now: if none reached
@@ -633,9 +654,11 @@ class FaultsMixin:
         if j < 0 or j in self._aborted:
             return
         p = self._ft.params
+        rto = (f"{p.rdma_timeout_ns / 1e6:g} ms" if p.rdma_timeout_ns >= 1_000_000 else
+               f"{p.rdma_timeout_ns / 1e3:g} us")
         self._abort_job(j, f"gpu{int(self._row_src[r])} -> gpu{int(self._row_dst[r])}: RDMA "
-                           f"retries exhausted ({p.rdma_retry_count} every "
-                           f"{p.rdma_timeout_ns / 1e6:g} ms) while its path was down")
+                           f"retries exhausted ({p.rdma_retry_count} every {rto}) while its "
+                           "path was down")
 
     def _member_endpoints(self, mem: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
         """Source and destination GPU of members (a ring row's streams differ from its
@@ -878,14 +901,9 @@ class FaultsMixin:
             waste = np.divide(1.0 - self._dead_useful(window, r), d_row,
                               out=np.ones(len(r)), where=(d_row > 0) & (d_row < 1))
             resent = np.where(dead, sent * np.maximum(waste, 1.0), sent * (1.0 - gray_useful))
-            retries = self._ft.params.rdma_retry_count if self._ft is not None else None
             for fid in self._row_flow[r[dead]].tolist():
                 if fid not in self._loss_since:
-                    self._loss_since[fid] = self.now
-                    if retries is not None:  # (its QP gives up after its last retry)
-                        rto = self._ft.params.rdma_timeout_ns
-                        self._at(self.now + (retries + 1) * rto,
-                                 functools.partial(self._retries_out, fid, self.now), True)
+                    self._start_loss(fid, self.now + dt)
             f_of = self._m_fault[mem]
             for f in distinct(f_of).tolist():
                 sel = f_of == f

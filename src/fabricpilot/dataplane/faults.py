@@ -157,10 +157,11 @@ class FaultsMixin:
         self._held_flows: set[int] = set()      # flows (rows) paused for a fault
         self._reroute_at = -math.inf            # when the controller's new paths take effect
         self._told = False                      # a controller beside the policy was told
-        self._loss_since: dict[int, int] = {}   # flow id -> when it first lost a packet
-        # flow id -> the loss (its start) after which its path came back too late: its QP
-        # had made its last retransmission (rdma_retry_count) and errors out at the next
-        self._too_late: dict[int, int] = {}
+        # flow id -> stream (QP) of it -> when it first lost a packet
+        self._loss_since: dict[int, dict[int, int]] = {}
+        # (flow id, stream) -> the loss (its start) after which its path came back too late:
+        # its QP had made its last retransmission (rdma_retry_count), errors out at the next
+        self._too_late: dict[tuple[int, int], int] = {}
         self._cut_flows: dict[int, set[int]] = {}  # flows waiting for a path to come back
         self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
@@ -242,9 +243,10 @@ class FaultsMixin:
                 # budgets start (one more timer after the last retry, they give up)
                 on = self._members_on(links)
                 if on.any():
-                    rows = self._member_rows()[on]
-                    for fid in distinct(self._row_flow[rows]).tolist():
-                        self._start_loss(fid, self.now)
+                    for fid, st in zip(self._m_flow[on].tolist(), self._m_stream[on].tolist(),
+                                       strict=True):
+                        if st not in self._loss_since.get(fid, {}):
+                            self._start_loss(fid, st, self.now)
             if self._instant:  # the bound: everything moves to live paths at once
                 if ev.kind == "down":
                     rec.detected_ns = rec.detected_ns if rec.detected_ns is not None \
@@ -492,7 +494,15 @@ class FaultsMixin:
                 self._wait_for_timeout(distinct(rows[mem]), faults)
             self._rejoin(known)  # (cut-off streams that have a whole path now go on)
         self._cut_for_good(faults)
-        self._loss_since.clear()
+        # the loss episodes end for the streams off dead links now; those still on one (a
+        # fault routing has not converged on yet) go on losing since they began
+        if self._loss_since:
+            still = self._members_on(np.flatnonzero(self._phys_down))
+            on_dead = set(zip(self._m_flow[still].tolist(), self._m_stream[still].tolist(),
+                              strict=True))
+            kept = {f: {st: t for st, t in by.items() if (f, st) in on_dead}
+                    for f, by in self._loss_since.items()}
+            self._loss_since = {f: by for f, by in kept.items() if by}
         self._release_held()
 
     def _spread_off(self, hit: NDArray[np.bool_], ct2: Any | None, faults: set[int]
@@ -613,40 +623,46 @@ class FaultsMixin:
         packets resends them when its retransmission timer next fires (``rdma_timeout_ns``
         after the first loss, and every timeout after that)."""
         rto = self._ft.params.rdma_timeout_ns
+        retries = self._ft.params.rdma_retry_count
         for r in rows.tolist():
-            since = self._loss_since.get(int(self._row_flow[r]))
-            if since is None:
+            fid = int(self._row_flow[r])
+            by_stream = self._loss_since.get(fid)
+            if not by_stream:
                 continue
-            fires = since + math.ceil((self.now - since) / rto) * rto
-            retries = self._ft.params.rdma_retry_count
-            if retries is not None and fires > since + retries * rto:
-                self._too_late[int(self._row_flow[r])] = since
-                continue  # (its QP errors out: see _retries_out)
+            # (a ring's row goes on once each of its streams that lost packets resent them)
+            fires = -1
+            for st, since in by_stream.items():
+                f = since + math.ceil((self.now - since) / rto) * rto
+                if retries is not None and f > since + retries * rto:
+                    self._too_late[(fid, st)] = since  # (its QP errors out: _retries_out)
+                fires = max(fires, f)
             if fires > self.now:
                 self._row_hold[r] = max(self._row_hold[r], float(fires))
                 self._rto_wait[int(self._row_flow[r])] = (fires, set(faults))
                 self._at(int(fires), self._mark_dirty)
 
-    def _start_loss(self, fid: int, not_before: int) -> None:
-        """Flow ``fid`` loses packets from now on (a loss episode starts); with
-        ``rdma_retry_count``, its QP gives up one timer after its last retry, checked then
-        (or at ``not_before``, the end of the step being accounted: the clock is at its
-        start)."""
-        self._loss_since[fid] = self.now
+    def _start_loss(self, fid: int, stream: int, not_before: int) -> None:
+        """Stream ``stream`` of flow ``fid`` loses packets from now on (a loss episode
+        starts); with ``rdma_retry_count``, its QP gives up one timer after its last retry,
+        checked then (or at ``not_before``, the end of the step being accounted: the clock
+        is at its start)."""
+        self._loss_since.setdefault(fid, {})[stream] = self.now
         retries = self._ft.params.rdma_retry_count if self._ft is not None else None
         if retries is not None:
             rto = self._ft.params.rdma_timeout_ns
             self._at(max(self.now + (retries + 1) * rto, not_before),
-                     functools.partial(self._retries_out, fid, self.now), True)
+                     functools.partial(self._retries_out, fid, stream, self.now), True)
 
-    def _retries_out(self, fid: int, since: int) -> None:
-        """Flow ``fid`` lost packets from ``since`` on and its QP's retransmissions
-        (``rdma_retry_count``, one per ``rdma_timeout_ns``) are spent now: if none reached
-        the peer (its path came back after the last, or not yet), the QP errors out and its
-        job stops (NCCL aborts the communicator), reported as such."""
-        if self._loss_since.get(fid) != since and self._too_late.get(fid) != since:
+    def _retries_out(self, fid: int, stream: int, since: int) -> None:
+        """Stream ``stream`` of flow ``fid`` lost packets from ``since`` on and its QP's
+        retransmissions (``rdma_retry_count``, one per ``rdma_timeout_ns``) are spent now:
+        if none reached the peer (its path came back after the last, or not yet), the QP
+        errors out and its job stops (NCCL aborts the communicator), reported as such."""
+        key = (fid, stream)
+        if (self._loss_since.get(fid, {}).get(stream) != since
+                and self._too_late.get(key) != since):
             return  # (its path came back in time, or a new loss started since)
-        self._too_late.pop(fid, None)
+        self._too_late.pop(key, None)
         r = int(np.searchsorted(self._row_flow, fid))
         if r >= len(self._row_flow) or self._row_flow[r] != fid:
             return  # (done, or dropped)
@@ -901,9 +917,10 @@ class FaultsMixin:
             waste = np.divide(1.0 - self._dead_useful(window, r), d_row,
                               out=np.ones(len(r)), where=(d_row > 0) & (d_row < 1))
             resent = np.where(dead, sent * np.maximum(waste, 1.0), sent * (1.0 - gray_useful))
-            for fid in self._row_flow[r[dead]].tolist():
-                if fid not in self._loss_since:
-                    self._start_loss(fid, self.now + dt)
+            for fid, st in zip(self._row_flow[r[dead]].tolist(),
+                               self._m_stream[mem[dead]].tolist(), strict=True):
+                if st not in self._loss_since.get(fid, {}):
+                    self._start_loss(fid, st, self.now + dt)
             f_of = self._m_fault[mem]
             for f in distinct(f_of).tolist():
                 sel = f_of == f

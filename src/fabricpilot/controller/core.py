@@ -452,8 +452,7 @@ class _KeysByLink(Mapping[int, set[str]]):
         return cls(srt[first], np.r_[first, len(srt)].astype(np.int64), owner[by_link], keys)
 
     def __getitem__(self, link: int) -> set[str]:
-        if link in self._lazy:
-            self._fold(link)
+        self._fold(link)
         row = self._row.get(link)
         edits = self._edits.get(link)
         if row is None:
@@ -485,8 +484,7 @@ class _KeysByLink(Mapping[int, set[str]]):
 
     def add(self, link: int, key: str) -> None:
         """``key`` uses ``link`` (the link is added if new)."""
-        if link in self._lazy:
-            self._fold(link)
+        self._fold(link)
         self._edits.setdefault(link, {})[key] = True
 
     def move(self, key: str, gone: set[int], new: set[int]) -> None:
@@ -535,17 +533,20 @@ class _KeysByLink(Mapping[int, set[str]]):
             self.fold_all()
 
     def _fold(self, link: int) -> None:
-        """Apply the deferred changes of ``link`` (it has some)."""
+        """Apply the deferred changes of ``link``, if it has some."""
+        batches = self._lazy.pop(link, None)
+        if batches is None:
+            return
         e = self._edits.setdefault(link, {})
-        for lk_s, own, keys, there in self._lazy.pop(link):
+        for lk_s, own, keys, there in batches:
             lo, hi = np.searchsorted(lk_s, [link, link + 1]).tolist()
             e.update(dict.fromkeys([keys[i] for i in own[lo:hi].tolist()], there))
+            self._lazy_n -= hi - lo
 
     def fold_all(self) -> None:
         """Apply every deferred change (see :meth:`defer`)."""
         for link in list(self._lazy):
             self._fold(link)
-        self._lazy_n = 0
 
     def rows_on(self, link: int, row_of: Mapping[str, int]) -> tuple[NDArray[np.int64],
                                                                       list[str]]:
@@ -561,8 +562,7 @@ class _KeysByLink(Mapping[int, set[str]]):
         >>> sorted(idx.rows_on(1, {"a": 0, "b": 1})[0].tolist())
         [0, 1]
         """
-        if link in self._lazy:
-            self._fold(link)
+        self._fold(link)
         row = self._row.get(link)
         bulk = (self._owner[self._ptr[row]:self._ptr[row + 1]] if row is not None
                 else np.zeros(0, np.int64))
@@ -587,8 +587,7 @@ class _KeysByLink(Mapping[int, set[str]]):
         """``key`` no longer uses ``link``; ``KeyError`` if the link is not indexed."""
         if link not in self:
             raise KeyError(link)
-        if link in self._lazy:
-            self._fold(link)
+        self._fold(link)
         self._edits.setdefault(link, {})[key] = False
 
 

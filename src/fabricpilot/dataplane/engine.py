@@ -454,6 +454,14 @@ class Engine(FaultsMixin):
         self._moves += len(mem)
         self._weights_from_members(row)
 
+    def _keep_members(self, keep: NDArray[np.bool_]) -> None:
+        """Only the members ``keep`` (a mask) are left, in order."""
+        self._m_flow = self._m_flow[keep]
+        self._m_stream = self._m_stream[keep]
+        self._m_share = self._m_share[keep]
+        self._m_path = self._m_path[keep]
+        self._m_key = self._m_key[keep]
+
     def _weights_from_members(self, row: NDArray[np.int64]) -> None:
         """Rows' weights again from their members' paths (after a path change): the sum of
         each member's path, scaled by its share (``row``: each member's row)."""
@@ -787,12 +795,7 @@ class Engine(FaultsMixin):
         self._row_owner = self._row_owner[keep]
         self._row_single = self._row_single[keep]
         if self._track:
-            stay = ~np.isin(self._m_flow, ids)
-            self._m_flow = self._m_flow[stay]
-            self._m_stream = self._m_stream[stay]
-            self._m_share = self._m_share[stay]
-            self._m_path = self._m_path[stay]
-            self._m_key = self._m_key[stay]
+            self._keep_members(~np.isin(self._m_flow, ids))
         # (rows just added have no rate yet: the rates cover a prefix of the rows)
         self._rates = self._rates[keep[:len(self._rates)]]
         if len(self._goodput) == len(keep):

@@ -135,6 +135,7 @@ class FaultsMixin:
     _at: Callable[..., None]
     _aborted: dict[int, str]
     _weights_from_members: Callable[[NDArray[np.int64]], None]
+    _keep_members: Callable[[NDArray[np.bool_]], None]
     _abort_job: Callable[[int, str], None]
     _drop_rows: Callable[[NDArray[np.bool_], NDArray[np.int64]], None]
     _mark_dirty: Callable[[], None]
@@ -295,16 +296,20 @@ class FaultsMixin:
         self._at(self.now + self._ft.params.convergence_delay_ns,
                  lambda: self._converge(links))
 
-    def _routing_view(self) -> Any:
-        """The ECMP groups the switches use now: converged around the links routing knows
-        are down and, with ``local_repair``, without each switch's own ports on links seen
-        down since, where another next hop is left."""
-        view = with_links_down(self.ct, self._route_down)
+    def _routing_views(self) -> tuple[Any, Any]:
+        """The ECMP groups as routing has converged (around the links it knows are down),
+        and those the switches use now: with ``local_repair``, also without each switch's
+        own ports on links seen down since, where another next hop is left."""
+        base = with_links_down(self.ct, self._route_down)
         if self._ft is not None and self._ft.params.local_repair:
-            seen = self._known_down & self._phys_down & ~self._route_down
+            seen = self._seen_down()
             if seen.any():
-                view = with_local_repair(view, seen)
-        return view
+                return base, with_local_repair(base, seen)
+        return base, base
+
+    def _seen_down(self) -> NDArray[np.bool_]:
+        """Links down that the neighbours have seen and routing has not converged on."""
+        return self._known_down & self._phys_down & ~self._route_down
 
     def _use_view(self, view: Any) -> None:
         """The policy routes on ``view`` from now on."""
@@ -317,11 +322,11 @@ class FaultsMixin:
 
     def _local_repair(self, links: NDArray[np.int64], fault_id: int) -> None:
         """Fast failover at detection (``local_repair``): the switches drop their ports on
-        ``links`` from the groups that keep another next hop, and the streams whose every
-        dead link on their path is so dropped move (hashed again, or the policy's own
+        ``links`` from the groups that keep another next hop, and the streams whose first
+        dead link is so dropped turn away there (hashed again, or the policy's own
         ``repath``, on those groups; a sprayed stream's share goes to its live paths); the
         others keep sending into the dead links until routing converges."""
-        view = self._routing_view()
+        base, view = self._routing_views()
         self._use_view(view)
         hit = self._members_on(links)
         if not hit.any():
@@ -331,14 +336,13 @@ class FaultsMixin:
         path = self._m_path[mem]
         valid = path >= 0
         safe = np.where(valid, path, 0)
-        seen = self._known_down & self._phys_down & ~self._route_down
+        seen = self._seen_down()
         is_dead = valid & seen[safe]
         # a dead link is avoided where its upstream switch had it in the group toward the
         # stream's leaf and has it no more
-        _, dst = self._member_endpoints(mem)
+        src, dst = self._member_endpoints(mem)
         slot = np.broadcast_to(ct.leaf_slot[ct.gpu_leaf[dst]][:, None], safe.shape)
         sw = ct.switch_of_node[ct.link_src[safe]]
-        base = with_links_down(ct, self._route_down)
         k = np.arange(ct.nh_link.shape[2])
 
         def in_group(t: Any) -> NDArray[np.bool_]:
@@ -360,9 +364,8 @@ class FaultsMixin:
             keep[mem[movable]] = True
             self._spread_off(keep, view, faults)  # (a stream with no live path stays)
         else:
-            mem = mem[movable]
+            mem, src, dst = mem[movable], src[movable], dst[movable]
             rows = self._member_rows()
-            src, dst = self._member_endpoints(mem)
             new, failed = self._repath_each(self._row_owner[rows[mem]], src, dst, mem, view)
             ok = ~failed & ~self._crosses(new, self._route_down | seen)
             if ok.any():
@@ -385,7 +388,7 @@ class FaultsMixin:
         if self._instant:
             self._known_down[links] = self._phys_down[links]
         newly = self._route_down & ~before
-        ct2 = self._routing_view()
+        _, ct2 = self._routing_views()
         self._use_view(ct2)
         hit = set(np.flatnonzero(newly).tolist())
         faults = {info.fault_id for info in self._ft.faults
@@ -531,11 +534,8 @@ class FaultsMixin:
         spread_rows = distinct(rows[drop])
         n_streams = len(distinct(inv[drop]))
         keep = ~drop
-        self._m_share = (self._m_share * scale[inv])[keep]
-        self._m_flow = self._m_flow[keep]
-        self._m_stream = self._m_stream[keep]
-        self._m_path = self._m_path[keep]
-        self._m_key = self._m_key[keep]
+        self._m_share = self._m_share * scale[inv]
+        self._keep_members(keep)
         if len(self._m_fault) == len(keep):
             self._m_fault = self._m_fault[keep]
         self._weights_from_members(self._member_rows())

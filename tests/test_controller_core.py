@@ -780,6 +780,44 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     _check_consistent(ctl)
 
 
+def test_what_a_heal_replaced_is_freed_at_the_next_control_period(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heal keeps the records it replaced (the moved keys' old path lists, exactly those)
+    until the next control period frees them; a burst of heals with no period between
+    them holds the last ``_RETIRED_MAX`` heals' worth; a plan frees it too."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller import core
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(7).permutation(64).tolist()
+    ctl.declare(Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    assert ctl._retired == []
+    before = dict(ctl.current.paths)
+    cable = sorted(_hottest_cable(ctl))
+    assert ctl.on_links_changed(cable, []).affected > 0
+    moved = {k for k, v in ctl.current.paths.items() if v is not before[k]}
+    assert moved and len(ctl._retired) == 1
+    held = [x for x in ctl._retired[0] if isinstance(x, list)]
+    assert sorted(map(id, held)) == sorted(id(before[k]) for k in moved)
+    ctl.tick()
+    assert ctl._retired == []
+    # four more cables fail (each repaired before the next), no period between them
+    monkeypatch.setattr(core, "_RETIRED_MAX", 2)
+    kept: list[list[object]] = []
+    for _ in range(4):
+        cable = sorted(_hottest_cable(ctl))
+        assert ctl.on_links_changed(cable, []).affected > 0
+        kept.append(ctl._retired[-1])
+        ctl.on_links_changed([], cable)
+    assert [id(x) for x in ctl._retired] == [id(x) for x in kept[2:]]
+    ctl.plan()
+    assert ctl._retired == []
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_a_dead_share_that_would_overload_a_link_is_spread(compiled: bool) -> None:
     """Two ring AllReduce jobs of 32 GPUs: every pair at 400 Gb/s in 4 QPs of 100 Gb/s, the

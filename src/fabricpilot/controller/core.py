@@ -263,6 +263,9 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
     return ids
 
 
+_RETIRED_MAX = 64  # heals whose replaced records wait for a control period to be freed
+
+
 @dataclass
 class _SetEdits:
     """What a heal changes in the moving keys' sets (see ``Controller._edit_sets``)."""
@@ -656,6 +659,10 @@ class Controller:
         self._load_rows: NDArray[np.float64] | None = None
         # keys whose installed paths are not the plan's (a path left to its hash)
         self._spilled: set[str] = set()
+        # what heals replaced in the records (old paths and path sets), one entry per heal:
+        # freed at the next control period or plan (:meth:`_release`), not while a burst of
+        # failures is being healed (freeing them reads as much cold memory as making them)
+        self._retired: list[object] = []
         # the installed sets of the last whole plan, in columns (what a heal reads first),
         # and the GPUs of the pairs of the plan steered last (to make it)
         self._slots: SlotTable | None = None
@@ -1103,6 +1110,7 @@ class Controller:
         anything (:class:`PlanInterrupted`; the controller is left as it was)."""
         # many long-lived objects and no reference cycles: spare the collector its passes
         with _gc_paused(promote=True):
+            self._release()
             kept = self._kept()
             try:
                 with self._yielding(may_yield):
@@ -2223,8 +2231,12 @@ class Controller:
         assert self.current is not None
         self._settle_load(edits)
         paths = self.current.paths
+        # (the replaced paths, and the old sets ``edits`` and ``whole`` hold, are retired)
+        gone: list[object] = [edits, whole]
         for r in sets:
+            gone.append(paths.get(r.key))
             paths[r.key] = list(zip(r.paths, r.weights, strict=True))
+        self._retire(gone)
         moves = edits.moves
         for i, was, p in edits.lazy:
             o, n = set(was), set(p)
@@ -2239,6 +2251,7 @@ class Controller:
         if whole is None:
             return
         assert slots is not None
+        gone.extend(map(paths.__getitem__, whole.keys))
         paths.update(zip(whole.keys, map(list, map(zip, whole.all_paths(),
                                                    (old.weights for old in whole.olds))),
                          strict=True))
@@ -2275,7 +2288,21 @@ class Controller:
         costs one plan, not one per period."""
         with _gc_paused():
             self._seen = {}
-            return replace(self._tick(now_ns), **self._seen)
+            try:
+                return replace(self._tick(now_ns), **self._seen)
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        """Free what the heals since the last call replaced (:attr:`_retired`)."""
+        self._retired.clear()
+
+    def _retire(self, gone: list[object]) -> None:
+        """Keep what a heal replaced until :meth:`_release`; past ``_RETIRED_MAX`` heals
+        without a control period, the oldest heal's is freed now."""
+        if len(self._retired) >= _RETIRED_MAX:
+            del self._retired[0]
+        self._retired.append(gone)
 
     def port_changes(self, deltas: list[PortDelta]) -> tuple[list[int], list[int]]:
         """The links whose switch reports, in ``deltas``, the port gone down (and that are

@@ -868,9 +868,17 @@ class FaultsMixin:
             return rates
         if not (self._row_dead.any() or self._row_loss.any()):
             return rates
-        window_pkts = rates * np.maximum(2 * self._row_latency, 1) / (8.0 * self.fabric.mtu_bytes)
-        gray = 1.0 / (1.0 + self._row_loss * (1.0 + window_pkts))
+        window_pkts, gray = self._go_back_n(rates)
         return rates * self._dead_useful(window_pkts) * gray
+
+    def _go_back_n(self, rates: NDArray[np.float64],
+                   rows: NDArray[np.int64] | slice = slice(None),
+                   ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """For rows ``rows`` sending at ``rates`` (theirs): the packets of one round trip
+        ``W``, and the share of their bytes a gray loss of ``p`` per packet leaves useful,
+        ``1 / (1 + p (1 + W))`` (each loss costs the packet and the ``W`` sent after it)."""
+        window = rates * np.maximum(2 * self._row_latency[rows], 1) / (8.0 * self.fabric.mtu_bytes)
+        return window, 1.0 / (1.0 + self._row_loss[rows] * (1.0 + window))
 
     def _dead_useful(self, window_pkts: NDArray[np.float64],
                      rows: NDArray[np.int64] | slice = slice(None)) -> NDArray[np.float64]:
@@ -908,9 +916,7 @@ class FaultsMixin:
             dead = (self._phys_down[safe] & valid).any(axis=1)
             # a dead member's bytes are lost and sent again; a gray member's useless share
             # (the lost packets and the go-back-N window after each) is sent again
-            window = self._rates[r] * np.maximum(2 * self._row_latency[r], 1) / (
-                8.0 * self.fabric.mtu_bytes)
-            gray_useful = 1.0 / (1.0 + self._row_loss[r] * (1.0 + window))
+            window, gray_useful = self._go_back_n(self._rates[r], r)
             # (a dead member of a stream sprayed to an in-order NIC also carries what its
             # live paths resend, going back N after each of its losses: see _dead_useful)
             d_row = np.clip(self._row_dead[r], 0.0, 1.0)

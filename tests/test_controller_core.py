@@ -780,6 +780,36 @@ def test_a_heal_moves_only_the_shares_on_the_dead_link(compiled: bool,
     _check_consistent(ctl)
 
 
+def test_a_gpu_with_as_many_peers_as_parts_gets_one_qp_per_peer() -> None:
+    """parts = 4: a ring AllReduce's pairs (one peer per GPU) are planned in 4 QPs; an
+    AlltoAll of 8 GPUs (7 peers each) has one QP per pair, on one path with all of the
+    pair's rate; an AlltoAll of 4 GPUs (3 peers, fewer than 4) has its pairs in parts."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
+                     ControllerParams(parts=4))
+    order = np.random.default_rng(3).permutation(64).tolist()
+    jobs = {"ring": ("allreduce", order[:16]), "a2a8": ("alltoall", order[16:24]),
+            "a2a4": ("alltoall", order[24:28])}
+    for name, (pattern, gpus) in jobs.items():
+        ctl.declare(Intent(name, "t", tuple(gpus), (CommCall(pattern, 1 << 24, 900.0, 0),)))
+    rep = ctl.plan()
+    whole = {job: {d.whole for k, d in ctl._demand.items() if k.startswith(job + ":")}
+             for job in jobs}
+    assert whole == {"ring": {False}, "a2a8": {True}, "a2a4": {False}}
+    qps = 0
+    for key, s in ctl._installed.items():
+        qps += len(s.paths)
+        if key.startswith("a2a8:"):
+            assert len(s.paths) == len(s.ports) == 1 and s.weights == (1.0,)
+    # the ring's and the small AlltoAll's pairs that have several paths use several
+    multi = {k.split(":")[0] for k, s in ctl._installed.items() if len(s.paths) > 1}
+    assert multi == {"ring", "a2a4"}
+    assert rep.steered + rep.pinned + rep.unpinned == qps
+
+
 def test_what_a_heal_replaced_is_freed_at_the_next_control_period(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A heal keeps the records it replaced (the moved keys' old path lists, exactly those)
@@ -1364,10 +1394,11 @@ def _fault_run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 40) -> i
     def controller() -> Controller:
         ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
                          ControllerParams(parts=parts))
+        # (a ring's pairs are in parts, an AlltoAll's one QP each)
         ctl.declare(Intent("a", "t", tuple(order[:32]),
-                           (CommCall("alltoall", 1 << 24, 900.0, 0),)))
-        ctl.declare(Intent("b", "t", tuple(order[32:56]),
                            (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+        ctl.declare(Intent("b", "t", tuple(order[32:56]),
+                           (CommCall("alltoall", 1 << 24, 900.0, 0),)))
         ctl.plan()
         return ctl
 
@@ -1446,7 +1477,7 @@ def test_the_plan_s_records_follow_its_sets_through_many_faults(
     assert _fault_run(SEED_JOINED, monkeypatch) > 0
 
 
-SEED_JOINED = 33  # (a run in which a share joins a dead share not moved yet)
+SEED_JOINED = 24  # (a run in which a share joins a dead share not moved yet)
 
 
 def test_a_plan_s_lambda_is_that_of_the_fabric_links_as_after_a_heal() -> None:

@@ -32,10 +32,11 @@ from fabricpilot.topology.paths import walk_paths
 K = 8  # fat-tree: 128 GPUs, 8 pods; 4 aggregations per pod, 4 cores per aggregation
 
 
-def _ctx(per_switch: bool, entropy: bool = True, rules: int = 4096) -> PolicyContext:
+def _ctx(per_switch: bool, entropy: bool = True, rules: int = 4096, parts: int = 4,
+         ) -> PolicyContext:
     ct = compile_topology(fat_tree(k=K))
     return PolicyContext(ct, 7, 600, EcmpParams(1, entropy, per_switch),
-                         controller=ControllerParams(switch_rule_capacity=rules))
+                         controller=ControllerParams(parts=parts, switch_rule_capacity=rules))
 
 
 def _twin_path(ctx: PolicyContext, src: int, dst: int, port: int) -> tuple[int, ...]:
@@ -230,9 +231,14 @@ def test_spilled_demands_are_replanned_on_entropy_paths_only_if_that_loads_less(
 def test_a_failure_resteers_only_the_paths_that_changed() -> None:
     """After a link fails, a re-placed path set keeps the source port of every path it
     already had; new paths get ports whose hash (checked by the twin) lands on them."""
-    ctx = _ctx(per_switch=True)
-    _, ctl = _alltoall_controller(ctx)
+    ctx = _ctx(per_switch=True, parts=8)
+    # an AlltoAll of 8 GPUs in different pods: 7 peers each, fewer than the 8 parts, so
+    # each pair is planned in 8 QPs (up to 8 of its 16 paths)
+    ctl = Controller(TaskAware(ctx), ctx.controller)
+    ctl.declare(Intent("a2a", "t", tuple(range(0, 128, 16)),
+                       (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
     ctl.plan()
+    assert max(len(s.paths) for s in ctl._installed.values()) > 1
     before = dict(ctl._installed)
     load = ctl.current.link_load_gbps
     fabric = [lk for lk, li in ctl.view.links.items() if li.kind == "fabric"]
@@ -381,6 +387,6 @@ def test_a_plan_interns_one_path_per_candidate_of_its_tuples(monkeypatch) -> Non
     assert seen["parts"] is not None and seen["parts"].plain.all()
     by_id = {i: sw for sw, i in seen["table"].ids.items()}
     assert [by_id[i] for i in ids] == [p[1:-1] for p in paths]
-    # 64 GPUs: 4032 pairs; each switch path interned once
-    assert len({p[:1] + p[-1:] for p in paths}) == 64 * 63
-    assert sum(interned) == len({p[1:-1] for p in paths}) < len(paths) / 2
+    # 64 GPUs: 4032 pairs, one QP each (an AlltoAll); each switch path interned once
+    assert len({p[:1] + p[-1:] for p in paths}) == len(paths) == 64 * 63
+    assert sum(interned) == len({p[1:-1] for p in paths}) < len(paths)

@@ -103,9 +103,9 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
                           sweeps: int = 2) -> tuple[dict[str, list], np.ndarray, float, int]:
     """``plan_greedy`` as it was before demands were aggregated, in plain Python: one column
     per candidate (its links as a set), greedy placement skipping the links on all of a
-    demand's candidates, ``sweeps`` full re-insertion rounds, then the same local search
-    (on at most 2 000 parts). Returns the paths, the loads (rows: sorted link ids),
-    ``lambda`` and the local-search moves."""
+    demand's candidates (a ``whole`` demand as one part of its whole rate), ``sweeps`` full
+    re-insertion rounds, then the same local search (on at most 2 000 parts). Returns the
+    paths, the loads (rows: sorted link ids), ``lambda`` and the local-search moves."""
     links = sorted(capacity)
     row = {lk: i for i, lk in enumerate(links)}
     cap = np.array([capacity[lk] for lk in links], float)
@@ -117,11 +117,12 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
     order = sorted(range(len(demands)),
                    key=lambda i: (-demands[i].weight * rate[i], demands[i].key))
     choice = [[-1] * split for _ in demands]
+    n_parts = [1 if d.whole else split for d in demands]
     for rnd in range(sweeps + 1):
         for d in order:
             common = set.intersection(*(set(c) for c in cols[d]))
-            part = rate[d] / split
-            for k in range(split):
+            part = rate[d] / n_parts[d]
+            for k in range(n_parts[d]):
                 if rnd > 0:
                     for lk in cols[d][choice[d][k]]:
                         load[lk] -= part
@@ -138,6 +139,8 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
                                                  and sq < best_sq - 1e-12):
                         best, best_max, best_sq = c, mx, sq
                 choice[d][k] = best
+                if demands[d].whole:
+                    choice[d] = [best] * split
                 for lk in cols[d][best]:
                     load[lk] += part
 
@@ -153,8 +156,8 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
         hot = set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
         improved = False
         for d in order:
-            part = rate[d] / split
-            for k in range(split):
+            part = rate[d] / n_parts[d]
+            for k in range(n_parts[d]):
                 cur = choice[d][k]
                 if not hot.intersection(cols[d][cur]):
                     continue
@@ -166,6 +169,8 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
                     trial[cols[d][c]] += part
                     if score(trial) < current:
                         choice[d][k], load, current = c, trial, score(trial)
+                        if demands[d].whole:
+                            choice[d] = [c] * split
                         improved = True
                         break
                 if improved:
@@ -188,12 +193,13 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
 
 def rail_demands(seed: int, leaves: int = 4, spines: int = 4, gpus_per_leaf: int = 4,
                  n: int = 160, factored: bool = False, odd: bool = False,
-                 ) -> tuple[list[Demand], dict[int, float]]:
+                 whole_every: int = 0) -> tuple[list[Demand], dict[int, float]]:
     """Demands between GPUs under different leaves: each goes up its own NIC link, to one
     of the spines, down to the other leaf and its GPU (the NIC links are on every candidate:
     many demands per leaf pair differ only by them). ``factored``: the NIC links given as
     ``head`` / ``tail`` and one candidate tuple shared per leaf pair. ``odd``: some demands
-    with candidates of several lengths, a link twice on a path, or the same path twice."""
+    with candidates of several lengths, a link twice on a path, or the same path twice.
+    ``whole_every``: every that many demands, one is ``whole``."""
     rng = np.random.default_rng(seed)
     up = {(lf, s): lf * spines + s for lf in range(leaves) for s in range(spines)}
     off = leaves * spines
@@ -222,10 +228,12 @@ def rail_demands(seed: int, leaves: int = 4, spines: int = 4, gpus_per_leaf: int
             full = (*full, full[0])
         elif kind == 2:
             full = tuple((*p, p[1]) for p in full)
+        whole = bool(whole_every) and i % whole_every == 0
         if factored and kind > 2:
-            demands.append(Demand(f"d{i}", rate, mids[(la, lb)], w, head=head, tail=tail))
+            demands.append(Demand(f"d{i}", rate, mids[(la, lb)], w, head=head, tail=tail,
+                                  whole=whole))
         else:
-            demands.append(Demand(f"d{i}", rate, full, w))
+            demands.append(Demand(f"d{i}", rate, full, w, whole=whole))
     capacity = {lk: 400.0 for lk in itertools.chain(up.values(), down.values())}
     capacity |= {lk: 100.0 for lk in itertools.chain(nic_up.values(), nic_down.values())}
     return demands, capacity
@@ -264,6 +272,51 @@ def test_greedy_plans_exactly_as_the_previous_implementation(seed: int, split: i
                                                  split=split)
     plan = plan_greedy(leaf_s, {lk: 400.0 for lk in range(32)}, split=split)
     assert (plan.paths, plan.max_utilization, plan.moves) == (paths, lam, moves)
+
+
+@pytest.mark.parametrize(("seed", "split", "factored", "odd"),
+                         [(0, 4, True, False), (1, 3, False, True), (2, 4, False, False),
+                          (3, 2, True, True)])
+def test_whole_demands_plan_as_in_the_reference_each_on_one_path(
+        seed: int, split: int, factored: bool, odd: bool) -> None:
+    # every third demand whole (one QP): the compiled planner decides as the plain-Python
+    # reference, a whole demand is on one path with all of its rate, the others in parts,
+    # and the loads add up to what the paths say; on a larger instance too (with 4 parts:
+    # over 2 000, no local search)
+    for n, kw in ((120, {}), (600, {"leaves": 8, "spines": 6, "gpus_per_leaf": 2})):
+        demands, cap = rail_demands(seed, n=n, factored=factored, odd=odd, whole_every=3,
+                                    **kw)
+        paths, load, lam, moves = reference_plan_greedy(demands, cap, split=split)
+        plan = plan_greedy(demands, cap, split=split)
+        assert plan.paths == paths and (plan.max_utilization, plan.moves) == (lam, moves)
+        assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
+        assert recomputed_loads(plan.paths, demands, cap) == pytest.approx(
+            plan.link_load_gbps)
+        for d in demands:
+            if d.whole:
+                (_, share), = plan.paths[d.key]
+                assert share == pytest.approx(1.0)
+        assert any(len(plan.paths[d.key]) > 1 for d in demands if not d.whole)
+
+
+def test_a_whole_demand_by_hand() -> None:
+    # 400 Gb/s between two 400 Gb/s candidates: in 2 parts, one each (lambda 0.5, the MILP
+    # optimum too); whole, all on one (lambda 1.0, the MILP's as well, above the LP's 0.5)
+    cap = {0: 400.0, 1: 400.0}
+    parts = [Demand("x", 400, ((0,), (1,)))]
+    whole = [Demand("x", 400, ((0,), (1,)), whole=True)]
+    p = plan_greedy(parts, cap, split=2)
+    assert sorted(p.paths["x"]) == [((0,), 0.5), ((1,), 0.5)] and p.max_utilization == 0.5
+    w = plan_greedy(whole, cap, split=2)
+    assert w.paths["x"] == [((0,), 1.0)] and w.max_utilization == 1.0
+    assert plan_reference(parts, cap, integral=True, split=2).max_utilization == 0.5
+    assert plan_reference(whole, cap, integral=True, split=2).max_utilization == 1.0
+    assert plan_reference(whole, cap).max_utilization == pytest.approx(0.5)
+    # a whole 300 and a 200 in 2 parts: the 300 first on link 0, both halves of the 200 on
+    # link 1 (each half: 100 / 400 there against 400 / 400 on link 0)
+    mix = [Demand("a", 300, ((0,), (1,)), whole=True), Demand("b", 200, ((0,), (1,)))]
+    m = plan_greedy(mix, cap, split=2)
+    assert m.paths == {"a": [((0,), 1.0)], "b": [((1,), 1.0)]} and m.max_utilization == 0.75
 
 
 @pytest.mark.parametrize("seed", [4, 6, 8, 9])
@@ -330,9 +383,9 @@ def test_a_plan_stops_when_its_stop_flag_is_set() -> None:
     com = _Commodities(demands, cap, None)
     load = com.bg.copy()
     lg = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx, len(com.links))
-    placed = _place(np.arange(len(com.demands)), com.grp, com.rate, com.fix_ptr, com.fix_idx,
-                    com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
-                    load, 4, 2, *lg, stop)
+    placed = _place(np.arange(len(com.demands)), com.grp, com.rate, com.whole, com.fix_ptr,
+                    com.fix_idx, com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx,
+                    com.cap, load, 4, 2, *lg, stop)
     assert (placed == -1).all() and not load.any()
     # writing the paths: stopped before the first chunk, none written
     paths: dict[str, list] = {}

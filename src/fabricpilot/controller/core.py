@@ -77,6 +77,19 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, f
     return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
 
 
+def _one_qp(share: Any, parts: int) -> Any:
+    """Whether a GPU pair using ``share`` of its sender's NIC is planned as one QP (a
+    :attr:`Demand.whole` demand) rather than in ``parts`` QPs: when the sender has at least
+    ``parts`` peers in the call (``share <= 1 / parts``), its traffic is spread over that
+    many QPs already, and more QPs per peer only add DCQCN flows to every incast (more
+    queue at the receivers) and NIC state. ``share`` may be an array.
+
+    >>> _one_qp(1.0, 4), _one_qp(1 / 23, 4), _one_qp(1 / 3, 4), _one_qp(0.25, 1)
+    (False, True, False, False)
+    """
+    return (share * parts <= 1.0 + 1e-9) & (parts > 1)
+
+
 _chain = itertools.chain.from_iterable
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
@@ -851,6 +864,7 @@ class Controller:
         nic_fixed = self._nic_gbps
         nic_rate = self._nic_cache
         avoid = frozenset(self.down | self.degraded)
+        parts = self.parts
         for intent in opted:
             self._check()
             pending: dict[str, Demand] = {}
@@ -890,6 +904,7 @@ class Controller:
                     else:
                         nic = nic_fixed
                     rate = nic * share * cap
+                    whole = _one_qp(share, parts)
                     prev = pending.get(key)
                     if prev is not None and prev.rate_gbps >= rate:
                         continue  # the same pair in several calls: its largest demand
@@ -923,9 +938,9 @@ class Controller:
                         if mids and level != "L3":
                             mids = self._scoped(mids, up, down, level)
                         if mids:  # (the checked constructor raises on a bad rate)
-                            pending[key] = (_demand(key, rate, mids, heat, head, tail)
+                            pending[key] = (_demand(key, rate, mids, heat, head, tail, whole)
                                             if rate >= 0 else
-                                            Demand(key, rate, mids, heat, head, tail))
+                                            Demand(key, rate, mids, heat, head, tail, whole))
                             endpoints[key] = (a, b)
                             continue
                     elif common and not avoid:  # (none in common: no combination)
@@ -935,7 +950,7 @@ class Controller:
                             mids = self._scoped(mids, up, down, level)
                             if mids:
                                 pending[key] = Demand(key, rate, mids, heat, (up,),
-                                                      (down,))
+                                                      (down,), whole)
                                 endpoints[key] = (a, b)
                                 continue
                     cands = self.candidates(a, b)
@@ -955,7 +970,7 @@ class Controller:
                             f"{call.pattern} at {call.sla_us:g} us ({level}): no path "
                             f"from gpu{a} to gpu{b} within {_SCOPE[level]}")
                         break
-                    pending[key] = Demand(key, rate, tuple(cands), weight=heat)
+                    pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole)
                     endpoints[key] = (a, b)
             if task not in self.sla_unmet and task not in self.partitioned:
                 out.update(pending)
@@ -1045,17 +1060,23 @@ class Controller:
             g_nic = np.zeros(n_g)
             g_nic[gpus] = [self._nic(g) for g in gpus]
             nic = g_nic[a]
-        rates = nic * np.array(share_l, np.float64) * rate_cap
+        share = np.array(share_l, np.float64)
+        rates = nic * share * rate_cap
+        whole = _one_qp(share, self.parts)
         idx = np.flatnonzero(fast)
         has = np.array([bool(m) for m in mids_of], np.bool_)[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         idx, inv = idx[ok], inv.ravel()[ok]
         fa, fb = a[idx].tolist(), b[idx].tolist()
+        w_idx = whole[idx]
+        wholes = (itertools.repeat(bool(w_idx[0])) if len(w_idx) and (w_idx == w_idx[0]).all()
+                  else w_idx.tolist())  # (one value for a call's pairs, as a rule)
         keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
         for i, d in zip(idx.tolist(), map(_demand, keys, rates[idx].tolist(),
                                           map(mids_of.__getitem__, inv.tolist()),
                                           itertools.repeat(heat), map(heads.__getitem__, fa),
-                                          map(tails.__getitem__, fb)), strict=False):
+                                          map(tails.__getitem__, fb), wholes),
+                        strict=False):
             out[i] = d
         return out
 
@@ -1440,12 +1461,12 @@ class Controller:
             full = d.full_candidates
             live = tuple(p for p in full if avoid.isdisjoint(p)) or tuple(
                 p for p in full if self.down.isdisjoint(p))
-            return Demand(d.key, d.rate_gbps, live, d.weight) if live else None
+            return Demand(d.key, d.rate_gbps, live, d.weight, whole=d.whole) if live else None
         live = self._live_mids(d.candidates, avoid)
         if not live:
             return None
         # (d was checked when made, and its live candidates are not empty)
-        return _demand(d.key, d.rate_gbps, live, d.weight, d.head, d.tail)
+        return _demand(d.key, d.rate_gbps, live, d.weight, d.head, d.tail, d.whole)
 
     def _live_mids(self, mids: tuple[tuple[int, ...], ...], avoid: frozenset[int]
                    ) -> tuple[tuple[int, ...], ...]:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class ControllerParams:
     """How the controller runs: control-channel latency of rule updates, QPs (plan parts)
-    per planned connection, the rules one switch holds, how often it re-plans from telemetry
+    per planned connection (one, for a GPU with at least ``parts`` peers in the call, as in
+    an AlltoAll: its traffic is spread over that many QPs already), the rules one switch
+    holds, how often it re-plans from telemetry
     and by how much a re-plan must lower a job's bottleneck to be installed (hysteresis), the
     buffer occupancy that trips the pressure fuse, the rate cap of L3 traffic while L1/L2
     jobs share the fabric, how many source ports it tries per QP when steering, and how it

@@ -41,7 +41,9 @@ _chain = itertools.chain.from_iterable
 @dataclass(frozen=True, slots=True)
 class Demand:
     """Traffic to place: ``rate_gbps`` between two endpoints on one of its candidate paths
-    (tuples of link ids); heavier ``weight`` is placed first.
+    (tuples of link ids); heavier ``weight`` is placed first. A plan places a demand in
+    equal parts (one QP each), unless it is ``whole``: then all of it goes on one candidate
+    (one path, one QP).
 
     The candidate paths are ``head + c + tail`` for every ``c`` in ``candidates``; ``head``
     and ``tail`` are empty unless the caller factors out the links all candidates start and
@@ -60,6 +62,7 @@ class Demand:
     weight: float = 1.0
     head: tuple[int, ...] = ()
     tail: tuple[int, ...] = ()
+    whole: bool = False
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -555,6 +558,7 @@ class _Commodities:
             self.bg = np.array([float(bg.get(lk, 0.0)) for lk in self.links.tolist()])
         self.rate = np.array([d.rate_gbps for d in self.demands], np.float64)
         self.weight = np.array([d.weight for d in self.demands], np.float64)
+        self.whole = np.fromiter((d.whole for d in self.demands), np.bool_, n)
         crow = rows[:n_c]
         hrow = rows[n_c:n_c + n_h].astype(np.int64)
         trow = rows[n_c + n_h:].astype(np.int64)
@@ -815,9 +819,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
     lg_ptr, lg_idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
                                   len(com.links))
-    choice = _place(order, com.grp, com.rate, com.fix_ptr, com.fix_idx, com.g_col0,
-                    com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                    sweeps, lg_ptr, lg_idx, stop)
+    choice = _place(order, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx,
+                    com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
+                    load, split, sweeps, lg_ptr, lg_idx, stop)
     if len(choice) and int(choice.min()) < 0:  # (stopped part way: parts left unplaced)
         checkpoint()
         raise PlanStopped("the placement was stopped")
@@ -865,13 +869,16 @@ def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
 
 @numba.njit(cache=True, nogil=True)
 def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.float64],
-           fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64], g_col0: NDArray[np.int64],
+           whole: NDArray[np.bool_], fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
+           g_col0: NDArray[np.int64],
            g_ncand: NDArray[np.int64], g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
            split: int, sweeps: int, lg_ptr: NDArray[np.int64], lg_idx: NDArray[np.int64],
            stop: NDArray[np.bool_]) -> NDArray[np.int64]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
-    updated in place; returns every part's candidate (within its demand). A candidate's
+    updated in place; returns every part's candidate (within its demand; a ``whole``
+    demand is placed as one part of its whole rate, and all its parts get that candidate).
+    A candidate's
     cost counts only the links not shared by all of its demand's candidates (the group's
     columns): (largest utilisation after adding the part, sum of squares). Between two
     parts of one demand only the columns whose load changed are costed again when the
@@ -907,12 +914,13 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                 d_seen[d] = moves
             k_c = g_ncand[g]
             col0 = g_col0[g]
-            part = rate[d] / split
+            n_parts = 1 if whole[d] else split
+            part = rate[d] / n_parts
             f0, f1 = fix_ptr[d], fix_ptr[d + 1]
             cached = False  # c_mx / c_sq hold this demand's costs but for columns a and b
             dirty_a = -1
             dirty_b = -1
-            for k in range(split):
+            for k in range(n_parts):
                 old = choice[d, k]
                 if rnd > 0:  # take the part out before placing it again
                     for q in range(f0, f1):
@@ -953,7 +961,10 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                                 lk = c_idx[q]
                                 for h in range(lg_ptr[lk], lg_ptr[lk + 1]):
                                     g_moved[lg_idx[h]] = moves
-                choice[d, k] = best
+                if n_parts == 1:
+                    choice[d, :] = best
+                else:
+                    choice[d, k] = best
                 for q in range(f0, f1):
                     load[fix_idx[q]] += part
                 for q in range(c_ptr[col0 + best], c_ptr[col0 + best + 1]):
@@ -971,8 +982,8 @@ def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[n
     ``load`` are updated in place); returns the number of moves. A move is kept if it
     lowers (``lambda`` to 9 decimals, the number of links at ``lambda``, the sum of squared
     utilisations), in that order (:func:`_local_search_kernel`)."""
-    return int(_local_search_kernel(order, choice, load, com.cap, com.rate, com.grp,
-                                    com.g_ncand, com.g_col0, com.fix_ptr, com.fix_idx,
+    return int(_local_search_kernel(order, choice, load, com.cap, com.rate, com.whole,
+                                    com.grp, com.g_ncand, com.g_col0, com.fix_ptr, com.fix_idx,
                                     com.c_ptr, com.c_idx, split, max_moves))
 
 
@@ -1105,15 +1116,17 @@ def _score(ld: NDArray[np.float64], cap: NDArray[np.float64], u: NDArray[np.floa
 @numba.njit(cache=True, nogil=True)
 def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          load: NDArray[np.float64], cap: NDArray[np.float64],
-                         rate: NDArray[np.float64], grp: NDArray[np.int64],
-                         g_ncand: NDArray[np.int64], g_col0: NDArray[np.int64],
+                         rate: NDArray[np.float64], whole: NDArray[np.bool_],
+                         grp: NDArray[np.int64], g_ncand: NDArray[np.int64],
+                         g_col0: NDArray[np.int64],
                          fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
                          c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
                          max_moves: int) -> int:
     """:func:`_local_search`: parts crossing a link at ``lambda`` in ``order`` (heaviest
-    demands first); each is tried on the demand's other candidates in turn, the first trial
-    load that scores lower is kept and the scan starts again. A trial load is the current
-    one with the part taken off its links and put on the candidate's, in that order (so the
+    demands first; a ``whole`` demand is one part); each is tried on the demand's other
+    candidates in turn, the first trial load that scores lower is kept and the scan starts
+    again. A trial load is the current one with the part taken off its links and put on
+    the candidate's, in that order (so the
     floating-point values are those of the same steps in numpy)."""
     n_links = load.shape[0]
     u = np.empty(n_links)
@@ -1133,12 +1146,13 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
             hot[i] = u[i] >= mx - 1e-9
         improved = False
         for d in order:
-            part = rate[d] / split
+            n_parts = 1 if whole[d] else split
+            part = rate[d] / n_parts
             g = grp[d]
             k_c = g_ncand[g]
             col0 = g_col0[g]
             f0, f1 = fix_ptr[d], fix_ptr[d + 1]
-            for k in range(split):
+            for k in range(n_parts):
                 cur = choice[d, k]
                 a0, a1 = c_ptr[col0 + cur], c_ptr[col0 + cur + 1]
                 crosses = False
@@ -1165,7 +1179,10 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                     t_lam, t_at, t_sq = _score(trial, cap, u, sq_buf)
                     if t_lam < cur_lam or (t_lam == cur_lam and (
                             t_at < cur_at or (t_at == cur_at and t_sq < cur_sq))):
-                        choice[d, k] = c
+                        if n_parts == 1:
+                            choice[d, :] = c
+                        else:
+                            choice[d, k] = c
                         cur_lam, cur_at, cur_sq = t_lam, t_at, t_sq
                         load[:] = trial
                         improved = True
@@ -1237,7 +1254,7 @@ def warm_up() -> None:
         return
     shared = ((2, 3), (4, 5))
     plan_greedy([Demand("a", 1.0, shared, 2.0, (0,), (1,)),
-                 Demand("b", 1.0, shared, 1.0, (6,), (7,)),
+                 Demand("b", 1.0, shared, 1.0, (6,), (7,), whole=True),
                  Demand("c", 1.0, ((2, 3), (4,)))],
                 {lk: 10.0 for lk in range(8)}, split=2, max_moves=1)
     one = np.zeros(1, np.int64)
@@ -1249,14 +1266,15 @@ def warm_up() -> None:
 
 
 _NEW = object.__new__
-_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL = (
+_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL, _SET_WHOLE = (
     Demand.__dict__[f].__set__ for f in ("key", "rate_gbps", "candidates", "weight", "head",
-                                         "tail"))
+                                         "tail", "whole"))
 
 
 def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
-            weight: float, head: tuple[int, ...], tail: tuple[int, ...]) -> Demand:
-    """``Demand(key, rate_gbps, candidates, weight, head, tail)`` without its checks, for
+            weight: float, head: tuple[int, ...], tail: tuple[int, ...],
+            whole: bool = False) -> Demand:
+    """``Demand(key, rate_gbps, candidates, weight, head, tail, whole)`` without its checks, for
     callers that made sure ``candidates`` is not empty and ``rate_gbps >= 0`` (twice as fast:
     planning makes one per GPU pair).
 
@@ -1270,6 +1288,7 @@ def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
     _SET_WEIGHT(d, weight)
     _SET_HEAD(d, head)
     _SET_TAIL(d, tail)
+    _SET_WHOLE(d, whole)
     return d
 
 
@@ -1555,8 +1574,9 @@ def plan_reference(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                    split: int = 1, time_limit_s: float = 60.0) -> Plan:
     """The optimum ``lambda`` by HiGHS: the LP (``integral=False``: each demand spread freely
     over its candidates) or the MILP (each of ``split`` equal parts of a demand on one
-    candidate). Variables: one share per candidate, then ``lambda``; constraints: shares of a
-    demand sum to 1 and every link's load is at most ``lambda x capacity``.
+    candidate; all of a ``whole`` demand on one). Variables: one share per candidate, then
+    ``lambda``; constraints: shares of a demand sum to 1 and every link's load is at most
+    ``lambda x capacity``.
 
     >>> d = [Demand("a", 300, ((0,), (1,))), Demand("b", 300, ((0,), (1,)))]
     >>> plan_reference(d, {0: 400, 1: 400}).max_utilization
@@ -1585,18 +1605,19 @@ def plan_reference(demands: Sequence[Demand], capacity: Mapping[int, float], *,
         x = res.x[:-1]
         solver = "lp"
     else:
-        # shares in units of 1/split: integer counts summing to split
-        cons = [LinearConstraint(a_link.tocsr() @ sp.diags(np.r_[np.full(n_cols, 1 / split),
-                                                                   1.0]),
+        # shares in units of 1 / (the demand's parts): integer counts summing to its parts
+        parts = np.where([d.whole for d in prob.demands], 1, split).astype(np.float64)
+        per_col = np.repeat(parts, prob.n_cand)
+        cons = [LinearConstraint(a_link.tocsr() @ sp.diags(np.r_[1 / per_col, 1.0]),
                                  -np.inf, -prob.bg),
-                LinearConstraint(a_dem.tocsr(), split, split)]
+                LinearConstraint(a_dem.tocsr(), parts, parts)]
         integrality = np.r_[np.ones(n_cols), 0]
         res = milp(c, constraints=cons, integrality=integrality,
-                   bounds=Bounds(np.zeros(n_cols + 1), np.r_[np.full(n_cols, split), np.inf]),
+                   bounds=Bounds(np.zeros(n_cols + 1), np.r_[per_col, np.inf]),
                    options={"time_limit": time_limit_s, "disp": False})
         if res.x is None:
             raise RuntimeError(f"MILP reference failed: {res.message}")
-        x = np.round(res.x[:-1]) / split
+        x = np.round(res.x[:-1]) / per_col
         solver = "milp"
     load = prob.bg + prob.inc @ (rate_of_col * x)
     paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}

@@ -786,7 +786,9 @@ class ControllerSpec(_Model):
         default=10_000, ge=0, description="rule updates take effect this long after sending"
     )
     parts: Int = Field(
-        default=4, ge=1, le=64, description="QPs (plan parts) per planned GPU-pair connection"
+        default=4, ge=1, le=64,
+        description="QPs (plan parts) per planned GPU-pair connection (one for a GPU with at "
+        "least this many peers in the call, as in an AlltoAll)",
     )
     switch_rule_capacity: Int = Field(
         default=4096, ge=0, description="explicit forwarding rules one switch holds"

@@ -3,8 +3,8 @@
 A *demand* is one commodity: the traffic of a job (or a flow group) between two endpoints at a
 rate, with a set of candidate paths (link ids) and a weight (its priority or heat). Planning
 picks one candidate per demand (``split = 1``; a demand may also be split into equal parts on
-several paths) so that no link is over-committed: the objective is the largest link
-utilisation ``lambda = max_l (background_l + load_l) / capacity_l``.
+several paths, unless it is ``whole``) so that no link is over-committed: the objective is
+the largest link utilisation ``lambda = max_l (background_l + load_l) / capacity_l``.
 
 * :func:`plan_greedy`: heaviest demands first, each on the candidate that keeps its own
   bottleneck lowest, then a local search that moves demands off the most loaded link while

@@ -870,17 +870,16 @@ def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
 @numba.njit(cache=True, nogil=True)
 def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.float64],
            whole: NDArray[np.bool_], fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
-           g_col0: NDArray[np.int64],
-           g_ncand: NDArray[np.int64], g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
+           g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
+           g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
            split: int, sweeps: int, lg_ptr: NDArray[np.int64], lg_idx: NDArray[np.int64],
            stop: NDArray[np.bool_]) -> NDArray[np.int64]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
     updated in place; returns every part's candidate (within its demand; a ``whole``
     demand is placed as one part of its whole rate, and all its parts get that candidate).
-    A candidate's
-    cost counts only the links not shared by all of its demand's candidates (the group's
-    columns): (largest utilisation after adding the part, sum of squares). Between two
+    A candidate's cost counts only the links not shared by all of its demand's candidates
+    (the group's columns): (largest utilisation after adding the part, sum of squares). Between two
     parts of one demand only the columns whose load changed are costed again when the
     group's columns are link-disjoint (the others' costs are unchanged).
 
@@ -1118,16 +1117,16 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          load: NDArray[np.float64], cap: NDArray[np.float64],
                          rate: NDArray[np.float64], whole: NDArray[np.bool_],
                          grp: NDArray[np.int64], g_ncand: NDArray[np.int64],
-                         g_col0: NDArray[np.int64],
-                         fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
+                         g_col0: NDArray[np.int64], fix_ptr: NDArray[np.int64],
+                         fix_idx: NDArray[np.int64],
                          c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
                          max_moves: int) -> int:
     """:func:`_local_search`: parts crossing a link at ``lambda`` in ``order`` (heaviest
     demands first; a ``whole`` demand is one part); each is tried on the demand's other
     candidates in turn, the first trial load that scores lower is kept and the scan starts
     again. A trial load is the current one with the part taken off its links and put on
-    the candidate's, in that order (so the
-    floating-point values are those of the same steps in numpy)."""
+    the candidate's, in that order (so the floating-point values are those of the same
+    steps in numpy)."""
     n_links = load.shape[0]
     u = np.empty(n_links)
     sq_buf = np.empty(n_links)

@@ -90,6 +90,30 @@ def _one_qp(share: Any, parts: int) -> Any:
     return (share * parts <= 1.0 + 1e-9) & (parts > 1)
 
 
+class _Weights(Mapping[str, float]):
+    """The weight of every demand of a ``key -> demand`` dict, read from the demand (a view:
+    planning makes one demand per GPU pair, and no second table of them).
+
+    >>> w = _Weights({"a": Demand("a", 1.0, ((1,),), weight=3.0)})
+    >>> w["a"], w.get("b", 0.0), len(w)
+    (3.0, 0.0, 1)
+    """
+
+    __slots__ = ("_demand",)
+
+    def __init__(self, demand: Mapping[str, Demand]) -> None:
+        self._demand = demand
+
+    def __getitem__(self, key: str) -> float:
+        return self._demand[key].weight
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._demand)
+
+    def __len__(self) -> int:
+        return len(self._demand)
+
+
 _chain = itertools.chain.from_iterable
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
@@ -634,7 +658,6 @@ class Controller:
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
-        self._weight: dict[str, float] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
         self.replans = 0
         # set from another thread: a whole plan being computed gives way (see Interrupt);
@@ -1136,23 +1159,25 @@ class Controller:
             try:
                 with self._yielding(may_yield):
                     demands = self.demands()
-                    self._weight = {d.key: d.weight for d in demands}
                     solved = self._solve(demands, background)
             except PlanInterrupted:
                 self._restore(kept)
                 raise
             return self._install(*solved, len(demands), background)
 
+    @property
+    def _weight(self) -> _Weights:
+        """Each planned GPU pair's weight (its job's heat), from its demand."""
+        return _Weights(self._demand)
+
     def _kept(self) -> tuple[Any, ...]:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
         the demands the installed plan was made of and what they said."""
-        return (self._demand, self._weight, self._strict_planned, self.sla_unmet,
-                self.partitioned)
+        return (self._demand, self._strict_planned, self.sla_unmet, self.partitioned)
 
     def _restore(self, kept: tuple[Any, ...]) -> None:
         """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
-        (self._demand, self._weight, self._strict_planned, self.sla_unmet,
-         self.partitioned) = kept
+        self._demand, self._strict_planned, self.sla_unmet, self.partitioned = kept
 
     @contextlib.contextmanager
     def _yielding(self, may_yield: bool = True) -> Iterator[None]:
@@ -1210,7 +1235,6 @@ class Controller:
         for k in old:
             if k not in kept:
                 self._forget(k)
-        self._weight.update((d.key, d.weight) for d in fresh)
         columns = plan.columns
         if not fresh:
             report = PlanReport(plan, 0, 0)
@@ -1260,7 +1284,6 @@ class Controller:
                     d.full_candidates)
             if not any(covered.values()):
                 return None
-            self._weight = {d.key: d.weight for d in demands}
             rate = {d.key: d.rate_gbps for d in demands}
             keys = [d.key for d in demands if covered[d.key.split(":", 1)[0]]]
             sets = [held[k] for k in keys]
@@ -1367,7 +1390,6 @@ class Controller:
             for lk in set(_chain(old.paths)):
                 self._on_link.discard(lk, key)
         self._demand.pop(key, None)
-        self._weight.pop(key, None)
         self._endpoints.pop(key, None)
         self._spilled.discard(key)
 
@@ -2411,7 +2433,6 @@ class Controller:
         try:
             with self._yielding():  # (urgent work waiting: weighed again next period)
                 demands = self.demands()
-                self._weight = {d.key: d.weight for d in demands}
                 plan, sets, report = self._solve(demands, bg)
         except PlanInterrupted:
             self._restore(kept)
@@ -2456,7 +2477,7 @@ class Controller:
             del self._up_since[lk]
         return bool(ready)
 
-    def steer_plan(self, plan: Plan, weight: dict[str, float],
+    def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
                    ) -> tuple[list[PathSet], PlanReport]:
         """Path sets for a plan, each path steered by a QP source port

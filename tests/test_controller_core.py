@@ -3,6 +3,7 @@ twin's task-aware policy on the default scenario."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -115,6 +116,47 @@ def test_task_aware_reaches_the_bound_on_the_default_scenario() -> None:
     for job in prep.jobs:
         assert ta.mean_busbw_GBps(job.name) >= 0.95 * ideal.mean_busbw_GBps(job.name)
     assert ta.summary()["reorder_events"] == 0
+
+
+@pytest.mark.parametrize(("model", "policy"), [("flow", "task-aware"), ("fluid", "task-aware"),
+                                               ("flow", "sla-aware")])
+def test_the_twin_holds_an_l3_job_to_80_percent_while_an_l2_job_is_declared(
+        tmp_path, model: str, policy: str) -> None:  # type: ignore[no-untyped-def]
+    # one leaf of 8 single-GPU hosts: a ring of 4 with an 80 us SLA (L2) and one without
+    # (L3); they share no link. The L3 ring's pairs are capped at 0.8 x 400 Gb/s at their
+    # senders, so its busbw is 80 % of ideal's; the L2 ring runs at ideal. Opted out (a
+    # canary: it declares nothing) or without its SLA, the L2 job leaves the L3 ring at
+    # ideal too.
+    import yaml
+
+    from fabricpilot.runner import prepare, run_policy
+    from fabricpilot.scenario import load_scenario
+
+    def job(name: str, gpus: list[int], sla_us: float | None) -> dict:
+        return {"name": name, "gpus": 4, "placement": "explicit", "gpu_ids": gpus,
+                "compute_ns": "50us", "iterations": 3, "sla_us": sla_us,
+                "collectives": [{"op": "allreduce", "size_bytes": "64MB"}]}
+
+    data = {"topology": {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                         "nics_per_leaf": 8},
+            "fabric": {"model": model},
+            "jobs": [job("inference", [0, 1, 2, 3], 80.0), job("train", [4, 5, 6, 7], None)]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    prep = prepare(load_scenario(path), str(path))
+    ideal, ta = run_policy(prep, "ideal"), run_policy(prep, policy)
+    ratio = {j: ta.mean_busbw_GBps(j) / ideal.mean_busbw_GBps(j) for j in ("inference", "train")}
+    assert ratio["inference"] == pytest.approx(1.0, abs=0.005)
+    assert ratio["train"] == pytest.approx(0.8, abs=0.005)
+    if policy == "task-aware":
+        assert ta.controller["pairs_rate_capped"] == 4
+        data["jobs"][0]["declare_intent"] = False
+    else:
+        data["jobs"][0]["sla_us"] = None
+    path.write_text(yaml.safe_dump(data))
+    prep = prepare(load_scenario(path), str(path))
+    assert run_policy(prep, policy).mean_busbw_GBps("train") == pytest.approx(
+        ideal.mean_busbw_GBps("train"), rel=0.005)
 
 
 def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -326,6 +368,45 @@ def test_l3_demands_are_capped_while_an_l1_or_l2_job_shares_the_fabric() -> None
     assert rates[rule_key("bulk", 0, 2)] == pytest.approx(320.0)
     assert rates[rule_key("tight", 0, 1)] == 400.0
     assert ctl.sla_unmet == {}
+
+
+def test_l3_pairs_are_held_to_their_planned_rate_at_the_senders() -> None:
+    # the 80 % is enforced, not only planned: every path set of the L3 job carries a rate
+    # cap of 0.8 x 400 = 320 Gb/s for the pair (all its QPs together), the L2 job's none;
+    # a heal keeps the cap, and once the L2 job is gone a plan lifts it
+    dp = FakeDataPlane()
+    ctl = Controller(dp)  # (4 QPs per pair)
+    ctl.declare(Intent("bulk", "t", (0, 2), (CommCall("allgather", 1 << 30, 5000.0, 0),)))
+    ctl.declare(Intent("tight", "t", (0, 1), (CommCall("allreduce", 1 << 16, 80.0, 0),)))
+    ctl.plan()
+    cap = {r.key: r.rate_cap_gbps for r in dp.installed}
+    assert cap == {rule_key("bulk", 0, 2): 320.0, rule_key("bulk", 2, 0): 320.0,
+                   rule_key("tight", 0, 1): math.inf, rule_key("tight", 1, 0): math.inf}
+    bulk = ctl._installed[rule_key("bulk", 0, 2)]
+    dead = next(lk for lk in bulk.paths[0] if dp.view.link(lk).kind == "fabric")
+    ctl.on_links_changed([dead], [])
+    healed = ctl._installed[rule_key("bulk", 0, 2)]
+    assert healed is not bulk and all(dead not in p for p in healed.paths)
+    assert healed.rate_cap_gbps == 320.0
+    ctl.withdraw("tight")
+    dp.installed.clear()
+    ctl.plan()
+    assert {r.key: r.rate_cap_gbps for r in dp.installed} == {
+        rule_key("bulk", 0, 2): math.inf, rule_key("bulk", 2, 0): math.inf}
+
+
+def test_a_calls_priority_is_its_pairs_and_the_highest_of_several_calls() -> None:
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allgather", 1 << 20, 500.0, 0, 2),)))
+    # gpu1 -> gpu3 in a priority-1 broadcast and a priority-5 one to gpu2 and gpu3 (a
+    # smaller share of gpu1's NIC): the pair keeps its larger demand, at priority 5
+    ctl.declare(Intent("b", "t", (1, 2, 3), (
+        CommCall("broadcast", 1 << 20, 500.0, 0, 1, pairs=((1, 3),)),
+        CommCall("broadcast", 1 << 20, 500.0, 0, 5, pairs=((1, 2), (1, 3))))))
+    got = {d.key: (d.rate_gbps, d.priority) for d in ctl.demands()}
+    assert got == {rule_key("a", 0, 2): (400.0, 2), rule_key("a", 2, 0): (400.0, 2),
+                   rule_key("b", 1, 3): (400.0, 5), rule_key("b", 1, 2): (200.0, 5)}
 
 
 def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:

@@ -385,7 +385,7 @@ def test_a_plan_stops_when_its_stop_flag_is_set() -> None:
     lg = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx, len(com.links))
     placed = _place(np.arange(len(com.demands)), com.grp, com.rate, com.whole, com.fix_ptr,
                     com.fix_idx, com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx,
-                    com.cap, load, 4, 2, *lg, stop)
+                    com.cap, load, 4, 2, *lg, stop, np.full(len(com.links), np.inf), False)
     assert (placed == -1).all() and not load.any()
     # writing the paths: stopped before the first chunk, none written
     paths: dict[str, list] = {}
@@ -536,3 +536,52 @@ def test_replace_parts_avoids_gray_links_while_it_can_and_dead_ones_always() -> 
     assert place([0, 1, 2], []) == (-1, [300.0, 0.0, 0.0])
     # nothing avoided: the least loaded of the two empty links, the first on a tie
     assert place([], []) == (1, [300.0, 100.0, 0.0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_priority_for_all_plans_as_without_priorities(seed: int) -> None:
+    from dataclasses import replace
+
+    demands, cap = rail_demands(seed, n=120, whole_every=4)
+    same = [replace(d, priority=3) for d in demands]
+    a, b = plan_greedy(demands, cap, split=3), plan_greedy(same, cap, split=3)
+    assert a.paths == b.paths and a.max_utilization == b.max_utilization
+    assert "lambda_priority_3" not in b.extra
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_higher_priority_is_planned_as_if_the_lower_ones_did_not_exist(seed: int) -> None:
+    from dataclasses import replace
+
+    demands, cap = leaf_spine_demands(seed, n=40)
+    high = {d.key for d in demands[::3]}
+    tiered = [replace(d, priority=2) if d.key in high else d for d in demands]
+    both = plan_greedy(tiered, cap, split=2, max_moves=200)
+    alone = plan_greedy([d for d in demands if d.key in high], cap, split=2, max_moves=200)
+    assert {k: both.paths[k] for k in high} == alone.paths
+    # each tier's lambda: the most loaded link it crosses, every tier's load counted
+    util = {lk: both.link_load_gbps[lk] / cap[lk] for lk in cap}
+    for tier, keys in ((2, high), (0, {d.key for d in demands} - high)):
+        crossed = {lk for k in keys for p, _ in both.paths[k] for lk in p}
+        assert both.extra[f"lambda_priority_{tier}"] == pytest.approx(
+            max(util[lk] for lk in crossed))
+
+
+def test_a_lower_priority_overloads_links_free_of_a_higher_one_first() -> None:
+    # two 400 Gb/s uplinks; a 200 Gb/s demand and three 300 Gb/s ones, each whole on
+    # either. Without priorities lambda is lowest at 600 and 500 Gb/s (1.5): the 200 shares
+    # its uplink with a 300 (125 %). With the 200 at priority 1, it takes uplink 0 alone;
+    # a 300 there would take it to 125 %, above the 100 % a lower priority may fill it to,
+    # so all three go to uplink 1 (225 %): the higher priority shares its link with nobody
+    cap = {0: 400.0, 1: 400.0}
+    both = ((0,), (1,))
+    low = [Demand(f"low{i}", 300, both) for i in range(3)]
+    flat = plan_greedy([Demand("high", 200, both), *low], cap)
+    assert flat.max_utilization == pytest.approx(1.5)
+    ((link,), _), = flat.paths["high"]
+    assert flat.link_load_gbps[link] == pytest.approx(500.0)
+    tiered = plan_greedy([Demand("high", 200, both, priority=1), *low], cap)
+    assert tiered.paths["high"] == [((0,), 1.0)]
+    assert all(tiered.paths[d.key] == [((1,), 1.0)] for d in low)
+    assert tiered.link_load_gbps == {0: 200.0, 1: 900.0}
+    assert tiered.extra == {"lambda_priority_1": 0.5, "lambda_priority_0": 2.25}

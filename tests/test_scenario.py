@@ -228,6 +228,14 @@ def _gray_clear_rate(d: dict[str, Any]) -> None:
     d["controller"] = {"gray_clear_ns": "5Gbps"}
 
 
+def _priority_too_high(d: dict[str, Any]) -> None:
+    d["jobs"][0]["priority"] = 9
+
+
+def _priority_not_a_number(d: dict[str, Any]) -> None:
+    d["jobs"][0]["priority"] = "high"
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -248,6 +256,8 @@ BAD_CASES = [
     (_negative_heal_spread, "controller.heal_spread_over", "must be >= 0"),
     (_negative_holddown, "controller.link_up_holddown_ns", "must be >= 0"),
     (_gray_clear_rate, "controller.gray_clear_ns", "wrong unit 'Gbps' for a time"),
+    (_priority_too_high, "jobs[0].priority", "must be <= 7 (got 9)"),
+    (_priority_not_a_number, "jobs[0].priority", "must be an integer (got 'high')"),
 ]
 
 

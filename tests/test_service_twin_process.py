@@ -12,10 +12,15 @@ import pytest
 
 from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.controller.core import Controller
-from fabricpilot.controller.southbound import PortDelta
+from fabricpilot.controller.southbound import PathSet, PortDelta
 from fabricpilot.runner import prepare
 from fabricpilot.scenario.loader import default_scenario
-from fabricpilot.service.southbound_http import SouthboundError, view_to_dict
+from fabricpilot.service.southbound_http import (
+    SouthboundError,
+    pathset_from_dict,
+    pathset_to_dict,
+    view_to_dict,
+)
 from fabricpilot.service.state import TWIN_TENANT, intent_from_dict, intent_to_dict
 from fabricpilot.service.twin import PacedTwin, twin_context
 from fabricpilot.service.twin_process import TwinProcess
@@ -178,3 +183,18 @@ def test_a_fault_drill_reaches_the_twin_process() -> None:
             tp.inject_faults([{"kind": "link_down", "link": "leaf1-spine2", "at_ns": "soon"}])
     finally:
         tp.close()
+
+
+def test_a_path_sets_rate_cap_crosses_the_southbound_as_json() -> None:
+    import json
+    import math
+
+    capped = PathSet("j:0->1", ((1, 2),), (1.0,), (4791,), ((),), 320.0)
+    free = PathSet("j:1->0", ((3, 4), (5, 6)), (0.5, 0.5))
+    for ps, cap in ((capped, 320.0), (free, None)):
+        d = json.loads(json.dumps(pathset_to_dict(ps), allow_nan=False))
+        assert d["rate_cap_gbps"] == cap
+        assert pathset_from_dict(d) == ps
+    old = pathset_to_dict(free)
+    del old["rate_cap_gbps"]  # (from a peer that predates caps: none)
+    assert pathset_from_dict(old).rate_cap_gbps == math.inf

@@ -137,7 +137,8 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
         jobs.append(JobSpec(job.name, tuple(int(x) for x in placed[i]), tuple(plans),
                             start_ns=job.start_ns, iterations=job.iterations,
                             compute_ns=job.compute_ns, traffic_class=job.traffic_class,
-                            declare_intent=job.declare_intent, sla_us=job.sla_us))
+                            declare_intent=job.declare_intent, sla_us=job.sla_us,
+                            priority=job.priority))
 
     mice = None
     if scenario.mice is not None:

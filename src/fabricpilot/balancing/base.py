@@ -78,6 +78,8 @@ class RoutedBatch:
     wire_factor: NDArray[np.float64] | None = None
     reorder_per_packet: NDArray[np.float64] | None = None
     reorder_events: NDArray[np.int64] | None = None  # counted when routed (a path change)
+    # a rate limit at the senders (Gb/s per member, ``inf``: none), as a controller sets
+    rate_cap_gbps: NDArray[np.float64] | None = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -118,11 +120,15 @@ def concat_routed(batches: list[RoutedBatch]) -> RoutedBatch:
         got = [getattr(b, name) for b in batches]
         return cat(got) if all(g is not None for g in got) else None
 
+    caps = None
+    if any(b.rate_cap_gbps is not None for b in batches):  # (a batch without: no cap)
+        caps = cat([np.full(len(b), np.inf) if b.rate_cap_gbps is None else b.rate_cap_gbps
+                    for b in batches])
     return RoutedBatch(sp.vstack([b.weights for b in batches], format="csr"),
                        cat([b.members for b in batches]), cat([b.size_bytes for b in batches]),
                        cat([b.path_delay_ns for b in batches]), cat([b.src for b in batches]),
                        cat([b.dst for b in batches]), joined, opt("wire_factor"),
-                       opt("reorder_per_packet"), opt("reorder_events"))
+                       opt("reorder_per_packet"), opt("reorder_events"), caps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,14 @@ the SLA level's scope (L1: at most one switch; L2: no spine; L3: any), penalised
 delay above 0.8 x SLA and for little free buffer (from the current queues). When no path can
 meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet`` list) and
 the flow still runs, on the path switch-local adaptive routing gives it. Jobs without an SLA
-are routed by switch-local adaptive routing.
+are routed by switch-local adaptive routing. While a job of level L1 or L2 runs, every
+transfer of an L3 job (an SLA above 100 us, or none) is held to ``controller.l3_rate_cap``
+(80 %) of its sender's NIC.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,9 +22,11 @@ from fabricpilot.balancing.base import (
     PolicyContext,
     RoutedBatch,
     TransferBatch,
+    entity_of,
     register_policy,
 )
 from fabricpilot.balancing.task_aware import fabric_view
+from fabricpilot.controller.intents import sla_level
 from fabricpilot.controller.ranking import SlaUnmet, rank_paths
 from fabricpilot.controller.southbound import FabricView
 from fabricpilot.net.hashing import qp_source_port
@@ -40,10 +46,14 @@ class SlaAware(Adaptive):
         self.job_names: list[str] = []
         self.unmet: dict[tuple[str, int, int], str] = {}
         self.chosen: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (job, src, dst)
+        self.capped = np.zeros(0, bool)  # per job: held to l3_rate_cap of its NICs
 
     def attach_jobs(self, jobs: list[JobSpec]) -> None:
         self.job_names = [j.name for j in jobs]
         self.sla_us = [j.sla_us for j in jobs]
+        level = ["L3" if s is None else sla_level(s) for s in self.sla_us]
+        strict = any(lv != "L3" for lv in level)
+        self.capped = np.array([strict and lv == "L3" for lv in level], bool)
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
         ct = self.ctx.topology
@@ -75,7 +85,18 @@ class SlaAware(Adaptive):
             row = np.full(width, -1, np.int32)
             row[: len(hit)] = hit
             paths[i] = row
-        return self._routed(batch, paths)
+        routed = self._routed(batch, paths)
+        job = batch.job
+        held = (job >= 0) & (job < len(self.capped))
+        held[held] = self.capped[job[held]]
+        if not held.any():
+            return routed
+        # an L3 transfer's sender at l3_rate_cap of its NIC (a ring row: its slowest member)
+        entity, n_rows = entity_of(batch.group)
+        caps = np.full(n_rows, np.inf)
+        nic = ct.rate_gbps[ct.gpu_up[batch.src[held]]].astype(np.float64)
+        np.minimum.at(caps, entity[held], self.ctx.controller.l3_rate_cap * nic)
+        return replace(routed, rate_cap_gbps=caps)
 
     def report(self) -> list[str]:
         """One line per job and GPU pair whose SLA no path could meet."""

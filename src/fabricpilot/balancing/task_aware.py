@@ -100,7 +100,7 @@ def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
                             if a != b})
             calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
                                   job.sla_us or DEFAULT_SLA_US, job.compute_ns,
-                                  pairs=tuple(pairs)))
+                                  job.priority, pairs=tuple(pairs)))
         out.append(Intent(job.name, tenant, tuple(job.gpus), tuple(calls),
                           opt_in=job.declare_intent))
     return out
@@ -253,6 +253,8 @@ class TaskAware(Adaptive):
             "control_periods": len(self.ticks),
             "replans": sum(t.replanned for t in self.ticks),
             "fuse_trips": self.fuse_trips,
+            "pairs_rate_capped": sum(1 for r, _ in self._rules.values()
+                                     if math.isfinite(r.rate_cap_gbps)),
             "heals": len(self.controller.heals) if self.controller else 0,
             "heal_max_ms": round(max((h.wall_s for h in self.controller.heals), default=0.0)
                                  * 1e3, 3) if self.controller else 0.0,
@@ -484,9 +486,16 @@ class TaskAware(Adaptive):
         delay = np.zeros(n, np.int64)
         np.maximum.at(delay, t, path_delay_ns(ct, path, self.ctx.switch_latency_ns))
         routed = assemble(batch, weights, delay)
-        entity, _ = entity_of(batch.group)
+        entity, n_rows = entity_of(batch.group)
         routes = MemberRoutes(entity[t], stream_index(entity)[t], share, path)
-        return replace(routed, routes=routes)
+        # the senders' rate caps the sets carry: a ring row moves at its slowest member's
+        caps = None
+        capped = [(i, r.rate_cap_gbps) for i, r in planned if math.isfinite(r.rate_cap_gbps)]
+        if capped:
+            caps = np.full(n_rows, np.inf)
+            i_c, c_c = zip(*capped, strict=True)
+            np.minimum.at(caps, entity[list(i_c)], np.array(c_c, np.float64))
+        return replace(routed, routes=routes, rate_cap_gbps=caps)
 
 
 register_policy("task-aware")(TaskAware)

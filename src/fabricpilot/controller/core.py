@@ -121,26 +121,28 @@ _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
 
 _NEW = object.__new__
 _PS_SET = tuple(PathSet.__dict__[f].__set__ for f in ("key", "paths", "weights", "ports",
-                                                         "rules"))
+                                                         "rules", "rate_cap_gbps"))
 
 
 def _path_set(key: str, paths: tuple[tuple[int, ...], ...], weights: tuple[float, ...],
               ports: tuple[int, ...], rules: tuple[tuple[tuple[str, int], ...], ...],
-              ) -> PathSet:
-    """``PathSet(key, paths, weights, ports, rules)``, built field by field (``PathSet`` has
-    no checks; this is twice as fast as its ``__init__``, and a plan makes one per pair).
+              rate_cap_gbps: float = math.inf) -> PathSet:
+    """``PathSet(key, paths, weights, ports, rules, rate_cap_gbps)``, built field by field
+    (``PathSet`` has no checks; this is twice as fast as its ``__init__``, and a plan makes
+    one per pair).
 
     >>> _path_set("k", ((1, 2),), (1.0,), (7,), ((),)) == PathSet("k", ((1, 2),), (1.0,),
     ...                                                            (7,), ((),))
     True
     """
     s = _NEW(PathSet)
-    set_key, set_paths, set_weights, set_ports, set_rules = _PS_SET
+    set_key, set_paths, set_weights, set_ports, set_rules, set_cap = _PS_SET
     set_key(s, key)
     set_paths(s, paths)
     set_weights(s, weights)
     set_ports(s, ports)
     set_rules(s, rules)
+    set_cap(s, rate_cap_gbps)
     return s
 
 
@@ -254,7 +256,7 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
     made on the way (``moved.paths``)."""
     if not steered:
         paths = moved.all_paths()
-        return [_path_set(k, ps, old.weights, (), ())
+        return [_path_set(k, ps, old.weights, (), (), old.rate_cap_gbps)
                 for k, ps, old in zip(moved.keys, paths, moved.olds, strict=True)]
     out = []
     paths = []
@@ -267,7 +269,8 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
         if any_rules and rls[j]:
             rls = (*rls[:j], (), *rls[j + 1:])
         out.append(_path_set(k, ps, old.weights,
-                             (port,) if len(pts) == 1 else (*pts[:j], port, *pts[j + 1:]), rls))
+                             (port,) if len(pts) == 1 else (*pts[:j], port, *pts[j + 1:]), rls,
+                             old.rate_cap_gbps))
     moved.paths = paths
     return out
 
@@ -659,6 +662,8 @@ class Controller:
         self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
+        # the jobs whose pairs' senders are held to the rate planned for them (l3_rate_cap)
+        self._capped_tasks: frozenset[str] = frozenset()
         self.replans = 0
         # set from another thread: a whole plan being computed gives way (see Interrupt);
         # checked only inside plans that may give way (``_yielding``)
@@ -872,6 +877,10 @@ class Controller:
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         strict = self._strict_planned = any(c.level != "L3" for i in opted for c in i.calls)
+        # (their GPU pairs are held to their planned rate at the senders: see steer_plan)
+        self._capped_tasks = frozenset(
+            i.task_id for i in opted if all(c.level == "L3" for c in i.calls)) if strict else (
+            frozenset())
         # (both are found again below: a job is cut off only while its links are down)
         if only is None:
             self.sla_unmet = {}
@@ -901,8 +910,9 @@ class Controller:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 level = call.level
+                prio = call.priority
                 # the common case, every pair at once (then only the others one by one)
-                made = (self._call_demands(task, pairs, cap, heat)
+                made = (self._call_demands(task, pairs, cap, heat, prio)
                         if not (call.pairs or pending or avoid) and level == "L3" else None)
                 if made is not None and all(made):  # (every pair: all at once)
                     keys = [d.key for d in made]  # type: ignore[union-attr]
@@ -929,8 +939,14 @@ class Controller:
                     rate = nic * share * cap
                     whole = _one_qp(share, parts)
                     prev = pending.get(key)
-                    if prev is not None and prev.rate_gbps >= rate:
-                        continue  # the same pair in several calls: its largest demand
+                    pp = prio
+                    if prev is not None:  # the same pair in several calls: its largest
+                        # demand, at the highest priority of those calls
+                        pp = max(pp, prev.priority)
+                        if prev.rate_gbps >= rate:
+                            if prev.priority < pp:
+                                pending[key] = replace(prev, priority=pp)
+                            continue
                     # the common case: one (first, last) switch pair; the NIC links
                     # as head and tail and one shared tuple of switch paths (those
                     # that avoid dead and gray links, if the NIC links do)
@@ -961,9 +977,10 @@ class Controller:
                         if mids and level != "L3":
                             mids = self._scoped(mids, up, down, level)
                         if mids:  # (the checked constructor raises on a bad rate)
-                            pending[key] = (_demand(key, rate, mids, heat, head, tail, whole)
-                                            if rate >= 0 else
-                                            Demand(key, rate, mids, heat, head, tail, whole))
+                            pending[key] = (
+                                _demand(key, rate, mids, heat, head, tail, whole, pp)
+                                if rate >= 0 else
+                                Demand(key, rate, mids, heat, head, tail, whole, pp))
                             endpoints[key] = (a, b)
                             continue
                     elif common and not avoid:  # (none in common: no combination)
@@ -973,7 +990,7 @@ class Controller:
                             mids = self._scoped(mids, up, down, level)
                             if mids:
                                 pending[key] = Demand(key, rate, mids, heat, (up,),
-                                                      (down,), whole)
+                                                      (down,), whole, pp)
                                 endpoints[key] = (a, b)
                                 continue
                     cands = self.candidates(a, b)
@@ -993,7 +1010,8 @@ class Controller:
                             f"{call.pattern} at {call.sla_us:g} us ({level}): no path "
                             f"from gpu{a} to gpu{b} within {_SCOPE[level]}")
                         break
-                    pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole)
+                    pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
+                                          priority=pp)
                     endpoints[key] = (a, b)
             if task not in self.sla_unmet and task not in self.partitioned:
                 out.update(pending)
@@ -1006,9 +1024,10 @@ class Controller:
         return list(out.values())
 
     def _call_demands(self, task: str, pairs: list[tuple[int, int, float]], rate_cap: float,
-                      heat: float) -> list[Demand | None]:
+                      heat: float, priority: int = 0) -> list[Demand | None]:
         """The demands of a call's GPU pairs (``(source, destination, share of the source's
-        NIC)``, each pair once) at ``rate_cap`` of their rate and weight ``heat``, made
+        NIC)``, each pair once) at ``rate_cap`` of their rate, weight ``heat`` and
+        ``priority``, made
         together, of the pairs that are :meth:`demands`'s common case: two GPUs of different
         hosts with one NIC each (one end in the component of switches all the call's GPUs
         reach, and at most one other component, as an NVLink domain, which the two do not
@@ -1098,7 +1117,8 @@ class Controller:
         for i, d in zip(idx.tolist(), map(_demand, keys, rates[idx].tolist(),
                                           map(mids_of.__getitem__, inv.tolist()),
                                           itertools.repeat(heat), map(heads.__getitem__, fa),
-                                          map(tails.__getitem__, fb), wholes),
+                                          map(tails.__getitem__, fb), wholes,
+                                          itertools.repeat(priority)),
                         strict=False):
             out[i] = d
         return out
@@ -1173,11 +1193,13 @@ class Controller:
     def _kept(self) -> tuple[Any, ...]:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
         the demands the installed plan was made of and what they said."""
-        return (self._demand, self._strict_planned, self.sla_unmet, self.partitioned)
+        return (self._demand, self._strict_planned, self._capped_tasks, self.sla_unmet,
+                self.partitioned)
 
     def _restore(self, kept: tuple[Any, ...]) -> None:
         """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
-        self._demand, self._strict_planned, self.sla_unmet, self.partitioned = kept
+        (self._demand, self._strict_planned, self._capped_tasks, self.sla_unmet,
+         self.partitioned) = kept
 
     @contextlib.contextmanager
     def _yielding(self, may_yield: bool = True) -> Iterator[None]:
@@ -1483,12 +1505,14 @@ class Controller:
             full = d.full_candidates
             live = tuple(p for p in full if avoid.isdisjoint(p)) or tuple(
                 p for p in full if self.down.isdisjoint(p))
-            return Demand(d.key, d.rate_gbps, live, d.weight, whole=d.whole) if live else None
+            return (Demand(d.key, d.rate_gbps, live, d.weight, whole=d.whole,
+                           priority=d.priority) if live else None)
         live = self._live_mids(d.candidates, avoid)
         if not live:
             return None
         # (d was checked when made, and its live candidates are not empty)
-        return _demand(d.key, d.rate_gbps, live, d.weight, d.head, d.tail, d.whole)
+        return _demand(d.key, d.rate_gbps, live, d.weight, d.head, d.tail, d.whole,
+                       d.priority)
 
     def _live_mids(self, mids: tuple[tuple[int, ...], ...], avoid: frozenset[int]
                    ) -> tuple[tuple[int, ...], ...]:
@@ -1813,7 +1837,8 @@ class Controller:
             kept[k] = live_shares
             moved[k] = dead
             for j, w in enumerate(dead):
-                parts.append(_demand(f"{k}\x1f{j}", rate * w, cands, d.weight, head, tail))
+                parts.append(_demand(f"{k}\x1f{j}", rate * w, cands, d.weight, head, tail,
+                                     priority=d.priority))
             used.update(d.head, d.tail)
             # the links of all its candidates (a superset of the live ones' links: those of
             # a tuple are cached across failures, and a dead link in ``used`` is harmless)
@@ -1880,7 +1905,7 @@ class Controller:
                 continue
             pieces[d.key] = n
             out.extend(_demand(f"{d.key}\x1e{q}", d.rate_gbps / n, d.candidates, d.weight,
-                               d.head, d.tail) for q in range(n))
+                               d.head, d.tail, priority=d.priority) for q in range(n))
         return out, pieces, None
 
     def _cut_off(self, key: str) -> None:
@@ -2014,8 +2039,10 @@ class Controller:
         sets = []
         n_paths = pinned = 0
         any_rules = bool(+self._rules_held)
+        installed = self._installed  # (the sets being replaced: their rate caps stay)
         for k, ps, ws, pts, rls in edits.now:
-            sets.append(_path_set(k, ps, ws, tuple(pts), rls))
+            sets.append(_path_set(k, ps, ws, tuple(pts), rls,
+                                  getattr(installed.get(k), "rate_cap_gbps", math.inf)))
             n_paths += len(ps)
             if any_rules:
                 pinned += sum(1 for r in rls if r)
@@ -2477,6 +2504,17 @@ class Controller:
             del self._up_since[lk]
         return bool(ready)
 
+    def _rate_caps(self, keys: list[str]) -> Iterator[float]:
+        """The senders' rate cap of each key's set: the rate planned for the pair if its job
+        is held to it (every call L3 while an L1 / L2 job is declared: ``l3_rate_cap`` of
+        its rate), else none (``inf``)."""
+        capped = self._capped_tasks
+        if not capped:
+            return itertools.repeat(math.inf, len(keys))
+        demand = self._demand
+        return (demand[k].rate_gbps if k.rsplit(":", 1)[0] in capped and k in demand
+                else math.inf for k in keys)
+
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
                    ) -> tuple[list[PathSet], PlanReport]:
@@ -2487,11 +2525,13 @@ class Controller:
         of its port, and the path set says so (it carries the path actually taken). With
         ``reuse``, a path a key already has keeps its port (only new paths are steered)."""
         self._check()
-        if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
-            sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares))
-                    for key, shares in plan.paths.items()]
-            return sets, PlanReport(plan, len(sets), 0)
         keys = list(plan.paths)
+        caps = self._rate_caps(keys)
+        if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
+            sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares),
+                            rate_cap_gbps=cap)
+                    for key, shares, cap in zip(keys, plan.paths.values(), caps, strict=True)]
+            return sets, PlanReport(plan, len(sets), 0)
         shares_of = list(plan.paths.values())
         n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
         pairs = list(_chain(shares_of))
@@ -2572,8 +2612,8 @@ class Controller:
         all_ports, all_rules = tuple(ports), tuple(rules)
         bounds = first.tolist()
         sets = [_path_set(key, all_paths[i:j], all_weights[i:j], all_ports[i:j],
-                          all_rules[i:j])
-                for key, i, j in zip(keys, bounds, bounds[1:], strict=False)]
+                          all_rules[i:j], cap)
+                for key, i, j, cap in zip(keys, bounds, bounds[1:], caps, strict=False)]
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

@@ -43,7 +43,9 @@ class Demand:
     """Traffic to place: ``rate_gbps`` between two endpoints on one of its candidate paths
     (tuples of link ids); heavier ``weight`` is placed first. A plan places a demand in
     equal parts (one QP each), unless it is ``whole``: then all of it goes on one candidate
-    (one path, one QP).
+    (one path, one QP). Demands of a higher ``priority`` are planned before any of a lower
+    one, as if those did not exist, and the lower ones around them (see
+    :func:`plan_greedy`).
 
     The candidate paths are ``head + c + tail`` for every ``c`` in ``candidates``; ``head``
     and ``tail`` are empty unless the caller factors out the links all candidates start and
@@ -63,6 +65,7 @@ class Demand:
     head: tuple[int, ...] = ()
     tail: tuple[int, ...] = ()
     whole: bool = False
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -559,6 +562,7 @@ class _Commodities:
         self.rate = np.array([d.rate_gbps for d in self.demands], np.float64)
         self.weight = np.array([d.weight for d in self.demands], np.float64)
         self.whole = np.fromiter((d.whole for d in self.demands), np.bool_, n)
+        self.priority = np.fromiter((d.priority for d in self.demands), np.int64, n)
         crow = rows[:n_c]
         hrow = rows[n_c:n_c + n_h].astype(np.int64)
         trow = rows[n_c + n_h:].astype(np.int64)
@@ -779,12 +783,37 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     placement stops there, ``checkpoint`` is called and, if it does not raise,
     :class:`PlanStopped` is raised.
 
+    Demands of several ``priority`` values are planned in tiers, highest first: a tier's
+    placement, sweeps and (top tier only) local search run as if the lower tiers did not
+    exist; a lower tier is then placed around the load above it, and a part of it costs
+    first how far it takes a link carrying higher-priority traffic beyond 100 % (or beyond
+    what that traffic alone loads it to): a lower priority overloads links free of
+    higher-priority traffic before any that carry it. ``plan.extra`` then gives each tier's
+    lambda (``lambda_priority_<p>``: the most loaded link it crosses, all tiers counted).
+
     Two 300 Gb/s demands with the same two 400 Gb/s candidate links go one each:
 
     >>> d = [Demand("a", 300, ((0,), (1,))), Demand("b", 300, ((0,), (1,)))]
     >>> p = plan_greedy(d, {0: 400, 1: 400})
     >>> sorted(p.paths["a"] + p.paths["b"]), p.max_utilization
     ([((0,), 1.0), ((1,), 1.0)], 0.75)
+
+    Link 0 carries a 200 Gb/s demand of priority 1; a 400 Gb/s one may take link 0 or 2,
+    where a 300 Gb/s one runs (all links 400 Gb/s). Alone, lambda is lowest with both on
+    link 0 (150 %, against 175 % on link 2); with the first one of a higher priority, its
+    link stays at 50 % and the lower ones take the overload:
+
+    >>> d = [Demand("hi", 200, ((0,),)), Demand("x", 400, ((0,), (2,))),
+    ...      Demand("z", 300, ((2,),))]
+    >>> caps = {0: 400, 1: 400, 2: 400}
+    >>> plan_greedy(d, caps).paths["x"]
+    [((0,), 1.0)]
+    >>> d[0] = Demand("hi", 200, ((0,),), priority=1)
+    >>> p = plan_greedy(d, caps)
+    >>> p.paths["x"], p.max_utilization
+    ([((2,), 1.0)], 1.75)
+    >>> p.extra["lambda_priority_1"], p.extra["lambda_priority_0"]
+    (0.5, 1.75)
     """
     if split < 1:
         raise ValueError("split must be >= 1")
@@ -819,21 +848,48 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
     lg_ptr, lg_idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
                                   len(com.links))
-    choice = _place(order, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx,
-                    com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
-                    load, split, sweeps, lg_ptr, lg_idx, stop)
-    if len(choice) and int(choice.min()) < 0:  # (stopped part way: parts left unplaced)
-        checkpoint()
-        raise PlanStopped("the placement was stopped")
-    checkpoint()
     if max_moves is None:
         max_moves = 10_000 if n * split <= 2_000 else 0
-    moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
+    no_limit = np.full(len(com.links), np.inf)
+    prio = com.priority
+    tiers = (np.unique(prio)[::-1] if n and (prio != prio[0]).any() else prio[:1])
+    if len(tiers) <= 1:
+        choice = _place(order, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx,
+                        com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
+                        load, split, sweeps, lg_ptr, lg_idx, stop, no_limit, False)
+        if len(choice) and int(choice.min()) < 0:  # (stopped part way: parts unplaced)
+            checkpoint()
+            raise PlanStopped("the placement was stopped")
+        checkpoint()
+        moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
+    else:  # priority tiers, highest first, each around those above it
+        choice = np.full((n, split), -1, np.int64)
+        moves = 0
+        carried = []  # per tier, the links it put traffic on
+        for i, tier in enumerate(tiers.tolist()):
+            sub = order[com.priority[order] == tier]
+            limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
+            before = load.copy()
+            got = _place(sub, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx,
+                         com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx,
+                         com.cap, load, split, sweeps, lg_ptr, lg_idx, stop, limit, i > 0)
+            choice[sub] = got[sub]
+            if int(choice[sub].min()) < 0:
+                checkpoint()
+                raise PlanStopped("the placement was stopped")
+            checkpoint()
+            if i == 0:  # (below the top tier, a move may not trade a link's limit for lambda)
+                moves = _local_search(com, sub, choice, load, split, max_moves)
+            carried.append(load - before > 1e-9)
     checkpoint()
     plan = _package(com, choice, load, "greedy", moves, stop)
     if plan is None:  # (stopped while writing the paths)
         checkpoint()
         raise PlanStopped("the plan was stopped")
+    if len(tiers) > 1:  # each tier's lambda: the most used link it crosses
+        util = load / com.cap
+        for tier, on in zip(tiers.tolist(), carried, strict=True):
+            plan.extra[f"lambda_priority_{tier}"] = float(util[on].max()) if on.any() else 0.0
     rank = np.empty(n, np.int64)
     rank[by_key] = np.arange(n, dtype=np.int64)
     tup = com.u_of if n else np.zeros(0, np.int64)
@@ -843,6 +899,18 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                             com.head1, com.tail1, choice, tuple(_shares(split)), rank,
                             com.rate, com.weight)
     return plan
+
+
+def _tier_limits(load: NDArray[np.float64], bg: NDArray[np.float64],
+                 cap: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The utilisation a lower priority tier may take each link to: where the tiers above
+    placed traffic (``load`` beyond the background ``bg``), 1 or the utilisation they left
+    if higher; elsewhere no limit (``inf``).
+
+    >>> _tier_limits(np.array([50.0, 0.0, 120.0]), np.zeros(3), np.array([100.0] * 3)).tolist()
+    [1.0, inf, 1.2]
+    """
+    return np.where(load - bg > 1e-9, np.maximum(load / cap, 1.0), np.inf)
 
 
 def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
@@ -874,10 +942,17 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
            g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
            split: int, sweeps: int, lg_ptr: NDArray[np.int64], lg_idx: NDArray[np.int64],
-           stop: NDArray[np.bool_]) -> NDArray[np.int64]:
-    """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`); ``load`` is
-    updated in place; returns every part's candidate (within its demand; a ``whole``
-    demand is placed as one part of its whole rate, and all its parts get that candidate).
+           stop: NDArray[np.bool_], limit: NDArray[np.float64], protect: bool,
+           ) -> NDArray[np.int64]:
+    """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`) of the demands
+    ``order``; ``load`` is updated in place; returns every part's candidate (within its
+    demand; a ``whole`` demand is placed as one part of its whole rate, and all its parts
+    get that candidate; -1 for the demands not in ``order``).
+
+    With ``protect``, a candidate's cost starts with how far it takes a link above its
+    ``limit`` (the most over all its columns; links without a limit have ``inf``): the
+    demands of a lower priority go above the limits of links that carry a higher one's
+    only where no candidate avoids it.
     A candidate's cost counts only the links not shared by all of its demand's candidates
     (the group's columns): (largest utilisation after adding the part, sum of squares). Between two
     parts of one demand only the columns whose load changed are costed again when the
@@ -901,6 +976,7 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
         k_max = max(k_max, g_ncand[g])
     c_mx = np.empty(k_max)
     c_sq = np.empty(k_max)
+    c_ex = np.zeros(k_max)
     for rnd in range(sweeps + 1):
         moved = False
         for d in order:
@@ -930,26 +1006,33 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                 best = 0
                 if k_c > 1:
                     best = -1
+                    best_ex = np.inf
                     best_max = np.inf
                     best_sq = np.inf
                     for c in range(k_c):
                         if cached and c != dirty_a and c != dirty_b:
                             mx = c_mx[c]
                             sq = c_sq[c]
+                            ex = c_ex[c]
                         else:
                             mx = 0.0
                             sq = 0.0
+                            ex = 0.0
                             for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
                                 lk = c_idx[q]
                                 u = (load[lk] + part) / cap[lk]
                                 if u > mx:
                                     mx = u
                                 sq += u * u
+                                if protect and u - limit[lk] > ex:
+                                    ex = u - limit[lk]
                             c_mx[c] = mx
                             c_sq[c] = sq
-                        if mx < best_max - 1e-12 or (mx <= best_max + 1e-12
-                                                     and sq < best_sq - 1e-12):
-                            best, best_max, best_sq = c, mx, sq
+                            c_ex[c] = ex
+                        if ex < best_ex - 1e-12 or (ex <= best_ex + 1e-12 and (
+                                mx < best_max - 1e-12 or (mx <= best_max + 1e-12
+                                                          and sq < best_sq - 1e-12))):
+                            best, best_ex, best_max, best_sq = c, ex, mx, sq
                     cached = g_disjoint[g]
                 if best != old:
                     moved = True
@@ -1265,15 +1348,16 @@ def warm_up() -> None:
 
 
 _NEW = object.__new__
-_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL, _SET_WHOLE = (
+_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL, _SET_WHOLE, _SET_PRIO = (
     Demand.__dict__[f].__set__ for f in ("key", "rate_gbps", "candidates", "weight", "head",
-                                         "tail", "whole"))
+                                         "tail", "whole", "priority"))
 
 
 def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
             weight: float, head: tuple[int, ...], tail: tuple[int, ...],
-            whole: bool = False) -> Demand:
-    """``Demand(key, rate_gbps, candidates, weight, head, tail, whole)`` without its checks, for
+            whole: bool = False, priority: int = 0) -> Demand:
+    """``Demand(key, rate_gbps, candidates, weight, head, tail, whole, priority)`` without its
+    checks, for
     callers that made sure ``candidates`` is not empty and ``rate_gbps >= 0`` (twice as fast:
     planning makes one per GPU pair).
 
@@ -1288,6 +1372,7 @@ def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
     _SET_HEAD(d, head)
     _SET_TAIL(d, tail)
     _SET_WHOLE(d, whole)
+    _SET_PRIO(d, priority)
     return d
 
 

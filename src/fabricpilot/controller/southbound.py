@@ -12,6 +12,7 @@ control-channel latency, never instantly.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,13 +127,16 @@ class PathSet:
     Steered path sets also say how: ``ports[i]`` is the UDP source port of the QP that carries
     path ``i`` (the switches' ECMP hash of it lands on the path) and ``rules[i]`` the explicit
     ``(switch, link)`` rules still needed where the hash does not (empty tuples when the data
-    plane forwards the paths by rules alone)."""
+    plane forwards the paths by rules alone). ``rate_cap_gbps`` is the most the key's QPs
+    may send together (a rate limit at the sending NIC, each QP its path's share of it;
+    ``inf``: none), as for an L3 job while L1 / L2 jobs are declared."""
 
     key: str
     paths: tuple[tuple[int, ...], ...]
     weights: tuple[float, ...]
     ports: tuple[int, ...] = ()
     rules: tuple[tuple[tuple[str, int], ...], ...] = ()
+    rate_cap_gbps: float = math.inf
 
 
 class DataPlane(Protocol):
@@ -145,7 +149,8 @@ class DataPlane(Protocol):
         """Counter deltas since the last call."""
 
     def install(self, rules: list[PathSet]) -> None:
-        """Install weighted path sets; they take effect after the control-channel latency."""
+        """Install weighted path sets (and the senders' rate caps they carry); they take
+        effect after the control-channel latency."""
 
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         """Per-link weights for switch-local adaptive routing (1 neutral, 0 excluded)."""

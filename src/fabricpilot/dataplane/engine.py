@@ -234,6 +234,7 @@ class Engine(FaultsMixin):
         self._m_key = np.zeros(0, np.int64)
         self._n_members = 0
         self._row_hold = np.zeros(0)        # a row sends nothing until then (draining)
+        self._row_cap = np.zeros(0)         # a row's rate limit at its senders (per member)
         self._row_demand = np.zeros(0)      # what a member stream of the row would send, Gb/s
         self._row_src = np.zeros(0, np.int64)
         self._row_dst = np.zeros(0, np.int64)
@@ -667,6 +668,8 @@ class Engine(FaultsMixin):
         self._row_class = np.concatenate([self._row_class, np.full(n, tclass, np.int64)])
         self._row_bytes = np.concatenate([self._row_bytes, wire.astype(np.float64)])
         self._row_hold = np.concatenate([self._row_hold, np.full(n, -np.inf)])
+        self._row_cap = np.concatenate([self._row_cap, np.full(n, np.inf)
+                                        if routed.rate_cap_gbps is None else routed.rate_cap_gbps])
         nic = self.ct.rate_gbps[self.ct.gpu_up[routed.src]].astype(np.float64)
         self._row_demand = np.concatenate([self._row_demand, nic])
         self._row_src = np.concatenate([self._row_src, routed.src.astype(np.int64)])
@@ -697,7 +700,7 @@ class Engine(FaultsMixin):
                      self._rebalance, idle=True)
 
     def _recompute(self) -> None:
-        caps = np.where(self._row_hold > self.now, 0.0, np.inf)
+        caps = np.where(self._row_hold > self.now, 0.0, self._row_cap)
         members = None
         if self._stepping:
             members = MemberPaths(
@@ -789,6 +792,7 @@ class Engine(FaultsMixin):
         self._row_class = self._row_class[keep]
         self._row_bytes = self._row_bytes[keep]
         self._row_hold = self._row_hold[keep]
+        self._row_cap = self._row_cap[keep]
         self._row_demand = self._row_demand[keep]
         self._row_src = self._row_src[keep]
         self._row_dst = self._row_dst[keep]

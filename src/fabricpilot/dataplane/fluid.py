@@ -298,8 +298,10 @@ class FluidRateModel:
 
     # ------------------------------------------------------------------ steps
     def _inject(self, m: _Members, dt: float) -> NDArray[np.float64]:
-        # coupled streams: the row's progress as of the end of the last step
-        return fk.inject(m.backlog, m.injected, m.target, m.cc.rc, m.line_rate, m.stall_until,
+        # coupled streams: the row's progress as of the end of the last step; a capped
+        # member's NIC sends at most its cap, whatever its congestion control allows
+        rate = m.cc.rc if m.rate_cap is None else np.minimum(m.cc.rc, m.rate_cap)
+        return fk.inject(m.backlog, m.injected, m.target, rate, m.line_rate, m.stall_until,
                          self.now, dt, m.coupled_any, m.stream, m.stream_row, m.share,
                          self._progress_row, float(self.fp.window_bytes))
 
@@ -611,6 +613,23 @@ def _crossing(
     return float(fk.crossing_ns(level.reshape(-1), prev.reshape(-1), dt, thresholds))
 
 
+def _member_caps(row_cap_gbps: NDArray[np.float64], share: NDArray[np.float64],
+                 ) -> NDArray[np.float64] | None:
+    """Each member's sending-rate cap: its row's (Gb/s per stream) times its share of the
+    stream; ``None`` if no row has a positive finite cap (a cap of 0 holds a row: the
+    members stall instead).
+
+    >>> _member_caps(np.array([100.0, np.inf]), np.array([0.25, 1.0])).tolist()
+    [25.0, inf]
+    >>> _member_caps(np.array([0.0, np.inf]), np.ones(2)) is None
+    True
+    """
+    on = np.isfinite(row_cap_gbps) & (row_cap_gbps > 0)
+    if not on.any():
+        return None
+    return np.where(on, row_cap_gbps * share, np.inf)
+
+
 @dataclass
 class _Members:
     """Per-member arrays of the fluid model (see the module docstring)."""
@@ -655,6 +674,8 @@ class _Members:
     cell_switch: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     ulink_rate: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     half_rtt: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    # a rate limit at the sending NIC (its row's cap times its share; inf: none), if any
+    rate_cap: NDArray[np.float64] | None = None
 
     @property
     def n(self) -> int:
@@ -732,6 +753,7 @@ class _Members:
             hold_bytes=ct.rate_gbps[ulinks].astype(np.float64) * model.fp.step_ns / 8.0,
             # ingresses that may send PFC: a switch receiving a lossless priority
             pfc_watch=model._dst_is_switch[ulinks][:, None] & model._lossless[uprios][None, :],
+            rate_cap=_member_caps(flows.rate_cap_gbps[mem.row], mem.share),
         )
 
     def row_progress(self) -> NDArray[np.float64]:

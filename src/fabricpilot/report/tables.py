@@ -177,6 +177,16 @@ def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its f
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips; 2 heals (the slowest 3.25 ms, its new paths sent after 2.50 ms); 2 gray links
     confirmed, 0 false alarms, 2 restored
+
+    GPU pairs held to a rate at their senders (an L3 job while L1 / L2 jobs are declared):
+
+    >>> c = {k: v for k, v in c.items() if not k.startswith(("heal", "gray"))}
+    >>> print(controller_line(SimpleNamespace(policy="task-aware",
+    ...                                       controller=c | {"pairs_rate_capped": 12})))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
+    on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
+    trips; 12 GPU pairs rate-capped at their senders
     """
     c = r.controller
     plural = "" if c["replans"] == 1 else "s"
@@ -185,6 +195,8 @@ def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its f
             f"switch, capacity {c['switch_rule_capacity']}), {c['qps_unpinned']} left to the "
             f"hash; {c['control_periods']} control periods, {c['replans']} re-plan{plural}, "
             f"{c['fuse_trips']} fuse trips")
+    if c.get("pairs_rate_capped"):
+        line += f"; {c['pairs_rate_capped']} GPU pairs rate-capped at their senders"
     if c.get("heals"):
         line += (f"; {c['heals']} heal{'' if c['heals'] == 1 else 's'} (the slowest "
                  f"{c['heal_max_ms']:.2f} ms, its new paths sent after "

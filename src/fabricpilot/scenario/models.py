@@ -900,6 +900,11 @@ class JobSpec(_Model):
         description="latency SLA of its calls in microseconds (L1 < 50, L2 <= 100, L3 above; "
         "none: L3)",
     )
+    priority: Int = Field(
+        default=0, ge=0, le=7,
+        description="priority of its calls, 0 (default) to 7: the controller plans higher "
+        "ones first and keeps lower ones from overloading their links where it can",
+    )
     traffic_class: TrafficClass = Field(
         default="rdma", description="QoS class of the job's flows: rdma, tcp or control"
     )

@@ -58,7 +58,9 @@ class _Strict(BaseModel):
 
 class CallIn(_Strict):
     """One communication call a job declares: a collective of ``size_bytes`` that must
-    complete within ``sla_us``, repeating every ``period_ns`` (0: one-off)."""
+    complete within ``sla_us``, repeating every ``period_ns`` (0: one-off), at
+    ``priority`` (0-7: the controller plans higher priorities first and keeps lower ones
+    from overloading their links where it can)."""
 
     pattern: Pattern
     size_bytes: int = Field(gt=0, le=1 << 50)

@@ -22,6 +22,7 @@ The wire format is JSON of the southbound dataclasses (:func:`view_to_dict`,
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from dataclasses import asdict
 from typing import Any
@@ -77,14 +78,19 @@ def view_from_dict(d: dict[str, Any]) -> FabricView:
 
 
 def pathset_to_dict(ps: PathSet) -> dict[str, Any]:
+    """A path set as JSON (no rate cap: ``rate_cap_gbps`` null)."""
     return {"key": ps.key, "paths": [list(p) for p in ps.paths], "weights": list(ps.weights),
-            "ports": list(ps.ports), "rules": [[list(r) for r in rs] for rs in ps.rules]}
+            "ports": list(ps.ports), "rules": [[list(r) for r in rs] for rs in ps.rules],
+            "rate_cap_gbps": ps.rate_cap_gbps if math.isfinite(ps.rate_cap_gbps) else None}
 
 
 def pathset_from_dict(d: dict[str, Any]) -> PathSet:
+    """:func:`pathset_to_dict` read back (``rate_cap_gbps`` may be absent: no cap)."""
+    cap = d.get("rate_cap_gbps")
     return PathSet(d["key"], tuple(tuple(int(x) for x in p) for p in d["paths"]),
                    tuple(float(w) for w in d["weights"]), tuple(int(p) for p in d["ports"]),
-                   tuple(tuple((str(sw), int(lk)) for sw, lk in rs) for rs in d["rules"]))
+                   tuple(tuple((str(sw), int(lk)) for sw, lk in rs) for rs in d["rules"]),
+                   math.inf if cap is None else float(cap))
 
 
 # ---------------------------------------------------------------- the data plane's side

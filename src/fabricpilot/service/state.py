@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import threading
 import time
@@ -721,7 +722,9 @@ class FabricService:
                         "source_port": ps.ports[i] if i < len(ps.ports) else None,
                         "pinned_rules": [list(r) for r in ps.rules[i]]
                         if i < len(ps.rules) else []})
-        return {"key": key, "src": src, "dst": dst, "planned": True, "paths": out}
+        cap = ps.rate_cap_gbps  # (the senders' limit: none unless an L3 job is held to it)
+        return {"key": key, "src": src, "dst": dst, "planned": True, "paths": out,
+                "rate_cap_gbps": cap if math.isfinite(cap) else None}
 
     def paths(self, p: Principal, task_id: str, src: int | None = None,
               dst: int | None = None) -> dict[str, Any]:

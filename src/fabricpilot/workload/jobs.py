@@ -25,6 +25,7 @@ class JobSpec:
     traffic_class: str = "rdma"  # QoS class of the job's flows (rdma, tcp, control)
     declare_intent: bool = True  # the job declares its calls to the controller
     sla_us: float | None = None  # latency SLA of its calls (None: no SLA, level L3)
+    priority: int = 0  # priority of its calls to the controller (0-7, higher first)
 
     def __post_init__(self) -> None:
         if self.iterations < 1:

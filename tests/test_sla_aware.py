@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import p2p_job
 from fabricpilot.balancing import PolicyContext, make_policy
 from fabricpilot.balancing.sla_aware import SlaAware
@@ -73,3 +75,25 @@ def test_the_cli_reports_unmet_slas(tmp_path) -> None:  # type: ignore[no-untype
     assert "SLAs no path meets, e.g. " in res.stdout
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["sla_unmet"] and all(s.startswith("tight: ") for s in summary["sla_unmet"])
+
+
+def test_the_sla_levels_example() -> None:
+    # examples/sla_levels.yaml: the L1 ring at ideal; the L2 ring across two leaves told
+    # (every path between leaves crosses a spine) by both policies; the two L3 all-to-alls
+    # held to 80 % of their NICs while the L1 / L2 jobs run: 80 % of ideal's busbw
+    from pathlib import Path
+
+    from fabricpilot.runner import prepare, run_policy
+    from fabricpilot.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "sla_levels.yaml"
+    prep = prepare(load_scenario(path), str(path))
+    ideal = run_policy(prep, "ideal")
+    for policy in ("sla-aware", "task-aware"):
+        run = run_policy(prep, policy)
+        ratio = {j.name: run.mean_busbw_GBps(j.name) / ideal.mean_busbw_GBps(j.name)
+                 for j in prep.jobs}
+        assert ratio["inference"] == pytest.approx(1.0, abs=0.002)
+        assert ratio["train-a"] == pytest.approx(0.8, abs=0.005)
+        assert ratio["train-b"] == pytest.approx(0.8, abs=0.005)
+        assert run.sla_unmet and all(line.startswith("retrieval: ") for line in run.sla_unmet)

@@ -6,9 +6,9 @@ the SLA level's scope (L1: at most one switch; L2: no spine; L3: any), penalised
 delay above 0.8 x SLA and for little free buffer (from the current queues). When no path can
 meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet`` list) and
 the flow still runs, on the path switch-local adaptive routing gives it. Jobs without an SLA
-are routed by switch-local adaptive routing. While a job of level L1 or L2 runs, every
-transfer of an L3 job (an SLA above 100 us, or none) is held to ``controller.l3_rate_cap``
-(80 %) of its sender's NIC.
+are routed by switch-local adaptive routing. While a job of level L1 or L2 runs, the
+transfers of an L3 job (an SLA above 100 us, or none) are held to ``controller.l3_rate_cap``
+(80 %) of their sender's NIC, shared equally by the transfers it sends at once.
 """
 
 from __future__ import annotations
@@ -91,11 +91,14 @@ class SlaAware(Adaptive):
         held[held] = self.capped[job[held]]
         if not held.any():
             return routed
-        # an L3 transfer's sender at l3_rate_cap of its NIC (a ring row: its slowest member)
+        # an L3 sender at l3_rate_cap of its NIC over the transfers it sends at once (an
+        # all-to-all's peers share it); a ring row moves at its slowest member's cap
         entity, n_rows = entity_of(batch.group)
         caps = np.full(n_rows, np.inf)
-        nic = ct.rate_gbps[ct.gpu_up[batch.src[held]]].astype(np.float64)
-        np.minimum.at(caps, entity[held], self.ctx.controller.l3_rate_cap * nic)
+        src = batch.src[held]
+        fan = np.bincount(src)[src]
+        nic = ct.rate_gbps[ct.gpu_up[src]].astype(np.float64)
+        np.minimum.at(caps, entity[held], self.ctx.controller.l3_rate_cap * nic / fan)
         return replace(routed, rate_cap_gbps=caps)
 
     def report(self) -> list[str]:

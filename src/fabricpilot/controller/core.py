@@ -877,10 +877,9 @@ class Controller:
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         strict = self._strict_planned = any(c.level != "L3" for i in opted for c in i.calls)
-        # (their GPU pairs are held to their planned rate at the senders: see steer_plan)
-        self._capped_tasks = frozenset(
-            i.task_id for i in opted if all(c.level == "L3" for c in i.calls)) if strict else (
-            frozenset())
+        # the jobs whose GPU pairs are held to their planned rate at the senders (steer_plan)
+        all_l3 = (i.task_id for i in opted if all(c.level == "L3" for c in i.calls))
+        self._capped_tasks = frozenset(all_l3) if strict else frozenset()
         # (both are found again below: a job is cut off only while its links are down)
         if only is None:
             self.sla_unmet = {}
@@ -1027,12 +1026,11 @@ class Controller:
                       heat: float, priority: int = 0) -> list[Demand | None]:
         """The demands of a call's GPU pairs (``(source, destination, share of the source's
         NIC)``, each pair once) at ``rate_cap`` of their rate, weight ``heat`` and
-        ``priority``, made
-        together, of the pairs that are :meth:`demands`'s common case: two GPUs of different
-        hosts with one NIC each (one end in the component of switches all the call's GPUs
-        reach, and at most one other component, as an NVLink domain, which the two do not
-        share), a fewest-hop path between their switches, and no link avoided (level L3:
-        no scope). Per pair, in order: its demand, or ``None`` (it is made by itself)."""
+        ``priority``, made together, of the pairs that are :meth:`demands`'s common case: two
+        GPUs of different hosts with one NIC each (one end in the component of switches all
+        the call's GPUs reach, and at most one other component, as an NVLink domain, which
+        the two do not share), a fewest-hop path between their switches, and no link avoided
+        (level L3: no scope). Per pair, in order: its demand, or ``None`` (it is made by itself)."""
         out: list[Demand | None] = [None] * len(pairs)
         if not pairs:
             return out

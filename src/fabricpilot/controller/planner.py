@@ -852,41 +852,33 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         max_moves = 10_000 if n * split <= 2_000 else 0
     no_limit = np.full(len(com.links), np.inf)
     prio = com.priority
-    tiers = (np.unique(prio)[::-1] if n and (prio != prio[0]).any() else prio[:1])
-    if len(tiers) <= 1:
-        choice = _place(order, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx,
-                        com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
-                        load, split, sweeps, lg_ptr, lg_idx, stop, no_limit, False)
-        if len(choice) and int(choice.min()) < 0:  # (stopped part way: parts unplaced)
+    multi = bool(n) and bool((prio != prio[0]).any())
+    tiers = np.unique(prio)[::-1] if multi else prio[:1]
+    choice = np.full((n, split), -1, np.int64)
+    moves = 0
+    carried = []  # (several priorities) per tier, the links it put traffic on
+    for i, tier in enumerate(tiers.tolist()):  # highest first, each around those above it
+        sub = order[prio[order] == tier] if multi else order
+        limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
+        before = load.copy() if multi else load
+        got = _place(sub, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx, com.g_col0,
+                     com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
+                     sweeps, lg_ptr, lg_idx, stop, limit, i > 0)
+        choice[sub] = got[sub]
+        if int(choice[sub].min()) < 0:  # (stopped part way: parts left unplaced)
             checkpoint()
             raise PlanStopped("the placement was stopped")
         checkpoint()
-        moves = _local_search(com, order, choice, load, split, max_moves) if n else 0
-    else:  # priority tiers, highest first, each around those above it
-        choice = np.full((n, split), -1, np.int64)
-        moves = 0
-        carried = []  # per tier, the links it put traffic on
-        for i, tier in enumerate(tiers.tolist()):
-            sub = order[com.priority[order] == tier]
-            limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
-            before = load.copy()
-            got = _place(sub, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx,
-                         com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx,
-                         com.cap, load, split, sweeps, lg_ptr, lg_idx, stop, limit, i > 0)
-            choice[sub] = got[sub]
-            if int(choice[sub].min()) < 0:
-                checkpoint()
-                raise PlanStopped("the placement was stopped")
-            checkpoint()
-            if i == 0:  # (below the top tier, a move may not trade a link's limit for lambda)
-                moves = _local_search(com, sub, choice, load, split, max_moves)
+        if i == 0:  # (below the top tier, a move may not trade a link's limit for lambda)
+            moves = _local_search(com, sub, choice, load, split, max_moves)
+        if multi:
             carried.append(load - before > 1e-9)
     checkpoint()
     plan = _package(com, choice, load, "greedy", moves, stop)
     if plan is None:  # (stopped while writing the paths)
         checkpoint()
         raise PlanStopped("the plan was stopped")
-    if len(tiers) > 1:  # each tier's lambda: the most used link it crosses
+    if multi:  # each tier's lambda: the most used link it crosses
         util = load / com.cap
         for tier, on in zip(tiers.tolist(), carried, strict=True):
             plan.extra[f"lambda_priority_{tier}"] = float(util[on].max()) if on.any() else 0.0

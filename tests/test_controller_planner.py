@@ -585,3 +585,33 @@ def test_a_lower_priority_overloads_links_free_of_a_higher_one_first() -> None:
     assert all(tiered.paths[d.key] == [((1,), 1.0)] for d in low)
     assert tiered.link_load_gbps == {0: 200.0, 1: 900.0}
     assert tiered.extra == {"lambda_priority_1": 0.5, "lambda_priority_0": 2.25}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_priority_tier_is_within_5_percent_of_the_lp_given_the_tiers_above(
+        seed: int) -> None:
+    # a third of the demands at priority 1 on a leaf-spine loaded past 100 %: the top tier
+    # is within 5 % of its own LP optimum; the lower tier, with the top tier where the
+    # planner put it (as fixed demands), takes the links the top tier crosses no further
+    # past their limit than the LP's lexicographic optimum does (E), and its lambda is
+    # within 5 % of the LP's at that E
+    from dataclasses import replace
+
+    demands, cap = leaf_spine_demands(seed, n=48)
+    tiered = [replace(d, priority=1) if i % 3 == 0 else d for i, d in enumerate(demands)]
+    plan = plan_greedy(tiered, cap, split=4)
+    top = [d for d in tiered if d.priority == 1]
+    high = {lk: 0.0 for lk in cap}  # the top tier's own load
+    for d in top:
+        for p, w in plan.paths[d.key]:
+            for lk in p:
+                high[lk] += d.rate_gbps * w
+    top_lp = plan_reference(top, cap)
+    assert max(v / cap[lk] for lk, v in high.items()) <= 1.05 * top_lp.max_utilization
+    fixed = [Demand(f"{d.key}/{j}", d.rate_gbps * w, (p,), priority=1)
+             for d in top for j, (p, w) in enumerate(plan.paths[d.key])]
+    ref = plan_reference(fixed + [d for d in tiered if d.priority == 0], cap)
+    excess = max(max(0.0, plan.link_load_gbps[lk] / cap[lk] - max(1.0, v / cap[lk]))
+                 for lk, v in high.items() if v > 0)
+    assert excess <= ref.extra["excess_priority_0"] + 1e-6
+    assert plan.extra["lambda_priority_0"] <= 1.05 * ref.extra["lambda_priority_0"] + 1e-9

@@ -30,7 +30,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from fabricpilot.arrays import distinct
 from fabricpilot.collector import paused as _gc_paused
@@ -1654,47 +1654,118 @@ def plan_reference(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     ``lambda``; constraints: shares of a demand sum to 1 and every link's load is at most
     ``lambda x capacity``.
 
+    Demands of several ``priority`` values are solved tier by tier as :func:`plan_greedy`
+    plans them, highest first, each with the tiers above as background: a lower tier first
+    minimises ``E``, how far it takes any link carrying higher-priority traffic beyond its
+    limit (100 %, or what that traffic loads it to), then ``lambda`` with ``E`` at that
+    minimum. ``plan.extra`` gives each tier's ``lambda_priority_<p>`` (the most loaded link
+    its paths cross) and ``excess_priority_<p>`` (``E``).
+
     >>> d = [Demand("a", 300, ((0,), (1,))), Demand("b", 300, ((0,), (1,)))]
     >>> plan_reference(d, {0: 400, 1: 400}).max_utilization
     0.75
     >>> round(plan_reference([Demand("a", 600, ((0,), (1,)))], {0: 400, 1: 400},
     ...                      integral=True).max_utilization, 6)
     1.5
+
+    A 200 Gb/s demand of priority 1 fixed on link 0, a 400 Gb/s one on link 0 or 2 and a
+    300 Gb/s one on link 2: the LP may split the 400 but keeps link 0 at 100 % (200 of
+    it there, 200 on link 2), so the lower tier's lambda is 1.25, not the 1.125 of both
+    tiers as one:
+
+    >>> d = [Demand("hi", 200, ((0,),), priority=1), Demand("x", 400, ((0,), (2,))),
+    ...      Demand("z", 300, ((2,),))]
+    >>> p = plan_reference(d, {0: 400, 2: 400})
+    >>> [(q, round(s, 6)) for q, s in p.paths["x"]]
+    [((0,), 0.5), ((2,), 0.5)]
+    >>> {k: round(v, 6) for k, v in p.extra.items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'lambda_priority_1': 1.0, 'excess_priority_1': 0.0, 'lambda_priority_0': 1.25,
+     'excess_priority_0': 0.0}
     """
-    prob = _Problem(demands, capacity, background)
+    tiers = sorted({d.priority for d in demands}, reverse=True)
+    if len(tiers) <= 1:
+        return _reference(_Problem(demands, capacity, background), integral, split,
+                          time_limit_s)
+    bg = dict(background or {})
+    above = dict(bg)  # background and the load of the tiers placed so far
+    paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}
+    crossed: dict[int, set[int]] = {}
+    extra: dict[str, float] = {}
+    for i, tier in enumerate(tiers):
+        prob = _Problem([d for d in demands if d.priority == tier], capacity, above)
+        limit = None
+        if i:  # links the tiers above put traffic on: at most max(1, their utilisation)
+            hi = np.array([above.get(lk, 0.0) - bg.get(lk, 0.0) for lk in prob.links.tolist()])
+            limit = np.where(hi > 1e-9, np.maximum(prob.bg / prob.cap, 1.0), np.inf)
+        got = _reference(prob, integral, split, time_limit_s, limit)
+        paths.update(got.paths)
+        for lk, v in got.link_load_gbps.items():
+            above[lk] = above.get(lk, 0.0) + v
+        crossed[tier] = {lk for shares in got.paths.values() for p, _ in shares for lk in p}
+        extra[f"excess_priority_{tier}"] = got.extra.get("excess", 0.0)
+    util = {lk: above.get(lk, 0.0) / float(capacity[lk]) for lk in above}
+    for tier in tiers:
+        extra[f"lambda_priority_{tier}"] = max((util[lk] for lk in crossed[tier]), default=0.0)
+    order = [f"{k}_priority_{t}" for t in tiers for k in ("lambda", "excess")]
+    load = {lk: v - bg.get(lk, 0.0) for lk, v in above.items()}
+    return Plan(paths, load, max(util.values(), default=0.0), got.solver,
+                extra={k: extra[k] for k in order})
+
+
+def _reference(prob: _Problem, integral: bool, split: int, time_limit_s: float,
+               limit: NDArray[np.float64] | None = None) -> Plan:
+    """:func:`plan_reference` of one tier: ``prob``'s background as fixed load; with
+    ``limit`` (per link row, ``inf``: none), ``E`` is minimised first (``extra["excess"]``)
+    and then held while ``lambda`` is."""
     n_cols = int(prob.n_cand.sum())
     n_d = len(prob.demands)
-    # x (candidate shares) then lambda; minimise lambda
-    c = np.zeros(n_cols + 1)
-    c[-1] = 1.0
     rate_of_col = np.repeat(prob.rate, prob.n_cand)
-    # link rows: sum_c rate_c x_c - lambda cap_l <= -bg_l
-    a_link = sp.hstack([prob.inc @ sp.diags(rate_of_col), sp.csr_matrix(-prob.cap[:, None])])
+    flow = prob.inc @ sp.diags(rate_of_col)  # [links, candidates]: Gb/s at share 1
     demand_of_col = np.repeat(np.arange(n_d), prob.n_cand)
-    a_dem = sp.hstack([sp.csr_matrix((np.ones(n_cols), (demand_of_col, np.arange(n_cols))),
-                                     shape=(n_d, n_cols)), sp.csr_matrix((n_d, 1))])
-    if not integral:
-        res = linprog(c, A_ub=a_link.tocsr(), b_ub=-prob.bg, A_eq=a_dem.tocsr(),
-                      b_eq=np.ones(n_d), bounds=[(0, None)] * (n_cols + 1), method="highs")
-        if res.status != 0:
-            raise RuntimeError(f"LP reference failed: {res.message}")
-        x = res.x[:-1]
-        solver = "lp"
-    else:
-        # shares in units of 1 / (the demand's parts): integer counts summing to its parts
-        parts = np.where([d.whole for d in prob.demands], 1, split).astype(np.float64)
-        per_col = np.repeat(parts, prob.n_cand)
-        cons = [LinearConstraint(a_link.tocsr() @ sp.diags(np.r_[1 / per_col, 1.0]),
-                                 -np.inf, -prob.bg),
-                LinearConstraint(a_dem.tocsr(), parts, parts)]
-        integrality = np.r_[np.ones(n_cols), 0]
-        res = milp(c, constraints=cons, integrality=integrality,
-                   bounds=Bounds(np.zeros(n_cols + 1), np.r_[per_col, np.inf]),
+    a_dem = sp.csr_matrix((np.ones(n_cols), (demand_of_col, np.arange(n_cols))),
+                          shape=(n_d, n_cols))
+    parts = np.where([d.whole for d in prob.demands], 1, split).astype(np.float64)
+    per_col = np.repeat(parts, prob.n_cand) if integral else np.ones(n_cols)
+    # (with integral shares in units of 1 / the demand's parts: counts summing to its parts)
+    scale = sp.diags(1 / per_col)
+    dem_total = parts if integral else np.ones(n_d)
+
+    def solve(c: NDArray[np.float64], a_ub: sp.csr_matrix, b_ub: NDArray[np.float64],
+              what: str) -> NDArray[np.float64]:
+        """min c.(x, t) with x the shares (or part counts), t one more variable >= 0."""
+        a_eq = sp.hstack([a_dem, sp.csr_matrix((n_d, 1))]).tocsr()
+        upper = np.r_[per_col if integral else np.full(n_cols, np.inf), np.inf]
+        res = milp(c, constraints=[LinearConstraint(a_ub, -np.inf, b_ub),
+                                   LinearConstraint(a_eq, dem_total, dem_total)],
+                   integrality=np.r_[np.full(n_cols, int(integral)), 0],
+                   bounds=Bounds(np.zeros(n_cols + 1), upper),
                    options={"time_limit": time_limit_s, "disp": False})
         if res.x is None:
-            raise RuntimeError(f"MILP reference failed: {res.message}")
-        x = np.round(res.x[:-1]) / per_col
-        solver = "milp"
+            raise RuntimeError(f"{what} reference failed: {res.message}")
+        return np.asarray(res.x)
+
+    what = "MILP" if integral else "LP"
+    c = np.zeros(n_cols + 1)
+    c[-1] = 1.0
+    excess = 0.0
+    prot_a = prot_b = None
+    if limit is not None and np.isfinite(limit).any():
+        rows = np.flatnonzero(np.isfinite(limit))
+        # protected links: load - E cap <= limit cap - background
+        prot = (flow[rows] @ scale).tocsr()
+        prot_b = limit[rows] * prob.cap[rows] - prob.bg[rows]
+        first = solve(c, sp.hstack([prot, sp.csr_matrix(-prob.cap[rows][:, None])]).tocsr(),
+                      prot_b, what)
+        excess = float(first[-1])
+        prot_a = sp.hstack([prot, sp.csr_matrix((len(rows), 1))]).tocsr()
+        prot_b = prot_b + (excess + 1e-9) * prob.cap[rows]
+    # link rows: load - lambda cap <= -background (and the protected rows at E)
+    a_ub = sp.hstack([flow @ scale, sp.csr_matrix(-prob.cap[:, None])]).tocsr()
+    b_ub = -prob.bg
+    if prot_a is not None and prot_b is not None:
+        a_ub, b_ub = sp.vstack([a_ub, prot_a]).tocsr(), np.r_[b_ub, prot_b]
+    x = solve(c, a_ub, b_ub, what)[:-1]
+    x = np.round(x) / per_col if integral else x
     load = prob.bg + prob.inc @ (rate_of_col * x)
     paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}
     for d, dem in enumerate(prob.demands):
@@ -1704,7 +1775,8 @@ def plan_reference(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     util = load / prob.cap
     return Plan(paths, {int(lk): float(v) for lk, v in zip(prob.links, load - prob.bg,
                                                           strict=True)},
-                float(util.max()), solver)
+                float(util.max()), "milp" if integral else "lp",
+                extra={"excess": excess} if limit is not None else {})
 
 
 def gap(heuristic: Plan, reference: Plan) -> float:

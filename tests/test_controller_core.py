@@ -370,10 +370,10 @@ def test_l3_demands_are_capped_while_an_l1_or_l2_job_shares_the_fabric() -> None
     assert ctl.sla_unmet == {}
 
 
-def test_l3_pairs_are_held_to_their_planned_rate_at_the_senders() -> None:
-    # the 80 % is enforced, not only planned: every path set of the L3 job carries a rate
-    # cap of 0.8 x 400 = 320 Gb/s for the pair (all its QPs together), the L2 job's none;
-    # a heal keeps the cap, and once the L2 job is gone a plan lifts it
+def test_l3_pairs_are_held_to_80_percent_of_their_nics() -> None:
+    # the 80 % is enforced, not only planned: every path set of the L3 job carries a cap of
+    # 0.8 x 400 = 320 Gb/s for its sending NIC, the L2 job's none; a heal keeps the cap,
+    # and once the L2 job is gone a plan lifts it
     dp = FakeDataPlane()
     ctl = Controller(dp)  # (4 QPs per pair)
     ctl.declare(Intent("bulk", "t", (0, 2), (CommCall("allgather", 1 << 30, 5000.0, 0),)))
@@ -393,6 +393,20 @@ def test_l3_pairs_are_held_to_their_planned_rate_at_the_senders() -> None:
     ctl.plan()
     assert {r.key: r.rate_cap_gbps for r in dp.installed} == {
         rule_key("bulk", 0, 2): math.inf, rule_key("bulk", 2, 0): math.inf}
+
+
+def test_an_l3_all_to_alls_pairs_share_their_nics_cap() -> None:
+    # an L3 all-to-all of three GPUs beside an L1 job: each pair is planned at 0.8 x 400 / 2
+    # (two peers per GPU) but capped at the NIC's 320 Gb/s, which the pairs a NIC sends at
+    # once share (a staged collective's one peer at a time may use all of it)
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    ctl.declare(Intent("a2a", "t", (0, 1, 2), (CommCall("alltoall", 1 << 30, 5000.0, 0),)))
+    ctl.declare(Intent("tight", "t", (0, 1), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
+    ctl.plan()
+    planned = {d.key: d.rate_gbps for d in ctl.demands() if d.key.startswith("a2a")}
+    assert sorted(planned.values()) == pytest.approx([160.0] * 6)
+    assert {r.rate_cap_gbps for r in dp.installed if r.key.startswith("a2a")} == {320.0}
 
 
 def test_a_calls_priority_is_its_pairs_and_the_highest_of_several_calls() -> None:

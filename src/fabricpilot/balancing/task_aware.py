@@ -488,13 +488,16 @@ class TaskAware(Adaptive):
         routed = assemble(batch, weights, delay)
         entity, n_rows = entity_of(batch.group)
         routes = MemberRoutes(entity[t], stream_index(entity)[t], share, path)
-        # the senders' rate caps the sets carry: a ring row moves at its slowest member's
+        # the sending NICs' rate caps the sets carry, shared by the capped transfers a NIC
+        # sends at once; a ring row moves at its slowest member's
         caps = None
         capped = [(i, r.rate_cap_gbps) for i, r in planned if math.isfinite(r.rate_cap_gbps)]
         if capped:
             caps = np.full(n_rows, np.inf)
-            i_c, c_c = zip(*capped, strict=True)
-            np.minimum.at(caps, entity[list(i_c)], np.array(c_c, np.float64))
+            i_c = np.array([i for i, _ in capped], np.int64)
+            src = batch.src[i_c]
+            fan = np.bincount(src)[src]
+            np.minimum.at(caps, entity[i_c], np.array([c for _, c in capped]) / fan)
         return replace(routed, routes=routes, rate_cap_gbps=caps)
 
 

@@ -2503,15 +2503,23 @@ class Controller:
         return bool(ready)
 
     def _rate_caps(self, keys: list[str]) -> Iterator[float]:
-        """The senders' rate cap of each key's set: the rate planned for the pair if its job
-        is held to it (every call L3 while an L1 / L2 job is declared: ``l3_rate_cap`` of
-        its rate), else none (``inf``)."""
+        """The sending NIC's rate cap of each key's set: ``l3_rate_cap`` of the NIC if the
+        pair's job is held to it (every call L3 while an L1 / L2 job is declared) and its
+        paths leave by the NIC (not NVLink), else none (``inf``)."""
         capped = self._capped_tasks
         if not capped:
             return itertools.repeat(math.inf, len(keys))
-        demand = self._demand
-        return (demand[k].rate_gbps if k.rsplit(":", 1)[0] in capped and k in demand
-                else math.inf for k in keys)
+        demand, links, ends = self._demand, self.view.links, self._endpoints
+        frac = self.params.l3_rate_cap
+
+        def cap(k: str) -> float:
+            d = demand.get(k)
+            if d is None or k.rsplit(":", 1)[0] not in capped:
+                return math.inf
+            first = d.head[0] if d.head else d.candidates[0][0]
+            return frac * self._nic(ends[k][0]) if links[first].kind == "nic" else math.inf
+
+        return map(cap, keys)
 
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,

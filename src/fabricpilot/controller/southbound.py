@@ -127,9 +127,10 @@ class PathSet:
     Steered path sets also say how: ``ports[i]`` is the UDP source port of the QP that carries
     path ``i`` (the switches' ECMP hash of it lands on the path) and ``rules[i]`` the explicit
     ``(switch, link)`` rules still needed where the hash does not (empty tuples when the data
-    plane forwards the paths by rules alone). ``rate_cap_gbps`` is the most the key's QPs
-    may send together (a rate limit at the sending NIC, each QP its path's share of it;
-    ``inf``: none), as for an L3 job while L1 / L2 jobs are declared."""
+    plane forwards the paths by rules alone). ``rate_cap_gbps`` limits the sending NIC: the
+    capped sets it sends on at once share it equally (a NIC rate limiter on the job's
+    traffic; a set's QPs split its part by their shares; ``inf``: none), as for an L3 job
+    while L1 / L2 jobs are declared."""
 
     key: str
     paths: tuple[tuple[int, ...], ...]

@@ -245,6 +245,37 @@ def test_mice_split_cuts_mice_tail_at_the_cost_of_one_spine() -> None:
     assert split.link_bytes[spine0].sum() == pytest.approx(2 * f["wire_bytes"][cross_mice].sum())
 
 
+def test_task_aware_keeps_the_mice_spine_the_scenario_reserves() -> None:
+    # examples/mice_elephants.yaml with controller.mice_spines: 1: the controller plans no
+    # QP through spine0 and the switches route the mice there, so the mice and the AlltoAll
+    # fare as under adaptive-split (the AlltoAll at 3/4 of its time with four uplinks);
+    # without the setting the plan takes all four spines and the mice fare as under adaptive
+    from dataclasses import replace
+    from pathlib import Path
+
+    from fabricpilot.runner import prepare, run_policy
+    from fabricpilot.scenario import load_scenario
+
+    path = Path(__file__).parent.parent / "examples" / "mice_elephants.yaml"
+    prep = prepare(load_scenario(path), str(path))
+    assert prep.controller.mice_spines == 1
+    runs = {p: run_policy(prep, p) for p in ("adaptive", "adaptive-split", "task-aware")}
+    p99 = {p: r.summary()["fct_slowdown"]["mice"]["p99"] for p, r in runs.items()}
+    assert p99["task-aware"] <= 0.6 * p99["adaptive"]
+    assert p99["task-aware"] == pytest.approx(p99["adaptive-split"], rel=0.05)
+    t = {p: r.collectives[0].time_ns for p, r in runs.items()}
+    assert t["task-aware"] / t["adaptive"] == pytest.approx(4 / 3, rel=0.02)
+    ta = runs["task-aware"]
+    spine0 = [i for i, n in enumerate(ta.link_names) if "spine0" in n]
+    f = ta.flows
+    leaf = prep.topology.gpu_leaf
+    cross_mice = (f["owner"] == -1) & (leaf[f["src"]] != leaf[f["dst"]])
+    assert ta.link_bytes[spine0].sum() == pytest.approx(2 * f["wire_bytes"][cross_mice].sum())
+    free = replace(prep, controller=replace(prep.controller, mice_spines=0))
+    open_p99 = run_policy(free, "task-aware").summary()["fct_slowdown"]["mice"]["p99"]
+    assert open_p99 >= 0.9 * p99["adaptive"]
+
+
 class _Alternate(Flowlet):
     """Flowlet switching where the first flowlet may only use spine1 and later ones only
     spine0 (a congestion table pushed in between), with a given gap threshold."""

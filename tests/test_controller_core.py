@@ -77,6 +77,22 @@ def test_two_jobs_crossing_the_same_leaves_get_disjoint_spines() -> None:
     assert spine_of[rule_key("a", 2, 0)] != spine_of[rule_key("b", 3, 1)]
 
 
+def test_planned_paths_avoid_the_spines_kept_for_mice() -> None:
+    # two spines, the first kept for mice: both jobs' pairs go through spine1 only (the
+    # NIC links stay at 1.0, so the plan's lambda is still 1.0); both spines kept is refused
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1, mice_spines=1))
+    ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.declare(Intent("b", "t2", (1, 3), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    spine0 = {lk for lk, info in dp.view.links.items() if "spine0" in (info.src, info.dst)}
+    assert len(dp.installed) == 4
+    for rule in dp.installed:
+        assert all(spine0.isdisjoint(p) and len(p) == 4 for p in rule.paths)
+    with pytest.raises(ValueError, match="mice_spines: 2 of the fabric's 2 top-tier"):
+        Controller(dp, ControllerParams(mice_spines=2))
+
+
 def test_opted_out_jobs_and_same_node_pairs_get_no_rules() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

@@ -313,6 +313,34 @@ def _add_load(load: NDArray[np.float64], paths: NDArray[np.int32], gbps: NDArray
 register_policy("adaptive")(Adaptive)
 
 
+def reserved_links(ct: CompiledTopology, spines: int, setting: str) -> NDArray[np.bool_]:
+    """Per link, whether it touches one of the first ``spines`` top-tier switches (in the
+    topology's switch order): the links kept for mice. ``setting`` names the scenario field
+    in the error raised when that would leave the elephants no top-tier switch."""
+    top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
+    n_top = int((ct.switch_tier == top).sum())
+    if n_top > 1 and spines >= n_top:
+        raise FabricpilotError(
+            f"{setting}: {spines} of the fabric's {n_top} top-tier switches would leave none "
+            f"for the elephants (at most {n_top - 1})")
+    chosen = np.flatnonzero(ct.switch_tier == top)[:spines]
+    node_is_reserved = np.zeros(len(ct.node_names), bool)
+    node_is_reserved[ct.switch_node[chosen]] = True
+    return node_is_reserved[ct.link_src] | node_is_reserved[ct.link_dst]
+
+
+def split_tables(table: NDArray[np.float64], reserved: NDArray[np.bool_],
+                 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """A congestion table split for mice (only the ``reserved`` links) and for elephants
+    (all but those): a link excluded from a table weighs 0.
+
+    >>> m, e = split_tables(np.array([1.0, 0.5, 1.0]), np.array([True, False, False]))
+    >>> m.tolist(), e.tolist()
+    ([1.0, 0.0, 0.0], [0.0, 0.5, 1.0])
+    """
+    return np.where(reserved, table, 0.0), np.where(reserved, 0.0, table)
+
+
 class AdaptiveSplit(Adaptive):
     """Adaptive routing with mice kept on reserved spines, off the elephants' paths.
 
@@ -336,22 +364,11 @@ class AdaptiveSplit(Adaptive):
                 f"adaptive.mice_by: must be 'size' or 'bytes_seen' (got {ctx.adaptive.mice_by!r})")
         # bytes_seen: every flow starts as a mouse and is promoted once it has sent mice_bytes
         self.watches_bytes_sent = ctx.adaptive.mice_by == "bytes_seen"
-        top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
-        n_top = int((ct.switch_tier == top).sum())
-        if n_top > 1 and self.reserved_spines >= n_top:
-            raise FabricpilotError(
-                f"adaptive.reserved_spines: {self.reserved_spines} of the fabric's {n_top} "
-                f"top-tier switches would leave none for the elephants (at most {n_top - 1})")
-        spines = np.flatnonzero(ct.switch_tier == top)[: self.reserved_spines]
-        node_is_reserved = np.zeros(len(ct.node_names), bool)
-        node_is_reserved[ct.switch_node[spines]] = True
-        self.reserved_link = node_is_reserved[ct.link_src] | node_is_reserved[ct.link_dst]
+        self.reserved_link = reserved_links(ct, self.reserved_spines, "adaptive.reserved_spines")
 
     def _tables(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Congestion tables for mice and for elephants (the pushed table, split)."""
-        mice = np.where(self.reserved_link, self.congestion_table, 0.0)
-        elephants = np.where(self.reserved_link, 0.0, self.congestion_table)
-        return mice, elephants
+        return split_tables(self.congestion_table, self.reserved_link)
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
         ct = self.ctx.topology

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
-from fabricpilot.balancing.adaptive import Adaptive
+from fabricpilot.balancing.adaptive import Adaptive, reserved_links, split_tables
 from fabricpilot.balancing.base import (
     ActiveMembers,
     MemberRoutes,
@@ -120,6 +120,11 @@ class TaskAware(Adaptive):
         self.controller: Controller | None = None
         self.last_plan: PlanReport | None = None
         self.qos: dict[int, int] = {}  # recorded; the twin's QoS comes from the scenario
+        # the links of the top-tier switches kept for mice (controller.mice_spines), if any
+        self.mice_link: NDArray[np.bool_] | None = None
+        if ctx.controller.mice_spines:
+            self.mice_link = reserved_links(ctx.topology, ctx.controller.mice_spines,
+                                            "controller.mice_spines")
         self._last_telemetry_ns = 0.0
         self._was_busy = np.zeros(ctx.topology.n_links, bool)
         self._last_tick_ns = -float("inf")
@@ -347,8 +352,19 @@ class TaskAware(Adaptive):
     def rebalance(self, members: ActiveMembers) -> Moves:
         """Switch-local re-placement (as ``adaptive``), and every ``replan_interval_ns`` a
         controller period (:meth:`Controller.tick`): telemetry in, congestion table and,
-        when worth it, a new plan out."""
-        moves = super().rebalance(members)
+        when worth it, a new plan out. With spines kept for mice, streams there stay (mice
+        are short) and the others move only among the rest."""
+        if self.mice_link is None:
+            moves = super().rebalance(members)
+        else:
+            pushed = self.congestion_table
+            try:
+                self.congestion_table = split_tables(pushed, self.mice_link)[1]
+                valid = members.path >= 0
+                kept = (self.mice_link[np.where(valid, members.path, 0)] & valid).any(axis=1)
+                moves = super().rebalance(replace(members, hold=members.hold | kept))
+            finally:
+                self.congestion_table = pushed
         if self.controller is None or self._telemetry is None:
             return moves
         now = self._telemetry().now_ns
@@ -440,6 +456,29 @@ class TaskAware(Adaptive):
                 out[i] = pad_paths(rows[int(stream[i]) % len(rows)][None, :], out.shape[1])[0]
         return out
 
+    def _walk_classes(self, batch: TransferBatch, sport: NDArray[np.int64],
+                      ) -> NDArray[np.int32]:
+        """Switch-local adaptive paths for ``batch`` (QP source ports ``sport``): with spines
+        kept for mice, a transfer below ``adaptive.mice_bytes`` among the mice's links only,
+        any other among the rest."""
+        load = self._load_now()
+        if self.mice_link is None:
+            return self._walk(batch.src, batch.dst, sport, load)
+        paths = np.full((len(batch), max_path_links(self.ctx.topology)), -1, np.int32)
+        mouse = batch.size_bytes < self.ctx.adaptive.mice_bytes
+        pushed = self.congestion_table
+        try:
+            for sel, table in zip((mouse, ~mouse), split_tables(pushed, self.mice_link),
+                                  strict=True):
+                idx = np.flatnonzero(sel)
+                if len(idx):
+                    self.congestion_table = table
+                    got = self._walk(batch.src[idx], batch.dst[idx], sport[idx], load)
+                    paths[idx] = pad_paths(got, paths.shape[1])
+        finally:
+            self.congestion_table = pushed
+        return paths
+
     def route(self, batch: TransferBatch) -> RoutedBatch:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         ct = self.ctx.topology
@@ -451,7 +490,8 @@ class TaskAware(Adaptive):
                 if hit is not None and hit[1] <= now:
                     planned.append((i, hit[0]))
         if not planned:
-            return super().route(batch)
+            sub, sport_q = self._qps(batch)
+            return self._routed(sub, self._walk_classes(sub, sport_q))
         # planned transfers: one QP per path of the set, carrying the path's share and
         # forwarded by the switches' hash of its source port (and any pinned rules); the
         # others on the path switch-local adaptive routing gives them
@@ -459,7 +499,7 @@ class TaskAware(Adaptive):
         n = len(batch)
         sport = qp_source_port(batch.job, batch.src, batch.dst, np.zeros(n, np.int64),
                                entropy=self.ctx.ecmp.source_port_entropy)
-        adaptive_paths = self._walk(batch.src, batch.dst, sport, self._load_now())
+        adaptive_paths = self._walk_classes(batch, sport)
         rule_of = dict(planned)
         self._forward(batch, rule_of)
         queue = self._telemetry().queue_bytes if self._telemetry is not None else None

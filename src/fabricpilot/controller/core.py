@@ -327,6 +327,32 @@ class _SetEdits:
     touched: list[NDArray[np.int64]] = field(default_factory=list)
 
 
+def mice_links(view: FabricView, spines: int) -> frozenset[int]:
+    """The links of the first ``spines`` top-tier switches of ``view`` (in its node order):
+    those kept for mice, off every planned path. ``ValueError`` if that would leave planned
+    traffic no top-tier switch.
+
+    >>> from fabricpilot.controller.southbound import LinkInfo
+    >>> links = [LinkInfo(0, "leaf0", "spine0", 400, 100), LinkInfo(1, "leaf0", "spine1", 400, 100)]
+    >>> v = FabricView.from_links(links, dict.fromkeys(["leaf0", "spine0", "spine1"], "switch"),
+    ...                           {"leaf0": 1, "spine0": 2, "spine1": 2}, {})
+    >>> sorted(mice_links(v, 1)), mice_links(v, 0)
+    ([0], frozenset())
+    """
+    if spines <= 0:
+        return frozenset()
+    tier = dict(view.graph.nodes(data="tier", default=0))
+    top = max(tier.values(), default=0)
+    tops = [n for n, t in tier.items() if t == top]
+    if len(tops) > 1 and spines >= len(tops):
+        raise ValueError(f"mice_spines: {spines} of the fabric's {len(tops)} top-tier "
+                         f"switches would leave none for planned traffic (at most "
+                         f"{len(tops) - 1})")
+    kept = set(tops[:spines])
+    return frozenset(lk for lk, info in view.links.items()
+                     if info.src in kept or info.dst in kept)
+
+
 def rule_key(task_id: str, src: int, dst: int) -> str:
     """The match key of a planned pair: ``"<task>:<src>-><dst>"``."""
     return f"{task_id}:{src}->{dst}"
@@ -722,6 +748,7 @@ class Controller:
             nx.weakly_connected_components(self._switch_graph)) for n in c}
         self._link_id: dict[tuple[str, str], int] = {
             (u, v): int(lk) for u, v, lk in g.edges(data="link_id")}
+        self._mice_links = mice_links(self.view, self.params.mice_spines)
         # the compiled kernels, once per process: not in the first plan or re-plan
         planner.warm_up()
         entropy.warm_up()
@@ -801,6 +828,8 @@ class Controller:
                 if pred is None:
                     pred = self._bfs[first] = nx.predecessor(self._switch_graph, first)
                 hit = tuple(sorted(self._pred_paths(first, last, pred))) if last in pred else ()
+                if self._mice_links:  # (off the spines kept for mice, where another is)
+                    hit = tuple(p for p in hit if self._mice_links.isdisjoint(p)) or hit
             self._sw_paths[key] = hit
         return hit
 

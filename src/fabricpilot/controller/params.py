@@ -26,7 +26,10 @@ class ControllerParams:
     were and the background load of no link moves by more than
     ``replan_background_tolerance`` of its capacity (it would lose again). A link its error
     counters made gray is restored once they have stayed below the threshold for
-    ``gray_clear_ns`` (infinite, the default: only an operator's report restores it)."""
+    ``gray_clear_ns`` (infinite, the default: only an operator's report restores it). The
+    first ``mice_spines`` top-tier switches are kept for mice: the plan keeps every planned
+    path off them, and the switches route the transfers too small to be planned there
+    (0, the default: none)."""
 
     control_latency_ns: int = 10_000
     parts: int = 4
@@ -43,3 +46,4 @@ class ControllerParams:
     link_up_holddown_ns: float = 1_000_000
     replan_background_tolerance: float = 0.05
     gray_clear_ns: float = float("inf")
+    mice_spines: int = 0

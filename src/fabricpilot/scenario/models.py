@@ -837,6 +837,11 @@ class ControllerSpec(_Model):
         description="a link its error counters made gray is restored once they have stayed "
         "below the threshold this long (null: never by itself, only an operator's report)",
     )
+    mice_spines: Int = Field(
+        default=0, ge=0,
+        description="top-tier switches kept for mice: planned paths avoid them and the "
+        "switches route transfers below adaptive.mice_bytes on them (0: none)",
+    )
 
     _quantities = field_validator(
         "control_latency_ns", "replan_interval_ns", "link_up_holddown_ns", "gray_clear_ns",
@@ -852,7 +857,8 @@ class ControllerSpec(_Model):
             link_up_holddown_ns=float(self.link_up_holddown_ns),
             replan_background_tolerance=self.replan_background_tolerance,
             gray_clear_ns=(float(self.gray_clear_ns) if self.gray_clear_ns is not None
-                           else float("inf")))
+                           else float("inf")),
+            mice_spines=self.mice_spines)
 
 
 # --- jobs -----------------------------------------------------------------------------------

@@ -91,6 +91,16 @@ def test_planned_paths_avoid_the_spines_kept_for_mice() -> None:
         assert all(spine0.isdisjoint(p) and len(p) == 4 for p in rule.paths)
     with pytest.raises(ValueError, match="mice_spines: 2 of the fabric's 2 top-tier"):
         Controller(dp, ControllerParams(mice_spines=2))
+    # leaf0's link to spine1 down: a's gpu0 -> gpu2 has no path off the mice's spine left,
+    # so the next plan sends it through spine0 rather than cutting the job off
+    up = next(lk for lk, info in dp.view.links.items()
+              if (info.src, info.dst) == ("leaf0", "spine1"))
+    ctl.on_links_changed([up], [])
+    dp.installed.clear()
+    ctl.plan()
+    assert ctl.partitioned == {}
+    (path,) = ctl._installed[rule_key("a", 0, 2)].paths
+    assert up not in path and not spine0.isdisjoint(path)
 
 
 def test_opted_out_jobs_and_same_node_pairs_get_no_rules() -> None:

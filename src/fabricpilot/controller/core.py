@@ -749,6 +749,9 @@ class Controller:
         self._link_id: dict[tuple[str, str], int] = {
             (u, v): int(lk) for u, v, lk in g.edges(data="link_id")}
         self._mice_links = mice_links(self.view, self.params.mice_spines)
+        # (first, last) switches -> every switch path, those through mice spines too (for a
+        # pair whose other paths are all down), where they differ from _sw_paths
+        self._sw_paths_all: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
         # the compiled kernels, once per process: not in the first plan or re-plan
         planner.warm_up()
         entropy.warm_up()
@@ -795,14 +798,18 @@ class Controller:
             self._ends_cache[(node, out)] = hit
         return hit
 
-    def _combos(self, a: str, b: str) -> list[tuple[int, tuple[tuple[int, ...], ...], int]]:
+    def _combos(self, a: str, b: str, mice: bool = False,
+                ) -> list[tuple[int, tuple[tuple[int, ...], ...], int]]:
         """``(uplink, sorted switch paths, downlink)`` of the (first, last) switch pairs
-        at the fewest hops between GPU nodes ``a`` and ``b``."""
+        at the fewest hops between GPU nodes ``a`` and ``b`` (with ``mice``, through the
+        spines kept for mice too)."""
         combos: list[tuple[int, tuple[tuple[int, ...], ...], int]] = []
         best = -1
         for first, up in self._ends(a, True):
             for last, down in self._ends(b, False):
                 mids = self._switch_paths(first, last)
+                if mice:
+                    mids = self._sw_paths_all.get((first, last), mids)
                 if not mids:
                     continue
                 n = len(mids[0])
@@ -829,7 +836,10 @@ class Controller:
                     pred = self._bfs[first] = nx.predecessor(self._switch_graph, first)
                 hit = tuple(sorted(self._pred_paths(first, last, pred))) if last in pred else ()
                 if self._mice_links:  # (off the spines kept for mice, where another is)
-                    hit = tuple(p for p in hit if self._mice_links.isdisjoint(p)) or hit
+                    off = tuple(p for p in hit if self._mice_links.isdisjoint(p))
+                    if off and len(off) < len(hit):
+                        self._sw_paths_all[key] = hit
+                        hit = off
             self._sw_paths[key] = hit
         return hit
 
@@ -1023,6 +1033,11 @@ class Controller:
                                 continue
                     cands = self.candidates(a, b)
                     if avoid:
+                        if (self._sw_paths_all and cands
+                                and all(not self.down.isdisjoint(p) for p in cands)):
+                            # (every path off the mice's spines down: through them, then)
+                            cands = sorted((up, *m, down) for up, mids, down
+                                           in self._combos(na, nb, mice=True) for m in mids)
                         live = [p for p in cands if avoid.isdisjoint(p)]
                         if cands and all(not self.down.isdisjoint(p) for p in cands):
                             self.partitioned[task] = (

@@ -341,6 +341,36 @@ def split_tables(table: NDArray[np.float64], reserved: NDArray[np.bool_],
     return np.where(reserved, table, 0.0), np.where(reserved, 0.0, table)
 
 
+def walk_split(policy: Adaptive, batch: TransferBatch, sport: NDArray[np.int64],
+               mouse: NDArray[np.bool_], reserved: NDArray[np.bool_]) -> NDArray[np.int32]:
+    """``policy``'s switch-local adaptive paths for ``batch`` (source ports ``sport``): the
+    ``mouse`` transfers among the ``reserved`` links only, the others among the rest (its
+    pushed congestion table split for each, then put back)."""
+    load = policy._load_now()
+    paths = np.full((len(batch), max_path_links(policy.ctx.topology)), -1, np.int32)
+    pushed = policy.congestion_table
+    try:
+        for sel, table in zip((mouse, ~mouse), split_tables(pushed, reserved), strict=True):
+            idx = np.flatnonzero(sel)
+            if len(idx):
+                policy.congestion_table = table
+                got = policy._walk(batch.src[idx], batch.dst[idx], sport[idx], load)
+                paths[idx] = pad_paths(got, paths.shape[1])
+    finally:
+        policy.congestion_table = pushed
+    return paths
+
+
+def on_links(path: NDArray[np.int32], mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Per path (link ids, -1 padded), whether it crosses a link of ``mask``.
+
+    >>> on_links(np.array([[0, 2], [1, -1]], np.int32), np.array([False, False, True])).tolist()
+    [True, False]
+    """
+    valid = path >= 0
+    return (mask[np.where(valid, path, 0)] & valid).any(axis=1)
+
+
 class AdaptiveSplit(Adaptive):
     """Adaptive routing with mice kept on reserved spines, off the elephants' paths.
 
@@ -371,30 +401,16 @@ class AdaptiveSplit(Adaptive):
         return split_tables(self.congestion_table, self.reserved_link)
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
-        ct = self.ctx.topology
         sub, sport = self._qps(batch)
         mouse = (sub.size_bytes < self.mice_bytes) | self.watches_bytes_sent
-        load = self._load_now()
-        paths = np.full((len(sub), max_path_links(ct)), -1, np.int32)
-        pushed = self.congestion_table
-        try:
-            for sel, table in zip((mouse, ~mouse), self._tables(), strict=True):
-                idx = np.flatnonzero(sel)
-                if len(idx):
-                    self.congestion_table = table
-                    paths[idx] = self._walk(sub.src[idx], sub.dst[idx], sport[idx], load)
-        finally:
-            self.congestion_table = pushed
-        return self._routed(sub, paths)
+        return self._routed(sub, walk_split(self, sub, sport, mouse, self.reserved_link))
 
     def rebalance(self, members: ActiveMembers) -> Moves:
         # elephants only (mice are short), and only among the elephants' spines
         pushed = self.congestion_table
         try:
             self.congestion_table = self._tables()[1]
-            valid = members.path >= 0
-            on_reserved = (self.reserved_link[np.where(valid, members.path, 0)]
-                           & valid).any(axis=1)
+            on_reserved = on_links(members.path, self.reserved_link)
             if self.watches_bytes_sent and members.sent_bytes is not None:
                 grown = np.flatnonzero(on_reserved & ~members.hold
                                        & (members.sent_bytes >= self.mice_bytes)

@@ -23,7 +23,13 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
-from fabricpilot.balancing.adaptive import Adaptive, reserved_links, split_tables
+from fabricpilot.balancing.adaptive import (
+    Adaptive,
+    on_links,
+    reserved_links,
+    split_tables,
+    walk_split,
+)
 from fabricpilot.balancing.base import (
     ActiveMembers,
     MemberRoutes,
@@ -360,8 +366,7 @@ class TaskAware(Adaptive):
             pushed = self.congestion_table
             try:
                 self.congestion_table = split_tables(pushed, self.mice_link)[1]
-                valid = members.path >= 0
-                kept = (self.mice_link[np.where(valid, members.path, 0)] & valid).any(axis=1)
+                kept = on_links(members.path, self.mice_link)
                 moves = super().rebalance(replace(members, hold=members.hold | kept))
             finally:
                 self.congestion_table = pushed
@@ -461,23 +466,10 @@ class TaskAware(Adaptive):
         """Switch-local adaptive paths for ``batch`` (QP source ports ``sport``): with spines
         kept for mice, a transfer below ``adaptive.mice_bytes`` among the mice's links only,
         any other among the rest."""
-        load = self._load_now()
         if self.mice_link is None:
-            return self._walk(batch.src, batch.dst, sport, load)
-        paths = np.full((len(batch), max_path_links(self.ctx.topology)), -1, np.int32)
+            return self._walk(batch.src, batch.dst, sport, self._load_now())
         mouse = batch.size_bytes < self.ctx.adaptive.mice_bytes
-        pushed = self.congestion_table
-        try:
-            for sel, table in zip((mouse, ~mouse), split_tables(pushed, self.mice_link),
-                                  strict=True):
-                idx = np.flatnonzero(sel)
-                if len(idx):
-                    self.congestion_table = table
-                    got = self._walk(batch.src[idx], batch.dst[idx], sport[idx], load)
-                    paths[idx] = pad_paths(got, paths.shape[1])
-        finally:
-            self.congestion_table = pushed
-        return paths
+        return walk_split(self, batch, sport, mouse, self.mice_link)
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0

@@ -112,6 +112,17 @@ def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
     return out
 
 
+def _tier_lambdas(controller: Controller | None) -> dict[int, float]:
+    """The current plan's lambda per priority tier, highest first (empty unless the plan
+    has several priorities)."""
+    plan = controller.current if controller is not None else None
+    if plan is None:
+        return {}
+    prefix = "lambda_priority_"
+    return {int(k[len(prefix):]): round(v, 4) for k, v in plan.extra.items()
+            if k.startswith(prefix)}
+
+
 class TaskAware(Adaptive):
     """Controller-planned path sets with switch-local adaptation (see the module docstring)."""
 
@@ -266,6 +277,7 @@ class TaskAware(Adaptive):
             "fuse_trips": self.fuse_trips,
             "pairs_rate_capped": sum(1 for r, _ in self._rules.values()
                                      if math.isfinite(r.rate_cap_gbps)),
+            "lambda_by_priority": _tier_lambdas(self.controller),
             "heals": len(self.controller.heals) if self.controller else 0,
             "heal_max_ms": round(max((h.wall_s for h in self.controller.heals), default=0.0)
                                  * 1e3, 3) if self.controller else 0.0,

@@ -187,6 +187,15 @@ def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its f
     task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips; 12 GPU pairs rate-capped at their senders
+
+    With jobs of several priorities, the plan's lambda per priority tier:
+
+    >>> c |= {"lambda_by_priority": {7: 0.5, 0: 2.25}}
+    >>> print(controller_line(SimpleNamespace(policy="task-aware", controller=c)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
+    on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
+    trips; planned lambda by priority 7: 0.50, 0: 2.25
     """
     c = r.controller
     plural = "" if c["replans"] == 1 else "s"
@@ -197,6 +206,9 @@ def controller_line(r: RunResult) -> str:  # a RunResult, or anything with its f
             f"{c['fuse_trips']} fuse trips")
     if c.get("pairs_rate_capped"):
         line += f"; {c['pairs_rate_capped']} GPU pairs rate-capped at their senders"
+    if c.get("lambda_by_priority"):
+        line += "; planned lambda by priority " + ", ".join(
+            f"{p}: {lam:.2f}" for p, lam in c["lambda_by_priority"].items())
     if c.get("heals"):
         line += (f"; {c['heals']} heal{'' if c['heals'] == 1 else 's'} (the slowest "
                  f"{c['heal_max_ms']:.2f} ms, its new paths sent after "

@@ -103,6 +103,33 @@ def test_planned_paths_avoid_the_spines_kept_for_mice() -> None:
     assert up not in path and not spine0.isdisjoint(path)
 
 
+def test_a_replan_of_the_same_jobs_on_the_same_links_reuses_their_demands() -> None:
+    # demands() makes a job's demands once per (intent, L1/L2 declared, links avoided,
+    # parts): the same objects again while those hold; a changed intent makes its own
+    # anew, a link down all of them (their live candidates change)
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    a = Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),))
+    ctl.declare(a)
+    ctl.declare(Intent("b", "t", (1, 3), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    first = {d.key: d for d in ctl.demands()}
+    again = {d.key: d for d in ctl.demands()}
+    assert again.keys() == first.keys() and all(again[k] is first[k] for k in first)
+    ctl.declare(replace(a, calls=(CommCall("allgather", 1 << 30, 500.0, 0, 3),)))
+    changed = {d.key: d for d in ctl.demands()}
+    for k, d in changed.items():
+        assert (d is first[k]) == k.startswith("b:")
+        assert d.priority == (3 if k.startswith("a:") else 0)
+    up = next(lk for lk, info in dp.view.links.items()
+              if (info.src, info.dst) == ("leaf0", "spine0"))
+    ctl.on_links_changed([up], [])
+    down = {d.key: d for d in ctl.demands()}
+    assert all(down[k] is not changed[k] for k in down)
+    assert all(up not in p for d in down.values() if d.key.startswith(("a:0", "b:1"))
+               for p in d.full_candidates)
+
+
 def test_opted_out_jobs_and_same_node_pairs_get_no_rules() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

@@ -148,6 +148,26 @@ def test_a_changed_job_is_planned_by_itself(client: httpx.Client) -> None:
     assert _planned_paths(c, "acme-ring", ACME) == acme
 
 
+def test_an_l3_job_beside_an_l2_one_is_shown_capped(client: httpx.Client) -> None:
+    # acme's ring has no tight SLA (L3); globex declares an 80 us one within a host (L2):
+    # from then on acme's pairs carry 80 % of their 400 Gb/s NICs as a cap, and say so
+    c = client
+    assert c.post("/api/v1/jobs", json=_job("acme-ring", [0, 64]),
+                  headers=_auth(ACME)).status_code == 201
+    _planned_paths(c, "acme-ring", ACME)
+    assert not c.get("/api/v1/jobs/acme-ring", headers=_auth(ACME)).json()["rate_capped"]
+    assert c.post("/api/v1/jobs", json=_job("globex-l2", [8, 9], sla_us=80.0),
+                  headers=_auth(GLOBEX)).status_code == 201
+    deadline = time.monotonic() + 10
+    while not c.get("/api/v1/jobs/acme-ring", headers=_auth(ACME)).json()["rate_capped"]:
+        assert time.monotonic() < deadline, "the L3 job was never capped"
+        time.sleep(0.05)
+    pairs = c.get("/api/v1/jobs/acme-ring/paths", headers=_auth(ACME)).json()["pairs"]
+    assert [p["rate_cap_gbps"] for p in pairs] == [320.0, 320.0]
+    globex = c.get("/api/v1/jobs/globex-l2", headers=_auth(GLOBEX)).json()
+    assert globex["sla_met"] and not globex["rate_capped"]
+
+
 def test_auth_and_tenancy(client: httpx.Client) -> None:
     c = client
     body = _job("acme-a", [0, 1])

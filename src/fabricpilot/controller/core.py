@@ -1250,6 +1250,12 @@ class Controller:
             return self._install(*solved, len(demands), background)
 
     @property
+    def capped_tasks(self) -> frozenset[str]:
+        """The jobs whose GPU pairs' senders are held to ``l3_rate_cap`` of their NICs (all
+        their calls L3 while an L1 / L2 job is declared), as of the last plan."""
+        return self._capped_tasks
+
+    @property
     def _weight(self) -> _Weights:
         """Each planned GPU pair's weight (its job's heat), from its demand."""
         return _Weights(self._demand)

@@ -632,6 +632,7 @@ class FabricService:
             sla_met=tid not in self.controller.sla_unmet and tid not in
             self.controller.partitioned,
             sla_problem=self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid),
+            rate_capped=tid in self.controller.capped_tasks,
             path_sets=len(self.dp.by_task.get(tid, {})),
             planned=self._changed_at.get(tid, 0) <= self._planned_upto,
             busbw_GBps=self.busbw_GBps.get(tid),

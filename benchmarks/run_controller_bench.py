@@ -13,15 +13,22 @@ rest (steering, install). Then one job changes (an AllReduce becomes an AlltoAll
 planned by itself (``Controller.plan_jobs``): its time, and its lambda against that of every
 job planned again. Ranking: k = 5 SLA-aware paths between random GPU pairs of a fabric of
 about 200 switches and hosts; target <= 1 ms per request (the source reports 8.2 ms at 200
-nodes).
+nodes). Gap: the planner's lambda against HiGHS's optimum on small instances (24 demands
+of 50-200 Gb/s between random leaves of a 4-leaf, 4-spine fabric of 400 Gb/s links): the LP
+with each demand in 4 parts, the MILP with each demand whole (one QP); target within 5 % of
+the LP. With ``--large`` also the MILP gap of 96 whole demands of a quarter the rates (a
+finer grain; HiGHS takes some 10 s per instance).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -79,6 +86,46 @@ def planner_case(gpus: int, jobs: int, seed: int = 1) -> dict[str, float]:
     return out
 
 
+def gap_case(instances: int = 20, fine: int = 0) -> dict[str, list[float]]:
+    """Relative gap of the planner's lambda to the LP optimum (4 parts per demand) and to
+    the MILP optimum (each demand whole), per instance; with ``fine``, also that many
+    instances of 96 whole demands at a quarter the rates (``milp_fine``)."""
+    from dataclasses import replace
+
+    from controller_cases import small_leaf_spine
+    from fabricpilot.controller.planner import gap, plan_greedy, plan_reference
+
+    out: dict[str, list[float]] = {"lp": [], "milp": [], "milp_fine": []}
+    with _quiet_stdout():  # (HiGHS's MILP prints progress notes of its own)
+        for seed in range(instances):
+            demands, cap = small_leaf_spine(seed)
+            out["lp"].append(gap(plan_greedy(demands, cap, split=4),
+                                 plan_reference(demands, cap)))
+            whole = [replace(d, whole=True) for d in demands]
+            out["milp"].append(gap(plan_greedy(whole, cap),
+                                   plan_reference(whole, cap, integral=True)))
+        for seed in range(fine):
+            demands, cap = small_leaf_spine(seed, n=96)
+            whole = [replace(d, rate_gbps=d.rate_gbps / 4, whole=True) for d in demands]
+            out["milp_fine"].append(gap(plan_greedy(whole, cap),
+                                        plan_reference(whole, cap, integral=True)))
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Within: what native code writes to the process's stdout is dropped."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def ranking_case(requests: int = 200, seed: int = 2, passes: int = 3) -> dict[str, float]:
     """Mean time per request over ``requests`` random GPU pairs: of the first pass, and the
     best of ``passes`` passes (less sensitive to other load on the machine)."""
@@ -132,6 +179,15 @@ def main() -> None:
     r = ranking_case()
     print(f"ranking: {int(r['nodes'])} switches and hosts, {r['per_request_ms']:.2f} ms per "
           f"request (k = 5; best of 3 passes {r['best_ms']:.2f} ms)")
+    g = gap_case(fine=5 if args.large else 0)
+    for name, what in (("lp", "the LP optimum, 4 parts per demand"),
+                       ("milp", "the MILP optimum, each demand whole"),
+                       ("milp_fine", "the MILP optimum, 96 whole demands of 12.5-50 Gb/s")):
+        v = g[name]
+        if v:
+            print(f"planner gap to {what} ({len(v)} instances): mean "
+                  f"{100 * statistics.mean(v):.1f} %, max {100 * max(v):.1f} %"
+                  + (" (target <= 5 %)" if name == "lp" else ""))
 
 
 if __name__ == "__main__":

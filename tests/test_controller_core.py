@@ -212,6 +212,24 @@ def test_the_twin_holds_an_l3_job_to_80_percent_while_an_l2_job_is_declared(
         ideal.mean_busbw_GBps("train"), rel=0.005)
 
 
+def test_the_plan_made_before_the_run_is_in_place_at_time_0_later_updates_a_latency_after(
+        ) -> None:
+    # the jobs declared when they were launched: their first collective (at time 0) already
+    # takes the planned paths; a rule sent during the run takes effect
+    # controller.control_latency_ns after it was sent
+    from fabricpilot.balancing import PolicyContext, make_policy
+    from fabricpilot.runner import prepare
+    from fabricpilot.scenario.loader import default_scenario
+
+    prep = prepare(default_scenario())
+    pol = make_policy("task-aware", PolicyContext(prep.topology, 1, 600))
+    pol.attach_jobs(prep.jobs)
+    assert pol._rules and all(at == 0 for _, at in pol._rules.values())
+    key, (rule, _) = next(iter(pol._rules.items()))
+    pol.install([rule])
+    assert pol._rules[key][1] == pol.ctx.controller.control_latency_ns == 10_000
+
+
 def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import yaml
 

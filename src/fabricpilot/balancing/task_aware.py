@@ -137,6 +137,7 @@ class TaskAware(Adaptive):
         self.controller: Controller | None = None
         self.last_plan: PlanReport | None = None
         self.qos: dict[int, int] = {}  # recorded; the twin's QoS comes from the scenario
+        self._ahead = False  # installing the plan made before the run: in effect at once
         # the links of the top-tier switches kept for mice (controller.mice_spines), if any
         self.mice_link: NDArray[np.bool_] | None = None
         if ctx.controller.mice_spines:
@@ -228,7 +229,7 @@ class TaskAware(Adaptive):
                 sw, n = max(full, key=lambda x: x[1])
                 raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
             self._table = table
-        at = now + self.ctx.controller.control_latency_ns
+        at = now + (0 if self._ahead else self.ctx.controller.control_latency_ns)
         held.update([(r.key, (r, at)) for r in rules])
         forwarded = self._forwarded
         if forwarded:
@@ -250,12 +251,18 @@ class TaskAware(Adaptive):
 
     # ------------------------------------------------------------ the twin's jobs
     def attach_jobs(self, jobs: list[JobSpec]) -> PlanReport:
-        """Declare every job from the scenario and plan them all (at time 0)."""
+        """Declare every job from the scenario and plan them all before the run starts: the
+        jobs declared when they were launched, so their paths are in place by time 0 (their
+        first collective may start then), not a control-channel latency later."""
         self.job_names = [j.name for j in jobs]
         self.controller = Controller(self, self.ctx.controller)
         for intent in job_intents(jobs, "default"):
             self.controller.declare(intent)
-        self.last_plan = self.controller.plan()
+        self._ahead = True
+        try:
+            self.last_plan = self.controller.plan()
+        finally:
+            self._ahead = False
         return self.last_plan
 
     def stats(self) -> dict[str, object]:

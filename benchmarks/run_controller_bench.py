@@ -92,20 +92,20 @@ def gap_case(instances: int = 20, fine: int = 0) -> dict[str, list[float]]:
     instances of 96 whole demands at a quarter the rates (``milp_fine``)."""
     from dataclasses import replace
 
-    from controller_cases import small_leaf_spine
+    from fabricpilot.controller.instances import leaf_spine_demands
     from fabricpilot.controller.planner import gap, plan_greedy, plan_reference
 
     out: dict[str, list[float]] = {"lp": [], "milp": [], "milp_fine": []}
     with _quiet_stdout():  # (HiGHS's MILP prints progress notes of its own)
         for seed in range(instances):
-            demands, cap = small_leaf_spine(seed)
+            demands, cap = leaf_spine_demands(seed)
             out["lp"].append(gap(plan_greedy(demands, cap, split=4),
                                  plan_reference(demands, cap)))
             whole = [replace(d, whole=True) for d in demands]
             out["milp"].append(gap(plan_greedy(whole, cap),
                                    plan_reference(whole, cap, integral=True)))
         for seed in range(fine):
-            demands, cap = small_leaf_spine(seed, n=96)
+            demands, cap = leaf_spine_demands(seed, n=96)
             whole = [replace(d, rate_gbps=d.rate_gbps / 4, whole=True) for d in demands]
             out["milp_fine"].append(gap(plan_greedy(whole, cap),
                                         plan_reference(whole, cap, integral=True)))

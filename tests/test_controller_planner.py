@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from fabricpilot.controller.instances import leaf_spine_demands
 from fabricpilot.controller.planner import (
     Demand,
     _pairwise_sum,
@@ -16,24 +17,6 @@ from fabricpilot.controller.planner import (
     plan_greedy,
     plan_reference,
 )
-
-
-def leaf_spine_demands(seed: int, leaves: int = 4, spines: int = 4, n: int = 24,
-                       ) -> tuple[list[Demand], dict[int, float]]:
-    """Demands between random leaf pairs; candidate k goes up to spine k and down. Link ids:
-    up(leaf, spine) = leaf * spines + spine, down(spine, leaf) = offset + ..."""
-    rng = np.random.default_rng(seed)
-    up = {(lf, s): lf * spines + s for lf in range(leaves) for s in range(spines)}
-    off = leaves * spines
-    down = {(s, lf): off + s * leaves + lf for s in range(spines) for lf in range(leaves)}
-    demands = []
-    for i in range(n):
-        a, b = rng.choice(leaves, 2, replace=False)
-        rate = float(rng.choice([50, 100, 200]))
-        cands = tuple((up[(int(a), s)], down[(s, int(b))]) for s in range(spines))
-        demands.append(Demand(f"d{i}", rate, cands, weight=float(rng.integers(1, 4))))
-    capacity = {lk: 400.0 for lk in itertools.chain(up.values(), down.values())}
-    return demands, capacity
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -250,6 +250,11 @@ def test_a_policy_setting_the_fabric_cannot_meet_names_file_and_field(tmp_path: 
     assert res.returncode == 2 and "Traceback" not in res.stderr
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith(f"error: {path}: adaptive.reserved_spines: 100 of the fabric's 4 ")
+    path = write(tmp_path, small_scenario(tmp_path, controller={"mice_spines": 4}))
+    res = cli("run", str(path), "-p", "task-aware")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}: controller.mice_spines: 4 of the fabric's 4 ")
 
 
 def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:

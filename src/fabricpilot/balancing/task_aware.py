@@ -23,13 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
-from fabricpilot.balancing.adaptive import (
-    Adaptive,
-    on_links,
-    reserved_links,
-    split_tables,
-    walk_split,
-)
+from fabricpilot.balancing.adaptive import Adaptive, on_links, split_tables, walk_split
 from fabricpilot.balancing.base import (
     ActiveMembers,
     MemberRoutes,
@@ -43,7 +37,13 @@ from fabricpilot.balancing.base import (
     register_policy,
     stream_index,
 )
-from fabricpilot.controller.core import Controller, PlanReport, TickReport, rule_key
+from fabricpilot.controller.core import (
+    Controller,
+    PlanReport,
+    TickReport,
+    mice_links,
+    rule_key,
+)
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.southbound import (
     EcmpSpec,
@@ -52,6 +52,7 @@ from fabricpilot.controller.southbound import (
     PathSet,
     PortDelta,
 )
+from fabricpilot.errors import FabricpilotError
 from fabricpilot.net.hashing import gpu_ip, qp_source_port, switch_hash
 from fabricpilot.topology.compiled import LINK_KIND_CODES
 from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns, walk_paths
@@ -138,11 +139,16 @@ class TaskAware(Adaptive):
         self.last_plan: PlanReport | None = None
         self.qos: dict[int, int] = {}  # recorded; the twin's QoS comes from the scenario
         self._ahead = False  # installing the plan made before the run: in effect at once
-        # the links of the top-tier switches kept for mice (controller.mice_spines), if any
+        # the links of the top-tier switches kept for mice (controller.mice_spines), if any:
+        # those the controller keeps its plans off (one choice of spines for both)
         self.mice_link: NDArray[np.bool_] | None = None
         if ctx.controller.mice_spines:
-            self.mice_link = reserved_links(ctx.topology, ctx.controller.mice_spines,
-                                            "controller.mice_spines")
+            try:
+                kept = mice_links(fabric_view(ctx), ctx.controller.mice_spines)
+            except ValueError as err:
+                raise FabricpilotError(f"controller.{err}") from None
+            self.mice_link = np.zeros(ctx.topology.n_links, bool)
+            self.mice_link[sorted(kept)] = True
         self._last_telemetry_ns = 0.0
         self._was_busy = np.zeros(ctx.topology.n_links, bool)
         self._last_tick_ns = -float("inf")

@@ -2607,8 +2607,8 @@ class Controller:
         caps = self._rate_caps(keys)
         if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
             sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares),
-                            rate_cap_gbps=cap)
-                    for key, shares, cap in zip(keys, plan.paths.values(), caps, strict=True)]
+                            rate_cap_gbps=limit)
+                    for key, shares, limit in zip(keys, plan.paths.values(), caps, strict=True)]
             return sets, PlanReport(plan, len(sets), 0)
         shares_of = list(plan.paths.values())
         n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
@@ -2690,8 +2690,8 @@ class Controller:
         all_ports, all_rules = tuple(ports), tuple(rules)
         bounds = first.tolist()
         sets = [_path_set(key, all_paths[i:j], all_weights[i:j], all_ports[i:j],
-                          all_rules[i:j], cap)
-                for key, i, j, cap in zip(keys, bounds, bounds[1:], caps, strict=False)]
+                          all_rules[i:j], limit)
+                for key, i, j, limit in zip(keys, bounds, bounds[1:], caps, strict=False)]
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

@@ -10,6 +10,9 @@ import pytest
 
 from fabricpilot.controller.instances import leaf_spine_demands
 from fabricpilot.controller.planner import (
+    _PAIR_BUDGET as PAIR_BUDGET,
+)
+from fabricpilot.controller.planner import (
     Demand,
     _pairwise_sum,
     _round9_key,
@@ -44,6 +47,37 @@ def test_whole_demands_lie_between_the_lp_and_milp_bounds(seed: int) -> None:
     for d in demands:
         (path, share), = g.paths[d.key]
         assert share == 1.0 and path in d.candidates
+
+
+def test_a_pair_of_moves_packs_what_single_moves_cannot() -> None:
+    # whole demands of 300, 300, 200, 200, 200 Gb/s, each on link 0 or 1 (600 Gb/s): greedy,
+    # heaviest first, puts 300 + 200 + 200 on link 0 (700 / 600) and 300 + 200 on link 1.
+    # No single move lowers that (a 200 to link 1 makes it 700; a 300, 800); moving a 300
+    # to link 1 and a 200 back packs 300 + 300 | 200 + 200 + 200: lambda 1, the optimum
+    # (1200 Gb/s on 1200 of capacity)
+    rates = (300, 300, 200, 200, 200)
+    demands = [Demand(f"d{i}", r, ((0,), (1,)), whole=True) for i, r in enumerate(rates)]
+    cap = {0: 600.0, 1: 600.0}
+    plan = plan_greedy(demands, cap)
+    assert plan.max_utilization == 1.0 and plan.moves == 1
+    on_0 = sorted(d.rate_gbps for d in demands if plan.paths[d.key] == [((0,), 1.0)])
+    assert on_0 in ([200, 200, 200], [300, 300])
+    assert plan_reference(demands, cap, integral=True).max_utilization == pytest.approx(1.0)
+    without = plan_greedy(demands, cap, max_moves=0)
+    assert without.max_utilization == pytest.approx(700 / 600)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_whole_demands_plan_exactly_as_the_plain_implementation(seed: int) -> None:
+    # single moves and pairs of moves, as the plain-Python reference makes them (several of
+    # these instances end on a pair: 3, 4, 8, 9, 10), and within 20 % of the MILP optimum
+    demands, cap = leaf_spine_demands(seed)
+    whole = [Demand(d.key, d.rate_gbps, d.candidates, d.weight, whole=True) for d in demands]
+    paths, _, lam, moves = reference_plan_greedy(whole, cap)
+    plan = plan_greedy(whole, cap)
+    assert (plan.paths, plan.max_utilization, plan.moves) == (paths, lam, moves)
+    exact = plan_reference(whole, cap, integral=True).max_utilization
+    assert plan.max_utilization <= 1.2 * exact + 1e-9
 
 
 def test_loads_add_up_to_the_placed_rates() -> None:
@@ -132,29 +166,86 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
         lam = float(u.max())
         return (round(lam, 9), int((u >= lam - 1e-9).sum()), float((u * u).sum()))
 
+    def moved(ld: np.ndarray, d: int, cur: int, c: int) -> np.ndarray:
+        trial = ld.copy()
+        part = rate[d] / n_parts[d]
+        trial[cols[d][cur]] -= part
+        trial[cols[d][c]] += part
+        return trial
+
+    def take(d: int, k: int, c: int) -> None:
+        choice[d][k] = c
+        if demands[d].whole:
+            choice[d] = [c] * split
+
+    def finish(moves: int) -> tuple[dict[str, list], np.ndarray, float, int]:
+        paths: dict[str, list] = {}
+        for d, dem in enumerate(demands):
+            shares: dict[tuple[int, ...], float] = {}
+            for k in range(split):
+                p = dem.full_candidates[choice[d][k]]
+                shares[p] = shares.get(p, 0.0) + 1.0 / split
+            paths[dem.key] = sorted(shares.items())
+        bg_arr = np.array([float(bg.get(lk, 0.0)) for lk in links])
+        return paths, load - bg_arr, float((load / cap).max()), moves
+
     moves, current = 0, score(load)
     max_moves = 10_000 if len(demands) * split <= 2_000 else 0
+    budget = PAIR_BUDGET
     while moves < max_moves:
         util = load / cap
         hot = set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
         improved = False
-        for d in order:
-            part = rate[d] / n_parts[d]
-            for k in range(n_parts[d]):
-                cur = choice[d][k]
-                if not hot.intersection(cols[d][cur]):
-                    continue
-                for c in range(len(cols[d])):
-                    if c == cur:
+        # single moves off the links at lambda, then (none lower) pairs: a part at lambda
+        # moved, then another part off a link at the trial's lambda
+        for pairs in (False, True):
+            for d in order:
+                for k in range(n_parts[d]):
+                    cur = choice[d][k]
+                    if pairs and k > 0 and cur == choice[d][k - 1]:
                         continue
-                    trial = load.copy()
-                    trial[cols[d][cur]] -= part
-                    trial[cols[d][c]] += part
-                    if score(trial) < current:
-                        choice[d][k], load, current = c, trial, score(trial)
-                        if demands[d].whole:
-                            choice[d] = [c] * split
-                        improved = True
+                    if not hot.intersection(cols[d][cur]):
+                        continue
+                    for c in range(len(cols[d])):
+                        if c == cur:
+                            continue
+                        trial = moved(load, d, cur, c)
+                        if not pairs:
+                            if score(trial) < current:
+                                take(d, k, c)
+                                load, current = trial, score(trial)
+                                improved = True
+                                break
+                            continue
+                        t_util = trial / cap
+                        hot1 = set(np.flatnonzero(t_util >= t_util.max() - 1e-9).tolist())
+                        for d2 in order:
+                            for k2 in range(n_parts[d2]):
+                                if d2 == d and (k2 == k or demands[d].whole):
+                                    continue
+                                cur2 = choice[d2][k2]
+                                if not hot1.intersection(cols[d2][cur2]):
+                                    continue
+                                for c2 in range(len(cols[d2])):
+                                    if c2 == cur2:
+                                        continue
+                                    if budget < len(links):
+                                        return finish(moves)
+                                    budget -= len(links)
+                                    trial2 = moved(trial, d2, cur2, c2)
+                                    if score(trial2) < current:
+                                        take(d, k, c)
+                                        take(d2, k2, c2)
+                                        load, current = trial2, score(trial2)
+                                        improved = True
+                                        break
+                                if improved:
+                                    break
+                            if improved:
+                                break
+                        if improved:
+                            break
+                    if improved:
                         break
                 if improved:
                     break
@@ -163,15 +254,8 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
         if not improved:
             break
         moves += 1
-    paths: dict[str, list] = {}
-    for d, dem in enumerate(demands):
-        shares: dict[tuple[int, ...], float] = {}
-        for k in range(split):
-            p = dem.full_candidates[choice[d][k]]
-            shares[p] = shares.get(p, 0.0) + 1.0 / split
-        paths[dem.key] = sorted(shares.items())
-    bg_arr = np.array([float(bg.get(lk, 0.0)) for lk in links])
-    return paths, load - bg_arr, float((load / cap).max()), moves
+    return finish(moves)
+
 
 
 def rail_demands(seed: int, leaves: int = 4, spines: int = 4, gpus_per_leaf: int = 4,

@@ -8,7 +8,8 @@ the largest link utilisation ``lambda = max_l (background_l + load_l) / capacity
 
 * :func:`plan_greedy`: heaviest demands first, each on the candidate that keeps its own
   bottleneck lowest, then a local search that moves demands off the most loaded link while
-  that lowers ``lambda``. Compiled (numba) over parts and links; demands whose candidates
+  that lowers ``lambda`` (one at a time, or two together where no single move does).
+  Compiled (numba) over parts and links; demands whose candidates
   differ only by links common to all of them (the GPUs' own NIC links) share one candidate
   structure, so tens of thousands of demands plan in well under a second.
 * :func:`plan_reference`: the same problem solved exactly with HiGHS (``scipy.optimize``):
@@ -769,7 +770,9 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     others (stopping early once a round moves nothing); then, on instances of at most
     2 000 parts (or ``max_moves`` if given), a local search that moves parts off the links at
     ``lambda`` while that lowers ``lambda``, or the number of links at it, or the sum of
-    squared utilisations.
+    squared utilisations: a part at a time or, when no single part can, two (one off a link
+    at ``lambda``, another off a link the first move took to the top; bin packing of whole
+    demands often needs that: 300 + 200 + 200 | 300 + 200 becomes 300 + 300 | 200 + 200 + 200).
 
     Demands whose candidates differ only by links common to all of them (a GPU pair's NIC
     links) are planned as one commodity (``aggregate``): its candidate structure is stored
@@ -1058,7 +1061,7 @@ def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[n
     utilisations), in that order (:func:`_local_search_kernel`)."""
     return int(_local_search_kernel(order, choice, load, com.cap, com.rate, com.whole,
                                     com.grp, com.g_ncand, com.g_col0, com.fix_ptr, com.fix_idx,
-                                    com.c_ptr, com.c_idx, split, max_moves))
+                                    com.c_ptr, com.c_idx, split, max_moves, _PAIR_BUDGET))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -1188,6 +1191,23 @@ def _score(ld: NDArray[np.float64], cap: NDArray[np.float64], u: NDArray[np.floa
 
 
 @numba.njit(cache=True, nogil=True)
+def _move_part(trial: NDArray[np.float64], part: float, f0: int, f1: int,
+               fix_idx: NDArray[np.int64], a0: int, a1: int, b0: int, b1: int,
+               c_idx: NDArray[np.int64]) -> None:
+    """Take ``part`` off the fixed links ``fix_idx[f0:f1]`` and the column links
+    ``c_idx[a0:a1]`` of ``trial``, then put it on the fixed links again and on
+    ``c_idx[b0:b1]`` (the steps numpy would take, in that order)."""
+    for q in range(f0, f1):
+        trial[fix_idx[q]] -= part
+    for q in range(a0, a1):
+        trial[c_idx[q]] -= part
+    for q in range(f0, f1):
+        trial[fix_idx[q]] += part
+    for q in range(b0, b1):
+        trial[c_idx[q]] += part
+
+
+@numba.njit(cache=True, nogil=True)
 def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          load: NDArray[np.float64], cap: NDArray[np.float64],
                          rate: NDArray[np.float64], whole: NDArray[np.bool_],
@@ -1195,19 +1215,29 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          g_col0: NDArray[np.int64], fix_ptr: NDArray[np.int64],
                          fix_idx: NDArray[np.int64],
                          c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
-                         max_moves: int) -> int:
+                         max_moves: int, pair_budget: int) -> int:
     """:func:`_local_search`: parts crossing a link at ``lambda`` in ``order`` (heaviest
     demands first; a ``whole`` demand is one part); each is tried on the demand's other
     candidates in turn, the first trial load that scores lower is kept and the scan starts
     again. A trial load is the current one with the part taken off its links and put on
     the candidate's, in that order (so the floating-point values are those of the same
-    steps in numpy)."""
+    steps in numpy).
+
+    When no single move scores lower, pairs are tried (an ejection chain of two): a part
+    at ``lambda`` moved as above, then another part crossing a link at the trial's
+    ``lambda`` moved to one of its own candidates; the first pair that scores lower than
+    the current load is kept. At most ``pair_budget`` trial link loads are scored in pairs
+    in all (the search ends when they run out)."""
     n_links = load.shape[0]
     u = np.empty(n_links)
     sq_buf = np.empty(n_links)
     trial = np.empty(n_links)
+    trial2 = np.empty(n_links)
+    hot = np.empty(n_links, np.bool_)
+    hot1 = np.empty(n_links, np.bool_)
     cur_lam, cur_at, cur_sq = _score(load, cap, u, sq_buf)
     moves = 0
+    budget = pair_budget
     while moves < max_moves:
         mx = -np.inf
         for i in range(n_links):
@@ -1215,51 +1245,109 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
             u[i] = v
             if v > mx:
                 mx = v
-        hot = np.empty(n_links, np.bool_)
         for i in range(n_links):
             hot[i] = u[i] >= mx - 1e-9
         improved = False
-        for d in order:
-            n_parts = 1 if whole[d] else split
-            part = rate[d] / n_parts
-            g = grp[d]
-            k_c = g_ncand[g]
-            col0 = g_col0[g]
-            f0, f1 = fix_ptr[d], fix_ptr[d + 1]
-            for k in range(n_parts):
-                cur = choice[d, k]
-                a0, a1 = c_ptr[col0 + cur], c_ptr[col0 + cur + 1]
-                crosses = False
-                for q in range(f0, f1):
-                    if hot[fix_idx[q]]:
-                        crosses = True
-                for q in range(a0, a1):
-                    if hot[c_idx[q]]:
-                        crosses = True
-                if not crosses:
-                    continue
-                for c in range(k_c):
-                    if c == cur:
-                        continue
-                    trial[:] = load
+        for phase in range(2):  # single moves, then (none lower) pairs
+            for d in order:
+                n_parts = 1 if whole[d] else split
+                part = rate[d] / n_parts
+                g = grp[d]
+                k_c = g_ncand[g]
+                col0 = g_col0[g]
+                f0, f1 = fix_ptr[d], fix_ptr[d + 1]
+                for k in range(n_parts):
+                    if phase == 1 and k > 0 and choice[d, k] == choice[d, k - 1]:
+                        continue  # (the same part again: its pairs were tried)
+                    cur = choice[d, k]
+                    a0, a1 = c_ptr[col0 + cur], c_ptr[col0 + cur + 1]
+                    crosses = False
                     for q in range(f0, f1):
-                        trial[fix_idx[q]] -= part
+                        if hot[fix_idx[q]]:
+                            crosses = True
                     for q in range(a0, a1):
-                        trial[c_idx[q]] -= part
-                    for q in range(f0, f1):
-                        trial[fix_idx[q]] += part
-                    for q in range(c_ptr[col0 + c], c_ptr[col0 + c + 1]):
-                        trial[c_idx[q]] += part
-                    t_lam, t_at, t_sq = _score(trial, cap, u, sq_buf)
-                    if t_lam < cur_lam or (t_lam == cur_lam and (
-                            t_at < cur_at or (t_at == cur_at and t_sq < cur_sq))):
-                        if n_parts == 1:
-                            choice[d, :] = c
-                        else:
-                            choice[d, k] = c
-                        cur_lam, cur_at, cur_sq = t_lam, t_at, t_sq
-                        load[:] = trial
-                        improved = True
+                        if hot[c_idx[q]]:
+                            crosses = True
+                    if not crosses:
+                        continue
+                    for c in range(k_c):
+                        if c == cur:
+                            continue
+                        trial[:] = load
+                        _move_part(trial, part, f0, f1, fix_idx, a0, a1, c_ptr[col0 + c],
+                                   c_ptr[col0 + c + 1], c_idx)
+                        t_lam, t_at, t_sq = _score(trial, cap, u, sq_buf)
+                        if phase == 0:
+                            if t_lam < cur_lam or (t_lam == cur_lam and (
+                                    t_at < cur_at or (t_at == cur_at and t_sq < cur_sq))):
+                                if n_parts == 1:
+                                    choice[d, :] = c
+                                else:
+                                    choice[d, k] = c
+                                cur_lam, cur_at, cur_sq = t_lam, t_at, t_sq
+                                load[:] = trial
+                                improved = True
+                                break
+                            continue
+                        # a second part, off a link at the trial's lambda
+                        mx1 = -np.inf
+                        for i in range(n_links):
+                            if u[i] > mx1:
+                                mx1 = u[i]
+                        for i in range(n_links):
+                            hot1[i] = u[i] >= mx1 - 1e-9
+                        for d2 in order:
+                            n2 = 1 if whole[d2] else split
+                            part2 = rate[d2] / n2
+                            g2 = grp[d2]
+                            col2 = g_col0[g2]
+                            e0, e1 = fix_ptr[d2], fix_ptr[d2 + 1]
+                            for k2 in range(n2):
+                                if d2 == d and (k2 == k or n_parts == 1):
+                                    continue  # (the part moved; a whole demand is one)
+                                cur2 = choice[d2, k2]
+                                b0, b1 = c_ptr[col2 + cur2], c_ptr[col2 + cur2 + 1]
+                                on = False
+                                for q in range(e0, e1):
+                                    if hot1[fix_idx[q]]:
+                                        on = True
+                                for q in range(b0, b1):
+                                    if hot1[c_idx[q]]:
+                                        on = True
+                                if not on:
+                                    continue
+                                for c2 in range(g_ncand[g2]):
+                                    if c2 == cur2:
+                                        continue
+                                    if budget < n_links:
+                                        return moves
+                                    budget -= n_links
+                                    trial2[:] = trial
+                                    _move_part(trial2, part2, e0, e1, fix_idx, b0, b1,
+                                               c_ptr[col2 + c2], c_ptr[col2 + c2 + 1], c_idx)
+                                    p_lam, p_at, p_sq = _score(trial2, cap, u, sq_buf)
+                                    if p_lam < cur_lam or (p_lam == cur_lam and (
+                                            p_at < cur_at or (p_at == cur_at
+                                                              and p_sq < cur_sq))):
+                                        if n_parts == 1:
+                                            choice[d, :] = c
+                                        else:
+                                            choice[d, k] = c
+                                        if n2 == 1:
+                                            choice[d2, :] = c2
+                                        else:
+                                            choice[d2, k2] = c2
+                                        cur_lam, cur_at, cur_sq = p_lam, p_at, p_sq
+                                        load[:] = trial2
+                                        improved = True
+                                        break
+                                if improved:
+                                    break
+                            if improved:
+                                break
+                        if improved:
+                            break
+                    if improved:
                         break
                 if improved:
                     break
@@ -1314,6 +1402,9 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
                             np.repeat(np.repeat(ids, split), c_len)))
     return KeyLinks([d.key for d in com.demands], com.links[rows], owner)
 
+
+# trial link loads (links x trials) the local search may score in pairs, in all
+_PAIR_BUDGET = 5_000_000
 
 _WARM: list[bool] = []
 

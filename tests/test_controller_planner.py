@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -189,73 +190,59 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
         bg_arr = np.array([float(bg.get(lk, 0.0)) for lk in links])
         return paths, load - bg_arr, float((load / cap).max()), moves
 
+    def moves_off(top: set[int], skip: tuple[int, int] | None = None,
+                  repeats: bool = True) -> Iterator[tuple[int, int, int, int]]:
+        """(demand, part, its candidate, another candidate) for every part on a link of
+        ``top``, in order (not ``skip``'s part, nor the other parts of ``skip``'s demand
+        if whole; a part on the same candidate as the previous one only if ``repeats``)."""
+        for d in order:
+            for k in range(n_parts[d]):
+                cur = choice[d][k]
+                if skip is not None and d == skip[0] and (k == skip[1] or demands[d].whole):
+                    continue
+                if not repeats and k > 0 and cur == choice[d][k - 1]:
+                    continue
+                if top.intersection(cols[d][cur]):
+                    for c in range(len(cols[d])):
+                        if c != cur:
+                            yield d, k, cur, c
+
+    def at_lambda(ld: np.ndarray) -> set[int]:
+        util = ld / cap
+        return set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
+
     moves, current = 0, score(load)
     max_moves = 10_000 if len(demands) * split <= 2_000 else 0
     budget = PAIR_BUDGET
     while moves < max_moves:
-        util = load / cap
-        hot = set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
-        improved = False
         # single moves off the links at lambda, then (none lower) pairs: a part at lambda
         # moved, then another part off a link at the trial's lambda
-        for pairs in (False, True):
-            for d in order:
-                for k in range(n_parts[d]):
-                    cur = choice[d][k]
-                    if pairs and k > 0 and cur == choice[d][k - 1]:
-                        continue
-                    if not hot.intersection(cols[d][cur]):
-                        continue
-                    for c in range(len(cols[d])):
-                        if c == cur:
-                            continue
-                        trial = moved(load, d, cur, c)
-                        if not pairs:
-                            if score(trial) < current:
-                                take(d, k, c)
-                                load, current = trial, score(trial)
-                                improved = True
-                                break
-                            continue
-                        t_util = trial / cap
-                        hot1 = set(np.flatnonzero(t_util >= t_util.max() - 1e-9).tolist())
-                        for d2 in order:
-                            for k2 in range(n_parts[d2]):
-                                if d2 == d and (k2 == k or demands[d].whole):
-                                    continue
-                                cur2 = choice[d2][k2]
-                                if not hot1.intersection(cols[d2][cur2]):
-                                    continue
-                                for c2 in range(len(cols[d2])):
-                                    if c2 == cur2:
-                                        continue
-                                    if budget < len(links):
-                                        return finish(moves)
-                                    budget -= len(links)
-                                    trial2 = moved(trial, d2, cur2, c2)
-                                    if score(trial2) < current:
-                                        take(d, k, c)
-                                        take(d2, k2, c2)
-                                        load, current = trial2, score(trial2)
-                                        improved = True
-                                        break
-                                if improved:
-                                    break
-                            if improved:
-                                break
-                        if improved:
-                            break
-                    if improved:
-                        break
-                if improved:
-                    break
-            if improved:
+        found = None
+        hot = at_lambda(load)
+        for d, k, cur, c in moves_off(hot):
+            trial = moved(load, d, cur, c)
+            if score(trial) < current:
+                found, load = [(d, k, c)], trial
                 break
-        if not improved:
+        for d, k, cur, c in (() if found else moves_off(hot, repeats=False)):
+            trial = moved(load, d, cur, c)
+            for d2, k2, cur2, c2 in moves_off(at_lambda(trial), skip=(d, k)):
+                if budget < len(links):
+                    return finish(moves)
+                budget -= len(links)
+                trial2 = moved(trial, d2, cur2, c2)
+                if score(trial2) < current:
+                    found, load = [(d, k, c), (d2, k2, c2)], trial2
+                    break
+            if found:
+                break
+        if not found:
             break
+        for d, k, c in found:
+            take(d, k, c)
+        current = score(load)
         moves += 1
     return finish(moves)
-
 
 
 def rail_demands(seed: int, leaves: int = 4, spines: int = 4, gpus_per_leaf: int = 4,

@@ -1208,6 +1208,89 @@ def _move_part(trial: NDArray[np.float64], part: float, f0: int, f1: int,
 
 
 @numba.njit(cache=True, nogil=True)
+def _crosses(mask: NDArray[np.bool_], f0: int, f1: int, fix_idx: NDArray[np.int64], a0: int,
+             a1: int, c_idx: NDArray[np.int64]) -> bool:
+    """Whether a fixed link ``fix_idx[f0:f1]`` or a column link ``c_idx[a0:a1]`` is in
+    ``mask``."""
+    hit = False
+    for q in range(f0, f1):
+        hit |= mask[fix_idx[q]]
+    for q in range(a0, a1):
+        hit |= mask[c_idx[q]]
+    return hit
+
+
+@numba.njit(cache=True, nogil=True)
+def _mark_top(u: NDArray[np.float64], top: NDArray[np.bool_]) -> None:
+    """``top[i]``: whether ``u[i]`` is within 1e-9 of the largest of ``u``."""
+    mx = -np.inf
+    for i in range(u.shape[0]):
+        if u[i] > mx:
+            mx = u[i]
+    for i in range(u.shape[0]):
+        top[i] = u[i] >= mx - 1e-9
+
+
+@numba.njit(cache=True, nogil=True)
+def _lower(a: tuple[float, int, float], b: tuple[float, int, float]) -> bool:
+    """Whether score ``a`` (:func:`_score`) is lower than ``b``, in order of its terms."""
+    return a[0] < b[0] or (a[0] == b[0] and (a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])))
+
+
+@numba.njit(cache=True, nogil=True)
+def _take(choice: NDArray[np.int64], d: int, k: int, c: int, n_parts: int) -> None:
+    """Demand ``d``'s part ``k`` to candidate ``c`` (all its parts, if it is one part)."""
+    if n_parts == 1:
+        choice[d, :] = c
+    else:
+        choice[d, k] = c
+
+
+@numba.njit(cache=True, nogil=True)
+def _second_move(trial: NDArray[np.float64], trial2: NDArray[np.float64],
+                 best: tuple[float, int, float], d: int, k: int, order: NDArray[np.int64],
+                 choice: NDArray[np.int64],
+                 cap: NDArray[np.float64], rate: NDArray[np.float64],
+                 whole: NDArray[np.bool_], grp: NDArray[np.int64],
+                 g_ncand: NDArray[np.int64], g_col0: NDArray[np.int64],
+                 fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
+                 c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
+                 top: NDArray[np.bool_], u: NDArray[np.float64], sq_buf: NDArray[np.float64],
+                 budget: NDArray[np.int64]) -> tuple[int, int, int, float, int, float]:
+    """After demand ``d``'s part ``k`` moved (the load ``trial``; ``top``: its links at
+    lambda), the first other part on a link of ``top`` and candidate of its own whose move
+    scores lower than ``best``: ``(demand, part, candidate, score)`` with the load in
+    ``trial2``; demand -1 if none (or ``budget[0]`` trial link loads ran out: then -2)."""
+    n_links = trial.shape[0]
+    d_parts = 1 if whole[d] else split
+    for d2 in order:
+        n2 = 1 if whole[d2] else split
+        part2 = rate[d2] / n2
+        col2 = g_col0[grp[d2]]
+        e0, e1 = fix_ptr[d2], fix_ptr[d2 + 1]
+        for k2 in range(n2):
+            if d2 == d and (k2 == k or d_parts == 1):
+                continue  # (the part moved; a whole demand is one)
+            cur2 = choice[d2, k2]
+            b0, b1 = c_ptr[col2 + cur2], c_ptr[col2 + cur2 + 1]
+            if not _crosses(top, e0, e1, fix_idx, b0, b1, c_idx):
+                continue
+            for c2 in range(g_ncand[grp[d2]]):
+                if c2 == cur2:
+                    continue
+                if budget[0] < n_links:
+                    return -2, 0, 0, 0.0, 0, 0.0
+                budget[0] -= n_links
+                trial2[:] = trial
+                _move_part(trial2, part2, e0, e1, fix_idx, b0, b1, c_ptr[col2 + c2],
+                           c_ptr[col2 + c2 + 1], c_idx)
+                sc = _score(trial2, cap, u, sq_buf)
+                if _lower(sc, best):
+                    return d2, k2, c2, sc[0], sc[1], sc[2]
+    return -1, 0, 0, 0.0, 0, 0.0
+
+
+@numba.njit(cache=True, nogil=True)
 def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          load: NDArray[np.float64], cap: NDArray[np.float64],
                          rate: NDArray[np.float64], whole: NDArray[np.bool_],
@@ -1225,127 +1308,65 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
 
     When no single move scores lower, pairs are tried (an ejection chain of two): a part
     at ``lambda`` moved as above, then another part crossing a link at the trial's
-    ``lambda`` moved to one of its own candidates; the first pair that scores lower than
-    the current load is kept. At most ``pair_budget`` trial link loads are scored in pairs
-    in all (the search ends when they run out)."""
+    ``lambda`` moved to one of its own candidates (:func:`_second_move`); the first pair
+    that scores lower than the current load is kept. At most ``pair_budget`` trial link
+    loads are scored in pairs in all (the search ends when they run out)."""
     n_links = load.shape[0]
     u = np.empty(n_links)
     sq_buf = np.empty(n_links)
     trial = np.empty(n_links)
     trial2 = np.empty(n_links)
     hot = np.empty(n_links, np.bool_)
-    hot1 = np.empty(n_links, np.bool_)
-    cur_lam, cur_at, cur_sq = _score(load, cap, u, sq_buf)
+    top = np.empty(n_links, np.bool_)
+    budget = np.full(1, pair_budget, np.int64)
+    cur = _score(load, cap, u, sq_buf)
     moves = 0
-    budget = pair_budget
     while moves < max_moves:
-        mx = -np.inf
         for i in range(n_links):
-            v = load[i] / cap[i]
-            u[i] = v
-            if v > mx:
-                mx = v
-        for i in range(n_links):
-            hot[i] = u[i] >= mx - 1e-9
+            u[i] = load[i] / cap[i]
+        _mark_top(u, hot)
         improved = False
         for phase in range(2):  # single moves, then (none lower) pairs
             for d in order:
                 n_parts = 1 if whole[d] else split
                 part = rate[d] / n_parts
-                g = grp[d]
-                k_c = g_ncand[g]
-                col0 = g_col0[g]
+                col0 = g_col0[grp[d]]
                 f0, f1 = fix_ptr[d], fix_ptr[d + 1]
                 for k in range(n_parts):
                     if phase == 1 and k > 0 and choice[d, k] == choice[d, k - 1]:
                         continue  # (the same part again: its pairs were tried)
-                    cur = choice[d, k]
-                    a0, a1 = c_ptr[col0 + cur], c_ptr[col0 + cur + 1]
-                    crosses = False
-                    for q in range(f0, f1):
-                        if hot[fix_idx[q]]:
-                            crosses = True
-                    for q in range(a0, a1):
-                        if hot[c_idx[q]]:
-                            crosses = True
-                    if not crosses:
+                    was = choice[d, k]
+                    a0, a1 = c_ptr[col0 + was], c_ptr[col0 + was + 1]
+                    if not _crosses(hot, f0, f1, fix_idx, a0, a1, c_idx):
                         continue
-                    for c in range(k_c):
-                        if c == cur:
+                    for c in range(g_ncand[grp[d]]):
+                        if c == was:
                             continue
                         trial[:] = load
                         _move_part(trial, part, f0, f1, fix_idx, a0, a1, c_ptr[col0 + c],
                                    c_ptr[col0 + c + 1], c_idx)
-                        t_lam, t_at, t_sq = _score(trial, cap, u, sq_buf)
+                        sc = _score(trial, cap, u, sq_buf)
                         if phase == 0:
-                            if t_lam < cur_lam or (t_lam == cur_lam and (
-                                    t_at < cur_at or (t_at == cur_at and t_sq < cur_sq))):
-                                if n_parts == 1:
-                                    choice[d, :] = c
-                                else:
-                                    choice[d, k] = c
-                                cur_lam, cur_at, cur_sq = t_lam, t_at, t_sq
+                            if _lower(sc, cur):
+                                _take(choice, d, k, c, n_parts)
+                                cur = sc
                                 load[:] = trial
                                 improved = True
                                 break
                             continue
-                        # a second part, off a link at the trial's lambda
-                        mx1 = -np.inf
-                        for i in range(n_links):
-                            if u[i] > mx1:
-                                mx1 = u[i]
-                        for i in range(n_links):
-                            hot1[i] = u[i] >= mx1 - 1e-9
-                        for d2 in order:
-                            n2 = 1 if whole[d2] else split
-                            part2 = rate[d2] / n2
-                            g2 = grp[d2]
-                            col2 = g_col0[g2]
-                            e0, e1 = fix_ptr[d2], fix_ptr[d2 + 1]
-                            for k2 in range(n2):
-                                if d2 == d and (k2 == k or n_parts == 1):
-                                    continue  # (the part moved; a whole demand is one)
-                                cur2 = choice[d2, k2]
-                                b0, b1 = c_ptr[col2 + cur2], c_ptr[col2 + cur2 + 1]
-                                on = False
-                                for q in range(e0, e1):
-                                    if hot1[fix_idx[q]]:
-                                        on = True
-                                for q in range(b0, b1):
-                                    if hot1[c_idx[q]]:
-                                        on = True
-                                if not on:
-                                    continue
-                                for c2 in range(g_ncand[g2]):
-                                    if c2 == cur2:
-                                        continue
-                                    if budget < n_links:
-                                        return moves
-                                    budget -= n_links
-                                    trial2[:] = trial
-                                    _move_part(trial2, part2, e0, e1, fix_idx, b0, b1,
-                                               c_ptr[col2 + c2], c_ptr[col2 + c2 + 1], c_idx)
-                                    p_lam, p_at, p_sq = _score(trial2, cap, u, sq_buf)
-                                    if p_lam < cur_lam or (p_lam == cur_lam and (
-                                            p_at < cur_at or (p_at == cur_at
-                                                              and p_sq < cur_sq))):
-                                        if n_parts == 1:
-                                            choice[d, :] = c
-                                        else:
-                                            choice[d, k] = c
-                                        if n2 == 1:
-                                            choice[d2, :] = c2
-                                        else:
-                                            choice[d2, k2] = c2
-                                        cur_lam, cur_at, cur_sq = p_lam, p_at, p_sq
-                                        load[:] = trial2
-                                        improved = True
-                                        break
-                                if improved:
-                                    break
-                            if improved:
-                                break
-                        if improved:
+                        _mark_top(u, top)  # (u: the trial's utilisations)
+                        d2, k2, c2, lam2, at2, sq2 = _second_move(
+                            trial, trial2, cur, d, k, order, choice, cap, rate, whole, grp,
+                            g_ncand, g_col0, fix_ptr, fix_idx, c_ptr, c_idx, split, top, u,
+                            sq_buf, budget)
+                        if d2 == -2:
+                            return moves
+                        if d2 >= 0:
+                            _take(choice, d, k, c, n_parts)
+                            _take(choice, d2, k2, c2, 1 if whole[d2] else split)
+                            cur = (lam2, at2, sq2)
+                            load[:] = trial2
+                            improved = True
                             break
                     if improved:
                         break

@@ -11,7 +11,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fabricpilot.controller.core import Controller, PlanInterrupted, pattern_pairs, rule_key
+from fabricpilot.controller.core import (
+    Controller,
+    PlanInterrupted,
+    mice_links,
+    pattern_pairs,
+    rule_key,
+)
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
@@ -91,6 +97,14 @@ def test_planned_paths_avoid_the_spines_kept_for_mice() -> None:
         assert all(spine0.isdisjoint(p) and len(p) == 4 for p in rule.paths)
     with pytest.raises(ValueError, match="mice_spines: 2 of the fabric's 2 top-tier"):
         Controller(dp, ControllerParams(mice_spines=2))
+    # a fabric of one spine has none to spare: refused, not silently shared
+    one = FabricView.from_links([LinkInfo(0, "leaf0", "spine0", 400, 100),
+                                 LinkInfo(1, "spine0", "leaf1", 400, 100)],
+                                dict.fromkeys(["leaf0", "leaf1", "spine0"], "switch"),
+                                {"leaf0": 1, "leaf1": 1, "spine0": 2}, {})
+    with pytest.raises(ValueError, match=r"1 of the fabric's 1 top-tier .*at most 0\)"):
+        mice_links(one, 1)
+    assert mice_links(one, 0) == frozenset()
     # leaf0's link to spine1 down: a's gpu0 -> gpu2 has no path off the mice's spine left,
     # so the next plan sends it through spine0 rather than cutting the job off
     up = next(lk for lk, info in dp.view.links.items()

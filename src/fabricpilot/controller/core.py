@@ -344,7 +344,7 @@ def mice_links(view: FabricView, spines: int) -> frozenset[int]:
     tier = dict(view.graph.nodes(data="tier", default=0))
     top = max(tier.values(), default=0)
     tops = [n for n, t in tier.items() if t == top]
-    if len(tops) > 1 and spines >= len(tops):
+    if spines >= len(tops):  # (one top-tier switch: kept for mice, nothing else is left)
         raise ValueError(f"mice_spines: {spines} of the fabric's {len(tops)} top-tier "
                          f"switches would leave none for planned traffic (at most "
                          f"{len(tops) - 1})")

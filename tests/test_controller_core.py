@@ -494,6 +494,33 @@ def test_an_l3_all_to_alls_pairs_share_their_nics_cap() -> None:
     assert {r.rate_cap_gbps for r in dp.installed if r.key.startswith("a2a")} == {320.0}
 
 
+def test_a_job_mixing_levels_has_its_l3_only_pairs_capped() -> None:
+    # one job: an L2 exchange between gpu0 and gpu1 (one leaf) and an L3 all-to-all of its
+    # four GPUs: the all-to-all's ten other pairs are held to 0.8 x 400 = 320 Gb/s (planned
+    # at 0.8 x 400 / 3 each), the two the L2 call uses are not (planned at the NIC's 400)
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("mix", "t", (0, 1, 2, 3), (
+        CommCall("allgather", 1 << 16, 80.0, 0, pairs=((0, 1), (1, 0))),
+        CommCall("alltoall", 1 << 30, 5000.0, 0))))
+    ctl.plan()
+    tight = {rule_key("mix", 0, 1), rule_key("mix", 1, 0)}
+    cap = {r.key: r.rate_cap_gbps for r in dp.installed}
+    assert len(cap) == 12
+    assert {k: v for k, v in cap.items() if k in tight} == dict.fromkeys(tight, math.inf)
+    assert {v for k, v in cap.items() if k not in tight} == {320.0}
+    rates = {d.key: d.rate_gbps for d in ctl.demands()}
+    assert {rates[k] for k in tight} == {400.0}
+    assert [rates[k] for k in cap if k not in tight] == pytest.approx([0.8 * 400 / 3] * 10)
+    assert ctl.capped_tasks == {"mix"} and ctl.capped_keys("mix") == set(cap) - tight
+    # without the L2 call nothing is held (no stricter job to leave room for)
+    ctl.declare(Intent("mix", "t", (0, 1, 2, 3), (CommCall("alltoall", 1 << 30, 5000.0, 0),)))
+    dp.installed.clear()
+    ctl.plan()
+    assert {r.rate_cap_gbps for r in dp.installed} == {math.inf}
+    assert ctl.capped_tasks == frozenset() and ctl.capped_keys("mix") == frozenset()
+
+
 def test_a_calls_priority_is_its_pairs_and_the_highest_of_several_calls() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

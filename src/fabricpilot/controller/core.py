@@ -688,8 +688,10 @@ class Controller:
         self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         self._strict_planned = False  # some L1/L2 call was declared at the last demands()
-        # the jobs whose pairs' senders are held to the rate planned for them (l3_rate_cap)
+        # the jobs whose pairs' senders are held to the rate planned for them (l3_rate_cap),
+        # and of the jobs with L3 and L1/L2 calls, the pairs only their L3 calls use
         self._capped_tasks: frozenset[str] = frozenset()
+        self._capped_keys: dict[str, frozenset[str]] = {}
         self.replans = 0
         # set from another thread: a whole plan being computed gives way (see Interrupt);
         # checked only inside plans that may give way (``_yielding``)
@@ -929,11 +931,14 @@ class Controller:
         if only is None:
             self.sla_unmet = {}
             self.partitioned = {}
+            self._capped_keys = {}
         else:
             opted = [i for i in opted if i.task_id in only]
+            self._capped_keys = dict(self._capped_keys)
             for task in only:
                 self.sla_unmet.pop(task, None)
                 self.partitioned.pop(task, None)
+                self._capped_keys.pop(task, None)
         endpoints = self._endpoints
         ends_out, ends_in = self._ends_out, self._ends_in
         sw_paths = self._sw_paths
@@ -948,8 +953,10 @@ class Controller:
             was = made_before.get(task)
             if was is not None and was[0] is intent and was[1] == (strict, avoid, parts):
                 # the same intent on the same fabric: its demands as they were made
-                _, _, pending, ends, unmet, cut = was
+                _, _, pending, ends, unmet, cut, only_l3 = was
                 endpoints.update(zip(pending, ends, strict=True))
+                if only_l3:
+                    self._capped_keys[task] = only_l3
                 if unmet is not None:
                     self.sla_unmet[task] = unmet
                 if cut is not None:
@@ -959,12 +966,18 @@ class Controller:
                 continue
             pending: dict[str, Demand] = {}
             heat = intent.heat  # the same for every demand of the job
+            # a job with L3 and L1/L2 calls (while capping): the pairs of each kind
+            mixed = strict and len({c.level == "L3" for c in intent.calls}) == 2
+            by_kind: tuple[set[str], set[str]] = (set(), set())  # (L3, L1/L2)
             for call in intent.calls:
                 if call.pairs:
                     fan = Counter(a for a, _ in call.pairs)
                     pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
+                if mixed:
+                    by_kind[call.level != "L3"].update(
+                        f"{task}:{a}->{b}" for a, b, _ in pairs)  # rule_key
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 level = call.level
                 prio = call.priority
@@ -1076,8 +1089,12 @@ class Controller:
                                           priority=pp)
                     endpoints[key] = (a, b)
             unmet, cut = self.sla_unmet.get(task), self.partitioned.get(task)
+            only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
+            if only_l3:
+                self._capped_keys[task] = only_l3
             made_before[task] = (intent, (strict, avoid, parts), pending,
-                                 list(map(endpoints.__getitem__, pending)), unmet, cut)
+                                 list(map(endpoints.__getitem__, pending)), unmet, cut,
+                                 only_l3)
             if unmet is None and cut is None:
                 out.update(pending)
         if only is None:
@@ -1251,9 +1268,19 @@ class Controller:
 
     @property
     def capped_tasks(self) -> frozenset[str]:
-        """The jobs whose GPU pairs' senders are held to ``l3_rate_cap`` of their NICs (all
-        their calls L3 while an L1 / L2 job is declared), as of the last plan."""
-        return self._capped_tasks
+        """The jobs whose GPU pairs' senders are held to ``l3_rate_cap`` of their NICs
+        while an L1 / L2 job is declared: every pair of a job whose calls are all L3, the
+        pairs only the L3 calls of a job with L1 / L2 calls use (see :meth:`capped_keys`);
+        as of the last plan."""
+        return self._capped_tasks.union(self._capped_keys)
+
+    def capped_keys(self, task: str) -> frozenset[str] | None:
+        """The keys of a job's pairs held to ``l3_rate_cap``: ``None`` for all of them (its
+        calls all L3 while an L1 / L2 job is declared), else those only its L3 calls use
+        (none: an empty set)."""
+        if task in self._capped_tasks:
+            return None
+        return self._capped_keys.get(task, frozenset())
 
     @property
     def _weight(self) -> _Weights:
@@ -1263,13 +1290,13 @@ class Controller:
     def _kept(self) -> tuple[Any, ...]:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
         the demands the installed plan was made of and what they said."""
-        return (self._demand, self._strict_planned, self._capped_tasks, self.sla_unmet,
-                self.partitioned)
+        return (self._demand, self._strict_planned, self._capped_tasks, self._capped_keys,
+                self.sla_unmet, self.partitioned)
 
     def _restore(self, kept: tuple[Any, ...]) -> None:
         """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
-        (self._demand, self._strict_planned, self._capped_tasks, self.sla_unmet,
-         self.partitioned) = kept
+        (self._demand, self._strict_planned, self._capped_tasks, self._capped_keys,
+         self.sla_unmet, self.partitioned) = kept
 
     @contextlib.contextmanager
     def _yielding(self, may_yield: bool = True) -> Iterator[None]:
@@ -2576,17 +2603,21 @@ class Controller:
 
     def _rate_caps(self, keys: list[str]) -> Iterator[float]:
         """The sending NIC's rate cap of each key's set: ``l3_rate_cap`` of the NIC if the
-        pair's job is held to it (every call L3 while an L1 / L2 job is declared) and its
-        paths leave by the NIC (not NVLink), else none (``inf``)."""
-        capped = self._capped_tasks
-        if not capped:
+        pair is held to it (its job's calls all L3, or only L3 calls of its job use it, while
+        an L1 / L2 job is declared: :meth:`capped_keys`) and its paths leave by the NIC (not
+        NVLink), else none (``inf``)."""
+        capped, some = self._capped_tasks, self._capped_keys
+        if not capped and not some:
             return itertools.repeat(math.inf, len(keys))
         demand, links, ends = self._demand, self.view.links, self._endpoints
         frac = self.params.l3_rate_cap
 
         def cap(k: str) -> float:
             d = demand.get(k)
-            if d is None or k.rsplit(":", 1)[0] not in capped:
+            if d is None:
+                return math.inf
+            task = k.rsplit(":", 1)[0]
+            if task not in capped and k not in some.get(task, ()):
                 return math.inf
             first = d.head[0] if d.head else d.candidates[0][0]
             return frac * self._nic(ends[k][0]) if links[first].kind == "nic" else math.inf

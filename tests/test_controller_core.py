@@ -521,6 +521,46 @@ def test_a_job_mixing_levels_has_its_l3_only_pairs_capped() -> None:
     assert ctl.capped_tasks == frozenset() and ctl.capped_keys("mix") == frozenset()
 
 
+def test_a_pair_of_an_l2_and_an_l3_call_keeps_the_l2_scope() -> None:
+    # leaf0 (gpu0) and leaf1 (gpu1, gpu2) meet through a tier-1 bridge and through a spine,
+    # both paths 4 links: L3 may take either, L2 only the bridge. gpu0 -> gpu1 is in an L2
+    # call at 200 Gb/s (half of gpu0's NIC) and an L3 all-to-all at 320 (0.8 x 400): the
+    # larger demand is the L3 one, planned within the L2 scope all the same
+    dp = FakeDataPlane()
+    links: list[LinkInfo] = []
+    for x, y in (("gpu0", "leaf0"), ("gpu1", "leaf1"), ("gpu2", "leaf1"), ("leaf0", "bridge"),
+                 ("bridge", "leaf1"), ("leaf0", "spine0"), ("spine0", "leaf1")):
+        for u, v in ((x, y), (y, x)):
+            links.append(LinkInfo(len(links), u, v, 400.0, 100,
+                                  "nic" if "gpu" in u + v else "fabric"))
+    kind = {f"gpu{i}": "gpu" for i in range(3)} | dict.fromkeys(
+        ("leaf0", "leaf1", "bridge", "spine0"), "switch")
+    tier = {"leaf0": 1, "leaf1": 1, "bridge": 1, "spine0": 2}
+    dp.view = FabricView.from_links(links, kind, tier, {g: f"gpu{g}" for g in range(3)})
+    spine = {lk for lk, info in dp.view.links.items() if "spine0" in (info.src, info.dst)}
+    tight = CommCall("allgather", 1 << 16, 80.0, 0, pairs=((0, 1), (0, 2)))
+    bulk = CommCall("alltoall", 1 << 30, 5000.0, 0, pairs=((0, 1), (1, 0)))
+    for calls in ((tight, bulk), (bulk, tight)):
+        ctl = Controller(dp, ControllerParams(parts=1))
+        ctl.declare(Intent("mix", "t", (0, 1, 2), calls))
+        dp.installed.clear()
+        ctl.plan()
+        sets = {r.key: r for r in dp.installed}
+        assert ctl.sla_unmet == {}
+        assert {d.key: d.rate_gbps for d in ctl.demands()} == {
+            rule_key("mix", 0, 1): 320.0, rule_key("mix", 1, 0): 320.0,
+            rule_key("mix", 0, 2): 200.0}
+        for key in (rule_key("mix", 0, 1), rule_key("mix", 0, 2)):
+            assert all(spine.isdisjoint(p) for p in sets[key].paths)
+            assert sets[key].rate_cap_gbps == math.inf
+        assert sets[rule_key("mix", 1, 0)].rate_cap_gbps == 320.0
+    # the L3 call alone may use the spine: both paths are its candidates
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("l3", "t", (0, 1), (CommCall("alltoall", 1 << 30, 5000.0, 0),)))
+    (d,) = (d for d in ctl.demands() if d.key == rule_key("l3", 0, 1))
+    assert len(d.full_candidates) == 2
+
+
 def test_a_calls_priority_is_its_pairs_and_the_highest_of_several_calls() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

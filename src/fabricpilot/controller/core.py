@@ -36,7 +36,7 @@ from fabricpilot.controller.entropy import (
     steer,
 )
 from fabricpilot.controller.health import Debouncer, GrayDetector
-from fabricpilot.controller.intents import Intent
+from fabricpilot.controller.intents import LEVELS, Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import (
     Columns,
@@ -969,7 +969,14 @@ class Controller:
             # a job with L3 and L1/L2 calls (while capping): the pairs of each kind
             mixed = strict and len({c.level == "L3" for c in intent.calls}) == 2
             by_kind: tuple[set[str], set[str]] = (set(), set())  # (L3, L1/L2)
-            for call in intent.calls:
+            calls = intent.calls
+            # calls of several levels: the strictest first, and a pair keeps the scope of the
+            # strictest call that uses it (whichever call's demand is the larger)
+            scope_of: dict[str, str] | None = None
+            if len({c.level for c in calls}) > 1:
+                calls = tuple(sorted(calls, key=lambda c: LEVELS.index(c.level)))
+                scope_of = {}
+            for call in calls:
                 if call.pairs:
                     fan = Counter(a for a, _ in call.pairs)
                     pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
@@ -1000,6 +1007,7 @@ class Controller:
                     if a == b or na == nb:
                         continue
                     key = f"{task}:{a}->{b}"  # rule_key(task, a, b)
+                    lv = level if scope_of is None else scope_of.setdefault(key, level)
                     if nic_fixed is None:
                         nic = nic_rate.get(a)
                         if nic is None:
@@ -1044,8 +1052,8 @@ class Controller:
                             mids = self._switch_paths(first, last)
                         if avoid and mids:  # (none left: the general way reports it)
                             mids = self._live_mids(mids, avoid)
-                        if mids and level != "L3":
-                            mids = self._scoped(mids, up, down, level)
+                        if mids and lv != "L3":
+                            mids = self._scoped(mids, up, down, lv)
                         if mids:  # (the checked constructor raises on a bad rate)
                             pending[key] = (
                                 _demand(key, rate, mids, heat, head, tail, whole, pp)
@@ -1057,7 +1065,7 @@ class Controller:
                         combos = self._combos(na, nb)
                         if len(combos) == 1:
                             up, mids, down = combos[0]
-                            mids = self._scoped(mids, up, down, level)
+                            mids = self._scoped(mids, up, down, lv)
                             if mids:
                                 pending[key] = Demand(key, rate, mids, heat, (up,),
                                                       (down,), whole, pp)
@@ -1075,15 +1083,15 @@ class Controller:
                             self.partitioned[task] = (
                                 f"gpu{a} -> gpu{b}: every path crosses a link that is down")
                         cands = live or [p for p in cands if self.down.isdisjoint(p)]
-                    if level != "L3":
+                    if lv != "L3":
                         cands = [p for p in cands
-                                 if in_scope(self.view, self._path_nodes(p), level)]
+                                 if in_scope(self.view, self._path_nodes(p), lv)]
                     if not cands and task in self.partitioned:
                         break
                     if not cands:
                         self.sla_unmet[task] = (
-                            f"{call.pattern} at {call.sla_us:g} us ({level}): no path "
-                            f"from gpu{a} to gpu{b} within {_SCOPE[level]}")
+                            f"{call.pattern} at {call.sla_us:g} us ({lv}): no path "
+                            f"from gpu{a} to gpu{b} within {_SCOPE[lv]}")
                         break
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
                                           priority=pp)

@@ -561,6 +561,33 @@ def test_a_pair_of_an_l2_and_an_l3_call_keeps_the_l2_scope() -> None:
     assert len(d.full_candidates) == 2
 
 
+def test_a_pair_planned_over_nvlink_is_not_held_at_its_nic() -> None:
+    # gpu0 and gpu1 share a host (NVLink, 3600 Gb/s) and a leaf (NICs, 400 Gb/s): both
+    # 2-link paths are candidates; planned on NVLink, gpu0 -> gpu1 of the L3 job beside an
+    # L1 one carries no NIC cap, its pairs through the leaf 0.8 x 400 = 320 Gb/s
+    dp = FakeDataPlane()
+    links: list[LinkInfo] = []
+    for x, y, kind, gbps in (("gpu0", "leaf0", "nic", 400.0), ("gpu1", "leaf0", "nic", 400.0),
+                             ("gpu2", "leaf0", "nic", 400.0), ("gpu3", "leaf0", "nic", 400.0),
+                             ("gpu0", "nvs0", "nvlink", 3600.0),
+                             ("gpu1", "nvs0", "nvlink", 3600.0)):
+        for u, v in ((x, y), (y, x)):
+            links.append(LinkInfo(len(links), u, v, gbps, 100, kind))
+    kinds = {f"gpu{i}": "gpu" for i in range(4)} | {"leaf0": "switch", "nvs0": "nvswitch"}
+    dp.view = FabricView.from_links(links, kinds, {"leaf0": 1, "nvs0": 0},
+                                    {g: f"gpu{g}" for g in range(4)})
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("bulk", "t", (0, 1, 2), (CommCall("allgather", 1 << 30, 5000.0, 0),)))
+    ctl.declare(Intent("tight", "t", (2, 3), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
+    ctl.plan()
+    sets = {r.key: r for r in dp.installed}
+    (nv,) = sets[rule_key("bulk", 0, 1)].paths
+    assert [dp.view.link(lk).kind for lk in nv] == ["nvlink", "nvlink"]
+    assert sets[rule_key("bulk", 0, 1)].rate_cap_gbps == math.inf
+    assert sets[rule_key("bulk", 1, 2)].rate_cap_gbps == 320.0
+    assert sets[rule_key("bulk", 2, 0)].rate_cap_gbps == 320.0
+
+
 def test_a_calls_priority_is_its_pairs_and_the_highest_of_several_calls() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

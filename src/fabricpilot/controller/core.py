@@ -18,7 +18,7 @@ import math
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -2609,28 +2609,28 @@ class Controller:
             del self._up_since[lk]
         return bool(ready)
 
-    def _rate_caps(self, keys: list[str]) -> Iterator[float]:
+    def _rate_caps(self, keys: list[str],
+                   shares: Iterable[list[tuple[tuple[int, ...], float]]]) -> Iterator[float]:
         """The sending NIC's rate cap of each key's set: ``l3_rate_cap`` of the NIC if the
         pair is held to it (its job's calls all L3, or only L3 calls of its job use it, while
-        an L1 / L2 job is declared: :meth:`capped_keys`) and its paths leave by the NIC (not
-        NVLink), else none (``inf``)."""
+        an L1 / L2 job is declared: :meth:`capped_keys`) and one of its planned paths
+        (``shares``, per key) leaves by the NIC (not NVLink), else none (``inf``)."""
         capped, some = self._capped_tasks, self._capped_keys
         if not capped and not some:
             return itertools.repeat(math.inf, len(keys))
         demand, links, ends = self._demand, self.view.links, self._endpoints
         frac = self.params.l3_rate_cap
 
-        def cap(k: str) -> float:
-            d = demand.get(k)
-            if d is None:
+        def cap(k: str, planned: list[tuple[tuple[int, ...], float]]) -> float:
+            if k not in demand:
                 return math.inf
             task = k.rsplit(":", 1)[0]
             if task not in capped and k not in some.get(task, ()):
                 return math.inf
-            first = d.head[0] if d.head else d.candidates[0][0]
-            return frac * self._nic(ends[k][0]) if links[first].kind == "nic" else math.inf
+            by_nic = any(links[p[0]].kind == "nic" for p, _ in planned)
+            return frac * self._nic(ends[k][0]) if by_nic else math.inf
 
-        return map(cap, keys)
+        return map(cap, keys, shares)
 
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
@@ -2643,7 +2643,7 @@ class Controller:
         ``reuse``, a path a key already has keeps its port (only new paths are steered)."""
         self._check()
         keys = list(plan.paths)
-        caps = self._rate_caps(keys)
+        caps = self._rate_caps(keys, plan.paths.values())
         if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
             sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares),
                             rate_cap_gbps=limit)

@@ -1,0 +1,141 @@
+"""Random intents on real fabrics: the controller's promises hold for any mix of calls.
+
+Jobs of 2-8 random GPUs (half of them on one leaf), each with 1-3 calls of random patterns, SLAs (levels L1-L3),
+priorities and explicit pairs, planned together on a leaf-spine (GPUs of a host on one
+leaf, NVLink between them), a fat-tree (k = 4) and a rail-optimised 2:1 leaf-spine; then a
+fabric link goes down and one job is re-planned by itself. After each step:
+
+* every installed path of a GPU pair lies in the scope of the strictest call using it;
+* a pair is held to ``l3_rate_cap`` of its NIC exactly when an L1/L2 call is declared, only
+  L3 calls use it and a planned path of it leaves by the NIC;
+* a job told its SLA cannot be met has nothing installed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fabricpilot.balancing import PolicyContext
+from fabricpilot.balancing.task_aware import fabric_view
+from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
+from fabricpilot.controller.intents import LEVELS, CommCall, Intent
+from fabricpilot.controller.params import ControllerParams
+from fabricpilot.controller.ranking import in_scope
+from fabricpilot.controller.southbound import FabricView, PathSet, PortDelta
+from fabricpilot.topology import compile_topology
+from fabricpilot.topology.builders import build_topology
+
+FABRICS = (
+    ("leaf_spine", {"hosts": 8, "gpus_per_host": 2, "nics_per_leaf": 4,
+                    "oversubscription": 1.0, "rail_optimized": False}),
+    ("fat_tree", {"k": 4, "gpus_per_host": 1}),
+    ("leaf_spine", {"hosts": 4, "gpus_per_host": 4, "nics_per_leaf": 8,
+                    "oversubscription": 2.0, "rail_optimized": True}),
+)
+SLAS_US = (30.0, 80.0, 500.0, 5000.0)  # L1, L2, L3, L3
+
+
+class RecordingDataPlane:
+    """A fabric view and the path sets installed, by key (the latest of each)."""
+
+    def __init__(self, view: FabricView) -> None:
+        self.view = view
+        self.installed: dict[str, PathSet] = {}
+
+    def fabric(self) -> FabricView:
+        return self.view
+
+    def telemetry(self) -> list[PortDelta]:
+        return []
+
+    def install(self, rules: list[PathSet]) -> None:
+        self.installed.update((r.key, r) for r in rules)
+
+    def push_congestion_table(self, weights: dict[int, float]) -> None:
+        pass
+
+    def set_qos(self, dscp_to_priority: dict[int, int]) -> None:
+        pass
+
+
+def random_intents(rng: np.random.Generator, view: FabricView) -> list[Intent]:
+    """1-4 jobs, half of them on the GPUs of one leaf (where L1 / L2 can be met)."""
+    gpu_of = {node: g for g, node in view.gpu_node.items()}
+    leaf_of = {gpu_of[info.src]: info.dst for info in view.links.values()
+               if info.kind == "nic" and info.src in gpu_of}
+    n_gpus = len(view.gpu_node)
+    out = []
+    for j in range(int(rng.integers(1, 5))):
+        pool = list(range(n_gpus))
+        if rng.random() < 0.5:
+            leaf = leaf_of[int(rng.integers(n_gpus))]
+            pool = [g for g in pool if leaf_of[g] == leaf]
+        size = int(rng.integers(2, min(8, len(pool)) + 1))
+        gpus = tuple(int(g) for g in rng.choice(pool, size, replace=False))
+        calls = []
+        for _ in range(int(rng.integers(1, 4))):
+            pairs: tuple[tuple[int, int], ...] = ()
+            if rng.random() < 0.4:
+                picks = (rng.choice(gpus, 2, replace=False) for _ in range(rng.integers(1, 5)))
+                pairs = tuple(dict.fromkeys((int(a), int(b)) for a, b in picks))
+            calls.append(CommCall(str(rng.choice(["allreduce", "alltoall", "allgather"])),
+                                  int(rng.integers(1, 1 << 28)), float(rng.choice(SLAS_US)), 0,
+                                  int(rng.integers(0, 3)), pairs))
+        out.append(Intent(f"job{j}", "t", gpus, tuple(calls)))
+    return out
+
+
+def levels_of_pairs(intent: Intent) -> dict[str, list[str]]:
+    """Each GPU pair's key and the levels of the calls that use it."""
+    out: dict[str, list[str]] = {}
+    for call in intent.calls:
+        pairs = call.pairs or [(a, b) for a, b, _ in pattern_pairs(call.pattern, intent.gpus)]
+        for a, b in pairs:
+            out.setdefault(rule_key(intent.task_id, a, b), []).append(call.level)
+    return out
+
+
+def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> None:
+    view = dp.view
+    strict = any(c.level != "L3" for i in intents for c in i.calls)
+    for intent in intents:
+        task = intent.task_id
+        if task in ctl.sla_unmet:
+            assert not any(k.startswith(f"{task}:") for k in ctl._installed)
+            continue
+        for key, levels in levels_of_pairs(intent).items():
+            held = ctl._installed.get(key)
+            if held is None:
+                continue
+            strictest = min(levels, key=LEVELS.index)
+            if task not in ctl.partitioned:
+                for path in held.paths:
+                    nodes = [view.link(path[0]).src] + [view.link(lk).dst for lk in path]
+                    assert in_scope(view, nodes, strictest), (key, levels, nodes)
+            by_nic = any(view.link(p[0]).kind == "nic" for p in held.paths)
+            capped = strict and strictest == "L3" and by_nic
+            assert (held.rate_cap_gbps < math.inf) == capped, (key, levels, held)
+            if capped:
+                assert held.rate_cap_gbps == pytest.approx(0.8 * 400.0)
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_random_intents_keep_scope_caps_and_unmet_promises(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    kind, params = FABRICS[seed % len(FABRICS)]
+    ct = compile_topology(build_topology(kind, **params))
+    dp = RecordingDataPlane(fabric_view(PolicyContext(ct, seed, 600)))
+    ctl = Controller(dp, ControllerParams(parts=int(rng.integers(1, 5))))
+    intents = random_intents(rng, dp.view)
+    for intent in intents:
+        ctl.declare(intent)
+    ctl.plan()
+    check(ctl, dp, intents)
+    fabric = [lk for lk, info in dp.view.links.items() if info.kind == "fabric"]
+    ctl.on_links_changed([int(rng.choice(fabric))], [])
+    check(ctl, dp, intents)
+    ctl.plan_jobs({str(rng.choice([i.task_id for i in intents]))})
+    check(ctl, dp, intents)

@@ -1,9 +1,10 @@
 """Random intents on real fabrics: the controller's promises hold for any mix of calls.
 
-Jobs of 2-8 random GPUs (half of them on one leaf), each with 1-3 calls of random patterns, SLAs (levels L1-L3),
-priorities and explicit pairs, planned together on a leaf-spine (GPUs of a host on one
-leaf, NVLink between them), a fat-tree (k = 4) and a rail-optimised 2:1 leaf-spine; then a
-fabric link goes down and one job is re-planned by itself. After each step:
+Jobs of 2-8 random GPUs (half of the jobs on one leaf), each with 1-3 calls of random
+patterns, SLAs (levels L1-L3), priorities and explicit pairs, planned together on a
+leaf-spine (GPUs of a host on one leaf, NVLink between them), a fat-tree (k = 4) and a
+rail-optimised 2:1 leaf-spine; then a fabric link goes down and one job is re-planned by
+itself. After each step:
 
 * every installed path of a GPU pair lies in the scope of the strictest call using it;
 * a pair is held to ``l3_rate_cap`` of its NIC exactly when an L1/L2 call is declared, only

@@ -9,7 +9,8 @@ itself. After each step:
 * every installed path of a GPU pair lies in the scope of the strictest call using it;
 * a pair is held to ``l3_rate_cap`` of its NIC exactly when an L1/L2 call is declared, only
   L3 calls use it and a planned path of it leaves by the NIC;
-* a job told its SLA cannot be met has nothing installed.
+* a job told its SLA cannot be met has nothing installed;
+* a pair is planned at the highest priority of the calls using it.
 """
 
 from __future__ import annotations
@@ -89,13 +90,13 @@ def random_intents(rng: np.random.Generator, view: FabricView) -> list[Intent]:
     return out
 
 
-def levels_of_pairs(intent: Intent) -> dict[str, list[str]]:
-    """Each GPU pair's key and the levels of the calls that use it."""
-    out: dict[str, list[str]] = {}
+def calls_of_pairs(intent: Intent) -> dict[str, list[CommCall]]:
+    """Each GPU pair's key and the calls that use it."""
+    out: dict[str, list[CommCall]] = {}
     for call in intent.calls:
         pairs = call.pairs or [(a, b) for a, b, _ in pattern_pairs(call.pattern, intent.gpus)]
         for a, b in pairs:
-            out.setdefault(rule_key(intent.task_id, a, b), []).append(call.level)
+            out.setdefault(rule_key(intent.task_id, a, b), []).append(call)
     return out
 
 
@@ -107,11 +108,13 @@ def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> Non
         if task in ctl.sla_unmet:
             assert not any(k.startswith(f"{task}:") for k in ctl._installed)
             continue
-        for key, levels in levels_of_pairs(intent).items():
+        for key, calls in calls_of_pairs(intent).items():
             held = ctl._installed.get(key)
             if held is None:
                 continue
+            levels = [c.level for c in calls]
             strictest = min(levels, key=LEVELS.index)
+            assert ctl._demand[key].priority == max(c.priority for c in calls)
             if task not in ctl.partitioned:
                 for path in held.paths:
                     nodes = [view.link(path[0]).src] + [view.link(lk).dst for lk in path]

@@ -966,14 +966,15 @@ class Controller:
                 continue
             pending: dict[str, Demand] = {}
             heat = intent.heat  # the same for every demand of the job
-            # a job with L3 and L1/L2 calls (while capping): the pairs of each kind
-            mixed = strict and len({c.level == "L3" for c in intent.calls}) == 2
-            by_kind: tuple[set[str], set[str]] = (set(), set())  # (L3, L1/L2)
             calls = intent.calls
+            levels = {c.level for c in calls}
+            # a job with L3 and L1/L2 calls (while capping): the pairs of each kind
+            mixed = strict and "L3" in levels and len(levels) > 1
+            by_kind: tuple[set[str], set[str]] = (set(), set())  # (L3, L1/L2)
             # calls of several levels: the strictest first, and a pair keeps the scope of the
             # strictest call that uses it (whichever call's demand is the larger)
             scope_of: dict[str, str] | None = None
-            if len({c.level for c in calls}) > 1:
+            if len(levels) > 1:
                 calls = tuple(sorted(calls, key=lambda c: LEVELS.index(c.level)))
                 scope_of = {}
             for call in calls:

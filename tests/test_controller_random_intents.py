@@ -11,11 +11,17 @@ itself. After each step:
   L3 calls use it and a planned path of it leaves by the NIC;
 * a job told its SLA cannot be met has nothing installed;
 * a pair is planned at the highest priority of the calls using it.
+
+Then random sequences of what happens to a running controller (links down and back up,
+links gray and restored, a job withdrawn, a job declared, whole re-plans), checked after
+each step for the same and: no installed path crosses a link that is down (unless its job
+is cut off), each path set's weights add up to 1, a withdrawn job has nothing installed.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -143,3 +149,52 @@ def test_random_intents_keep_scope_caps_and_unmet_promises(seed: int) -> None:
     check(ctl, dp, intents)
     ctl.plan_jobs({str(rng.choice([i.task_id for i in intents]))})
     check(ctl, dp, intents)
+
+
+def check_held(ctl: Controller, intents: list[Intent]) -> None:
+    declared = {i.task_id for i in intents}
+    for key, held in ctl._installed.items():
+        task = key.rsplit(":", 1)[0]
+        assert task in declared, key
+        assert sum(held.weights) == pytest.approx(1.0)
+        if task not in ctl.partitioned:
+            assert all(ctl.down.isdisjoint(p) for p in held.paths), (key, ctl.down)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_events_keep_the_promises(seed: int) -> None:
+    rng = np.random.default_rng(1000 + seed)
+    kind, params = FABRICS[seed % len(FABRICS)]
+    ct = compile_topology(build_topology(kind, **params))
+    dp = RecordingDataPlane(fabric_view(PolicyContext(ct, seed, 600)))
+    ctl = Controller(dp, ControllerParams(parts=int(rng.integers(1, 5))))
+    intents = random_intents(rng, dp.view)
+    for intent in intents:
+        ctl.declare(intent)
+    ctl.plan()
+    fabric = [lk for lk, info in dp.view.links.items() if info.kind == "fabric"]
+    for step in range(12):
+        event = int(rng.integers(0, 7))
+        if event == 0:
+            ctl.on_links_changed([int(rng.choice(fabric))], [])
+        elif event == 1 and ctl.down:
+            ctl.on_links_changed([], [int(rng.choice(sorted(ctl.down)))])
+        elif event == 2:
+            ctl.on_links_degraded([int(rng.choice(fabric))])
+        elif event == 3 and ctl.degraded:
+            ctl.on_links_restored([int(rng.choice(sorted(ctl.degraded)))])
+        elif event in (4, 5):
+            if event == 4 and intents:
+                task = intents.pop(int(rng.integers(len(intents)))).task_id
+                ctl.withdraw(task)
+            else:
+                new = replace(random_intents(rng, dp.view)[0], task_id=f"new{step}")
+                intents.append(new)
+                ctl.declare(new)
+                task = new.task_id
+            if ctl.plan_jobs({task}) is None:
+                ctl.plan()
+        else:
+            ctl.plan()
+        check(ctl, dp, intents)
+        check_held(ctl, intents)

@@ -14,8 +14,9 @@ itself. After each step:
 
 Then random sequences of what happens to a running controller (links down and back up,
 links gray and restored, a job withdrawn, a job declared, whole re-plans), checked after
-each step for the same and: no installed path crosses a link that is down (unless its job
-is cut off), each path set's weights add up to 1, a withdrawn job has nothing installed.
+each step for the same and: no installed path crosses a link that is down or gray where an
+in-scope path avoids them all, none crosses a link that is down (unless its job is cut
+off), each path set's weights add up to 1, a withdrawn job has nothing installed.
 """
 
 from __future__ import annotations
@@ -125,6 +126,13 @@ def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> Non
                 for path in held.paths:
                     nodes = [view.link(path[0]).src] + [view.link(lk).dst for lk in path]
                     assert in_scope(view, nodes, strictest), (key, levels, nodes)
+                # off links down or gray wherever an in-scope path avoids them all
+                avoid = ctl.down | ctl.degraded
+                if avoid and not all(avoid.isdisjoint(p) for p in held.paths):
+                    a, b = ctl._endpoints[key]
+                    clean = [p for p in ctl.candidates(a, b) if avoid.isdisjoint(p) and in_scope(
+                        view, [view.link(p[0]).src] + [view.link(lk).dst for lk in p], strictest)]
+                    assert not clean, (key, held.paths, clean, avoid)
             by_nic = any(view.link(p[0]).kind == "nic" for p in held.paths)
             capped = strict and strictest == "L3" and by_nic
             assert (held.rate_cap_gbps < math.inf) == capped, (key, levels, held)

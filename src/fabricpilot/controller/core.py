@@ -345,9 +345,9 @@ def mice_links(view: FabricView, spines: int) -> frozenset[int]:
     top = max(tier.values(), default=0)
     tops = [n for n, t in tier.items() if t == top]
     if spines >= len(tops):  # (one top-tier switch: kept for mice, nothing else is left)
-        raise ValueError(f"mice_spines: {spines} of the fabric's {len(tops)} top-tier "
-                         f"switches would leave none for planned traffic (at most "
-                         f"{len(tops) - 1})")
+        noun = "switch" if len(tops) == 1 else "switches"
+        raise ValueError(f"mice_spines: {spines} of the fabric's {len(tops)} top-tier {noun} "
+                         f"would leave none for planned traffic (at most {len(tops) - 1})")
     kept = set(tops[:spines])
     return frozenset(lk for lk, info in view.links.items()
                      if info.src in kept or info.dst in kept)

@@ -140,9 +140,10 @@ def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> Non
                 assert held.rate_cap_gbps == pytest.approx(0.8 * 400.0)
 
 
-@pytest.mark.parametrize("seed", range(18))
-def test_random_intents_keep_scope_caps_and_unmet_promises(seed: int) -> None:
-    rng = np.random.default_rng(seed)
+def planned(seed: int, rng: np.random.Generator,
+            ) -> tuple[Controller, RecordingDataPlane, list[Intent], list[int]]:
+    """A controller on fabric ``seed`` (of :data:`FABRICS`) with random intents planned,
+    its data plane, the intents and the fabric's switch-to-switch links."""
     kind, params = FABRICS[seed % len(FABRICS)]
     ct = compile_topology(build_topology(kind, **params))
     dp = RecordingDataPlane(fabric_view(PolicyContext(ct, seed, 600)))
@@ -151,8 +152,13 @@ def test_random_intents_keep_scope_caps_and_unmet_promises(seed: int) -> None:
     for intent in intents:
         ctl.declare(intent)
     ctl.plan()
+    return ctl, dp, intents, [lk for lk, info in dp.view.links.items() if info.kind == "fabric"]
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_random_intents_keep_scope_caps_and_unmet_promises(seed: int) -> None:
+    ctl, dp, intents, fabric = planned(seed, rng := np.random.default_rng(seed))
     check(ctl, dp, intents)
-    fabric = [lk for lk, info in dp.view.links.items() if info.kind == "fabric"]
     ctl.on_links_changed([int(rng.choice(fabric))], [])
     check(ctl, dp, intents)
     ctl.plan_jobs({str(rng.choice([i.task_id for i in intents]))})
@@ -171,16 +177,7 @@ def check_held(ctl: Controller, intents: list[Intent]) -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_events_keep_the_promises(seed: int) -> None:
-    rng = np.random.default_rng(1000 + seed)
-    kind, params = FABRICS[seed % len(FABRICS)]
-    ct = compile_topology(build_topology(kind, **params))
-    dp = RecordingDataPlane(fabric_view(PolicyContext(ct, seed, 600)))
-    ctl = Controller(dp, ControllerParams(parts=int(rng.integers(1, 5))))
-    intents = random_intents(rng, dp.view)
-    for intent in intents:
-        ctl.declare(intent)
-    ctl.plan()
-    fabric = [lk for lk, info in dp.view.links.items() if info.kind == "fabric"]
+    ctl, dp, intents, fabric = planned(seed, rng := np.random.default_rng(1000 + seed))
     for step in range(12):
         event = int(rng.integers(0, 7))
         if event == 0:

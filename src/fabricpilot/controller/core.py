@@ -20,7 +20,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -88,6 +88,18 @@ def _one_qp(share: Any, parts: int) -> Any:
     (False, True, False, False)
     """
     return (share * parts <= 1.0 + 1e-9) & (parts > 1)
+
+
+class _Made(NamedTuple):
+    """A job's demands as :meth:`Controller.demands` made them, and for what."""
+
+    intent: Intent
+    made_for: tuple[bool, frozenset[int], int]  # (L1/L2 declared, links avoided, parts)
+    demands: dict[str, Demand]
+    ends: list[tuple[int, int]]  # each demand's GPUs
+    unmet: str | None  # why the job is not planned, if so: its SLA cannot be met
+    cut: str | None  # ... or it is cut off
+    only_l3: frozenset[str]  # its pairs held to l3_rate_cap though it has L1/L2 calls
 
 
 class _Weights(Mapping[str, float]):
@@ -754,11 +766,9 @@ class Controller:
         # (first, last) switches -> every switch path, those through mice spines too (for a
         # pair whose other paths are all down), where they differ from _sw_paths
         self._sw_paths_all: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
-        # per job, its demands as demands() last made them, and for what: (intent, (L1/L2
-        # declared, links avoided, parts), key -> demand, each key's GPUs, why it is not
-        # planned if so: SLA unmet, cut off); a re-plan of the same jobs on the same links
-        # reuses them
-        self._made: dict[str, tuple[Any, ...]] = {}
+        # per job, its demands as demands() last made them and for what (a re-plan of the
+        # same jobs on the same links reuses them)
+        self._made: dict[str, _Made] = {}
         # the compiled kernels, once per process: not in the first plan or re-plan
         planner.warm_up()
         entropy.warm_up()
@@ -951,10 +961,11 @@ class Controller:
             self._check()
             task = intent.task_id
             was = made_before.get(task)
-            if was is not None and was[0] is intent and was[1] == (strict, avoid, parts):
+            if was is not None and was.intent is intent and was.made_for == (strict, avoid,
+                                                                              parts):
                 # the same intent on the same fabric: its demands as they were made
-                _, _, pending, ends, unmet, cut, only_l3 = was
-                endpoints.update(zip(pending, ends, strict=True))
+                pending, unmet, cut, only_l3 = was.demands, was.unmet, was.cut, was.only_l3
+                endpoints.update(zip(pending, was.ends, strict=True))
                 if only_l3:
                     self._capped_keys[task] = only_l3
                 if unmet is not None:
@@ -984,8 +995,7 @@ class Controller:
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus)
                 if mixed:
-                    by_kind[call.level != "L3"].update(
-                        f"{task}:{a}->{b}" for a, b, _ in pairs)  # rule_key
+                    by_kind[call.level != "L3"].update(rule_key(task, a, b) for a, b, _ in pairs)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 level = call.level
                 prio = call.priority
@@ -1101,9 +1111,9 @@ class Controller:
             only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
             if only_l3:
                 self._capped_keys[task] = only_l3
-            made_before[task] = (intent, (strict, avoid, parts), pending,
-                                 list(map(endpoints.__getitem__, pending)), unmet, cut,
-                                 only_l3)
+            made_before[task] = _Made(intent, (strict, avoid, parts), pending,
+                                      list(map(endpoints.__getitem__, pending)), unmet, cut,
+                                      only_l3)
             if unmet is None and cut is None:
                 out.update(pending)
         if only is None:

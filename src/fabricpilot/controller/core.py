@@ -760,8 +760,10 @@ class Controller:
                                     or g.nodes[v].get("kind") == "gpu")
         self._component = {n: i for i, c in enumerate(
             nx.weakly_connected_components(self._switch_graph)) for n in c}
-        self._link_id: dict[tuple[str, str], int] = {
-            (u, v): int(lk) for u, v, lk in g.edges(data="link_id")}
+        # per node, the link id from each node with a link into it
+        self._in_link: dict[str, dict[str, int]] = {}
+        for u, v, lk in g.edges(data="link_id"):
+            self._in_link.setdefault(v, {})[u] = int(lk)
         self._mice_links = mice_links(self.view, self.params.mice_spines)
         # (first, last) switches -> every switch path, those through mice spines too (for a
         # pair whose other paths are all down), where they differ from _sw_paths
@@ -870,9 +872,18 @@ class Controller:
         memo = self._pred_memo.setdefault(first, {first: [()]})
         hit = memo.get(node)
         if hit is None:
-            link_id = self._link_id
-            hit = memo[node] = [(*p, link_id[(u, node)]) for u in pred[node]
-                                for p in self._pred_paths(first, u, pred)]
+            into = self._in_link[node]
+            hit = []
+            for u in pred[node]:
+                to_u = memo.get(u)
+                if to_u is None:
+                    to_u = self._pred_paths(first, u, pred)
+                lk = into[u]
+                if len(to_u) == 1:  # (one path to u, as from a leaf to each spine)
+                    hit.append((*to_u[0], lk))
+                else:
+                    hit.extend([(*p, lk) for p in to_u])
+            memo[node] = hit
         return hit
 
     def _nic(self, gpu: int) -> float:

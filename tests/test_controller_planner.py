@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from fabricpilot.controller import planner
 from fabricpilot.controller.instances import leaf_spine_demands
 from fabricpilot.controller.planner import (
     _PAIR_BUDGET as PAIR_BUDGET,
@@ -387,6 +388,25 @@ def test_later_sweeps_that_skip_untouched_demands_plan_as_full_sweeps(seed: int)
     plan = plan_greedy(demands, cap, split=4, sweeps=5)
     assert plan.paths == paths and plan.max_utilization == lam
     assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
+
+
+def test_sweeps_run_only_as_far_as_their_budget_of_scored_link_loads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a sweep scores every part on every candidate: per part, the links of each candidate
+    # beyond those all its candidates share. Budgets of one round less a load, one round
+    # and five rounds give the plans of 0, 1 and 5 sweeps (which differ on this instance)
+    demands, cap = rail_demands(4, leaves=8, spines=6, gpus_per_leaf=2, n=600,
+                                factored=True)
+    per_round = 0
+    for d in demands:
+        full = [set(p) for p in d.full_candidates]
+        common = set.intersection(*full)
+        per_round += (1 if d.whole else 4) * sum(len(p - common) for p in full)
+    plans = {k: plan_greedy(demands, cap, split=4, sweeps=k).paths for k in (0, 1, 5)}
+    assert plans[0] != plans[1] != plans[5]
+    for budget, k in ((per_round - 1, 0), (per_round, 1), (5 * per_round, 5)):
+        monkeypatch.setattr(planner, "_SWEEP_BUDGET", budget)
+        assert plan_greedy(demands, cap, split=4, sweeps=5).paths == plans[k]
 
 
 @pytest.mark.parametrize(("factored", "odd", "split"), [(True, False, 4), (False, True, 3),

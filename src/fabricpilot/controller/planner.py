@@ -767,7 +767,9 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     part on the candidate whose most loaded link stays lowest (counting only the links that
     differ between its candidates; ties by the sum of squared utilisations); then ``sweeps``
     rounds that take every part out and put it back on its best candidate given all the
-    others (stopping early once a round moves nothing); then, on instances of at most
+    others (stopping early once a round moves nothing; as many as fit in 32 M link loads
+    scored, none on instances with more parts and candidates, where the parts are small
+    against the links); then, on instances of at most
     2 000 parts (or ``max_moves`` if given), a local search that moves parts off the links at
     ``lambda`` while that lowers ``lambda``, or the number of links at it, or the sum of
     squared utilisations: a part at a time or, when no single part can, two (one off a link
@@ -866,7 +868,8 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         before = load.copy() if multi else load
         got = _place(sub, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx, com.g_col0,
                      com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                     sweeps, lg_ptr, lg_idx, stop, limit, i > 0)
+                     _sweeps_within(com, sub, split, sweeps), lg_ptr, lg_idx, stop, limit,
+                     i > 0)
         choice[sub] = got[sub]
         if int(choice[sub].min()) < 0:  # (stopped part way: parts left unplaced)
             checkpoint()
@@ -894,6 +897,18 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                             com.head1, com.tail1, choice, tuple(_shares(split)), rank,
                             com.rate, com.weight)
     return plan
+
+
+def _sweeps_within(com: _Commodities, order: NDArray[np.int64], split: int, sweeps: int) -> int:
+    """How many of ``sweeps`` re-insertion rounds of the demands ``order`` fit in
+    :data:`_SWEEP_BUDGET` link loads scored: a round scores every part on every candidate
+    of its demand's group (each column's links)."""
+    if not sweeps or not len(order):
+        return sweeps
+    col_links = com.c_ptr[com.g_col0 + com.g_ncand] - com.c_ptr[com.g_col0]
+    parts = np.where(com.whole[order], 1, split)
+    per_round = int((parts * col_links[com.grp[order]]).sum())
+    return min(sweeps, _SWEEP_BUDGET // max(per_round, 1))
 
 
 def _tier_limits(load: NDArray[np.float64], bg: NDArray[np.float64],
@@ -1423,6 +1438,11 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
                             np.repeat(np.repeat(ids, split), c_len)))
     return KeyLinks([d.key for d in com.demands], com.links[rows], owner)
 
+
+# link loads the re-insertion sweeps of one placement may score, in all (some 0.3 s): where a
+# round would score more, the parts are many and small against the links (a million GPU
+# pairs on 64 spines: 135 M per round) and a round re-places them where they were
+_SWEEP_BUDGET = 32_000_000
 
 # trial link loads (links x trials) the local search may score in pairs, in all
 _PAIR_BUDGET = 5_000_000

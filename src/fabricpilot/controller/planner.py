@@ -619,9 +619,10 @@ class _Commodities:
         hptr, tptr = _offsets(hl), _offsets(tl)
         factored = np.flatnonzero(((hl + tl) > 0) & ~irregular)
         if len(factored):
-            irregular[factored[_repeated_links(factored, grp, hptr, hrow, tptr, trow, u_of,
-                                               ufix_ptr, ufix_idx, g_col0, g_ncand, c_ptr,
-                                               c_idx, n_links)]] = True
+            by_grp = np.argsort(grp[factored], kind="stable")  # (numpy's sort is the faster)
+            irregular[factored[_repeated_links(factored, by_grp, grp, hptr, hrow, tptr, trow,
+                                               u_of, ufix_ptr, ufix_idx, g_col0, g_ncand,
+                                               c_ptr, c_idx, n_links)]] = True
         reg = np.flatnonzero(~irregular)
         flen = np.zeros(n, np.int64)
         flen[reg] = hl[reg] + ufix_len[u_of[reg]] + tl[reg]
@@ -708,14 +709,16 @@ def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],
 
 
 @numba.njit(cache=True, nogil=True)
-def _repeated_links(factored: NDArray[np.int64], grp: NDArray[np.int64],
+def _repeated_links(factored: NDArray[np.int64], by_grp: NDArray[np.int64],
+                    grp: NDArray[np.int64],
                     hptr: NDArray[np.int64], hrow: NDArray[np.int64], tptr: NDArray[np.int64],
                     trow: NDArray[np.int64], u_of: NDArray[np.int64],
                     ufix_ptr: NDArray[np.int64], ufix_idx: NDArray[np.int64],
                     g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
                     c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
                     n_links: int) -> NDArray[np.bool_]:
-    """For the demands ``factored`` (with a head or a tail; ascending): whether one of their
+    """For the demands ``factored`` (with a head or a tail; ascending; ``by_grp`` sorts them
+    by group, stably): whether one of their
     head / tail links is repeated: twice among their fixed links (head, tail and the links
     their candidate tuple has at one position on every path), or on one of their group's
     columns (then the exact route places them).
@@ -723,14 +726,13 @@ def _repeated_links(factored: NDArray[np.int64], grp: NDArray[np.int64],
     Demand 0 (head link 7, tail link 8) in a group whose two columns are links 1 and 7:
 
     >>> one = np.array([0]); zero = np.array([0, 0])
-    >>> _repeated_links(one, np.array([0]), np.array([0, 1]), np.array([7]), np.array([0, 1]),
-    ...                 np.array([8]), np.array([0]), zero, np.zeros(0, np.int64),
+    >>> _repeated_links(one, zero[:1], np.array([0]), np.array([0, 1]), np.array([7]),
+    ...                 np.array([0, 1]), np.array([8]), np.array([0]), zero, np.zeros(0, np.int64),
     ...                 np.array([0]), np.array([2]), np.array([0, 1, 2]), np.array([1, 7]),
     ...                 10).tolist()
     [True]
     """
     out = np.zeros(factored.shape[0], np.bool_)
-    by_grp = np.argsort(grp[factored], kind="mergesort")
     mark = np.full(n_links, -1, np.int64)  # mark[l] == g: l on a column of group g
     seen = np.full(n_links, -1, np.int64)  # seen[l] == d: l among d's fixed links
     g_prev = -1

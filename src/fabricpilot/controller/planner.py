@@ -718,10 +718,9 @@ def _repeated_links(factored: NDArray[np.int64], by_grp: NDArray[np.int64],
                     c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64],
                     n_links: int) -> NDArray[np.bool_]:
     """For the demands ``factored`` (with a head or a tail; ascending; ``by_grp`` sorts them
-    by group, stably): whether one of their
-    head / tail links is repeated: twice among their fixed links (head, tail and the links
-    their candidate tuple has at one position on every path), or on one of their group's
-    columns (then the exact route places them).
+    by group, stably): whether one of their head / tail links is repeated: twice among
+    their fixed links (head, tail and the links their candidate tuple has at one position
+    on every path), or on one of their group's columns (then the exact route places them).
 
     Demand 0 (head link 7, tail link 8) in a group whose two columns are links 1 and 7:
 

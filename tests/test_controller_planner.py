@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -114,6 +115,50 @@ def test_bad_demands_are_rejected() -> None:
         Demand("x", 1.0, ())
     with pytest.raises(ValueError, match="no capacity for links"):
         plan_greedy([Demand("x", 1.0, ((7,),))], {0: 1.0})
+
+
+def test_a_demand_in_fewer_parts_than_the_split_by_hand() -> None:
+    # 400 Gb/s over four 100 Gb/s candidate links: in 4 parts one per link (lambda 1), in 2
+    # parts two links carry 200 each (lambda 2), whole one link carries it all (lambda 4);
+    # the plan's split (4) is the same each time
+    cands = ((0,), (1,), (2,), (3,))
+    cap = dict.fromkeys(range(4), 100.0)
+    for parts, lam, shares in ((4, 1.0, [0.25] * 4), (2, 2.0, [0.5, 0.5]), (1, 4.0, [1.0])):
+        plan = plan_greedy([Demand("x", 400, cands, parts=parts)], cap, split=4)
+        assert plan.max_utilization == lam
+        assert [w for _, w in plan.paths["x"]] == shares
+        milp = plan_reference([Demand("x", 400, cands, parts=parts)], cap, split=4,
+                              integral=True)
+        assert milp.max_utilization == pytest.approx(lam)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_parts_of_a_demand_plan_as_whole_or_as_the_split_at_their_ends(seed: int) -> None:
+    # parts = split plans as parts = 0 (the split), parts = 1 as a whole demand; mixed
+    # parts give every demand at most its parts' paths, each a multiple of 1 / parts, and
+    # the loads its rates add up to
+    demands, cap = rail_demands(seed, n=200, factored=True)
+    base = plan_greedy(demands, cap, split=4)
+    as_split = [dataclasses.replace(d, parts=4) for d in demands]
+    assert plan_greedy(as_split, cap, split=4).paths == base.paths
+    ones = [dataclasses.replace(d, parts=1) for d in demands]
+    wholes = [dataclasses.replace(d, whole=True) for d in demands]
+    assert plan_greedy(ones, cap, split=4).paths == plan_greedy(wholes, cap, split=4).paths
+    mixed = [dataclasses.replace(d, parts=(1, 2, 4)[i % 3]) for i, d in enumerate(demands)]
+    plan = plan_greedy(mixed, cap, split=4)
+    for d in mixed:
+        shares = [w for _, w in plan.paths[d.key]]
+        assert len(shares) <= d.parts and sum(shares) == pytest.approx(1.0)
+        assert all(w * d.parts == pytest.approx(round(w * d.parts)) for w in shares)
+    got = recomputed_loads(plan.paths, mixed, cap)
+    assert all(plan.link_load_gbps[lk] == pytest.approx(got[lk]) for lk in cap)
+
+
+def test_parts_that_do_not_divide_the_split_are_rejected() -> None:
+    with pytest.raises(ValueError, match="parts must be >= 0"):
+        Demand("x", 1.0, ((0,),), parts=-1)
+    with pytest.raises(ValueError, match="'x': parts 3 must divide split 4"):
+        plan_greedy([Demand("x", 1.0, ((0,), (1,)), parts=3)], {0: 1.0, 1: 1.0}, split=4)
 
 
 # --------------------------------------------------------------- the previous implementation

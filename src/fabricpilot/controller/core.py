@@ -1633,13 +1633,13 @@ class Controller:
             live = tuple(p for p in full if avoid.isdisjoint(p)) or tuple(
                 p for p in full if self.down.isdisjoint(p))
             return (Demand(d.key, d.rate_gbps, live, d.weight, whole=d.whole,
-                           priority=d.priority) if live else None)
+                           priority=d.priority, parts=d.parts) if live else None)
         live = self._live_mids(d.candidates, avoid)
         if not live:
             return None
         # (d was checked when made, and its live candidates are not empty)
         return _demand(d.key, d.rate_gbps, live, d.weight, d.head, d.tail, d.whole,
-                       d.priority)
+                       d.priority, d.parts)
 
     def _live_mids(self, mids: tuple[tuple[int, ...], ...], avoid: frozenset[int]
                    ) -> tuple[tuple[int, ...], ...]:

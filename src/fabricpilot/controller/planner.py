@@ -43,10 +43,11 @@ _chain = itertools.chain.from_iterable
 class Demand:
     """Traffic to place: ``rate_gbps`` between two endpoints on one of its candidate paths
     (tuples of link ids); heavier ``weight`` is placed first. A plan places a demand in
-    equal parts (one QP each), unless it is ``whole``: then all of it goes on one candidate
-    (one path, one QP). Demands of a higher ``priority`` are planned before any of a lower
-    one, as if those did not exist, and the lower ones around them (see
-    :func:`plan_greedy`).
+    equal parts (one QP each): ``parts`` of them, or as many as the plan's ``split`` when
+    ``parts`` is 0 (``parts`` must divide ``split``); a ``whole`` demand is one part: all of
+    it goes on one candidate (one path, one QP). Demands of a higher ``priority`` are
+    planned before any of a lower one, as if those did not exist, and the lower ones
+    around them (see :func:`plan_greedy`).
 
     The candidate paths are ``head + c + tail`` for every ``c`` in ``candidates``; ``head``
     and ``tail`` are empty unless the caller factors out the links all candidates start and
@@ -67,12 +68,15 @@ class Demand:
     tail: tuple[int, ...] = ()
     whole: bool = False
     priority: int = 0
+    parts: int = 0
 
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError(f"demand {self.key!r}: no candidate path")
         if not self.rate_gbps >= 0:
             raise ValueError(f"demand {self.key!r}: rate_gbps must be >= 0")
+        if self.parts < 0:
+            raise ValueError(f"demand {self.key!r}: parts must be >= 0")
 
     @property
     def full_candidates(self) -> tuple[tuple[int, ...], ...]:
@@ -563,6 +567,7 @@ class _Commodities:
         self.rate = np.array([d.rate_gbps for d in self.demands], np.float64)
         self.weight = np.array([d.weight for d in self.demands], np.float64)
         self.whole = np.fromiter((d.whole for d in self.demands), np.bool_, n)
+        self.parts = np.fromiter((d.parts for d in self.demands), np.int64, n)
         self.priority = np.fromiter((d.priority for d in self.demands), np.int64, n)
         crow = rows[:n_c]
         hrow = rows[n_c:n_c + n_h].astype(np.int64)
@@ -680,6 +685,16 @@ class _Commodities:
         self.c_ptr = c_ptr
         self.c_idx = c_idx.astype(np.int64)
         self.n_groups = n_groups
+
+    def n_parts(self, split: int) -> NDArray[np.int64]:
+        """Every demand's number of parts in a plan of ``split`` parts per demand: 1 if
+        ``whole``, else its ``parts`` or, if 0, ``split``; each divides ``split``."""
+        n = np.where(self.whole, 1, np.where(self.parts > 0, self.parts, split))
+        bad = np.flatnonzero(split % n != 0)
+        if len(bad):
+            d = self.demands[int(bad[0])]
+            raise ValueError(f"demand {d.key!r}: parts {d.parts} must divide split {split}")
+        return n.astype(np.int64)
 
 
 def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],
@@ -845,6 +860,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  stop: NDArray[np.bool_]) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
     com = _Commodities(demands, capacity, background, aggregate)
+    nparts = com.n_parts(split)
     checkpoint()
     n = len(com.demands)
     load = com.bg.copy()
@@ -867,9 +883,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         sub = order[prio[order] == tier] if multi else order
         limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
         before = load.copy() if multi else load
-        got = _place(sub, com.grp, com.rate, com.whole, com.fix_ptr, com.fix_idx, com.g_col0,
+        got = _place(sub, com.grp, com.rate, nparts, com.fix_ptr, com.fix_idx, com.g_col0,
                      com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                     _sweeps_within(com, sub, split, sweeps), lg_ptr, lg_idx, stop, limit,
+                     _sweeps_within(com, sub, nparts, sweeps), lg_ptr, lg_idx, stop, limit,
                      i > 0)
         choice[sub] = got[sub]
         if int(choice[sub].min()) < 0:  # (stopped part way: parts left unplaced)
@@ -877,7 +893,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
             raise PlanStopped("the placement was stopped")
         checkpoint()
         if i == 0:  # (below the top tier, a move may not trade a link's limit for lambda)
-            moves = _local_search(com, sub, choice, load, split, max_moves)
+            moves = _local_search(com, sub, choice, load, nparts, split, max_moves)
         if multi:
             carried.append(load - before > 1e-9)
     checkpoint()
@@ -900,15 +916,15 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     return plan
 
 
-def _sweeps_within(com: _Commodities, order: NDArray[np.int64], split: int, sweeps: int) -> int:
-    """How many of ``sweeps`` re-insertion rounds of the demands ``order`` fit in
-    :data:`_SWEEP_BUDGET` link loads scored: a round scores every part on every candidate
-    of its demand's group (each column's links)."""
+def _sweeps_within(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[np.int64],
+                   sweeps: int) -> int:
+    """How many of ``sweeps`` re-insertion rounds of the demands ``order`` (of ``nparts``
+    parts each) fit in :data:`_SWEEP_BUDGET` link loads scored: a round scores every part
+    on every candidate of its demand's group (each column's links)."""
     if not sweeps or not len(order):
         return sweeps
     col_links = com.c_ptr[com.g_col0 + com.g_ncand] - com.c_ptr[com.g_col0]
-    parts = np.where(com.whole[order], 1, split)
-    per_round = int((parts * col_links[com.grp[order]]).sum())
+    per_round = int((nparts[order] * col_links[com.grp[order]]).sum())
     return min(sweeps, _SWEEP_BUDGET // max(per_round, 1))
 
 
@@ -948,7 +964,7 @@ def _link_groups(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
 
 @numba.njit(cache=True, nogil=True)
 def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.float64],
-           whole: NDArray[np.bool_], fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
+           nparts: NDArray[np.int64], fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
            g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
            g_disjoint: NDArray[np.bool_], c_ptr: NDArray[np.int64],
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
@@ -956,9 +972,9 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
            stop: NDArray[np.bool_], limit: NDArray[np.float64], protect: bool,
            ) -> NDArray[np.int64]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`) of the demands
-    ``order``; ``load`` is updated in place; returns every part's candidate (within its
-    demand; a ``whole`` demand is placed as one part of its whole rate, and all its parts
-    get that candidate; -1 for the demands not in ``order``).
+    ``order``; ``load`` is updated in place; returns every slot's candidate (within its
+    demand: a demand of ``nparts`` parts has ``split / nparts`` slots in a row per part,
+    which get the part's candidate; -1 for the demands not in ``order``).
 
     With ``protect``, a candidate's cost starts with how far it takes a link above its
     ``limit`` (the most over all its columns; links without a limit have ``inf``): the
@@ -1000,14 +1016,15 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                 d_seen[d] = moves
             k_c = g_ncand[g]
             col0 = g_col0[g]
-            n_parts = 1 if whole[d] else split
+            n_parts = nparts[d]
+            blk = split // n_parts  # (slots per part)
             part = rate[d] / n_parts
             f0, f1 = fix_ptr[d], fix_ptr[d + 1]
             cached = False  # c_mx / c_sq hold this demand's costs but for columns a and b
             dirty_a = -1
             dirty_b = -1
             for k in range(n_parts):
-                old = choice[d, k]
+                old = choice[d, k * blk]
                 if rnd > 0:  # take the part out before placing it again
                     for q in range(f0, f1):
                         load[fix_idx[q]] -= part
@@ -1054,10 +1071,7 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                                 lk = c_idx[q]
                                 for h in range(lg_ptr[lk], lg_ptr[lk + 1]):
                                     g_moved[lg_idx[h]] = moves
-                if n_parts == 1:
-                    choice[d, :] = best
-                else:
-                    choice[d, k] = best
+                choice[d, k * blk:(k + 1) * blk] = best
                 for q in range(f0, f1):
                     load[fix_idx[q]] += part
                 for q in range(c_ptr[col0 + best], c_ptr[col0 + best + 1]):
@@ -1070,12 +1084,13 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
 
 
 def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[np.int64],
-                  load: NDArray[np.float64], split: int, max_moves: int) -> int:
+                  load: NDArray[np.float64], nparts: NDArray[np.int64], split: int,
+                  max_moves: int) -> int:
     """First-improvement moves of single parts off the links at ``lambda`` (``choice`` and
     ``load`` are updated in place); returns the number of moves. A move is kept if it
     lowers (``lambda`` to 9 decimals, the number of links at ``lambda``, the sum of squared
     utilisations), in that order (:func:`_local_search_kernel`)."""
-    return int(_local_search_kernel(order, choice, load, com.cap, com.rate, com.whole,
+    return int(_local_search_kernel(order, choice, load, com.cap, com.rate, nparts,
                                     com.grp, com.g_ncand, com.g_col0, com.fix_ptr, com.fix_idx,
                                     com.c_ptr, com.c_idx, split, max_moves, _PAIR_BUDGET))
 
@@ -1255,11 +1270,9 @@ def _lower(a: tuple[float, int, float], b: tuple[float, int, float]) -> bool:
 
 @numba.njit(cache=True, nogil=True)
 def _take(choice: NDArray[np.int64], d: int, k: int, c: int, n_parts: int) -> None:
-    """Demand ``d``'s part ``k`` to candidate ``c`` (all its parts, if it is one part)."""
-    if n_parts == 1:
-        choice[d, :] = c
-    else:
-        choice[d, k] = c
+    """Demand ``d``'s part ``k`` of ``n_parts`` (its slots) to candidate ``c``."""
+    blk = choice.shape[1] // n_parts
+    choice[d, k * blk:(k + 1) * blk] = c
 
 
 @numba.njit(cache=True, nogil=True)
@@ -1267,7 +1280,7 @@ def _second_move(trial: NDArray[np.float64], trial2: NDArray[np.float64],
                  best: tuple[float, int, float], d: int, k: int, order: NDArray[np.int64],
                  choice: NDArray[np.int64],
                  cap: NDArray[np.float64], rate: NDArray[np.float64],
-                 whole: NDArray[np.bool_], grp: NDArray[np.int64],
+                 nparts: NDArray[np.int64], grp: NDArray[np.int64],
                  g_ncand: NDArray[np.int64], g_col0: NDArray[np.int64],
                  fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
                  c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
@@ -1278,16 +1291,17 @@ def _second_move(trial: NDArray[np.float64], trial2: NDArray[np.float64],
     scores lower than ``best``: ``(demand, part, candidate, score)`` with the load in
     ``trial2``; demand -1 if none (or ``budget[0]`` trial link loads ran out: then -2)."""
     n_links = trial.shape[0]
-    d_parts = 1 if whole[d] else split
+    d_parts = nparts[d]
     for d2 in order:
-        n2 = 1 if whole[d2] else split
+        n2 = nparts[d2]
+        blk2 = split // n2
         part2 = rate[d2] / n2
         col2 = g_col0[grp[d2]]
         e0, e1 = fix_ptr[d2], fix_ptr[d2 + 1]
         for k2 in range(n2):
             if d2 == d and (k2 == k or d_parts == 1):
                 continue  # (the part moved; a whole demand is one)
-            cur2 = choice[d2, k2]
+            cur2 = choice[d2, k2 * blk2]
             b0, b1 = c_ptr[col2 + cur2], c_ptr[col2 + cur2 + 1]
             if not _crosses(top, e0, e1, fix_idx, b0, b1, c_idx):
                 continue
@@ -1309,14 +1323,14 @@ def _second_move(trial: NDArray[np.float64], trial2: NDArray[np.float64],
 @numba.njit(cache=True, nogil=True)
 def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                          load: NDArray[np.float64], cap: NDArray[np.float64],
-                         rate: NDArray[np.float64], whole: NDArray[np.bool_],
+                         rate: NDArray[np.float64], nparts: NDArray[np.int64],
                          grp: NDArray[np.int64], g_ncand: NDArray[np.int64],
                          g_col0: NDArray[np.int64], fix_ptr: NDArray[np.int64],
                          fix_idx: NDArray[np.int64],
                          c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64], split: int,
                          max_moves: int, pair_budget: int) -> int:
     """:func:`_local_search`: parts crossing a link at ``lambda`` in ``order`` (heaviest
-    demands first; a ``whole`` demand is one part); each is tried on the demand's other
+    demands first; a demand has ``nparts`` parts); each is tried on the demand's other
     candidates in turn, the first trial load that scores lower is kept and the scan starts
     again. A trial load is the current one with the part taken off its links and put on
     the candidate's, in that order (so the floating-point values are those of the same
@@ -1344,14 +1358,15 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
         improved = False
         for phase in range(2):  # single moves, then (none lower) pairs
             for d in order:
-                n_parts = 1 if whole[d] else split
+                n_parts = nparts[d]
+                blk = split // n_parts
                 part = rate[d] / n_parts
                 col0 = g_col0[grp[d]]
                 f0, f1 = fix_ptr[d], fix_ptr[d + 1]
                 for k in range(n_parts):
-                    if phase == 1 and k > 0 and choice[d, k] == choice[d, k - 1]:
+                    if phase == 1 and k > 0 and choice[d, k * blk] == choice[d, (k - 1) * blk]:
                         continue  # (the same part again: its pairs were tried)
-                    was = choice[d, k]
+                    was = choice[d, k * blk]
                     a0, a1 = c_ptr[col0 + was], c_ptr[col0 + was + 1]
                     if not _crosses(hot, f0, f1, fix_idx, a0, a1, c_idx):
                         continue
@@ -1372,14 +1387,14 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
                             continue
                         _mark_top(u, top)  # (u: the trial's utilisations)
                         d2, k2, c2, lam2, at2, sq2 = _second_move(
-                            trial, trial2, cur, d, k, order, choice, cap, rate, whole, grp,
+                            trial, trial2, cur, d, k, order, choice, cap, rate, nparts, grp,
                             g_ncand, g_col0, fix_ptr, fix_idx, c_ptr, c_idx, split, top, u,
                             sq_buf, budget)
                         if d2 == -2:
                             return moves
                         if d2 >= 0:
                             _take(choice, d, k, c, n_parts)
-                            _take(choice, d2, k2, c2, 1 if whole[d2] else split)
+                            _take(choice, d2, k2, c2, nparts[d2])
                             cur = (lam2, at2, sq2)
                             load[:] = trial2
                             improved = True
@@ -1473,18 +1488,18 @@ def warm_up() -> None:
 
 
 _NEW = object.__new__
-_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL, _SET_WHOLE, _SET_PRIO = (
-    Demand.__dict__[f].__set__ for f in ("key", "rate_gbps", "candidates", "weight", "head",
-                                         "tail", "whole", "priority"))
+(_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL, _SET_WHOLE, _SET_PRIO,
+ _SET_PARTS) = (Demand.__dict__[f].__set__ for f in ("key", "rate_gbps", "candidates", "weight",
+                                                     "head", "tail", "whole", "priority",
+                                                     "parts"))
 
 
 def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
             weight: float, head: tuple[int, ...], tail: tuple[int, ...],
-            whole: bool = False, priority: int = 0) -> Demand:
-    """``Demand(key, rate_gbps, candidates, weight, head, tail, whole, priority)`` without its
-    checks, for
-    callers that made sure ``candidates`` is not empty and ``rate_gbps >= 0`` (twice as fast:
-    planning makes one per GPU pair).
+            whole: bool = False, priority: int = 0, parts: int = 0) -> Demand:
+    """``Demand(key, rate_gbps, candidates, weight, head, tail, whole, priority, parts)``
+    without its checks, for callers that made sure ``candidates`` is not empty, ``rate_gbps
+    >= 0`` and ``parts >= 0`` (twice as fast: planning makes one per GPU pair).
 
     >>> _demand("a", 1.0, ((1,),), 2.0, (0,), ()) == Demand("a", 1.0, ((1,),), 2.0, (0,))
     True
@@ -1498,6 +1513,7 @@ def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
     _SET_TAIL(d, tail)
     _SET_WHOLE(d, whole)
     _SET_PRIO(d, priority)
+    _SET_PARTS(d, parts)
     return d
 
 
@@ -1857,7 +1873,7 @@ def _reference(prob: _Problem, integral: bool, split: int, time_limit_s: float,
     demand_of_col = np.repeat(np.arange(n_d), prob.n_cand)
     a_dem = sp.csr_matrix((np.ones(n_cols), (demand_of_col, np.arange(n_cols))),
                           shape=(n_d, n_cols))
-    parts = np.where([d.whole for d in prob.demands], 1, split).astype(np.float64)
+    parts = np.array([1 if d.whole else d.parts or split for d in prob.demands], np.float64)
     per_col = np.repeat(parts, prob.n_cand) if integral else np.ones(n_cols)
     # (with integral shares in units of 1 / the demand's parts: counts summing to its parts)
     scale = sp.diags(1 / per_col)

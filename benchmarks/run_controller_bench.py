@@ -6,8 +6,8 @@
 
 Planner cases: a rail-optimised 400G leaf-spine (8 GPUs per host), jobs of equal size placed
 at random, half ring AllReduce and half AlltoAll, all declared to the controller, which
-plans them together (a ring's GPU pairs in 4 QPs each, an AlltoAll's in one: its GPUs
-have more than 4 peers). Targets: <= 1 s each. The time of
+plans them together (a ring's GPU pairs in 16 QPs each, ``controller.parts``, an
+AlltoAll's in one: its GPUs have more than 4 peers). Targets: <= 1 s each. The time of
 ``Controller.plan()`` is also split into the controller's ``demands()``, the planner and the
 rest (steering, install). Then one job changes (an AllReduce becomes an AlltoAll) and is
 planned by itself (``Controller.plan_jobs``): its time, and its lambda against that of every

@@ -153,7 +153,8 @@ def test_opted_out_jobs_and_same_node_pairs_get_no_rules() -> None:
                                                    pairs=((1, 3), (3, 3))),)))
     ctl.plan()
     assert [r.key for r in dp.installed] == [rule_key("b", 1, 3)]
-    # four parts by default (one per QP), on the two spine paths: two each
+    # a broadcast's one peer: controller.parts (16) QPs by default, on the two spine paths:
+    # eight each
     (rule,) = dp.installed
     assert sorted(rule.weights) == [0.5, 0.5] and len(rule.paths) == 2
 
@@ -1082,6 +1083,33 @@ def test_a_gpu_with_as_many_peers_as_parts_gets_one_qp_per_peer() -> None:
     multi = {k.split(":")[0] for k, s in ctl._installed.items() if len(s.paths) > 1}
     assert multi == {"ring", "a2a4"}
     assert rep.steered + rep.pinned + rep.unpinned == qps
+
+
+def test_a_gpu_spreads_a_call_over_at_least_parts_qps_unless_it_has_4_peers() -> None:
+    """Default parts (16): a ring's pairs (one peer) in 16 QPs, an AlltoAll of 3 GPUs (2
+    peers) in 8 per pair (16 per GPU), of 4 GPUs (3 peers) in 8 too (16 / 3 rounded up to a
+    divisor of 16: 24 per GPU), of 5 and 8 GPUs (4 and 7 peers) one per pair; each pair's
+    path shares are multiples of 1 / its QPs."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.nccltests import default_cluster
+
+    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)))
+    assert ctl.parts == 16
+    order = np.random.default_rng(5).permutation(64).tolist()
+    jobs = {"ring": ("allreduce", order[:16], 16), "a2a3": ("alltoall", order[16:19], 8),
+            "a2a4": ("alltoall", order[19:23], 8), "a2a5": ("alltoall", order[23:28], 1),
+            "a2a8": ("alltoall", order[28:36], 1)}
+    for name, (pattern, gpus, _) in jobs.items():
+        ctl.declare(Intent(name, "t", tuple(gpus), (CommCall(pattern, 1 << 24, 900.0, 0),)))
+    ctl.plan()
+    for name, (_, _, qps) in jobs.items():
+        demands = [d for k, d in ctl._demand.items() if k.startswith(name + ":")]
+        assert demands and {1 if d.whole else d.parts for d in demands} == {qps}
+        for d in demands:
+            s = ctl._installed[d.key]
+            assert len(s.paths) <= qps
+            assert all(w * qps == pytest.approx(round(w * qps)) for w in s.weights)
 
 
 def test_what_a_heal_replaced_is_freed_at_the_next_control_period(

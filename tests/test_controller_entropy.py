@@ -232,11 +232,11 @@ def test_a_failure_resteers_only_the_paths_that_changed() -> None:
     """After a link fails, a re-placed path set keeps the source port of every path it
     already had; new paths get ports whose hash (checked by the twin) lands on them."""
     ctx = _ctx(per_switch=True, parts=8)
-    # an AlltoAll of 8 GPUs in different pods: 7 peers each, fewer than the 8 parts, so
-    # each pair is planned in 8 QPs (up to 8 of its 16 paths)
+    # a ring of 8 GPUs in different pods: one peer each, so each pair is planned in the 8
+    # parts' QPs (up to 8 of its 16 paths)
     ctl = Controller(TaskAware(ctx), ctx.controller)
-    ctl.declare(Intent("a2a", "t", tuple(range(0, 128, 16)),
-                       (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
+    ctl.declare(Intent("ring", "t", tuple(range(0, 128, 16)),
+                       (CommCall("allreduce", 64 << 20, 1000.0, 0),)))
     ctl.plan()
     assert max(len(s.paths) for s in ctl._installed.values()) > 1
     before = dict(ctl._installed)

@@ -86,15 +86,17 @@ def test_hot_link_reroutes_a_tenant_job(client: httpx.Client) -> None:
     before = _planned_paths(c, "acme-ring", ACME)
     assert set(before) == {"acme-ring:0->64", "acme-ring:64->0"}
     fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
-    # a fabric (leaf -> spine) link that one of gpu0 -> gpu64's 4 QPs crosses
+    # a ring's one peer gets controller.parts = 16 QPs: on the default fabric's 8 spines two
+    # per spine, 8 paths of 50 Gb/s each; a fabric (leaf -> spine) link one of them crosses
+    assert len(before["acme-ring:0->64"]) == 8
     hot = next(lk for p in before["acme-ring:0->64"] for lk in p
                if fabric[lk]["kind"] == "fabric")
     reroutes = _metric(c.get("/metrics").text, "fabricpilot_reroutes_total")
     # the switch reports the link full (400 Gb/s for 1 ms = 50 MB) with a 2 MB queue. The
     # map's first sample of a link is taken as is: utilisation 1.0, i.e. 400 Gb/s where the
-    # plan put one of four QPs (100 Gb/s): 300 Gb/s the plan does not account for. Largest
-    # fabric utilisation 1.0 now; with the QP on another spine 300 / 400 = 0.75, below
-    # (1 - replan_gain) * 1.0 = 0.9, so the control period re-plans.
+    # plan put one path (50 Gb/s): 350 Gb/s the plan does not account for. Largest fabric
+    # utilisation 1.0 now; with the path's QPs on other spines 350 / 400 = 0.875, below
+    # (1 - replan_gain) * 1.0 = 0.9, so the control period re-plans: 7 paths left.
     delta = {"link_id": hot, "interval_ns": 1_000_000, "tx_bytes": 50_000_000,
              "queue_bytes": 2_000_000}
     r = c.post("/api/v1/telemetry", json={"deltas": [delta]}, headers=_auth(OPS))
@@ -102,7 +104,7 @@ def test_hot_link_reroutes_a_tenant_job(client: httpx.Client) -> None:
     tick = c.post("/api/v1/control/tick", headers=_auth(OPS)).json()
     assert tick["replanned"]
     after = _planned_paths(c, "acme-ring", ACME)
-    assert len(after["acme-ring:0->64"]) == 4
+    assert len(after["acme-ring:0->64"]) == 7
     assert not any(hot in p for p in after["acme-ring:0->64"])
     assert after["acme-ring:64->0"] == before["acme-ring:64->0"]  # untouched
     cong = {x["link_id"]: x for x in c.get("/api/v1/congestion", headers=_auth(OPS)).json()}

@@ -77,17 +77,33 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, f
     return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
 
 
-def _one_qp(share: Any, parts: int) -> Any:
-    """Whether a GPU pair using ``share`` of its sender's NIC is planned as one QP (a
-    :attr:`Demand.whole` demand) rather than in ``parts`` QPs: when the sender has at least
-    ``parts`` peers in the call (``share <= 1 / parts``), its traffic is spread over that
-    many QPs already, and more QPs per peer only add DCQCN flows to every incast (more
-    queue at the receivers) and NIC state. ``share`` may be an array.
+# a GPU with at least this many peers in a call sends one QP to each (see pair_qps)
+WHOLE_PEERS = 4
 
-    >>> _one_qp(1.0, 4), _one_qp(1 / 23, 4), _one_qp(1 / 3, 4), _one_qp(0.25, 1)
-    (False, True, False, False)
+
+def pair_qps(share: Any, parts: int) -> Any:
+    """The QPs (plan parts) of a GPU pair using ``share`` of its sender's NIC in a call. A
+    GPU with at least ``min(parts, WHOLE_PEERS)`` peers (4) sends one QP to each, as in an
+    AlltoAll: its traffic is spread over that many QPs already, each at most a quarter of
+    the NIC, which the planner packs within about 1 % of the LP optimum, and more QPs per
+    peer would only add DCQCN flows to every incast (more queue at the receivers) and NIC
+    state. A GPU with fewer peers spreads its traffic over at
+    least ``parts`` QPs (``parts * share`` for this peer, rounded up to a divisor of
+    ``parts``: a plan splits every pair into ``parts`` equal slots): a ring's one peer gets
+    them all, so that its NIC's worth of traffic can be spread over as many paths as a
+    perfectly balanced plan would use. ``share`` may be an array.
+
+    >>> [int(pair_qps(1 / peers, 16)) for peers in (1, 2, 3, 4, 7, 255)]
+    [16, 8, 8, 1, 1, 1]
+    >>> pair_qps(np.array([1.0, 0.5, 1 / 3, 0.25]), 4).tolist()
+    [4, 2, 2, 1]
+    >>> pair_qps(np.array([1.0, 0.5]), 2).tolist()
+    [2, 1]
     """
-    return (share * parts <= 1.0 + 1e-9) & (parts > 1)
+    divisors = np.array([q for q in range(1, parts + 1) if parts % q == 0], np.int64)
+    share = np.asarray(share, np.float64)
+    at = np.minimum(np.searchsorted(divisors, share * parts - 1e-9), len(divisors) - 1)
+    return np.where(share * min(parts, WHOLE_PEERS) <= 1.0 + 1e-9, 1, divisors[at])
 
 
 class _Made(NamedTuple):
@@ -1037,7 +1053,8 @@ class Controller:
                     else:
                         nic = nic_fixed
                     rate = nic * share * cap
-                    whole = _one_qp(share, parts)
+                    qps = int(pair_qps(share, parts))
+                    whole = qps == 1
                     prev = pending.get(key)
                     pp = prio
                     if prev is not None:  # the same pair in several calls: its largest
@@ -1078,9 +1095,9 @@ class Controller:
                             mids = self._scoped(mids, up, down, lv)
                         if mids:  # (the checked constructor raises on a bad rate)
                             pending[key] = (
-                                _demand(key, rate, mids, heat, head, tail, whole, pp)
+                                _demand(key, rate, mids, heat, head, tail, whole, pp, qps)
                                 if rate >= 0 else
-                                Demand(key, rate, mids, heat, head, tail, whole, pp))
+                                Demand(key, rate, mids, heat, head, tail, whole, pp, qps))
                             endpoints[key] = (a, b)
                             continue
                     elif common and not avoid:  # (none in common: no combination)
@@ -1090,7 +1107,7 @@ class Controller:
                             mids = self._scoped(mids, up, down, lv)
                             if mids:
                                 pending[key] = Demand(key, rate, mids, heat, (up,),
-                                                      (down,), whole, pp)
+                                                      (down,), whole, pp, qps)
                                 endpoints[key] = (a, b)
                                 continue
                     cands = self.candidates(a, b)
@@ -1116,7 +1133,7 @@ class Controller:
                             f"from gpu{a} to gpu{b} within {_SCOPE[lv]}")
                         break
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
-                                          priority=pp)
+                                          priority=pp, parts=qps)
                     endpoints[key] = (a, b)
             unmet, cut = self.sla_unmet.get(task), self.partitioned.get(task)
             only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
@@ -1215,21 +1232,24 @@ class Controller:
             nic = g_nic[a]
         share = np.array(share_l, np.float64)
         rates = nic * share * rate_cap
-        whole = _one_qp(share, self.parts)
+        qps = pair_qps(share, self.parts)
         idx = np.flatnonzero(fast)
         has = np.array([bool(m) for m in mids_of], np.bool_)[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         idx, inv = idx[ok], inv.ravel()[ok]
         fa, fb = a[idx].tolist(), b[idx].tolist()
-        w_idx = whole[idx]
-        wholes = (itertools.repeat(bool(w_idx[0])) if len(w_idx) and (w_idx == w_idx[0]).all()
-                  else w_idx.tolist())  # (one value for a call's pairs, as a rule)
+        q_idx = qps[idx]
+        if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
+            q_list = itertools.repeat(int(q_idx[0]))  # rule)
+            wholes = itertools.repeat(bool(q_idx[0] == 1))
+        else:
+            q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
         keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
         for i, d in zip(idx.tolist(), map(_demand, keys, rates[idx].tolist(),
                                           map(mids_of.__getitem__, inv.tolist()),
                                           itertools.repeat(heat), map(heads.__getitem__, fa),
                                           map(tails.__getitem__, fb), wholes,
-                                          itertools.repeat(priority)),
+                                          itertools.repeat(priority), q_list),
                         strict=False):
             out[i] = d
         return out

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ControllerParams:
-    """How the controller runs: control-channel latency of rule updates, QPs (plan parts)
-    per planned connection (one, for a GPU with at least ``parts`` peers in the call, as in
-    an AlltoAll: its traffic is spread over that many QPs already), the rules one switch
-    holds, how often it re-plans from telemetry
+    """How the controller runs: control-channel latency of rule updates, the QPs (plan
+    parts) a GPU spreads its traffic in a call over, at least (``parts``, a pair's share of
+    them as :func:`~fabricpilot.controller.core.pair_qps` gives: all of them for a ring's
+    one peer, one per peer for a GPU with at least ``parts`` peers, as in an AlltoAll), the
+    rules one switch holds, how often it re-plans from telemetry
     and by how much a re-plan must lower a job's bottleneck to be installed (hysteresis), the
     buffer occupancy that trips the pressure fuse, the rate cap of L3 traffic while L1/L2
     jobs share the fabric, how many source ports it tries per QP when steering, and how it
@@ -32,7 +33,7 @@ class ControllerParams:
     (0, the default: none)."""
 
     control_latency_ns: int = 10_000
-    parts: int = 4
+    parts: int = 16
     switch_rule_capacity: int = 4096
     replan_interval_ns: float = 200_000
     replan_gain: float = 0.1

@@ -1446,12 +1446,15 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     links of the column of each of its parts (a path is its fixed links and its column's,
     as a set)."""
     n, split = choice.shape
-    cols = (com.g_col0[com.grp][:, None] + choice).reshape(-1)
+    # the column of each run of equal slots in a row (a part's slots, or a whole demand's)
+    run = np.ones(choice.shape, np.bool_)
+    run[:, 1:] = choice[:, 1:] != choice[:, :-1]
+    cols = (com.g_col0[com.grp][:, None] + choice)[run]
     c_len = com.c_ptr[cols + 1] - com.c_ptr[cols]
     rows = np.concatenate((com.fix_idx, com.c_idx[_ranges(com.c_ptr[cols], c_len)]))
     ids = np.arange(n, dtype=np.int64)
     owner = np.concatenate((np.repeat(ids, np.diff(com.fix_ptr)),
-                            np.repeat(np.repeat(ids, split), c_len)))
+                            np.repeat(np.repeat(ids, run.sum(axis=1)), c_len)))
     return KeyLinks([d.key for d in com.demands], com.links[rows], owner)
 
 

@@ -983,6 +983,7 @@ class Controller:
         nic_rate = self._nic_cache
         avoid = frozenset(self.down | self.degraded)
         parts = self.parts
+        qps_of: dict[float, int] = {}  # a pair's share of its NIC -> its QPs
         made_before = self._made
         for intent in opted:
             self._check()
@@ -1053,7 +1054,9 @@ class Controller:
                     else:
                         nic = nic_fixed
                     rate = nic * share * cap
-                    qps = int(pair_qps(share, parts))
+                    qps = qps_of.get(share)
+                    if qps is None:  # (a call's pairs share a few shares: one each)
+                        qps = qps_of[share] = int(pair_qps(share, parts))
                     whole = qps == 1
                     prev = pending.get(key)
                     pp = prio

@@ -1445,7 +1445,7 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     """The links of every demand's paths under ``choice``: its fixed links once, and the
     links of the column of each of its parts (a path is its fixed links and its column's,
     as a set)."""
-    n, split = choice.shape
+    n = choice.shape[0]
     # the column of each run of equal slots in a row (a part's slots, or a whole demand's)
     run = np.ones(choice.shape, np.bool_)
     run[:, 1:] = choice[:, 1:] != choice[:, :-1]

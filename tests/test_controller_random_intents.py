@@ -147,7 +147,7 @@ def planned(seed: int, rng: np.random.Generator,
     kind, params = FABRICS[seed % len(FABRICS)]
     ct = compile_topology(build_topology(kind, **params))
     dp = RecordingDataPlane(fabric_view(PolicyContext(ct, seed, 600)))
-    ctl = Controller(dp, ControllerParams(parts=int(rng.integers(1, 5))))
+    ctl = Controller(dp, ControllerParams(parts=int(rng.choice([1, 2, 3, 4, 6, 16]))))
     intents = random_intents(rng, dp.view)
     for intent in intents:
         ctl.declare(intent)

@@ -1779,7 +1779,7 @@ def test_the_plan_s_records_follow_its_sets_through_many_faults(
     assert _fault_run(SEED_JOINED, monkeypatch) > 0
 
 
-SEED_JOINED = 24  # (a run in which a share joins a dead share not moved yet)
+SEED_JOINED = 108  # (a run in which a share joins a dead share not moved yet)
 
 
 def test_a_plan_s_lambda_is_that_of_the_fabric_links_as_after_a_heal() -> None:

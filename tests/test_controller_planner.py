@@ -258,7 +258,7 @@ def reference_plan_greedy(demands: list[Demand], capacity: dict[int, float], *,
         return set(np.flatnonzero(util >= util.max() - 1e-9).tolist())
 
     moves, current = 0, score(load)
-    max_moves = 10_000 if len(demands) * split <= 2_000 else 0
+    max_moves = 10_000 if sum(1 if d.whole else split for d in demands) <= 2_000 else 0
     budget = PAIR_BUDGET
     while moves < max_moves:
         # single moves off the links at lambda, then (none lower) pairs: a part at lambda

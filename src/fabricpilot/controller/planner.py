@@ -871,7 +871,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     lg_ptr, lg_idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
                                   len(com.links))
     if max_moves is None:
-        max_moves = 10_000 if n * split <= 2_000 else 0
+        max_moves = 10_000 if int(nparts.sum()) <= 2_000 else 0
     no_limit = np.full(len(com.links), np.inf)
     prio = com.priority
     multi = bool(n) and bool((prio != prio[0]).any())

@@ -779,13 +779,13 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 sweeps: int = 2, max_moves: int | None = None,
                 aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
                 stop: NDArray[np.bool_] | None = None) -> Plan:
-    """Place every demand (in ``split`` equal parts) on its candidates, heaviest first, each
-    part on the candidate whose most loaded link stays lowest (counting only the links that
-    differ between its candidates; ties by the sum of squared utilisations); then ``sweeps``
-    rounds that take every part out and put it back on its best candidate given all the
-    others (stopping early once a round moves nothing; as many as fit in 32 M link loads
-    scored, none on instances with more parts and candidates, where the parts are small
-    against the links); then, on instances of at most
+    """Place every demand (in ``split`` equal parts, or its own ``parts``) on its candidates,
+    heaviest first, each part on the candidate whose most loaded link stays lowest
+    (counting only the links that differ between its candidates; ties by the sum of
+    squared utilisations); then ``sweeps`` rounds that take every part out and put it back
+    on its best candidate given all the others (stopping early once a round moves nothing;
+    as many as fit in 32 M link loads scored, none on instances with more parts and
+    candidates, where the parts are small against the links); then, on instances of at most
     2 000 parts (or ``max_moves`` if given), a local search that moves parts off the links at
     ``lambda`` while that lowers ``lambda``, or the number of links at it, or the sum of
     squared utilisations: a part at a time or, when no single part can, two (one off a link

@@ -1015,11 +1015,8 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
             if rnd > 0:
                 d_seen[d] = moves
             k_c = g_ncand[g]
-            col0 = g_col0[g]
-            n_parts = nparts[d]
-            blk = split // n_parts  # (slots per part)
-            part = rate[d] / n_parts
-            f0, f1 = fix_ptr[d], fix_ptr[d + 1]
+            n_parts, blk, part, col0, f0, f1 = _parts_of(d, nparts, split, rate, grp, g_col0,
+                                                         fix_ptr)
             cached = False  # c_mx / c_sq hold this demand's costs but for columns a and b
             dirty_a = -1
             dirty_b = -1
@@ -1269,6 +1266,16 @@ def _lower(a: tuple[float, int, float], b: tuple[float, int, float]) -> bool:
 
 
 @numba.njit(cache=True, nogil=True)
+def _parts_of(d: int, nparts: NDArray[np.int64], split: int, rate: NDArray[np.float64],
+              grp: NDArray[np.int64], g_col0: NDArray[np.int64], fix_ptr: NDArray[np.int64],
+              ) -> tuple[int, int, float, int, int, int]:
+    """Demand ``d``'s parts: how many, the slots per part, a part's rate, its group's first
+    column and the range of its fixed links."""
+    n = nparts[d]
+    return n, split // n, rate[d] / n, g_col0[grp[d]], fix_ptr[d], fix_ptr[d + 1]
+
+
+@numba.njit(cache=True, nogil=True)
 def _take(choice: NDArray[np.int64], d: int, k: int, c: int, n_parts: int) -> None:
     """Demand ``d``'s part ``k`` of ``n_parts`` (its slots) to candidate ``c``."""
     blk = choice.shape[1] // n_parts
@@ -1291,16 +1298,12 @@ def _second_move(trial: NDArray[np.float64], trial2: NDArray[np.float64],
     scores lower than ``best``: ``(demand, part, candidate, score)`` with the load in
     ``trial2``; demand -1 if none (or ``budget[0]`` trial link loads ran out: then -2)."""
     n_links = trial.shape[0]
-    d_parts = nparts[d]
     for d2 in order:
-        n2 = nparts[d2]
-        blk2 = split // n2
-        part2 = rate[d2] / n2
-        col2 = g_col0[grp[d2]]
-        e0, e1 = fix_ptr[d2], fix_ptr[d2 + 1]
+        n2, blk2, part2, col2, e0, e1 = _parts_of(d2, nparts, split, rate, grp, g_col0,
+                                                  fix_ptr)
         for k2 in range(n2):
-            if d2 == d and (k2 == k or d_parts == 1):
-                continue  # (the part moved; a whole demand is one)
+            if d2 == d and k2 == k:
+                continue  # (the part moved)
             cur2 = choice[d2, k2 * blk2]
             b0, b1 = c_ptr[col2 + cur2], c_ptr[col2 + cur2 + 1]
             if not _crosses(top, e0, e1, fix_idx, b0, b1, c_idx):
@@ -1358,11 +1361,8 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
         improved = False
         for phase in range(2):  # single moves, then (none lower) pairs
             for d in order:
-                n_parts = nparts[d]
-                blk = split // n_parts
-                part = rate[d] / n_parts
-                col0 = g_col0[grp[d]]
-                f0, f1 = fix_ptr[d], fix_ptr[d + 1]
+                n_parts, blk, part, col0, f0, f1 = _parts_of(d, nparts, split, rate, grp,
+                                                             g_col0, fix_ptr)
                 for k in range(n_parts):
                     if phase == 1 and k > 0 and choice[d, k * blk] == choice[d, (k - 1) * blk]:
                         continue  # (the same part again: its pairs were tried)

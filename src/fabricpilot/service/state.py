@@ -627,13 +627,14 @@ class FabricService:
     def _job_dict(self, intent: Intent) -> dict[str, Any]:
         d = intent_to_dict(intent)
         tid = intent.task_id
+        sets = self.dp.by_task.get(tid, {})  # (installed: what its senders are held to)
         d.update(
             sla_level=intent.strictest_level,
             sla_met=tid not in self.controller.sla_unmet and tid not in
             self.controller.partitioned,
             sla_problem=self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid),
-            rate_capped=tid in self.controller.capped_tasks,
-            path_sets=len(self.dp.by_task.get(tid, {})),
+            rate_capped=any(math.isfinite(ps.rate_cap_gbps) for ps in sets.values()),
+            path_sets=len(sets),
             planned=self._changed_at.get(tid, 0) <= self._planned_upto,
             busbw_GBps=self.busbw_GBps.get(tid),
             last_collective_us=self.collective_us.get(tid),

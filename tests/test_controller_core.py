@@ -617,6 +617,40 @@ def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
         assert all(len(p) == 2 for p in r.paths)
 
 
+def test_a_plan_under_way_shows_the_last_verdicts_not_half_made_ones() -> None:
+    # the service reads sla_unmet while the controller plans (another thread): at every
+    # point a plan checks for interruption (once per job, as it makes their demands), the
+    # verdicts are those of the last plan; once made, the new ones replace them whole
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    ctl.declare(Intent("far", "t", (0, 2), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    ctl.declare(Intent("near", "t", (0, 1), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    ctl.plan()
+    last = dict(ctl.sla_unmet)
+    assert set(last) == {"far"}
+    seen: list[dict[str, str]] = []
+    check = ctl._check
+
+    def watching() -> None:
+        seen.append(dict(ctl.sla_unmet))
+        check()
+
+    ctl._check = watching  # type: ignore[method-assign]
+    # "far" now fits in one switch; "near2" cannot (L1 across leaves)
+    ctl.declare(Intent("far", "t", (2, 3), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    ctl.declare(Intent("near2", "t", (1, 3), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    ctl.plan()
+    assert len(seen) >= 3 and all(s == last for s in seen[:3])  # (one check per job)
+    assert set(ctl.sla_unmet) == {"near2"}
+    # one job planned by itself: the same
+    last = dict(ctl.sla_unmet)
+    seen.clear()
+    ctl.declare(Intent("near2", "t", (0, 1), (CommCall("allreduce", 1 << 16, 30.0, 0),)))
+    assert ctl.plan_jobs({"near2"}) is not None
+    assert seen and seen[0] == last
+    assert ctl.sla_unmet == {}
+
+
 def test_the_pressure_fuse_steers_new_transfers_to_the_second_best_path() -> None:
     from fabricpilot.balancing import PolicyContext, TransferBatch, make_policy
     from fabricpilot.balancing.base import LinkTelemetry

@@ -965,16 +965,20 @@ class Controller:
         all_l3 = (i.task_id for i in opted if all(c.level == "L3" for c in i.calls))
         self._capped_tasks = frozenset(all_l3) if strict else frozenset()
         # (both are found again below: a job is cut off only while its links are down)
+        # (the verdicts are made apart and published at the end: a reader meanwhile, as the
+        # service's API, sees those of the last plan, not a half-made set)
+        sla_unmet: dict[str, str]
+        partitioned: dict[str, str]
         if only is None:
-            self.sla_unmet = {}
-            self.partitioned = {}
+            sla_unmet, partitioned = {}, {}
             self._capped_keys = {}
         else:
             opted = [i for i in opted if i.task_id in only]
             self._capped_keys = dict(self._capped_keys)
+            sla_unmet, partitioned = dict(self.sla_unmet), dict(self.partitioned)
             for task in only:
-                self.sla_unmet.pop(task, None)
-                self.partitioned.pop(task, None)
+                sla_unmet.pop(task, None)
+                partitioned.pop(task, None)
                 self._capped_keys.pop(task, None)
         endpoints = self._endpoints
         ends_out, ends_in = self._ends_out, self._ends_in
@@ -997,9 +1001,9 @@ class Controller:
                 if only_l3:
                     self._capped_keys[task] = only_l3
                 if unmet is not None:
-                    self.sla_unmet[task] = unmet
+                    sla_unmet[task] = unmet
                 if cut is not None:
-                    self.partitioned[task] = cut
+                    partitioned[task] = cut
                 if unmet is None and cut is None:
                     out.update(pending)
                 continue
@@ -1122,23 +1126,23 @@ class Controller:
                                            in self._combos(na, nb, mice=True) for m in mids)
                         live = [p for p in cands if avoid.isdisjoint(p)]
                         if cands and all(not self.down.isdisjoint(p) for p in cands):
-                            self.partitioned[task] = (
+                            partitioned[task] = (
                                 f"gpu{a} -> gpu{b}: every path crosses a link that is down")
                         cands = live or [p for p in cands if self.down.isdisjoint(p)]
                     if lv != "L3":
                         cands = [p for p in cands
                                  if in_scope(self.view, self._path_nodes(p), lv)]
-                    if not cands and task in self.partitioned:
+                    if not cands and task in partitioned:
                         break
                     if not cands:
-                        self.sla_unmet[task] = (
+                        sla_unmet[task] = (
                             f"{call.pattern} at {call.sla_us:g} us ({lv}): no path "
                             f"from gpu{a} to gpu{b} within {_SCOPE[lv]}")
                         break
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
                                           priority=pp, parts=qps)
                     endpoints[key] = (a, b)
-            unmet, cut = self.sla_unmet.get(task), self.partitioned.get(task)
+            unmet, cut = sla_unmet.get(task), partitioned.get(task)
             only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
             if only_l3:
                 self._capped_keys[task] = only_l3
@@ -1147,6 +1151,7 @@ class Controller:
                                       only_l3)
             if unmet is None and cut is None:
                 out.update(pending)
+        self.sla_unmet, self.partitioned = sla_unmet, partitioned
         if only is None:
             self._demand = dict(out)
         else:

@@ -628,11 +628,12 @@ class FabricService:
         d = intent_to_dict(intent)
         tid = intent.task_id
         sets = self.dp.by_task.get(tid, {})  # (installed: what its senders are held to)
+        # (each published whole by the controller: read once, one plan's)
+        problem = self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid)
         d.update(
             sla_level=intent.strictest_level,
-            sla_met=tid not in self.controller.sla_unmet and tid not in
-            self.controller.partitioned,
-            sla_problem=self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid),
+            sla_met=problem is None,
+            sla_problem=problem,
             rate_capped=any(math.isfinite(ps.rate_cap_gbps) for ps in sets.values()),
             path_sets=len(sets),
             planned=self._changed_at.get(tid, 0) <= self._planned_upto,

@@ -168,6 +168,16 @@ def test_an_l3_job_beside_an_l2_one_is_shown_capped(client: httpx.Client) -> Non
     assert [p["rate_cap_gbps"] for p in pairs] == [320.0, 320.0]
     globex = c.get("/api/v1/jobs/globex-l2", headers=_auth(GLOBEX)).json()
     assert globex["sla_met"] and not globex["rate_capped"]
+    # an L3 job within one host sends over NVLink, not its NICs: nothing to hold it to
+    assert c.post("/api/v1/jobs", json=_job("acme-host", [2, 3]),
+                  headers=_auth(ACME)).status_code == 201
+    nv = _planned_paths(c, "acme-host", ACME)
+    links = c.get("/api/v1/fabric", headers=_auth(ACME)).json()["links"]
+    kind = {li["id"]: li["kind"] for li in links}
+    assert {kind[p[0]] for paths in nv.values() for p in paths} == {"nvlink"}
+    pairs = c.get("/api/v1/jobs/acme-host/paths", headers=_auth(ACME)).json()["pairs"]
+    assert [p["rate_cap_gbps"] for p in pairs] == [None, None]
+    assert not c.get("/api/v1/jobs/acme-host", headers=_auth(ACME)).json()["rate_capped"]
 
 
 def test_auth_and_tenancy(client: httpx.Client) -> None:

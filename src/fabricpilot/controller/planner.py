@@ -791,10 +791,10 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     squared utilisations: a part at a time or, when no single part can, two (one off a link
     at ``lambda``, another off a link the first move took to the top; bin packing of whole
     demands often needs that: 300 + 200 + 200 | 300 + 200 becomes 300 + 300 | 200 + 200 + 200).
-    Where the local search runs and ``lambda`` is above what the demands' fixed links force,
-    the whole of it runs again from up to ``restarts`` shuffled orders (default 8; in all at
-    most 1 000 parts re-placed: fewer on larger instances, none above 1 000 parts), and a
-    plan of lower ``lambda`` replaces the first (:func:`_restarts`).
+    Where the local search runs, the demands have one priority and ``lambda`` is above what
+    their fixed links force, the whole of it runs again from up to ``restarts`` shuffled
+    orders (default 8; in all at most 1 000 parts re-placed: fewer on larger instances, none
+    above 1 000 parts), and a plan of lower ``lambda`` replaces the first (:func:`_restarts`).
 
     Demands whose candidates differ only by links common to all of them (a GPU pair's NIC
     links) are planned as one commodity (``aggregate``): its candidate structure is stored

@@ -890,10 +890,8 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         sub = order[prio[order] == tier] if multi else order
         limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
         before = load.copy() if multi else load
-        got = _place(sub, com.grp, com.rate, nparts, com.fix_ptr, com.fix_idx, com.g_col0,
-                     com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                     _sweeps_within(com, sub, nparts, sweeps), lg_ptr, lg_idx, stop, limit,
-                     i > 0)
+        got = _place_in(com, sub, nparts, load, split, _sweeps_within(com, sub, nparts, sweeps),
+                        lg_ptr, lg_idx, stop, limit, i > 0)
         choice[sub] = got[sub]
         if int(choice[sub].min()) < 0:  # (stopped part way: parts left unplaced)
             checkpoint()
@@ -925,6 +923,16 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                             com.head1, com.tail1, choice, tuple(_shares(split)), rank,
                             com.rate, com.weight)
     return plan
+
+
+def _place_in(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[np.int64],
+              load: NDArray[np.float64], split: int, sweeps: int, lg_ptr: NDArray[np.int64],
+              lg_idx: NDArray[np.int64], stop: NDArray[np.bool_], limit: NDArray[np.float64],
+              protect: bool) -> NDArray[np.int64]:
+    """:func:`_place` of the demands ``order`` of ``com`` (``load`` updated in place)."""
+    return _place(order, com.grp, com.rate, nparts, com.fix_ptr, com.fix_idx, com.g_col0,
+                  com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
+                  sweeps, lg_ptr, lg_idx, stop, limit, protect)
 
 
 def _fixed_lambda(com: _Commodities) -> float:
@@ -963,15 +971,14 @@ def _restarts(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[np.in
     bound = _fixed_lambda(com)
     if lam <= bound + 1e-9:
         return first
-    rounds = 1 + _sweeps_within(com, order, nparts, sweeps)
+    rounds = _sweeps_within(com, order, nparts, sweeps)
     rng = np.random.default_rng(0)
     for _ in range(min(restarts, _RESTART_PARTS // max(int(nparts[order].sum()), 1))):
         checkpoint()
         shuffled = rng.permutation(order)
         load_r = com.bg.copy()
-        got = _place(shuffled, com.grp, com.rate, nparts, com.fix_ptr, com.fix_idx,
-                     com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap,
-                     load_r, split, rounds - 1, lg_ptr, lg_idx, stop, no_limit, False)
+        got = _place_in(com, shuffled, nparts, load_r, split, rounds, lg_ptr, lg_idx, stop,
+                        no_limit, False)
         if int(got.min()) < 0:  # (stopped part way)
             checkpoint()
             raise PlanStopped("the placement was stopped")

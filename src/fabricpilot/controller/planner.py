@@ -793,7 +793,7 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     demands often needs that: 300 + 200 + 200 | 300 + 200 becomes 300 + 300 | 200 + 200 + 200).
     Where the local search runs, the demands have one priority and ``lambda`` is above what
     their fixed links force, the whole of it runs again from up to ``restarts`` shuffled
-    orders (default 8; in all at most 1 000 parts re-placed: fewer on larger instances, none
+    orders (default 32; in all at most 1 000 parts re-placed: fewer on larger instances, none
     above 1 000 parts), and a plan of lower ``lambda`` replaces the first (:func:`_restarts`).
 
     Demands whose candidates differ only by links common to all of them (a GPU pair's NIC
@@ -1547,7 +1547,7 @@ _PAIR_BUDGET = 5_000_000
 # _restarts), and the parts they may re-place in all: the local search of each costs about
 # as much as the first one's (a 2:1 fabric's 1 920 parts: 27 ms), so only small instances,
 # where parts are coarse against the links and packing them is what sets lambda, get them
-_RESTARTS = 8
+_RESTARTS = 32
 _RESTART_PARTS = 1_000
 
 _WARM: list[bool] = []

@@ -28,7 +28,7 @@ run: $(STAMP)
 
 test: $(TSTAMP) browser
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -n auto --dist worksteal
+	$(BIN)/pytest -n auto --maxprocesses 8 --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_benchmarks.py

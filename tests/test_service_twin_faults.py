@@ -209,3 +209,43 @@ def test_a_port_down_and_back_between_two_reads_is_still_reported() -> None:
     twin.on_links_changed(0.0, [], [9])
     assert report() == {9: True}
     assert report() == {}
+
+
+def test_a_drill_asked_for_between_two_runs_waits_for_the_next() -> None:
+    """Between two runs of the scenario (no engine running) a drill waits for the next run
+    to start and plays in it, instead of failing; with no run to come (the twin stopped)
+    it fails at once with a one-line error."""
+    import threading
+    import time
+
+    import pytest
+
+    from fabricpilot.runner import prepare
+    from fabricpilot.service.twin_process import host_twin
+
+    path = default_scenario_path()
+    runner = host_twin(prepare(load_scenario(path), str(path)), time_scale=1.0).runner
+    drill = [{"kind": "link_down", "link": "leaf2-spine3", "at_ns": 0, "until_ns": "1ms"}]
+    with pytest.raises(ValueError, match="between two runs of its scenario"):
+        runner.inject(drill)  # (never started: nothing to wait for)
+    runner.start()
+    try:
+        wait_until(lambda: runner._running, 60, 0.005)
+        got: list[Any] = []
+        with runner.lock:  # as between two runs: no run going, the lock free
+            runner._running = False
+        asker = threading.Thread(target=lambda: got.append(runner.inject(drill)))
+        asker.start()
+        time.sleep(0.2)
+        assert not got and asker.is_alive()  # (waiting)
+        with runner.lock:  # the next run starts
+            runner._running = True
+            eng = runner._engine
+        asker.join(10)
+        assert len(got) == 1 and got[0][0]["label"].startswith("link leaf2<->spine3 down")
+        assert eng is not None and any(r.label == got[0][0]["label"]
+                                       for r in eng.fault_records)
+    finally:
+        runner.stop()
+    with pytest.raises(ValueError, match="between two runs of its scenario"):
+        runner.inject(drill)

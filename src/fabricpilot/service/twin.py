@@ -150,6 +150,10 @@ TWIN_STATUS_KEYS = ("running", "runs", "error", "fabric_time_ms", "time_scale", 
 # a twin behind its schedule lets go of the service's lock this often, this long
 YIELD_EVERY_S = 0.02
 YIELD_FOR_S = 0.001
+# a fault drill asked for between two runs of the scenario waits this long (wall time) for
+# the next run to start (building a run takes milliseconds; a scenario without jobs waits a
+# second between runs)
+DRILL_WAIT_S = 2.0
 
 
 class PacedTwin(TaskAware):
@@ -292,23 +296,29 @@ class TwinRunner:
         runs of the scenario (which start with every link up) for what is left of it
         (:func:`~fabricpilot.faults.remaining_events`): an event with an end lasts until
         then, one not started yet starts when due, and an open-ended one lasts to the end
-        of the run it started in. Returns each fault's id (in the run) and label.
+        of the run it started in. Returns each fault's id (in the run) and label. Between
+        two runs it waits up to :data:`DRILL_WAIT_S` for the next one to start.
         ``ValueError``, one line naming the event's field, for a bad event, and when no run
-        is going."""
+        is going by then."""
         try:
             spec = fault_events(events, "fault drill")
             drill = resolve_faults(spec, self.prep.topology, self.prep.seed,
                                    source="fault drill")
         except ScenarioError as err:
             raise ValueError(str(err)) from None
-        with self.lock:
-            eng = self._engine
-            if eng is None or not self._running:
-                raise ValueError("the twin is between two runs of its scenario: try again")
-            ids = eng.inject_faults(drill)
-            self._drills.append((self.twin.offset_ns + eng.now, list(spec.events)))
-            return [{"id": i, "label": info.label, "at_ms": round(eng.now * 1e-6, 6)}
-                    for i, info in zip(ids, drill.faults, strict=True)]
+        deadline = time.monotonic() + DRILL_WAIT_S
+        while True:
+            with self.lock:
+                eng = self._engine
+                if eng is not None and self._running:
+                    ids = eng.inject_faults(drill)
+                    self._drills.append((self.twin.offset_ns + eng.now, list(spec.events)))
+                    return [{"id": i, "label": info.label, "at_ms": round(eng.now * 1e-6, 6)}
+                            for i, info in zip(ids, drill.faults, strict=True)]
+                if (self._stop.is_set() or not self.alive
+                        or time.monotonic() >= deadline):
+                    raise ValueError("the twin is between two runs of its scenario: try again")
+            time.sleep(0.002)  # (the lock let go of: the next run may start)
 
     def _carried(self) -> FaultsSpec | None:
         """What is left of the drills at the start of a run (the twin's clock at

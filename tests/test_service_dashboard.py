@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import threading
@@ -62,10 +63,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tokens.add(OPS, Principal("ops", "operator"))
     app, _, _, _ = build(default_scenario(), "default", tmp_path_factory.mktemp("state"),
                          tokens=tokens, twin=True, time_scale=1e-3)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # (bound here: no other test
+    sock.bind(("127.0.0.1", 0))                                  # can take the port first)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="dashboard-uvicorn", daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 30
@@ -98,6 +101,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     finally:
         server.should_exit = True
         thread.join(20)
+        sock.close()
         assert not thread.is_alive(), "uvicorn did not shut down"
 
 

@@ -617,6 +617,19 @@ def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
         assert all(len(p) == 2 for p in r.paths)
 
 
+def test_an_unmet_scope_names_the_call_that_asks_for_it() -> None:
+    # one pair in a loose call (L3) and a strict one (L1): the pair keeps the strict
+    # call's scope, and the verdict quotes that call, not the loose one
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    # (a ring over gpu0, gpu1 on leaf0 and gpu2 on leaf1: 1 -> 2 leaves the switch)
+    ctl.declare(Intent("m", "t", (0, 1, 2), (CommCall("allreduce", 1 << 16, 5000.0, 0),
+                                             CommCall("allreduce", 1 << 16, 1.0, 0))))
+    ctl.plan()
+    assert ctl.sla_unmet["m"].startswith(
+        "allreduce at 1 us (L1): no path from gpu1 to gpu2 within one switch")
+
+
 def test_a_plan_under_way_shows_the_last_verdicts_not_half_made_ones() -> None:
     # the service reads sla_unmet while the controller plans (another thread): at every
     # point a plan checks for interruption (once per job, as it makes their demands), the

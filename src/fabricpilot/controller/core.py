@@ -36,7 +36,7 @@ from fabricpilot.controller.entropy import (
     steer,
 )
 from fabricpilot.controller.health import Debouncer, GrayDetector
-from fabricpilot.controller.intents import LEVELS, Intent
+from fabricpilot.controller.intents import LEVELS, CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.planner import (
     Columns,
@@ -1016,7 +1016,7 @@ class Controller:
             by_kind: tuple[set[str], set[str]] = (set(), set())  # (L3, L1/L2)
             # calls of several levels: the strictest first, and a pair keeps the scope of the
             # strictest call that uses it (whichever call's demand is the larger)
-            scope_of: dict[str, str] | None = None
+            scope_of: dict[str, CommCall] | None = None
             if len(levels) > 1:
                 calls = tuple(sorted(calls, key=lambda c: LEVELS.index(c.level)))
                 scope_of = {}
@@ -1050,7 +1050,9 @@ class Controller:
                     if a == b or na == nb:
                         continue
                     key = f"{task}:{a}->{b}"  # rule_key(task, a, b)
-                    lv = level if scope_of is None else scope_of.setdefault(key, level)
+                    # (the call whose scope the pair keeps: the one an unmet scope blames)
+                    scoped = call if scope_of is None else scope_of.setdefault(key, call)
+                    lv = scoped.level
                     if nic_fixed is None:
                         nic = nic_rate.get(a)
                         if nic is None:
@@ -1136,7 +1138,7 @@ class Controller:
                         break
                     if not cands:
                         sla_unmet[task] = (
-                            f"{call.pattern} at {call.sla_us:g} us ({lv}): no path "
+                            f"{scoped.pattern} at {scoped.sla_us:g} us ({lv}): no path "
                             f"from gpu{a} to gpu{b} within {_SCOPE[lv]}")
                         break
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,

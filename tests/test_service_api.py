@@ -266,8 +266,9 @@ def test_validation_and_limits(tmp_path: Path) -> None:
 
 
 def test_hostile_bodies_get_a_422_and_change_nothing(tmp_path: Path) -> None:
-    """Non-finite or huge numbers, booleans for numbers, bytes that are not UTF-8 and pairs
-    from a GPU to itself: each a 422 naming the field (never a 500), and the map as it was."""
+    """Non-finite or huge numbers, booleans or strings for numbers (in lists too), a string
+    for a port state, bytes that are not UTF-8, pairs from a GPU to itself or given twice:
+    each a 422 naming the field (never a 500), and the map as it was."""
     app, svc = _service(tmp_path)
     h = {**_auth(OPS), "content-type": "application/json"}
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -286,6 +287,19 @@ def test_hostile_bodies_get_a_422_and_change_nothing(tmp_path: Path) -> None:
             ("/api/v1/telemetry", b'{"deltas":[{"link_id":1,"interval_ns":1' + b"0" * 400
              + b'}]}', "body.deltas.0.interval_ns"),
             ("/api/v1/faults", b'{"kind":"down","link_id":Infinity}', "body.link_id"),
+            # strings and booleans are not read as numbers or states, in lists neither
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[true,1],"calls":[{"pattern":'
+                             b'"allreduce","size_bytes":1,"sla_us":5}]}', "body.gpus.0"),
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[0,1],"calls":[{"pattern":"allreduce",'
+                             b'"size_bytes":"1000","sla_us":5}]}', "body.calls.0.size_bytes"),
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[0,1],"opt_in":"yes","calls":[{'
+                             b'"pattern":"allreduce","size_bytes":1,"sla_us":5}]}',
+             "body.opt_in"),
+            ("/api/v1/telemetry", b'{"deltas":[{"link_id":1,"interval_ns":1000,'
+                                  b'"oper_up":"no"}]}', "body.deltas.0.oper_up"),
+            ("/api/v1/jobs", b'{"task_id":"a","gpus":[0,1],"calls":[{"pattern":"allreduce",'
+                             b'"size_bytes":1,"sla_us":5,"pairs":[[0,1],[1,0],[0,1]]}]}',
+             "body.calls.0.pairs"),
             ("/api/v1/jobs", b'{"task_id": "\xff"}', "body"),
         ]
         for url, body, loc in cases:

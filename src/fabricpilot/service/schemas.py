@@ -13,13 +13,14 @@ upper bounds so that one request cannot ask the controller for unbounded work.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
-    ValidationInfo,
+    StrictBool,
     field_validator,
     model_validator,
 )
@@ -40,20 +41,34 @@ MAX_INTERVAL_NS = 10**15  # a delta's interval, a call's period: at most ~11.6 d
 MAX_COUNTER = 1e21  # bytes, bits, events or ns in one delta (a 1.6 Pb/s port for a week)
 
 
+def _a_number(value: Any) -> Any:
+    """``value`` if JSON gave a number for it: a string or a boolean is refused, not read
+    as one (``"1000"`` is not a size, ``true`` not a GPU id).
+
+    >>> _a_number(2.0)
+    2.0
+    >>> _a_number(True)
+    Traceback (most recent call last):
+    ...
+    ValueError: expected a number, got a boolean (true)
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got a boolean ({str(value).lower()})")
+    if isinstance(value, str | bytes):
+        raise ValueError(f"expected a number, got a string ({value!r})")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_a_number)]  # (an integral float, as 1e9, is one)
+Float = Annotated[float, BeforeValidator(_a_number)]
+
+
 class _Strict(BaseModel):
-    """Unknown keys are refused, numbers must be finite and booleans are not numbers
-    (JSON ``true`` is not a size of 1)."""
+    """Unknown keys are refused, numbers must be finite and be numbers (:data:`Int`,
+    :data:`Float`, in lists too) and booleans booleans (``StrictBool``: ``"no"`` is not a
+    port state)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name is not None:
-            ann = cls.model_fields[info.field_name].annotation
-            if ann is not bool and bool not in get_args(ann):
-                raise ValueError(f"expected a number, got a boolean ({str(value).lower()})")
-        return value
 
 
 class CallIn(_Strict):
@@ -63,11 +78,12 @@ class CallIn(_Strict):
     from overloading their links where it can)."""
 
     pattern: Pattern
-    size_bytes: int = Field(gt=0, le=1 << 50)
-    sla_us: float = Field(gt=0, le=1e9)
-    period_ns: int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
-    priority: int = Field(default=0, ge=0, le=7)
-    pairs: list[tuple[int, int]] = Field(default_factory=list, max_length=MAX_PAIRS_PER_CALL)
+    size_bytes: Int = Field(gt=0, le=1 << 50)
+    sla_us: Float = Field(gt=0, le=1e9)
+    period_ns: Int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
+    priority: Int = Field(default=0, ge=0, le=7)
+    pairs: list[tuple[Int, Int]] = Field(default_factory=list,
+                                                     max_length=MAX_PAIRS_PER_CALL)
 
     @field_validator("pairs")
     @classmethod
@@ -75,6 +91,11 @@ class CallIn(_Strict):
         same = next((p for p in pairs if p[0] == p[1]), None)
         if same is not None:
             raise ValueError(f"a pair's two GPUs must differ, got {list(same)}")
+        seen: set[tuple[int, int]] = set()
+        for p in pairs:
+            if p in seen:
+                raise ValueError(f"pair {list(p)} is given more than once")
+            seen.add(p)
         return pairs
 
     @property
@@ -90,11 +111,11 @@ class IntentIn(_Strict):
     """A job's intent as declared (or replaced) through the API."""
 
     task_id: str = Field(pattern=TASK_ID_PATTERN)
-    gpus: list[int] = Field(min_length=1, max_length=MAX_GPUS_PER_JOB)
+    gpus: list[Int] = Field(min_length=1, max_length=MAX_GPUS_PER_JOB)
     calls: list[CallIn] = Field(min_length=1, max_length=MAX_CALLS_PER_JOB)
     tenant: str | None = Field(default=None, pattern=TASK_ID_PATTERN,
                                description="operators only: the tenant the job belongs to")
-    opt_in: bool = True
+    opt_in: StrictBool = True
 
     @field_validator("gpus")
     @classmethod
@@ -127,11 +148,11 @@ class AnnounceIn(_Strict):
     planned for it."""
 
     pattern: Pattern
-    size_bytes: int = Field(gt=0, le=1 << 50)
-    ranks: list[int] = Field(min_length=2, max_length=MAX_GPUS_PER_JOB)
-    sla_us: float | None = Field(default=None, gt=0, le=1e9)
-    period_ns: int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
-    bucket: int | None = Field(default=None, ge=0, le=1 << 31,
+    size_bytes: Int = Field(gt=0, le=1 << 50)
+    ranks: list[Int] = Field(min_length=2, max_length=MAX_GPUS_PER_JOB)
+    sla_us: Float | None = Field(default=None, gt=0, le=1e9)
+    period_ns: Int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
+    bucket: Int | None = Field(default=None, ge=0, le=1 << 31,
                                description="e.g. a DDP gradient bucket")
 
     @field_validator("ranks")
@@ -147,19 +168,19 @@ class AnnounceIn(_Strict):
 class PortDeltaIn(_Strict):
     """Counter deltas of one egress port over ``interval_ns``, as a switch reports them."""
 
-    link_id: int = Field(ge=0)
-    interval_ns: int = Field(gt=0, le=MAX_INTERVAL_NS)
-    tx_bytes: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    queue_bytes: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    drops: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    ecn_marks: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    pause_ns: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    fec_corrected: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    fec_uncorrected: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
-    rx_bits: float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    link_id: Int = Field(ge=0)
+    interval_ns: Int = Field(gt=0, le=MAX_INTERVAL_NS)
+    tx_bytes: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    queue_bytes: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    drops: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    ecn_marks: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    pause_ns: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    fec_corrected: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    fec_uncorrected: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
+    rx_bits: Float = Field(default=0.0, ge=0, le=MAX_COUNTER)
     # the port's operational state, if the switch reports it: a change is a link going
     # down or coming back
-    oper_up: bool | None = None
+    oper_up: StrictBool | None = None
 
 
 class TelemetryIn(_Strict):
@@ -187,7 +208,7 @@ class FaultIn(_Strict):
     ``up`` or is ``gray`` (it corrupts packets but stays up)."""
 
     kind: Literal["down", "up", "gray"]
-    link_id: int | None = Field(default=None, ge=0)
+    link_id: Int | None = Field(default=None, ge=0)
     endpoints: tuple[str, str] | None = None
     detail: str = Field(default="", max_length=1000)
 

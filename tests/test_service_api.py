@@ -371,6 +371,29 @@ def test_fault_heals_and_partitions(client: httpx.Client) -> None:
     assert not job["sla_met"] and "gpu0 -> gpu64" in job["sla_problem"]
 
 
+def test_a_verdict_is_given_once_a_plan_has_checked_the_intent(client: httpx.Client) -> None:
+    """A 1 us SLA between leaves (L1: one switch) cannot be met: the 201 does not say it
+    is met before a plan has checked it (``null``), the plan then says it is not; a job
+    that did not opt in is never checked (``null``, and no ``sla_met`` sample)."""
+    c = client
+    r = c.post("/api/v1/jobs", json=_job("acme-far", [0, 64], sla_us=1.0), headers=_auth(ACME))
+    assert r.status_code == 201, r.text
+    got = r.json()
+    assert got["sla_met"] is (None if not got["planned"] else False)
+    job = wait_until(lambda: (j := c.get("/api/v1/jobs/acme-far", headers=_auth(ACME)).json())
+                     ["planned"] and j)
+    assert job["sla_met"] is False
+    assert "(L1): no path from gpu0 to gpu64 within one switch" in job["sla_problem"]
+    body = {**_job("acme-off", [1, 65], sla_us=1.0), "opt_in": False}
+    assert c.post("/api/v1/jobs", json=body, headers=_auth(ACME)).status_code == 201
+    job = wait_until(lambda: (j := c.get("/api/v1/jobs/acme-off", headers=_auth(ACME)).json())
+                     ["planned"] and j)
+    assert job["sla_met"] is None and job["sla_problem"] is None and job["path_sets"] == 0
+    text = c.get("/metrics", headers=_auth(OPS)).text
+    assert 'fabricpilot_job_sla_met{job="acme-far"' in text
+    assert 'job="acme-off"' not in text
+
+
 def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
     """A fault reported while the control loop computes a whole plan: the plan gives way
     at its next check (nothing installed, its changes stay queued), the fault is healed at

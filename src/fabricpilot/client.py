@@ -296,7 +296,8 @@ class Client:
         """``POST /api/v1/jobs``: declare a job's intent (its GPU ids and the communication
         calls it makes); 409 if ``task_id`` exists (:meth:`update_job` replaces). ``tenant``:
         operators only (a tenant token declares for its own tenant). Returns the job:
-        ``task_id``, ``tenant``, ``gpus``, ``calls``, ``sla_level``, ``sla_met``,
+        ``task_id``, ``tenant``, ``gpus``, ``calls``, ``sla_level``, ``sla_met`` (``None``
+        until a plan has checked the intent, and for a job that did not opt in),
         ``path_sets``, ``planned``, ...
 
         >>> fp.declare_job("llm", [0, 1, 8, 9], [{"pattern": "allreduce",  # doctest: +SKIP
@@ -344,6 +345,7 @@ class Client:
         a DDP gradient bucket index). The service adds it to the job's intent (replacing an
         announced call of the same pattern over the same ranks), waits for the plan and
         answers with the decision: ``sla_us``, ``sla_level``, ``sla_met``, ``sla_problem``,
+        ``planned`` (``False``: the plan did not come in time, ``sla_met`` is ``None``),
         ``changed_intent`` and ``pairs`` -- one per GPU pair the pattern uses (a ring for
         allreduce: ``ranks[i] -> ranks[i + 1]``), each with ``src``, ``dst``, ``planned`` and
         ``paths`` (``links``, ``nodes``, ``share``, ``source_port``, ``pinned_rules``).

@@ -68,6 +68,8 @@ class ServiceCollector(Collector):
             for name, v in sorted(svc.busbw_GBps.items()):
                 busbw.add_metric([name], v)
             for tid, intent in sorted(ctl.intents.items()):
+                if not intent.opt_in:  # (not planned by the controller: never checked)
+                    continue
                 met = tid not in ctl.sla_unmet and tid not in ctl.partitioned
                 sla.add_metric([tid, intent.tenant, intent.strictest_level], 1.0 if met else 0.0)
             violations = len(set(ctl.sla_unmet) | set(ctl.partitioned))

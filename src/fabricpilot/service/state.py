@@ -628,15 +628,20 @@ class FabricService:
         d = intent_to_dict(intent)
         tid = intent.task_id
         sets = self.dp.by_task.get(tid, {})  # (installed: what its senders are held to)
-        # (each published whole by the controller: read once, one plan's)
-        problem = self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid)
+        planned = self._changed_at.get(tid, 0) <= self._planned_upto
+        # its verdict once a plan has checked this intent (not before it, nor ever for a
+        # job that did not opt in: ``null``); each published whole by the controller:
+        # read once, one plan's
+        checked = planned and intent.opt_in
+        problem = (self.controller.sla_unmet.get(tid) or self.controller.partitioned.get(tid)
+                   if checked else None)
         d.update(
             sla_level=intent.strictest_level,
-            sla_met=problem is None,
+            sla_met=problem is None if checked else None,
             sla_problem=problem,
             rate_capped=any(math.isfinite(ps.rate_cap_gbps) for ps in sets.values()),
             path_sets=len(sets),
-            planned=self._changed_at.get(tid, 0) <= self._planned_upto,
+            planned=planned,
             busbw_GBps=self.busbw_GBps.get(tid),
             last_collective_us=self.collective_us.get(tid),
         )
@@ -694,15 +699,18 @@ class FabricService:
                                 {"pattern": body.pattern, "size_bytes": body.size_bytes,
                                  "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket,
                                  "period_ns": body.period_ns})
-        self.wait_planned(epoch)
+        planned = self.wait_planned(epoch)
         keys = [rule_key(task_id, a, b) for a, b in pairs]
         table = self.dp.installed
         got = {k: table[k] for k in keys if k in table}
-        problem = self.controller.sla_unmet.get(task_id)
+        # (no verdict yet if the plan did not come in time, none ever for an opted-out job)
+        checked = planned and intent.opt_in
+        problem = self.controller.sla_unmet.get(task_id) if checked else None
         if problem:
             self.counters.sla_refused += 1
         return {"task_id": task_id, "pattern": body.pattern, "size_bytes": body.size_bytes,
-                "sla_us": sla, "sla_level": sla_level(sla), "sla_met": problem is None,
+                "sla_us": sla, "sla_level": sla_level(sla),
+                "sla_met": problem is None if checked else None, "planned": planned,
                 "sla_problem": problem, "changed_intent": not same,
                 "pairs": [self._pair_dict(k, got.get(k)) for k in keys]}
 

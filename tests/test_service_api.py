@@ -341,6 +341,41 @@ def test_announce_returns_the_ring_paths(client: httpx.Client) -> None:
     assert r.status_code == 422
 
 
+def test_a_tenant_reads_the_moved_pairs_of_its_own_jobs_only(client: httpx.Client) -> None:
+    c = client
+    c.post("/api/v1/jobs", json=_job("acme-f", [0, 64]), headers=_auth(ACME))
+    before = _planned_paths(c, "acme-f", ACME)
+    fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
+    dead = next(lk for p in before["acme-f:0->64"] for lk in p if fabric[lk]["kind"] == "fabric")
+    r = c.post("/api/v1/faults", headers=_auth(OPS), json={"kind": "down", "link_id": dead})
+    assert r.status_code == 201, r.text
+
+    def moved(token: str) -> list[str]:
+        events = c.get("/api/v1/events", headers=_auth(token)).json()
+        heals = [e for e in events if "keys" in e]
+        assert heals  # (each caller sees the heal)
+        return [k for e in heals for k in e["keys"]]
+
+    assert "acme-f:0->64" in moved(OPS) and "acme-f:0->64" in moved(ACME)
+    assert moved(GLOBEX) == []
+
+
+def test_an_operator_moves_a_job_to_another_tenant(client: httpx.Client) -> None:
+    c = client
+    assert c.post("/api/v1/jobs", json=_job("j", [0, 64]), headers=_auth(ACME)).status_code == 201
+    # (its GPUs are its own, not another tenant's: no conflict)
+    r = c.put("/api/v1/jobs/j", json={**_job("j", [0, 64]), "tenant": "globex"},
+              headers=_auth(OPS))
+    assert r.status_code == 200, r.text
+    assert r.json()["tenant"] == "globex"
+    # now globex's: acme may not use those GPUs, globex may
+    r = c.post("/api/v1/jobs", json=_job("a2", [0, 1]), headers=_auth(ACME))
+    assert r.status_code == 409 and "GPU 0 is in use by another tenant's job" in r.text
+    r = c.post("/api/v1/jobs", json={**_job("g2", [0, 1]), "tenant": "globex"},
+               headers=_auth(OPS))
+    assert r.status_code == 201, r.text
+
+
 def test_fault_heals_and_partitions(client: httpx.Client) -> None:
     c = client
     c.post("/api/v1/jobs", json=_job("acme-f", [0, 64]), headers=_auth(ACME))

@@ -437,9 +437,10 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         return await call("link_usage", link_id)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/events", tags=["fabric"])
-    async def events(_: Caller) -> list[dict[str, Any]]:
-        """Recent reroutes, heals and faults, newest last."""
-        return await call("events_list")  # type: ignore[no-any-return]
+    async def events(p: Caller) -> list[dict[str, Any]]:
+        """Recent reroutes, heals and faults, newest last (a tenant sees the GPU pairs a
+        reroute moved of its own jobs only)."""
+        return await call("events_list", p)  # type: ignore[no-any-return]
 
     # the busiest routes are served by plain Starlette routes placed first: the same
     # handlers (they take the request alone and answer a response), without FastAPI's

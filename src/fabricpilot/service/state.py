@@ -554,7 +554,11 @@ class FabricService:
         assert p.tenant is not None
         return p.tenant
 
-    def _check_gpus(self, p: Principal, tenant: str, task_id: str, gpus: list[int]) -> None:
+    def _check_gpus(self, p: Principal, tenant: str, gpus: list[int],
+                    old: Intent | None) -> None:
+        """422 / 403 / 409 unless ``gpus`` exist, ``p`` may use them and no other tenant's
+        job uses one (the job's intent before, ``old``, counts as not there: a job may move
+        to another tenant)."""
         bad = [g for g in gpus if g >= self.n_gpus]
         if bad:
             raise ServiceError(422, f"gpus: GPU {bad[0]} does not exist (the fabric has "
@@ -562,9 +566,15 @@ class FabricService:
         if not p.may_use_gpus(gpus):
             outside = sorted(set(gpus) - (p.gpus or frozenset()))
             raise ServiceError(403, f"gpus: GPU {outside[0]} is not one of {p.name}'s GPUs")
+        was = set(old.gpus) if old is not None else set()
         for g in sorted(gpus):
             users = self._gpu_tenants.get(g)
-            if users and any(t != tenant for t in users):
+            if not users:
+                continue
+            if g in was:
+                assert old is not None
+                users = users - Counter({old.tenant: 1})
+            if any(t != tenant for t in users):
                 raise ServiceError(409, f"gpus: GPU {g} is in use by another tenant's job")
 
     def declare(self, p: Principal, body: IntentIn, *, replace_ok: bool) -> dict[str, Any]:
@@ -577,7 +587,7 @@ class FabricService:
                 if not replace_ok:
                     raise ServiceError(409, f"job {body.task_id!r} exists (PUT replaces it)")
                 tenant = old.tenant if p.is_operator and body.tenant is None else tenant
-            self._check_gpus(p, tenant, body.task_id, body.gpus)
+            self._check_gpus(p, tenant, body.gpus, old)
             intent = body.to_intent(tenant)
             self.store.put_job(intent.task_id, tenant, intent_to_dict(intent))
             self._queue(intent.task_id, intent)
@@ -874,9 +884,17 @@ class FabricService:
     def faults(self, limit: int) -> list[dict[str, Any]]:
         return self.store.faults(limit)
 
-    def events_list(self) -> list[dict[str, Any]]:
-        """Recent reroutes, heals and faults, oldest first (a copy)."""
-        return list(self.events)
+    def events_list(self, p: Principal) -> list[dict[str, Any]]:
+        """Recent reroutes, heals and faults, oldest first (a copy). A tenant sees the
+        fabric's events whole but, of the GPU pairs a reroute moved (``keys``), those of
+        its own jobs only."""
+        events = list(self.events)
+        if p.is_operator:
+            return events
+        with self._jobs_lock:
+            mine = {t for t, i in self.intents.items() if p.owns(i.tenant)}
+        return [{**e, "keys": [k for k in e["keys"] if k.split(":", 1)[0] in mine]}
+                if "keys" in e else e for e in events]
 
     def metrics_text(self) -> str:
         """The service's Prometheus metrics, in the text exposition format."""

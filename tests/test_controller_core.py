@@ -45,6 +45,7 @@ class FakeDataPlane:
                 both(f"leaf{lf}", f"spine{sp}")
         self.view = FabricView.from_links(links, kind, tier, {g: f"gpu{g}" for g in range(4)})
         self.installed: list[PathSet] = []
+        self.removed: list[str] = []
 
     def fabric(self) -> FabricView:
         return self.view
@@ -54,6 +55,9 @@ class FakeDataPlane:
 
     def install(self, rules: list[PathSet]) -> None:
         self.installed += rules
+
+    def remove(self, keys: list[str]) -> None:
+        self.removed += keys
 
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         pass
@@ -615,6 +619,26 @@ def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
     assert keys == {"near"}
     for r in dp.installed:  # L1: gpu -> leaf -> gpu only
         assert all(len(p) == 2 for p in r.paths)
+
+
+def test_pairs_the_plan_drops_are_withdrawn_from_the_data_plane() -> None:
+    # a job's intent changes to an SLA no path meets, another job is withdrawn: their
+    # installed sets are withdrawn (their traffic back to the switches' own forwarding),
+    # not left behind on the switches
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
+    ctl.declare(Intent("b", "t", (1, 3), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
+    ctl.plan()
+    assert dp.removed == []
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 20, 1.0, 0),)))
+    ctl.plan()  # (the first L1 call: a whole plan)
+    assert "a" in ctl.sla_unmet
+    assert sorted(dp.removed) == [rule_key("a", 0, 2), rule_key("a", 2, 0)]
+    ctl.withdraw("b")
+    assert ctl.plan_jobs({"b"}) is not None  # (one job planned by itself: the same)
+    assert sorted(dp.removed[2:]) == [rule_key("b", 1, 3), rule_key("b", 3, 1)]
+    assert ctl._installed == {}
 
 
 def test_an_unmet_scope_names_the_call_that_asks_for_it() -> None:

@@ -177,6 +177,38 @@ def test_the_twin_rejects_a_rule_table_overflow() -> None:
     assert twin.switch_rules() == {leaf: 2}
 
 
+def test_the_twin_frees_a_withdrawn_sets_rules_at_once_and_its_flows_after_the_latency(
+        ) -> None:
+    ctx = _ctx(per_switch=True, rules=2)
+    twin = TaskAware(ctx)
+    twin.job_names = ["j"]
+    leaf = str(ctx.topology.node_names[int(ctx.topology.switch_node[0])])
+    rules = (((leaf, 0),), ((leaf, 0),))
+    twin._ahead = True  # (as the plan made before a run: in effect at once, at time 0)
+    twin.install([PathSet("j:0->1", ((0, 1), (0, 1)), (0.5, 0.5), (), rules)])
+    twin._ahead = False
+    assert twin.switch_rules() == {leaf: 2}
+    late = float(ctx.controller.control_latency_ns)
+
+    def first_hops(now: float) -> list[int]:
+        got = twin.repath(np.array([0]), np.array([0]), np.array([1]), np.array([0]), now)
+        return got[0][:2].tolist()
+
+    assert first_hops(0.0) == [0, 1]  # (rules only: the set's paths)
+    twin.remove(["j:0->1", "j:5->6"])  # (at time 0; a key not held is ignored)
+    assert twin.switch_rules() == {}  # freed at once: another set fits
+    # its flows keep the set's paths until the withdrawal takes effect
+    assert first_hops(late - 1) == [0, 1]
+    assert first_hops(late) != [0, 1] and "j:0->1" not in twin._rules
+    # installed again, removed again before it took effect, installed once more: its
+    # rules are counted once
+    twin.install([PathSet("j:0->1", ((0, 1), (0, 1)), (0.5, 0.5), (), rules)])
+    twin.remove(["j:0->1"])
+    twin.install([PathSet("j:0->1", ((0, 1), (0, 1)), (0.5, 0.5), (), rules)])
+    assert twin.switch_rules() == {leaf: 2}
+    assert first_hops(4 * late) == [0, 1]
+
+
 def test_the_twin_forwards_planned_qps_on_the_planned_paths() -> None:
     """End to end on the default scenario: every path of every installed set is what the
     twin's forwarding (hash of the port, plus pinned rules) resolves it to."""

@@ -63,6 +63,10 @@ class RecordingDataPlane:
     def install(self, rules: list[PathSet]) -> None:
         self.installed.update((r.key, r) for r in rules)
 
+    def remove(self, keys: list[str]) -> None:
+        for k in keys:
+            self.installed.pop(k, None)
+
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         pass
 
@@ -109,6 +113,9 @@ def calls_of_pairs(intent: Intent) -> dict[str, list[CommCall]]:
 
 def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> None:
     view = dp.view
+    # the data plane holds exactly the sets the controller thinks it does (none of a pair
+    # the plan dropped is left behind)
+    assert dp.installed == ctl._installed
     strict = any(c.level != "L3" for i in intents for c in i.calls)
     for intent in intents:
         task = intent.task_id

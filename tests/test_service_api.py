@@ -429,6 +429,25 @@ def test_a_verdict_is_given_once_a_plan_has_checked_the_intent(client: httpx.Cli
     assert 'job="acme-off"' not in text
 
 
+def test_a_job_whose_new_intent_cannot_be_met_keeps_no_path_sets(client: httpx.Client) -> None:
+    """Planned under a loose SLA, then replaced by one no path meets: told so, and its
+    old path sets are withdrawn (the same state as if it had been declared so at first)."""
+    c = client
+
+    def planned(task: str) -> dict[str, object]:
+        return wait_until(lambda: (j := c.get(f"/api/v1/jobs/{task}", headers=_auth(ACME))
+                                   .json())["planned"] and j)
+
+    assert c.post("/api/v1/jobs", json=_job("acme-x", [0, 64]),
+                  headers=_auth(ACME)).status_code == 201
+    assert planned("acme-x")["path_sets"] == 2
+    assert c.put("/api/v1/jobs/acme-x", json=_job("acme-x", [0, 64], sla_us=1.0),
+                 headers=_auth(ACME)).status_code == 200
+    job = planned("acme-x")
+    assert job["sla_met"] is False and job["path_sets"] == 0
+    assert c.get("/api/v1/jobs/acme-x/paths", headers=_auth(ACME)).json()["pairs"] == []
+
+
 def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
     """A fault reported while the control loop computes a whole plan: the plan gives way
     at its next check (nothing installed, its changes stay queued), the fault is healed at

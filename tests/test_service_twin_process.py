@@ -48,6 +48,10 @@ def test_the_twin_process_is_the_twin_as_a_data_plane() -> None:
         assert report.installed > 0
         held = {ps.key: ps for ps in tp.rules()}
         assert held == ctl._installed
+        # and what it withdraws, it no longer holds
+        gone = sorted(held)[:2]
+        tp.remove(gone)
+        assert {ps.key for ps in tp.rules()} == held.keys() - set(gone)
         time.sleep(1.5)
         deltas = tp.telemetry()
         assert deltas and all(isinstance(d, PortDelta) for d in deltas)
@@ -198,3 +202,29 @@ def test_a_path_sets_rate_cap_crosses_the_southbound_as_json() -> None:
     old = pathset_to_dict(free)
     del old["rate_cap_gbps"]  # (from a peer that predates caps: none)
     assert pathset_from_dict(old).rate_cap_gbps == math.inf
+
+
+def test_the_http_southbound_installs_and_withdraws_path_sets() -> None:
+    import threading
+
+    from conftest import served
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.service.southbound_http import RemoteDataPlane, RuleTable, dataplane_app
+
+    prep = prepare(default_scenario(), "default")
+    table = RuleTable(TaskAware(twin_context(prep)), threading.RLock())
+    sets = [PathSet("j:0->1", ((1, 2),), (1.0,), (4791,), ((),)),
+            PathSet("j:1->0", ((3, 4), (5, 6)), (0.5, 0.5))]
+    with served(dataplane_app(table, token="t0k")) as url:
+        remote = RemoteDataPlane(url, token="t0k")
+        remote.install(sets)
+        assert remote.rules() == sets
+        remote.remove(["j:0->1", "j:9->8"])  # (a key not held is ignored)
+        assert remote.rules() == sets[1:] and list(table.rules) == ["j:1->0"]
+        r = remote.http.post("/rules/remove", json={"keys": "j:1->0"})
+        assert r.status_code == 422 and "list of path-set keys" in r.text
+        bad = RemoteDataPlane(url, token="t0k")
+        bad.http.headers["Authorization"] = "Bearer wrong"
+        with pytest.raises(SouthboundError, match="remove refused: 401"):
+            bad.remove(["j:1->0"])
+        assert list(table.rules) == ["j:1->0"]

@@ -133,6 +133,7 @@ class TaskAware(Adaptive):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._rules: dict[str, tuple[PathSet, float]] = {}  # key -> (rule, effective at)
+        self._removing: dict[str, float] = {}  # key -> when its withdrawal takes effect
         self._table: Counter[str] = Counter()  # explicit rules each switch holds
         self.job_names: list[str] = []
         self.controller: Controller | None = None
@@ -222,8 +223,10 @@ class TaskAware(Adaptive):
         rule table would overflow rejects the update, as an ASIC does."""
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         held = self._rules
+        removing = self._removing  # (their rules are freed already)
         freed = Counter(sw for sw, _ in _chain(_chain(
-            held[r.key][0].rules for r in rules if r.key in held))) if self._table else Counter()
+            held[r.key][0].rules for r in rules if r.key in held and r.key not in removing))
+        ) if self._table else Counter()
         added = Counter(sw for sw, _ in _chain(_chain(  # (most sets have none)
             r.rules for r in rules if any(r.rules))))
         if freed or added:  # (no rule in or out: the tables stay as they are)
@@ -241,6 +244,31 @@ class TaskAware(Adaptive):
         if forwarded:
             for r in rules:
                 forwarded.pop(r.key, None)
+        if self._removing:  # (installed again before its withdrawal took effect)
+            for r in rules:
+                self._removing.pop(r.key, None)
+
+    def remove(self, keys: list[str]) -> None:
+        """Withdraw path sets: their rules are freed now, their flows go back to
+        switch-local adaptive routing after the control-channel latency."""
+        held = self._rules
+        gone = [k for k in keys if k in held and k not in self._removing]
+        if not gone:
+            return
+        freed = Counter(sw for sw, _ in _chain(_chain(held[k][0].rules for k in gone)))
+        if freed:
+            self._table = self._table - freed
+        now = self._telemetry().now_ns if self._telemetry is not None else 0.0
+        at = now + (0 if self._ahead else self.ctx.controller.control_latency_ns)
+        self._removing.update((k, at) for k in gone)
+
+    def _expire(self, now: float) -> None:
+        """Drop the path sets whose withdrawal has taken effect by ``now``."""
+        due = [k for k, at in self._removing.items() if at <= now]
+        for k in due:
+            del self._removing[k]
+            self._rules.pop(k, None)
+            self._forwarded.pop(k, None)
 
     def switch_rules(self) -> Counter[str]:
         """Explicit forwarding rules each switch holds now."""
@@ -472,6 +500,8 @@ class TaskAware(Adaptive):
                                entropy=self.ctx.ecmp.source_port_entropy)
         out = pad_paths(self._walk(batch.src, batch.dst, sport, self._load_now()),
                         max_path_links(self.ctx.topology))
+        if self._removing:
+            self._expire(now)
         rule_of = {}
         for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
                                           batch.dst.tolist(), strict=True)):
@@ -499,6 +529,8 @@ class TaskAware(Adaptive):
     def route(self, batch: TransferBatch) -> RoutedBatch:
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         ct = self.ctx.topology
+        if self._removing:
+            self._expire(now)
         planned: list[tuple[int, PathSet]] = []
         for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
                                           batch.dst.tolist(), strict=True)):

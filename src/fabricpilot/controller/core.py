@@ -756,6 +756,8 @@ class Controller:
         self._load_rows: NDArray[np.float64] | None = None
         # keys whose installed paths are not the plan's (a path left to its hash)
         self._spilled: set[str] = set()
+        # installed path sets forgotten since the data plane was last told (see _forget)
+        self._forgotten: list[str] = []
         # what heals replaced in the records (old paths and path sets), one entry per heal:
         # freed at the next control period or plan (:meth:`_release`), not while a burst of
         # failures is being healed (freeing them reads as much cold memory as making them)
@@ -1414,6 +1416,7 @@ class Controller:
         for k in old:
             if k not in kept:
                 self._forget(k)
+        self._withdraw_forgotten()  # (before the new sets: their rules free room)
         columns = plan.columns
         if not fresh:
             report = PlanReport(plan, 0, 0)
@@ -1564,6 +1567,8 @@ class Controller:
             self._slots.mark_stale((key,))
         old = self._installed.pop(key, None)
         if old is not None:
+            self._forgotten.append(key)  # (withdrawn from the data plane with the next
+            # sets sent: see _withdraw_forgotten)
             if any(old.rules):
                 self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
             for lk in set(_chain(old.paths)):
@@ -1571,6 +1576,14 @@ class Controller:
         self._demand.pop(key, None)
         self._endpoints.pop(key, None)
         self._spilled.discard(key)
+
+    def _withdraw_forgotten(self) -> None:
+        """Withdraw from the data plane the path sets forgotten since it was last told
+        (:meth:`_forget`): their pairs' traffic goes back to the switches' own forwarding
+        and their rules free room."""
+        if self._forgotten:
+            keys, self._forgotten = self._forgotten, []
+            self.dp.remove(keys)
 
     def _solve(self, demands: list[Demand], background: dict[int, float] | None
                ) -> tuple[Plan, list[PathSet], PlanReport]:
@@ -1633,6 +1646,11 @@ class Controller:
         plan.max_utilization = self._fabric_lambda(plan.link_load_gbps, background or {})
         installed = self._installed
         changed = [r for r in sets if r.key not in installed or installed[r.key] != r]
+        # the sets of pairs this plan no longer has (jobs gone or not planned now) are
+        # withdrawn first: their rules free room for the new ones
+        planned = {r.key for r in sets}
+        self._forgotten.extend(k for k in installed if k not in planned)
+        self._withdraw_forgotten()
         self.dp.install(changed)
         # (the plan's own link arrays index the sets, if every path is the plan's: no path
         # was left to its hash; they are dropped then, being the plan's paths' only)
@@ -2084,6 +2102,7 @@ class Controller:
         (from the dense copy of the load if ``dense``: it is the plan's load now)."""
         self.dp.install(sets)
         sent_s = time.perf_counter() - t0
+        self._withdraw_forgotten()  # (pairs cut off: after the new paths are out)
         if record is None:
             self._record(sets)
         else:

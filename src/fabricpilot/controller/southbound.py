@@ -3,10 +3,10 @@
 The controller never imports the simulator. It reads the fabric as a :class:`FabricView` (a
 directed graph of nodes and links with their capacities and delays), receives per-port counter
 deltas (:class:`PortDelta`), and acts through a :class:`DataPlane`: install a weighted path set
-for a job / flow / traffic class, push a congestion table for switch-local adaptive routing,
-set the QoS mapping. The digital twin implements :class:`DataPlane`; a real southbound (gNMI /
-P4Runtime / OpenFlow) can implement it later. Rule updates take effect after the data plane's
-control-channel latency, never instantly.
+for a job / flow / traffic class (and withdraw it), push a congestion table for switch-local
+adaptive routing, set the QoS mapping. The digital twin implements :class:`DataPlane`; a real
+southbound (gNMI / P4Runtime / OpenFlow) can implement it later. Rule updates take effect
+after the data plane's control-channel latency, never instantly.
 """
 
 from __future__ import annotations
@@ -152,6 +152,12 @@ class DataPlane(Protocol):
     def install(self, rules: list[PathSet]) -> None:
         """Install weighted path sets (and the senders' rate caps they carry); they take
         effect after the control-channel latency."""
+
+    def remove(self, keys: list[str]) -> None:
+        """Withdraw the path sets of ``keys`` (a pair the plan no longer has: its job gone,
+        its SLA now unmet, every path of it down): their explicit rules are freed at once
+        and, after the control-channel latency, their flows go back to the switches' own
+        forwarding. Keys not held are ignored."""
 
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         """Per-link weights for switch-local adaptive routing (1 neutral, 0 excluded)."""

@@ -110,6 +110,12 @@ class RuleTable:
                 self.rules[ps.key] = ps
             self.installs += 1
 
+    def remove(self, keys: list[str]) -> None:
+        with self.lock:
+            self.dp.remove(keys)
+            for k in keys:
+                self.rules.pop(k, None)
+
 
 def dataplane_app(table: RuleTable, *, token: str | None = None,
                   health: Any = None, jobs: Any = None) -> FastAPI:
@@ -163,6 +169,15 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
         except ValueError as err:  # e.g. a switch's rule table would overflow
             raise HTTPException(409, str(err)) from None
         return {"installed": len(sets)}
+
+    @app.post(f"{PREFIX}/rules/remove")
+    async def remove(request: Request) -> dict[str, Any]:
+        check(request)
+        keys = await request.json()
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise HTTPException(422, "body: expected a list of path-set keys (strings)")
+        table.remove(keys)
+        return {"removed": len(keys)}
 
     @app.post(f"{PREFIX}/congestion-table")
     async def congestion(request: Request) -> dict[str, Any]:
@@ -240,6 +255,16 @@ class RemoteDataPlane:
             raise ValueError(r.json().get("detail", "rejected"))
         if r.status_code >= 400:
             raise SouthboundError(f"{self.url}: install refused: {r.status_code} {r.text}")
+
+    def remove(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        try:
+            r = self.http.post("/rules/remove", json=list(keys))
+        except httpx.HTTPError as err:
+            raise SouthboundError(f"{self.url}: remove failed: {_first_line(err)}") from None
+        if r.status_code >= 400:
+            raise SouthboundError(f"{self.url}: remove refused: {r.status_code} {r.text}")
 
     def rules(self) -> list[PathSet]:
         """The path sets the data plane holds now."""

@@ -104,6 +104,16 @@ class ServiceDataPlane:
             touched[task][r.key] = r
         self.installed, self.by_task = installed, by_task
 
+    def remove(self, keys: list[str]) -> None:
+        self.inner.remove(keys)
+        gone = set(keys) & self.installed.keys()
+        if not gone:
+            return
+        tasks = {k.split(":", 1)[0] for k in gone}
+        self.installed = {k: v for k, v in self.installed.items() if k not in gone}
+        self.by_task = {t: ({k: v for k, v in sets.items() if k not in gone}
+                            if t in tasks else sets) for t, sets in self.by_task.items()}
+
     def adopt(self, rules: list[PathSet]) -> None:
         """Take these path sets as installed without sending them (the data plane reported
         holding them)."""

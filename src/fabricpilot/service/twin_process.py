@@ -212,6 +212,10 @@ class TwinProcess:
         if rules:
             self._call("install", rules)
 
+    def remove(self, keys: list[str]) -> None:
+        if keys:
+            self._call("remove", list(keys))
+
     def push_congestion_table(self, weights: dict[int, float]) -> None:
         # gone: the switches keep their last table (fail-static)
         with contextlib.suppress(SouthboundError):
@@ -264,6 +268,9 @@ def _serve(host: TwinHost, op: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
             return True, [_DELTA_ROW(d) for d in deltas]
         if op == "install":
             host.table.install(args[0])
+            return True, len(args[0])
+        if op == "remove":
+            host.table.remove(args[0])
             return True, len(args[0])
         if op == "rules":
             with lock:

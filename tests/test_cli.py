@@ -238,23 +238,36 @@ def test_outputs_that_cannot_be_written_fail_before_the_run(tmp_path: Path) -> N
         res = cli("run", str(path), *args)
         assert res.returncode == 2 and res.stdout == "", res.stdout
         assert res.stderr.startswith(f"error: {flag}: ") and "Traceback" not in res.stderr
+    if Path("/proc/self").is_dir():  # (writable by its permission bits, for root: a
+        # file cannot be made there)
+        for flag in ("--json", "--out"):
+            res = cli("run", str(path), flag, "/proc/x")
+            assert res.returncode == 2 and res.stdout == "", res.stdout
+            assert res.stderr.startswith(f"error: {flag}: /proc/x: /proc is not writable")
     res = cli("run", str(path), "--seed", "-1")
     assert res.returncode == 2 and "--seed" in res.stderr
+    res = cli("run", str(path), "-p", "ecmp", "-p", "ecmp")
+    assert res.returncode == 2
+    assert res.stderr.strip() == "error: --policy: policy 'ecmp' given twice"
     res = cli("topology", "export", str(tmp_path / "adir"))
     assert res.returncode == 2 and "is a directory" in res.stderr
 
 
 def test_a_policy_setting_the_fabric_cannot_meet_names_file_and_field(tmp_path: Path) -> None:
-    path = write(tmp_path, small_scenario(tmp_path, adaptive={"reserved_spines": 100}))
-    res = cli("run", str(path), "-p", "adaptive-split")
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    (line,) = res.stderr.strip().splitlines()
-    assert line.startswith(f"error: {path}: adaptive.reserved_spines: 100 of the fabric's 4 ")
-    path = write(tmp_path, small_scenario(tmp_path, controller={"mice_spines": 4}))
-    res = cli("run", str(path), "-p", "task-aware")
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    (line,) = res.stderr.strip().splitlines()
-    assert line.startswith(f"error: {path}: controller.mice_spines: 4 of the fabric's 4 ")
+    """Found by ``validate``, and by ``run`` before any policy runs (not when the one that
+    uses it starts, the others' results lost)."""
+    for setting, policy, start in (
+            ({"adaptive": {"reserved_spines": 100}}, "adaptive-split",
+             "adaptive.reserved_spines: 100 of the fabric's 4 "),
+            ({"controller": {"mice_spines": 4}}, "task-aware",
+             "controller.mice_spines: 4 of the fabric's 4 ")):
+        path = write(tmp_path, small_scenario(tmp_path, **setting))
+        for args in (("validate", str(path)), ("run", str(path), "-p", "ecmp", "-p", policy)):
+            res = cli(*args)
+            assert res.returncode == 2 and "Traceback" not in res.stderr
+            assert res.stdout == "", res.stdout  # (nothing ran)
+            (line,) = res.stderr.strip().splitlines()
+            assert line.startswith(f"error: {path}: {start}")
 
 
 def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:

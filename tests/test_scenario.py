@@ -236,6 +236,26 @@ def _priority_not_a_number(d: dict[str, Any]) -> None:
     d["jobs"][0]["priority"] = "high"
 
 
+def _sla_a_boolean(d: dict[str, Any]) -> None:
+    d["jobs"][0]["sla_us"] = True
+
+
+def _fuse_a_boolean(d: dict[str, Any]) -> None:
+    d["controller"] = {"pressure_fuse": True}
+
+
+def _l3_cap_near_zero(d: dict[str, Any]) -> None:
+    d["controller"] = {"l3_rate_cap": 1e-9}
+
+
+def _blank_name(d: dict[str, Any]) -> None:
+    d["jobs"][0]["name"] = "   "
+
+
+def _name_with_colon(d: dict[str, Any]) -> None:
+    d["jobs"][0]["name"] = "a:b"
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -258,6 +278,11 @@ BAD_CASES = [
     (_gray_clear_rate, "controller.gray_clear_ns", "wrong unit 'Gbps' for a time"),
     (_priority_too_high, "jobs[0].priority", "must be <= 7 (got 9)"),
     (_priority_not_a_number, "jobs[0].priority", "must be an integer (got 'high')"),
+    (_sla_a_boolean, "jobs[0].sla_us", "expected a number, got a boolean (true)"),
+    (_fuse_a_boolean, "controller.pressure_fuse", "expected a number, got a boolean (true)"),
+    (_l3_cap_near_zero, "controller.l3_rate_cap", "must be >= 0.01 (got 1e-09)"),
+    (_blank_name, "jobs[0].name", "must not be blank"),
+    (_name_with_colon, "jobs[0].name", "must not contain ':' (got 'a:b')"),
 ]
 
 

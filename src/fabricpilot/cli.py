@@ -8,8 +8,8 @@ traceback.
 from __future__ import annotations
 
 import math
-import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -104,9 +104,11 @@ def run(
         sc, source = _load(scenario)
         if seed is not None:
             sc = sc.model_copy(update={"seed": seed})
-        for name in policy or []:
+        for i, name in enumerate(policy or []):
             if name not in POLICIES:
                 _fail(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+            if name in (policy or [])[:i]:
+                _fail(f"--policy: policy {name!r} given twice")
         policies = list(policy) if policy else list(sc.policies)
         # the comparison is against `ideal`; run it as the reference if it was not asked for
         runs = policies + (["ideal"] if "ideal" not in policies else [])
@@ -234,8 +236,13 @@ def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str 
             at = at.parent
         if not at.is_dir():
             _fail(f"{flag}: {path}: {at} is not a directory")
-        if not os.access(at, os.W_OK | os.X_OK):
-            _fail(f"{flag}: {path}: {at} is not writable")
+        # (a file made and dropped there: permission bits alone say yes to root, also
+        # where nothing can be written, as /proc)
+        try:
+            with tempfile.TemporaryFile(dir=at):
+                pass
+        except OSError as err:
+            _fail(f"{flag}: {path}: {at} is not writable ({err.strerror or err})")
 
 
 @app.command()

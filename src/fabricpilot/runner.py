@@ -78,6 +78,25 @@ def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
         raise ScenarioError(source, "topology", str(err)) from None
 
 
+def _check_kept_spines(scenario: Scenario, ct: CompiledTopology, source: str) -> None:
+    """A :class:`ScenarioError` if the top-tier switches kept for mice (by the controller,
+    by ``adaptive-split``) would leave the other traffic none: found before any policy runs,
+    not when the one that keeps them starts."""
+    top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
+    n_top = int((ct.switch_tier == top).sum())
+    noun = "switch" if n_top == 1 else "switches"
+    mice = scenario.controller.mice_spines
+    if mice > 0 and mice >= n_top:
+        raise ScenarioError(source, "controller.mice_spines",
+                            f"{mice} of the fabric's {n_top} top-tier {noun} would leave none "
+                            f"for planned traffic (at most {n_top - 1})")
+    reserved = scenario.adaptive.reserved_spines
+    if n_top > 1 and reserved >= n_top:
+        raise ScenarioError(source, "adaptive.reserved_spines",
+                            f"{reserved} of the fabric's {n_top} top-tier switches would leave "
+                            f"none for the elephants (at most {n_top - 1})")
+
+
 def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     """Build the topology and the workload of ``scenario`` (independent of the policy)."""
     topo = build_scenario_topology(scenario, source)
@@ -86,6 +105,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     except TopologyError as err:
         raise ScenarioError(source, "topology", str(err)) from None
     check_gpu_count(scenario, ct.n_gpus, source)
+    _check_kept_spines(scenario, ct, source)
     for i, name in enumerate(scenario.policies):
         if name not in POLICIES:
             raise ScenarioError(source, f"policies[{i}]",

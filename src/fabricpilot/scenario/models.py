@@ -146,6 +146,8 @@ def _reject_bool(value: Any) -> Any:
 
 Int = Annotated[int, BeforeValidator(_reject_bool)]
 """An ``int`` that does not silently accept booleans."""
+Float = Annotated[float, BeforeValidator(_reject_bool)]
+"""A ``float`` that does not silently accept booleans."""
 
 
 class _Model(BaseModel):
@@ -168,7 +170,7 @@ class TopologySpec(_Model):
     hosts: Int | None = Field(default=None, gt=0, description="leaf_spine: number of hosts")
     gpus_per_host: Int = Field(default=8, ge=1, description="GPUs (and NICs) per host")
     nics_per_leaf: Int = Field(default=16, gt=0, description="leaf_spine: downlinks per leaf")
-    oversubscription: float = Field(
+    oversubscription: Float = Field(
         default=1.0,
         ge=1.0,
         allow_inf_nan=False,
@@ -178,9 +180,9 @@ class TopologySpec(_Model):
     rail_optimized: bool = Field(
         default=True, description="GPU i of every host attaches to the rail-i leaves"
     )
-    nic_rate_gbps: float = Field(default=400.0, gt=0, description="host NIC rate")
-    fabric_rate_gbps: float = Field(default=400.0, gt=0, description="switch-to-switch rate")
-    nvlink_rate_gbps: float = Field(default=3600.0, gt=0, description="intra-host GPU-GPU rate")
+    nic_rate_gbps: Float = Field(default=400.0, gt=0, description="host NIC rate")
+    fabric_rate_gbps: Float = Field(default=400.0, gt=0, description="switch-to-switch rate")
+    nvlink_rate_gbps: Float = Field(default=3600.0, gt=0, description="intra-host GPU-GPU rate")
     link_delay_ns: int = Field(default=100, ge=0, description="propagation per fabric link")
     nvlink_delay_ns: int = Field(default=50, ge=0, description="intra-host hop latency")
     path: str | None = Field(
@@ -348,7 +350,7 @@ class EcnSpec(_Model):
         default=_ECN.kmax_bytes, ge=0, description="queue at which marking reaches pmax; "
         "every packet is marked above it"
     )
-    pmax: float = Field(
+    pmax: Float = Field(
         default=_ECN.pmax, gt=0, le=1, allow_inf_nan=False,
         description="marking probability at kmax (0 < pmax <= 1)",
     )
@@ -375,7 +377,7 @@ class DcqcnSpec(_Model):
     enabled: bool = Field(
         default=_DCQCN.enabled, description="false: senders ignore ECN (PFC alone)"
     )
-    g: float = Field(
+    g: Float = Field(
         default=_DCQCN.g, gt=0, le=1, allow_inf_nan=False, description="alpha gain (0 < g <= 1)"
     )
     timer_ns: int = Field(
@@ -388,11 +390,11 @@ class DcqcnSpec(_Model):
         default=_DCQCN.fast_recovery_steps, ge=0,
         description="F: increase events of fast recovery before additive increase",
     )
-    rate_ai_fraction: float = Field(
+    rate_ai_fraction: Float = Field(
         default=_DCQCN.rate_ai_fraction, gt=0, le=1, allow_inf_nan=False,
         description="additive increase, as a fraction of the NIC line rate",
     )
-    rate_hai_fraction: float = Field(
+    rate_hai_fraction: Float = Field(
         default=_DCQCN.rate_hai_fraction, gt=0, le=1, allow_inf_nan=False,
         description="hyper increase, as a fraction of the NIC line rate",
     )
@@ -402,11 +404,11 @@ class DcqcnSpec(_Model):
     alpha_update_ns: int = Field(
         default=_DCQCN.alpha_update_ns, gt=0, description="alpha decays every period without CNP"
     )
-    initial_alpha: float = Field(
+    initial_alpha: Float = Field(
         default=_DCQCN.initial_alpha, ge=0, le=1, allow_inf_nan=False,
         description="alpha of a new QP (0..1)",
     )
-    min_rate_gbps: float = Field(
+    min_rate_gbps: Float = Field(
         default=_DCQCN.min_rate_gbps, gt=0, description="floor of a QP's rate"
     )
 
@@ -678,7 +680,7 @@ class FabricSpec(_Model):
     nic_latency_ns: int = Field(
         default=1000, ge=0, description="per message: NIC and collective-library step cost"
     )
-    completion_tolerance: float = Field(
+    completion_tolerance: Float = Field(
         default=1e-3,
         ge=0,
         le=0.05,
@@ -756,7 +758,7 @@ class AdaptiveSpec(_Model):
         default=True,
         description="a moved stream waits for its old path to drain (no reordering)",
     )
-    hysteresis: float = Field(
+    hysteresis: Float = Field(
         default=0.25, ge=0, allow_inf_nan=False,
         description="a stream moves only to a path lighter by this many links",
     )
@@ -798,24 +800,25 @@ class ControllerSpec(_Model):
         default=200_000, gt=0,
         description="how often the controller reads telemetry and re-plans (null: never)",
     )
-    replan_gain: float = Field(
+    replan_gain: Float = Field(
         default=0.1, ge=0, le=1, allow_inf_nan=False,
         description="a re-plan is installed for a job only if it lowers the job's bottleneck "
         "utilisation by this fraction (hysteresis)",
     )
-    pressure_fuse: float = Field(
+    pressure_fuse: Float = Field(
         default=0.9, gt=0, le=1, allow_inf_nan=False,
         description="buffer occupancy at which new flows avoid a planned path",
     )
-    l3_rate_cap: float = Field(
-        default=0.8, gt=0, le=1, allow_inf_nan=False,
+    l3_rate_cap: Float = Field(
+        # (at least 1 %: a cap near 0 stretches L3 transfers, and the run, without bound)
+        default=0.8, ge=0.01, le=1, allow_inf_nan=False,
         description="share of a link L3 jobs may be planned on while L1/L2 jobs share it",
     )
     steer_tries: Int = Field(
         default=1024, ge=1, le=16384,
         description="source ports tried per QP when steering it onto its planned path",
     )
-    heal_spread_over: float = Field(
+    heal_spread_over: Float = Field(
         default=0.02, ge=0, le=10, allow_inf_nan=False,
         description="a QP moved off a failed link is spread over `parts` QPs only if moving "
         "it whole would load a link this much (utilisation) above the plan's lambda "
@@ -827,7 +830,7 @@ class ControllerSpec(_Model):
         "once it has stayed up this long: a flapping link does not pull traffic back",
     )
 
-    replan_background_tolerance: float = Field(
+    replan_background_tolerance: Float = Field(
         default=0.05, ge=0, le=1, allow_inf_nan=False,
         description="a whole plan weighed and not installed is weighed again only once the "
         "background load of some link moved by more than this share of its capacity (or "
@@ -886,7 +889,19 @@ class CollectiveSpec(_Model):
 class JobSpec(_Model):
     """A training job: where its GPUs are and the collectives of each iteration."""
 
-    name: str = Field(min_length=1, description="unique job name")
+    name: str = Field(min_length=1, max_length=128, description="unique job name")
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, name: str) -> str:
+        # (a planned pair's key is "<job>:<src>-><dst>": a ':' would split it elsewhere)
+        if not name.strip():
+            raise ValueError("must not be blank")
+        bad = next((c for c in name if c == ":" or not c.isprintable()), None)
+        if bad is not None:
+            raise ValueError(f"must not contain {bad!r} (got {name!r})")
+        return name
+
     gpus: Int = Field(gt=0, description="number of GPUs (ranks)")
     placement: Placement = Field(
         default="contiguous", description="contiguous, random, or explicit (gpu_ids)"
@@ -902,7 +917,7 @@ class JobSpec(_Model):
     declare_intent: bool = Field(
         default=True, description="the job declares its collectives to the controller"
     )
-    sla_us: float | None = Field(
+    sla_us: Float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
         description="latency SLA of its calls in microseconds (L1 < 50, L2 <= 100, L3 above; "
         "none: L3)",
@@ -956,7 +971,7 @@ class JobSpec(_Model):
 class MiceSpec(_Model):
     """Background small flows (control, metadata): Poisson arrivals between random GPU pairs."""
 
-    rate_per_s: float = Field(gt=0, allow_inf_nan=False, description="new flows per second")
+    rate_per_s: Float = Field(gt=0, allow_inf_nan=False, description="new flows per second")
     size_bytes: int = Field(default=16384, gt=0, description="bytes per flow")
     start_ns: int = Field(default=0, ge=0, description="first arrival not before")
     duration_ns: int = Field(gt=0, description="arrivals during [start, start + duration)")
@@ -1056,11 +1071,11 @@ class DebounceSpec(_Model):
 class NoiseSpec(_Model):
     """Noisy error counters: spurious FEC error-rate spikes on healthy links."""
 
-    spike_probability: float = Field(
+    spike_probability: Float = Field(
         default=_FAULTS.noise_spike_probability, ge=0, le=1, allow_inf_nan=False,
         description="chance that one sample of one link shows a spurious spike (seeded)",
     )
-    spike_ber: float = Field(
+    spike_ber: Float = Field(
         default=_FAULTS.noise_spike_ber, ge=0, le=0.5, allow_inf_nan=False,
         description="the FEC-corrected bit error rate a spike shows",
     )
@@ -1104,11 +1119,11 @@ class FaultEventSpec(_Model):
     up_ns: int | None = Field(default=None, gt=0, description="flap: up time of a cycle")
     count: Int | None = Field(default=None, ge=1, le=10_000,
                               description="flap: number of down/up cycles (at most 10000)")
-    ber: float | None = Field(
+    ber: Float | None = Field(
         default=None, allow_inf_nan=False,
         description="gray: pre-FEC bit error rate, 0 < ber <= 0.5 (what FEC counters see)",
     )
-    drop_probability: float | None = Field(
+    drop_probability: Float | None = Field(
         default=None, ge=0, le=1, allow_inf_nan=False,
         description="gray: per-packet loss after FEC (default: derived from ber with the "
         "RS(544,514) FEC; without ber the loss is invisible to the FEC counters)",
@@ -1151,11 +1166,11 @@ class RandomFaultsSpec(_Model):
     )
     repair_ns: int = Field(gt=0, description="how long each drawn failure lasts")
     horizon_ns: int = Field(gt=0, description="failures start in [0, horizon)")
-    gray_fraction: float = Field(
+    gray_fraction: Float = Field(
         default=0.0, ge=0, le=1, allow_inf_nan=False,
         description="share of the drawn failures that are gray instead of down",
     )
-    gray_ber: float = Field(
+    gray_ber: Float = Field(
         default=1e-5, allow_inf_nan=False,
         description="pre-FEC bit error rate of a drawn gray failure (0 < ber <= 0.5)",
     )
@@ -1201,7 +1216,7 @@ class FaultsSpec(_Model):
         description="at detection, switches drop their own dead ports from groups that keep "
         "another next hop (fast failover); the rest waits for routing to converge",
     )
-    fec_threshold: float = Field(
+    fec_threshold: Float = Field(
         default=_FAULTS.fec_threshold, gt=0, le=0.5, allow_inf_nan=False,
         description="a link whose FEC-corrected bit error rate exceeds this is flagged gray",
     )

@@ -112,6 +112,8 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content, message", [
     ("tokens: []", "tokens: List should have at least 1 item"),
+    ("", "expected a mapping with a 'tokens' list, got an empty file"),
+    ("- a", "expected a mapping with a 'tokens' list, got a list"),
     ("tokens:\n  - {name: a, role: king, token: 0123456789abcdef}", "tokens.0.role"),
     ("tokens:\n  - {name: a, role: tenant, token: 0123456789abcdef}", "needs tenant"),
 ])

@@ -121,6 +121,9 @@ class TokenRegistry:
             raise AuthConfigError(f"{path}: cannot read: {err.strerror}") from None
         except yaml.YAMLError as err:
             raise AuthConfigError(f"{path}: not valid YAML: {err}".splitlines()[0]) from None
+        if not isinstance(raw, dict):
+            got = "an empty file" if raw is None else f"a {type(raw).__name__}"
+            raise AuthConfigError(f"{path}: expected a mapping with a 'tokens' list, got {got}")
         try:
             spec = _TokenFile.model_validate(raw)
         except ValidationError as err:

@@ -114,7 +114,8 @@ def _dimension(field_name: str) -> str:
 
 
 def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
-    """Parse ``value`` in the unit its key names; sizes and times become rounded ``int``."""
+    """Parse ``value`` in the unit its key names; sizes must be whole bytes, times become
+    ``int`` ns (rounded)."""
     if value is None:
         return value
     assert info.field_name is not None
@@ -125,6 +126,9 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
     top, name = _LARGEST[dimension]
     if abs(number) > top:
         raise UnitError(f"{value!r} is beyond the largest {dimension} a scenario takes ({name})")
+    if dimension == "size" and number != round(number):  # (a time rounds to the ns)
+        shown = "" if isinstance(value, int | float) else f" ({number:g} bytes)"
+        raise UnitError(f"expected a whole number of bytes, got {value!r}{shown}")
     return number if dimension == "rate" else round(number)
 
 

@@ -341,12 +341,19 @@ def test_announce_returns_the_ring_paths(client: httpx.Client) -> None:
     assert r.status_code == 422
 
 
-def test_a_tenant_reads_the_moved_pairs_of_its_own_jobs_only(client: httpx.Client) -> None:
-    c = client
+def _acme_job_and_its_fabric_link(c: httpx.Client) -> tuple[dict[int, dict[str, object]], int]:
+    """Job ``acme-f`` (gpu0 <-> gpu64) declared and planned: the fabric's links by id, and
+    a switch-to-switch link on its planned gpu0 -> gpu64 path."""
     c.post("/api/v1/jobs", json=_job("acme-f", [0, 64]), headers=_auth(ACME))
     before = _planned_paths(c, "acme-f", ACME)
     fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
-    dead = next(lk for p in before["acme-f:0->64"] for lk in p if fabric[lk]["kind"] == "fabric")
+    return fabric, next(lk for p in before["acme-f:0->64"] for lk in p
+                        if fabric[lk]["kind"] == "fabric")
+
+
+def test_a_tenant_reads_the_moved_pairs_of_its_own_jobs_only(client: httpx.Client) -> None:
+    c = client
+    _, dead = _acme_job_and_its_fabric_link(c)
     r = c.post("/api/v1/faults", headers=_auth(OPS), json={"kind": "down", "link_id": dead})
     assert r.status_code == 201, r.text
 
@@ -378,10 +385,7 @@ def test_an_operator_moves_a_job_to_another_tenant(client: httpx.Client) -> None
 
 def test_fault_heals_and_partitions(client: httpx.Client) -> None:
     c = client
-    c.post("/api/v1/jobs", json=_job("acme-f", [0, 64]), headers=_auth(ACME))
-    before = _planned_paths(c, "acme-f", ACME)
-    fabric = {lk["id"]: lk for lk in c.get("/api/v1/fabric", headers=_auth(OPS)).json()["links"]}
-    dead = next(lk for p in before["acme-f:0->64"] for lk in p if fabric[lk]["kind"] == "fabric")
+    fabric, dead = _acme_job_and_its_fabric_link(c)
     r = c.post("/api/v1/faults", headers=_auth(OPS),
                json={"kind": "down", "endpoints": [fabric[dead]["src"], fabric[dead]["dst"]],
                      "detail": "LOS"})

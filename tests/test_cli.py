@@ -305,10 +305,28 @@ def test_nccl_test_table(tmp_path: Path) -> None:
     rows = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
     assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
     for size, count, dtype, _redop, root, time_us, algbw, busbw, _wrong in rows:
-        assert int(count) == int(size) // 4 and dtype == "float" and root == "-1"
+        # (nccl-tests' count for AlltoAll: one peer's elements, size / 4 / ranks)
+        assert int(count) == int(size) // 4 // 32 and dtype == "float" and root == "-1"
         assert float(algbw) == pytest.approx(int(size) / (float(time_us) * 1e3), rel=0.01)
         assert float(busbw) == pytest.approx(float(algbw) * 31 / 32, rel=0.01)
     assert "Avg bus bandwidth" in res.stdout
+
+
+@pytest.mark.parametrize(("op", "asked", "n", "size", "count"), [
+    # nccl-tests: count = the call's count argument (AllGatherGetCollByteCount & co.)
+    ("allreduce", 1001, 16, 1000, 250),  # whole elements
+    ("allreduce", 1, 16, 4, 1),  # (at least one element)
+    ("broadcast", 1 << 20, 8, 1 << 20, 1 << 18),
+    ("allgather", 1 << 30, 16, 1 << 30, 1 << 24),  # total size, one rank's count
+    ("reducescatter", 1000, 3, 996, 83),
+    ("alltoall", 1 << 20, 32, 1 << 20, 1 << 13),  # one peer's count
+    ("allgather", 1, 8, 32, 1),
+])
+def test_nccl_test_sizes_and_counts_are_nccl_tests(op: str, asked: int, n: int, size: int,
+                                                    count: int) -> None:
+    from fabricpilot.nccltests import nccl_size_and_count
+
+    assert nccl_size_and_count(Op(op), asked, n) == (size, count)
 
 
 def test_nccl_test_out_writes_the_sweep_as_printed(tmp_path: Path) -> None:

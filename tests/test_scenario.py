@@ -240,6 +240,10 @@ def _fractional_bytes(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"][0]["size_bytes"] = "0.1KiB"
 
 
+def _size_in_bits(d: dict[str, Any]) -> None:
+    d["jobs"][0]["collectives"][0]["size_bytes"] = "64Mb"
+
+
 def _sla_a_boolean(d: dict[str, Any]) -> None:
     d["jobs"][0]["sla_us"] = True
 
@@ -284,6 +288,8 @@ BAD_CASES = [
     (_priority_not_a_number, "jobs[0].priority", "must be an integer (got 'high')"),
     (_fractional_bytes, "jobs[0].collectives[0].size_bytes",
      "expected a whole number of bytes, got '0.1KiB' (102.4 bytes)"),
+    (_size_in_bits, "jobs[0].collectives[0].size_bytes",
+     "'64Mb' is in bits (b); a size is in bytes: write MB (powers of ten) or MiB (of two)"),
     (_sla_a_boolean, "jobs[0].sla_us", "expected a number, got a boolean (true)"),
     (_fuse_a_boolean, "controller.pressure_fuse", "expected a number, got a boolean (true)"),
     (_l3_cap_near_zero, "controller.l3_rate_cap", "must be >= 0.01 (got 1e-09)"),

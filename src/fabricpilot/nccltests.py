@@ -1,9 +1,19 @@
 """An nccl-tests-style sweep: one collective over all GPUs, message size doubling from min to
 max, printed as nccl-tests prints it (size, count, type, redop, root, time, algbw, busbw).
 
-Sizes follow nccl-tests: bytes per rank for AllReduce / AlltoAll / Broadcast, total bytes for
-AllGather / ReduceScatter; like nccl-tests, sizes are rounded down to a multiple of
-``n_ranks * 4`` where the op splits the buffer across ranks (type ``float``, 4 bytes).
+Sizes and counts follow nccl-tests (type ``float``, 4 bytes): the size is bytes per rank for
+AllReduce / AlltoAll / Broadcast, total bytes for AllGather / ReduceScatter, rounded down to
+whole elements, and to a multiple of ``n_ranks * 4`` where the op splits the buffer across
+ranks; the count is the elements of the call's count argument: the whole buffer for
+AllReduce / Broadcast, one rank's part for AllGather / ReduceScatter, one peer's for AlltoAll
+(``size / 4 / n_ranks``). At least one element (per rank, where split) is run.
+
+>>> nccl_size_and_count(Op.ALLGATHER, 1 << 30, 16)
+(1073741824, 16777216)
+>>> nccl_size_and_count(Op.ALLREDUCE, 1001, 16)
+(1000, 250)
+>>> nccl_size_and_count(Op.ALLGATHER, 1, 8)
+(32, 1)
 """
 
 from __future__ import annotations
@@ -26,6 +36,14 @@ from fabricpilot.workload.plan import Op
 
 TYPE_BYTES = 4
 _SPLIT_OPS = {Op.ALLTOALL, Op.ALLGATHER, Op.REDUCESCATTER}
+
+
+def nccl_size_and_count(op: Op, size_bytes: int, n_ranks: int) -> tuple[int, int]:
+    """The size (bytes) an nccl-tests row of ``op`` over ``n_ranks`` runs for a requested
+    ``size_bytes``, and its count column (see the module docstring)."""
+    unit = TYPE_BYTES * (n_ranks if op in _SPLIT_OPS else 1)
+    size = max(size_bytes // unit, 1) * unit
+    return size, size // unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +114,7 @@ def run_sweep(
     ranks = np.arange(n, dtype=np.int64)
     rows = []
     for size in sizes:
-        s = (size // (n * TYPE_BYTES)) * n * TYPE_BYTES if the_op in _SPLIT_OPS else size
-        s = max(s, TYPE_BYTES)
+        s, count = nccl_size_and_count(the_op, size, n)
         plan = build_collective(the_op, ranks, s, gpus_per_host=topology.topo.gpus_per_host,
                                 algorithm=algorithm)
         job = JobSpec(op, tuple(range(n)), (plan,))
@@ -106,7 +123,7 @@ def run_sweep(
         res = run_policy(prep, policy)
         c = res.collectives[0]
         row = SweepRow(
-            size_bytes=s, count=s // TYPE_BYTES,
+            size_bytes=s, count=count,
             redop="sum" if the_op in (Op.ALLREDUCE, Op.REDUCESCATTER) else "none",
             root=0 if the_op is Op.BROADCAST else -1,
             time_us=c.time_ns / 1e3, algbw_GBps=c.algbw_GBps, busbw_GBps=c.busbw_GBps)

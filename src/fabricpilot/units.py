@@ -53,6 +53,10 @@ def parse_quantity(value: object, dimension: str) -> float:
     1048576.0
     >>> parse_quantity(100, "time")
     100.0
+    >>> parse_quantity("1Mb", "size")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fabricpilot.units.UnitError: '1Mb' is in bits (b); a size is in bytes: write MB ...
     """
     table, canonical = _DIMENSIONS[dimension]
     if isinstance(value, bool):
@@ -70,6 +74,10 @@ def parse_quantity(value: object, dimension: str) -> float:
     number, unit = float(match.group(1)), match.group(2).lower()
     if unit == "":
         return number
+    if dimension == "size" and match.group(2).endswith("b") and not unit.endswith("ib"):
+        pre = match.group(2)[:-1]
+        write = f"{pre}B (powers of ten) or {pre}iB (of two)" if pre else "B"
+        raise UnitError(f"{value!r} is in bits (b); a size is in bytes: write {write}")
     if unit not in table:
         other = next((d for d, (t, _) in _DIMENSIONS.items() if unit in t), None)
         hint = f" (that is a {other} unit)" if other else ""

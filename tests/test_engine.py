@@ -186,6 +186,25 @@ def test_default_scenario_conserves_bytes_and_completes(default_runs) -> None:  
         assert np.all(res.link_peak_util <= 1 + 1e-9)
 
 
+def test_a_flows_alone_fct_is_that_of_its_nics_whatever_the_policy(default_runs) -> None:  # type: ignore[no-untyped-def]
+    """metrics.md: slowdown = FCT / (propagation + wire bytes / bottleneck rate) alone on the
+    empty fabric. A ring step's members each send from and to their own 400 Gb/s NIC: alone,
+    each at 400 Gb/s, under any policy; ECMP hashing two of them onto one link slows the
+    flow, which its slowdown shows (it was once taken as the flow's own rate alone)."""
+    prep, runs = default_runs
+    vision = next(i for i, j in enumerate(prep.jobs) if j.name == "vision-dp")
+    worst = {}
+    for policy, res in runs.items():
+        f = res.flows
+        ring = (f["owner"] == vision) & (f["members"] == 32)
+        assert ring.any()
+        alone = f["latency_ns"][ring] + np.ceil(f["wire_bytes"][ring] * 8 / 400.0)
+        assert np.array_equal(f["alone_fct_ns"][ring], alone.astype(np.int64))
+        worst[policy] = float(f["slowdown"][ring].max())
+    assert worst["ideal"] == pytest.approx(1.0, abs=1e-3)
+    assert worst["ecmp"] > 1.5  # (two ring hops on one 400G link: about twice as long)
+
+
 def test_ideal_is_at_least_ecmp_on_the_default_scenario(default_runs) -> None:  # type: ignore[no-untyped-def]
     _, runs = default_runs
     for job in runs["ideal"].jobs:

@@ -51,7 +51,8 @@ from fabricpilot.dataplane.rates import (
 )
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.faults.model import FaultTimeline
-from fabricpilot.topology.compiled import CompiledTopology
+from fabricpilot.topology.compiled import LINK_KIND_CODES, CompiledTopology
+from fabricpilot.topology.model import LinkKind
 from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals
@@ -180,6 +181,9 @@ class Engine(FaultsMixin):
         np.maximum.at(delay, self._col, topology.delay_ns)
         self.links = LinkState(cap, delay)
         self._link_share = topology.rate_gbps / cap[self._col]
+        # the columns of a GPU's own links (NIC, NVLink): what bounds a flow alone
+        self._host_col = np.zeros(n_cols, np.bool_)
+        self._host_col[self._col[topology.link_kind != LINK_KIND_CODES[LinkKind.FABRIC]]] = True
         self._route_cache: dict[tuple[int, int, int], RoutedBatch] = {}
         bind = getattr(policy, "bind", None)
         if bind is not None:
@@ -623,6 +627,21 @@ class Engine(FaultsMixin):
         self._mice_waiting -= 1
         self._route_mice(np.array([k], np.int64), int(self.mice.time_ns[k]))
 
+    def _alone_rate_gbps(self, weights: sp.csr_matrix) -> NDArray[np.float64]:
+        """Each row's rate alone on the empty fabric, the bottleneck rate of its FCT slowdown:
+        that of its members' own links (NIC, NVLink; :func:`alone_rate_gbps` over those
+        columns). Not over the policy's fabric paths: two members of a flow that a policy
+        hashes onto one link are slowed by the policy, not by the flow alone (for a row
+        with no such link, all of its links)."""
+        cap = self.links.capacity_gbps
+        w = sp.csr_matrix(weights.multiply(self._host_col[None, :].astype(np.float64)))
+        w.eliminate_zeros()
+        alone = alone_rate_gbps(w, cap)
+        none = ~np.isfinite(alone)
+        if none.any():
+            alone[none] = alone_rate_gbps(sp.csr_matrix(weights)[none], cap)
+        return alone
+
     def _add_rows(self, routed: RoutedBatch, sid: int, hops: int, owner: int,
                   tclass: int = 0, start_ns: int | None = None) -> None:
         """Start the rows of ``routed`` now (``start_ns``: when their transfer came, if it
@@ -633,7 +652,7 @@ class Engine(FaultsMixin):
         self._n_flows += n
         wire = self.fabric.wire_bytes(routed.size_bytes)
         latency = hops * (routed.path_delay_ns + self.fabric.nic_latency_ns)
-        alone = alone_rate_gbps(routed.weights, self.links.capacity_gbps)
+        alone = self._alone_rate_gbps(routed.weights)
         alone_fct = latency + np.ceil(wire * 8.0 / alone).astype(np.int64)
         meta = self._stages.get(sid)
         self._flows.add(

@@ -205,6 +205,23 @@ def test_a_flows_alone_fct_is_that_of_its_nics_whatever_the_policy(default_runs)
     assert worst["ecmp"] > 1.5  # (two ring hops on one 400G link: about twice as long)
 
 
+def test_links_csv_lists_every_link_idle_ones_too(default_runs, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import csv
+
+    from fabricpilot.results.io import write_tables
+
+    prep, runs = default_runs
+    write_tables(runs["ecmp"], tmp_path)
+    with (tmp_path / "links.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == prep.topology.n_links
+    # (ECMP leaves some fabric links of the default scenario idle: they are listed, at 0)
+    idle = [r for r in rows if int(r["bytes"]) == 0]
+    assert idle and all(float(r["peak_utilization"]) == 0 for r in idle)
+    assert sum(int(r["bytes"]) for r in rows) == pytest.approx(
+        runs["ecmp"].link_bytes.sum(), abs=len(rows))
+
+
 def test_ideal_is_at_least_ecmp_on_the_default_scenario(default_runs) -> None:  # type: ignore[no-untyped-def]
     _, runs = default_runs
     for job in runs["ideal"].jobs:

@@ -74,7 +74,8 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["link", "kind", "rate_gbps", "bytes", "mean_utilization", "peak_utilization"])
-        for i in np.flatnonzero(result.link_bytes > 0):
+        for i in range(len(result.link_bytes)):  # (idle links too: where a policy left
+            # capacity unused is part of its picture)
             w.writerow([result.link_names[i], result.link_kind[i],
                         f"{result.link_capacity_gbps[i]:g}", round(result.link_bytes[i]),
                         f"{util[i]:.6g}", f"{result.link_peak_util[i]:.6g}"])

@@ -116,6 +116,22 @@ def test_seed_changes_ecmp_but_same_seed_does_not(tmp_path: Path) -> None:
     assert outs[0] != outs[2]
 
 
+def test_the_ideal_reference_is_shown_when_not_asked_for(tmp_path: Path) -> None:
+    """Without `ideal` among the policies it still runs as the reference of the "of ideal"
+    column: its busbw is printed, and each fraction is the policy's busbw over it."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    res = cli("run", str(path), "-p", "ecmp")
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("of ideal: "))
+    ref = {name: float(v) for name, v in re.findall(r"([\w-]+) ([\d.]+)(?:,|$)", line)}
+    rows = [cells for ln in res.stdout.splitlines()  # (the jobs' table: policy 3rd)
+            if len(cells := ln.split("│")) == 8 and cells[3].strip() == "ecmp"]
+    assert rows and len(ref) == len(rows)
+    for (name, busbw_ref), cells in zip(ref.items(), rows, strict=True):
+        busbw, frac = float(cells[5]), float(cells[6].strip().rstrip("%"))
+        assert frac == pytest.approx(100 * busbw / busbw_ref, abs=0.1), (name, cells)
+
+
 def test_out_dir_writes_tables(tmp_path: Path) -> None:
     path = write(tmp_path, small_scenario(tmp_path))
     assert cli("run", str(path), "--out", str(tmp_path / "t")).returncode == 0

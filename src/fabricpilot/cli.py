@@ -140,6 +140,11 @@ def run(
                             task, completed=offset[job] + d))
         reference = results[runs.index("ideal")]
         out.print(comparison_table(shown, reference))
+        if "ideal" not in policies:  # (run as the reference only: its figures, to check by)
+            ref = ", ".join(f"{escape(j.name)} {reference.mean_busbw_GBps(j.name):.1f}"
+                            for j in prep.jobs)
+            out.print(f"of ideal: against `ideal` (run as the reference), busbw GB/s {ref}",
+                      highlight=False, soft_wrap=True)
         above = above_reference(shown, reference)
         if above:
             out.print(f"above ideal: {escape(', '.join(above))}; {ABOVE_REFERENCE}",

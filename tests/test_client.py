@@ -356,3 +356,17 @@ def test_non_json_error_body_and_bearer_header() -> None:
     assert err.value.status == 502
     assert str(err.value) == ("502 Bad Gateway: Bad Gateway upstream down "
                               "(GET /api/v1/congestion)")
+
+
+def test_a_read_timeout_is_not_reported_as_unreachable() -> None:
+    """Connected but no answer in time (a controller busy planning, or hung): the message
+    says so, with the timeout, instead of 'cannot reach'."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with Client("http://fp.test", token=OPS, timeout_s=2.5,
+                transport=httpx.MockTransport(handler)) as fp, \
+            pytest.raises(FabricpilotConnectionError) as err:
+        fp.list_jobs()
+    assert str(err.value) == ("the fabricpilot controller at http://fp.test did not answer "
+                              "within 2.5 s (GET /api/v1/jobs): ReadTimeout")

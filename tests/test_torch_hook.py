@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -177,6 +178,28 @@ def test_announce_failures_never_raise(caplog: pytest.LogCaptureFixture) -> None
         assert caplog.text.count("cannot reach the fabricpilot controller") == 1
 
 
+def test_close_reports_announcements_it_could_not_send(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A controller that never answers: ``close(t)`` returns after about ``t`` (not 2t) and
+    says how many announcements were dropped."""
+    release = threading.Event()
+
+    def hung(request: httpx.Request) -> httpx.Response:
+        release.wait(10)
+        return httpx.Response(200, json={"pairs": []})
+
+    state = _state(_mock(hung))
+    state.note_bucket(0, 100)
+    state.note_bucket(1, 100)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, "fabricpilot.integrations.torch"):
+        state.close(0.5)
+    waited_s = time.monotonic() - started
+    release.set()
+    assert "2 announcement(s) not sent within 0.5 s" in caplog.text
+    assert waited_s < 0.9  # one budget for flushing and joining together (was 2 x 0.5 s)
+
+
 # ---------------------------------------------------------------- end to end
 WORKER = r'''
 """One rank of the DDP test run: train with the fabricpilot hook and without it, record
@@ -211,7 +234,9 @@ def batches(rank):
 
 def train(data, state=None, record=None):
     model = DDP(make_model(), bucket_cap_mb=BUCKET_CAP_MB)
-    if state is not None:
+    if state is not None and record is None:
+        model.register_comm_hook(state, fabricpilot_allreduce_hook)  # as documented
+    elif state is not None:
         def recording_hook(st, bucket):
             # independent of the hook's own arithmetic: the bucket's parameters' bytes
             params_bytes = sum(p.numel() * p.element_size() for p in bucket.parameters())
@@ -254,7 +279,7 @@ def main():
     # an unreachable controller: declared and trained through, without announcements
     dead = Client(os.environ["TEST_DEAD_URL"], get_retries=0, timeout_s=5)
     dead_state = declare(dead, task_id="ddp-unreachable")
-    dead_grads, _ = train(data, dead_state, [])
+    dead_grads, _ = train(data, dead_state)
 
     out = {
         "rank": rank, "world": world, "task_id": state.task_id, "gpus": state.gpus,

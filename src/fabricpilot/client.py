@@ -254,6 +254,11 @@ class Client:
         what = type(err).__name__
         text = " ".join(str(err).split()) or what
         tries = f" after {attempts} attempts" if attempts > 1 else ""
+        if isinstance(err, httpx.ReadTimeout | httpx.WriteTimeout):
+            # connected, but the answer did not come in time: the controller is busy or hung
+            return FabricpilotConnectionError(
+                f"the fabricpilot controller at {self.base_url} did not answer within "
+                f"{self.timeout_s:g} s ({method} {path}): {what}")
         return FabricpilotConnectionError(
             f"cannot reach the fabricpilot controller at {self.base_url}{tries} "
             f"({method} {path}): {what}: {text}")

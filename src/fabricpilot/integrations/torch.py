@@ -58,6 +58,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -317,13 +318,19 @@ class CommIntent:
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is queued (waiting up to ``timeout_s``), stop the announcing thread and
         close the client if :func:`declare` made it."""
-        self.flush(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if not self.flush(timeout_s):
+            with self._cond:
+                pending = len(self._queue) + int(self._busy)
+            log.warning("fabricpilot: %d announcement(s) not sent within %g s; "
+                        "dropping them", pending, timeout_s)
         with self._cond:
             self._closed = True
             self._queue.clear()
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            # a request in flight ends with the client's own timeout; the thread is a daemon
+            self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self.owns_client and self.client is not None:
             self.client.close()
 
@@ -416,6 +423,12 @@ def fabricpilot_allreduce_hook(state: CommIntent,
             .get_future()
             .then(lambda fut: fut.value()[0]))
 
+
+# DDP's ``register_comm_hook`` compares the hook's annotations with ``dist.GradBucket`` and
+# ``torch.futures.Future[torch.Tensor]``; under ``from __future__ import annotations`` they are
+# strings and DDP refuses the hook. Unannotated parameters are accepted, so the runtime
+# annotations are dropped (type checkers still read the ones in the source).
+fabricpilot_allreduce_hook.__annotations__ = {}
 
 comm_hook = fabricpilot_allreduce_hook
 """Alias of :func:`fabricpilot_allreduce_hook`."""

@@ -662,6 +662,31 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         assert again[:len(events)] == events
 
 
+def test_withdrawn_path_sets_do_not_come_back_after_a_restart(tmp_path: Path) -> None:
+    """A job shrunk from the ring 0 -> 64 -> 1 -> 0 to 0 <-> 64: the switches no longer hold
+    the paths of 64 -> 1 and 1 -> 0, and a restart must not install them again."""
+    app, svc = _service(tmp_path)
+    with TestClient(app) as c:
+        c.post("/api/v1/jobs", json=_job("acme-s", [0, 64, 1]), headers=_auth(ACME))
+        before = _planned_paths(c, "acme-s", ACME)
+        r = c.put("/api/v1/jobs/acme-s", json=_job("acme-s", [0, 64]), headers=_auth(ACME))
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 10
+        while (after := _planned_paths(c, "acme-s", ACME)).keys() == before.keys():
+            assert time.monotonic() < deadline, "the shrunk job was never re-planned"
+            time.sleep(0.05)
+    assert set(after) == {"acme-s:0->64", "acme-s:64->0"}
+    withdrawn = before.keys() - after.keys()
+    assert withdrawn == {"acme-s:64->1", "acme-s:1->0"}
+    assert set(svc.store.paths()) == set(svc.dp.installed) == set(after)
+
+    app2, svc2 = _service(tmp_path)
+    assert set(svc2.store.paths()) == set(after)
+    with TestClient(app2) as c:
+        assert _planned_paths(c, "acme-s", ACME) == after
+    assert not withdrawn & set(svc2.dp.installed)
+
+
 def test_ports_reported_down_are_known_as_such_after_a_restart(tmp_path: Path) -> None:
     """A link its switch reported down (telemetry) and one an operator reported down; after
     a restart both are still down, and the switches then saying both ports are up brings

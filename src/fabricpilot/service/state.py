@@ -157,7 +157,8 @@ class FabricService:
         # the in-process twin is the data plane unless a remote one is given
         policy = None if remote is not None else PacedTwin(twin_context(prep))
         inner: DataPlane = remote if remote is not None else cast("PacedTwin", policy)
-        self.dp = ServiceDataPlane(inner, on_install=self._persist_paths)
+        self.dp = ServiceDataPlane(inner, on_install=self._persist_paths,
+                                   on_remove=self.store.delete_paths)
         # (gray-link detection as the scenario's faults section says, if it has one)
         self.controller = Controller(self.dp, fault_setup(prep)[1])
         if policy is not None:

@@ -158,6 +158,15 @@ class Store:
             self._db.executemany("INSERT OR REPLACE INTO paths VALUES (?, ?, ?)", encoded)
             self._db.execute("COMMIT")
 
+    def delete_paths(self, keys: list[str]) -> None:
+        """Forget the stored path sets of these keys (withdrawn from the switches)."""
+        if not keys:
+            return
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM paths WHERE key = ?", [(k,) for k in keys])
+            self._db.execute("COMMIT")
+
     def paths(self) -> dict[str, dict[str, Any]]:
         return {k: json.loads(p) for k, p in self._read("SELECT key, pathset FROM paths")}
 

@@ -51,11 +51,13 @@ __all__ = ["PacedTwin", "ServiceDataPlane", "TwinRunner", "twin_context"]
 class ServiceDataPlane:
     """A :class:`DataPlane` that remembers what it was told (see the module docstring).
 
-    ``on_install`` is called with every batch of path sets installed (the service persists
-    them there)."""
+    ``on_install`` is called with every batch of path sets installed and ``on_remove`` with
+    every batch of keys withdrawn (the service persists both, so that a restart restores
+    what the switches hold, not what they once held)."""
 
     def __init__(self, inner: DataPlane,
-                 on_install: Callable[[list[PathSet]], None] | None = None) -> None:
+                 on_install: Callable[[list[PathSet]], None] | None = None,
+                 on_remove: Callable[[list[str]], None] | None = None) -> None:
         self.inner = inner
         self.view = inner.fabric()
         # published copy-on-write (replaced, never changed in place): readers need no lock
@@ -64,6 +66,7 @@ class ServiceDataPlane:
         self.congestion: dict[int, float] = {}
         self.qos: dict[int, int] = {}
         self._on_install = on_install
+        self._on_remove = on_remove
         self._posted: list[PortDelta] = []
         self._posted_lock = threading.Lock()
         self.posted_total = 0
@@ -106,6 +109,8 @@ class ServiceDataPlane:
 
     def remove(self, keys: list[str]) -> None:
         self.inner.remove(keys)
+        if self._on_remove is not None and keys:
+            self._on_remove(list(keys))
         gone = set(keys) & self.installed.keys()
         if not gone:
             return

@@ -83,7 +83,16 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
         assert proc.returncode == -signal.SIGKILL
         # each process exits when its parent's end of the socket closes: no orphan
         assert wait_gone(list(below)) == []
-        proc = _start(state, tokens, port)
+        proc = _start(state, tokens, port)  # (the killed one's lock on the state died with it)
+        # a second service on the same state directory is refused, naming the holder
+        second = subprocess.run(
+            [sys.executable, "-m", "fabricpilot", "serve", "--state-dir", str(state),
+             "--tokens", str(tokens), "--port", str(free_port())],
+            capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert second.stderr.strip().splitlines() == [
+            f"error: {state}: in use by another fabricpilot service (pid {proc.pid}); "
+            "give each service its own --state-dir"]
         health = httpx.get(f"{base}/health").json()
         restored = health["restored"]
         assert (restored["jobs"], restored["faults"]) == (2, 1)
@@ -108,6 +117,18 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_an_unreadable_operator_token_is_one_line(tmp_path: Path) -> None:
+    """``operator.token`` that cannot be read (here a directory): a one-line error naming
+    the file, not a traceback."""
+    state = tmp_path / "state"
+    (state / "operator.token").mkdir(parents=True)
+    r = subprocess.run([sys.executable, "-m", "fabricpilot", "serve", "--state-dir",
+                        str(state), "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: {state}/operator.token: cannot read the operator token: Is a directory"]
 
 
 @pytest.mark.parametrize("content, message", [

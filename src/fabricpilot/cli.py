@@ -292,7 +292,12 @@ def serve(
     from fabricpilot.collector import freeze_startup_objects
     from fabricpilot.service.auth import TokenRegistry
     from fabricpilot.service.control import ServiceSpec
-    from fabricpilot.service.server import build, build_process, configure_logging
+    from fabricpilot.service.server import (
+        StateDirLock,
+        build,
+        build_process,
+        configure_logging,
+    )
 
     _number(time_scale, "--time-scale", low=0, high=1e6)
     _number(tick_interval, "--tick-interval", low=0, high=86_400)
@@ -313,8 +318,11 @@ def serve(
         for server in servers:
             server.should_exit = True
 
+    # one service per state directory: held until serve ends (the kernel frees it on a crash)
+    lock = StateDirLock(state_dir)
     try:
         sc, source = _load(scenario)
+        lock.acquire()
         tokens = TokenRegistry.from_file(tokens_file) if tokens_file is not None else None
         dp_token = _read_token(dataplane_token_file, "--dataplane-token-file")
         with err.status("planning the declared jobs"):
@@ -335,6 +343,7 @@ def serve(
                     spec, tokens=tokens, max_body_bytes=max_body_bytes, on_lost=on_lost)
                 restored = control.restored
     except FabricpilotError as e:
+        lock.release()
         _fail(str(e))
     err.print(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs /docs, "
               f"metrics /metrics); state in {state_dir}/"
@@ -348,7 +357,10 @@ def serve(
     freeze_startup_objects()
     servers.append(uvicorn.Server(uvicorn.Config(api, host=host, port=port,
                                                  log_level="warning", access_log=False)))
-    servers[0].run()
+    try:
+        servers[0].run()
+    finally:
+        lock.release()
     if lost:
         err.print(f"[bold red]error:[/] {lost[0]}; serve stopped (start it again: the state "
                   f"in {state_dir}/ is restored)", highlight=False, soft_wrap=True)

@@ -9,6 +9,7 @@ twin``.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sys
@@ -42,16 +43,79 @@ def operator_token(state_dir: Path) -> tuple[str, Path]:
     """The operator token of a state directory without a token file: read from
     ``operator.token``, created (mode 0600) on first start."""
     path = state_dir / OPERATOR_TOKEN_FILE
-    if path.exists():
-        token = path.read_text().strip()
-        if len(token) < 16:
-            raise ServeError(f"{path}: token too short (>= 16 characters)")
-        return token, path
-    token = new_token()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    try:
+        if path.exists():
+            token = path.read_text().strip()
+            if len(token) < 16:
+                raise ServeError(f"{path}: token too short (>= 16 characters)")
+            return token, path
+        token = new_token()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    except OSError as err:
+        raise ServeError(f"{path}: cannot {'read' if path.exists() else 'create'} the "
+                         f"operator token: {err.strerror}") from None
     return token, path
+
+
+LOCK_FILE = "service.lock"
+"""The file in a state directory that the service holding it keeps locked."""
+
+
+class StateDirLock:
+    """An exclusive lock on a state directory, held while a service uses it: two services
+    writing one database and one set of path sets would undo each other's work.
+
+    ``flock`` on ``service.lock`` (released by the kernel when the process dies, so a
+    ``kill -9`` leaves no stale lock); the holder's pid is written in the file for the
+    error message of the next one.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> with StateDirLock(d):
+    ...     try:
+    ...         StateDirLock(d).acquire()
+    ...     except ServeError as err:
+    ...         print(str(err).split(": ", 1)[1].split(" (")[0])
+    in use by another fabricpilot service
+    >>> with StateDirLock(d):  # free again once released
+    ...     pass
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        _make_state_dir(self.path.parent)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as err:
+            raise ServeError(f"{self.path}: cannot create the lock file: "
+                             f"{err.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ServeError(f"{self.path.parent}: in use by another fabricpilot service "
+                             f"(pid {holder}); give each service its own --state-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # (closing releases the flock)
+            self._fd = None
+
+    def __enter__(self) -> StateDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _make_state_dir(state_dir: Path) -> None:

@@ -857,3 +857,29 @@ def test_each_stream_keeps_its_own_retransmission_timer(tmp_path: Path) -> None:
     r = run_policy(_scenario(tmp_path, [RING], [first, second]), "ecmp")
     assert [f["streams_moved"] for f in r.faults] == [2, 2]
     assert r.collectives[0].end_ns - clean.collectives[0].end_ns == 10_000_000
+
+
+def test_moves_off_a_gray_link_never_reorder_even_when_switch_moves_may(
+        tmp_path: Path) -> None:
+    """``adaptive.drain_safe: false`` lets switch-local moves switch at once (and reorder);
+    the controller's moves off a gray link must not. Spine 0's links are made slow (20 us
+    each), so the paths through spine 1 are faster: a stream moved off gray leaf0-spine0
+    at once would have its new-path bytes overtake those still on the old path (one event
+    per 4 KiB packet). Drain-safe, none does."""
+    import dataclasses
+
+    from fabricpilot.runner import _simulate
+
+    gray = [{"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "ber": 1e-5}]
+    prep = _scenario(tmp_path, [{**RING, "iterations": 3}], gray)
+    prep = dataclasses.replace(prep, adaptive=dataclasses.replace(prep.adaptive,
+                                                                  drain_safe=False))
+    ct = prep.topology
+    for lk in range(ct.n_links):
+        if "spine0" in ct.link_name(lk):
+            ct.delay_ns[lk] = 20_000
+    out, pol, _ = _simulate(prep, "task-aware")
+    assert len(pol.gray_actions) == 2 and all(confirmed for _, _, confirmed, _ in
+                                              pol.gray_actions)
+    assert out.path_moves > 0
+    assert out.flows["reorder_events"].sum() == 0

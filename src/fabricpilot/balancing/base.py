@@ -197,11 +197,20 @@ class Moves:
     """Members to move (indices into :class:`ActiveMembers`) and their new paths. With
     ``drain_safe`` a moved stream waits until the bytes it has in flight on the old path are
     delivered before it sends on the new one (no reordering, an idle gap); without, it
-    switches at once and bytes on a faster new path overtake those still on the old one."""
+    switches at once and bytes on a faster new path overtake those still on the old one.
+    ``drain_safe`` is one flag for all the members or one per member."""
 
     member: NDArray[np.int64]
     path: NDArray[np.int32]
-    drain_safe: bool = True
+    drain_safe: bool | NDArray[np.bool_] = True
+
+    def safe_mask(self) -> NDArray[np.bool_]:
+        """Whether each member moves drain-safe.
+
+        >>> Moves(np.array([4, 7]), np.zeros((2, 1), np.int32), False).safe_mask().tolist()
+        [False, False]
+        """
+        return np.broadcast_to(np.asarray(self.drain_safe, bool), self.member.shape).copy()
 
 
 TelemetryFn = Callable[[], LinkTelemetry]

@@ -460,10 +460,13 @@ class TaskAware(Adaptive):
         if not ok.any():
             return moves
         width = max(path.shape[1], new.shape[1], moves.path.shape[1] if len(moves.path) else 0)
+        # moves off a gray link are always drain-safe (whatever ``adaptive.drain_safe`` says
+        # of switch-local moves): the controller's rule change must never reorder
+        safe = np.concatenate([moves.safe_mask(), np.ones(int(ok.sum()), bool)])
         return Moves(np.concatenate([moves.member, cand[ok]]),
                      np.concatenate([pad_paths(moves.path.astype(np.int32), width),
                                      pad_paths(new[ok].astype(np.int32), width)]),
-                     moves.drain_safe)
+                     True if safe.all() else safe)
 
     def _endpoints_of(self, path: NDArray[np.int32]) -> tuple[NDArray, NDArray]:
         valid = path >= 0

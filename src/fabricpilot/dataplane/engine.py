@@ -439,21 +439,26 @@ class Engine(FaultsMixin):
         d_old = path_delay_ns(self.ct, old, lat)
         d_new = path_delay_ns(self.ct, new, lat)
         rows = row[mem]
-        if moves.drain_safe:
+        safe = moves.safe_mask()
+        if safe.any():
             # the stream (and so its row) sends nothing until its last byte on the old path
             # has arrived: no reordering, an idle gap of one old-path delay (the streams moved
             # in one round resume together, after the longest of their delays: one rate
             # update instead of one per distinct delay)
-            until = self.now + float(d_old.max())
-            self._row_hold[rows] = np.maximum(self._row_hold[rows], until)
+            held = rows[safe]
+            until = self.now + float(d_old[safe].max())
+            self._row_hold[held] = np.maximum(self._row_hold[held], until)
             self._at(math.ceil(until), self._mark_dirty)
-        else:
+        if not safe.all():
             # bytes sent on a faster new path while older ones are still on the old path
             # arrive first: one reorder event per packet sent in that window
-            rate = self._rates[rows] if len(self._rates) == len(self._remaining) else 0.0
-            ahead = np.maximum(d_old - d_new, 0) * rate / 8.0
+            now_rows = rows[~safe]
+            rate = (self._rates[now_rows] if len(self._rates) == len(self._remaining)
+                    else 0.0)
+            ahead = np.maximum(d_old[~safe] - d_new[~safe], 0) * rate / 8.0
             events = np.ceil(ahead / self.fabric.mtu_bytes).astype(np.int64)
-            for fid, ev in zip(self._row_flow[rows].tolist(), events.tolist(), strict=True):
+            for fid, ev in zip(self._row_flow[now_rows].tolist(), events.tolist(),
+                               strict=True):
                 self._reorder_moves[fid] = self._reorder_moves.get(fid, 0) + ev
         self._m_path[mem] = new
         self._moves += len(mem)

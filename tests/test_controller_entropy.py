@@ -233,7 +233,7 @@ def test_spilled_demands_are_replanned_on_entropy_paths_only_if_that_loads_less(
     from fabricpilot.controller.core import _set_load
     from fabricpilot.controller.planner import plan_greedy
 
-    ctx = _ctx(per_switch=False, rules=8)
+    ctx = _ctx(per_switch=False, rules=32)
     twin, ctl = _alltoall_controller(ctx)
     rep = ctl.plan()
     assert rep.unpinned > 0
@@ -331,7 +331,7 @@ def test_a_kept_steering_table_steers_as_a_fresh_one() -> None:
     ``steer`` with nothing cached, and caches exactly what :func:`constraints` gives."""
     from fabricpilot.controller.entropy import SteeringTable
 
-    ctx = _ctx(per_switch=False, rules=8)
+    ctx = _ctx(per_switch=False, rules=32)
     view = fabric_view(ctx)
     cache: dict = {}
     table = SteeringTable(view, cache)
@@ -422,3 +422,38 @@ def test_a_plan_interns_one_path_per_candidate_of_its_tuples(monkeypatch) -> Non
     # 64 GPUs: 4032 pairs, one QP each (an AlltoAll); each switch path interned once
     assert len({p[:1] + p[-1:] for p in paths}) == len(paths) == 64 * 63
     assert sum(interned) == len({p[1:-1] for p in paths}) < len(paths)
+
+
+def test_qps_left_to_their_hash_leave_a_failed_link_and_are_counted() -> None:
+    """A polarised fat tree with 64 rules per switch: QPs whose planned path needed a rule
+    no switch had room for follow the hash of their port. When a link their hash path
+    crosses fails, the heal moves the planned paths off it and gives those QPs a port whose
+    hash avoids it: no installed path crosses the dead link, and every QP not pinned still
+    goes exactly where the twin's switches hash its port."""
+    ctx = _ctx(per_switch=False, rules=32)
+    twin, ctl = _alltoall_controller(ctx)
+    ctl.plan()
+    assert ctl.left_to_hash  # the tables are full: some QPs follow their hash
+    view = fabric_view(ctx)
+    # a fabric link that a QP left to its hash crosses (both directions fail)
+    hashed = [p for k in ctl.left_to_hash for p, rl in zip(
+        ctl._installed[k].paths, ctl._installed[k].rules, strict=True) if not rl]
+    link = next(lk for p in hashed for lk in p[1:-1])
+    back = view.link_between(view.links[link].dst, view.links[link].src)
+    ctl.on_links_changed([link, back], [])
+    dead = {link, back}
+    for rule, _ in twin._rules.values():
+        a, b = (int(x) for x in rule.key.split(":")[1].split("->"))
+        for path, port, pinned in zip(rule.paths, rule.ports, rule.rules, strict=True):
+            assert dead.isdisjoint(path), rule.key
+            if not pinned:
+                assert path == _twin_path(ctx, a, b, port), rule.key
+    assert {k: r for k, (r, _) in twin._rules.items()} == ctl._installed
+    # what the run reports: the QPs of the sets held now, each counted once
+    twin.controller = ctl  # (as a run attaches it)
+    stats = twin.stats()
+    total = sum(len(r.paths) for r, _ in twin._rules.values())
+    pinned = sum(1 for r, _ in twin._rules.values() for rl in r.rules if rl)
+    assert stats["qps_pinned"] == pinned
+    assert stats["qps_unpinned"] == sum(ctl.left_to_hash.values()) > 0
+    assert stats["qps_steered"] + stats["qps_pinned"] + stats["qps_unpinned"] == total

@@ -133,6 +133,12 @@ class TaskAware(Adaptive):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._rules: dict[str, tuple[PathSet, float]] = {}  # key -> (rule, effective at)
+        # the (job, source, destination) codes of the keys with a path set, sorted (made
+        # again when the rules or the job names change): which streams the plan placed
+        self._planned_codes: NDArray[np.int64] | None = None
+        self._codes_of_jobs: tuple[str, ...] = ()
+        self._full_of: object = None  # the plan _full_links was made of
+        self._full_links: NDArray[np.bool_] | None = None
         self._removing: dict[str, float] = {}  # key -> when its withdrawal takes effect
         self._table: Counter[str] = Counter()  # explicit rules each switch holds
         self.job_names: list[str] = []
@@ -239,6 +245,8 @@ class TaskAware(Adaptive):
                 raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
             self._table = table
         at = now + (0 if self._ahead else self.ctx.controller.control_latency_ns)
+        if any(r.key not in held for r in rules):
+            self._planned_codes = None
         held.update([(r.key, (r, at)) for r in rules])
         forwarded = self._forwarded
         if forwarded:
@@ -268,6 +276,7 @@ class TaskAware(Adaptive):
         for k in due:
             del self._removing[k]
             self._rules.pop(k, None)
+            self._planned_codes = None
             self._forwarded.pop(k, None)
 
     def switch_rules(self) -> Counter[str]:
@@ -300,16 +309,22 @@ class TaskAware(Adaptive):
         return self.last_plan
 
     def stats(self) -> dict[str, object]:
-        """What the controller did in this run: QPs steered by their source port alone,
-        pinned by explicit rules or left to their hash (a full rule table), the explicit
-        rules per switch against the capacity, control periods, re-plans and fuse trips."""
-        rep = self.last_plan
+        """What the controller did in this run: the path sets the switches hold at its end
+        and their QPs steered by their source port alone, pinned by explicit rules or left
+        to their hash (a full rule table; as the controller knows them: after heals and
+        re-plans, not only the first plan's), the explicit rules per switch against the
+        capacity, control periods, re-plans and fuse trips."""
+        sets = [r for r, _ in self._rules.values() if r.key not in self._removing]
+        qps = sum(len(r.paths) for r in sets if r.ports)
+        pinned = sum(1 for r in sets for rl in r.rules if rl)
+        unpinned = (sum(n for k, n in self.controller.left_to_hash.items() if k in self._rules)
+                    if self.controller is not None else 0)
         rules = self.switch_rules()
         return {
-            "path_sets": rep.path_sets if rep else 0,
-            "qps_steered": rep.steered if rep else 0,
-            "qps_pinned": rep.pinned if rep else 0,
-            "qps_unpinned": rep.unpinned if rep else 0,
+            "path_sets": len(sets),
+            "qps_steered": max(qps - pinned - unpinned, 0),
+            "qps_pinned": pinned,
+            "qps_unpinned": unpinned,
             "switch_rules_max": max(rules.values(), default=0),
             "switch_rule_capacity": self.ctx.controller.switch_rule_capacity,
             "switch_rules": dict(sorted(rules.items())),
@@ -413,14 +428,15 @@ class TaskAware(Adaptive):
         controller period (:meth:`Controller.tick`): telemetry in, congestion table and,
         when worth it, a new plan out. With spines kept for mice, streams there stay (mice
         are short) and the others move only among the rest."""
+        local = replace(members, hold=members.hold | self._planned(members))
         if self.mice_link is None:
-            moves = super().rebalance(members)
+            moves = super().rebalance(local)
         else:
             pushed = self.congestion_table
             try:
                 self.congestion_table = split_tables(pushed, self.mice_link)[1]
-                kept = on_links(members.path, self.mice_link)
-                moves = super().rebalance(replace(members, hold=members.hold | kept))
+                kept = on_links(local.path, self.mice_link)
+                moves = super().rebalance(replace(local, hold=local.hold | kept))
             finally:
                 self.congestion_table = pushed
         if self.controller is None or self._telemetry is None:
@@ -439,6 +455,64 @@ class TaskAware(Adaptive):
                                           self.controller.gray.per_link.get(lk, 0)))
                 self.confirmed_gray[lk] = now
         return self._off_degraded(members, moves, now)
+
+    def _planned(self, members: ActiveMembers) -> NDArray[np.bool_]:
+        """Which members are streams of a pair with a path set on a link the controller's
+        plan loads to its capacity or beyond: the plan over-commits it knowingly (no path
+        relieves it: a link lost, an incast), so a switch-local move only trades it for
+        another such link, back and forth. Those stay where the controller put them (it
+        moves them: heals, re-plans, off gray links); the rest adapt locally."""
+        n = len(members.path)
+        full = self._plan_full_links()
+        if members.owner is None or not self._rules or not n or full is None:
+            return np.zeros(n, bool)
+        on_full = full[np.where(members.path >= 0, members.path, len(full) - 1)].any(axis=1)
+        if not on_full.any():
+            return on_full
+        codes = self._planned_array()
+        src, dst = self._endpoints_of(members.path)
+        own = np.asarray(members.owner, np.int64)
+        g = np.int64(self.ctx.topology.n_gpus)
+        ok = (own >= 0) & (src >= 0) & (dst >= 0)
+        code = (own * g + src) * g + dst
+        pos = np.minimum(np.searchsorted(codes, code), max(len(codes) - 1, 0))
+        return on_full & ok & (codes[pos] == code) if len(codes) else np.zeros(n, bool)
+
+    def _plan_full_links(self) -> NDArray[np.bool_] | None:
+        """The fabric links the controller's current plan loads to 100 % or more (a mask
+        over link ids, one spare entry at the end for padding); ``None`` if none is or there
+        is no plan here."""
+        plan = self.controller.current if self.controller is not None else None
+        if plan is None:
+            return None
+        if self._full_of is not plan:
+            ct = self.ctx.topology
+            full = np.zeros(ct.n_links + 1, bool)
+            fabric = LINK_KIND_CODES["fabric"]  # (a NIC link is full by design and no move
+            for lk, gbps in plan.link_load_gbps.items():  # changes it)
+                if (0 <= lk < ct.n_links and ct.link_kind[lk] == fabric
+                        and gbps >= ct.rate_gbps[lk] * (1 - 1e-9)):
+                    full[lk] = True
+            self._full_of, self._full_links = plan, full if full.any() else None
+        return self._full_links
+
+    def _planned_array(self) -> NDArray[np.int64]:
+        """The sorted codes ``(job * n_gpus + src) * n_gpus + dst`` of the keys with a path
+        set (of this run's jobs; made again after the rules or the job names changed)."""
+        names = tuple(self.job_names)
+        if self._planned_codes is None or names != self._codes_of_jobs:
+            index = {name: i for i, name in enumerate(names)}
+            g = self.ctx.topology.n_gpus
+            codes = []
+            for key in self._rules:
+                task, _, pair = key.rpartition(":")
+                j = index.get(task)
+                a, _, b = pair.partition("->")
+                if j is not None and a.isdigit() and b.isdigit():
+                    codes.append((j * g + int(a)) * g + int(b))
+            self._planned_codes = np.unique(np.array(codes, np.int64))
+            self._codes_of_jobs = names
+        return self._planned_codes
 
     def _off_degraded(self, members: ActiveMembers, moves: Moves, now: float) -> Moves:
         """Planned streams still on a link the controller found gray move to the paths of

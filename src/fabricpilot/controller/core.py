@@ -20,6 +20,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import networkx as nx
@@ -32,7 +33,7 @@ from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.entropy import (
     SteeringTable,
     SteerRequest,
-    hash_paths,
+    best_hashed_ports,
     steer,
 )
 from fabricpilot.controller.health import Debouncer, GrayDetector
@@ -402,7 +403,8 @@ class PlanReport:
     switch_rules: dict[str, int] = field(default_factory=dict)
 
     installed: int = 0  # path sets sent (the ones that changed)
-    spilled: set[str] = field(default_factory=set, repr=False)  # keys with unpinned paths
+    # keys with paths left to their hash (a full rule table): how many of their QPs
+    spilled: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def max_switch_rules(self) -> int:
@@ -755,7 +757,7 @@ class Controller:
         # the plan's load by link id (dense), kept equal to ``current.link_load_gbps``
         self._load_rows: NDArray[np.float64] | None = None
         # keys whose installed paths are not the plan's (a path left to its hash)
-        self._spilled: set[str] = set()
+        self._spilled: dict[str, int] = {}  # key -> its QPs left to the hash
         # installed path sets forgotten since the data plane was last told (see _forget)
         self._forgotten: list[str] = []
         # what heals replaced in the records (old paths and path sets), one entry per heal:
@@ -1479,7 +1481,7 @@ class Controller:
             # (compiled as a plan would be: a failure under it is healed the same way)
             self.current = Plan(paths, load, self._fabric_lambda(load, {}), solver="resumed",
                                 columns=compile_columns(demands, self._link_capacity()))
-            self._spilled = set()  # (the plan is the held sets' paths)
+            self._spilled = {}  # (the plan is the held sets' paths)
             self._sync_load_rows()
         rest = {t for t, ok in covered.items() if not ok}
         if not rest:
@@ -1541,7 +1543,8 @@ class Controller:
             for pinned in installed[k].rules for sw, _ in pinned)
         sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
         plan.paths.update(sub.paths)
-        self._spilled.difference_update(sub.paths)
+        for k in sub.paths:
+            self._spilled.pop(k, None)
         self._spilled |= report.spilled
         return sets, report
 
@@ -1575,7 +1578,7 @@ class Controller:
                 self._on_link.discard(lk, key)
         self._demand.pop(key, None)
         self._endpoints.pop(key, None)
-        self._spilled.discard(key)
+        self._spilled.pop(key, None)
 
     def _withdraw_forgotten(self) -> None:
         """Withdraw from the data plane the path sets forgotten since it was last told
@@ -1666,7 +1669,7 @@ class Controller:
         self.current = plan
         self._links_changed = False
         self._up_since.clear()
-        self._spilled = set(report.spilled)
+        self._spilled = dict(report.spilled)
         self._sync_load_rows()
         report.demands = n_demands
         report.installed = len(changed)
@@ -1954,7 +1957,12 @@ class Controller:
         affected = ([] if t_rows is not None else
                     sorted(set().union(*(self._on_link.get(lk, set()) for lk in avoid))))
         if not (len(t_rows) if t_rows is not None else affected):
-            rep = HealReport(cause, 0, 0, time.perf_counter() - t0)
+            # (no planned path on them; QPs left to their hash may be)
+            rehashed = self._rehash_spilled(set())
+            if rehashed:
+                self.dp.install(rehashed)
+                self._record(rehashed)
+            rep = HealReport(cause, len(rehashed), len(rehashed), time.perf_counter() - t0)
             self.heals.append(rep)
             return rep
         if in_columns:
@@ -2100,13 +2108,15 @@ class Controller:
         new paths are out, ``record`` the controller's records of them (:meth:`_record` of
         the sets if not given); then, as bookkeeping, bring the plan's lambda up to date
         (from the dense copy of the load if ``dense``: it is the plan's load now)."""
-        self.dp.install(sets)
+        rehashed = self._rehash_spilled({s.key for s in sets})
+        self.dp.install(sets + rehashed)
         sent_s = time.perf_counter() - t0
         self._withdraw_forgotten()  # (pairs cut off: after the new paths are out)
         if record is None:
             self._record(sets)
         else:
             record()
+        self._record(rehashed)
         rep = HealReport(cause, affected, len(sets), time.perf_counter() - t0, report, sent_s)
         self.heals.append(rep)
         plan = self.current
@@ -2118,6 +2128,52 @@ class Controller:
         self.current = replace(plan, max_utilization=lam)
         report.plan = self.current
         return rep
+
+    @property
+    def left_to_hash(self) -> Mapping[str, int]:
+        """The installed path sets with QPs left to their hash (a full rule table: the path
+        planned needed a rule no switch had room for), and how many QPs each (read-only)."""
+        return MappingProxyType(self._spilled)
+
+    def _rehash_spilled(self, skip: set[str]) -> list[PathSet]:
+        """The installed sets (but those of ``skip``, which a heal replaces) with QPs left
+        to their hash (a full rule table) whose hash path crosses a link now dead or gray:
+        those QPs get a source port whose hash path avoids it (of ``spill_port_tries``, the
+        one loading the fabric least; :func:`best_hashed_ports`). The heal of the planned
+        paths does not see them: their plan's path is not the one their QPs take."""
+        avoid = self.down | self.degraded
+        if not avoid or not self._spilled or self.view.ecmp is None:
+            return []
+        installed, demand, endpoints = self._installed, self._demand, self._endpoints
+        todo: list[tuple[str, int, float]] = []  # (key, QP, its Gb/s)
+        for k in sorted(self._spilled):
+            ps = installed.get(k)
+            if k in skip or ps is None or not ps.ports:
+                continue
+            total = sum(ps.weights)
+            rate = demand[k].rate_gbps if k in demand else 0.0
+            for i, path in enumerate(ps.paths):
+                if not (ps.rules and ps.rules[i]) and not avoid.isdisjoint(path):
+                    todo.append((k, i, rate * ps.weights[i] / total if total else 0.0))
+        if not todo:
+            return []
+        load = dict(self.current.link_load_gbps) if self.current is not None else {}
+        for k, i, gbps in todo:
+            for lk in installed[k].paths[i]:
+                if lk in load:
+                    load[lk] -= gbps
+        ports, paths = best_hashed_ports(
+            self.view, [endpoints[k][0] for k, _, _ in todo],
+            [endpoints[k][1] for k, _, _ in todo], [installed[k].ports[i] for k, i, _ in todo],
+            [g for _, _, g in todo], load, self._link_capacity(), avoid,
+            tries=self.params.spill_port_tries)
+        edits: dict[str, tuple[list[tuple[int, ...]], list[int]]] = {}
+        for (k, i, _), port, path in zip(todo, ports, paths, strict=True):
+            ps = installed[k]
+            new_paths, new_ports = edits.setdefault(k, (list(ps.paths), list(ps.ports)))
+            new_paths[i], new_ports[i] = path, port
+        return [replace(installed[k], paths=tuple(ps_), ports=tuple(pt))
+                for k, (ps_, pt) in edits.items()]
 
     def _affected_rows(self, avoid: set[int]) -> NDArray[np.int64] | None:
         """The keys on the links ``avoid`` as rows of the slot table, in key order, if it
@@ -2774,7 +2830,7 @@ class Controller:
                 rules[r] = rl
         used: Counter[str] = Counter(installed_rules or {})  # rules other sets hold
         unpinned = 0
-        spilled: set[str] = set()
+        spilled: dict[str, int] = {}
         cap = self.view.rule_capacity
         needy = [r for r, rl in enumerate(rules) if rl] if known else sorted(
             r for r, rl in got_rules.items() if rl)
@@ -2788,12 +2844,30 @@ class Controller:
                     used.update(need)
                 else:
                     unpinned += 1
-                    spilled.add(key_of[r])
+                    spilled[key_of[r]] = spilled.get(key_of[r], 0) + 1
                     rules[r] = ()
                     hashed.append(r)
-            for r, p in zip(hashed, hash_paths(self.view, src[hashed].tolist(),
-                                               dst[hashed].tolist(),
-                                               [ports[r] for r in hashed]), strict=True):
+            # each follows the hash of its port: of a few ports, the one whose hash path
+            # avoids dead and gray links and loads the fabric least (the load of the plan
+            # this one goes into, its spilled shares moved to their hash paths in turn)
+            load = dict(plan.link_load_gbps if plan.link_load_gbps or self.current is None
+                        else self.current.link_load_gbps)
+            share = []
+            demand = self._demand
+            for r in hashed:
+                d = demand.get(key_of[r])
+                total = sum(all_weights[int(first[owner[r]]):int(first[owner[r] + 1])])
+                gbps = (d.rate_gbps * all_weights[r] / total) if d is not None and total else 0.0
+                share.append(gbps)
+                for lk in paths[r]:
+                    if lk in load:
+                        load[lk] -= gbps
+            new_ports, new_paths = best_hashed_ports(
+                self.view, src[hashed].tolist(), dst[hashed].tolist(),
+                [ports[r] for r in hashed], share, load, self._link_capacity(),
+                self.down | self.degraded, tries=self.params.spill_port_tries)
+            for r, port, p in zip(hashed, new_ports, new_paths, strict=True):
+                ports[r] = port
                 paths[r] = p
         if unpinned:
             all_paths = tuple(paths)

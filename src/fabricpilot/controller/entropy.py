@@ -18,8 +18,10 @@ the data plane (:class:`~fabricpilot.controller.southbound.EcmpSpec`), never ass
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numba
@@ -616,6 +618,72 @@ def hash_paths(view: FabricView, src: Sequence[int], dst: Sequence[int],
     g = view.graph
     return [(*p, int(g[sw][gpu_node[b]]["link_id"]))
             for p, sw, b in zip(paths, last, dst, strict=True)]
+
+
+def best_hashed_ports(view: FabricView, src: Sequence[int], dst: Sequence[int],
+                      first_port: Sequence[int], share_gbps: Sequence[float],
+                      load_gbps: dict[int, float], capacity_gbps: Mapping[int, float],
+                      avoid: AbstractSet[int] = frozenset(), tries: int = 32,
+                      ) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Source ports for QPs that can be neither steered onto their planned path nor pinned
+    (full rule tables): each follows the hash of its port, so of ``tries`` ports
+    (``first_port[i]`` and the next ones, wrapping in the RoCE range) it gets the one whose
+    hash path avoids the links ``avoid`` (dead or gray) and loads its busiest link least,
+    with ``share_gbps[i]`` added to ``load_gbps`` (ties: the earlier port; NICs without
+    source-port entropy: ``first_port[i]`` only). QPs are placed in
+    order, each adding its share to ``load_gbps`` (updated in place) for the next. A QP
+    whose every port hashes into ``avoid`` gets the least loaded of them. Returns the ports
+    and their hash paths.
+
+    A switch link (1) carries 300 of 400 Gb/s and its twin (2) nothing: two QPs of 100 Gb/s
+    between the same GPUs both go on link 2 (still the less loaded after the first); with
+    link 2 avoided, on link 1.
+
+    >>> from fabricpilot.controller.southbound import EcmpSpec, LinkInfo
+    >>> v = FabricView.from_links(
+    ...     [LinkInfo(0, "g0", "a", 400, 0, "nic"), LinkInfo(1, "a", "b", 400, 0, "fabric"),
+    ...      LinkInfo(2, "a", "b", 400, 0, "fabric"), LinkInfo(3, "b", "g1", 400, 0, "nic")],
+    ...     node_kind={"g0": "gpu", "g1": "gpu", "a": "switch", "b": "switch"},
+    ...     tier={"a": 1, "b": 1}, gpu_node={0: "g0", 1: "g1"},
+    ...     ecmp=EcmpSpec(7, False, True, {"a": 0, "b": 1}, {("a", "b"): (1, 2)},
+    ...                   {0: "a", 1: "b"}))
+    >>> load = {1: 300.0}
+    >>> _, paths = best_hashed_ports(v, [0, 0], [1, 1], [PORT_LO, PORT_LO], [100.0, 100.0],
+    ...                              load, {1: 400.0, 2: 400.0})
+    >>> [p[1] for p in paths], load[2]
+    ([2, 2], 200.0)
+    >>> _, paths = best_hashed_ports(v, [0], [1], [PORT_LO], [100.0], {}, {1: 400.0, 2: 400.0},
+    ...                              avoid={2})
+    >>> paths[0][1]
+    1
+    """
+    n = len(src)
+    if not n:
+        return [], []
+    span = PORT_HI - PORT_LO + 1
+    # (NICs that do not let software set the port: the QP keeps the one it has)
+    tries = max(int(tries), 1) if view.ecmp is not None and view.ecmp.source_port_entropy else 1
+    cand = [[PORT_LO + (int(p) - PORT_LO + j) % span for j in range(tries)] for p in first_port]
+    flat = hash_paths(view, [s for s in src for _ in range(tries)],
+                      [d for d in dst for _ in range(tries)], [p for c in cand for p in c])
+    ports: list[int] = []
+    paths: list[tuple[int, ...]] = []
+    for i in range(n):
+        options = flat[i * tries:(i + 1) * tries]
+        share = float(share_gbps[i])
+        best, best_key = 0, (True, math.inf)
+        for j, path in enumerate(options):
+            crosses = not avoid.isdisjoint(path)
+            worst = max(((load_gbps.get(lk, 0.0) + share) / capacity_gbps[lk]
+                         for lk in path if capacity_gbps.get(lk, 0.0) > 0), default=0.0)
+            key = (crosses, worst)
+            if key < best_key:
+                best, best_key = j, key
+        ports.append(cand[i][best])
+        paths.append(options[best])
+        for lk in options[best]:
+            load_gbps[lk] = load_gbps.get(lk, 0.0) + share
+    return ports, paths
 
 
 def rules_per_switch(steerings: list[Steering]) -> Counter[str]:

@@ -14,7 +14,9 @@ class ControllerParams:
     rules one switch holds, how often it re-plans from telemetry
     and by how much a re-plan must lower a job's bottleneck to be installed (hysteresis), the
     buffer occupancy that trips the pressure fuse, the rate cap of L3 traffic while L1/L2
-    jobs share the fabric, how many source ports it tries per QP when steering, and how it
+    jobs share the fabric, how many source ports it tries per QP when steering (and, for a
+    QP it can neither steer nor pin, ``spill_port_tries`` ports, of which it takes the one
+    whose hash path avoids dead and gray links and loads the fabric least), and how it
     detects gray links: FEC-corrected error rate above ``fec_threshold`` in ``debounce_count``
     samples within ``debounce_window_ns``. A QP moved off a failed link goes whole to its
     least loaded live path unless that would load a link more than ``heal_spread_over``
@@ -40,6 +42,7 @@ class ControllerParams:
     pressure_fuse: float = 0.9
     l3_rate_cap: float = 0.8
     steer_tries: int = 1024
+    spill_port_tries: int = 8
     fec_threshold: float = 1e-6
     debounce_count: int = 3
     debounce_window_ns: float = 500e6

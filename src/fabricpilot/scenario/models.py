@@ -822,6 +822,12 @@ class ControllerSpec(_Model):
         default=1024, ge=1, le=16384,
         description="source ports tried per QP when steering it onto its planned path",
     )
+    spill_port_tries: Int = Field(
+        default=8, ge=1, le=1024,
+        description="source ports tried for a QP that can be neither steered nor pinned "
+        "(a full rule table): it gets the one whose hash path avoids dead and gray links "
+        "and loads the fabric least",
+    )
     heal_spread_over: Float = Field(
         default=0.02, ge=0, le=10, allow_inf_nan=False,
         description="a QP moved off a failed link is spread over `parts` QPs only if moving "
@@ -861,7 +867,7 @@ class ControllerSpec(_Model):
             self.control_latency_ns, self.parts, self.switch_rule_capacity,
             float(self.replan_interval_ns) if self.replan_interval_ns else float("inf"),
             self.replan_gain, self.pressure_fuse, self.l3_rate_cap, self.steer_tries,
-            heal_spread_over=self.heal_spread_over,
+            spill_port_tries=self.spill_port_tries, heal_spread_over=self.heal_spread_over,
             link_up_holddown_ns=float(self.link_up_holddown_ns),
             replan_background_tolerance=self.replan_background_tolerance,
             gray_clear_ns=(float(self.gray_clear_ns) if self.gray_clear_ns is not None

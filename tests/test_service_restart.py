@@ -147,3 +147,40 @@ def test_bad_token_file_is_one_line(tmp_path: Path, content: str, message: str) 
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tokens) in lines[0] and message in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("table, row, sql, why", [
+    ("jobs", "task_id 'acme-0'", "UPDATE jobs SET intent = '{\"task_id\": ' ", "Expecting value"),
+    ("jobs", "task_id 'acme-0'", "UPDATE jobs SET intent = '{\"task_id\": \"acme-0\"}'",
+     "KeyError: 'calls'"),
+    ("paths", "key 'acme-0:0->1'",
+     "INSERT INTO paths VALUES ('acme-0:0->1', 'acme-0', '{\"key\": 3}')", "KeyError"),
+])
+def test_a_damaged_row_is_one_line_naming_file_table_and_row(
+        tmp_path: Path, table: str, row: str, sql: str, why: str) -> None:
+    """A row of the state database that cannot be read back (hand-edited, a foreign
+    writer): ``serve`` says which file, table and row, and stops; no traceback."""
+    import sqlite3
+
+    from fabricpilot.service.server import DB_NAME
+    from fabricpilot.service.store import Store
+
+    state = tmp_path / "state"
+    state.mkdir()
+    db = state / DB_NAME
+    store = Store(db)
+    store.put_job("acme-0", "acme", {
+        "task_id": "acme-0", "tenant": "acme", "gpus": [0, 1], "opt_in": True,
+        "calls": [{"pattern": "allreduce", "size_bytes": 1024, "sla_us": 500.0,
+                   "period_ns": 0, "pairs": [[0, 1], [1, 0]]}]})
+    store.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute(sql)
+    r = subprocess.run([sys.executable, "-m", "fabricpilot", "serve", "--no-twin",
+                        "--state-dir", str(state), "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and f"{db}: table {table}, {row}: damaged row (" \
+        in lines[0] and why in lines[0], lines[0]

@@ -59,7 +59,7 @@ from fabricpilot.service.southbound_http import (
     pathset_from_dict,
     pathset_to_dict,
 )
-from fabricpilot.service.store import Store
+from fabricpilot.service.store import Store, StoreError
 from fabricpilot.service.twin import (
     TWIN_STATUS_KEYS,
     PacedTwin,
@@ -490,16 +490,28 @@ class FabricService:
         changed."""
         jobs = self.store.jobs()
         for task, _, d in jobs:
-            intent = intent_from_dict(d)
-            self.controller.declare(intent)
+            try:
+                intent = intent_from_dict(d)
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise self.store.damaged("jobs", f"task_id {task!r}",
+                                         f"{type(err).__name__}: {err}") from None
+            try:
+                self.controller.declare(intent)
+            except ValueError as err:  # (e.g. a state directory of another fabric)
+                raise StoreError(f"{self.store.path}: table jobs, task_id {task!r}: the job "
+                                 f"does not fit this fabric ({err})") from None
             for rec in self.store.calls(task, limit=100_000):  # which call is which bucket
-                pairs = tuple((a, b) for a, b, _ in pattern_pairs(rec["pattern"],
-                                                                  tuple(rec["ranks"])))
-                call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
-                                rec.get("period_ns", 0), 0, pairs)
+                try:
+                    pairs = tuple((a, b) for a, b, _ in pattern_pairs(rec["pattern"],
+                                                                      tuple(rec["ranks"])))
+                    call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
+                                    rec.get("period_ns", 0), 0, pairs)
+                    bucket = rec["bucket"]
+                except (KeyError, TypeError, ValueError, AttributeError) as err:
+                    raise self.store.damaged("calls", f"task_id {task!r}",
+                                             f"{type(err).__name__}: {err}") from None
                 if call in intent.calls:
-                    self._announced.setdefault(task, {})[
-                        (rec["pattern"], pairs, rec["bucket"])] = call
+                    self._announced.setdefault(task, {})[(rec["pattern"], pairs, bucket)] = call
         last = self.store.link_states()
 
         def links(kind: str, telemetry: bool = False) -> set[int]:
@@ -510,7 +522,13 @@ class FabricService:
                                       ports_down=links("down", True),
                                       gray_by_counters=links("gray", True))
         known = {t for t, _, _ in jobs} | set(running)
-        stored = [pathset_from_dict(d) for d in self.store.paths().values()]
+        stored = []
+        for key, d in self.store.paths().items():
+            try:
+                stored.append(pathset_from_dict(d))
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise self.store.damaged("paths", f"key {key!r}",
+                                         f"{type(err).__name__}: {err}") from None
         kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
         held: list[PathSet] = []
         if self.remote is not None:

@@ -25,7 +25,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fabricpilot.errors import FabricpilotError
+
 log = logging.getLogger("fabricpilot.service")
+
+
+class StoreError(FabricpilotError):
+    """The database holds a row that cannot be read back (named: file, table, row)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -127,6 +133,16 @@ class Store:
         with self._lock:
             return self._db.execute(sql, args)
 
+    def damaged(self, table: str, row: str, why: object) -> StoreError:
+        """The error for a row of ``table`` (``row`` names it) that cannot be read back."""
+        return StoreError(f"{self.path}: table {table}, {row}: damaged row ({why})")
+
+    def _loads(self, text: Any, table: str, row: str) -> Any:
+        try:
+            return json.loads(text)
+        except (TypeError, ValueError) as err:
+            raise self.damaged(table, row, err) from None
+
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
@@ -144,7 +160,7 @@ class Store:
             self._db.execute("COMMIT")
 
     def jobs(self) -> list[tuple[str, str, dict[str, Any]]]:
-        return [(t, ten, json.loads(i)) for t, ten, i in
+        return [(t, ten, self._loads(i, "jobs", f"task_id {t!r}")) for t, ten, i in
                 self._read("SELECT task_id, tenant, intent FROM jobs ORDER BY task_id")]
 
     # ------------------------------------------------------------------ paths
@@ -168,7 +184,8 @@ class Store:
             self._db.execute("COMMIT")
 
     def paths(self) -> dict[str, dict[str, Any]]:
-        return {k: json.loads(p) for k, p in self._read("SELECT key, pathset FROM paths")}
+        return {k: self._loads(p, "paths", f"key {k!r}")
+                for k, p in self._read("SELECT key, pathset FROM paths")}
 
     # ------------------------------------------------------------------ faults
     def add_fault(self, at_s: float, kind: str, link_id: int, detail: str, source: str) -> int:
@@ -230,8 +247,8 @@ class Store:
         """The last ``limit`` events (default: ``events_kept``), oldest first."""
         if limit is None:
             limit = self.events_kept
-        rows = self._read("SELECT event FROM events ORDER BY id DESC LIMIT ?", (limit,))
-        return [json.loads(e) for (e,) in reversed(rows)]
+        rows = self._read("SELECT id, event FROM events ORDER BY id DESC LIMIT ?", (limit,))
+        return [self._loads(e, "events", f"id {i}") for i, e in reversed(rows)]
 
     # ------------------------------------------------------------------ calls
     def add_call(self, at_s: float, task_id: str, call: dict[str, Any]) -> None:
@@ -239,6 +256,12 @@ class Store:
                     (at_s, task_id, json.dumps(call)))
 
     def calls(self, task_id: str, limit: int = 1000) -> list[dict[str, Any]]:
-        rows = self._read("SELECT at_s, call FROM calls WHERE task_id = ? ORDER BY id DESC "
-                          "LIMIT ?", (task_id, limit))
-        return [{"at_s": at, **json.loads(c)} for at, c in reversed(rows)]
+        rows = self._read("SELECT id, at_s, call FROM calls WHERE task_id = ? ORDER BY id "
+                          "DESC LIMIT ?", (task_id, limit))
+        out = []
+        for i, at, c in reversed(rows):
+            call = self._loads(c, "calls", f"id {i}")
+            if not isinstance(call, dict):
+                raise self.damaged("calls", f"id {i}", "not a JSON object")
+            out.append({"at_s": at, **call})
+        return out

@@ -262,6 +262,22 @@ def test_validation_and_limits(tmp_path: Path) -> None:
         assert c.get("/api/v1/jobs", headers=_auth(OPS)).json() == []  # (nothing declared)
         r = c.put("/api/v1/jobs/other", json=_job("x", [0, 1]), headers=_auth(OPS))
         assert r.status_code == 422
+        # a key given twice is refused, not read as its last value (top level and nested;
+        # a route of FastAPI's and one served directly)
+        for path, body in (
+                ("/api/v1/jobs", '{"task_id": "dup", "gpus": [0, 1], "gpus": [2, 3], '
+                                 '"calls": [{"pattern": "allreduce", "size_bytes": 1024, '
+                                 '"sla_us": 500}]}'),
+                ("/api/v1/telemetry", '{"deltas": [{"link_id": 1, "interval_ns": 5, '
+                                      '"interval_ns": 7}]}'),
+                ("/api/v1/faults", '{"kind": "down", "link_id": 3, "link_id": 4}')):
+            r = c.post(path, content=body.encode(),
+                       headers={**_auth(OPS), "content-type": "application/json"})
+            key = "gpus" if "gpus" in body else "interval_ns" if "deltas" in body else "link_id"
+            assert r.status_code == 422, (path, r.text)
+            assert r.json()["detail"][0]["msg"] == f"JSON object gives key '{key}' twice"
+        assert c.get("/api/v1/jobs", headers=_auth(OPS)).json() == []
+        assert c.get("/api/v1/faults", headers=_auth(OPS)).json() == []
 
 
 

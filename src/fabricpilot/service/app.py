@@ -143,6 +143,80 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a key given twice in one JSON object.
+
+    >>> import json
+    >>> json.loads('{"a": 1, "b": {"c": 2, "c": 3}}', object_pairs_hook=_no_duplicates)
+    Traceback (most recent call last):
+    fabricpilot.service.app._DuplicateKey: c
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class NoDuplicateKeys:
+    """ASGI middleware: a JSON request body that gives a key twice in one object gets 422
+    naming the key (JSON parsers keep the last one silently: ``{"gpus": [0], "gpus": [1]}``
+    would be read as ``[1]``). Other bodies, well-formed or not, go on to their route."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            try:
+                msg = await receive()
+            except HTTPException as exc:  # (too large: BodyLimit, outside the routes)
+                await JSONResponse({"detail": exc.detail},
+                                   status_code=exc.status_code)(scope, receive, send)
+                return
+            if msg["type"] != "http.request":
+                await self.app(scope, _replay([msg], receive), send)
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body.lstrip()[:1] in (b"{", b"["):
+            try:
+                json.loads(body, object_pairs_hook=_no_duplicates)
+            except _DuplicateKey as dup:
+                await JSONResponse({"detail": [{
+                    "type": "json_invalid", "loc": ["body"],
+                    "msg": f"JSON object gives key {str(dup)!r} twice"}]},
+                    status_code=422)(scope, receive, send)
+                return
+            except ValueError:  # (not JSON: the route says so)
+                pass
+        await self.app(scope, _replay([{"type": "http.request", "body": body,
+                                        "more_body": False}], receive), send)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that gives ``messages`` first, then what ``receive`` gives."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
 def _body(model: type[BaseModel], path_params: tuple[str, ...] | list[str] = ()
           ) -> dict[str, Any]:
     """``openapi_extra`` of the busiest routes: a JSON request body of ``model``, the
@@ -450,6 +524,7 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                              Route(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
                              Route(f"{v1}/jobs", declare, methods=["POST"])]
     _with_schemas(app, [IntentIn, TelemetryIn])
+    app.add_middleware(NoDuplicateKeys)  # (inside BodyLimit: reads what it lets through)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # (inside Observe: logged)
     app.add_middleware(Observe, latency=api_latency)
     return app

@@ -115,6 +115,9 @@ def test_hot_link_reroutes_a_tenant_job(client: httpx.Client) -> None:
     # the congestion table pushed to the switches: 1 / (1 + 4 * (1.0 - 0.5) + 2e6 / 1.5 MiB)
     assert cong[hot]["weight"] == pytest.approx(1 / (3 + 2e6 / (1.5 * 2 ** 20)), rel=1e-12)
     metrics = c.get("/metrics").text
+    for path in ("/metrics", "/health"):  # (probes that send HEAD)
+        head = c.head(path)
+        assert head.status_code == 200 and head.content == b"", path
     assert _metric(metrics, "fabricpilot_reroutes_total") >= reroutes + 1
     assert _metric(metrics, "fabricpilot_replans_total") == 1
     src, dst = fabric[hot]["src"], fabric[hot]["dst"]

@@ -389,11 +389,11 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
     # ------------------------------------------------------------ open
-    @app.get("/health", tags=["service"])
+    @app.api_route("/health", methods=["GET", "HEAD"], tags=["service"])
     async def health() -> dict[str, Any]:
         return await call("health")  # type: ignore[no-any-return]
 
-    @app.get("/metrics", tags=["service"], response_class=Response)
+    @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["service"], response_class=Response)
     async def metrics() -> Response:
         text = await call("metrics_text") + generate_latest(registry).decode()
         return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -389,14 +389,19 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
     # ------------------------------------------------------------ open
-    @app.api_route("/health", methods=["GET", "HEAD"], tags=["service"])
+    @app.get("/health", tags=["service"])
     async def health() -> dict[str, Any]:
         return await call("health")  # type: ignore[no-any-return]
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"], tags=["service"], response_class=Response)
+    @app.get("/metrics", tags=["service"], response_class=Response)
     async def metrics() -> Response:
         text = await call("metrics_text") + generate_latest(registry).decode()
         return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    # (probes that send HEAD: the GET's status and headers, no body)
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+    app.add_api_route("/metrics", metrics, methods=["HEAD"], include_in_schema=False,
+                      response_class=Response)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> HTMLResponse:

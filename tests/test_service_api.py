@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from conftest import served, wait_until
 from fabricpilot.scenario import default_scenario
 from fabricpilot.service.auth import Principal, TokenRegistry
+from fabricpilot.service.schemas import IntentIn
 from fabricpilot.service.server import build
 
 OPS = "operator-token-0123456789"
@@ -477,7 +478,7 @@ def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
     once, and the changes are planned afterwards, around the dead link."""
     import threading
 
-    from fabricpilot.service.schemas import FaultIn, IntentIn
+    from fabricpilot.service.schemas import FaultIn
 
     _, svc = _service(tmp_path)
     ops = Principal("ops", "operator")
@@ -770,3 +771,146 @@ def test_a_port_posted_down_is_healed_at_once(tmp_path: Path) -> None:
         assert len(calls) == n
     finally:
         svc.stop()
+
+
+def test_a_body_nested_too_deeply_gets_a_422(tmp_path: Path) -> None:
+    """JSON's parser recurses per nesting level: 1 100 levels (a 2 kB body) passed its
+    limit and the server answered a plain-text 500."""
+    app, _ = _service(tmp_path)
+    deep = b'{"task_id":' + b"[" * 1100 + b"]" * 1100 + b"}"
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for url in ("/api/v1/jobs", "/api/v1/faults", "/api/v1/telemetry"):
+            r = c.post(url, content=deep, headers={**_auth(OPS),
+                                                   "content-type": "application/json"})
+            assert r.status_code == 422, (url, r.text)
+            assert r.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_a_withdrawn_jobs_calls_are_gone_with_it(tmp_path: Path) -> None:
+    """A job declared again under a withdrawn task id, here by another tenant, lists none
+    of the withdrawn job's announced calls (they named the other tenant's GPUs)."""
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        assert c.post("/api/v1/jobs", json=_job("shared-id", [0, 64]),
+                      headers=_auth(ACME)).status_code == 201
+        r = c.post("/api/v1/jobs/shared-id/calls", headers=_auth(ACME), json={
+            "pattern": "alltoall", "size_bytes": 12345, "ranks": [0, 64], "bucket": 7})
+        assert r.status_code == 200, r.text
+        assert len(c.get("/api/v1/jobs/shared-id/calls", headers=_auth(ACME)).json()) == 1
+        assert c.delete("/api/v1/jobs/shared-id", headers=_auth(ACME)).status_code == 204
+        assert c.post("/api/v1/jobs", json=_job("shared-id", [8, 72]),
+                      headers=_auth(GLOBEX)).status_code == 201
+        assert c.get("/api/v1/jobs/shared-id/calls", headers=_auth(GLOBEX)).json() == []
+        job = c.get("/api/v1/jobs/shared-id", headers=_auth(GLOBEX)).json()
+        assert [call["size_bytes"] for call in job["calls"]] == [64 << 20]
+
+
+def test_announced_calls_stop_at_the_most_a_job_may_declare(tmp_path: Path) -> None:
+    """A job holds at most 256 calls (what a PUT may give): the 257th announced is refused
+    with 409, and what GET shows can be PUT back."""
+    app, _ = _service(tmp_path)
+    calls = [{"pattern": "allreduce", "size_bytes": 1000 + i, "sla_us": 500.0}
+             for i in range(256)]
+    with TestClient(app) as c:
+        body = {"task_id": "full", "gpus": [0, 64], "calls": calls}
+        assert c.post("/api/v1/jobs", json=body, headers=_auth(ACME)).status_code == 201
+        r = c.post("/api/v1/jobs/full/calls", headers=_auth(ACME), json={
+            "pattern": "allreduce", "size_bytes": 5000, "ranks": [0, 64], "bucket": 1})
+        assert r.status_code == 409, r.text
+        assert "256" in r.json()["detail"]
+        job = c.get("/api/v1/jobs/full", headers=_auth(ACME)).json()
+        assert len(job["calls"]) == 256
+        back = {"task_id": "full", "gpus": job["gpus"], "calls": job["calls"]}
+        assert c.put("/api/v1/jobs/full", json=back, headers=_auth(ACME)).status_code == 200
+
+
+def test_every_route_is_measured_by_its_template(client: httpx.Client) -> None:
+    c = client
+    assert c.post("/api/v1/jobs", json=_job("acme-m", [0, 64]),
+                  headers=_auth(ACME)).status_code == 201
+    assert c.put("/api/v1/jobs/acme-m", json=_job("acme-m", [0, 1]),
+                 headers=_auth(ACME)).status_code == 200
+    assert c.post("/api/v1/telemetry", headers=_auth(OPS), json={
+        "deltas": [{"link_id": 1, "interval_ns": 1000}]}).status_code == 202
+    text = c.get("/metrics").text
+    for method, route, status in (("POST", "/api/v1/jobs", 201),
+                                  ("PUT", "/api/v1/jobs/{task_id}", 200),
+                                  ("POST", "/api/v1/telemetry", 202)):
+        name = (f'fabricpilot_api_request_seconds_count{{method="{method}",route="{route}",'
+                f'status="{status}"}}')
+        assert _metric(text, name) == 1.0, name
+    assert 'route="<unmatched>",status="201"' not in text
+
+
+def test_a_405_allows_every_method_of_its_path(client: httpx.Client) -> None:
+    c = client
+    for method, url, allow in (("PATCH", "/api/v1/jobs", "GET, POST"),
+                               ("POST", "/api/v1/jobs/x", "DELETE, GET, PUT"),
+                               ("DELETE", "/api/v1/faults", "GET, POST"),
+                               ("POST", "/health", "GET, HEAD")):
+        r = c.request(method, url, headers=_auth(OPS))
+        assert r.status_code == 405, (method, url, r.text)
+        assert r.headers["allow"] == allow, (method, url)
+
+
+def test_a_body_that_is_not_json_is_not_echoed(client: httpx.Client) -> None:
+    c = client
+    for body, ctype in ((b"kind=up&link_id=600", "application/x-www-form-urlencoded"),
+                        (b'{"kind":"up","link_id":600}', "text/plain")):
+        r = c.post("/api/v1/faults", content=body, headers={**_auth(OPS),
+                                                            "content-type": ctype})
+        assert r.status_code == 422, r.text
+        assert all("input" not in e for e in r.json()["detail"])
+    r = c.post("/api/v1/jobs/x/calls", content=b"{nope", headers={
+        **_auth(OPS), "content-type": "application/json"})
+    assert r.status_code == 422
+    assert [e["loc"] for e in r.json()["detail"]] == [["body"]]
+    assert "input" not in r.json()["detail"][0]
+
+
+def test_telemetry_that_no_port_can_count_is_refused(tmp_path: Path) -> None:
+    """Bytes a link cannot carry in the interval, or a pause longer than the interval: 422
+    naming the delta's field, and the congestion map as it was. A port at its line rate
+    (the link's Gb/s x the interval's ns / 8 bytes) is accepted."""
+    app, svc = _service(tmp_path)
+    gbps = svc.view.links[1].capacity_gbps
+    line_rate_bytes = gbps * 1000 / 8  # in 1 000 ns
+    h = _auth(OPS)
+    with TestClient(app) as c:
+        for delta, field in (({"tx_bytes": 2.01 * line_rate_bytes}, "deltas.0.tx_bytes"),
+                             ({"rx_bits": 2.01 * 8 * line_rate_bytes}, "deltas.0.rx_bits"),
+                             ({"pause_ns": 1001}, "deltas.0.pause_ns"),
+                             ({"tx_bytes": 1e21, "pause_ns": 1e21}, "deltas.0.pause_ns")):
+            r = c.post("/api/v1/telemetry", headers=h, json={"deltas": [
+                {"link_id": 1, "interval_ns": 1000, **delta}]})
+            assert r.status_code == 422, (delta, r.text)
+            assert r.json()["detail"].startswith(field), r.text
+        assert c.post("/api/v1/control/tick", headers=h).status_code == 200
+        assert max(svc.controller.map.utilization().values()) == 0.0
+        r = c.post("/api/v1/telemetry", headers=h, json={"deltas": [
+            {"link_id": 1, "interval_ns": 1000, "tx_bytes": line_rate_bytes,
+             "pause_ns": 1000}]})
+        assert r.status_code == 202, r.text
+
+
+def test_a_withdrawn_twin_job_stays_withdrawn_after_a_restart(tmp_path: Path) -> None:
+    """The twin's scenario jobs declare themselves at a start; one an operator withdrew
+    does not, until it is declared again."""
+    ops = Principal("ops", "operator")
+
+    def start() -> object:
+        return build(default_scenario(), "default", tmp_path, tokens=_tokens(), twin=True,
+                     tick_interval_s=3600.0)[1]
+
+    svc = start()
+    assert "vision-dp" in svc.intents  # type: ignore[attr-defined]
+    body = svc.job(ops, "vision-dp")  # type: ignore[attr-defined]
+    svc.withdraw(ops, "vision-dp")  # type: ignore[attr-defined]
+    svc.store.close()  # type: ignore[attr-defined]
+    svc = start()
+    assert "vision-dp" not in svc.intents  # type: ignore[attr-defined]
+    assert "llm-dp" in svc.intents  # type: ignore[attr-defined]
+    svc.declare(ops, IntentIn(task_id="vision-dp", tenant="twin", gpus=body["gpus"],  # type: ignore[attr-defined]
+                              calls=body["calls"]), replace_ok=False)
+    svc.store.close()  # type: ignore[attr-defined]
+    assert "vision-dp" in start().intents  # type: ignore[attr-defined]

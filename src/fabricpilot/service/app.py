@@ -29,12 +29,14 @@ from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
-from starlette.routing import Route
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fabricpilot import __version__
@@ -199,10 +201,38 @@ class NoDuplicateKeys:
                     "msg": f"JSON object gives key {str(dup)!r} twice"}]},
                     status_code=422)(scope, receive, send)
                 return
+            except RecursionError:  # (arrays or objects nested past the parser's stack)
+                await JSONResponse({"detail": [{
+                    "type": "json_invalid", "loc": ["body"],
+                    "msg": "JSON nests arrays or objects too deeply"}]},
+                    status_code=422)(scope, receive, send)
+                return
             except ValueError:  # (not JSON: the route says so)
                 pass
         await self.app(scope, _replay([{"type": "http.request", "body": body,
                                         "more_body": False}], receive), send)
+
+
+class _FastRoute(Route):
+    """A plain Starlette route that, as FastAPI's do, puts itself in the request's scope
+    (``scope["route"]``): the latency histogram and the access log read its path template."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE:
+            child["route"] = self
+        return match, child
+
+
+def _allowed(routes: list[BaseRoute], path: str) -> list[str]:
+    """The methods some route of ``routes`` answers on ``path`` (sorted): the ``Allow``
+    header of a 405 (Starlette gives the methods of one route only, the first whose path
+    matches, where several routes share a path)."""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(path):
+            methods |= route.methods
+    return sorted(methods)
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
@@ -276,6 +306,25 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return str(value)
+
+
+def _body_error(error: Any) -> Any:
+    """A validation error of the request body as every route gives it: a body that is not
+    JSON at ``loc ["body"]`` (FastAPI's own parser adds the offset), and the body itself,
+    JSON or not, never repeated back.
+
+    >>> _body_error({"type": "json_invalid", "loc": ("body", 1), "msg": "m", "input": {}})
+    {'type': 'json_invalid', 'loc': ('body',), 'msg': 'm'}
+    >>> "input" in _body_error({"type": "model_attributes_type", "loc": ("body",),
+    ...                         "msg": "m", "input": "kind=up"})
+    False
+    """
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid" and loc[:1] == ("body",):
+        error = {**error, "loc": ("body",)}
+    elif loc != ("body",):
+        return error
+    return {k: v for k, v in error.items() if k != "input"}
 
 
 def _echo_safe(error: Any) -> dict[str, Any]:
@@ -381,8 +430,15 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": [_echo_safe(e) for e in exc.errors()]},
+        return JSONResponse({"detail": [_echo_safe(_body_error(e)) for e in exc.errors()]},
                             status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:  # (every method of the path, not one route's)
+            allow = ", ".join(_allowed(app.router.routes, request.url.path))
+            exc = StarletteHTTPException(405, exc.detail, headers={"Allow": allow})
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -525,9 +581,9 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
     # handlers (they take the request alone and answer a response), without FastAPI's
     # per-request parameter resolution; the FastAPI routes above describe them in the
     # OpenAPI spec. Other methods on these paths fall through to the FastAPI routes.
-    app.router.routes[:0] = [Route(f"{v1}/telemetry", telemetry, methods=["POST"]),
-                             Route(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
-                             Route(f"{v1}/jobs", declare, methods=["POST"])]
+    app.router.routes[:0] = [_FastRoute(f"{v1}/telemetry", telemetry, methods=["POST"]),
+                             _FastRoute(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
+                             _FastRoute(f"{v1}/jobs", declare, methods=["POST"])]
     _with_schemas(app, [IntentIn, TelemetryIn])
     app.add_middleware(NoDuplicateKeys)  # (inside BodyLimit: reads what it lets through)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # (inside Observe: logged)

@@ -53,7 +53,14 @@ from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, Path
 from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.metrics import service_registry
-from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, PortDeltaIn, TwinFaultsIn
+from fabricpilot.service.schemas import (
+    MAX_CALLS_PER_JOB,
+    AnnounceIn,
+    FaultIn,
+    IntentIn,
+    PortDeltaIn,
+    TwinFaultsIn,
+)
 from fabricpilot.service.southbound_http import (
     SouthboundError,
     pathset_from_dict,
@@ -197,12 +204,14 @@ class FabricService:
         running = ([str(d["task_id"]) for d in remote.jobs()] if remote is not None
                    else [j.name for j in prep.jobs] if twin else [])
         self.restored = self._restore(running)
+        self._dataplane_jobs = frozenset(running)  # (they declare themselves at a start)
+        withdrawn = store.withdrawn()  # (jobs of the data plane's an operator withdrew)
         if remote is not None:
             for d in remote.jobs():
-                if d["task_id"] not in self.controller.intents:
+                if d["task_id"] not in self.controller.intents and d["task_id"] not in withdrawn:
                     self.controller.declare(intent_from_dict(d))
         elif twin and prep.jobs and policy is not None:
-            self._declare_twin_jobs()
+            self._declare_twin_jobs(withdrawn)
             self.runner = TwinRunner(prep, policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
         self.registry = service_registry(self)
@@ -477,10 +486,11 @@ class FabricService:
         self.busbw_GBps[job] = busbw_GBps
         self.collective_us[job] = time_us
 
-    def _declare_twin_jobs(self) -> None:
-        """The scenario's jobs declare themselves (tenant ``twin``), as in a twin run."""
+    def _declare_twin_jobs(self, withdrawn: set[str]) -> None:
+        """The scenario's jobs declare themselves (tenant ``twin``), as in a twin run,
+        except those withdrawn (through the API, in this run or an earlier one)."""
         for intent in job_intents(self.prep.jobs, TWIN_TENANT):
-            if intent.task_id not in self.controller.intents:
+            if intent.task_id not in self.controller.intents and intent.task_id not in withdrawn:
                 self.controller.declare(intent)
 
     def _restore(self, running: list[str]) -> dict[str, int]:
@@ -613,9 +623,14 @@ class FabricService:
         return self._job_dict(intent)
 
     def withdraw(self, p: Principal, task_id: str) -> None:
+        """Withdraw a job: its intent, its announced calls (a job declared later under the
+        same task id, perhaps by another tenant, starts without them) and, for a job the
+        data plane runs by itself (the twin's scenario jobs), its declaring itself again at a
+        restart."""
         with self._changed:
             self._owned_locked(p, task_id)
-            self.store.delete_job(task_id)
+            self.store.delete_job(task_id, withdrawn=task_id in self._dataplane_jobs)
+            self._announced.pop(task_id, None)
             self._queue(task_id, None)
 
     def _queue(self, task_id: str, intent: Intent | None) -> None:
@@ -713,6 +728,11 @@ class FabricService:
             announced = self._announced.setdefault(task_id, {})
             previous = announced.get(slot)
             same = previous == call and call in intent.calls
+            if (not same and (previous is None or previous not in intent.calls)
+                    and len(intent.calls) >= MAX_CALLS_PER_JOB):
+                raise ServiceError(409, f"job {task_id!r} has {len(intent.calls)} calls, the "
+                                   f"most a job may have: announce to one of its buckets, or "
+                                   f"PUT the job with fewer")
             if not same:
                 calls = list(intent.calls)
                 if previous is not None and previous in calls:
@@ -783,11 +803,26 @@ class FabricService:
 
     # ------------------------------------------------------------ telemetry
     def ingest(self, deltas: list[PortDeltaIn]) -> int:
-        n = len(self.view.links)
+        """Fold port deltas into the next control period (422 naming the first delta that
+        names no link or counts more than its port can: pause longer than the interval,
+        more bytes or bits than twice the line rate carries in it)."""
+        links = self.view.links
+        n = len(links)
         for i, d in enumerate(deltas):
             if d.link_id >= n:
                 raise ServiceError(422, f"deltas.{i}.link_id: link {d.link_id} does not exist "
                                    f"(the fabric has links 0-{n - 1})")
+            if d.pause_ns > d.interval_ns:
+                raise ServiceError(422, f"deltas.{i}.pause_ns: {d.pause_ns:g} ns paused in an "
+                                   f"interval of {d.interval_ns} ns")
+            # (twice the line rate: room for counters read a little off their interval)
+            most_bits = 2 * links[d.link_id].capacity_gbps * d.interval_ns
+            if 8 * d.tx_bytes > most_bits or d.rx_bits > most_bits:
+                field, bits = (("tx_bytes", 8 * d.tx_bytes) if 8 * d.tx_bytes > most_bits
+                               else ("rx_bits", d.rx_bits))
+                raise ServiceError(
+                    422, f"deltas.{i}.{field}: {bits:g} bits in {d.interval_ns} ns is more "
+                    f"than twice link {d.link_id}'s {links[d.link_id].capacity_gbps:g} Gb/s")
         # a PortDeltaIn has every field of a PortDelta under the same name, and the
         # controller only reads those: handed over as they are (no copy per delta)
         self.dp.post(cast("list[PortDelta]", deltas))

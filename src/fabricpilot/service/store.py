@@ -64,6 +64,9 @@ CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     event TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS withdrawn (
+    task_id TEXT PRIMARY KEY
+);
 """
 
 EVENTS_KEPT = 10_000
@@ -149,15 +152,31 @@ class Store:
 
     # ------------------------------------------------------------------ jobs
     def put_job(self, task_id: str, tenant: str, intent: dict[str, Any]) -> None:
-        self._write("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)",
-                    (task_id, tenant, json.dumps(intent)))
+        encoded = json.dumps(intent)
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)",
+                             (task_id, tenant, encoded))
+            self._db.execute("DELETE FROM withdrawn WHERE task_id = ?", (task_id,))
+            self._db.execute("COMMIT")
 
-    def delete_job(self, task_id: str) -> None:
+    def delete_job(self, task_id: str, *, withdrawn: bool = False) -> None:
+        """Forget a job: its intent, path sets and announced calls; with ``withdrawn``,
+        remember that it was withdrawn (a job the data plane declares by itself, as the
+        twin's scenario jobs, is then not declared again at a restart: :meth:`withdrawn`)."""
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM jobs WHERE task_id = ?", (task_id,))
             self._db.execute("DELETE FROM paths WHERE task_id = ?", (task_id,))
+            self._db.execute("DELETE FROM calls WHERE task_id = ?", (task_id,))
+            if withdrawn:
+                self._db.execute("INSERT OR IGNORE INTO withdrawn VALUES (?)", (task_id,))
             self._db.execute("COMMIT")
+
+    def withdrawn(self) -> set[str]:
+        """The task ids withdrawn with ``delete_job(withdrawn=True)`` and not declared
+        since."""
+        return {t for t, in self._read("SELECT task_id FROM withdrawn")}
 
     def jobs(self) -> list[tuple[str, str, dict[str, Any]]]:
         return [(t, ten, self._loads(i, "jobs", f"task_id {t!r}")) for t, ten, i in

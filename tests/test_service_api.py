@@ -914,3 +914,19 @@ def test_a_withdrawn_twin_job_stays_withdrawn_after_a_restart(tmp_path: Path) ->
                               calls=body["calls"]), replace_ok=False)
     svc.store.close()  # type: ignore[attr-defined]
     assert "vision-dp" in start().intents  # type: ignore[attr-defined]
+
+
+def test_the_plan_epoch_goes_on_across_a_restart(tmp_path: Path) -> None:
+    """Clients tell plans apart by their epoch: a restart (whose first plan takes back the
+    switches' path sets) counts on from the last one, it does not start again at 1."""
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        c.post("/api/v1/jobs", json=_job("acme-e", [0, 64]), headers=_auth(ACME))
+        _planned_paths(c, "acme-e", ACME)
+        c.put("/api/v1/jobs/acme-e", json=_job("acme-e", [0, 1]), headers=_auth(ACME))
+        wait_until(lambda: c.get("/api/v1/jobs/acme-e", headers=_auth(ACME)).json()["planned"])
+        before = c.get("/health").json()["plan_epoch"]
+    assert before >= 3  # (the start's plan, then one per declaration)
+    app2, _ = _service(tmp_path)
+    with TestClient(app2) as c:
+        assert c.get("/health").json()["plan_epoch"] == before + 1  # (the restart's plan)

@@ -173,7 +173,9 @@ class FabricService:
             policy.job_names = [j.name for j in prep.jobs]
         self.view = self.dp.view
         self.n_gpus = len(self.view.gpu_node)
-        self._plan_epoch = 0
+        # installed plans so far, counted on across restarts (a client comparing epochs
+        # never sees one go back)
+        self._plan_epoch = store.counter("plan_epoch")
         # the job registry: its own lock (see the module docstring)
         self._jobs_lock = threading.Lock()
         self._changed = threading.Condition(self._jobs_lock)
@@ -390,11 +392,16 @@ class FabricService:
         elif not resume:
             self.counters.job_plans += 1
         self._timed("plan", t0)
-        self._plan_epoch += 1
+        self._new_epoch()
         self._note_reroutes(before, "plan", why)
         log.info("plan", extra={"fields": {"why": why, "scope": scope, "demands": rep.demands,
                                            "installed": rep.installed,
                                            "lambda": round(rep.plan.max_utilization, 4)}})
+
+    def _new_epoch(self) -> None:
+        """A plan was installed: the plan epoch goes on by one, stored."""
+        self._plan_epoch += 1
+        self.store.set_counter("plan_epoch", self._plan_epoch)
 
     def _tick(self) -> TickReport:
         """One control period (lock held): the controller's, then its record (counters,
@@ -416,7 +423,7 @@ class FabricService:
         seen = self._log_seen_links(rep)
         if rep.replanned:
             self.counters.replans += 1
-            self._plan_epoch += 1
+            self._new_epoch()
         sent = max((h.sent_s for h in heals), default=0.0) * 1e3
         why = "; ".join(
             ([f"from telemetry: {seen}" + (f" (new paths sent after {sent:.2f} ms)"

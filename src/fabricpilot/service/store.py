@@ -67,6 +67,10 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS withdrawn (
     task_id TEXT PRIMARY KEY
 );
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
 """
 
 EVENTS_KEPT = 10_000
@@ -172,6 +176,19 @@ class Store:
             if withdrawn:
                 self._db.execute("INSERT OR IGNORE INTO withdrawn VALUES (?)", (task_id,))
             self._db.execute("COMMIT")
+
+    def counter(self, name: str) -> int:
+        """The stored value of counter ``name`` (0 if never set)."""
+        rows = self._read("SELECT value FROM counters WHERE name = ?", (name,))
+        if not rows:
+            return 0
+        value = rows[0][0]
+        if not isinstance(value, int) or value < 0:
+            raise self.damaged("counters", f"name {name!r}", f"value {value!r}")
+        return value
+
+    def set_counter(self, name: str, value: int) -> None:
+        self._write("INSERT OR REPLACE INTO counters VALUES (?, ?)", (name, value))
 
     def withdrawn(self) -> set[str]:
         """The task ids withdrawn with ``delete_job(withdrawn=True)`` and not declared

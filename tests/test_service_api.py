@@ -930,3 +930,15 @@ def test_the_plan_epoch_goes_on_across_a_restart(tmp_path: Path) -> None:
     app2, _ = _service(tmp_path)
     with TestClient(app2) as c:
         assert c.get("/health").json()["plan_epoch"] == before + 1  # (the restart's plan)
+
+
+def test_put_says_whether_it_created_the_job(client: httpx.Client) -> None:
+    c = client
+    r = c.put("/api/v1/jobs/acme-p", json=_job("acme-p", [0, 64]), headers=_auth(ACME))
+    assert r.status_code == 201, r.text
+    assert r.json()["task_id"] == "acme-p"
+    r = c.put("/api/v1/jobs/acme-p", json=_job("acme-p", [0, 1]), headers=_auth(ACME))
+    assert r.status_code == 200, r.text
+    assert r.json()["gpus"] == [0, 1]
+    spec = c.get("/openapi.json").json()
+    assert {"200", "201"} <= set(spec["paths"]["/api/v1/jobs/{task_id}"]["put"]["responses"])

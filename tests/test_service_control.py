@@ -116,7 +116,7 @@ def test_serve_in_both_layouts(tmp_path: Path, layout: list[str]) -> None:
                           headers={"Authorization": f"Bearer {token}"}) as c:
             r = c.put("/api/v1/jobs/j1", json={"task_id": "j1", "gpus": [0, 8], "calls": [
                 {"pattern": "allreduce", "size_bytes": 1 << 20, "sla_us": 800}]})
-            assert r.status_code == 200 and r.json()["gpus"] == [0, 8]
+            assert r.status_code == 201 and r.json()["gpus"] == [0, 8]  # (a new job)
             assert c.get("/api/v1/jobs/nope").status_code == 404
             assert c.post("/api/v1/telemetry", json={"deltas": [
                 {"link_id": 0, "interval_ns": 1000, "tx_bytes": 10}]}).json() == {"accepted": 1}

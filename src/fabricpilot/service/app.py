@@ -480,16 +480,18 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         return JSONResponse(await call("declare", p, body, replace_ok=False), status_code=201)
 
     @app.put(f"{v1}/jobs/{{task_id}}", tags=["jobs"],
+             responses={201: {"description": "The job was new: declared"}},
              openapi_extra=_body(IntentIn, path_params=["task_id"]))
     async def update(request: Request) -> JSONResponse:
-        """Declare or replace a job's intent."""
+        """Declare (201) or replace (200) a job's intent."""
         p = caller(request)
         body = await _parsed(request, IntentIn)
         task_id = request.path_params["task_id"]
         if body.task_id != task_id:
             raise ServiceError(422, f"task_id: body says {body.task_id!r}, path says "
                                f"{task_id!r}")
-        return JSONResponse(await call("declare", p, body, replace_ok=True))
+        job, created = await call("put", p, body)
+        return JSONResponse(job, status_code=201 if created else 200)
 
     @app.get(f"{v1}/jobs", tags=["jobs"])
     async def list_jobs(p: Caller) -> list[dict[str, Any]]:

@@ -52,9 +52,9 @@ from fabricpilot.service.state import FabricService, ServiceError
 log = logging.getLogger("fabricpilot.service")
 
 OPERATIONS = frozenset({
-    "declare", "withdraw", "jobs", "job", "announce", "calls", "paths", "ingest", "ingest_rows",
-    "tick_now", "report_fault", "faults", "topology", "congestion", "link_usage", "health",
-    "events_list", "metrics_text", "inject_twin_faults"})
+    "declare", "put", "withdraw", "jobs", "job", "announce", "calls", "paths", "ingest",
+    "ingest_rows", "tick_now", "report_fault", "faults", "topology", "congestion",
+    "link_usage", "health", "events_list", "metrics_text", "inject_twin_faults"})
 """The :class:`FabricService` methods a control may call."""
 
 WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "link_usage",

@@ -614,6 +614,15 @@ class FabricService:
                 raise ServiceError(409, f"gpus: GPU {g} is in use by another tenant's job")
 
     def declare(self, p: Principal, body: IntentIn, *, replace_ok: bool) -> dict[str, Any]:
+        """Declare a job (409 if its task id exists, unless ``replace_ok``): its record."""
+        return self._declare(p, body, replace_ok)[0]
+
+    def put(self, p: Principal, body: IntentIn) -> tuple[dict[str, Any], bool]:
+        """Declare or replace a job: its record, and whether it is new."""
+        return self._declare(p, body, True)
+
+    def _declare(self, p: Principal, body: IntentIn, replace_ok: bool
+                 ) -> tuple[dict[str, Any], bool]:
         tenant = self._tenant_for(p, body)
         with self._changed:
             old = self.intents.get(body.task_id)
@@ -627,7 +636,7 @@ class FabricService:
             intent = body.to_intent(tenant)
             self.store.put_job(intent.task_id, tenant, intent_to_dict(intent))
             self._queue(intent.task_id, intent)
-        return self._job_dict(intent)
+        return self._job_dict(intent), old is None
 
     def withdraw(self, p: Principal, task_id: str) -> None:
         """Withdraw a job: its intent, its announced calls (a job declared later under the

@@ -5,12 +5,12 @@ Each case runs in its own process so that its peak resident memory is its own.
     python benchmarks/run_benchmarks.py              # every case
     python benchmarks/run_benchmarks.py --only a2a   # cases whose name contains "a2a"
 
-Cases (the foundation issue's list): AlltoAll of 256 MiB per GPU on 128, 512 and 1024 GPUs,
-ring AllReduce of 1 GiB on 1024 and 8192 GPUs, each under ``ecmp`` and ``ideal``, on a
-rail-optimised non-blocking 400G leaf-spine with 8 GPUs per host. AlltoAll runs both as NCCL
-does on such hosts (``pxn``: NVLink to the right rail, then one flow per host pair and rail)
-and ``flat`` (one flow per GPU pair: n(n-1) flows, the engine's stress case). AllReduce runs
-as one flat ring over all GPUs (``ring``) and hierarchically (``hierarchical``).
+Cases: AlltoAll of 256 MiB per GPU on 128, 512 and 1024 GPUs, ring AllReduce of 1 GiB on
+1024 and 8192 GPUs, each under ``ecmp``, ``adaptive`` and ``ideal``, on a rail-optimised
+non-blocking 400G leaf-spine with 8 GPUs per host. AlltoAll runs both as NCCL does on such
+hosts (``pxn``: NVLink to the right rail, then one flow per host pair and rail) and ``flat``
+(one flow per GPU pair: n(n-1) flows, the engine's stress case). AllReduce runs as one flat
+ring over all GPUs (``ring``) and hierarchically (``hierarchical``).
 Targets: 1024-GPU AlltoAll <= 60 s and <= 8 GB; 8192-GPU AllReduce <= 30 s.
 
 Fluid model (queues, ECN, DCQCN, PFC; ``fluid-`` cases, ``--only fluid``): 128-GPU AlltoAll

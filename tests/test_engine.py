@@ -187,10 +187,11 @@ def test_default_scenario_conserves_bytes_and_completes(default_runs) -> None:  
 
 
 def test_a_flows_alone_fct_is_that_of_its_nics_whatever_the_policy(default_runs) -> None:  # type: ignore[no-untyped-def]
-    """metrics.md: slowdown = FCT / (propagation + wire bytes / bottleneck rate) alone on the
-    empty fabric. A ring step's members each send from and to their own 400 Gb/s NIC: alone,
-    each at 400 Gb/s, under any policy; ECMP hashing two of them onto one link slows the
-    flow, which its slowdown shows (it was once taken as the flow's own rate alone)."""
+    """The README's metrics: slowdown = FCT / (propagation + wire bytes / bottleneck rate)
+    alone on the empty fabric. A ring step's members each send from and to their own
+    400 Gb/s NIC: alone, each at 400 Gb/s, under any policy; ECMP hashing two of them onto
+    one link slows the flow, which its slowdown shows (it was once taken as the flow's own
+    rate alone)."""
     prep, runs = default_runs
     vision = next(i for i, j in enumerate(prep.jobs) if j.name == "vision-dp")
     worst = {}

@@ -23,7 +23,7 @@ detection), then they move to the paths the policy gives (``repath``). A policy 
 ports' state in telemetry): the fabric converges on its own, as without a controller.
 
 Every fault gets a :class:`FaultRecord`: detection, reroute and recovery times (recovery:
-every affected job back to >= 95 % of its throughput before the fault, see ``metrics.md``),
+every affected job back to >= 95 % of its throughput before the fault),
 bytes lost and resent, each job's stall and the GPU time it cost, jobs cut off (a partition
 is reported, and the job stopped, not left hanging).
 """
@@ -48,7 +48,7 @@ from fabricpilot.topology.paths import walk_paths
 if TYPE_CHECKING:
     from fabricpilot.faults.model import FaultEvent, FaultTimeline
 
-RECOVERED_SHARE = 0.95  # of the pre-fault throughput (metrics.md)
+RECOVERED_SHARE = 0.95  # of the pre-fault throughput
 
 
 @dataclass

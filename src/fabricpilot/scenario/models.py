@@ -795,7 +795,7 @@ class ControllerSpec(_Model):
         default=16, ge=1, le=64,
         description="QPs (plan parts) a GPU spreads a planned call over, at least: a ring's "
         "one peer gets them all, each of n peers the smallest divisor of this at least "
-        "this / n (one for a GPU with at least this many peers, as in an AlltoAll)",
+        "this / n (one each for a GPU with at least min(this, 4) peers, as in an AlltoAll)",
     )
     switch_rule_capacity: Int = Field(
         default=4096, ge=0, description="explicit forwarding rules one switch holds"

@@ -8,7 +8,7 @@ wraps them in a ``CollectivePlan``.
 GPU ids are global ints. With ``gpus_per_host`` ``g``, GPU ``x`` sits on host ``x // g`` with
 local rank ``x % g`` (on rail-optimised hosts the local rank is also the rail).
 
-Two modes for rings (see engine-notes, "Collectives as streams"):
+Two modes for rings:
 
 * ``"stream"``: one stage in which every neighbour pair of the ring streams its whole share at
   once; the transfers share one coupled ``group`` (the ring advances at the pace of its slowest

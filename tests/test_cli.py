@@ -269,6 +269,74 @@ def test_outputs_that_cannot_be_written_fail_before_the_run(tmp_path: Path) -> N
     assert res.returncode == 2 and "is a directory" in res.stderr
 
 
+def test_outputs_that_would_overwrite_an_input_or_each_other_fail_before_the_run(
+        tmp_path: Path) -> None:
+    """The JSON summary onto the scenario, the topology export onto its own scenario, the
+    summary onto a file ``--out`` writes or onto the ``--out`` folder itself: one line, exit
+    2, before anything runs, and the files as they were."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    text = path.read_text()
+    out = tmp_path / "out"
+    for args, start in (
+            (["run", str(path), "--json", str(path)], "error: --json: "),
+            (["topology", "export", str(path), "--scenario", str(path)],
+             "error: topology export: "),
+            (["run", str(path), "--json", str(out / "report.html"), "--out", str(out)],
+             "error: --json: "),
+            (["run", str(path), "--json", str(out / "ecmp" / "flows.csv"), "--out", str(out)],
+             "error: --json: "),
+            (["run", str(path), "--json", str(out), "--out", str(out)], "error: --json, --out: "),
+            (["run", str(path), "--out", str(tmp_path), "-p", "ecmp"], None)):
+        res = cli(*args)
+        if start is None:  # (a folder holding the scenario, which it does not overwrite)
+            assert res.returncode == 0, res.stderr
+            continue
+        assert res.returncode == 2 and res.stdout == "", (args, res.stdout)
+        assert res.stderr.startswith(start) and res.stderr.count("\n") == 1, res.stderr
+        assert "overwrit" in res.stderr or "both name" in res.stderr, res.stderr
+    assert path.read_text() == text
+    assert not out.exists()
+    # the scenario inside a policy's folder of --out: refused too
+    inside = tmp_path / "o2" / "ecmp" / "s.yaml"
+    inside.parent.mkdir(parents=True)
+    inside.write_text(text)
+    res = cli("run", str(inside), "--out", str(tmp_path / "o2"))
+    assert res.returncode == 2 and res.stderr.startswith("error: --out: "), res.stderr
+    # beside --out's files, the summary is fine
+    res = cli("run", str(path), "--json", str(out / "summary.json"), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "summary.json").read_text())["runs"]
+
+
+@pytest.mark.parametrize("where", ["name", "job", "policy", "flag", "path"])
+def test_text_in_square_brackets_is_printed_as_given(where: str, tmp_path: Path) -> None:
+    """Names and paths are the user's text, not console markup: ``[/]`` crashed the printer
+    (a traceback) and ``[bold]`` vanished from the message."""
+    data = small_scenario(tmp_path)
+    args: list[str] = []
+    if where == "name":
+        data["name"] = "[/]x[bold]"
+    elif where == "job":
+        data["jobs"][0]["name"] = "[/]j[bold]"
+    elif where == "policy":
+        data["policies"] = ["[/]p"]
+    path = write(tmp_path, data)
+    if where == "flag":
+        args = ["run", str(path), "-p", "[/]p"]
+    elif where == "path":
+        args = ["validate", str(tmp_path / "no[bold]such.yaml")]
+    else:
+        args = ["run", str(path), "-p", "ecmp"] if where != "policy" else ["validate", str(path)]
+    res = cli(*args)
+    assert "Traceback" not in res.stderr, res.stderr
+    if where in ("name", "job"):
+        assert res.returncode == 0, res.stderr
+        assert ("[/]x[bold]" if where == "name" else "[/]j[bold]") in res.stdout
+    else:
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert ("no[bold]such.yaml" if where == "path" else "'[/]p'") in res.stderr
+
+
 def test_a_policy_setting_the_fabric_cannot_meet_names_file_and_field(tmp_path: Path) -> None:
     """Found by ``validate``, and by ``run`` before any policy runs (not when the one that
     uses it starts, the others' results lost)."""

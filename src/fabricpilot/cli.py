@@ -41,7 +41,7 @@ EXIT_INPUT = 2
 
 
 def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_INPUT)
 
 
@@ -112,9 +112,10 @@ def run(
         policies = list(policy) if policy else list(sc.policies)
         # the comparison is against `ideal`; run it as the reference if it was not asked for
         runs = policies + (["ideal"] if "ideal" not in policies else [])
+        _check_collisions(json_path, out_dir, policies, _inputs(scenario, sc))
         prep = prepare(sc, source)
         _warn(source, config_warnings(sc, prep))
-        out.print(f"[bold]{sc.name}[/]: {prep.topology.topo.summary()}; "
+        out.print(f"[bold]{escape(sc.name)}[/]: {escape(prep.topology.topo.summary())}; "
                   f"{_count(len(prep.jobs), 'job')}"
                   + (f", {_count(len(prep.mice), 'mouse', 'mice')}" if prep.mice else ""),
                   highlight=False)
@@ -165,7 +166,7 @@ def run(
                 out.print(f"{r.policy}: {len(r.sla_unmet)} SLAs no path meets, "
                           f"e.g. {escape(r.sla_unmet[0])}", highlight=False, soft_wrap=True)
             if r.controller:
-                out.print(controller_line(r), highlight=False, soft_wrap=True)
+                out.print(escape(controller_line(r)), highlight=False, soft_wrap=True)
         events = pfc_event_lines(shown)
         if events:
             out.print("PFC storms and deadlocks:")
@@ -176,7 +177,7 @@ def run(
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
-                out.print(f"summary written to {json_path}")
+                out.print(f"summary written to {escape(str(json_path))}", highlight=False)
             except OSError as e:
                 failed.append(f"--json: cannot write {json_path}: {e.strerror or e}")
         if out_dir is not None:
@@ -196,8 +197,8 @@ def run(
                               f"{sc.fabric.fluid.sample_interval_ns / 1e3:g} us; the run needed "
                               f"more than fabric.fluid.max_timeseries_rows="
                               f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False)
-            out.print(f"tables written to {out_dir}/<policy>/, plots and report to "
-                      f"{out_dir}/report.html")
+            out.print(escape(f"tables written to {out_dir}/<policy>/, plots and report to "
+                             f"{out_dir}/report.html"), highlight=False)
         if failed:
             _fail("; ".join(failed))
     except FabricpilotError as e:
@@ -223,6 +224,43 @@ def _in_source(message: str, source: str | None) -> str:
     """
     return message if source is None or message.startswith(f"{source}:") else \
         f"{source}: {message}"
+
+
+def _inputs(scenario: Path | None, sc: Any) -> list[Path]:
+    """The files a scenario was read from: its YAML and, for ``topology.kind: file``, the
+    topology's JSON (none for the built-in default scenario)."""
+    files = [scenario] if scenario is not None else []
+    if sc.topology.kind == "file" and sc.topology.path is not None:
+        files.append(Path(sc.topology.path))
+    return files
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (both as they resolve)."""
+    p, f = path.resolve(), folder.resolve()
+    return p == f or f in p.parents
+
+
+def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: list[str],
+                      inputs: list[Path]) -> None:
+    """Fail before the runs if an output would overwrite an input or another output: the
+    JSON summary or the tables' folder the scenario (or its topology file), or the JSON
+    summary a file ``--out`` writes (``report.html``, ``plots/``, a policy's folder)."""
+    for inp in inputs:
+        if json_path is not None and json_path.resolve() == inp.resolve():
+            _fail(f"--json: {json_path} is the input {inp}: it would be overwritten")
+        if out_dir is not None and any(
+                inp.resolve() == (out_dir / "report.html").resolve()
+                or _within(inp, out_dir / sub) for sub in ("plots", *policies)):
+            _fail(f"--out: {out_dir} would overwrite the input {inp}")
+    if json_path is None or out_dir is None:
+        return
+    if json_path.resolve() == out_dir.resolve():
+        _fail(f"--json, --out: both name {json_path} (a file and a folder)")
+    if (json_path.resolve() == (out_dir / "report.html").resolve()
+            or any(_within(json_path, out_dir / sub) for sub in ("plots", *policies))):
+        _fail(f"--json: {json_path} is among what --out writes ({out_dir}/report.html, "
+              f"{out_dir}/plots/, {out_dir}/<policy>/): it would be overwritten")
 
 
 def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str = "--json",
@@ -345,14 +383,14 @@ def serve(
     except FabricpilotError as e:
         lock.release()
         _fail(str(e))
-    err.print(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs /docs, "
-              f"metrics /metrics); state in {state_dir}/"
-              + (f"; restored {restored['jobs']} jobs, {restored['path_sets']} path sets, "
-                 f"the fault state of {restored['faults']} links"
-                 if restored["jobs"] or restored["faults"]
-                 else ""), highlight=False, soft_wrap=True)
+    err.print(escape(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs "
+                     f"/docs, metrics /metrics); state in {state_dir}/"
+                     + (f"; restored {restored['jobs']} jobs, {restored['path_sets']} path "
+                        f"sets, the fault state of {restored['faults']} links"
+                        if restored["jobs"] or restored["faults"]
+                        else "")), highlight=False, soft_wrap=True)
     if token_file is not None:
-        err.print(f"operator token: {token_file}", highlight=False)
+        err.print(escape(f"operator token: {token_file}"), highlight=False)
     configure_logging(log_level.upper())
     freeze_startup_objects()
     servers.append(uvicorn.Server(uvicorn.Config(api, host=host, port=port,
@@ -362,8 +400,9 @@ def serve(
     finally:
         lock.release()
     if lost:
-        err.print(f"[bold red]error:[/] {lost[0]}; serve stopped (start it again: the state "
-                  f"in {state_dir}/ is restored)", highlight=False, soft_wrap=True)
+        err.print("[bold red]error:[/] " + escape(f"{lost[0]}; serve stopped (start it again: "
+                                                  f"the state in {state_dir}/ is restored)"),
+                  highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -431,8 +470,9 @@ def validate(
         return
     _warn(source, config_warnings(sc, prep))
     n_gpus = sum(j.n_gpus for j in prep.jobs)
-    out.print(f"{scenario}: ok ({prep.topology.topo.summary()}; {_count(len(prep.jobs), 'job')} on "
-              f"{_count(n_gpus, 'GPU')}; policies {', '.join(sc.policies)})", highlight=False)
+    out.print(escape(f"{scenario}: ok ({prep.topology.topo.summary()}; "
+                     f"{_count(len(prep.jobs), 'job')} on {_count(n_gpus, 'GPU')}; policies "
+                     f"{', '.join(sc.policies)})"), highlight=False)
 
 
 MAX_SIZE_BYTES = 1 << 50  # the largest message a sweep takes (1 PiB)
@@ -550,7 +590,7 @@ def topology_show(
     except FabricpilotError as e:
         _fail(str(e))
         return
-    out.print(ct.topo.summary(), highlight=False)
+    out.print(escape(ct.topo.summary()), highlight=False)
     out.print(f"{ct.n_links} directed links; max ECMP group size {int(ct.nh_count.max())}")
 
 
@@ -567,12 +607,15 @@ def topology_export(
     _check_outputs(path, None, "topology export")
     try:
         sc, source = _load(scenario)
+        for inp in _inputs(scenario, sc):
+            if path.resolve() == inp.resolve():
+                _fail(f"topology export: {path} is the input {inp}: it would be overwritten")
         save_topology_json(build_scenario_topology(sc, source), path)
     except FabricpilotError as e:
         _fail(str(e))
     except OSError as e:
         _fail(f"{path}: cannot write the topology: {e.strerror or e}")
-    out.print(f"topology written to {path}")
+    out.print(escape(f"topology written to {path}"), highlight=False)
 
 
 @app.command()

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 
 from fabricpilot.results import RunResult
@@ -20,13 +21,13 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
     run carries interference ratios (``run --interference``) an "interference" column
     follows: busbw alone / busbw shared, see :func:`format_interference`.
     """
-    table = Table(title=f"scenario {results[0].scenario!r}, seed {results[0].seed}",
+    table = Table(title=escape(f"scenario {results[0].scenario!r}, seed {results[0].seed}"),
                   title_justify="left")
     header, rows = comparison_rows(results, reference)
     for col in header:
         table.add_column(col, justify="left" if col in ("job", "policy") else "right")
-    for cells, last in rows:
-        table.add_row(*cells, end_section=last)
+    for cells, last in rows:  # (names are the scenario's text, not markup)
+        table.add_row(*map(escape, cells), end_section=last)
     return table
 
 
@@ -263,7 +264,7 @@ def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
                      no_wrap=col in ("policy", "fault", "lost", "resent"))
     rows, labels = fault_rows(results)
     for cells in rows:
-        t.add_row(*cells)
-    t.caption = "; ".join(f"#{k}: {v}" for k, v in labels.items())
+        t.add_row(*map(escape, cells))
+    t.caption = escape("; ".join(f"#{k}: {v}" for k, v in labels.items()))
     t.caption_justify = "left"
     return t

@@ -380,6 +380,70 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_bytes(b"\x80\x81binary")
     res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
     assert res.returncode == 2 and "not a UTF-8 text file" in res.stderr
+    # JSON nested past the parser's stack, a host id past int32, a 5 000-digit integer:
+    # one line each, not a traceback
+    deep = "[" * 100_000 + "]" * 100_000
+    big_host = json.loads(out.read_text())
+    big_host["nodes"][gpu]["host"] = 2**31
+    digits = out.read_text().replace('"gpus_per_host": 8', '"gpus_per_host": ' + "9" * 5000)
+    for text, problem in ((deep, "invalid JSON: nested too deeply"),
+                          (json.dumps(big_host), f"nodes[{gpu}].host: Input should be less "
+                                                 "than 131072"),
+                          (digits, "invalid JSON: Exceeds the limit")):
+        (tmp_path / "bad.json").write_text(text)
+        res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert problem in res.stderr, res.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes")
+def test_files_that_are_not_regular_files_are_refused(tmp_path: Path) -> None:
+    """A named pipe would block the reader forever, /dev/zero fill the memory: refused,
+    one line, before any read."""
+    import os
+
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a named pipe"), (Path("/dev/zero"), "a character device")):
+        if not path.exists():
+            continue
+        res = cli("validate", str(path))
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip() == f"error: {path}: not a regular file ({kind})"
+    res = cli("twin", "--token-file", str(fifo))
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: --token-file: {fifo}: not a regular file (a named pipe)"
+    binary = tmp_path / "bin.tok"
+    binary.write_bytes(bytes(range(128, 256)))
+    res = cli("twin", "--token-file", str(binary))
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: --token-file: {binary}: not a UTF-8 text file"
+
+
+def test_a_token_file_refuses_a_key_given_twice_and_a_token_shared(tmp_path: Path) -> None:
+    """YAML keeps the last of a repeated key: ``role: tenant ... role: operator`` made a
+    tenant's token an operator's. And two entries with one token left one of them (the
+    last) its only principal. Both refused, naming the place."""
+    from fabricpilot.service.auth import AuthConfigError, TokenRegistry
+
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("tokens:\n  - {name: t, role: tenant, tenant: a, "
+                   "token: aaaaaaaaaaaaaaaaaaaa, role: operator}\n")
+    with pytest.raises(AuthConfigError, match=r"dup.yaml: invalid YAML at line 2, column \d+: "
+                                              r"duplicate key 'role'"):
+        TokenRegistry.from_file(dup)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("tokens:\n  - {name: o, role: operator, token: aaaaaaaaaaaaaaaaaaaa}\n"
+                      "  - {name: t, role: tenant, tenant: a, token: aaaaaaaaaaaaaaaaaaaa}\n")
+    with pytest.raises(AuthConfigError, match=r"shared.yaml: tokens.1: gives the same token "
+                                              r"as 'o'"):
+        TokenRegistry.from_file(shared)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("tokens:\n  - {name: o, role: operator, token: aaaaaaaaaaaaaaaaaaaa}\n"
+                  "  - {name: t, role: tenant, tenant: a, token: bbbbbbbbbbbbbbbbbbbb}\n")
+    reg = TokenRegistry.from_file(ok)
+    assert reg.resolve("b" * 20).role == "tenant"  # type: ignore[union-attr]
+    assert reg.resolve("a" * 20).role == "operator"  # type: ignore[union-attr]
 
 
 def test_nccl_test_table(tmp_path: Path) -> None:

@@ -128,7 +128,8 @@ def test_an_unreadable_operator_token_is_one_line(tmp_path: Path) -> None:
                         str(state), "--port", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"error: {state}/operator.token: cannot read the operator token: Is a directory"]
+        f"error: {state}/operator.token: cannot read the operator token: is a directory, "
+        "not a file"]
 
 
 @pytest.mark.parametrize("content, message", [

@@ -409,10 +409,12 @@ def serve(
 def _read_token(path: Path | None, flag: str) -> str | None:
     if path is None:
         return None
+    from fabricpilot.textfiles import UnreadableFile, read_text_file
+
     try:
-        token = path.read_text().strip()
-    except OSError as e:
-        _fail(f"{flag}: {path}: cannot read: {e.strerror}")
+        token = read_text_file(path, max_bytes=1 << 16).strip()
+    except UnreadableFile as e:
+        _fail(f"{flag}: {path}: {e}")
     if len(token) < 16:
         _fail(f"{flag}: {path}: token too short (>= 16 characters)")
     return token

@@ -21,6 +21,7 @@ from pydantic_core import ErrorDetails
 
 from fabricpilot.errors import ScenarioError
 from fabricpilot.scenario.models import FaultsSpec, FieldProblem, Scenario, check_fits
+from fabricpilot.textfiles import UnreadableFile, read_text_file
 
 __all__ = [
     "check_gpu_count",
@@ -29,7 +30,9 @@ __all__ = [
     "fault_events",
     "format_loc",
     "load_scenario",
+    "load_strict_yaml",
     "scenario_from_dict",
+    "yaml_problem",
 ]
 
 _MAX_REPR = 60
@@ -58,6 +61,34 @@ class _StrictLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: PyYAML reports it below
                 continue
         return super().construct_mapping(node, deep=deep)
+
+
+def load_strict_yaml(text: str) -> Any:
+    """``text`` as YAML (safe tags only), refusing a mapping that gives a key twice.
+
+    >>> load_strict_yaml("a: 1\\nb: [2]")
+    {'a': 1, 'b': [2]}
+    >>> load_strict_yaml("role: tenant\\nrole: operator")
+    Traceback (most recent call last):
+    ...
+    fabricpilot.scenario.loader._DuplicateKey: duplicate key 'role'
+      in "<unicode string>", line 2, column 1:
+        role: operator
+        ^
+    """
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """One line describing a YAML error, with its (1-based) line and column.
+
+    >>> try:
+    ...     load_strict_yaml("a: 1\\na: 2")
+    ... except yaml.YAMLError as e:
+    ...     yaml_problem(e)
+    "invalid YAML at line 2, column 1: duplicate key 'a'"
+    """
+    return _yaml_problem(err)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -253,17 +284,11 @@ def load_scenario(path: str | Path) -> Scenario:
     file = Path(path)
     source = str(path)
     try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(source, "", "file not found") from None
-    except IsADirectoryError:
-        raise ScenarioError(source, "", "is a directory, not a scenario file") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(source, "", "not a UTF-8 text file") from None
-    except OSError as exc:
-        raise ScenarioError(source, "", f"cannot read file: {exc.strerror or exc}") from None
+        text = read_text_file(file)
+    except UnreadableFile as exc:
+        raise ScenarioError(source, "", str(exc)) from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        data = load_strict_yaml(text)
     except yaml.YAMLError as exc:
         raise ScenarioError(source, "", _yaml_problem(exc)) from None
     except RecursionError:

@@ -33,7 +33,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fabricpilot.errors import FabricpilotError
+from fabricpilot.scenario.loader import load_strict_yaml, yaml_problem
+from fabricpilot.textfiles import UnreadableFile, read_text_file
 from fabricpilot.units import parse_id_ranges
+
+MAX_TOKEN_FILE_BYTES = 1 << 20
+"""The largest token file read (1 MiB: some thousands of tokens)."""
 
 
 class AuthConfigError(FabricpilotError):
@@ -116,11 +121,13 @@ class TokenRegistry:
     def from_file(cls, path: str | Path) -> TokenRegistry:
         """Read a token file; a bad one raises :class:`AuthConfigError` naming the field."""
         try:
-            raw = yaml.safe_load(Path(path).read_text())
-        except OSError as err:
-            raise AuthConfigError(f"{path}: cannot read: {err.strerror}") from None
+            raw = load_strict_yaml(read_text_file(path, max_bytes=MAX_TOKEN_FILE_BYTES))
+        except UnreadableFile as err:
+            raise AuthConfigError(f"{path}: {err}") from None
         except yaml.YAMLError as err:
-            raise AuthConfigError(f"{path}: not valid YAML: {err}".splitlines()[0]) from None
+            raise AuthConfigError(f"{path}: {yaml_problem(err)}") from None
+        except (RecursionError, ValueError) as err:
+            raise AuthConfigError(f"{path}: cannot read a value: {err}".splitlines()[0]) from None
         if not isinstance(raw, dict):
             got = "an empty file" if raw is None else f"a {type(raw).__name__}"
             raise AuthConfigError(f"{path}: expected a mapping with a 'tokens' list, got {got}")
@@ -131,10 +138,15 @@ class TokenRegistry:
             loc = ".".join(str(x) for x in e["loc"]) or "<root>"
             raise AuthConfigError(f"{path}: {loc}: {e['msg']}") from None
         reg = cls()
-        for e in spec.tokens:
+        for i, e in enumerate(spec.tokens):
             gpus = frozenset(parse_id_ranges(e.gpus)) if e.gpus is not None else None
             p = Principal(e.name, e.role, e.tenant, gpus)
-            reg._by_digest[e.sha256 or digest(e.token or "")] = p
+            key = e.sha256 or digest(e.token or "")
+            if key in reg._by_digest:  # (one would silently replace the other's rights)
+                other = reg._by_digest[key].name
+                raise AuthConfigError(f"{path}: tokens.{i}: gives the same token as {other!r} (a "
+                                      f"token is one caller's)")
+            reg._by_digest[key] = p
         return reg
 
 

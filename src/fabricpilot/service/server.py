@@ -30,6 +30,7 @@ from fabricpilot.service.state import FabricService
 from fabricpilot.service.store import Store
 from fabricpilot.service.twin import TwinRunner
 from fabricpilot.service.twin_process import TwinProcess, host_twin
+from fabricpilot.textfiles import UnreadableFile, read_text_file
 
 DB_NAME = "fabricpilot.db"
 OPERATOR_TOKEN_FILE = "operator.token"
@@ -45,7 +46,10 @@ def operator_token(state_dir: Path) -> tuple[str, Path]:
     path = state_dir / OPERATOR_TOKEN_FILE
     try:
         if path.exists():
-            token = path.read_text().strip()
+            try:
+                token = read_text_file(path, max_bytes=1 << 16).strip()
+            except UnreadableFile as err:
+                raise ServeError(f"{path}: cannot read the operator token: {err}") from None
             if len(token) < 16:
                 raise ServeError(f"{path}: token too short (>= 16 characters)")
             return token, path

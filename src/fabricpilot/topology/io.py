@@ -22,6 +22,8 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fabricpilot.errors import ScenarioError, TopologyError
+from fabricpilot.textfiles import UnreadableFile, read_text_file
+from fabricpilot.topology.builders import MAX_GPUS
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, validate_topology
 
 FORMAT = "fabricpilot-topology/1"
@@ -32,9 +34,9 @@ class _Node(BaseModel):
     id: str = Field(min_length=1)
     kind: NodeKind
     # (whole numbers only: 0.5 or "0" is not a GPU id)
-    gpu: int | None = Field(default=None, ge=0, strict=True)
-    host: int | None = Field(default=None, ge=0, strict=True)
-    local_rank: int | None = Field(default=None, ge=0, strict=True)
+    gpu: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
+    host: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
+    local_rank: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
     tier: int | None = Field(default=None, ge=1, le=8, strict=True)
 
     @model_validator(mode="after")
@@ -59,7 +61,7 @@ class _TopologyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Literal["fabricpilot-topology/1"]
     name: str = "topology"
-    gpus_per_host: int = Field(ge=1)
+    gpus_per_host: int = Field(ge=1, le=MAX_GPUS)
     params: dict[str, Any] = Field(default_factory=dict)
     nodes: list[_Node]
     links: list[_Link]
@@ -131,15 +133,15 @@ def load_topology_json(path: str | Path) -> Topology:
     """Read a topology JSON file; every problem becomes a one-line :class:`ScenarioError`."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(str(p), "", "file not found") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(str(p), "", "not a UTF-8 text file") from None
-    except OSError as err:
-        raise ScenarioError(str(p), "", f"cannot read: {err.strerror}") from None
+        text = read_text_file(p)
+    except UnreadableFile as err:
+        raise ScenarioError(str(p), "", str(err)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ScenarioError(str(p), f"line {err.lineno}", f"invalid JSON: {err.msg}") from None
+    except RecursionError:
+        raise ScenarioError(str(p), "", "invalid JSON: nested too deeply to read") from None
+    except ValueError as err:  # (e.g. an integer of more digits than Python converts)
+        raise ScenarioError(str(p), "", f"invalid JSON: {err}") from None
     return topology_from_dict(data, str(p))

@@ -1,0 +1,72 @@
+"""Reading the text files users give (scenarios, topologies, token files): a regular file of
+bounded size, in UTF-8, or one line saying why not.
+
+A named pipe would block the reader, ``/dev/zero`` would fill the memory and a binary file
+would fail deep in a parser; each is refused here, before any of that, with the problem in
+words (:class:`UnreadableFile`), which the caller puts after the file's name.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+MAX_TEXT_BYTES = 256 << 20
+"""The largest text file read (256 MiB: a topology of a hundred thousand GPUs is some tens)."""
+
+
+class UnreadableFile(ValueError):
+    """A text file that cannot be read; ``str()`` is the problem, without the file's name."""
+
+
+def read_text_file(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """The text of the regular file ``path`` (UTF-8, at most ``max_bytes``).
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+    ...     _ = f.write("name: x")
+    >>> read_text_file(f.name)
+    'name: x'
+    >>> read_text_file(f.name, max_bytes=3)
+    Traceback (most recent call last):
+    ...
+    fabricpilot.textfiles.UnreadableFile: larger than 3 bytes (7 bytes)
+    >>> read_text_file("/dev/null")
+    Traceback (most recent call last):
+    ...
+    fabricpilot.textfiles.UnreadableFile: not a regular file (a character device)
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise UnreadableFile("file not found") from None
+    except OSError as err:
+        raise UnreadableFile(f"cannot read: {err.strerror or err}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UnreadableFile("is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnreadableFile(f"not a regular file ({_kind(st.st_mode)})")
+    if st.st_size > max_bytes:
+        raise UnreadableFile(f"larger than {max_bytes:,} bytes ({st.st_size:,} bytes)")
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as err:
+        raise UnreadableFile(f"cannot read: {err.strerror or err}") from None
+    if len(data) > max_bytes:  # (grown since the stat)
+        raise UnreadableFile(f"larger than {max_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnreadableFile("not a UTF-8 text file") from None
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular, non-directory file is, in words."""
+    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"

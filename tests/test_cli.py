@@ -186,6 +186,14 @@ BAD_CASES = {
     "a billion QPs": (lambda d: d.update(ecmp={"qps_per_connection": 10**9}),
                       "ecmp.qps_per_connection"),
     "a key with a newline": (lambda d: d.update({"bad\nkey": 1}), "'bad\\nkey'"),
+    # each within its own limit, together beyond a run's 1e15 ns (the engine overflowed)
+    "iterations x compute_ns": (lambda d: d["jobs"][0].update(iterations=10_000,
+                                                              compute_ns="1e15"),
+                                "jobs[0].compute_ns"),
+    "a trillion iterations": (lambda d: d["jobs"][0].update(iterations=10**12),
+                              "jobs[0].iterations"),
+    "a rate under 1 Mbps": (lambda d: d["topology"].update(nic_rate_gbps="1bps"),
+                            "topology.nic_rate_gbps"),
 }
 
 
@@ -200,6 +208,20 @@ def test_bad_scenarios_fail_with_one_line(case: str, command: str, tmp_path: Pat
     assert len(lines) == 1, res.stderr
     assert "bad.yaml" in lines[0] and field in lines[0]
     assert "Traceback" not in res.stderr
+
+
+def test_a_run_past_the_engines_clock_is_one_line(tmp_path: Path) -> None:
+    """1000 TiB at 1 Mb/s: each value within its limits, the run's end past 2^63 ns. One
+    line naming the scenario, not an OverflowError's traceback."""
+    data = small_scenario(tmp_path)
+    data.pop("mice")
+    data["topology"].update(nic_rate_gbps="1Mbps", fabric_rate_gbps="1Mbps")
+    data["jobs"][0]["collectives"][0]["size_bytes"] = "1000TiB"
+    res = cli("run", str(write(tmp_path, data)), "-p", "ecmp")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "s.yaml: " in lines[0]
+    assert "engine's clock" in lines[0]
 
 
 def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
@@ -218,6 +240,8 @@ def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
     (["--algorithm", "bogus"], "--algorithm"),
     (["--seed", "-1"], "--seed"),
     (["--min-bytes", "2M", "--max-bytes", "1M"], "--max-bytes"),
+    (["--rate-gbps", "1e-9"], "--rate-gbps"),
+    (["--op", "broadcast", "--algorithm", "hierarchical"], "--algorithm"),
 ])
 def test_nccl_test_bad_flags_fail_with_one_line(args: list[str], flag: str) -> None:
     res = cli("nccl-test", "--gpus", "16", "--min-bytes", "1M", "--max-bytes", "2M", *args)

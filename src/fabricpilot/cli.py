@@ -203,6 +203,8 @@ def run(
             _fail("; ".join(failed))
     except FabricpilotError as e:
         _fail(_in_source(str(e), source))
+    except OverflowError:
+        _fail(_in_source(_OVERFLOW, source))
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -527,6 +529,7 @@ def nccl_test(
         sweep_sizes,
     )
     from fabricpilot.scenario.models import Algorithm
+    from fabricpilot.workload.collectives import supported_algorithms
     from fabricpilot.workload.plan import Op
 
     try:
@@ -537,9 +540,13 @@ def nccl_test(
         known = get_args(Algorithm)
         if algorithm not in known:
             _fail(f"--algorithm: unknown algorithm {algorithm!r} (known: {', '.join(known)})")
+        usable = supported_algorithms(Op(op))
+        if algorithm != "auto" and algorithm not in usable:
+            _fail(f"--algorithm: {algorithm!r} is not available for {op} (use auto, "
+                  f"{', '.join(usable)})")
         _number(gpus, "--gpus", low=2, high=MAX_GPUS, low_ok=True)
         _number(gpus_per_host, "--gpus-per-host", low=1, high=64, low_ok=True)
-        _number(rate_gbps, "--rate-gbps", low=0, high=1e6)
+        _number(rate_gbps, "--rate-gbps", low=1e-3, high=1e6, low_ok=True)
         _number(oversubscription, "--oversubscription", low=0, high=64)
         if seed < 0:
             _fail(f"--seed: must be >= 0, got {seed}")
@@ -564,6 +571,12 @@ def nccl_test(
             print(f"# sweep written to {out_dir}/sweep.csv and {out_dir}/busbw.png")
     except (FabricpilotError, ValueError) as e:
         _fail(str(e))
+    except OverflowError:
+        _fail(_OVERFLOW)
+
+
+_OVERFLOW = ("the simulated time passed the engine's clock (2^63 ns, 292 years): rates too "
+             "low for the bytes they carry")
 
 
 def _write_sweep(out_dir: Path, rows: list[Any], title: str, nic_GBps: float) -> None:

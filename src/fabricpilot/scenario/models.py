@@ -126,6 +126,8 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
     top, name = _LARGEST[dimension]
     if abs(number) > top:
         raise UnitError(f"{value!r} is beyond the largest {dimension} a scenario takes ({name})")
+    if dimension == "rate" and 0 < abs(number) < _SMALLEST_RATE_GBPS:
+        raise UnitError(f"{value!r} is below the smallest rate a scenario takes (1 Mbps)")
     if dimension == "size" and number != round(number):  # (a time rounds to the ns)
         shown = "" if isinstance(value, int | float) else f" ({number:g} bytes)"
         raise UnitError(f"expected a whole number of bytes, got {value!r}{shown}")
@@ -134,6 +136,9 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
 
 # the largest quantities a scenario takes (fabric times, sizes and rates far beyond any
 # cluster's, and within the engine's 64-bit integers and float precision)
+# (the smallest rate: 1 PiB at 1 Mb/s still ends within the engine's 64-bit ns clock)
+_SMALLEST_RATE_GBPS = 1e-3
+
 _LARGEST: dict[str, tuple[float, str]] = {
     "time": (1e15, "1e15 ns, 11.6 days"),
     "size": (float(1 << 50), "1 PiB"),
@@ -896,6 +901,10 @@ class CollectiveSpec(_Model):
     _quantities = field_validator("size_bytes", mode="before")(_convert_quantity)
 
 
+MAX_ITERATIONS = 1_000_000
+"""The most iterations a job simulates (each is events and flows of the engine)."""
+
+
 class JobSpec(_Model):
     """A training job: where its GPUs are and the collectives of each iteration."""
 
@@ -920,7 +929,8 @@ class JobSpec(_Model):
         default=None, description="placement explicit: the global GPU ids, rank order"
     )
     start_ns: int = Field(default=0, ge=0, description="when the first iteration starts")
-    iterations: Int = Field(default=1, ge=1, description="training iterations to simulate")
+    iterations: Int = Field(default=1, ge=1, le=MAX_ITERATIONS,
+                            description="training iterations to simulate")
     compute_ns: int = Field(
         default=0, ge=0, description="compute gap before the collectives of each iteration"
     )
@@ -968,6 +978,11 @@ class JobSpec(_Model):
                 "gpu_ids",
                 f"only valid when placement is explicit (placement is {self.placement})",
             )
+        compute_total_ns = self.start_ns + self.iterations * self.compute_ns
+        if compute_total_ns > _LARGEST["time"][0]:
+            raise FieldProblem("compute_ns", f"start_ns + iterations x compute_ns = "
+                               f"{compute_total_ns:.3g} ns, beyond the longest run a scenario "
+                               f"takes ({_LARGEST['time'][1]})")
         for i, collective in enumerate(self.collectives):
             if collective.root >= self.gpus:
                 raise FieldProblem(

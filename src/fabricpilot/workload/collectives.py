@@ -63,6 +63,15 @@ _SUPPORTED: dict[Op, tuple[str, ...]] = {
 }
 
 
+def supported_algorithms(op: Op) -> tuple[str, ...]:
+    """The algorithms ``op`` can be built with, besides ``"auto"``.
+
+    >>> supported_algorithms(Op.BROADCAST)
+    ('ring',)
+    """
+    return _SUPPORTED[op]
+
+
 # --------------------------------------------------------------------------- helpers
 
 

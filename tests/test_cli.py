@@ -194,6 +194,11 @@ BAD_CASES = {
                               "jobs[0].iterations"),
     "a rate under 1 Mbps": (lambda d: d["topology"].update(nic_rate_gbps="1bps"),
                             "topology.nic_rate_gbps"),
+    # booleans are not counts (they were read as 1)
+    "a boolean retry count": (lambda d: d.update(faults={"rdma_retry_count": True}),
+                              "faults.rdma_retry_count"),
+    "a boolean row count": (lambda d: d.update(fabric={"model": "fluid", "fluid": {
+        "max_timeseries_rows": True}}), "fabric.fluid.max_timeseries_rows"),
 }
 
 
@@ -241,6 +246,9 @@ def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
     (["--seed", "-1"], "--seed"),
     (["--min-bytes", "2M", "--max-bytes", "1M"], "--max-bytes"),
     (["--rate-gbps", "1e-9"], "--rate-gbps"),
+    (["--min-bytes", "1.5"], "--min-bytes"),
+    (["--oversubscription", "0.5"], "--oversubscription"),
+    (["--oversubscription", "2.0000000001"], "--oversubscription"),
     (["--op", "broadcast", "--algorithm", "hierarchical"], "--algorithm"),
 ])
 def test_nccl_test_bad_flags_fail_with_one_line(args: list[str], flag: str) -> None:
@@ -264,6 +272,31 @@ def test_service_flags_are_checked_before_anything_starts(args: list[str], flag:
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]
     assert res.stderr.startswith(f"error: {flag}:"), res.stderr
+
+
+def test_a_port_in_use_or_a_bad_host_is_one_line_before_anything_starts(
+        tmp_path: Path) -> None:
+    """``serve`` and ``twin`` bind before they build or print anything: a port another
+    server holds, or a host that does not resolve, is one line and exit 2 (it printed the
+    address it would serve on, then uvicorn's own error, exit 3)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        for args in (["twin", "--port", port],
+                     ["serve", "--no-twin", "--state-dir", str(tmp_path / "s"), "--port", port]):
+            res = cli(*args)
+            assert res.returncode == 2 and res.stdout == "", (args, res.stdout)
+            assert res.stderr.strip().splitlines() == [
+                f"error: --host, --port: cannot listen on 127.0.0.1:{port}: "
+                "Address already in use"], res.stderr
+    assert not (tmp_path / "s").exists()  # (nothing made: refused first)
+    res = cli("twin", "--host", "bad..host")
+    assert res.returncode == 2 and res.stderr.startswith("error: --host: cannot resolve "
+                                                         "'bad..host'"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_outputs_that_cannot_be_written_fail_before_the_run(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import math
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -348,6 +349,7 @@ def serve(
     max_body_bytes = _size(max_body, "--max-body")
     if max_body_bytes < 1:
         _fail(f"--max-body: must be at least 1 byte, got {max_body!r}")
+    listener = _listen(host, port)  # (before the state is read: a port in use fails first)
     # the control process dying under us: stop serving (a supervisor restarts serve, which
     # restores the state) rather than answer 503 forever
     lost: list[str] = []
@@ -384,6 +386,7 @@ def serve(
                 restored = control.restored
     except FabricpilotError as e:
         lock.release()
+        listener.close()
         _fail(str(e))
     err.print(escape(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs "
                      f"/docs, metrics /metrics); state in {state_dir}/"
@@ -398,7 +401,7 @@ def serve(
     servers.append(uvicorn.Server(uvicorn.Config(api, host=host, port=port,
                                                  log_level="warning", access_log=False)))
     try:
-        servers[0].run()
+        servers[0].run(sockets=[listener])
     finally:
         lock.release()
     if lost:
@@ -444,19 +447,41 @@ def twin(
     _number(time_scale, "--time-scale", low=0, high=1e6)
     _number(port, "--port", low=1, high=65_535, low_ok=True)
     token = _read_token(token_file, "--token-file")
+    listener = _listen(host, port)
     try:
         sc, source = _load(scenario)
         api, runner, _ = build_twin(sc, source, time_scale=time_scale, token=token)
     except FabricpilotError as e:
+        listener.close()
         _fail(str(e))
-    err.print(f"fabricpilot twin of {escape(source)} on http://{host}:{port}/southbound/v1",
+    err.print(escape(f"fabricpilot twin of {source} on http://{host}:{port}/southbound/v1"),
               highlight=False)
     configure_logging("WARNING")
     runner.start()
     try:
-        uvicorn.run(api, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning",
+                                      access_log=False)).run(sockets=[listener])
     finally:
         runner.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` for the server to listen on (bound here, before
+    anything starts or is printed: a port in use or a bad host is one line, exit 2)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (OSError, UnicodeError) as e:
+        _fail(f"--host: cannot resolve {host!r}: {getattr(e, 'strerror', None) or e}")
+        raise AssertionError from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        _fail(f"--host, --port: cannot listen on {host}:{port}: {e.strerror or e}")
+    return sock
 
 
 @app.command()
@@ -490,6 +515,8 @@ def _size(value: str, flag: str) -> int:
         raise AssertionError from None
     if not math.isfinite(size) or size > MAX_SIZE_BYTES:
         _fail(f"{flag}: {value!r} is beyond the largest size taken (1 PiB)")
+    if size != int(size):
+        _fail(f"{flag}: expected a whole number of bytes, got {value!r}")
     return int(size)
 
 
@@ -547,7 +574,7 @@ def nccl_test(
         _number(gpus, "--gpus", low=2, high=MAX_GPUS, low_ok=True)
         _number(gpus_per_host, "--gpus-per-host", low=1, high=64, low_ok=True)
         _number(rate_gbps, "--rate-gbps", low=1e-3, high=1e6, low_ok=True)
-        _number(oversubscription, "--oversubscription", low=0, high=64)
+        _number(oversubscription, "--oversubscription", low=1, high=64, low_ok=True)
         if seed < 0:
             _fail(f"--seed: must be >= 0, got {seed}")
         if out_dir is not None:
@@ -625,6 +652,7 @@ def topology_export(
         for inp in _inputs(scenario, sc):
             if path.resolve() == inp.resolve():
                 _fail(f"topology export: {path} is the input {inp}: it would be overwritten")
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_topology_json(build_scenario_topology(sc, source), path)
     except FabricpilotError as e:
         _fail(str(e))

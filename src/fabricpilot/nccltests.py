@@ -27,7 +27,7 @@ import numpy as np
 
 from fabricpilot.balancing import EcmpParams
 from fabricpilot.dataplane import FabricParams
-from fabricpilot.errors import FabricpilotError
+from fabricpilot.errors import FabricpilotError, TopologyError
 from fabricpilot.runner import Prepared, run_policy
 from fabricpilot.topology import CompiledTopology, compile_topology, leaf_spine
 from fabricpilot.workload.collectives import build_collective
@@ -67,10 +67,15 @@ def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.
     per_leaf = max(d for d in range(1, min(hosts, 64) + 1) if hosts % d == 0)
     if oversubscription > 1 and per_leaf % oversubscription:
         raise FabricpilotError(f"--oversubscription: must divide the leaf port count "
-                               f"({per_leaf}), got {oversubscription:g}")
-    return compile_topology(leaf_spine(
-        hosts=hosts, gpus_per_host=gpus_per_host, nics_per_leaf=per_leaf,
-        oversubscription=oversubscription, nic_rate_gbps=rate_gbps, fabric_rate_gbps=rate_gbps))
+                               f"({per_leaf}), got {oversubscription!r}")
+    try:
+        topo = leaf_spine(hosts=hosts, gpus_per_host=gpus_per_host, nics_per_leaf=per_leaf,
+                          oversubscription=oversubscription, nic_rate_gbps=rate_gbps,
+                          fabric_rate_gbps=rate_gbps)
+    except (ValueError, TopologyError) as err:  # (the spines the ratio asks for)
+        raise FabricpilotError(f"--oversubscription: {oversubscription!r} with {per_leaf} "
+                               f"ports per leaf: {err}") from None
+    return compile_topology(topo)
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:

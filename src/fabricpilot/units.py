@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
-_PATTERN = re.compile(rf"^\s*{_NUM}\s*([A-Za-z/]*)\s*$")
+_PATTERN = re.compile(rf"^\s*{_NUM}\s*([A-Za-zµμ/]*)\s*$")
 
 RATE_UNITS_GBPS: dict[str, float] = {
     "bps": 1e-9, "kbps": 1e-6, "mbps": 1e-3, "gbps": 1.0, "tbps": 1e3,
     "b/s": 1e-9, "kb/s": 1e-6, "mb/s": 1e-3, "gb/s": 1.0, "tb/s": 1e3,
 }
-TIME_UNITS_NS: dict[str, float] = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+TIME_UNITS_NS: dict[str, float] = {"ns": 1.0, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6,
+                                  "s": 1e9}  # (µ: the micro sign; μ: Greek mu)
 SIZE_UNITS_BYTES: dict[str, int] = {
     "b": 1,
     "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
@@ -53,6 +54,8 @@ def parse_quantity(value: object, dimension: str) -> float:
     1048576.0
     >>> parse_quantity(100, "time")
     100.0
+    >>> parse_quantity("1.5µs", "time")
+    1500.0
     >>> parse_quantity("1Mb", "size")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

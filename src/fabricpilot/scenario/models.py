@@ -513,7 +513,7 @@ class FluidSpec(_Model):
     sample_interval_ns: int = Field(
         default=_FLUID.sample_interval_ns, gt=0, description="period of timeseries.csv samples"
     )
-    max_timeseries_rows: int = Field(
+    max_timeseries_rows: Int = Field(
         default=_FLUID.max_timeseries_rows, gt=0,
         description="memory bound of timeseries.csv: beyond it the period doubles",
     )
@@ -1231,7 +1231,7 @@ class FaultsSpec(_Model):
         default=_FAULTS.rdma_timeout_ns, gt=0,
         description="RoCE retransmission timeout: a lost packet is resent after this",
     )
-    rdma_retry_count: int | None = Field(
+    rdma_retry_count: Int | None = Field(
         default=_FAULTS.rdma_retry_count, ge=0, le=7,
         description="retransmissions a RoCE QP makes before it gives up (its job errors out); "
         "unset: it retries until its path is back",

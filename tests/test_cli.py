@@ -229,6 +229,23 @@ def test_a_run_past_the_engines_clock_is_one_line(tmp_path: Path) -> None:
     assert "engine's clock" in lines[0]
 
 
+@pytest.mark.parametrize("args, problem", [
+    (["run", "--seed", "abc"], "fabricpilot run: Invalid value for '--seed'"),
+    (["run", "--bogus"], "fabricpilot run: No such option: --bogus"),
+    (["validate"], "fabricpilot validate: Missing argument 'scenario'."),
+    (["validate", "a.yaml", "b.yaml"], "fabricpilot validate: Got unexpected extra argument"),
+    (["nosuch"], "fabricpilot: No such command 'nosuch'."),
+])
+def test_usage_errors_are_one_line(args: list[str], problem: str) -> None:
+    """The CLI library's own errors (options, arguments, commands) are one line too, as
+    every other input error, not a framed box of several lines."""
+    res = cli(*args)
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {problem}"), res.stderr
+    assert lines[0].endswith("--help)")
+
+
 def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
     res = cli("run", str(tmp_path / "nope.yaml"))
     assert res.returncode == 2 and "nope.yaml" in res.stderr and "not found" in res.stderr

@@ -684,7 +684,28 @@ def _main(
 
 
 def main() -> None:
-    app()
+    """The ``fabricpilot`` command: a usage error (an unknown option, a value of the wrong
+    type, a missing argument) is one line too, ``error: COMMAND: PROBLEM``, exit 2."""
+    try:
+        code = app(prog_name="fabricpilot", standalone_mode=False)
+    except Exception as e:  # (the CLI library's own errors, known by their class names:
+        # typer has them from click or from a copy of its own, by version)
+        kinds = {c.__name__ for c in type(e).__mro__}
+        ctx = getattr(e, "ctx", None)
+        if "NoArgsIsHelpError" in kinds and ctx is not None:  # (no command at all: help)
+            print(ctx.get_help())
+            sys.exit(EXIT_INPUT)
+        if "ClickException" not in kinds:
+            raise  # (a bug: its traceback)
+        problem = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+        if "UsageError" in kinds:
+            where = ctx.command_path if ctx is not None else "fabricpilot"
+            problem = f"{where}: {problem} (see {where} --help)"
+        err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INPUT)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

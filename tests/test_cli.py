@@ -440,6 +440,16 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
         (lambda t: t["nodes"][sw].update(tier="x"), f"nodes[{sw}].tier"),
         (lambda t: t.update(gpus_per_host=3), "gpus_per_host"),
         (lambda t: t["links"][0].update(rate_gbps=float("inf")), "links[0].rate_gbps"),
+        # a misspelt key, a key of another kind of node, a rail that is not a number, a
+        # link to itself, an NVLink between hosts: each was accepted without a word
+        (lambda t: t["nodes"][gpu].update(rial=7), f"nodes[{gpu}].rial"),
+        (lambda t: t["nodes"][sw].update(gpu=50), f"nodes[{sw}]"),
+        (lambda t: t["nodes"][gpu].update(rail="x"), f"nodes[{gpu}].rail"),
+        (lambda t: t["links"].append({**t["links"][0], "b": t["links"][0]["a"]}),
+         f"links[{len(good['links'])}]"),
+        (lambda t: t["links"].append({"a": "gpu0", "b": "gpu8", "kind": "nvlink",
+                                      "rate_gbps": 3600.0, "delay_ns": 0}),
+         f"links[{len(good['links'])}]"),
     ]
     for mutate, field in cases:
         topo = json.loads(out.read_text())

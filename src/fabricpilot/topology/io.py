@@ -30,14 +30,17 @@ FORMAT = "fabricpilot-topology/1"
 
 
 class _Node(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=256)
     kind: NodeKind
     # (whole numbers only: 0.5 or "0" is not a GPU id)
     gpu: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
     host: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
     local_rank: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
+    rail: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)
     tier: int | None = Field(default=None, ge=1, le=8, strict=True)
+    role: str | None = Field(default=None, min_length=1, max_length=64)
+    pod: int | None = Field(default=None, ge=0, lt=MAX_GPUS, strict=True)  # (fat-trees)
 
     @model_validator(mode="after")
     def _needs(self) -> _Node:
@@ -45,7 +48,19 @@ class _Node(BaseModel):
             raise ValueError("a GPU node needs its 'gpu' id and its 'host'")
         if self.kind == NodeKind.SWITCH and self.tier is None:
             raise ValueError("a switch node needs its 'tier' (1: leaf)")
+        # (each key on the kinds of node it describes: a switch with a GPU id is a mistake)
+        for key, kinds in _KEYS_OF.items():
+            if getattr(self, key) is not None and self.kind not in kinds:
+                raise ValueError(f"'{key}' is not a key of a {self.kind} node (only of "
+                                 f"{' and '.join(str(k) for k in kinds)} nodes)")
         return self
+
+
+_KEYS_OF: dict[str, tuple[NodeKind, ...]] = {
+    "gpu": (NodeKind.GPU,), "local_rank": (NodeKind.GPU,), "rail": (NodeKind.GPU,),
+    "host": (NodeKind.GPU, NodeKind.NVSWITCH), "tier": (NodeKind.SWITCH,),
+    "role": (NodeKind.SWITCH,), "pod": (NodeKind.SWITCH, NodeKind.GPU),
+}
 
 
 class _Link(BaseModel):
@@ -107,8 +122,15 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
             if getattr(link, end) not in g:
                 raise ScenarioError(source, f"links[{i}].{end}",
                                     f"unknown node {getattr(link, end)!r}")
+        if link.a == link.b:
+            raise ScenarioError(source, f"links[{i}]", f"a link from {link.a} to itself")
         if g.has_edge(link.a, link.b):
             raise ScenarioError(source, f"links[{i}]", f"duplicate link {link.a}-{link.b}")
+        hosts = [g.nodes[end].get("host") for end in (link.a, link.b)]
+        if link.kind == LinkKind.NVLINK and None not in hosts and hosts[0] != hosts[1]:
+            raise ScenarioError(source, f"links[{i}]", f"an NVLink between hosts {hosts[0]} "
+                                                       f"and {hosts[1]} (NVLink stays in a "
+                                                       f"host)")
         g.add_edge(link.a, link.b, kind=link.kind, rate_gbps=link.rate_gbps,
                    delay_ns=link.delay_ns)
     per_host = Counter(node.host for node in parsed.nodes if node.kind == NodeKind.GPU)

@@ -236,6 +236,14 @@ def _priority_not_a_number(d: dict[str, Any]) -> None:
     d["jobs"][0]["priority"] = "high"
 
 
+def _seed_as_text(d: dict[str, Any]) -> None:
+    d["seed"] = "3"  # (read as 3 before: counts are numbers, as elsewhere in the file)
+
+
+def _gpus_as_text(d: dict[str, Any]) -> None:
+    d["jobs"][0]["gpus"] = "4"
+
+
 def _fractional_bytes(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"][0]["size_bytes"] = "0.1KiB"
 
@@ -286,6 +294,8 @@ BAD_CASES = [
     (_gray_clear_rate, "controller.gray_clear_ns", "wrong unit 'Gbps' for a time"),
     (_priority_too_high, "jobs[0].priority", "must be <= 7 (got 9)"),
     (_priority_not_a_number, "jobs[0].priority", "must be an integer (got 'high')"),
+    (_seed_as_text, "seed", "must be an integer (got '3')"),
+    (_gpus_as_text, "jobs[0].gpus", "must be an integer (got '4')"),
     (_fractional_bytes, "jobs[0].collectives[0].size_bytes",
      "expected a whole number of bytes, got '0.1KiB' (102.4 bytes)"),
     (_size_in_bits, "jobs[0].collectives[0].size_bytes",

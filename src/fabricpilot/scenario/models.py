@@ -153,8 +153,16 @@ def _reject_bool(value: Any) -> Any:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_reject_bool)]
-"""An ``int`` that does not silently accept booleans."""
+def _reject_bool_or_text(value: Any) -> Any:
+    """:func:`_reject_bool`, and refuse text where a plain count is expected (pydantic would
+    read ``"4"`` as 4); a key with a unit takes text (``"1.5us"``), converted before this."""
+    if isinstance(value, str):
+        raise ValueError(f"must be an integer (got {value!r})")
+    return _reject_bool(value)
+
+
+Int = Annotated[int, BeforeValidator(_reject_bool_or_text)]
+"""An ``int`` that does not silently accept booleans or text."""
 Float = Annotated[float, BeforeValidator(_reject_bool)]
 """A ``float`` that does not silently accept booleans."""
 

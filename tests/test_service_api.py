@@ -942,3 +942,39 @@ def test_put_says_whether_it_created_the_job(client: httpx.Client) -> None:
     assert r.json()["gpus"] == [0, 1]
     spec = c.get("/openapi.json").json()
     assert {"200", "201"} <= set(spec["paths"]["/api/v1/jobs/{task_id}"]["put"]["responses"])
+
+
+def test_the_spec_documents_the_errors_the_routes_answer(tmp_path: Path) -> None:
+    """Each error a route really answers is among the responses the OpenAPI spec gives it,
+    with a body schema that fits it (a one-line ``detail`` or FastAPI's list)."""
+    app, _ = _service(tmp_path, max_body_bytes=4096)
+    with TestClient(app) as c:
+        spec = c.get("/openapi.json").json()
+        c.post("/api/v1/jobs", json=_job("acme-d", [0, 64]), headers=_auth(ACME))
+        cases = [
+            ("get", "/api/v1/jobs", "/api/v1/jobs", {}, None),
+            ("get", "/api/v1/jobs/{task_id}", "/api/v1/jobs/acme-d", _auth(GLOBEX), None),
+            ("get", "/api/v1/jobs/{task_id}", "/api/v1/jobs/nope", _auth(OPS), None),
+            ("post", "/api/v1/jobs", "/api/v1/jobs", _auth(ACME), _job("acme-d", [0, 64])),
+            ("post", "/api/v1/jobs", "/api/v1/jobs", _auth(ACME), _job("x", [0] + [1] * 2000)),
+            ("put", "/api/v1/jobs/{task_id}", "/api/v1/jobs/y", _auth(OPS), _job("y", [999])),
+            ("post", "/api/v1/telemetry", "/api/v1/telemetry", _auth(ACME),
+             {"deltas": [{"link_id": 1, "interval_ns": 1000}]}),
+            ("post", "/api/v1/faults", "/api/v1/faults", _auth(OPS),
+             {"kind": "down", "link_id": 10**6}),
+            ("get", "/api/v1/fabric/links/{link_id}", "/api/v1/fabric/links/1",
+             _auth(ACME), None),
+        ]
+        seen = set()
+        for method, template, url, headers, body in cases:
+            r = c.request(method.upper(), url, headers=headers, json=body)
+            assert r.status_code >= 400, (url, r.status_code)
+            seen.add(r.status_code)
+            responses = spec["paths"][template][method]["responses"]
+            assert str(r.status_code) in responses, (method, url, r.status_code)
+            schema = responses[str(r.status_code)]["content"]["application/json"]["schema"]
+            refs = [s.get("$ref", "") for s in schema.get("anyOf", [schema])]
+            detail = r.json()["detail"]
+            want = "Error" if isinstance(detail, str) else "HTTPValidationError"
+            assert any(ref.endswith("/" + want) for ref in refs), (url, want, refs)
+    assert {401, 403, 404, 409, 413, 422} <= seen

@@ -352,6 +352,48 @@ def _echo_safe(error: Any) -> dict[str, Any]:
     return e
 
 
+_ERROR_SCHEMA = {"title": "Error", "type": "object", "required": ["detail"],
+                 "properties": {"detail": {"type": "string", "title": "Detail"}}}
+
+_ERRORS = {"401": "No known bearer token", "403": "Not this caller's (a tenant's GPUs or jobs, "
+           "an operator's route)", "404": "No such job or link", "409": "In conflict with "
+           "what exists (a task id declared, a GPU another tenant uses, a job's most calls)",
+           "413": "Request body above the limit (--max-body)", "501": "Not offered by this "
+           "data plane (fault drills without the twin)"}
+
+
+def _error_responses(spec: dict[str, Any]) -> None:
+    """Document the errors the routes answer, each ``{"detail": "one line"}`` (an ``Error``):
+    401 on every authenticated route, 403 on those, 404 where a path names a job or link, 409
+    where a job is declared or a call announced, 413 where a body is read, 501 for drills;
+    422 as FastAPI's field list or as one line (a GPU, link or rank that does not exist)."""
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = _ERROR_SCHEMA
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for path, ops in spec.get("paths", {}).items():
+        for method, op in ops.items():
+            responses = op.setdefault("responses", {})
+            codes = []
+            if path.startswith("/api/"):
+                codes += ["401", "403"]
+            if "{" in path:
+                codes.append("404")
+            if method in ("post", "put") and path.startswith("/api/v1/jobs"):
+                codes.append("409")
+            if "requestBody" in op:
+                codes.append("413")
+                one_line = {"$ref": "#/components/schemas/Error"}
+                listed = (responses.get("422", {}).get("content", {})
+                          .get("application/json", {}).get("schema"))
+                responses["422"] = {"description": "Validation Error", "content": {
+                    "application/json": {"schema": {"anyOf": [s for s in (listed, one_line)
+                                                              if s is not None]}}}}
+            if path.endswith("/twin/faults"):
+                codes.append("501")
+            for code in codes:
+                responses.setdefault(code, {"description": _ERRORS[code], **ref})
+
+
 def _with_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
     """Add ``models`` (and the models they use) to the app's OpenAPI components."""
     base = app.openapi
@@ -364,6 +406,7 @@ def _with_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
                 js = m.model_json_schema(ref_template="#/components/schemas/{model}")
                 schemas.update(js.pop("$defs", {}))
                 schemas[m.__name__] = js
+            _error_responses(spec)
             app.openapi_schema = spec
         return app.openapi_schema
 

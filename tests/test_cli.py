@@ -510,18 +510,17 @@ def test_a_token_file_refuses_a_key_given_twice_and_a_token_shared(tmp_path: Pat
     last) its only principal. Both refused, naming the place."""
     from fabricpilot.service.auth import AuthConfigError, TokenRegistry
 
-    dup = tmp_path / "dup.yaml"
-    dup.write_text("tokens:\n  - {name: t, role: tenant, tenant: a, "
-                   "token: aaaaaaaaaaaaaaaaaaaa, role: operator}\n")
-    with pytest.raises(AuthConfigError, match=r"dup.yaml: invalid YAML at line 2, column \d+: "
-                                              r"duplicate key 'role'"):
-        TokenRegistry.from_file(dup)
-    shared = tmp_path / "shared.yaml"
-    shared.write_text("tokens:\n  - {name: o, role: operator, token: aaaaaaaaaaaaaaaaaaaa}\n"
-                      "  - {name: t, role: tenant, tenant: a, token: aaaaaaaaaaaaaaaaaaaa}\n")
-    with pytest.raises(AuthConfigError, match=r"shared.yaml: tokens.1: gives the same token "
-                                              r"as 'o'"):
-        TokenRegistry.from_file(shared)
+    operator = "  - {name: o, role: operator, token: aaaaaaaaaaaaaaaaaaaa}\n"
+    for name, entries, problem in (
+            ("dup.yaml", "  - {name: t, role: tenant, tenant: a, token: aaaaaaaaaaaaaaaaaaaa, "
+                         "role: operator}\n",
+             r"dup.yaml: invalid YAML at line 2, column \d+: duplicate key 'role'"),
+            ("shared.yaml", operator + "  - {name: t, role: tenant, tenant: a, "
+                                       "token: aaaaaaaaaaaaaaaaaaaa}\n",
+             r"shared.yaml: tokens.1: gives the same token as 'o'")):
+        (tmp_path / name).write_text("tokens:\n" + entries)
+        with pytest.raises(AuthConfigError, match=problem):
+            TokenRegistry.from_file(tmp_path / name)
     ok = tmp_path / "ok.yaml"
     ok.write_text("tokens:\n  - {name: o, role: operator, token: aaaaaaaaaaaaaaaaaaaa}\n"
                   "  - {name: t, role: tenant, tenant: a, token: bbbbbbbbbbbbbbbbbbbb}\n")

@@ -40,6 +40,10 @@ err = Console(stderr=True)
 
 EXIT_INPUT = 2
 
+# (a run whose end passes int64 ns: each value within its limits, together beyond them)
+_OVERFLOW = ("the simulated time passed the engine's clock (2^63 ns, 292 years): rates too "
+             "low for the bytes they carry")
+
 
 def _fail(message: str) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -244,6 +248,13 @@ def _within(path: Path, folder: Path) -> bool:
     return p == f or f in p.parents
 
 
+def _written_by_out(path: Path, out_dir: Path, policies: list[str]) -> bool:
+    """Whether ``--out out_dir`` writes ``path``: its ``report.html``, or a file under its
+    ``plots/`` or a policy's folder."""
+    return (path.resolve() == (out_dir / "report.html").resolve()
+            or any(_within(path, out_dir / sub) for sub in ("plots", *policies)))
+
+
 def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: list[str],
                       inputs: list[Path]) -> None:
     """Fail before the runs if an output would overwrite an input or another output: the
@@ -252,16 +263,13 @@ def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: li
     for inp in inputs:
         if json_path is not None and json_path.resolve() == inp.resolve():
             _fail(f"--json: {json_path} is the input {inp}: it would be overwritten")
-        if out_dir is not None and any(
-                inp.resolve() == (out_dir / "report.html").resolve()
-                or _within(inp, out_dir / sub) for sub in ("plots", *policies)):
+        if out_dir is not None and _written_by_out(inp, out_dir, policies):
             _fail(f"--out: {out_dir} would overwrite the input {inp}")
     if json_path is None or out_dir is None:
         return
     if json_path.resolve() == out_dir.resolve():
         _fail(f"--json, --out: both name {json_path} (a file and a folder)")
-    if (json_path.resolve() == (out_dir / "report.html").resolve()
-            or any(_within(json_path, out_dir / sub) for sub in ("plots", *policies))):
+    if _written_by_out(json_path, out_dir, policies):
         _fail(f"--json: {json_path} is among what --out writes ({out_dir}/report.html, "
               f"{out_dir}/plots/, {out_dir}/<policy>/): it would be overwritten")
 
@@ -600,10 +608,6 @@ def nccl_test(
         _fail(str(e))
     except OverflowError:
         _fail(_OVERFLOW)
-
-
-_OVERFLOW = ("the simulated time passed the engine's clock (2^63 ns, 292 years): rates too "
-             "low for the bytes they carry")
 
 
 def _write_sweep(out_dir: Path, rows: list[Any], title: str, nic_GBps: float) -> None:

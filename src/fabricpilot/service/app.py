@@ -550,9 +550,10 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         await call("withdraw", p, task_id)
         return Response(status_code=204)
 
-    @app.post(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
-    async def announce(task_id: str, body: AnnounceIn, p: Caller) -> dict[str, Any]:
+    @app.post(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"], openapi_extra=_body(AnnounceIn))
+    async def announce(task_id: str, request: Request, p: Caller) -> dict[str, Any]:
         """Announce a communication call; answered with the paths planned for it."""
+        body = await _parsed(request, AnnounceIn)
         return await call("announce", p, task_id, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
@@ -581,18 +582,21 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         """Run one control period now."""
         return await call("tick_now")  # type: ignore[no-any-return]
 
-    @app.post(f"{v1}/faults", status_code=201, tags=["faults"])
-    async def report_fault(body: FaultIn, p: Operator) -> dict[str, Any]:
+    @app.post(f"{v1}/faults", status_code=201, tags=["faults"], openapi_extra=_body(FaultIn))
+    async def report_fault(request: Request, p: Operator) -> dict[str, Any]:
         """A link went down, came back up, or is gray: the controller re-places the path
         sets that cross it."""
+        body = await _parsed(request, FaultIn)
         return await call("report_fault", p, body)  # type: ignore[no-any-return]
 
-    @app.post(f"{v1}/twin/faults", status_code=201, tags=["faults"])
-    async def twin_faults(body: TwinFaultsIn, p: Operator) -> dict[str, Any]:
+    @app.post(f"{v1}/twin/faults", status_code=201, tags=["faults"],
+              openapi_extra=_body(TwinFaultsIn))
+    async def twin_faults(request: Request, p: Operator) -> dict[str, Any]:
         """A fault drill: the twin plays these faults from now (as a scenario's
         ``faults.events``; what is left of them at the end of its run goes on in the next);
         the controller learns of them from the twin's telemetry, as it would from
         switches. 501 if the data plane is not the twin."""
+        body = await _parsed(request, TwinFaultsIn)
         return await call("inject_twin_faults", p, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/faults", tags=["faults"])
@@ -629,7 +633,7 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
     app.router.routes[:0] = [_FastRoute(f"{v1}/telemetry", telemetry, methods=["POST"]),
                              _FastRoute(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
                              _FastRoute(f"{v1}/jobs", declare, methods=["POST"])]
-    _with_schemas(app, [IntentIn, TelemetryIn])
+    _with_schemas(app, [IntentIn, TelemetryIn, AnnounceIn, FaultIn, TwinFaultsIn])
     app.add_middleware(NoDuplicateKeys)  # (inside BodyLimit: reads what it lets through)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # (inside Observe: logged)
     app.add_middleware(Observe, latency=api_latency)

@@ -59,7 +59,23 @@ def _a_number(value: Any) -> Any:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_a_number)]  # (an integral float, as 1e9, is one)
+def _an_integer(value: Any) -> Any:
+    """:func:`_a_number`, an integral float (``1e9``) as the integer it is, so that a bound
+    names itself for any magnitude (``1e20`` against ``le=2**50``: "less than or equal
+    to ...", not a parse failure); other floats go on to be refused as fractional.
+
+    >>> _an_integer(1e20)
+    100000000000000000000
+    >>> _an_integer(2.5)
+    2.5
+    """
+    value = _a_number(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_an_integer)]  # (an integral float, as 1e9, is one)
 Float = Annotated[float, BeforeValidator(_a_number)]
 
 

@@ -883,3 +883,67 @@ def test_moves_off_a_gray_link_never_reorder_even_when_switch_moves_may(
                                               pol.gray_actions)
     assert out.path_moves > 0
     assert out.flows["reorder_events"].sum() == 0
+
+
+WIRE_16MIB = (16 << 20) // 4096 * (4096 + 78)  # 4 096 packets of 4 096 B + 78 B of headers
+HOP_NS = 4 * 100 + 3 * 600 + 1000  # leaf to leaf: 4 links, 3 switches, the NICs
+
+
+def _two_broadcasts(tmp_path: Path, down: bool) -> Prepared:
+    """Three leaves of four GPUs on two spines (2:1); j1 (gpu0 -> gpu4) hashes onto
+    leaf0 -> spine1 -> leaf1, j2 (gpu8 -> gpu6) onto spine1 -> leaf1 too: the two share
+    that link and no other. leaf0 -> spine1 is down from 0 (``down``) or never."""
+    data = {
+        "name": "dead-hop", "seed": 1,
+        "topology": {"kind": "leaf_spine", "hosts": 12, "gpus_per_host": 1,
+                     "nics_per_leaf": 4, "oversubscription": 2.0, "rail_optimized": False,
+                     "link_delay_ns": 100},
+        "jobs": [{"name": n, "gpus": 2, "placement": "explicit", "gpu_ids": g,
+                  "iterations": 1, "collectives": [{"op": "broadcast", "size_bytes": 16 << 20}]}
+                 for n, g in (("j1", [0, 4]), ("j2", [8, 6]))],
+        "faults": {"detection_delay_ns": DETECT_NS, "convergence_delay_ns": CONVERGE_NS,
+                   "events": [{"kind": "link_down", "link": "leaf0-spine1",
+                               "at_ns": 0 if down else 900_000_000}]},
+    }
+    path = tmp_path / f"dead-hop-{down}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return prepare(load_scenario(path), str(path))
+
+
+def test_bytes_lost_at_a_dead_link_load_no_link_beyond_it(tmp_path: Path) -> None:
+    """j1's bytes die at leaf0 -> spine1: they must not reach spine1 -> leaf1 and slow j2
+    there (j2 alone: its wire bytes at 400 Gb/s plus one leaf-to-leaf latency), nor be
+    counted on the links after the dead one (once counted there, 5 GB crossed a link that
+    carries only j2's 17 MB, and j2 took twice its time)."""
+    r = run_policy(_two_broadcasts(tmp_path, down=True), "ecmp")
+    (f,) = r.faults
+    assert f["bytes_lost"] > 0, "j1 no longer hashes onto the dead link: pick another one"
+    j2_ns = r.job_iterations("j2")[0].end_ns - r.job_iterations("j2")[0].start_ns
+    assert j2_ns == pytest.approx(WIRE_16MIB * 8 / NIC_GBPS + HOP_NS, abs=2)
+    # (without the fault the two share spine1 -> leaf1 all the way: j2 at half the rate)
+    clean = run_policy(_two_broadcasts(tmp_path, down=False), "ecmp")
+    it = clean.job_iterations("j2")[0]
+    assert it.end_ns - it.start_ns == pytest.approx(2 * WIRE_16MIB * 8 / NIC_GBPS + HOP_NS,
+                                                    abs=2)
+    by_name = dict(zip(r.link_names, r.link_bytes.tolist(), strict=True))
+    assert by_name["leaf0->spine1"] == 0
+    assert by_name["spine1->leaf1"] == pytest.approx(WIRE_16MIB)  # j2's bytes alone
+    assert by_name["leaf1->gpu4"] == pytest.approx(WIRE_16MIB)  # j1's, delivered once
+
+
+def test_a_qp_whose_path_is_dead_pours_its_message_per_timeout_into_it(tmp_path: Path) -> None:
+    """An RC QP sends what it has left and then waits for its retransmission timer: over
+    the detection + convergence window it loses its remaining bytes once per timeout on
+    average (17.1 MB x 5.1 ms / 4 ms = 21.8 MB), not 5.1 ms at 400 Gb/s (255 MB). The
+    bytes it resent are counted for its flow and the run as well as for the fault."""
+    r = run_policy(_two_broadcasts(tmp_path, down=True), "ecmp")
+    (f,) = r.faults
+    window_ns = DETECT_NS + CONVERGE_NS
+    assert f["bytes_lost"] == pytest.approx(WIRE_16MIB * window_ns / RTO_NS, rel=1e-6)
+    assert f["bytes_retx"] == f["bytes_lost"]
+    assert float(r.flows["retx_bytes"].sum()) == pytest.approx(f["bytes_retx"], abs=1)
+    assert r.summary()["retransmitted_bytes"] == round(float(r.flows["retx_bytes"].sum()))
+    # and j1 finishes once its timer fires after routing moved it: 2 timeouts, then alone
+    j1 = r.job_iterations("j1")[0]
+    assert j1.end_ns - j1.start_ns == pytest.approx(
+        2 * RTO_NS + WIRE_16MIB * 8 / NIC_GBPS + HOP_NS, abs=2)

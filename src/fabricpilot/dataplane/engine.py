@@ -345,6 +345,8 @@ class Engine(FaultsMixin):
             flows["reorder_events"] = np.concatenate(self._reorder_chunks)
             for fid, ev in self._reorder_moves.items():
                 flows["reorder_events"][fid] += ev
+            for fid, resent in self._fault_retx.items():  # (lost to dead and gray links)
+                flows["retx_bytes"][fid] += resent
             # the last bytes (e.g. of a mouse) may still be in flight when the last send ends
             self.now = max(self.now, int(flows["deliver_ns"].max()))
         link_bytes = self._link_bytes[self._col] * self._link_share
@@ -725,20 +727,23 @@ class Engine(FaultsMixin):
 
     def _recompute(self) -> None:
         caps = np.where(self._row_hold > self.now, 0.0, self._row_cap)
+        w = self._w
+        if self._timeline is not None:  # (bytes into dead links load nothing beyond them)
+            self._fault_rows()
+            w, caps = self._into_dead_links(w, caps)
         members = None
         if self._stepping:
             members = MemberPaths(
                 row=np.searchsorted(self._row_flow, self._m_flow), stream=self._m_stream,
                 share=self._m_share, path=self._m_path, flow_id=self._m_flow, key=self._m_key)
-        self.model.on_change(ActiveFlows(self._w, self._remaining, caps, self._row_bytes,
+        self.model.on_change(ActiveFlows(w, self._remaining, caps, self._row_bytes,
                                          self._row_class, members))
         self._rates = self.model.rates_gbps()
-        self._load = (self._w.T @ self._rates if len(self._rates)
+        self._load = (w.T @ self._rates if len(self._rates)
                       else np.zeros(len(self.links.capacity_gbps)))
         self._n_rate_updates += 1
         self._dirty = False
         if self._timeline is not None:
-            self._fault_rows()
             self._goodput = self._goodput_of(self._rates)
             self._fault_recovery()
         else:

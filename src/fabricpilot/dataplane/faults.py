@@ -3,8 +3,11 @@
 What the fabric does on its own (the baseline every policy gets):
 
 * A link goes down at the fault instant. Until routing knows, the switches keep forwarding
-  onto it: bytes sent into the dead link are lost (and resent once the flow has a live path,
-  as RoCE's go-back-N does after its timeout), and the flow makes no progress with them.
+  onto it: bytes sent into the dead link are lost there (they load no link after it, and
+  are resent once the flow has a live path, as RoCE's go-back-N does after its timeout),
+  and the flow makes no progress with them. A stream whose bytes all go into dead links
+  sends, as an RC QP does, what it has left and then waits for its timer: on average at
+  most its remaining bytes per ``rdma_timeout_ns``.
 * Its neighbours see the loss of signal ``detection_delay_ns`` later; the routing protocol
   has converged ``convergence_delay_ns`` after that: every switch's ECMP groups are rebuilt
   without the dead links (:func:`~fabricpilot.topology.compiled.with_links_down`) and the
@@ -37,9 +40,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from fabricpilot.arrays import distinct
+from fabricpilot.balancing.base import paths_to_weights
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
@@ -165,6 +170,7 @@ class FaultsMixin:
         self._too_late: dict[tuple[int, int], int] = {}
         self._cut_flows: dict[int, set[int]] = {}  # flows waiting for a path to come back
         self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
+        self._fault_retx: dict[int, float] = {}  # flow id -> bytes it resent for faults
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
@@ -838,6 +844,42 @@ class FaultsMixin:
         np.maximum.at(self._row_loss, streams[0], np.bincount(
             inv, weights=self._m_share * loss, minlength=streams.shape[1]))
 
+    def _into_dead_links(self, w: Any, caps: NDArray[np.float64]) -> tuple[Any, NDArray]:
+        """The rows' link weights and rate caps as the fabric sees them while links are
+        down and routing has not moved the streams off them yet (``w``, ``caps``: as
+        routed; call after :meth:`_fault_rows`):
+
+        * a stream's bytes load the links of its path up to the first dead one, none
+          after it: they are dropped there and never reach the links beyond (nor compete
+          there with the streams that do);
+        * a row all of whose bytes go into dead links (``_row_dead`` 1) sends, as an RC QP
+          does, what it has left and then waits for its retransmission timer: on average
+          at most ``remaining * 8 / rdma_timeout_ns`` Gb/s, not its link's rate for the
+          whole time routing takes to converge.
+
+        ``(w, caps)`` unchanged when no stream crosses a dead link."""
+        if not len(self._m_path) or not self._phys_down.any() or self._instant:
+            return w, caps
+        valid = self._m_path >= 0
+        dead_hop = self._phys_down[np.where(valid, self._m_path, 0)] & valid
+        hit = dead_hop.any(axis=1)
+        if not hit.any():
+            return w, caps
+        before = valid & (np.cumsum(dead_hop, axis=1) == 0)  # the hops ahead of the first
+        paths = np.where(before, self._m_path, -1)
+        unit = paths_to_weights(paths, self.ct.n_links)
+        rows = self._member_rows()
+        member_of = sp.csr_matrix((self._m_share, (rows, np.arange(len(rows)))),
+                                  shape=(w.shape[0], len(rows)))
+        live_w = (member_of @ unit).tocsr()
+        caps = caps.copy()
+        all_dead = self._row_dead >= 1.0
+        if all_dead.any() and self._ft is not None:
+            rto_ns = float(self._ft.params.rdma_timeout_ns)
+            caps[all_dead] = np.minimum(caps[all_dead],
+                                        self._remaining[all_dead] * 8.0 / rto_ns)
+        return live_w, caps
+
     def _gray_progress(self) -> None:
         """A gray fault is detected when the controller confirms one of its links (from
         the error counters, debounced) and rerouted once no stream crosses it any more."""
@@ -927,6 +969,11 @@ class FaultsMixin:
                                self._m_stream[mem[dead]].tolist(), strict=True):
                 if st not in self._loss_since.get(fid, {}):
                     self._start_loss(fid, st, self.now + dt)
+            fids, at = np.unique(self._row_flow[r], return_inverse=True)
+            for fid, b in zip(fids.tolist(), np.bincount(at.reshape(-1), weights=resent,
+                                                         minlength=len(fids)).tolist(),
+                              strict=True):
+                self._fault_retx[fid] = self._fault_retx.get(fid, 0.0) + b
             f_of = self._m_fault[mem]
             for f in distinct(f_of).tolist():
                 sel = f_of == f

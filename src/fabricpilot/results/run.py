@@ -182,11 +182,15 @@ class RunResult:
         return self.link_bytes * 8.0 / (self.link_capacity_gbps * self.sim_time_ns)
 
     def fabric_events(self) -> dict[str, Any]:
-        """ECN, loss and PFC counters of the run (all zero for the flow model), and the PFC
-        storm / deadlock events (the first :data:`MAX_PFC_EVENTS`; the rest counted)."""
+        """ECN, loss and PFC counters of the run, and the PFC storm / deadlock events (the
+        first :data:`MAX_PFC_EVENTS`; the rest counted). The flow model has no queues: its
+        counters are zero but for the bytes resent (its flows' ``retx_bytes``: losses to
+        dead and gray links, spraying to an in-order NIC)."""
         rep = self.model_report
         if rep is None:
-            rep = FluidReport()
+            retx = self.flows.get("retx_bytes")
+            rep = FluidReport(retransmitted_bytes=float(retx.sum()) if retx is not None
+                              and len(retx) else 0.0)
         events = [
             {"kind": e.kind, "time_ns": int(e.time_ns), "ports": list(e.ports),
              "hops": int(e.hops), "cleared_by_watchdog": bool(e.cleared_by_watchdog)}

@@ -591,6 +591,23 @@ def test_topology_export_round_trips_through_a_scenario(tmp_path: Path) -> None:
     assert "128 GPUs" in res.stdout
 
 
+def test_one_line_messages_stay_one_line_whatever_the_path(tmp_path: Path) -> None:
+    """A message naming a long path is printed as one line (a terminal wraps it; a pipe
+    or a log keeps it whole): wrapped at 80 columns, "128 GPUs" once came out as
+    "128\nGPUs" under a long temporary directory."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    path = write(deep, yaml.safe_load(default_scenario_path().read_text()), "s.yaml")
+    res = cli("validate", str(path))
+    assert res.returncode == 0, res.stderr
+    (line,) = res.stdout.splitlines()
+    assert line.startswith(f"{path}: ok (") and "128 GPUs on 16 hosts" in line
+    out = tmp_path / ("t" * 120) / "topo.json"
+    res = cli("topology", "export", str(out))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [f"topology written to {out}"]
+
+
 def test_fractions_above_ideal_are_named() -> None:
     """The comparison's fractions above 100 % (ideal is no bound per job, nor against PFC
     under the fluid model) are listed, beyond a 1 % margin; the reference itself never."""

@@ -123,7 +123,7 @@ def run(
         out.print(f"[bold]{escape(sc.name)}[/]: {escape(prep.topology.topo.summary())}; "
                   f"{_count(len(prep.jobs), 'job')}"
                   + (f", {_count(len(prep.mice), 'mouse', 'mice')}" if prep.mice else ""),
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
         total_units = sum(j.iterations * len(j.collectives) for j in prep.jobs)
         results = []
         with Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
@@ -182,7 +182,8 @@ def run(
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
-                out.print(f"summary written to {escape(str(json_path))}", highlight=False)
+                out.print(f"summary written to {escape(str(json_path))}", highlight=False,
+                          soft_wrap=True)
             except OSError as e:
                 failed.append(f"--json: cannot write {json_path}: {e.strerror or e}")
         if out_dir is not None:
@@ -201,9 +202,10 @@ def run(
                               f"{ts.interval_ns / 1e3:g} us (configured "
                               f"{sc.fabric.fluid.sample_interval_ns / 1e3:g} us; the run needed "
                               f"more than fabric.fluid.max_timeseries_rows="
-                              f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False)
+                              f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False,
+                              soft_wrap=True)
             out.print(escape(f"tables written to {out_dir}/<policy>/, plots and report to "
-                             f"{out_dir}/report.html"), highlight=False)
+                             f"{out_dir}/report.html"), highlight=False, soft_wrap=True)
         if failed:
             _fail("; ".join(failed))
     except FabricpilotError as e:
@@ -403,7 +405,7 @@ def serve(
                         if restored["jobs"] or restored["faults"]
                         else "")), highlight=False, soft_wrap=True)
     if token_file is not None:
-        err.print(escape(f"operator token: {token_file}"), highlight=False)
+        err.print(escape(f"operator token: {token_file}"), highlight=False, soft_wrap=True)
     configure_logging(log_level.upper())
     freeze_startup_objects()
     servers.append(uvicorn.Server(uvicorn.Config(api, host=host, port=port,
@@ -463,7 +465,7 @@ def twin(
         listener.close()
         _fail(str(e))
     err.print(escape(f"fabricpilot twin of {source} on http://{host}:{port}/southbound/v1"),
-              highlight=False)
+              highlight=False, soft_wrap=True)
     configure_logging("WARNING")
     runner.start()
     try:
@@ -509,7 +511,7 @@ def validate(
     n_gpus = sum(j.n_gpus for j in prep.jobs)
     out.print(escape(f"{scenario}: ok ({prep.topology.topo.summary()}; "
                      f"{_count(len(prep.jobs), 'job')} on {_count(n_gpus, 'GPU')}; policies "
-                     f"{', '.join(sc.policies)})"), highlight=False)
+                     f"{', '.join(sc.policies)})"), highlight=False, soft_wrap=True)
 
 
 MAX_SIZE_BYTES = 1 << 50  # the largest message a sweep takes (1 PiB)
@@ -636,8 +638,9 @@ def topology_show(
     except FabricpilotError as e:
         _fail(str(e))
         return
-    out.print(escape(ct.topo.summary()), highlight=False)
-    out.print(f"{ct.n_links} directed links; max ECMP group size {int(ct.nh_count.max())}")
+    out.print(escape(ct.topo.summary()), highlight=False, soft_wrap=True)
+    out.print(f"{ct.n_links} directed links; max ECMP group size {int(ct.nh_count.max())}",
+              soft_wrap=True)
 
 
 @topology_app.command("export")
@@ -662,7 +665,7 @@ def topology_export(
         _fail(str(e))
     except OSError as e:
         _fail(f"{path}: cannot write the topology: {e.strerror or e}")
-    out.print(escape(f"topology written to {path}"), highlight=False)
+    out.print(escape(f"topology written to {path}"), highlight=False, soft_wrap=True)
 
 
 @app.command()

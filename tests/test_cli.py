@@ -90,15 +90,17 @@ def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:
 
 def test_a_controller_run_with_heals_is_reproducible(tmp_path: Path) -> None:
     """The controller's heal times are wall-clock figures: --reproducible writes them as 0,
-    as the wall time (they made two equal runs differ)."""
-    outs = []
+    as the wall time, and leaves them off the report (they made two equal runs differ)."""
+    outs, pages = [], []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.json"
         res = cli("run", str(ROOT / "examples" / "link_failure.yaml"), "-p", "task-aware",
-                  "--json", str(out), "--reproducible")
+                  "--json", str(out), "--out", str(tmp_path / name), "--reproducible")
         assert res.returncode == 0, res.stderr
         outs.append(out.read_text())
+        pages.append((tmp_path / name / "report.html").read_text())
     assert outs[0] == outs[1]
+    assert pages[0] == pages[1] and "heals</p>" in pages[0]
     c = json.loads(outs[0])["controller"]
     assert c["heals"] > 0 and c["heal_max_ms"] == c["heal_sent_max_ms"] == 0.0
 

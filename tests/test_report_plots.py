@@ -152,3 +152,25 @@ def test_the_report_carries_interference_and_the_controller_line(runs, tmp_path:
     assert "<th>interference</th>" in page and "<td>1.250x</td>" in page
     assert "<td>-</td></tr>" in page  # (ideal's run measured none)
     assert "ecmp controller: 90 QPs steered by source port, 6 pinned by rules" in page
+
+
+def test_a_reproducible_report_leaves_the_heal_wall_times_out(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Heal times are the controller's wall-clock time: two runs of one seed differ in
+    them, so a reproducible report leaves them out (as the JSON writes them as 0) and
+    otherwise says they are wall time."""
+    from dataclasses import replace
+
+    ctl = {"qps_steered": 90, "qps_pinned": 0, "qps_unpinned": 0, "switch_rules_max": 0,
+           "switch_rule_capacity": 4096, "control_periods": 12, "replans": 0,
+           "fuse_trips": 0, "heals": 2, "heal_sent_max_ms": 1.0}
+    pages = []
+    for i, wall_ms in enumerate((14.14, 1.31)):
+        r = replace(runs[0], controller={**ctl, "heal_max_ms": wall_ms})
+        write_report([r], None, tmp_path / f"r{i}", include_wall_time=False)
+        pages.append((tmp_path / f"r{i}" / "report.html").read_text())
+    assert pages[0] == pages[1]
+    assert "fuse trips; 2 heals</p>" in pages[0] and "wall" not in pages[0]
+    r = replace(runs[0], controller={**ctl, "heal_max_ms": 14.14})
+    write_report([r], None, tmp_path / "w")
+    page = (tmp_path / "w" / "report.html").read_text()
+    assert "2 heals (the slowest 14.14 ms of wall time" in page

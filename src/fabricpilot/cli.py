@@ -79,7 +79,8 @@ def run(
                       "timeseries, ports) here, one sub-folder per policy.")]
         = None,
     reproducible: Annotated[bool, typer.Option(
-        help="Write wall_time_s as 0 so that equal seeds give byte-identical JSON.")] = False,
+        help="Leave wall-clock figures out (wall_time_s and heal times as 0, no heal times "
+             "in the report) so that equal seeds give byte-identical JSON and report.")] = False,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
     with_interference: Annotated[bool, typer.Option(
         "--interference",
@@ -190,7 +191,7 @@ def run(
             try:
                 for r in shown:
                     write_tables(r, out_dir / r.policy)
-                write_report(shown, reference, out_dir)
+                write_report(shown, reference, out_dir, include_wall_time=not reproducible)
             except OSError as e:
                 failed.append(f"--out: cannot write {e.filename or out_dir}: {e.strerror or e}")
                 out_dir = None

@@ -243,11 +243,13 @@ def plot_sweep(sizes_bytes: Sequence[int], busbw_GBps: Sequence[float],
 
 # ------------------------------------------------------------------------- the page
 def write_report(results: Sequence[RunResult], reference: RunResult | None,
-                 out_dir: str | Path) -> list[Path]:
+                 out_dir: str | Path, *, include_wall_time: bool = True) -> list[Path]:
     """Write ``plots/*.png`` and ``report.html`` under ``out_dir``: the plots above and the
     comparison's figures (per job and policy: iteration time, busbw, fraction of
     ``reference``'s busbw; per policy: simulated time, mice slowdown, peak fabric
-    utilisation, bytes delivered, faults). Returns the files written."""
+    utilisation, bytes delivered, faults). ``include_wall_time=False`` leaves out the
+    wall-clock figures (a controller's heal times), as the JSON summary does, so that
+    equal seeds give byte-identical pages. Returns the files written."""
     out = Path(out_dir)
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -258,12 +260,13 @@ def write_report(results: Sequence[RunResult], reference: RunResult | None,
             plot_queues(results, plots / "queues.png")]
     images = [p for p in made if p is not None]
     page = out / "report.html"
-    page.write_text(_page(results, reference, images, out), encoding="utf-8")
+    page.write_text(_page(results, reference, images, out, include_wall_time),
+                    encoding="utf-8")
     return [*images, page]
 
 
 def _page(results: Sequence[RunResult], reference: RunResult | None, images: list[Path],
-          out: Path) -> str:
+          out: Path, wall_clock: bool = True) -> str:
     e = html.escape
     first = results[0]
     header, comparison = comparison_rows(results, reference)
@@ -271,7 +274,8 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
     fabric = [_tr([*fabric_cells(r), str(len(r.faults)), str(len(r.aborted))])
               for r in results]
     faults = _faults_html(results)
-    controllers = "".join(f"<p>{e(controller_line(r))}</p>" for r in results if r.controller)
+    controllers = "".join(f"<p>{e(controller_line(r, wall_clock))}</p>" for r in results
+                          if r.controller)
     figures = "\n".join(
         f'<figure><img src="{e(p.relative_to(out).as_posix())}" alt="{e(p.stem)}"></figure>'
         for p in images)

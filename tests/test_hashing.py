@@ -34,6 +34,7 @@ from fabricpilot.net.hashing import (
     gpu_ip,
     qp_source_port,
     splitmix64,
+    switch_hash,
     switch_seed,
 )
 from fabricpilot.topology import (
@@ -509,3 +510,26 @@ def test_unknown_policy() -> None:
     ct = compile_topology(fat_tree(k=4))
     with pytest.raises(UnknownPolicyError, match=r"known: .*ecmp.*ideal"):
         make_policy("conga", ctx(ct))
+
+
+def test_a_shared_seed_relabels_next_hops_but_keeps_collisions() -> None:
+    """CRC-32 is affine: ``crc(seed | t) ^ crc(seed' | t)`` is the same for every tuple
+    ``t`` of one length, so with one seed for all switches a new seed XORs one constant
+    onto every hash, and on a group of 16 next hops the flows that share a next hop stay
+    together (the README says so). Per-switch seeds (own bit window) regroup them."""
+    rng = np.random.default_rng(0)
+    n = 2000
+    src = rng.integers(0, 1 << 32, n)
+    dst = rng.integers(0, 1 << 32, n)
+    sport = rng.integers(0xC000, 0x10000, n)
+    sw = np.zeros(n, np.int64)
+
+    def groups(seed: int, per_switch: bool) -> set[frozenset[int]]:
+        hop = switch_hash(src, dst, sport, sw, seed, per_switch) % 16
+        return {frozenset(np.flatnonzero(hop == h).tolist()) for h in range(16)}
+
+    a = switch_hash(src, dst, sport, sw, 7, False)
+    b = switch_hash(src, dst, sport, sw, 8, False)
+    assert len(set((a ^ b).tolist())) == 1
+    assert groups(7, False) == groups(8, False)
+    assert groups(7, True) != groups(8, True)

@@ -82,10 +82,15 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             fabric = c.get("/api/v1/fabric").json()
             twin = c.get("/api/v1/jobs").json()
             used = {g for j in twin for g in j["gpus"]}
-            free = [g for g in range(fabric["gpus"]) if g not in used][:2]
+            free = [g for g in range(fabric["gpus"]) if g not in used][:3]
             r = c.post("/api/v1/jobs", json={
-                "task_id": PROBE, "tenant": "acme", "gpus": free,
+                "task_id": PROBE, "tenant": "acme", "gpus": free[:2],
                 "calls": [{"pattern": "allreduce", "size_bytes": 1 << 20, "sla_us": 40.0}]})
+            assert r.status_code == 201, r.text
+            # a second job of the tenant sharing one of the probe's GPUs
+            r = c.post("/api/v1/jobs", json={
+                "task_id": PROBE + "-b", "tenant": "acme", "gpus": [free[0], free[2]],
+                "calls": [{"pattern": "alltoall", "size_bytes": 1 << 20, "sla_us": 500.0}]})
             assert r.status_code == 201, r.text
             # a down and a gray leaf-spine link, so the timeline and the markers have content
             uplinks = [lk for lk in fabric["links"] if lk["kind"] == "fabric"]
@@ -253,6 +258,12 @@ def test_dashboard_renders_fabric_jobs_and_events(live: Live, pages: Pages) -> N
     assert set(rows) == set(live.jobs)
     jobs_text = " ".join(doc.text.get("jobs", []))
     assert "acme" in jobs_text and "L1" in jobs_text
+    # the GPUs in use: each once, however many jobs share it (the probes share one)
+    listed = httpx.get(live.base + "/api/v1/jobs", headers={"Authorization": f"Bearer {OPS}"},
+                       timeout=10).json()
+    in_use = len({g for j in listed for g in j["gpus"]})
+    assert " ".join(doc.text.get("jobs-sub", [])).strip() == (
+        f"{len(listed)} jobs · {in_use} GPUs in use")
 
     # the timeline: both faults, newest first
     events = doc.by_id("events")

@@ -78,6 +78,9 @@ def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:
     job = s["jobs"][0]
     for key in ("name", "n_gpus", "mean_iteration_ns", "collectives"):
         assert key in job
+    # the mean iteration is the mean of the iterations listed, to 0.1 ns
+    its = job["iteration_ns"]
+    assert job["mean_iteration_ns"] == pytest.approx(sum(its) / len(its), abs=0.05)
     c = job["collectives"][0]
     for key in ("op", "n_ranks", "size_bytes", "start_ns", "end_ns", "algbw_GBps", "busbw_GBps"):
         assert key in c

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -135,9 +137,22 @@ def test_the_report_lists_the_faults(tmp_path: Path) -> None:
     r = run_policy(prepare(sc, "faulty.yaml"), "ecmp")
     write_report([r], None, tmp_path)
     page = (tmp_path / "report.html").read_text()
-    assert "<h2>faults" in page and "<td>ecmp</td><td>#0</td><td>100.0</td>" in page
+    assert "<h2>faults" in page and "<td>ecmp</td><td>#0</td><td>0.100</td>" in page
     assert "#0: link leaf0&lt;-&gt;spine0 down at 200 us" in page
     assert "of nothing" not in page and "no ideal run" in page
+    # in a 110-column pipe (the CLI's width) no figure or header of the table is cut short,
+    # even with six policies and times of hundreds of ms
+    from rich.console import Console
+
+    from fabricpilot.report.tables import fault_table
+
+    f = r.faults[0]
+    slow = replace(r, faults=[{**f, "reroute_us": 200_100.0, "recovery_us": 208_341.6}])
+    con = Console(width=110, record=True, file=io.StringIO())
+    con.print(fault_table([replace(slow, policy=p) for p in (
+        "ecmp", "adaptive", "task-aware", "ideal", "spray", "spray-ooo")]))
+    text = con.export_text()
+    assert "…" not in text and "200.100" in text and "208.342" in text, text
 
 
 def test_the_report_carries_interference_and_the_controller_line(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

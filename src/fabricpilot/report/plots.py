@@ -327,5 +327,5 @@ def _faults_html(results: Sequence[RunResult]) -> str:
         return ""
     rows, labels = fault_rows(results)
     legend = html.escape("; ".join(f"#{k}: {v}" for k, v in labels.items()))
-    return (f"<h2>faults (times in us after the fault)</h2>\n<table>{_tr(FAULT_COLUMNS, 'th')}\n"
+    return (f"<h2>faults (times in ms after the fault)</h2>\n<table>{_tr(FAULT_COLUMNS, 'th')}\n"
             f"{''.join(_tr(c) for c in rows)}\n</table>\n<p>{legend}</p>\n")

@@ -230,11 +230,13 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
     return line
 
 
-def _us(v: object) -> str:
-    return "-" if v is None else f"{float(v):,.1f}"  # type: ignore[arg-type]
+def _ms(us: object) -> str:
+    """A time given in us, in ms to the us (``-`` for none): ``_ms(200100.0)`` is
+    ``'200.100'``."""
+    return "-" if us is None else f"{float(us) / 1e3:,.3f}"  # type: ignore[arg-type]
 
 
-FAULT_COLUMNS = ("policy", "fault", "detected", "rerouted", "recovered", "lost", "resent",
+FAULT_COLUMNS = ("policy", "fault", "detected", "rerouted", "recovery", "lost", "resent",
                  "worst stall", "GPU-s lost", "cut off")
 
 
@@ -251,23 +253,23 @@ def fault_rows(results: Sequence[RunResult]) -> tuple[list[list[str]], dict[obje
                 labels[f["fault_id"]] = f"{f['label']} (after every run ended: no effect)"
             stall = f["job_stall_us"]
             worst = max(stall.values(), default=0.0)  # type: ignore[union-attr]
-            rows.append([r.policy, f"#{f['fault_id']}", _us(f["detection_us"]),
-                         _us(f["reroute_us"]), _us(f["recovery_us"]),
+            rows.append([r.policy, f"#{f['fault_id']}", _ms(f["detection_us"]),
+                         _ms(f["reroute_us"]), _ms(f["recovery_us"]),
                          format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
                          format_bytes(float(f["bytes_retx"])),  # type: ignore[arg-type]
-                         _us(worst), f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
+                         _ms(worst), f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
                          ", ".join(f["partitioned"]) or "-"])  # type: ignore[arg-type]
     return rows, labels
 
 
 def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
-    """Per policy and fault: when it was detected, rerouted and recovered (us after the
-    fault), bytes lost into dead links and resent, the longest job stall, the GPU time lost
-    and the jobs it cut off; the faults are listed under the table. ``None`` when no run had
-    faults."""
+    """Per policy and fault: when it was detected, rerouted and recovered (ms after the
+    fault, to the us), bytes lost into dead links and resent, the longest job stall, the
+    GPU time lost and the jobs it cut off; the faults are listed under the table. ``None``
+    when no run had faults."""
     if not any(r.faults for r in results):
         return None
-    t = Table(title="faults (times in us after the fault)", title_justify="left")
+    t = Table(title="faults (times in ms after the fault)", title_justify="left")
     for col in FAULT_COLUMNS:
         t.add_column(col, justify="left" if col in ("policy", "fault", "cut off") else "right",
                      no_wrap=col in ("policy", "fault", "lost", "resent"))

@@ -78,6 +78,11 @@ def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:
     job = s["jobs"][0]
     for key in ("name", "n_gpus", "mean_iteration_ns", "collectives"):
         assert key in job
+    # each job's busbw against ideal's (run as the reference): the table's "of ideal"
+    for j in s["jobs"]:
+        assert j["of_ideal"] == pytest.approx(j["mean_busbw_GBps"] / j["ideal_busbw_GBps"],
+                                              rel=1e-5)
+    assert 0 < job["of_ideal"] < 1  # (vision-dp: ECMP collides its rings)
     # the mean iteration is the mean of the iterations listed, to 0.1 ns
     its = job["iteration_ns"]
     assert job["mean_iteration_ns"] == pytest.approx(sum(its) / len(its), abs=0.05)

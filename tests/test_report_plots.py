@@ -169,6 +169,18 @@ def test_the_report_carries_interference_and_the_controller_line(runs, tmp_path:
     assert "ecmp controller: 90 QPs steered by source port, 6 pinned by rules" in page
 
 
+def test_a_reference_not_shown_is_given_by_its_figures(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With ``ideal`` run as the reference only, the page gives its busbw per job, as the
+    CLI does, so that the fractions can be checked from the page."""
+    ecmp, ideal = runs
+    write_report([ecmp], ideal, tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    figures = ", ".join(f"{j.name} {ideal.mean_busbw_GBps(j.name):.1f}" for j in ideal.jobs)
+    assert f"ideal (run as the reference only), busbw GB/s: {figures}." in page
+    write_report([ecmp, ideal], ideal, tmp_path / "both")
+    assert "run as the reference only" not in (tmp_path / "both" / "report.html").read_text()
+
+
 def test_a_reproducible_report_leaves_the_heal_wall_times_out(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Heal times are the controller's wall-clock time: two runs of one seed differ in
     them, so a reproducible report leaves them out (as the JSON writes them as 0) and

@@ -182,7 +182,8 @@ def run(
         if json_path is not None:
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
-                json_path.write_text(summary_json(shown, include_wall_time=not reproducible))
+                json_path.write_text(summary_json(shown, include_wall_time=not reproducible,
+                                                  reference=reference))
                 out.print(f"summary written to {escape(str(json_path))}", highlight=False,
                           soft_wrap=True)
             except OSError as e:

@@ -280,6 +280,13 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
         f'<figure><img src="{e(p.relative_to(out).as_posix())}" alt="{e(p.stem)}"></figure>'
         for p in images)
     tables = ", ".join(f'<a href="{e(r.policy)}/">{e(r.policy)}</a>' for r in results)
+    if reference is not None and all(r is not reference for r in results):
+        # (run as the reference only: its figures, to check the fractions by)
+        ref = ", ".join(f"{j} {reference.mean_busbw_GBps(j):.1f}"
+                        for j in (job.name for job in reference.jobs))
+        shown_ref = f"<p>ideal (run as the reference only), busbw GB/s: {e(ref)}.</p>"
+    else:
+        shown_ref = ""
     above = above_reference(results, reference)
     note = (f"<p>Above ideal: {e(', '.join(above))}; {e(ABOVE_REFERENCE)}.</p>"
             if above else "")
@@ -298,6 +305,7 @@ img {{ max-width: 100%; }}
 <p>Policies: {e(", ".join(r.policy for r in results))}. Fractions are of
 {"the <code>ideal</code> run's busbw" if reference is not None else "nothing (no ideal run)"}.
 CSV tables per policy: {tables}.</p>
+{shown_ref}
 <h2>jobs</h2>
 <table>{_tr(header, "th")}
 {"".join(rows)}

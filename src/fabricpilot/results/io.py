@@ -147,11 +147,22 @@ def _write_ports(result: RunResult, path: Path) -> None:
                         round(float(drops[link, prio]))])
 
 
-def summary_json(results: list[RunResult], *, include_wall_time: bool = True) -> str:
-    """JSON text: one run's summary object, or ``{"runs": [...]}`` for several policies."""
+def summary_json(results: list[RunResult], *, include_wall_time: bool = True,
+                 reference: RunResult | None = None) -> str:
+    """JSON text: one run's summary object, or ``{"runs": [...]}`` for several policies.
+    With a ``reference`` run (``ideal``, as the CLI compares against), every job also gets
+    ``ideal_busbw_GBps`` (the reference's) and ``of_ideal`` (its own ``mean_busbw_GBps``
+    over that; ``null`` when the reference moved nothing), the table's "of ideal"."""
+    runs = [r.summary(include_wall_time=include_wall_time) for r in results]
+    if reference is not None:
+        for r, run in zip(results, runs, strict=True):
+            for job in run["jobs"]:
+                ref = reference.mean_busbw_GBps(job["name"])
+                job["ideal_busbw_GBps"] = float(f"{ref:.6g}")
+                job["of_ideal"] = (float(f"{r.mean_busbw_GBps(job['name']) / ref:.6g}")
+                                   if ref > 0 else None)
     if len(results) == 1:
-        data: Any = results[0].summary(include_wall_time=include_wall_time)
+        data: Any = runs[0]
     else:
-        data = {"scenario": results[0].scenario, "seed": results[0].seed,
-                "runs": [r.summary(include_wall_time=include_wall_time) for r in results]}
+        data = {"scenario": results[0].scenario, "seed": results[0].seed, "runs": runs}
     return json.dumps(data, indent=2, sort_keys=False) + "\n"

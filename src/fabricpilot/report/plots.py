@@ -10,8 +10,9 @@ plot shows can be checked without reading pixels.
 from __future__ import annotations
 
 import html
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,10 +168,35 @@ def plot_slowdowns(results: Sequence[RunResult], path: Path) -> Path | None:
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # (1, 2, 5, not 2x10^0)
     ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
+    ax.xaxis.set_minor_formatter(FuncFormatter(_minor_label(*ax.get_xlim())))
     ax.tick_params(axis="x", which="minor", labelsize=7)
     return _finish(fig, ax, "FCT slowdown (FCT / FCT alone)", "fraction of flows",
                    f"FCT slowdown, {'mice' if which == 'mice' else 'job flows'}", path)
+
+
+def _minor_label(lo: float, hi: float) -> Callable[[float, object], str]:
+    """Labels of a log axis's minor ticks from ``lo`` to ``hi``: every one within about a
+    decade, only 2 and 5 (x a power of ten) up to three decades, none beyond (the labels
+    would run into each other).
+
+    >>> [_minor_label(1, 8)(v, None) for v in (2, 3, 5)]
+    ['2', '3', '5']
+    >>> [_minor_label(0.9, 1200)(v, None) for v in (20, 30, 500)]
+    ['20', '', '500']
+    >>> _minor_label(1, 1e5)(20, None)
+    ''
+    """
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 0.0
+
+    def label(v: float, _: object) -> str:
+        if decades <= 1.2:
+            return f"{v:g}"
+        if decades <= 3.5 and v > 0:
+            mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6)
+            return f"{v:g}" if mantissa in (2.0, 5.0) else ""
+        return ""
+
+    return label
 
 
 def plot_utilization(results: Sequence[RunResult], path: Path) -> Path:

@@ -477,11 +477,16 @@ class Engine(FaultsMixin):
     def _weights_from_members(self, row: NDArray[np.int64]) -> None:
         """Rows' weights again from their members' paths (after a path change): the sum of
         each member's path, scaled by its share (``row``: each member's row)."""
-        unit = paths_to_weights(self._m_path, self.ct.n_links)
+        self._w = self._member_weights(self._m_path, row)
+        self._dirty = True
+
+    def _member_weights(self, paths: NDArray, row: NDArray[np.int64]) -> sp.csr_matrix:
+        """Rows x links: the sum of each member's path in ``paths`` (one per member, -1
+        padded), scaled by its share (``row``: each member's row)."""
+        unit = paths_to_weights(paths, self.ct.n_links)
         member_of = sp.csr_matrix((self._m_share, (row, np.arange(len(row)))),
                                   shape=(len(self._remaining), len(row)))
-        self._w = (member_of @ unit).tocsr()
-        self._dirty = True
+        return (member_of @ unit).tocsr()
 
     def _mark_dirty(self) -> None:
         self._dirty = True

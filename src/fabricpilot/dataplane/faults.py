@@ -40,11 +40,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from fabricpilot.arrays import distinct
-from fabricpilot.balancing.base import paths_to_weights
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
@@ -140,6 +138,7 @@ class FaultsMixin:
     _at: Callable[..., None]
     _aborted: dict[int, str]
     _weights_from_members: Callable[[NDArray[np.int64]], None]
+    _member_weights: Callable[[NDArray[np.int64], NDArray[np.int64]], Any]
     _keep_members: Callable[[NDArray[np.bool_]], None]
     _abort_job: Callable[[int, str], None]
     _drop_rows: Callable[[NDArray[np.bool_], NDArray[np.int64]], None]
@@ -862,16 +861,10 @@ class FaultsMixin:
             return w, caps
         valid = self._m_path >= 0
         dead_hop = self._phys_down[np.where(valid, self._m_path, 0)] & valid
-        hit = dead_hop.any(axis=1)
-        if not hit.any():
+        if not dead_hop.any():
             return w, caps
         before = valid & (np.cumsum(dead_hop, axis=1) == 0)  # the hops ahead of the first
-        paths = np.where(before, self._m_path, -1)
-        unit = paths_to_weights(paths, self.ct.n_links)
-        rows = self._member_rows()
-        member_of = sp.csr_matrix((self._m_share, (rows, np.arange(len(rows)))),
-                                  shape=(w.shape[0], len(rows)))
-        live_w = (member_of @ unit).tocsr()
+        live_w = self._member_weights(np.where(before, self._m_path, -1), self._member_rows())
         caps = caps.copy()
         all_dead = self._row_dead >= 1.0
         if all_dead.any() and self._ft is not None:

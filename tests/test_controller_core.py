@@ -685,6 +685,25 @@ def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
         assert all(len(p) == 2 for p in r.paths)
 
 
+def test_an_sla_shorter_than_every_paths_delay_is_told_as_the_ranking_tells_it() -> None:
+    """The one-switch path gpu0 -> leaf0 -> gpu1 takes two 100 ns links and one switch's
+    0.6 us: 0.8 us. An L1 SLA of 0.7 us is in scope but no path meets it: the job is told
+    so (as the SLA-aware ranking says it) and not planned; 0.8 us is met."""
+    from fabricpilot.controller.ranking import SlaUnmet, rank_paths
+
+    dp = FakeDataPlane()
+    ctl = Controller(dp)
+    ctl.declare(Intent("tight", "t", (0, 1), (CommCall("allreduce", 1 << 16, 0.7, 0),)))
+    ctl.declare(Intent("edge", "t", (2, 3), (CommCall("allreduce", 1 << 16, 0.8, 0),)))
+    ctl.plan()
+    assert set(ctl.sla_unmet) == {"tight"}
+    assert ctl.sla_unmet["tight"].endswith(
+        "(L1): no path from gpu0 to gpu1 within 0.7 us: the fastest takes 0.8 us")
+    assert {r.key.split(":")[0] for r in dp.installed} == {"edge"}
+    ranked = rank_paths(dp.view, 0, 1, 0.7)
+    assert isinstance(ranked, SlaUnmet) and "best is 0.8 us" in ranked.reason
+
+
 def test_pairs_the_plan_drops_are_withdrawn_from_the_data_plane() -> None:
     # a job's intent changes to an SLA no path meets, another job is withdrawn: their
     # installed sets are withdrawn (their traffic back to the switches' own forwarding),

@@ -54,7 +54,7 @@ from fabricpilot.controller.planner import (
     plan_greedy,
     replace_parts,
 )
-from fabricpilot.controller.ranking import in_scope
+from fabricpilot.controller.ranking import SWITCH_LATENCY_US, in_scope, path_delay_us
 from fabricpilot.controller.slots import DeadShares, SlotTable, WholeMoves
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 
@@ -791,6 +791,14 @@ class Controller:
         # per job, its demands as demands() last made them and for what (a re-plan of the
         # same jobs on the same links reuses them)
         self._made: dict[str, _Made] = {}
+        # no candidate path is slower than this (ns): an SLA at least this long needs no
+        # path's delay checked. A fewest-hop path climbs to the top tier and back, with an
+        # NVLink hop at each end at most: 2 x tiers + 4 links, a switch between two
+        hops = 2 * max((int(t) for _, t in g.nodes(data="tier") if t is not None),
+                       default=1) + 4
+        self._slowest_path_ns = (hops * max((li.delay_ns for li in self.view.links.values()),
+                                            default=0.0)
+                                 + (hops - 1) * SWITCH_LATENCY_US * 1000.0)
         # the compiled kernels, once per process: not in the first plan or re-plan
         planner.warm_up()
         entropy.warm_up()
@@ -1037,7 +1045,8 @@ class Controller:
                 prio = call.priority
                 # the common case, every pair at once (then only the others one by one)
                 made = (self._call_demands(task, pairs, cap, heat, prio)
-                        if not (call.pairs or pending or avoid) and level == "L3" else None)
+                        if not (call.pairs or pending or avoid) and level == "L3"
+                        and call.sla_us * 1000.0 >= self._slowest_path_ns else None)
                 if made is not None and all(made):  # (every pair: all at once)
                     keys = [d.key for d in made]  # type: ignore[union-attr]
                     pending.update(zip(keys, made, strict=True))  # type: ignore[arg-type]
@@ -1086,7 +1095,10 @@ class Controller:
                     ib = ends_in.get(nb)
                     if ib is None:
                         ib = self._end_info(nb, False)
-                    common = ia[0] & ib[0]
+                    # an SLA some path might not meet: each candidate's delay checked (the
+                    # general way)
+                    timed = scoped.sla_us * 1000.0 < self._slowest_path_ns
+                    common = 0 if timed else ia[0] & ib[0]
                     one = None
                     if common and not common & (common - 1):
                         # one component in common (ends elsewhere have no switch path)
@@ -1145,6 +1157,16 @@ class Controller:
                             f"{scoped.pattern} at {scoped.sla_us:g} us ({lv}): no path "
                             f"from gpu{a} to gpu{b} within {_SCOPE[lv]}")
                         break
+                    if timed:  # (as the SLA-aware ranking: a slower path is no candidate)
+                        delays = [path_delay_us(self.view, p) for p in cands]
+                        cands = [p for p, us in zip(cands, delays, strict=True)
+                                 if us <= scoped.sla_us]
+                        if not cands:
+                            sla_unmet[task] = (
+                                f"{scoped.pattern} at {scoped.sla_us:g} us ({lv}): no path "
+                                f"from gpu{a} to gpu{b} within {scoped.sla_us:g} us: the "
+                                f"fastest takes {min(delays):.3g} us")
+                            break
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
                                           priority=pp, parts=qps)
                     endpoints[key] = (a, b)

@@ -58,6 +58,9 @@ BUFFER_PENALTY_STEEPNESS = 5.0
 CANDIDATE_FACTOR = 8
 """At most ``CANDIDATE_FACTOR * k`` simple paths are examined."""
 
+SWITCH_LATENCY_US = 0.6
+"""What each switch on a path adds to its delay, by default."""
+
 
 @dataclass(frozen=True)
 class RankedPath:
@@ -109,6 +112,24 @@ def in_scope(view: FabricView, nodes: Sequence[str], level: str) -> bool:
     if level == "L2":
         return all(_tier(view, n) < 2 for n in nodes)
     return True
+
+
+def path_delay_us(view: FabricView, links: Sequence[int],
+                  switch_latency_us: float = SWITCH_LATENCY_US) -> float:
+    """A path's delay as :func:`rank_paths` counts it: its links' ``delay_ns`` and
+    ``switch_latency_us`` per switch it crosses (NVSwitches included; not its ends).
+
+    >>> from fabricpilot.controller.southbound import LinkInfo
+    >>> links = [LinkInfo(0, "g0", "leaf", 400, 100), LinkInfo(1, "leaf", "g1", 400, 100)]
+    >>> v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu", "leaf": "switch"},
+    ...                           {"leaf": 1}, {0: "g0", 1: "g1"})
+    >>> round(path_delay_us(v, [0, 1]), 6)  # 0.2 us of links, one switch
+    0.8
+    """
+    info = [view.links[lk] for lk in links]
+    kind = view.graph.nodes
+    switches = sum(1 for li in info[1:] if kind[li.src].get("kind") in SWITCH_KINDS)
+    return sum(li.delay_ns for li in info) / 1000.0 + switches * switch_latency_us
 
 
 def delay_penalty(link_delay_us: float, sla_us: float) -> float:
@@ -282,7 +303,7 @@ def rank_paths(
     sla_us: float,
     *,
     k: int = 5,
-    switch_latency_us: float = 0.6,
+    switch_latency_us: float = SWITCH_LATENCY_US,
     free_buffer_bytes: dict[int, float] | None = None,
     buffer_floor_bytes: float = 1.5e6,
 ) -> list[RankedPath] | SlaUnmet:

@@ -72,7 +72,8 @@ def test_the_cli_reports_unmet_slas(tmp_path) -> None:  # type: ignore[no-untype
                           "sla-aware", "--json", str(tmp_path / "s.json")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "SLAs no path meets, e.g. " in res.stdout
+    # (one job: its ring pairs across leaves are several lines of sla_unmet, one job)
+    assert "sla-aware: 1 job with an SLA no path meets, e.g. tight: " in res.stdout
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["sla_unmet"] and all(s.startswith("tight: ") for s in summary["sla_unmet"])
 

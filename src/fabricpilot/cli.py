@@ -168,8 +168,9 @@ def run(
                 out.print(f"{r.policy}: {r.mice_cut_off} mice cut off (no path left between "
                           f"their GPUs), never delivered", highlight=False, soft_wrap=True)
         for r in shown:
-            if r.sla_unmet:
-                out.print(f"{r.policy}: {len(r.sla_unmet)} SLAs no path meets, "
+            if r.sla_unmet:  # (per job, or per GPU pair of a job: counted by job)
+                jobs = {line.split(":", 1)[0] for line in r.sla_unmet}
+                out.print(f"{r.policy}: {_count(len(jobs), 'job')} with an SLA no path meets, "
                           f"e.g. {escape(r.sla_unmet[0])}", highlight=False, soft_wrap=True)
             if r.controller:
                 out.print(escape(controller_line(r)), highlight=False, soft_wrap=True)

@@ -444,6 +444,8 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
     good = json.loads(out.read_text())
     gpu = next(i for i, n in enumerate(good["nodes"]) if n["kind"] == "gpu")
     sw = next(i for i, n in enumerate(good["nodes"]) if n["kind"] == "switch")
+    fabric = next(i for i, lk in enumerate(good["links"]) if lk["kind"] == "fabric")
+    nic = next(i for i, lk in enumerate(good["links"]) if lk["kind"] == "nic")
     cases = [
         (lambda t: t["nodes"][gpu].update(gpu="abc"), f"nodes[{gpu}].gpu"),
         (lambda t: t["nodes"][gpu].pop("host"), f"nodes[{gpu}]"),
@@ -460,6 +462,19 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
         (lambda t: t["links"].append({"a": "gpu0", "b": "gpu8", "kind": "nvlink",
                                       "rate_gbps": 3600.0, "delay_ns": 0}),
          f"links[{len(good['links'])}]"),
+        # a link whose kind does not fit its ends: an NVLink to a spine (the task-aware
+        # controller then crashed on it, losing the other policies' results), NIC links
+        # between switches (the fabric's utilisation read 0 %), a fabric link to a GPU
+        (lambda t: t["links"].append({"a": "gpu0", "b": "spine1", "kind": "nvlink",
+                                      "rate_gbps": 400.0, "delay_ns": 100}),
+         f"links[{len(good['links'])}].kind: nvlink links join a GPU to a GPU or an "
+         "NVSwitch of its host; this one joins a gpu and a switch (gpu0-spine1)"),
+        (lambda t: [lk.update(kind="nic") for lk in t["links"] if lk["kind"] == "fabric"],
+         f"links[{fabric}].kind: nic links join a GPU to a switch; this one joins a switch "
+         "and a switch"),
+        (lambda t: [lk.update(kind="fabric") for lk in t["links"] if lk["kind"] == "nic"],
+         f"links[{nic}].kind: fabric links join two switches; this one joins a gpu and a "
+         "switch"),
     ]
     for mutate, field in cases:
         topo = json.loads(out.read_text())

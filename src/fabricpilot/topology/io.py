@@ -63,6 +63,17 @@ _KEYS_OF: dict[str, tuple[NodeKind, ...]] = {
 }
 
 
+# the node kinds (sorted) each kind of link may join: a NIC joins its GPU to a switch, the
+# fabric joins switches, NVLink joins a host's GPUs (directly or through its NVSwitch)
+_LINK_ENDS = {
+    LinkKind.NIC: {("gpu", "switch")},
+    LinkKind.FABRIC: {("switch", "switch")},
+    LinkKind.NVLINK: {("gpu", "gpu"), ("gpu", "nvswitch")},
+}
+_LINK_JOINS = {LinkKind.NIC: "a GPU to a switch", LinkKind.FABRIC: "two switches",
+               LinkKind.NVLINK: "a GPU to a GPU or an NVSwitch of its host"}
+
+
 class _Link(BaseModel):
     model_config = ConfigDict(extra="forbid")
     a: str
@@ -126,6 +137,11 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
             raise ScenarioError(source, f"links[{i}]", f"a link from {link.a} to itself")
         if g.has_edge(link.a, link.b):
             raise ScenarioError(source, f"links[{i}]", f"duplicate link {link.a}-{link.b}")
+        ends = sorted(str(g.nodes[end]["kind"]) for end in (link.a, link.b))
+        if tuple(ends) not in _LINK_ENDS[link.kind]:
+            raise ScenarioError(source, f"links[{i}].kind",
+                                f"{link.kind} links join {_LINK_JOINS[link.kind]}; this one "
+                                f"joins a {ends[0]} and a {ends[1]} ({link.a}-{link.b})")
         hosts = [g.nodes[end].get("host") for end in (link.a, link.b)]
         if link.kind == LinkKind.NVLINK and None not in hosts and hosts[0] != hosts[1]:
             raise ScenarioError(source, f"links[{i}]", f"an NVLink between hosts {hosts[0]} "

@@ -616,6 +616,43 @@ def test_topology_export_round_trips_through_a_scenario(tmp_path: Path) -> None:
     assert "128 GPUs" in res.stdout
 
 
+def test_what_stands_where_out_writes_is_refused_before_the_runs(tmp_path: Path) -> None:
+    """A file where a policy's folder or plots/ goes, a folder where report.html or a table
+    goes: refused at once, with nothing run (they were found after every run, and the
+    tables and report of the policies after that were never written)."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    for n, (make, what) in enumerate((
+            (lambda o: (o / "ecmp").touch(), "ecmp is a file, where the folder ecmp/ goes"),
+            (lambda o: (o / "plots").touch(), "plots is a file, where the folder plots/ goes"),
+            (lambda o: (o / "report.html").mkdir(),
+             "report.html is a directory, where the file report.html goes"),
+            (lambda o: (o / "ideal" / "links.csv").mkdir(parents=True),
+             "ideal/links.csv is a directory, where the file links.csv goes"))):
+        out = tmp_path / f"o{n}"
+        out.mkdir()
+        make(out)
+        res = cli("run", str(path), "--out", str(out))
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert f"--out: {out}/{what}" in res.stderr, res.stderr
+        assert "scenario 'small'" not in res.stdout  # (nothing ran)
+
+
+def test_out_writes_only_the_files_its_check_knows(tmp_path: Path) -> None:
+    """The names the check above guards are those the writers write (fluid model and
+    interference included, so every table is there)."""
+    from fabricpilot.report.plots import PLOT_FILES
+    from fabricpilot.results.io import TABLE_FILES
+
+    data = small_scenario(tmp_path)
+    data["fabric"] = {"model": "fluid"}
+    res = cli("run", str(write(tmp_path, data)), "--out", str(tmp_path / "o"),
+              "--interference")
+    assert res.returncode == 0, res.stderr
+    tables = {p.name for p in (tmp_path / "o").glob("*/*.csv")}
+    assert tables == set(TABLE_FILES), tables
+    assert {p.name for p in (tmp_path / "o" / "plots").iterdir()} <= set(PLOT_FILES)
+
+
 def test_one_line_messages_stay_one_line_whatever_the_path(tmp_path: Path) -> None:
     """A message naming a long path is printed as one line (a terminal wraps it; a pipe
     or a log keeps it whole): wrapped at 80 columns, "128 GPUs" once came out as

@@ -119,6 +119,8 @@ def run(
         # the comparison is against `ideal`; run it as the reference if it was not asked for
         runs = policies + (["ideal"] if "ideal" not in policies else [])
         _check_collisions(json_path, out_dir, policies, _inputs(scenario, sc))
+        if out_dir is not None:
+            _check_out_layout(out_dir, policies)
         prep = prepare(sc, source)
         _warn(source, config_warnings(sc, prep))
         out.print(f"[bold]{escape(sc.name)}[/]: {escape(prep.topology.topo.summary())}; "
@@ -277,6 +279,25 @@ def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: li
     if _written_by_out(json_path, out_dir, policies):
         _fail(f"--json: {json_path} is among what --out writes ({out_dir}/report.html, "
               f"{out_dir}/plots/, {out_dir}/<policy>/): it would be overwritten")
+
+
+def _check_out_layout(out_dir: Path, policies: list[str]) -> None:
+    """Fail at once (not after the runs, with nothing written) if something already in
+    ``out_dir`` stands where ``--out`` writes: a file where a policy's folder or ``plots/``
+    goes, a folder where ``report.html``, a table or a plot goes."""
+    from fabricpilot.report.plots import PLOT_FILES
+    from fabricpilot.results.io import TABLE_FILES
+
+    folders = [(out_dir / p, TABLE_FILES) for p in policies] + [(out_dir / "plots",
+                                                                  PLOT_FILES)]
+    files = [out_dir / "report.html"]
+    for folder, names in folders:
+        if folder.exists() and not folder.is_dir():
+            _fail(f"--out: {folder} is a file, where the folder {folder.name}/ goes")
+        files += [folder / n for n in names]
+    for f in files:
+        if f.is_dir():
+            _fail(f"--out: {f} is a directory, where the file {f.name} goes")
 
 
 def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str = "--json",

@@ -268,6 +268,11 @@ def plot_sweep(sizes_bytes: Sequence[int], busbw_GBps: Sequence[float],
 
 
 # ------------------------------------------------------------------------- the page
+PLOT_FILES = ("busbw.png", "slowdown_cdf.png", "link_utilization.png", "iterations.png",
+              "queues.png")
+"""Every plot :func:`write_report` may write under ``plots/`` (not all of them always)."""
+
+
 def write_report(results: Sequence[RunResult], reference: RunResult | None,
                  out_dir: str | Path, *, include_wall_time: bool = True) -> list[Path]:
     """Write ``plots/*.png`` and ``report.html`` under ``out_dir``: the plots above and the

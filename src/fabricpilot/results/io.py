@@ -23,6 +23,11 @@ INTERFERENCE_COLUMNS = ["job", "busbw_GBps", "alone_busbw_GBps", "interference"]
 PORT_COLUMNS = ["link", "priority", "pause_ns", "pause_frames", "ecn_marks", "drops_bytes"]
 
 
+TABLE_FILES = ("flows.csv", "collectives.csv", "iterations.csv", "links.csv",
+               "interference.csv", "timeseries.csv", "ports.csv")
+"""Every file :func:`write_tables` may write (the last three not always)."""
+
+
 def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     """Write ``flows.csv``, ``collectives.csv``, ``iterations.csv`` and ``links.csv``; with
     interference ratios also ``interference.csv``; with a fluid-model report also

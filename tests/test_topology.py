@@ -840,3 +840,32 @@ def test_routing_around_a_link_down_in_one_direction_only() -> None:
                 for leaf in ("leaf0", "leaf1"))
     assert [p[1:-1] for p in equal_cost_paths(cut, src, dst)] == [
         (link["leaf0", "spine1"], link["spine1", "leaf1"])]
+
+
+def test_ecmp_tables_come_out_the_same_in_any_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables are built over blocks of links (no links x leaves array made whole, which
+    took 16 GiB at 131 072 GPUs): blocks of a link or two give the same groups, in the
+    same order, as one block, also with links down."""
+    from fabricpilot.topology import compiled
+
+    ct = compiled.compile_topology(fat_tree(k=4))
+    leaves = np.flatnonzero(ct.leaf_slot >= 0).astype(np.int32)
+    leaves = leaves[np.argsort(ct.leaf_slot[leaves])]
+    alive = np.ones(ct.n_links, bool)
+    alive[np.random.default_rng(0).choice(ct.n_links, 5, replace=False)] = False
+    whole = compiled.ecmp_tables(ct.link_src, ct.link_dst, ct.switch_of_node, leaves, alive)
+    monkeypatch.setattr(compiled, "_CELLS_PER_BLOCK", 9)
+    small = compiled.ecmp_tables(ct.link_src, ct.link_dst, ct.switch_of_node, leaves, alive)
+    for a, b in zip(whole, small, strict=True):
+        assert a.shape == b.shape and (a == b).all()
+
+
+def test_ecmp_tables_larger_than_memory_are_refused_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabricpilot.topology import compiled
+
+    monkeypatch.setattr(compiled, "_available_bytes", lambda: 100)  # (the tables: 128 B)
+    with pytest.raises(TopologyError) as err:
+        compiled.compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    msg = str(err.value)
+    assert "\n" not in msg and "need about 0.0 GiB, and this machine has 0.0 GiB" in msg

@@ -166,20 +166,68 @@ def ecmp_tables(
     dist = shortest_path(rev, unweighted=True, directed=True, indices=leaf_switches)  # [T, S]
     dist_to = dist.T  # [S, T]
     n_t = len(leaf_switches)
-    closer = dist_to[sv] == (dist_to[su] - 1)  # [E, T]
-    e_idx, t_idx = np.nonzero(closer)
-    key = su[e_idx].astype(np.int64) * n_t + t_idx
-    order = np.lexsort((sw_links[e_idx], key))
-    key, e_sorted = key[order], e_idx[order]
-    counts = np.bincount(key, minlength=n_sw * n_t)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    pos = np.arange(len(key)) - starts[key]
-    max_deg = int(counts.max()) if len(counts) else 0
-    nh_link = np.full((n_sw, n_t, max(max_deg, 1)), -1, np.int32)
-    nh_link.reshape(-1, max(max_deg, 1))[key, pos] = sw_links[e_sorted]
+    # (a link is a next hop towards a leaf where it gets one hop closer: found in blocks of
+    # links, so that no links x leaves array is ever made whole; a first pass counts each
+    # group's members, and what the tables will take is checked before they are made)
+    block = max(1, _CELLS_PER_BLOCK // max(n_t, 1))
+
+    def next_hops(lo: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """(group key, link row) of every next hop among switch links ``lo`` on."""
+        hi = min(lo + block, len(sw_links))
+        e, t = np.nonzero(dist_to[sv[lo:hi]] == (dist_to[su[lo:hi]] - 1))
+        e = e.astype(np.int64) + lo
+        return su[e].astype(np.int64) * n_t + t, e
+
+    counts = np.zeros(n_sw * n_t, np.int64)
+    for lo in range(0, len(sw_links), block):
+        counts += np.bincount(next_hops(lo)[0], minlength=n_sw * n_t)
+    max_deg = max(int(counts.max()) if len(counts) else 0, 1)
+    _check_table_memory(n_sw, n_t, max_deg)
+    nh_link = np.full((n_sw * n_t, max_deg), -1, np.int32)
+    filled = np.zeros(n_sw * n_t, np.int64)  # members placed so far, per group
+    for lo in range(0, len(sw_links), block):  # (blocks in link-id order: so are members)
+        key, e = next_hops(lo)
+        order = np.argsort(key, kind="stable")  # (within a group: by link id)
+        key, e = key[order], e[order]
+        first = np.searchsorted(key, key)  # (each key's first row in this block)
+        pos = filled[key] + np.arange(len(key)) - first
+        nh_link[key, pos] = sw_links[e]
+        filled += np.bincount(key, minlength=n_sw * n_t)
+    nh_link = nh_link.reshape(n_sw, n_t, max_deg)
     nh_count = counts.reshape(n_sw, n_t).astype(np.int32)
     hop_distance = np.where(np.isinf(dist_to), -1, dist_to).astype(np.int32)
     return nh_count, nh_link, hop_distance
+
+
+_CELLS_PER_BLOCK = 1 << 24  # (links x leaves compared at once in ecmp_tables)
+
+
+def _check_table_memory(n_switches: int, n_leaves: int, max_group: int) -> None:
+    """``TopologyError`` if the ECMP tables (switches x leaves x the largest group, int32,
+    and the same again while they are read) need more memory than this machine has
+    available: a one-line refusal rather than an allocation error or the kernel's OOM
+    killer minutes into the build."""
+    need = 2 * n_switches * n_leaves * max_group * 4
+    avail = _available_bytes()
+    if avail is not None and need > avail:
+        raise TopologyError(
+            f"its ECMP tables ({n_switches} switches x {n_leaves} leaves x groups of up to "
+            f"{max_group} links) need about {need / 2**30:.1f} GiB, and this machine has "
+            f"{avail / 2**30:.1f} GiB available: use fewer, larger leaves (nics_per_leaf) "
+            f"or fewer GPUs")
+
+
+def _available_bytes() -> int | None:
+    """Memory the kernel says can be had without swapping (``MemAvailable``), or ``None``
+    where it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def with_local_repair(ct: CompiledTopology, dead: NDArray[np.bool_]) -> CompiledTopology:

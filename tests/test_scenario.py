@@ -356,6 +356,17 @@ def test_missing_topology_file(tmp_path: Path) -> None:
     err = load_error(write(tmp_path, data))
     assert err.field == "topology.path"
     assert err.problem.startswith("file not found: ")
+    data["topology"] = {"kind": "file", "path": str(tmp_path)}  # (a directory)
+    err = load_error(write(tmp_path, data))
+    assert (err.field, err.problem) == ("topology.path", f"not a regular file: {tmp_path}")
+
+
+def test_the_largest_size_can_be_written_in_its_own_unit() -> None:
+    """The limit on sizes is 1 PiB, and it can be written so (PiB, P, PB)."""
+    for text, size in (("1PiB", 1 << 50), ("0.5P", 1 << 49), ("1PB", 10**15)):
+        data = base()
+        data["jobs"][0]["collectives"][0]["size_bytes"] = text
+        assert scenario_from_dict(data, "t.yaml").jobs[0].collectives[0].size_bytes == size
 
 
 def test_adaptive_settings_convert_and_reach_the_policies(tmp_path: Path) -> None:

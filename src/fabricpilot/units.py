@@ -25,10 +25,10 @@ TIME_UNITS_NS: dict[str, float] = {"ns": 1.0, "us": 1e3, "µs": 1e3, "μs": 1e3,
                                   "s": 1e9}  # (µ: the micro sign; μ: Greek mu)
 SIZE_UNITS_BYTES: dict[str, int] = {
     "b": 1,
-    "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-}
+    "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+}  # (up to P: the largest size a scenario may give is 1 PiB)
 
 _DIMENSIONS: dict[str, tuple[dict[str, float] | dict[str, int], str]] = {
     "rate": (RATE_UNITS_GBPS, "Gbps"),

@@ -246,8 +246,10 @@ def scenario_from_dict(
         assert topology.path is not None
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         resolved = (base / Path(topology.path).expanduser()).resolve()
-        if not resolved.is_file():
+        if not resolved.exists():
             raise ScenarioError(source, "topology.path", f"file not found: {resolved}")
+        if not resolved.is_file():  # (a directory, a named pipe, a device)
+            raise ScenarioError(source, "topology.path", f"not a regular file: {resolved}")
         scenario = scenario.model_copy(
             update={"topology": topology.model_copy(update={"path": str(resolved)})}
         )

@@ -516,3 +516,32 @@ def test_switch_names_checked_against_the_topology(ct: CompiledTopology) -> None
         resolve(ct, {"kind": "switch_down", "switch": "gpu0", "at_ns": 0})
     assert str(info.value) == ("s.yaml: faults.events[0].switch: 'gpu0' is not a switch "
                                "(switches are e.g. leaf0, spine0)")
+
+
+def test_a_link_up_ends_what_holds_the_link_down_as_in_the_twin(ct: CompiledTopology) -> None:
+    """A ``link_up`` brings back a link an open-ended ``link_down`` took down (the twin
+    counts the faults holding a link: the replay did not, and kept it down); one that
+    finds its link up changes nothing and is named for a warning."""
+    t = resolve(ct, {"kind": "link_down", "link": "leaf0-spine0", "at_ns": "1ms"},
+                {"kind": "link_up", "link": "leaf0-spine0", "at_ns": "3ms"},
+                {"kind": "link_up", "link": "leaf1-spine0", "at_ns": "4ms"})
+    cable = {link(ct, "leaf0", "spine0"), link(ct, "spine0", "leaf0")}
+    assert t.links_at(2_000_000)[0] == cable
+    assert t.links_at(3_000_000)[0] == frozenset()
+    assert [f.fault_id for f in t.idle_link_ups()] == [2]
+
+
+def test_a_link_up_that_changes_nothing_is_warned_of(tmp_path: Path) -> None:
+    from fabricpilot.runner import config_warnings, prepare
+    from fabricpilot.scenario import scenario_from_dict
+
+    sc = scenario_from_dict({
+        "name": "up", "topology": {"kind": "leaf_spine", "hosts": 4, "gpus_per_host": 1,
+                                   "nics_per_leaf": 2},
+        "jobs": [{"name": "a", "gpus": 2, "collectives": [{"op": "allreduce",
+                                                          "size_bytes": "1MiB"}]}],
+        "faults": {"events": [{"kind": "link_up", "link": "leaf0-spine1", "at_ns": "1ms"}]},
+    }, "up.yaml")
+    assert config_warnings(sc, prepare(sc)) == [
+        "faults.events: link leaf0<->spine1 up at 1 ms: nothing holds the link down then, "
+        "so it changes nothing"]

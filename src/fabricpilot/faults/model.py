@@ -26,7 +26,7 @@ in order of their start time.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -228,22 +228,53 @@ class FaultTimeline:
 
         For tests and reports; the engine applies the events as they come.
         """
-        down: dict[int, set[int]] = {}
         gray: dict[int, dict[int, float]] = {}
+        down = self._down_counts(time_ns)
         for event in self.events:
             if event.time_ns > time_ns:
                 break
             for link in event.links:
-                if event.kind == "down":
-                    down.setdefault(link, set()).add(event.fault_id)
-                elif event.kind == "up":
-                    down.get(link, set()).discard(event.fault_id)
-                elif event.kind == "gray":
+                if event.kind == "gray":
                     gray.setdefault(link, {})[event.fault_id] = event.drop_probability
-                else:
+                elif event.kind == "clear":
                     gray.get(link, {}).pop(event.fault_id, None)
         return (frozenset(k for k, v in down.items() if v),
                 {k: max(v.values()) for k, v in gray.items() if v})
+
+    def _down_counts(self, time_ns: int, on_up: Callable[[FaultEvent, bool], None] | None
+                     = None) -> dict[int, int]:
+        """Per link, the faults holding it down after the events up to ``time_ns``, as the
+        twin counts them: a ``down`` adds one, an ``up`` (a fault ending, or a ``link_up``)
+        takes one off while any is left. ``on_up(event, changed)`` is told of every ``up``
+        and whether it found any of its links down."""
+        down: dict[int, int] = {}
+        for event in self.events:
+            if event.time_ns > time_ns:
+                break
+            if event.kind == "down":
+                for link in event.links:
+                    down[link] = down.get(link, 0) + 1
+            elif event.kind == "up":
+                held = [link for link in event.links if down.get(link, 0) > 0]
+                for link in held:
+                    down[link] -= 1
+                if on_up is not None:
+                    on_up(event, bool(held))
+        return down
+
+    def idle_link_ups(self) -> list[FaultInfo]:
+        """The ``link_up`` faults that find their link up (nothing holds it down then): they
+        change nothing, which a scenario likely did not mean."""
+        idle: list[FaultInfo] = []
+        by_id = {f.fault_id: f for f in self.faults}
+
+        def seen(event: FaultEvent, changed: bool) -> None:
+            info = by_id.get(event.fault_id)
+            if not changed and info is not None and info.kind == "link_up":
+                idle.append(info)
+
+        self._down_counts(max((e.time_ns for e in self.events), default=0), seen)
+        return idle
 
 
 def remaining_events(events: Sequence[FaultEventSpec], elapsed_ns: int

@@ -249,9 +249,10 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 def _body(model: type[BaseModel], path_params: tuple[str, ...] | list[str] = ()
           ) -> dict[str, Any]:
-    """``openapi_extra`` of the busiest routes: a JSON request body of ``model``, the
-    string path parameters they read from the request, and the bearer token they check
-    themselves (not through FastAPI's dependencies: see :func:`create_app`)."""
+    """``openapi_extra`` of the routes that read their body themselves (:func:`_parsed`): a
+    JSON request body of ``model``, the string path parameters the busiest routes read from
+    the request, and the bearer token (those check it themselves, not through FastAPI's
+    dependencies: see :func:`create_app`)."""
     extra: dict[str, Any] = {
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
@@ -513,8 +514,8 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
     # congestion map for its lock) where they do not hold the loop up
     v1 = "/api/v1"
 
-    # the busiest bodies (intents, telemetry batches) are parsed and validated in one pass
-    # by pydantic-core (:func:`_parsed`); their schemas are still in the OpenAPI spec
+    # every body is parsed and validated in one pass by pydantic-core (:func:`_parsed`), the
+    # same way whatever its Content-Type; the schemas are still in the OpenAPI spec
     @app.post(f"{v1}/jobs", status_code=201, tags=["jobs"], openapi_extra=_body(IntentIn))
     async def declare(request: Request) -> JSONResponse:
         """Declare a job's intent (409 if the task id exists; PUT replaces)."""

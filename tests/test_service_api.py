@@ -741,8 +741,17 @@ def test_openapi_lists_every_resource(client: httpx.Client) -> None:
                            "/api/v1/fabric/links/{link_id}": {"get"},
                            "/health": {"get"}, "/metrics": {"get"}}.items():
         assert methods <= set(paths[route]), route
-    # request bodies are the validated models
+    # request bodies are the validated models, and each route that takes one says which
     assert "IntentIn" in spec["components"]["schemas"]
+    for route, method, model in (("/api/v1/jobs", "post", "IntentIn"),
+                                 ("/api/v1/jobs/{task_id}", "put", "IntentIn"),
+                                 ("/api/v1/jobs/{task_id}/calls", "post", "AnnounceIn"),
+                                 ("/api/v1/telemetry", "post", "TelemetryIn"),
+                                 ("/api/v1/faults", "post", "FaultIn"),
+                                 ("/api/v1/twin/faults", "post", "TwinFaultsIn")):
+        body = paths[route][method]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}, route
+        assert model in spec["components"]["schemas"]
     assert spec["components"]["schemas"]["CallIn"]["properties"]["size_bytes"][
         "exclusiveMinimum"] == 0
 

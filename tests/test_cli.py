@@ -685,3 +685,34 @@ def test_fractions_above_ideal_are_named() -> None:
     ecmp = run("ecmp", {"a": 21.3, "b": 20.1, "c": 5.0})  # b: within 1 %; c: no reference
     assert above_reference([ecmp, ideal], ideal) == ["a under ecmp (213.0%)"]  # type: ignore[list-item]
     assert above_reference([ecmp], None) == []  # type: ignore[list-item]
+
+
+def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that raises on a defect (not bad input) is reported in one line naming its
+    traceback's file, exit 2; the other policies' tables, JSON and report are still
+    written (a crash of one policy once lost every policy's results)."""
+    from typer.testing import CliRunner
+
+    from fabricpilot import runner
+    from fabricpilot.cli import app
+
+    real = runner.run_policy
+
+    def flaky(prep, name, **kw):  # type: ignore[no-untyped-def]
+        if name == "adaptive":
+            raise ValueError("3 is not in list")
+        return real(prep, name, **kw)
+
+    monkeypatch.setattr(runner, "run_policy", flaky)
+    path = write(tmp_path, small_scenario(tmp_path))
+    out, js = tmp_path / "o", tmp_path / "s.json"
+    res = CliRunner().invoke(app, ["run", str(path), "-p", "ecmp", "-p", "adaptive",
+                                   "--json", str(js), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    trace = out / "adaptive" / "traceback.txt"
+    assert (f"error: policy adaptive failed: ValueError: 3 is not in list (traceback in "
+            f"{trace})") in res.output
+    assert "ValueError: 3 is not in list" in trace.read_text()
+    assert json.loads(js.read_text())["policy"] == "ecmp"
+    assert (out / "ecmp" / "flows.csv").exists() and (out / "report.html").exists()

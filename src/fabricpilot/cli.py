@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import sys
 import tempfile
@@ -129,14 +130,23 @@ def run(
                   highlight=False, soft_wrap=True)
         total_units = sum(j.iterations * len(j.collectives) for j in prep.jobs)
         results = []
+        crashed: list[str] = []  # (a policy's defect: the other policies' results are kept)
         with Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("collectives"), TimeElapsedColumn(), console=err,
                       transient=True) as bar:
             for name in runs:
                 task = bar.add_task(name, total=total_units)
-                results.append(run_policy(
-                    prep, name, progress=lambda d, t, task=task: bar.update(task, completed=d)))
+                try:
+                    results.append(run_policy(
+                        prep, name,
+                        progress=lambda d, t, task=task: bar.update(task, completed=d)))
+                except (FabricpilotError, OverflowError):
+                    raise  # (bad input: one line, as always)
+                except Exception as e:  # (a defect: reported, the other policies go on)
+                    crashed.append(_crash_line(name, e, out_dir))
             shown = [r for r in results if r.policy in policies]
+            if not shown:
+                _fail("; ".join(crashed))
             if with_interference:
                 # one bar per policy over its alone runs: a job's units follow the previous jobs'
                 units = [j.iterations * len(j.collectives) for j in prep.jobs]
@@ -147,9 +157,9 @@ def run(
                         prep, r.policy, r,
                         progress=lambda job, d, t, task=task: bar.update(
                             task, completed=offset[job] + d))
-        reference = results[runs.index("ideal")]
+        reference = next((r for r in results if r.policy == "ideal"), None)
         out.print(comparison_table(shown, reference))
-        if "ideal" not in policies:  # (run as the reference only: its figures, to check by)
+        if reference is not None and "ideal" not in policies:  # (its figures, to check by)
             ref = ", ".join(f"{escape(j.name)} {reference.mean_busbw_GBps(j.name):.1f}"
                             for j in prep.jobs)
             out.print(f"of ideal: against `ideal` (run as the reference), busbw GB/s {ref}",
@@ -211,12 +221,36 @@ def run(
                               soft_wrap=True)
             out.print(escape(f"tables written to {out_dir}/<policy>/, plots and report to "
                              f"{out_dir}/report.html"), highlight=False, soft_wrap=True)
-        if failed:
-            _fail("; ".join(failed))
+        if failed or crashed:
+            _fail("; ".join(crashed + failed))
     except FabricpilotError as e:
         _fail(_in_source(str(e), source))
     except OverflowError:
         _fail(_in_source(_OVERFLOW, source))
+
+
+def _crash_line(policy: str, error: Exception, out_dir: Path | None) -> str:
+    """One line on a policy whose run failed on a defect (not on its input), naming the
+    file its traceback went to (under ``--out`` if given, else a temporary file), so that
+    the other policies' results can still be shown and written."""
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    try:
+        if out_dir is not None:
+            (out_dir / policy).mkdir(parents=True, exist_ok=True)
+            path = out_dir / policy / "traceback.txt"
+            path.write_text(text, encoding="utf-8")
+        else:
+            fd, name = tempfile.mkstemp(prefix=f"fabricpilot-{policy}-", suffix=".txt")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            path = Path(name)
+        where = f"traceback in {path}"
+    except OSError as err:
+        where = f"its traceback could not be written: {err.strerror or err}"
+    first = str(error).splitlines()[0] if str(error) else ""
+    return f"policy {policy} failed: {type(error).__name__}: {first} ({where})"
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:

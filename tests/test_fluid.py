@@ -260,3 +260,28 @@ def test_a_nic_holds_one_step_over_all_its_members_however_they_are_sprayed() ->
         nic = np.array([res.link_names[int(lk)].startswith("gpu") for lk in cols["link"]])
         assert nic.any() and cols["queue_bytes"][nic].max() <= 25_000 * (1 + 1e-9)
     assert runs["ideal"].sim_time_ns == runs["ecmp"].sim_time_ns
+
+
+def test_go_back_n_keeps_what_was_queued_ahead_of_the_loss() -> None:
+    """One sender: 100 B in its NIC, 500 B queued at the leaf, and 50 B / 200 B arriving
+    there in a step; the leaf's lossy port holds 600 B, so half of the 200 B is dropped.
+    Go-back-N resends the lost 100 B and the 100 B sent with them (arrivals at the drop
+    hop); the 500 B queued at the leaf went ahead of the loss and are delivered. The NIC's
+    150 B go back to the sender too, but never were on the wire: not counted as resent.
+    (The 500 B were once thrown away with the rest: 8 senders into a port with PFC off
+    resent 8.4 MB of 32 MiB and finished in 1.19 ms; they now resend 1.0 MB in 2.22 ms,
+    as with PFC on.)"""
+    from fabricpilot.dataplane import fluid_kernels as fk
+
+    back = np.array([[100.0, 500.0]])
+    arr = np.array([[50.0, 200.0]])
+    injected, retx = np.array([1000.0]), np.zeros(1)
+    stall, drops = np.zeros(1), np.zeros(2)
+    dropped, resent = fk._drop(
+        back, arr, np.array([[0, 1]]), np.array([2]), np.array([[False, True]]),
+        np.array([[0, 0]]), np.array([False, True]), 600.0, 1e12, 1, injected, retx, stall,
+        np.array([3000.0]), 10_000.0, drops)
+    assert (dropped, resent) == (100.0, 200.0)
+    assert back.tolist() == [[0.0, 500.0]] and arr.tolist() == [[0.0, 0.0]]
+    assert injected.tolist() == [1000.0 - 100 - 100 - 150] and retx.tolist() == [200.0]
+    assert stall.tolist() == [13_000.0] and drops.tolist() == [0.0, 100.0]

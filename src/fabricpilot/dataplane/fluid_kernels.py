@@ -215,9 +215,12 @@ def _drop(
     """Arrivals ``arr`` beyond the buffers are dropped: a lossy queue holds at most
     ``port_limit_bytes``, a switch at most ``switch_limit_bytes`` in all; each over-full
     queue or switch drops the same fraction of everything arriving at it. A member that lost
-    bytes goes back N: its dropped bytes and all it sent after them (its bytes still upstream
-    of the first drop) leave the fabric to be resent once the NACK is back (``stall_until =
-    resume_ns + rtt``). Returns (bytes dropped, bytes to resend); adds drops per cell."""
+    bytes goes back N: its dropped bytes and all it sent after them leave the fabric to be
+    sent again once the NACK is back (``stall_until = resume_ns + rtt``): the rest of what
+    arrived at the first drop with them, and its bytes upstream of that hop. What was
+    already queued at the drop hop went ahead of the loss and is delivered. Bytes still in
+    the sender's NIC go back too but were never on the wire: they are not counted as
+    resent. Returns (bytes dropped, bytes resent); adds drops per cell."""
     m = back.shape[0]
     n_cells = cell_lossy.shape[0]
     queued = np.zeros(n_cells)
@@ -272,11 +275,16 @@ def _drop(
                     first = k
         if first < 0:
             continue
+        rewound = lost  # (everything the sender sends again; ``lost``: of it, on the wire)
         for k in range(first + 1):
-            lost += back[i, k] + arr[i, k]
-            back[i, k] = 0.0
+            gone = arr[i, k] + (back[i, k] if k < first else 0.0)
+            rewound += gone
+            if at_switch[i, k]:
+                lost += gone
+            if k < first:
+                back[i, k] = 0.0
             arr[i, k] = 0.0
-        injected[i] -= lost
+        injected[i] -= rewound
         retx[i] += lost
         resent_total += lost
         stall_until[i] = resume_ns + rtt_ns[i]

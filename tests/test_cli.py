@@ -716,3 +716,14 @@ def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
     assert "ValueError: 3 is not in list" in trace.read_text()
     assert json.loads(js.read_text())["policy"] == "ecmp"
     assert (out / "ecmp" / "flows.csv").exists() and (out / "report.html").exists()
+
+
+def test_nccl_test_runs_a_size_that_rounds_to_one_run_already_once(tmp_path: Path) -> None:
+    """AllGather on 16 GPUs takes at least one element per rank (64 B): -b 1 -e 256 asks
+    for 1, 2, 4 ... 256 B, of which 1-64 B all round to 64 B. Each size is a row once
+    (the same row seven times counted seven times in the average)."""
+    res = cli("nccl-test", "--op", "allgather", "--gpus", "16", "-b", "1", "-e", "256")
+    assert res.returncode == 0, res.stderr
+    sizes = [int(line.split()[0]) for line in res.stdout.splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert sizes == [64, 128, 256]

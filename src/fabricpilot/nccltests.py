@@ -111,15 +111,21 @@ def run_sweep(
     ecmp: EcmpParams | None = None,
     on_size: Callable[[SweepRow], None] | None = None,
 ) -> list[SweepRow]:
-    """Run ``op`` over the first ``n_gpus`` GPUs for every size; one engine run per size."""
+    """Run ``op`` over the first ``n_gpus`` GPUs for every size; one engine run per size.
+    Sizes that round to one already run (below one element per rank) are run once: the
+    same row again would count twice in the average busbw."""
     the_op = Op(op)
     n = n_gpus or topology.n_gpus
     if n > topology.n_gpus:
         raise FabricpilotError(f"{n} GPUs requested but the cluster has {topology.n_gpus}")
     ranks = np.arange(n, dtype=np.int64)
     rows = []
+    done: set[int] = set()
     for size in sizes:
         s, count = nccl_size_and_count(the_op, size, n)
+        if s in done:
+            continue
+        done.add(s)
         plan = build_collective(the_op, ranks, s, gpus_per_host=topology.topo.gpus_per_host,
                                 algorithm=algorithm)
         job = JobSpec(op, tuple(range(n)), (plan,))

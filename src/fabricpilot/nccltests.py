@@ -154,7 +154,20 @@ HEADER = (
 def format_row(row: SweepRow) -> str:
     """One line in nccl-tests' layout (``#wrong`` is N/A: the twin moves no data)."""
     return (f"{row.size_bytes:>12} {row.count:>13} {'float':>9} {row.redop:>7} {row.root:>7} "
-            f"{row.time_us:>8.1f} {row.algbw_GBps:>7.2f} {row.busbw_GBps:>7.2f} {'N/A':>6}")
+            f"{_time_text(row.time_us):>8} {row.algbw_GBps:>7.2f} {row.busbw_GBps:>7.2f} "
+            f"{'N/A':>6}")
+
+
+def _time_text(time_us: float) -> str:
+    """A time as nccl-tests prints it: two decimals below 100 us, one below 10 ms, none
+    from there.
+
+    >>> _time_text(48.0), _time_text(368.04), _time_text(23331.04)
+    ('48.00', '368.0', '23331')
+    """
+    if time_us >= 10_000.0:
+        return f"{time_us:.0f}"
+    return f"{time_us:.1f}" if time_us >= 100.0 else f"{time_us:.2f}"
 
 
 def average_busbw(rows: list[SweepRow]) -> float:

@@ -425,3 +425,28 @@ def test_heal_spread_setting_reaches_the_controller(tmp_path: Path) -> None:
     assert sc.controller.to_params().gray_clear_ns == float("inf")  # (never, by default)
     data["controller"] = {"gray_clear_ns": "2ms"}
     assert load_scenario(write(tmp_path, data)).controller.to_params().gray_clear_ns == 2e6
+
+
+@pytest.mark.parametrize(("text", "where", "problem"), [
+    ("1: x", "", "key 1 is a number to YAML, not a name (quote it if it is meant as one)"),
+    ("null: x", "", "key null is no value to YAML, not a name (quote it if it is meant as "
+                    "one)"),
+    ("fabric: {true: 3}", "fabric", "key true is a boolean to YAML, not a name (quote it if "
+                                    "it is meant as one)"),
+])
+def test_a_key_yaml_reads_as_no_name_says_so(tmp_path: Path, text: str, where: str,
+                                              problem: str) -> None:
+    """YAML reads an unquoted 1, true or null as a number, a boolean or no value: the
+    error says so (it said "[1]: Keys should be strings", a list index to the eye)."""
+    path = write(tmp_path, base())
+    path.write_text(path.read_text() + text + "\n")
+    err = load_error(path)
+    assert (err.field, err.problem) == (where, problem)
+
+
+def test_a_long_refused_value_is_not_repeated_whole(tmp_path: Path) -> None:
+    data = base()
+    data["jobs"][0]["collectives"][0]["size_bytes"] = "9" * 5000
+    err = load_error(write(tmp_path, data))
+    assert err.field == "jobs[0].collectives[0].size_bytes"
+    assert err.problem.endswith(f"'{'9' * 40}...' (5000 characters)") and len(str(err)) < 200

@@ -12,6 +12,8 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import re
+
 
 class FabricpilotError(Exception):
     """Base of every error fabricpilot raises on purpose."""
@@ -29,9 +31,23 @@ class ScenarioError(FabricpilotError):
     def __init__(self, source: str, field: str, problem: str) -> None:
         self.source = source
         self.field = field
-        self.problem = problem
+        self.problem = problem = _shorten_quoted(problem)
         where = f"{source}: {field}" if field else source
         super().__init__(f"{where}: {problem}")
+
+
+_LONG_QUOTE = re.compile(r"'([^'\n]{61,})'")
+
+
+def _shorten_quoted(problem: str) -> str:
+    """``problem`` with every quoted value past 60 characters cut to its first 40 and its
+    length: an error repeats what it refuses, not a whole 5 000-digit number.
+
+    >>> _shorten_quoted("expected a size, got '" + "9" * 5000 + "'")
+    "expected a size, got '9999999999999999999999999999999999999999...' (5000 characters)"
+    """
+    return _LONG_QUOTE.sub(lambda m: f"'{m.group(1)[:40]}...' ({len(m.group(1))} characters)",
+                           problem)
 
 
 class TopologyError(FabricpilotError):

@@ -188,6 +188,13 @@ def _readable(error: ErrorDetails) -> tuple[str, str]:
         return field, problem + (f"; did you mean {close[0]!r}?" if close else "")
     if kind == "missing":
         return field, "required key is missing"
+    if kind == "invalid_key":  # (YAML reads 1, true or null as such, not as text)
+        yaml_text = ("null" if got is None else str(got).lower() if isinstance(got, bool)
+                     else _short(got))
+        what = ("no value" if got is None else "a boolean" if isinstance(got, bool)
+                else "a number" if isinstance(got, int | float) else "not text")
+        return format_loc(loc[:-1]), (f"key {yaml_text} is {what} to YAML, not a name "
+                                      f"(quote it if it is meant as one)")
     if kind == "literal_error":
         return field, f"must be {ctx.get('expected')} (got {_short(got)})"
     comparisons = {

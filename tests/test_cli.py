@@ -245,6 +245,11 @@ def test_a_run_past_the_engines_clock_is_one_line(tmp_path: Path) -> None:
     (["validate"], "fabricpilot validate: Missing argument 'scenario'."),
     (["validate", "a.yaml", "b.yaml"], "fabricpilot validate: Got unexpected extra argument"),
     (["nosuch"], "fabricpilot: No such command 'nosuch'."),
+    # an option missing its value is found before the command's context exists: the
+    # command is still named (it said "fabricpilot")
+    (["run", "--json"], "fabricpilot run: Option '--json' requires an argument."),
+    (["topology", "export", "--scenario"],
+     "fabricpilot topology export: Option '--scenario' requires an argument."),
 ])
 def test_usage_errors_are_one_line(args: list[str], problem: str) -> None:
     """The CLI library's own errors (options, arguments, commands) are one line too, as

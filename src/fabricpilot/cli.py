@@ -748,6 +748,25 @@ def _main(
         raise typer.Exit()
 
 
+def _command_named(args: list[str]) -> str:
+    """The command the leading ``args`` name (``fabricpilot topology export``), for a usage
+    error raised before the command's own context exists (an option missing its value).
+
+    >>> _command_named(["topology", "export", "--scenario"])
+    'fabricpilot topology export'
+    >>> _command_named(["--bogus"])
+    'fabricpilot'
+    """
+    words, group = ["fabricpilot"], typer.main.get_command(app)
+    for arg in args:
+        sub = getattr(group, "commands", {}).get(arg)
+        if sub is None:
+            break
+        words.append(arg)
+        group = sub
+    return " ".join(words)
+
+
 def main() -> None:
     """The ``fabricpilot`` command: a usage error (an unknown option, a value of the wrong
     type, a missing argument) is one line too, ``error: COMMAND: PROBLEM``, exit 2."""
@@ -764,7 +783,7 @@ def main() -> None:
             raise  # (a bug: its traceback)
         problem = " ".join(e.format_message().split())  # type: ignore[attr-defined]
         if "UsageError" in kinds:
-            where = ctx.command_path if ctx is not None else "fabricpilot"
+            where = ctx.command_path if ctx is not None else _command_named(sys.argv[1:])
             problem = f"{where}: {problem} (see {where} --help)"
         err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_INPUT)

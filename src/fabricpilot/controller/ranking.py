@@ -129,7 +129,8 @@ def path_delay_us(view: FabricView, links: Sequence[int],
     info = [view.links[lk] for lk in links]
     kind = view.graph.nodes
     switches = sum(1 for li in info[1:] if kind[li.src].get("kind") in SWITCH_KINDS)
-    return sum(li.delay_ns for li in info) / 1000.0 + switches * switch_latency_us
+    return (sum(float(li.delay_ns) for li in info) + switches * switch_latency_us * 1000.0
+            ) / 1000.0
 
 
 def delay_penalty(link_delay_us: float, sla_us: float) -> float:
@@ -352,14 +353,12 @@ def rank_paths(
     cap = L3_RATE_CAP if level == "L3" else 1.0
     g = view.graph
     adj = g._adj
-    attrs = g._node
 
     def build(path: list[str]) -> RankedPath:
         edges = [adj[a][b] for a, b in pairwise(path)]
         links = tuple(int(e["link_id"]) for e in edges)
         link_ns = [float(e["delay_ns"]) for e in edges]
-        switches = sum(1 for n in path[1:-1] if attrs[n].get("kind") in SWITCH_KINDS)
-        delay_us = (sum(link_ns) + switches * sw_ns) / 1000.0
+        delay_us = path_delay_us(view, links, switch_latency_us)
         penalty = sum(
             delay_penalty(ns / 1000.0, sla_us)
             + buffer_penalty(free.get(lid, math.inf), buffer_floor_bytes)

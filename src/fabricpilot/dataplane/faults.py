@@ -173,6 +173,7 @@ class FaultsMixin:
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
+        self._m_dead_hop = np.zeros((0, 0), bool)  # per member and hop: a dead link there
         self._goodput = np.zeros(0)
         self._ups_to_come = 0  # repairs scheduled and not played yet
         if timeline is None:
@@ -816,6 +817,7 @@ class FaultsMixin:
         self._row_dead = np.zeros(n_rows)
         self._row_loss = np.zeros(n_rows)
         self._m_fault = np.full(len(self._m_path), -1, np.int64)
+        self._m_dead_hop = np.zeros((0, 0), bool)
         if not n_rows or self._instant or not len(self._m_path):
             return
         if not (self._phys_down.any() or self._drop_p.any()):
@@ -823,7 +825,7 @@ class FaultsMixin:
         rows = self._member_rows()
         valid = self._m_path >= 0
         safe = np.where(valid, self._m_path, 0)
-        dead_hop = self._phys_down[safe] & valid
+        dead_hop = self._m_dead_hop = self._phys_down[safe] & valid
         dead = dead_hop.any(axis=1)
         keep = np.where(valid, 1.0 - self._drop_p[safe], 1.0).prod(axis=1)
         loss = np.where(dead, 0.0, 1.0 - keep)
@@ -857,13 +859,10 @@ class FaultsMixin:
           whole time routing takes to converge.
 
         ``(w, caps)`` unchanged when no stream crosses a dead link."""
-        if not len(self._m_path) or not self._phys_down.any() or self._instant:
-            return w, caps
-        valid = self._m_path >= 0
-        dead_hop = self._phys_down[np.where(valid, self._m_path, 0)] & valid
+        dead_hop = self._m_dead_hop  # (per member and hop, as _fault_rows found them)
         if not dead_hop.any():
             return w, caps
-        before = valid & (np.cumsum(dead_hop, axis=1) == 0)  # the hops ahead of the first
+        before = (self._m_path >= 0) & (np.cumsum(dead_hop, axis=1) == 0)  # (ahead of it)
         live_w = self._member_weights(np.where(before, self._m_path, -1), self._member_rows())
         caps = caps.copy()
         all_dead = self._row_dead >= 1.0

@@ -310,9 +310,11 @@ def test_unequal_hosts_raise(fn: Callable[..., tuple[Stage, ...]]) -> None:
         (Op.ALLTOALL, range(16), 8, "pxn"),
         (Op.ALLTOALL, range(8), 8, "flat"),
         (Op.ALLTOALL, [0, 8], 8, "flat"),
-        (Op.REDUCESCATTER, range(16), 8, "ring"),
-        (Op.ALLGATHER, range(16), 8, "ring"),
-        (Op.BROADCAST, range(16), 8, "ring"),
+        (Op.REDUCESCATTER, range(16), 8, "rails"),
+        (Op.ALLGATHER, range(16), 8, "rails"),
+        (Op.BROADCAST, range(16), 8, "rails"),
+        (Op.ALLGATHER, range(8), 8, "ring"),  # one host
+        (Op.BROADCAST, [0, 1, 2, 8], 8, "ring"),  # unequal hosts
     ],
 )
 def test_auto_algorithm(op: Op, ranks: Sequence[int], gph: int, expected: str) -> None:
@@ -353,7 +355,7 @@ def test_explicit_algorithms() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"algorithm": "tree"}, "auto, ring, hierarchical, flat"),
+        ({"algorithm": "tree"}, "auto, ring, rails, hierarchical, flat"),
         ({"mode": "chunks"}, "stream, steps"),
         ({"gpus_per_host": 0}, "gpus_per_host"),
     ],
@@ -401,3 +403,97 @@ def test_large_ring_is_cheap() -> None:
     assert st.n_transfers == n
     assert st.hops == 2 * (n - 1)
     assert int(st.size_bytes[0]) == -(-2 * (n - 1) * (1 << 30) // n)
+
+
+# ------------------------------------------------------------------------ rail rings
+
+
+def _rails(op: str, ranks: Sequence[int], size: int, **kw: int) -> Stage:
+    plan = build_collective(op, ranks, size, gpus_per_host=4, algorithm="rails", **kw)
+    assert plan.algorithm == "rails"
+    (st,) = plan.stages
+    return st
+
+
+def test_rail_rings_keep_every_inter_host_hop_on_its_rail() -> None:
+    # 3 hosts x 4 GPUs, given out of order: every ring visits all 12 GPUs, leaves each host
+    # from its own rail's GPU to the same rail of the next host; every NIC sends one
+    # inter-host hop in all, every GPU one NVLink hop per ring
+    ranks = [9, 0, 5, 1, 8, 4, 2, 11, 3, 6, 10, 7]
+    st = _rails("allgather", ranks, 12 * 4 * 100)
+    src, dst, ring = st.src.tolist(), st.dst.tolist(), st.group.tolist()
+    inter = [(s, d, r) for s, d, r in zip(src, dst, ring, strict=True) if s // 4 != d // 4]
+    intra = [(s, d, r) for s, d, r in zip(src, dst, ring, strict=True) if s // 4 == d // 4]
+    assert len(inter) == 4 * 3  # 3 hosts per ring, 4 rings
+    assert all(s % 4 == d % 4 == r for s, d, r in inter)
+    assert sorted(s for s, _, _ in inter) == sorted(ranks)  # one per NIC
+    for r in range(4):
+        # per host: 3 ring hops + the hand-over to the rail's GPU, a cycle over its 4 GPUs
+        mine = [(s, d) for s, d, q in intra if q == r]
+        assert len(mine) == 3 * 4
+        assert sorted(s for s, _ in mine) == sorted(ranks)
+        assert sorted(d for _, d in mine) == sorted(ranks)
+    # (n-1)/(n g) S on every transfer: 11 / (12 x 4) x 4800 = 1100 bytes
+    assert set(st.size_bytes.tolist()) == {1100}
+    assert st.hops == 11
+
+
+@pytest.mark.parametrize(("op", "factor", "hops"), [
+    ("allreduce", 2 * 7, 14), ("reducescatter", 7, 7), ("allgather", 7, 7)])
+def test_rails_carry_a_gth_of_the_ring_per_nic(op: str, factor: int, hops: int) -> None:
+    # 2 hosts x 4 GPUs, S = 8000: a single ring's inter-host hop carries factor/8 x S; over
+    # 4 rail rings each NIC carries a quarter of it
+    ring = build_collective(op, range(8), 8000, gpus_per_host=4, algorithm="ring")
+    (one,) = ring.stages
+    st = _rails(op, range(8), 8000)
+    nic = [b for s, d, b in zip(st.src.tolist(), st.dst.tolist(), st.size_bytes.tolist(),
+                                strict=True) if s // 4 != d // 4]
+    assert nic == [factor * 8000 // 8 // 4] * 8
+    assert int(one.size_bytes[3]) == factor * 8000 // 8  # (3 -> 4 leaves host 0)
+    assert st.hops == one.hops == hops
+
+
+def test_rails_broadcast_chains_from_the_root() -> None:
+    # 2 hosts x 4 GPUs, root GPU 6 (index 6): each of the 4 chains starts at GPU 6, reaches
+    # the other 7 GPUs once and carries S / 4; GPU 6 receives nothing
+    st = _rails("broadcast", range(8), 4000, root=6)
+    received = received_per_gpu((st,), list(range(8)))
+    logical = collectives.rail_rings(host_matrix(range(8), 4), root=6)[3]
+    assert received[6] == 0
+    # every other GPU receives its 4 chains' S / 4 each (plus hand-overs, which pass on)
+    got = dict.fromkeys(range(8), 0)
+    for d, b, lg in zip(st.dst.tolist(), st.size_bytes.tolist(), logical.tolist(), strict=True):
+        got[d] += b if lg else 0
+    assert got == {g: (0 if g == 6 else 4000) for g in range(8)}
+    assert st.hops == 7
+    for r in range(4):
+        first = int(np.flatnonzero(st.group == r)[0])
+        assert int(st.src[first]) == 6
+
+
+def test_rails_steps_mode_splits_a_ring_step() -> None:
+    plan = build_collective("allgather", range(8), 8000, gpus_per_host=4, algorithm="rails",
+                            mode="steps")
+    assert plan.algorithm == "rails-steps" and len(plan.stages) == 7
+    # a step carries S / (n g) per transfer, independent
+    assert {int(b) for st in plan.stages for b in st.size_bytes} == {8000 // 8 // 4}
+    assert all((st.group == -1).all() for st in plan.stages)
+
+
+def test_rails_allgather_runs_a_gth_of_the_ring_time_in_the_twin() -> None:
+    """On 2 hosts x 8 GPUs of 400G NICs (NVLink 3600 Gb/s: 8 rings' hops at 450 Gb/s
+    each), a single ring's inter-host hop on one NIC bounds it, rail rings spread that
+    hop over the 8 NICs: the time per byte (the slope between two sizes, free of the
+    latency term) is 8x smaller, and each rail ring's NIC hop of (n-1)/(n g) S is at most
+    at line rate."""
+    from fabricpilot.nccltests import default_cluster, run_sweep
+
+    ct = default_cluster(16)
+    sizes = [512 << 20, 1 << 30]
+    slope = {}
+    for algo in ("ring", "rails"):
+        t_us = [r.time_us for r in run_sweep(ct, "allgather", sizes, "ideal", algorithm=algo)]
+        slope[algo] = (t_us[1] - t_us[0]) / (sizes[1] - sizes[0])
+    assert slope["ring"] / slope["rails"] == pytest.approx(8.0, rel=1e-3)
+    nic_bytes_per_s = 15 / (16 * 8) * 8 / 400e9 * 1e6  # us per byte of S, at line rate
+    assert nic_bytes_per_s <= slope["rails"] <= nic_bytes_per_s * 1.03  # (+ headers)

@@ -43,22 +43,23 @@ __all__ = [
     "hierarchical_allreduce",
     "hierarchical_alltoall",
     "host_matrix",
+    "rail_rings",
     "ring_allgather",
     "ring_allreduce",
     "ring_reducescatter",
 ]
 
-ALGORITHMS: tuple[str, ...] = ("auto", "ring", "hierarchical", "flat")
+ALGORITHMS: tuple[str, ...] = ("auto", "ring", "rails", "hierarchical", "flat")
 MODES: tuple[str, ...] = ("stream", "steps")
 
 Ranks = Sequence[int] | NDArray[np.integer]
 
 # Explicit algorithms each operation supports (``auto`` is resolved to one of these).
 _SUPPORTED: dict[Op, tuple[str, ...]] = {
-    Op.ALLREDUCE: ("ring", "hierarchical"),
-    Op.REDUCESCATTER: ("ring",),
-    Op.ALLGATHER: ("ring",),
-    Op.BROADCAST: ("ring",),
+    Op.ALLREDUCE: ("ring", "rails", "hierarchical"),
+    Op.REDUCESCATTER: ("ring", "rails"),
+    Op.ALLGATHER: ("ring", "rails"),
+    Op.BROADCAST: ("ring", "rails"),
     Op.ALLTOALL: ("flat", "hierarchical"),
 }
 
@@ -67,7 +68,7 @@ def supported_algorithms(op: Op) -> tuple[str, ...]:
     """The algorithms ``op`` can be built with, besides ``"auto"``.
 
     >>> supported_algorithms(Op.BROADCAST)
-    ('ring',)
+    ('ring', 'rails')
     """
     return _SUPPORTED[op]
 
@@ -306,6 +307,128 @@ def broadcast(ranks: Ranks, size_bytes: int, root: int = 0) -> tuple[Stage, ...]
     ))
 
 
+# --------------------------------------------------------------------------- rail rings
+
+
+def rail_rings(m: NDArray[np.int64], root: int | None = None
+               ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                          NDArray[np.bool_]]:
+    """The transfers of ``g`` rings over a ``(h, g)`` host matrix (see ``host_matrix``), one
+    per rail, as NCCL runs a collective in channels on rail-optimised hosts.
+
+    Ring ``c`` visits the hosts in row order and, on every host, its GPUs from slot ``c``
+    on (``c, c+1, ..., c-1``, NVLink). It leaves a host from the rail ``c`` GPU, which
+    sends to the rail ``c`` GPU of the next host: the last GPU of the host's order first
+    hands its data over NVLink to the rail's GPU (PXN), so every inter-host hop stays on
+    its rail and each NIC carries the inter-host hop of one ring. Per host a ring thus has
+    ``g - 1`` ring hops, one hand-over hop and one inter-host hop; the hand-over carries
+    what the ring hop out of the host would (``h = 1``: the rings stay within the host, no
+    hand-over). With ``root`` (an index into the ring order of ring 0's host matrix, i.e.
+    ``m.reshape(-1)``), each ring is a chain from that GPU instead (Broadcast): the ring
+    order from the root, without the hop back to it (nor a hand-over to the root, which has
+    the data: it sends on its own).
+
+    Returns ``src``, ``dst``, the ring (``0..g-1``) of every transfer and whether it is one
+    of the ring's logical hops (``False``: a hand-over). Each ring carries its hops in ring
+    order.
+
+    >>> m = np.array([[0, 1], [2, 3]])
+    >>> src, dst, ring, logical = rail_rings(m)
+    >>> list(zip(src.tolist(), dst.tolist()))[:6]  # ring 0, hand-overs 1 -> 0 and 3 -> 2
+    [(0, 1), (1, 0), (0, 2), (2, 3), (3, 2), (2, 0)]
+    >>> ring.tolist()[5:7], logical.tolist()[:3]
+    ([0, 1], [True, False, True])
+    """
+    h, g = m.shape
+    src: list[int] = []
+    dst: list[int] = []
+    ring: list[int] = []
+    logical: list[bool] = []
+    root_gpu = -1 if root is None else int(m.reshape(-1)[root])
+    for c in range(g):
+        order = np.roll(m, -c, axis=1)  # each host's GPUs from slot c on
+        seq = order.reshape(-1).tolist()
+        n = len(seq)
+        if root is None:
+            hops = [(i, (i + 1) % n) for i in range(n)]
+        else:
+            start = seq.index(root_gpu)
+            hops = [((start + k) % n, (start + k + 1) % n) for k in range(n - 1)]
+        for i, j in hops:
+            a, b = seq[i], seq[j]
+            if h > 1 and i // g != j // g:  # leaves the host: hand over to the rail's GPU
+                rail_gpu = int(order[i // g, 0])
+                if a != rail_gpu and rail_gpu != root_gpu:  # (the root has the data)
+                    src.append(a)
+                    dst.append(rail_gpu)
+                    ring.append(c)
+                    logical.append(False)
+                a = rail_gpu
+            src.append(a)
+            dst.append(b)
+            ring.append(c)
+            logical.append(True)
+    return (np.array(src, np.int64), np.array(dst, np.int64), np.array(ring, np.int64),
+            np.array(logical, np.bool_))
+
+
+def _rails_stages(m: NDArray[np.int64], *, share_num: int, chunk: int, steps: int,
+                  mode: str, label: str, root: int | None = None) -> tuple[Stage, ...]:
+    """Stages of the rail rings of ``m`` (``rail_rings``): ``stream``, one stage where every
+    transfer carries ``share_num`` bytes, each ring a coupled group, ``hops == steps``;
+    ``steps``, ``steps`` stages of ``chunk``-byte independent transfers."""
+    src, dst, ring, _ = rail_rings(m, root)
+    t = len(src)
+    if mode == "stream":
+        return _frozen((Stage(src=src, dst=dst, size_bytes=_full(t, share_num), group=ring,
+                              hops=steps, label=label),))
+    sizes = _full(t, chunk)
+    indep = _full(t, -1)
+    return _frozen(tuple(
+        Stage(src=src, dst=dst, size_bytes=sizes, group=indep, hops=1,
+              label=f"{label} step {k + 1}/{steps}")
+        for k in range(steps)
+    ))
+
+
+def rails_collective(op: Op, ranks: Ranks, size_bytes: int, gpus_per_host: int, *,
+                     mode: str = "stream", root: int = 0) -> tuple[Stage, ...]:
+    """``op`` (AllReduce, ReduceScatter, AllGather or Broadcast) run over ``g`` rail rings
+    (``rail_rings``; ``g`` job GPUs per host), each ring carrying ``1/g`` of ``S``, as NCCL
+    spreads a ring collective over channels: a ring hop carries ``ceil(f * S / (n g))``
+    bytes, ``f`` being ``2(n-1)`` for AllReduce, ``n-1`` for ReduceScatter / AllGather and
+    ``n`` for Broadcast (each chain hop forwards all of its ring's ``S / g``), with ``hops``
+    the ring's steps (``2(n-1)``, ``n-1``, ``n-1``). Each GPU's NIC thus carries ``1/g`` of
+    what a single ring's inter-host hop would. ``root`` is an index into ``ranks`` (Broadcast
+    only).
+
+    >>> (st,) = rails_collective(Op.ALLGATHER, range(4), 800, gpus_per_host=2)
+    >>> st.n_transfers, st.size_bytes.tolist()[:2], st.hops
+    (12, [300, 300], 3)
+    """
+    _check_mode(mode)
+    m = host_matrix(ranks, gpus_per_host)
+    s = _size(size_bytes)
+    h, g = m.shape
+    n = h * g
+    if n == 1:
+        return ()
+    if op is Op.BROADCAST:
+        arr = _ranks_array(ranks)
+        r = operator.index(root)
+        if not 0 <= r < n:
+            raise ValueError(f"root must be an index into ranks (0..{n - 1}), got {r}")
+        at = int(np.flatnonzero(m.reshape(-1) == arr[r])[0])
+        share = _ceil_div(s, g)
+        return _rails_stages(m, share_num=share, chunk=share, steps=n - 1, mode="stream",
+                             label="rails-broadcast", root=at)
+    steps = 2 * (n - 1) if op is Op.ALLREDUCE else n - 1
+    if op not in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER):
+        raise ValueError(f"{op.value} does not run over rings")
+    return _rails_stages(m, share_num=_ceil_div(steps * s, n * g), chunk=_ceil_div(s, n * g),
+                         steps=steps, mode=mode, label=f"rails-{op.value}")
+
+
 # --------------------------------------------------------------------------- alltoall
 
 
@@ -432,16 +555,18 @@ def hierarchical_allreduce(
 
 
 def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int) -> str:
-    """``auto``: hierarchical for AllReduce / AlltoAll on multi-GPU hosts, else ring / flat."""
+    """``auto``: on multi-GPU hosts holding the same number of the job's GPUs each, across
+    hosts, hierarchical for AllReduce / AlltoAll and rail rings for the other ring
+    collectives; else ring / flat."""
     flat_name = "flat" if op is Op.ALLTOALL else "ring"
-    if op not in (Op.ALLREDUCE, Op.ALLTOALL) or gpus_per_host <= 1:
+    if gpus_per_host <= 1:
         return flat_name
     _, counts = np.unique(arr // gpus_per_host, return_counts=True)
     spans_hosts = len(counts) >= 2
     multi_gpu_host = bool(np.any(counts > 1))
     equal = bool(np.all(counts == counts[0]))
     if spans_hosts and multi_gpu_host and equal:
-        return "hierarchical"
+        return "hierarchical" if op in (Op.ALLREDUCE, Op.ALLTOALL) else "rails"
     return flat_name
 
 
@@ -458,19 +583,23 @@ def build_collective(
     """Build the ``CollectivePlan`` of one collective call.
 
     ``size_bytes`` is nccl-tests' ``S`` for ``op``. ``algorithm``: ``"ring"`` (AllReduce,
-    ReduceScatter, AllGather, Broadcast), ``"flat"`` (AlltoAll), ``"hierarchical"`` (AllReduce,
-    AlltoAll; PXN for the latter) or ``"auto"``: hierarchical for AllReduce / AlltoAll when
+    ReduceScatter, AllGather, Broadcast: one ring over the ranks in order), ``"rails"`` (the
+    same, over one ring per rail, see ``rails_collective``), ``"flat"`` (AlltoAll),
+    ``"hierarchical"`` (AllReduce, AlltoAll; PXN for the latter) or ``"auto"``: when
     ``gpus_per_host > 1``, the job spans >= 2 hosts, some host holds > 1 of its GPUs and every
-    host holds the same number (the hierarchical algorithms need that), else ring / flat.
+    host holds the same number (what the hierarchical and rail algorithms need),
+    hierarchical for AllReduce / AlltoAll and rails for the others, else ring / flat.
     ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll and Broadcast have a single
     form. ``CollectivePlan.algorithm`` records what was used: ``ring``, ``ring-steps``,
-    ``hierarchical``, ``hierarchical-steps``, ``flat`` or ``pxn``.
+    ``rails``, ``rails-steps``, ``hierarchical``, ``hierarchical-steps``, ``flat`` or ``pxn``.
 
     >>> p = build_collective("allreduce", range(16), 1 << 20, gpus_per_host=8)
     >>> p.algorithm, [s.label for s in p.stages]
     ('hierarchical', ['intra-reducescatter', 'rail-allreduce', 'intra-allgather'])
     >>> build_collective("alltoall", [0, 1, 2, 3], 400).algorithm
     'flat'
+    >>> build_collective("allgather", range(16), 1 << 20, gpus_per_host=8).algorithm
+    'rails'
     """
     try:
         op = Op(op)
@@ -499,6 +628,9 @@ def build_collective(
     steps_suffix = "-steps" if mode == "steps" else ""
     if op is Op.ALLREDUCE and algo == "ring":
         stages, used = ring_allreduce(arr, s, mode=mode), "ring" + steps_suffix
+    elif algo == "rails":
+        stages = rails_collective(op, arr, s, g, mode=mode, root=root)
+        used = "rails" + (steps_suffix if op is not Op.BROADCAST else "")
     elif op is Op.ALLREDUCE:
         stages = hierarchical_allreduce(arr, s, g, mode=mode)
         used = "hierarchical" + steps_suffix

@@ -274,6 +274,23 @@ def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, flag", [
+    (["run", "--out", ""], "--out"),
+    (["run", "--json", " "], "--json"),
+    (["nccl-test", "--out="], "--out"),
+    (["topology", "export", ""], "path"),
+])
+def test_an_empty_output_path_is_refused_not_read_as_here(tmp_path: Path, args: list[str],
+                                                         flag: str) -> None:
+    # (an unset shell variable: the outputs would land in the current folder)
+    res = subprocess.run([sys.executable, "-m", "fabricpilot", *args], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "empty path" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, flag", [
     (["--gpus-per-host", "0"], "--gpus-per-host"),
     (["--min-bytes", "1e400"], "--min-bytes"),
     (["--rate-gbps", "inf"], "--rate-gbps"),

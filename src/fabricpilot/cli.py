@@ -46,6 +46,18 @@ _OVERFLOW = ("the simulated time passed the engine's clock (2^63 ns, 292 years):
              "low for the bytes they carry")
 
 
+def _output_path(text: str) -> Path:
+    """An output path as given: an empty one (an unset shell variable, most likely) is
+    refused rather than read as the current folder.
+
+    >>> _output_path("out/run1")
+    PosixPath('out/run1')
+    """
+    if not text.strip():
+        raise typer.BadParameter("empty path")
+    return Path(text)
+
+
 def _fail(message: str) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_INPUT)
@@ -73,11 +85,12 @@ def run(
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Policy to run (repeat to compare); default: scenario's.")] = None,
     json_path: Annotated[Path | None, typer.Option(
-        "--json", help="Write the JSON summary here.")] = None,
+        "--json", parser=_output_path, help="Write the JSON summary here.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="Write CSV tables (flows, collectives, iterations, links; with "
-                      "--interference also interference; with the fluid model also "
-                      "timeseries, ports) here, one sub-folder per policy.")]
+        "--out", parser=_output_path,
+        help="Write CSV tables (flows, collectives, iterations, links; with "
+             "--interference also interference; with the fluid model also "
+             "timeseries, ports) here, one sub-folder per policy.")]
         = None,
     reproducible: Annotated[bool, typer.Option(
         help="Leave wall-clock figures out (wall_time_s and heal times as 0, no heal times "
@@ -611,8 +624,9 @@ def nccl_test(
     algorithm: Annotated[str, typer.Option(help="auto, ring, rails, hierarchical, flat")] = "auto",
     seed: Annotated[int, typer.Option()] = 1,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="Also write sweep.csv and busbw.png (busbw and algbw against the "
-                      "message size) here.")] = None,
+        "--out", parser=_output_path,
+        help="Also write sweep.csv and busbw.png (busbw and algbw against the "
+             "message size) here.")] = None,
 ) -> None:
     """nccl-tests-style sweep of one collective over message sizes on a built-in cluster."""
     from fabricpilot.nccltests import (
@@ -703,7 +717,7 @@ def topology_show(
 
 @topology_app.command("export")
 def topology_export(
-    path: Annotated[Path, typer.Argument(help="Output JSON file.")],
+    path: Annotated[Path, typer.Argument(parser=_output_path, help="Output JSON file.")],
     scenario: Annotated[Path | None, typer.Option(help="Scenario YAML (default built-in).")]
     = None,
 ) -> None:

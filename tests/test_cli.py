@@ -696,7 +696,7 @@ def test_one_line_messages_stay_one_line_whatever_the_path(tmp_path: Path) -> No
 
 
 def test_fractions_above_ideal_are_named() -> None:
-    """The comparison's fractions above 100 % (ideal is no bound per job, nor against PFC
+    """The comparison's fractions above 100 % (ideal is no bound per job, nor against congestion
     under the fluid model) are listed, beyond a 1 % margin; the reference itself never."""
     from types import SimpleNamespace
 

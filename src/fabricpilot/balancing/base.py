@@ -50,13 +50,16 @@ class MemberRoutes:
 
     One entry per member: ``row`` (index into the batch's rows), ``stream`` (index of the
     stream within its row), ``share`` (fraction of that stream's bytes on this path) and
-    ``path`` (link ids, -1 padded).
+    ``path`` (link ids, -1 padded). ``sprayed``: each stream is one QP whose packets are
+    sprayed over its members' paths, so its members share one congestion-control state
+    (else each member is a QP of its own, as the QPs of a planned path set are).
     """
 
     row: NDArray[np.int64]
     stream: NDArray[np.int64]
     share: NDArray[np.float64]
     path: NDArray[np.int32]
+    sprayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,8 @@ def concat_routed(batches: list[RoutedBatch]) -> RoutedBatch:
     joined: MemberRoutes | None = None
     if all(r is not None for r in routes):
         rs = [r for r in routes if r is not None]
+        if len({r.sprayed for r in rs}) > 1:
+            raise ValueError("batches with sprayed and per-path QPs cannot be joined")
         width = max(r.path.shape[1] if r.path.ndim == 2 else 0 for r in rs)
         offsets = np.cumsum([0, *(len(b) for b in batches[:-1])])
         joined = MemberRoutes(
@@ -114,7 +119,7 @@ def concat_routed(batches: list[RoutedBatch]) -> RoutedBatch:
             cat([r.stream for r in rs]), cat([r.share for r in rs]),
             cat([np.pad(r.path.reshape(len(r.row), -1),
                         ((0, 0), (0, width - r.path.reshape(len(r.row), -1).shape[1])),
-                        constant_values=-1) for r in rs]).astype(np.int32))
+                        constant_values=-1) for r in rs]).astype(np.int32), rs[0].sprayed)
 
     def opt(name: str) -> NDArray[np.generic] | None:
         got = [getattr(b, name) for b in batches]

@@ -147,7 +147,8 @@ class Ideal:
         return hit
 
     def spray_routes(self, batch: TransferBatch, entity: NDArray[np.int64]) -> MemberRoutes:
-        """Each transfer as one stream spread evenly over all its equal-cost paths."""
+        """Each transfer as one stream (one QP) spread evenly over all its equal-cost
+        paths."""
         ct = self.ctx.topology
         width = max_path_links(ct)
         stream = stream_index(entity)
@@ -172,7 +173,7 @@ class Ideal:
             shares.append(np.full(len(p), 1.0 / len(p)))
             paths.append(p)
         return MemberRoutes(np.concatenate(rows), np.concatenate(streams),
-                            np.concatenate(shares), np.concatenate(paths))
+                            np.concatenate(shares), np.concatenate(paths), sprayed=True)
 
 
 register_policy("ideal")(Ideal)

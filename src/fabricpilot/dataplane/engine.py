@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from fabricpilot.balancing.base import (
     ActiveMembers,
     LinkTelemetry,
+    MemberRoutes,
     Moves,
     RoutedBatch,
     RoutingPolicy,
@@ -61,6 +62,23 @@ from fabricpilot.workload.plan import CollectivePlan, busbw_factor
 MICE_OWNER = -1
 
 ProgressFn = Callable[[int, int], None]
+
+
+def _qp_keys(routes: MemberRoutes, keys: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The QP of each new member (``keys``, in order of ``routes``): its own key, or, for
+    sprayed streams, the key of its stream's first member.
+
+    >>> import numpy as np
+    >>> r = MemberRoutes(np.array([0, 0, 1, 1]), np.array([0, 0, 0, 1]), np.full(4, 0.5),
+    ...                  np.zeros((4, 1), np.int32), sprayed=True)
+    >>> _qp_keys(r, np.array([10, 11, 12, 13])).tolist()
+    [10, 10, 12, 13]
+    """
+    if not routes.sprayed or not len(keys):
+        return keys.copy()
+    stream_id = routes.row * (int(routes.stream.max()) + 1) + routes.stream
+    _, first, inverse = np.unique(stream_id, return_index=True, return_inverse=True)
+    return keys[first][inverse.reshape(-1)]
 
 
 @dataclass
@@ -236,6 +254,7 @@ class Engine(FaultsMixin):
         self._m_share = np.zeros(0)
         self._m_path = np.zeros((0, width), np.int32)
         self._m_key = np.zeros(0, np.int64)
+        self._m_qp = np.zeros(0, np.int64)  # the member key of its QP's first member
         self._n_members = 0
         self._row_hold = np.zeros(0)        # a row sends nothing until then (draining)
         self._row_cap = np.zeros(0)         # a row's rate limit at its senders (per member)
@@ -473,6 +492,7 @@ class Engine(FaultsMixin):
         self._m_share = self._m_share[keep]
         self._m_path = self._m_path[keep]
         self._m_key = self._m_key[keep]
+        self._m_qp = self._m_qp[keep]
 
     def _weights_from_members(self, row: NDArray[np.int64]) -> None:
         """Rows' weights again from their members' paths (after a path change): the sum of
@@ -719,8 +739,9 @@ class Engine(FaultsMixin):
             width = max(self._m_path.shape[1], r.path.shape[1])
             self._m_path = np.concatenate(
                 [pad_paths(self._m_path, width), pad_paths(r.path, width)], axis=0)
-            self._m_key = np.concatenate(
-                [self._m_key, np.arange(self._n_members, self._n_members + k, dtype=np.int64)])
+            keys = np.arange(self._n_members, self._n_members + k, dtype=np.int64)
+            self._m_key = np.concatenate([self._m_key, keys])
+            self._m_qp = np.concatenate([self._m_qp, _qp_keys(r, keys)])
             self._n_members += k
         self._dirty = True
         if self._timeline is not None:
@@ -740,7 +761,8 @@ class Engine(FaultsMixin):
         if self._stepping:
             members = MemberPaths(
                 row=np.searchsorted(self._row_flow, self._m_flow), stream=self._m_stream,
-                share=self._m_share, path=self._m_path, flow_id=self._m_flow, key=self._m_key)
+                share=self._m_share, path=self._m_path, flow_id=self._m_flow, key=self._m_key,
+                qp=self._m_qp)
         self.model.on_change(ActiveFlows(w, self._remaining, caps, self._row_bytes,
                                          self._row_class, members))
         self._rates = self.model.rates_gbps()

@@ -199,7 +199,10 @@ class FluidRateModel:
             new.delivered[dst] = old.delivered[src]
             new.retx[dst] = old.retx[src]
             new.stall_until[dst] = old.stall_until[src]
-            new.cc.put(dst, old.cc.take(src))
+            # congestion control is per QP (the members of a sprayed QP share one)
+            qpos = np.minimum(np.searchsorted(old.qp_key, new.qp_key), len(old.qp_key) - 1)
+            qfound = old.qp_key[qpos] == new.qp_key
+            new.cc.put(np.flatnonzero(qfound), old.cc.take(qpos[qfound]))
             # members that left carry their retransmission count into the report
             gone = np.ones(len(old_keys), bool)
             gone[src] = False
@@ -285,7 +288,7 @@ class FluidRateModel:
         self._pfc(m, dt)
         self._mark(m, served_lp, delivered, dt)
         if self.cc.enabled:
-            reaction_point(m.cc, sent, m.line_rate, self.now + dt, dt, self.cc)
+            reaction_point(m.cc, m.per_qp(sent), m.qp_line, self.now + dt, dt, self.cc)
         self._count(m, served_lp, dt)
         self.now += dt
         self._sample()
@@ -300,7 +303,9 @@ class FluidRateModel:
     def _inject(self, m: _Members, dt: float) -> NDArray[np.float64]:
         # coupled streams: the row's progress as of the end of the last step; a capped
         # member's NIC sends at most its cap, whatever its congestion control allows
-        rate = m.cc.rc if m.rate_cap is None else np.minimum(m.cc.rc, m.rate_cap)
+        rate = m.qp_rate()
+        if m.rate_cap is not None:
+            rate = np.minimum(rate, m.rate_cap)
         return fk.inject(m.backlog, m.injected, m.target, rate, m.line_rate, m.stall_until,
                          self.now, dt, m.coupled_any, m.stream, m.stream_row, m.share,
                          self._progress_row, float(self.fp.window_bytes))
@@ -492,7 +497,8 @@ class FluidRateModel:
         self.report.ecn_marks += marked
         self._p_path = p_path
         if self.cc.enabled:
-            notification_point(m.cc, delivered, p_path, self.fabric.mtu_bytes, m.half_rtt,
+            d_qp, p_qp = m.qp_marking(delivered, p_path)
+            notification_point(m.cc, d_qp, p_qp, self.fabric.mtu_bytes, m.qp_half_rtt,
                                self.now + dt, dt, self.cc)
         return p_path
 
@@ -558,9 +564,10 @@ class FluidRateModel:
             return base
         cc = m.cc
         p_path = self._p_path if self._p_path is not None else np.zeros(m.n)
+        d_qp, p_qp = m.qp_marking(self._delivered_step, p_path)
         h_qp, below, stalled = fk.qp_horizon(
-            self.now, cc.rc, m.line_rate, m.stall_until, cc.cnp_due_ns, cc.timer_ns,
-            cc.bytes_since, cc.since_cnp_ns, cc.marks, p_path, self._delivered_step, dt,
+            self.now, cc.rc, m.qp_line, m.qp_stall_until(), cc.cnp_due_ns, cc.timer_ns,
+            cc.bytes_since, cc.since_cnp_ns, cc.marks, p_qp, d_qp, dt,
             float(self.fabric.mtu_bytes), float(self.cc.timer_ns),
             float(self.cc.byte_counter_bytes), float(self.cc.cnp_interval_ns))
         if stalled:
@@ -676,10 +683,47 @@ class _Members:
     half_rtt: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     # a rate limit at the sending NIC (its row's cap times its share; inf: none), if any
     rate_cap: NDArray[np.float64] | None = None
+    # QPs: congestion control (``cc``) is per QP; the members of a sprayed QP share one
+    qp: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    qp_key: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    qp_share: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))  # of its QP
+    qp_line: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    qp_half_rtt: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    one_per_qp: bool = True  # every member a QP of its own, in member order
 
     @property
     def n(self) -> int:
         return len(self.key)
+
+    def per_qp(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Per-member values summed per QP."""
+        if self.one_per_qp:
+            return x
+        return np.bincount(self.qp, x, minlength=len(self.qp_key))
+
+    def qp_rate(self) -> NDArray[np.float64]:
+        """Each member's congestion-control rate: its share of its QP's."""
+        if self.one_per_qp:
+            return self.cc.rc
+        return self.cc.rc[self.qp] * self.qp_share
+
+    def qp_marking(self, delivered: NDArray[np.float64], p_path: NDArray[np.float64]
+                   ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Bytes each QP delivered and the marking probability they met (the members'
+        probabilities weighted by their bytes)."""
+        if self.one_per_qp:
+            return delivered, p_path
+        d = self.per_qp(delivered)
+        marked = self.per_qp(delivered * p_path)
+        return d, np.divide(marked, d, out=np.zeros_like(d), where=d > 0)
+
+    def qp_stall_until(self) -> NDArray[np.float64]:
+        """Per QP: until when one of its members waits for a NACK (the latest)."""
+        if self.one_per_qp:
+            return self.stall_until
+        out = np.full(len(self.qp_key), -np.inf)
+        np.maximum.at(out, self.qp, self.stall_until)
+        return out
 
     @classmethod
     def empty(cls) -> _Members:
@@ -732,6 +776,18 @@ class _Members:
         line = ct.rate_gbps[safe[:, 0]]
         delay = np.where(valid, ct.delay_ns[safe], 0).sum(axis=1) + \
             np.maximum(plen - 1, 0) * model.fabric.switch_latency_ns
+        qp_key, qp = (mem.key, np.arange(n)) if mem.qp is None else \
+            np.unique(mem.qp, return_inverse=True)
+        qp = qp.reshape(-1).astype(np.int64)
+        one_per_qp = len(qp_key) == n and bool(np.array_equal(qp, np.arange(n)))
+        if one_per_qp:
+            qp_share, qp_line, qp_half_rtt = np.ones(n), line, delay.astype(np.float64)
+        else:
+            qp_share = mem.share / np.bincount(qp, mem.share, minlength=len(qp_key))[qp]
+            qp_line = np.zeros(len(qp_key))
+            qp_line[qp] = line  # (a QP leaves through one NIC)
+            qp_half_rtt = np.zeros(len(qp_key))
+            np.maximum.at(qp_half_rtt, qp, delay.astype(np.float64))
         return cls(
             key=mem.key, flow_id=mem.flow_id, row=mem.row, stream=stream, stream_row=stream_row,
             share=mem.share, target=target, path=path, plen=plen, valid=valid, pidx=pidx,
@@ -740,7 +796,7 @@ class _Members:
             ingress_cidx=ingress_cidx,
             line_rate=line, rtt=2.0 * delay, backlog=np.zeros((n, h)), injected=np.zeros(n),
             delivered=np.zeros(n), retx=np.zeros(n), stall_until=np.full(n, -np.inf),
-            cc=DcqcnState.new(line, model.cc), n_rows=len(flows.remaining_bytes),
+            cc=DcqcnState.new(qp_line, model.cc), n_rows=len(flows.remaining_bytes),
             n_streams=len(uniq), coupled_any=bool((streams_per_row > 1).any()),
             cell_col=np.tile(np.arange(width, dtype=np.int64), len(ulinks)),
             cell_lossy=np.tile(~model._lossless[uprios], len(ulinks)),
@@ -754,6 +810,8 @@ class _Members:
             # ingresses that may send PFC: a switch receiving a lossless priority
             pfc_watch=model._dst_is_switch[ulinks][:, None] & model._lossless[uprios][None, :],
             rate_cap=_member_caps(flows.rate_cap_gbps[mem.row], mem.share),
+            qp=qp, qp_key=np.asarray(qp_key, np.int64), qp_share=qp_share, qp_line=qp_line,
+            qp_half_rtt=qp_half_rtt, one_per_qp=one_per_qp,
         )
 
     def row_progress(self) -> NDArray[np.float64]:

@@ -38,7 +38,9 @@ class MemberPaths:
     A member is one path of one stream of a row: ``row`` (index into the active rows),
     ``stream`` (index within the row: the row progresses at the pace of its slowest stream),
     ``share`` (fraction of the stream's bytes on this path), ``path`` (link ids, -1 padded),
-    ``flow_id`` (the row's global flow id) and ``key`` (a stable, increasing member id).
+    ``flow_id`` (the row's global flow id), ``key`` (a stable, increasing member id) and
+    ``qp`` (a stable id of the QP the member's bytes belong to: members of one QP share its
+    congestion control; ``None``: every member is a QP of its own).
     """
 
     row: NDArray[np.int64]
@@ -47,6 +49,7 @@ class MemberPaths:
     path: NDArray[np.int32]
     flow_id: NDArray[np.int64]
     key: NDArray[np.int64]
+    qp: NDArray[np.int64] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,8 @@ def above_reference(results: Sequence[RunResult], reference: RunResult | None,
 ABOVE_REFERENCE = (
     "ideal spreads every flow evenly over every path: the best for the fabric as a whole, "
     "not a bound for each job (a job can gain when collisions slow the others down) nor, "
-    "under the fluid model, against PFC (spraying an incast spreads its pauses)")
+    "under the fluid model, against congestion control (spraying sends every flow through "
+    "every spine's queue, where more of it is marked)")
 
 
 def format_interference(ratio: float | None) -> str:

@@ -170,6 +170,72 @@ def test_pattern_pairs() -> None:
     assert pattern_pairs("allreduce", (7,)) == []
 
 
+class HostsDataPlane(FakeDataPlane):
+    """Two hosts of two GPUs (an NVSwitch each; GPU 2h + k on rail k's leaf ``leafk``),
+    two spines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        links: list[LinkInfo] = []
+        kind = {f"gpu{i}": "gpu" for i in range(4)} | {f"nvs{h}": "nvswitch" for h in range(2)} \
+            | {n: "switch" for n in ("leaf0", "leaf1", "spine0", "spine1")}
+        tier = {"leaf0": 1, "leaf1": 1, "spine0": 2, "spine1": 2}
+
+        def both(a: str, b: str, kind: str) -> None:
+            for x, y in ((a, b), (b, a)):
+                links.append(LinkInfo(len(links), x, y, 400.0, 100, kind))
+
+        for g in range(4):
+            both(f"gpu{g}", f"leaf{g % 2}", "nic")
+            both(f"gpu{g}", f"nvs{g // 2}", "nvlink")
+        for lf in range(2):
+            for sp in range(2):
+                both(f"leaf{lf}", f"spine{sp}", "fabric")
+        self.view = FabricView.from_links(links, kind, tier, {g: f"gpu{g}" for g in range(4)})
+
+
+def test_ring_collectives_on_multi_gpu_hosts_are_planned_on_their_rails() -> None:
+    """A ring collective declared by pattern over GPUs spread evenly on multi-GPU hosts is
+    planned on the pairs NCCL's rings use there: each host's GPUs in an NVLink ring and each
+    GPU to the same rail's GPU of the next host. Its fabric pairs then stay on their rails
+    (gpu0 -> gpu2 on leaf0, gpu1 -> gpu3 on leaf1): no spine, where one ring in rank order
+    would send gpu1 -> gpu2 across the spines."""
+    dp = HostsDataPlane()
+    ctl = Controller(dp)
+    assert ctl.host_of == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert Controller(FakeDataPlane()).host_of == {}  # (one GPU per host: no NVSwitch)
+    ctl.declare(Intent("ar", "t", (0, 1, 2, 3), (CommCall("allreduce", 1 << 20, 1000.0, 0),)))
+    ctl.plan()
+    ends = {(ps.key.split(":")[1]) for ps in dp.installed}
+    assert ends == {"0->1", "1->0", "2->3", "3->2", "0->2", "1->3", "2->0", "3->1"}
+    spines = {dp.view.link(lk).dst for ps in dp.installed for p in ps.paths for lk in p}
+    assert not {"spine0", "spine1"} & spines
+
+
+def test_pattern_pairs_on_hosts_are_the_pairs_of_the_twins_rings() -> None:
+    """The pairs the controller expands a pattern into are exactly the GPU pairs of the
+    twin's hierarchical AllReduce and of its rail-ring AllGather and ReduceScatter (built
+    from the same host layout, independently of the controller), and Broadcast's but the
+    hops back into its root, for a job on hosts 1 and 3 of 8 GPUs given out of order; a
+    job uneven over its hosts is one ring in rank order."""
+    from fabricpilot.workload.collectives import build_collective
+
+    host_of = {g: g // 8 for g in range(32)}
+    gpus = tuple(int(g) for g in np.random.default_rng(3).permutation(
+        [*range(8, 16), *range(24, 32)]))
+    for op in ("allreduce", "allgather", "reducescatter", "broadcast"):
+        plan = build_collective(op, gpus, 1 << 20, gpus_per_host=8)
+        twin = {(int(a), int(b)) for st in plan.stages
+                for a, b in zip(st.src, st.dst, strict=True)}
+        got = {(a, b) for a, b, _ in pattern_pairs(op, gpus, host_of)}
+        if op == "broadcast":  # (chains from the root: no hop back into it)
+            assert twin < got and {b for _, b in got - twin} == {gpus[0]}
+        else:
+            assert len(twin) == 32 and got == twin, op
+    uneven = (0, 1, 2, 8)
+    assert pattern_pairs("allreduce", uneven, host_of) == pattern_pairs("allreduce", uneven)
+
+
 def test_the_controller_imports_no_simulator_code() -> None:
     code = ("import sys, fabricpilot.controller.core, fabricpilot.controller.planner, "
             "fabricpilot.controller.congestion; print(sorted(m for m in sys.modules if "

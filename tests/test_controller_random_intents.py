@@ -101,11 +101,12 @@ def random_intents(rng: np.random.Generator, view: FabricView) -> list[Intent]:
     return out
 
 
-def calls_of_pairs(intent: Intent) -> dict[str, list[CommCall]]:
-    """Each GPU pair's key and the calls that use it."""
+def calls_of_pairs(intent: Intent, host_of: dict[int, int]) -> dict[str, list[CommCall]]:
+    """Each GPU pair's key and the calls that use it (GPUs on hosts as ``host_of`` says)."""
     out: dict[str, list[CommCall]] = {}
     for call in intent.calls:
-        pairs = call.pairs or [(a, b) for a, b, _ in pattern_pairs(call.pattern, intent.gpus)]
+        pairs = call.pairs or [(a, b) for a, b, _ in pattern_pairs(call.pattern, intent.gpus,
+                                                                   host_of)]
         for a, b in pairs:
             out.setdefault(rule_key(intent.task_id, a, b), []).append(call)
     return out
@@ -122,7 +123,7 @@ def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> Non
         if task in ctl.sla_unmet:
             assert not any(k.startswith(f"{task}:") for k in ctl._installed)
             continue
-        for key, calls in calls_of_pairs(intent).items():
+        for key, calls in calls_of_pairs(intent, ctl.host_of).items():
             held = ctl._installed.get(key)
             if held is None:
                 continue

@@ -138,8 +138,10 @@ def test_a_changed_job_is_planned_by_itself(client: httpx.Client) -> None:
     full = _metric(c.get("/metrics").text, "fabricpilot_plans_total")
     assert c.post("/api/v1/jobs", json=_job("globex-ring", [8, 9, 72, 73]),
                   headers=_auth(GLOBEX)).status_code == 201
+    # (two hosts of two GPUs: a ring on each host, each GPU to its rail's GPU of the other)
     assert set(_planned_paths(c, "globex-ring", GLOBEX)) == {
-        "globex-ring:8->9", "globex-ring:9->72", "globex-ring:72->73", "globex-ring:73->8"}
+        f"globex-ring:{a}->{b}" for a, b in ((8, 9), (9, 8), (72, 73), (73, 72), (8, 72),
+                                             (9, 73), (72, 8), (73, 9))}
     metrics = c.get("/metrics").text
     assert _metric(metrics, "fabricpilot_job_plans_total") == 1
     assert _metric(metrics, "fabricpilot_plans_total") == full
@@ -341,7 +343,9 @@ def test_announce_returns_the_ring_paths(client: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     got = r.json()
     assert got["changed_intent"] and got["sla_level"] == "L3" and got["sla_met"]
-    assert [(p["src"], p["dst"]) for p in got["pairs"]] == [(0, 64), (64, 1), (1, 65), (65, 0)]
+    # the rings NCCL runs on two hosts of two GPUs: one on each host, one along each rail
+    assert [(p["src"], p["dst"]) for p in got["pairs"]] == [
+        (0, 1), (1, 0), (64, 65), (65, 64), (0, 64), (1, 65), (64, 0), (65, 1)]
     for p in got["pairs"]:
         assert p["planned"]
         assert abs(sum(q["share"] for q in p["paths"]) - 1.0) < 1e-9

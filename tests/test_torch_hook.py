@@ -100,7 +100,7 @@ def test_declare_puts_the_job_with_its_ring() -> None:
     assert sent == [("PUT", "/api/v1/jobs/ddp-x",
                      {"task_id": "ddp-x", "gpus": [3, 7], "opt_in": True,
                       "calls": [{"pattern": "allreduce", "size_bytes": 1 << 20,
-                                 "sla_us": 400.0, "pairs": [[3, 7], [7, 3]]}]})]
+                                 "sla_us": 400.0}]})]  # (the controller knows the hosts)
     assert state.job is not None and state.job["tenant"] == "default"
 
     other = declare(_mock(handler), env={**env, "RANK": "1"})  # only rank 0 declares

@@ -59,23 +59,60 @@ from fabricpilot.controller.slots import DeadShares, SlotTable, WholeMoves
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 
 
-def pattern_pairs(pattern: str, gpus: tuple[int, ...]) -> list[tuple[int, int, float]]:
+def pattern_pairs(pattern: str, gpus: tuple[int, ...],
+                  host_of: Mapping[int, int] | None = None) -> list[tuple[int, int, float]]:
     """GPU pairs a collective exchanges data between, with the share of the sender's NIC
     each pair uses while the call runs: a ring (each GPU to the next, all of its NIC) for
     allreduce, allgather, reducescatter and broadcast; every ordered pair (the NIC shared by
     ``n - 1`` peers) for alltoall.
 
+    With ``host_of`` (GPU -> host) and a job holding the same number ``g > 1`` of GPUs on
+    each of ``h >= 2`` hosts, a ring collective's pairs are those of NCCL's rings on such
+    hosts (one ring per rail, each carrying ``1/g`` of the data; the hierarchical AllReduce
+    uses the same pairs): each host's GPUs in a ring over NVLink (in GPU id order), and
+    every GPU to the GPU of the same position on the next host (hosts in order of first
+    appearance), all of its NIC each. One ring over the GPUs in rank order would instead
+    send each host's whole traffic through one NIC, which NCCL does not.
+
     >>> pattern_pairs("allreduce", (4, 7, 9))
     [(4, 7, 1.0), (7, 9, 1.0), (9, 4, 1.0)]
     >>> pattern_pairs("alltoall", (0, 1, 2))[:2]
     [(0, 1, 0.5), (0, 2, 0.5)]
+    >>> rails = pattern_pairs("allgather", (8, 9, 0, 1), {0: 0, 1: 0, 8: 1, 9: 1})
+    >>> [(a, b) for a, b, _ in rails]  # (within each host, then along each rail)
+    [(8, 9), (9, 8), (0, 1), (1, 0), (8, 0), (9, 1), (0, 8), (1, 9)]
     """
     n = len(gpus)
     if n < 2:
         return []
     if pattern == "alltoall":
         return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
-    return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
+    rows = _host_rows(gpus, host_of) if host_of is not None else None
+    if rows is None:
+        return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
+    h, g = len(rows), len(rows[0])
+    intra = [(row[k], row[(k + 1) % g], 1.0) for row in rows for k in range(g)]
+    rails = [(rows[a][k], rows[(a + 1) % h][k], 1.0) for a in range(h) for k in range(g)]
+    return intra + rails
+
+
+def _host_rows(gpus: tuple[int, ...], host_of: Mapping[int, int]
+               ) -> list[list[int]] | None:
+    """``gpus`` by host (hosts in order of first appearance, each host's GPUs in id order),
+    if the job holds the same number > 1 of GPUs on each of at least two hosts; else None.
+
+    >>> _host_rows((9, 1, 8, 0), {0: 0, 1: 0, 8: 1, 9: 1})
+    [[8, 9], [0, 1]]
+    >>> _host_rows((0, 1, 8), {0: 0, 1: 0, 8: 1}) is None  # (2 GPUs on one host, 1 on another)
+    True
+    """
+    by_host: dict[int, list[int]] = {}
+    for gpu in gpus:
+        by_host.setdefault(host_of.get(gpu, -1 - gpu), []).append(gpu)
+    rows = [sorted(r) for r in by_host.values()]
+    if len(rows) < 2 or len(rows[0]) < 2 or any(len(r) != len(rows[0]) for r in rows):
+        return None
+    return rows
 
 
 # a GPU with at least this many peers in a call sends one QP to each (see pair_qps)
@@ -804,6 +841,22 @@ class Controller:
         entropy.warm_up()
 
     # --------------------------------------------------------------- intents
+    @functools.cached_property
+    def host_of(self) -> dict[int, int]:
+        """The host of every GPU that shares one with others, as the fabric shows it: GPUs
+        joined over NVLink to one NVSwitch are one host (numbered in order of first GPU)."""
+        g = self.view.graph
+        host: dict[str, int] = {}
+        out: dict[int, int] = {}
+        for gpu, node in sorted(self.view.gpu_node.items()):
+            if node not in g:
+                continue
+            for peer, attrs in g[node].items():
+                if attrs.get("kind") == "nvlink" and g.nodes[peer].get("kind") != "gpu":
+                    out[gpu] = host.setdefault(peer, len(host))
+                    break
+        return out
+
     def declare(self, intent: Intent) -> None:
         """Add or replace a job's intent (it is planned at the next :meth:`plan`)."""
         self.intents[intent.task_id] = intent
@@ -1037,7 +1090,7 @@ class Controller:
                     fan = Counter(a for a, _ in call.pairs)
                     pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
                 else:
-                    pairs = pattern_pairs(call.pattern, intent.gpus)
+                    pairs = pattern_pairs(call.pattern, intent.gpus, self.host_of)
                 if mixed:
                     by_kind[call.level != "L3"].update(rule_key(task, a, b) for a, b, _ in pairs)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0

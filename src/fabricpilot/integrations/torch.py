@@ -24,8 +24,11 @@ Where the values come from (an argument of :func:`declare` wins over the environ
 What goes over the wire:
 
 * :func:`declare`: rank 0 declares (``PUT``: declares, or replaces the intent of a job of the
-  same task id, e.g. after an elastic restart) the job's GPUs and one ring AllReduce among
-  them; the other ranks wait for it (a broadcast from rank 0 on the default process group)
+  same task id, e.g. after an elastic restart) the job's GPUs and one AllReduce among them,
+  without pairs: the controller expands it into the GPU pairs NCCL's rings use on the
+  fabric's hosts (one ring per rail where the job holds the same number of GPUs on each of
+  several hosts, else one ring in rank order, :func:`ring_pairs`); the other ranks wait
+  for it (a broadcast from rank 0 on the default process group)
   and learn whether it worked.
 * :func:`fabricpilot_allreduce_hook` (alias :func:`comm_hook`): only rank 0 **of the hook's
   process group** announces, since every rank of a DDP group has the same buckets -- one
@@ -170,8 +173,9 @@ def gpus_from_env(world_size: int, env: Mapping[str, str] | None = None) -> list
 
 
 def ring_pairs(gpus: Sequence[int]) -> list[tuple[int, int]]:
-    """The GPU pairs of a ring AllReduce over ``gpus`` (each to the next), as the service
-    derives them from an announced call's ranks."""
+    """The GPU pairs of one ring over ``gpus`` (each to the next): those the service derives
+    from an announced call's ranks unless they sit evenly on several multi-GPU hosts (then
+    one ring per rail)."""
     n = len(gpus)
     return [] if n < 2 else [(gpus[i], gpus[(i + 1) % n]) for i in range(n)]
 
@@ -384,8 +388,7 @@ def declare(client: Client | None = None, *, task_id: str | None = None,
                        world_size, client if client is not None else Client(),
                        process_group=process_group, owns_client=owns_client)
     if rank == 0:
-        call = {"pattern": "allreduce", "size_bytes": int(size_bytes),
-                "sla_us": state.sla_us, "pairs": ring_pairs(gpu_ids)}
+        call = {"pattern": "allreduce", "size_bytes": int(size_bytes), "sla_us": state.sla_us}
         try:
             assert state.client is not None
             state.job = state.client.update_job(task, gpu_ids, [call], tenant=tenant)

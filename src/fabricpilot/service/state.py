@@ -519,8 +519,8 @@ class FabricService:
                                  f"does not fit this fabric ({err})") from None
             for rec in self.store.calls(task, limit=100_000):  # which call is which bucket
                 try:
-                    pairs = tuple((a, b) for a, b, _ in pattern_pairs(rec["pattern"],
-                                                                      tuple(rec["ranks"])))
+                    pairs = tuple((a, b) for a, b, _ in pattern_pairs(
+                        rec["pattern"], tuple(rec["ranks"]), self.controller.host_of))
                     call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
                                     rec.get("period_ns", 0), 0, pairs)
                     bucket = rec["bucket"]
@@ -736,7 +736,8 @@ class FabricService:
                 raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of job "
                                    f"{task_id!r}'s GPUs")
             sla = body.sla_us or DEFAULT_ANNOUNCE_SLA_US
-            pairs = tuple((a, b) for a, b, _ in pattern_pairs(body.pattern, tuple(body.ranks)))
+            pairs = tuple((a, b) for a, b, _ in pattern_pairs(body.pattern, tuple(body.ranks),
+                                                              self.controller.host_of))
             call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns, 0, pairs)
             # one call per (pattern, ranks, bucket): a bucket announced again replaces its
             # previous size; other buckets over the same ranks are calls of their own

@@ -351,13 +351,15 @@ class Client:
         announced call of the same pattern over the same ranks), waits for the plan and
         answers with the decision: ``sla_us``, ``sla_level``, ``sla_met``, ``sla_problem``,
         ``planned`` (``False``: the plan did not come in time, ``sla_met`` is ``None``),
-        ``changed_intent`` and ``pairs`` -- one per GPU pair the pattern uses (a ring for
-        allreduce: ``ranks[i] -> ranks[i + 1]``), each with ``src``, ``dst``, ``planned`` and
-        ``paths`` (``links``, ``nodes``, ``share``, ``source_port``, ``pinned_rules``).
+        ``changed_intent`` and ``pairs`` -- one per GPU pair the pattern uses (for a ring
+        collective ``ranks[i] -> ranks[i + 1]``, or, over GPUs spread evenly on multi-GPU
+        hosts, a ring on each host and one along each rail, as NCCL runs it), each with
+        ``src``, ``dst``, ``planned`` and ``paths`` (``links``, ``nodes``, ``share``,
+        ``source_port``, ``pinned_rules``).
 
         >>> d = fp.announce("llm", "allreduce", 25 << 20, [0, 1, 8, 9])  # doctest: +SKIP
-        >>> [(p["src"], p["dst"]) for p in d["pairs"]]  # doctest: +SKIP
-        [(0, 1), (1, 8), (8, 9), (9, 0)]
+        >>> [(p["src"], p["dst"]) for p in d["pairs"]]  # (8 GPUs per host)  # doctest: +SKIP
+        [(0, 1), (1, 0), (8, 9), (9, 8), (0, 8), (1, 9), (8, 0), (9, 1)]
         """
         body: JSONDict = {"pattern": pattern, "size_bytes": int(size_bytes),
                           "ranks": [int(r) for r in ranks], "period_ns": int(period_ns)}

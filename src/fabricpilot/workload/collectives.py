@@ -340,36 +340,35 @@ def rail_rings(m: NDArray[np.int64], root: int | None = None
     ([0, 1], [True, False, True])
     """
     h, g = m.shape
-    src: list[int] = []
-    dst: list[int] = []
-    ring: list[int] = []
-    logical: list[bool] = []
+    n = h * g
     root_gpu = -1 if root is None else int(m.reshape(-1)[root])
-    for c in range(g):
+    at = np.arange(n, dtype=np.int64)
+    leaves = (at % g == g - 1) & (h > 1)  # a ring's hop out of its host
+    parts: list[tuple[NDArray[np.int64], ...]] = []
+    for c in range(g):  # (one ring per rail: no loop per transfer)
         order = np.roll(m, -c, axis=1)  # each host's GPUs from slot c on
-        seq = order.reshape(-1).tolist()
-        n = len(seq)
+        seq = order.reshape(-1)
+        rail = order[at // g, 0]  # the rail c GPU of each hop's host
+        hand = leaves & (seq != rail) & (rail != root_gpu)
         if root is None:
-            hops = [(i, (i + 1) % n) for i in range(n)]
-        else:
-            start = seq.index(root_gpu)
-            hops = [((start + k) % n, (start + k + 1) % n) for k in range(n - 1)]
-        for i, j in hops:
-            a, b = seq[i], seq[j]
-            if h > 1 and i // g != j // g:  # leaves the host: hand over to the rail's GPU
-                rail_gpu = int(order[i // g, 0])
-                if a != rail_gpu and rail_gpu != root_gpu:  # (the root has the data)
-                    src.append(a)
-                    dst.append(rail_gpu)
-                    ring.append(c)
-                    logical.append(False)
-                a = rail_gpu
-            src.append(a)
-            dst.append(b)
-            ring.append(c)
-            logical.append(True)
-    return (np.array(src, np.int64), np.array(dst, np.int64), np.array(ring, np.int64),
-            np.array(logical, np.bool_))
+            keep = at
+        else:  # a chain from the root: the ring's hops from it on, but the last
+            start = int(np.flatnonzero(seq == root_gpu)[0])
+            keep = (start + at[:-1]) % n
+        first = seq[keep]
+        src = np.where(leaves, rail, seq)[keep]
+        dst = np.roll(seq, -1)[keep]
+        hk = hand[keep]
+        count = 1 + hk.astype(np.int64)  # a hand-over, then the hop
+        pos = np.cumsum(count) - 1
+        t_src = np.empty(int(count.sum()), np.int64)
+        t_dst = np.empty_like(t_src)
+        logical = np.zeros(len(t_src), np.bool_)
+        t_src[pos], t_dst[pos], logical[pos] = src, dst, True
+        t_src[pos[hk] - 1], t_dst[pos[hk] - 1] = first[hk], rail[keep][hk]
+        parts.append((t_src, t_dst, np.full(len(t_src), c, np.int64), logical))
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
 def _rails_stages(m: NDArray[np.int64], *, share_num: int, chunk: int, steps: int,

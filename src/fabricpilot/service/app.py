@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
@@ -168,13 +169,26 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 class NoDuplicateKeys:
     """ASGI middleware: a JSON request body that gives a key twice in one object gets 422
     naming the key (JSON parsers keep the last one silently: ``{"gpus": [0], "gpus": [1]}``
-    would be read as ``[1]``). Other bodies, well-formed or not, go on to their route."""
+    would be read as ``[1]``). Other bodies, well-formed or not, go on to their route. With
+    ``known`` (a bearer token -> whether it is one), only the bodies of requests that carry
+    a known token are parsed here: the others go on unread to their route's 401."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, known: Callable[[str], bool] | None = None) -> None:
         self.app = app
+        self.known = known
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.known is None:
+            return True
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and bool(token) and self.known(token)
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") \
+                or not self._authorized(scope):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
@@ -635,7 +649,8 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                              _FastRoute(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
                              _FastRoute(f"{v1}/jobs", declare, methods=["POST"])]
     _with_schemas(app, [IntentIn, TelemetryIn, AnnounceIn, FaultIn, TwinFaultsIn])
-    app.add_middleware(NoDuplicateKeys)  # (inside BodyLimit: reads what it lets through)
+    # (inside BodyLimit: reads what it lets through; of callers with a known token only)
+    app.add_middleware(NoDuplicateKeys, known=lambda token: tokens.resolve(token) is not None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # (inside Observe: logged)
     app.add_middleware(Observe, latency=api_latency)
     return app

@@ -585,7 +585,10 @@ def test_nccl_test_table(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     rows = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
     assert [int(r[0]) for r in rows] == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
-    for size, count, dtype, _redop, root, time_us, algbw, busbw, _wrong in rows:
+    for (size, count, dtype, _redop, root, time_us, algbw, busbw, _wrong,
+         *in_place) in rows:
+        # (in place: the same traffic, the same figures, as nccl-tests' columns 10-13)
+        assert in_place == [time_us, algbw, busbw, "N/A"]
         # (nccl-tests' count for AlltoAll: one peer's elements, size / 4 / ranks)
         assert int(count) == int(size) // 4 // 32 and dtype == "float" and root == "-1"
         assert float(algbw) == pytest.approx(int(size) / (float(time_us) * 1e3), rel=0.01)

@@ -145,17 +145,27 @@ def run_sweep(
 
 
 HEADER = (
-    "#                                                              out-of-place\n"
-    "#       size         count      type   redop    root     time   algbw   busbw #wrong\n"
-    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+    "#                                                              out-of-place"
+    "                       in-place          \n"
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+    "     time   algbw   busbw #wrong\n"
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)       "
+    "     (us)  (GB/s)  (GB/s)       "
 )
 
 
 def format_row(row: SweepRow) -> str:
-    """One line in nccl-tests' layout (``#wrong`` is N/A: the twin moves no data)."""
+    """One line in nccl-tests' layout, out-of-place then in-place columns (``#wrong`` is
+    N/A: the twin moves no data). An in-place call puts the same traffic on the fabric, so
+    its columns repeat the out-of-place ones.
+
+    >>> format_row(SweepRow(1048576, 262144, "sum", -1, 48.0, 21.85, 38.23)).split()[5:]
+    ['48.00', '21.85', '38.23', 'N/A', '48.00', '21.85', '38.23', 'N/A']
+    """
+    measured = (f"{_time_text(row.time_us):>8} {row.algbw_GBps:>7.2f} {row.busbw_GBps:>7.2f} "
+                f"{'N/A':>6}")
     return (f"{row.size_bytes:>12} {row.count:>13} {'float':>9} {row.redop:>7} {row.root:>7} "
-            f"{_time_text(row.time_us):>8} {row.algbw_GBps:>7.2f} {row.busbw_GBps:>7.2f} "
-            f"{'N/A':>6}")
+            f"{measured} {measured}")
 
 
 def _time_text(time_us: float) -> str:

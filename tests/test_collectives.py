@@ -302,7 +302,7 @@ def test_unequal_hosts_raise(fn: Callable[..., tuple[Stage, ...]]) -> None:
 @pytest.mark.parametrize(
     ("op", "ranks", "gph", "expected"),
     [
-        (Op.ALLREDUCE, range(16), 8, "rails"),
+        (Op.ALLREDUCE, range(16), 8, "hierarchical"),
         (Op.ALLREDUCE, range(8), 8, "ring"),  # one host
         (Op.ALLREDUCE, [0, 8, 16, 24], 8, "ring"),  # one GPU per host
         (Op.ALLREDUCE, range(16), 1, "ring"),  # gpus_per_host == 1
@@ -333,8 +333,7 @@ def test_plan_fields() -> None:
     steps = build_collective("allreduce", [3, 1, 2, 0], 1000, mode="steps")
     assert steps.algorithm == "ring-steps"
     assert steps.total_bytes == plan.total_bytes  # stream and steps agree when n | S
-    hier = build_collective("allreduce", range(16), 1600, gpus_per_host=8, mode="steps",
-                            algorithm="hierarchical")
+    hier = build_collective("allreduce", range(16), 1600, gpus_per_host=8, mode="steps")
     assert hier.algorithm == "hierarchical-steps"
 
 

@@ -555,8 +555,8 @@ def hierarchical_allreduce(
 
 def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int) -> str:
     """``auto``: on multi-GPU hosts holding the same number of the job's GPUs each, across
-    hosts, PXN for AlltoAll and rail rings for the ring collectives (AllReduce too: what
-    NCCL runs there, its channels' rings); else ring / flat."""
+    hosts, hierarchical for AllReduce / AlltoAll and rail rings for the other ring
+    collectives; else ring / flat."""
     flat_name = "flat" if op is Op.ALLTOALL else "ring"
     if gpus_per_host <= 1:
         return flat_name
@@ -565,7 +565,7 @@ def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int) -> str:
     multi_gpu_host = bool(np.any(counts > 1))
     equal = bool(np.all(counts == counts[0]))
     if spans_hosts and multi_gpu_host and equal:
-        return "hierarchical" if op is Op.ALLTOALL else "rails"
+        return "hierarchical" if op in (Op.ALLREDUCE, Op.ALLTOALL) else "rails"
     return flat_name
 
 
@@ -586,17 +586,13 @@ def build_collective(
     same, over one ring per rail, see ``rails_collective``), ``"flat"`` (AlltoAll),
     ``"hierarchical"`` (AllReduce, AlltoAll; PXN for the latter) or ``"auto"``: when
     ``gpus_per_host > 1``, the job spans >= 2 hosts, some host holds > 1 of its GPUs and every
-    host holds the same number (what the hierarchical and rail algorithms need), PXN
-    (hierarchical) for AlltoAll and rails for the others, else ring / flat.
+    host holds the same number (what the hierarchical and rail algorithms need),
+    hierarchical for AllReduce / AlltoAll and rails for the others, else ring / flat.
     ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll and Broadcast have a single
     form. ``CollectivePlan.algorithm`` records what was used: ``ring``, ``ring-steps``,
     ``rails``, ``rails-steps``, ``hierarchical``, ``hierarchical-steps``, ``flat`` or ``pxn``.
 
     >>> p = build_collective("allreduce", range(16), 1 << 20, gpus_per_host=8)
-    >>> p.algorithm, [s.label for s in p.stages]
-    ('rails', ['rails-allreduce'])
-    >>> p = build_collective("allreduce", range(16), 1 << 20, gpus_per_host=8,
-    ...                      algorithm="hierarchical")
     >>> p.algorithm, [s.label for s in p.stages]
     ('hierarchical', ['intra-reducescatter', 'rail-allreduce', 'intra-allgather'])
     >>> build_collective("alltoall", [0, 1, 2, 3], 400).algorithm

@@ -10,8 +10,8 @@ Cases: AlltoAll of 256 MiB per GPU on 128, 512 and 1024 GPUs, ring AllReduce of 
 non-blocking 400G leaf-spine with 8 GPUs per host. AlltoAll runs both as NCCL does on such
 hosts (``pxn``: NVLink to the right rail, then one flow per host pair and rail) and ``flat``
 (one flow per GPU pair: n(n-1) flows, the engine's stress case). AllReduce runs as one flat
-ring over all GPUs (``ring``), hierarchically (``hierarchical``, what ``auto`` picks) and
-over one ring per rail (``rails``).
+ring over all GPUs (``ring``), hierarchically (``hierarchical``, what ``auto`` picks at these
+scales) and over one ring per rail (``rails``).
 Targets: 1024-GPU AlltoAll <= 60 s and <= 8 GB; 8192-GPU AllReduce <= 30 s.
 
 Fluid model (queues, ECN, DCQCN, PFC; ``fluid-`` cases, ``--only fluid``): 128-GPU AlltoAll

@@ -497,3 +497,27 @@ def test_rails_allgather_runs_a_gth_of_the_ring_time_in_the_twin() -> None:
     assert slope["ring"] / slope["rails"] == pytest.approx(8.0, rel=1e-3)
     nic_bytes_per_s = 15 / (16 * 8) * 8 / 400e9 * 1e6  # us per byte of S, at line rate
     assert nic_bytes_per_s <= slope["rails"] <= nic_bytes_per_s * 1.03  # (+ headers)
+
+
+@pytest.mark.parametrize(("gpus", "faster"), [(16, "rails"), (1024, "hierarchical")])
+def test_auto_allreduce_is_the_faster_of_rails_and_hierarchical(gpus: int, faster: str) -> None:
+    """``auto`` weighs an AllReduce's rail rings against the hierarchical algorithm by an
+    α-β estimate (``allreduce_estimates_ns``: steps x message latency + bytes / rate); on an
+    idle fabric (``ideal``) the twin's times are those estimates plus the packet headers
+    (4174 / 4096 on the bytes: within 2 %), and auto picks the one the twin runs faster."""
+    from fabricpilot.dataplane import FabricParams
+    from fabricpilot.nccltests import default_cluster, run_sweep
+    from fabricpilot.runner import link_costs
+
+    ct = default_cluster(gpus)
+    size = 256 << 20
+    est = collectives.allreduce_estimates_ns(host_matrix(range(gpus), 8), size,
+                                             link_costs(ct, FabricParams()))
+    twin = {}
+    for algo in ("rails", "hierarchical"):
+        (row,) = run_sweep(ct, "allreduce", [size], "ideal", algorithm=algo)
+        twin[algo] = row.time_us * 1e3
+        assert 1.0 <= twin[algo] / est[algo] <= 4174 / 4096, algo
+    (auto,) = run_sweep(ct, "allreduce", [size], "ideal")
+    assert min(est, key=est.__getitem__) == min(twin, key=twin.__getitem__) == faster
+    assert auto.time_us * 1e3 == pytest.approx(twin[faster])

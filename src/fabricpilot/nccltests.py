@@ -28,7 +28,7 @@ import numpy as np
 from fabricpilot.balancing import EcmpParams
 from fabricpilot.dataplane import FabricParams
 from fabricpilot.errors import FabricpilotError, TopologyError
-from fabricpilot.runner import Prepared, run_policy
+from fabricpilot.runner import Prepared, link_costs, run_policy
 from fabricpilot.topology import CompiledTopology, compile_topology, leaf_spine
 from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
@@ -119,6 +119,7 @@ def run_sweep(
     if n > topology.n_gpus:
         raise FabricpilotError(f"{n} GPUs requested but the cluster has {topology.n_gpus}")
     ranks = np.arange(n, dtype=np.int64)
+    costs = link_costs(topology, fabric or FabricParams())
     rows = []
     done: set[int] = set()
     for size in sizes:
@@ -127,7 +128,7 @@ def run_sweep(
             continue
         done.add(s)
         plan = build_collective(the_op, ranks, s, gpus_per_host=topology.topo.gpus_per_host,
-                                algorithm=algorithm)
+                                algorithm=algorithm, costs=costs)
         job = JobSpec(op, tuple(range(n)), (plan,))
         prep = Prepared(f"nccl-test-{op}", seed, topology, [job],
                         fabric=fabric or FabricParams(), ecmp=ecmp or EcmpParams())

@@ -29,7 +29,8 @@ from fabricpilot.scenario import Scenario, check_gpu_count
 from fabricpilot.topology import CompiledTopology, Topology, build_topology, compile_topology
 from fabricpilot.topology.io import load_topology_json
 from fabricpilot.topology.model import switch_examples
-from fabricpilot.workload.collectives import build_collective
+from fabricpilot.topology.paths import pair_delay_ns
+from fabricpilot.workload.collectives import LinkCosts, build_collective
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.mice import MiceArrivals, poisson_mice
 from fabricpilot.workload.placement import PlacementError, place_gpus
@@ -55,6 +56,21 @@ class Prepared:
     controller: ControllerParams = field(default_factory=ControllerParams)
     qos_mismatches: list[str] = field(default_factory=list)
     faults: FaultTimeline | None = None
+
+
+def link_costs(ct: CompiledTopology, fabric: FabricParams) -> LinkCosts:
+    """The fabric's costs as ``algorithm: auto`` weighs an AllReduce's algorithms by: the
+    GPUs' slowest NIC and NVLink rates and a message's latency as the engine counts it (the
+    slowest pair's path delay plus ``nic_latency_ns``)."""
+    nic = float(ct.rate_gbps[ct.gpu_up].min(initial=np.inf))
+    nv = ct.gpu_nv_up[ct.gpu_nv_up >= 0]
+    nvlink = float(ct.rate_gbps[nv].min()) if len(nv) else nic
+
+    def latency_ns(src: np.ndarray, dst: np.ndarray) -> float:
+        delay = pair_delay_ns(ct, src, dst, fabric.switch_latency_ns)
+        return float(delay.max(initial=0)) + fabric.nic_latency_ns
+
+    return LinkCosts(nic, nvlink, latency_ns)
 
 
 def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
@@ -143,6 +159,11 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
         free[gpus] = False
         placed[i] = gpus
 
+    f = scenario.fabric
+    fabric = FabricParams(mtu_bytes=f.mtu_bytes, header_bytes=f.header_bytes,
+                          wire_overhead_bytes=f.wire_overhead_bytes,
+                          switch_latency_ns=f.switch_latency_ns, nic_latency_ns=f.nic_latency_ns)
+    costs = link_costs(ct, fabric)  # (what auto weighs an AllReduce's algorithms by)
     jobs: list[JobSpec] = []
     g = topo.gpus_per_host
     for i, job in enumerate(scenario.jobs):
@@ -151,7 +172,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
             try:
                 plans.append(build_collective(coll.op, placed[i], coll.size_bytes,
                                               gpus_per_host=g, algorithm=coll.algorithm,
-                                              mode=coll.mode, root=coll.root))
+                                              mode=coll.mode, root=coll.root, costs=costs))
             except ValueError as err:
                 raise ScenarioError(source, f"jobs[{i}].collectives[{c}]", str(err)) from None
         jobs.append(JobSpec(job.name, tuple(int(x) for x in placed[i]), tuple(plans),
@@ -167,10 +188,6 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
         mice = poisson_mice(gpus, rate_per_s=m.rate_per_s, size_bytes=m.size_bytes,
                             start_ns=m.start_ns, duration_ns=m.duration_ns,
                             rng=np.random.default_rng([scenario.seed, 2]))
-    f = scenario.fabric
-    fabric = FabricParams(mtu_bytes=f.mtu_bytes, header_bytes=f.header_bytes,
-                          wire_overhead_bytes=f.wire_overhead_bytes,
-                          switch_latency_ns=f.switch_latency_ns, nic_latency_ns=f.nic_latency_ns)
     e = scenario.ecmp
     ecmp = EcmpParams(qps_per_connection=e.qps_per_connection,
                       source_port_entropy=e.source_port_entropy, per_switch_seed=e.per_switch_seed)

@@ -17,7 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.errors import TopologyError
-from fabricpilot.topology.compiled import CompiledTopology
+from fabricpilot.topology.compiled import LINK_KIND_CODES, CompiledTopology
+from fabricpilot.topology.model import LinkKind
 
 # choose(step, switch_idx, rows) -> uint32/uint64 hash per row; taken modulo the group size.
 ChooseFn = Callable[[int, NDArray[np.int32], NDArray[np.int64]], NDArray[np.integer]]
@@ -31,6 +32,33 @@ def max_path_links(ct: CompiledTopology) -> int:
 def intra_host(ct: CompiledTopology, src: NDArray[np.int64], dst: NDArray[np.int64]) -> NDArray:
     """True where ``src`` and ``dst`` share a host with an NVLink domain."""
     return (ct.gpu_host[src] == ct.gpu_host[dst]) & (ct.gpu_nv_up[src] >= 0)
+
+
+def pair_delay_ns(ct: CompiledTopology, src: NDArray[np.int64], dst: NDArray[np.int64],
+                  switch_latency_ns: int) -> NDArray[np.int64]:
+    """One-way delay (:func:`path_delay_ns`) of a shortest path of each GPU pair: over NVLink
+    within a host, else NIC, the switch hops between the two leaves and NIC, each fabric hop
+    at the fabric's slowest link delay (exact where those are equal, as on the builders'
+    fabrics).
+
+    >>> from fabricpilot.topology import compile_topology, leaf_spine
+    >>> ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=2, nics_per_leaf=2))
+    >>> # NVLink 2 x 50 + NVSwitch; NICs 2 x 100 + leaf; + 2 x (100 + 600) via a spine
+    >>> pair_delay_ns(ct, np.array([0, 0, 0]), np.array([1, 2, 6]), 600).tolist()
+    [700, 800, 2200]
+    """
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    nic = ct.delay_ns[ct.gpu_up[src]].astype(np.int64) + ct.delay_ns[ct.gpu_down[dst]]
+    fabric = ct.link_kind == LINK_KIND_CODES[LinkKind.FABRIC]
+    hop_ns = int(ct.delay_ns[fabric].max(initial=0))
+    hops = ct.hop_distance[ct.gpu_leaf[src], ct.leaf_slot[ct.gpu_leaf[dst]]].astype(np.int64)
+    out = nic + hops * (hop_ns + int(switch_latency_ns)) + int(switch_latency_ns)
+    nv = intra_host(ct, src, dst)
+    if nv.any():
+        up, down = ct.gpu_nv_up[src[nv]], ct.gpu_nv_down[dst[nv]]
+        out[nv] = ct.delay_ns[up].astype(np.int64) + ct.delay_ns[down] + int(switch_latency_ns)
+    return out
 
 
 def walk_paths(

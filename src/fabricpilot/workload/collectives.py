@@ -27,7 +27,8 @@ Construction is vectorised with numpy: no Python loop per transfer, only loops o
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -37,6 +38,8 @@ from fabricpilot.workload.plan import CollectivePlan, Op, Stage
 __all__ = [
     "ALGORITHMS",
     "MODES",
+    "LinkCosts",
+    "allreduce_estimates_ns",
     "alltoall",
     "broadcast",
     "build_collective",
@@ -550,13 +553,72 @@ def hierarchical_allreduce(
     return _frozen(tuple(stages))
 
 
+# --------------------------------------------------------------------------- auto: AllReduce
+
+
+@dataclass(frozen=True)
+class LinkCosts:
+    """What ``auto`` weighs an AllReduce's algorithms by, from the fabric: the NIC and NVLink
+    rates (Gb/s) and ``latency_ns(src, dst)``, one message's latency (the α of one ring
+    step) over the slowest of the GPU pairs ``src[i] -> dst[i]``."""
+
+    nic_gbps: float
+    nvlink_gbps: float
+    latency_ns: Callable[[NDArray[np.int64], NDArray[np.int64]], float]
+
+
+def allreduce_estimates_ns(m: NDArray[np.int64], size_bytes: int, costs: LinkCosts
+                           ) -> dict[str, float]:
+    """α-β estimates of an AllReduce of ``size_bytes`` per rank over the ``(h, g)`` host
+    matrix ``m`` (``g > 1`` GPUs on each of ``h > 1`` hosts), as NCCL's tuner weighs its
+    algorithms, with the twin's stage timing (``hops`` latencies, then the bytes at the
+    slowest hop's rate; congestion aside):
+
+    * ``rails``: ``2(n-1)`` steps of the rail rings' slowest step latency; each NIC carries
+      ``2(n-1)/(n g) S`` and each GPU's NVLink port ``2(n-1)/n S`` (a hop of every ring);
+    * ``hierarchical``: two NVLink stages of ``g-1`` steps and ``(g-1)/g S`` each, then the
+      rail stage of ``2(h-1)`` steps carrying ``2(h-1)/(h g) S`` per NIC.
+
+    A ring's latency grows with its GPUs, the hierarchical one's rail stage with the hosts:
+    rails win on few hosts, hierarchical on many.
+
+    >>> flat = lambda src, dst: 2000.0  # every message 2 us
+    >>> c = LinkCosts(400.0, 3600.0, flat)
+    >>> e = allreduce_estimates_ns(np.arange(64).reshape(8, 8), 1 << 28, c)
+    >>> round(e["rails"]), round(e["hierarchical"])  # (2 x 63 x 2 us + 1.32 ms, ...)
+    (1573206, 2274321)
+    >>> e = allreduce_estimates_ns(np.arange(8192).reshape(1024, 8), 1 << 30, c)
+    >>> e["rails"] > e["hierarchical"]
+    True
+    """
+    h, g = m.shape
+    n = h * g
+    bits = 8.0 * size_bytes
+    nic, nvl = costs.nic_gbps, costs.nvlink_gbps  # (Gb/s: bits per ns)
+    src, dst, _, logical = rail_rings(m)
+    host = np.empty(int(m.max()) + 1, np.int64)
+    host[m.reshape(-1)] = np.repeat(np.arange(h), g)
+    on_host = host[src] == host[dst]
+    inter = ~on_host  # (the rail pairs: the hierarchical rail stage's too)
+    step_ns = costs.latency_ns(src[logical], dst[logical])
+    rails = 2 * (n - 1) * step_ns + max(2 * (n - 1) / (n * g) * bits / nic,
+                                        2 * (n - 1) / n * bits / nvl)
+    rail_ns = costs.latency_ns(src[inter], dst[inter])
+    nv_ns = costs.latency_ns(src[on_host], dst[on_host])
+    hier = (2 * ((g - 1) * nv_ns + (g - 1) / g * bits / nvl)
+            + 2 * (h - 1) * rail_ns + 2 * (h - 1) / (h * g) * bits / nic)
+    return {"rails": float(rails), "hierarchical": float(hier)}
+
+
 # --------------------------------------------------------------------------- entry point
 
 
-def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int) -> str:
+def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int,
+                  size_bytes: int = 0, costs: LinkCosts | None = None) -> str:
     """``auto``: on multi-GPU hosts holding the same number of the job's GPUs each, across
-    hosts, hierarchical for AllReduce / AlltoAll and rail rings for the other ring
-    collectives; else ring / flat."""
+    hosts, PXN for AlltoAll, rail rings for AllGather / ReduceScatter / Broadcast, and for
+    AllReduce the faster of rail rings and hierarchical by ``allreduce_estimates_ns`` given
+    the fabric's ``costs`` (hierarchical without them); else ring / flat."""
     flat_name = "flat" if op is Op.ALLTOALL else "ring"
     if gpus_per_host <= 1:
         return flat_name
@@ -565,6 +627,9 @@ def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int) -> str:
     multi_gpu_host = bool(np.any(counts > 1))
     equal = bool(np.all(counts == counts[0]))
     if spans_hosts and multi_gpu_host and equal:
+        if op is Op.ALLREDUCE and costs is not None:  # (the faster by an α-β estimate)
+            est = allreduce_estimates_ns(host_matrix(arr, gpus_per_host), size_bytes, costs)
+            return "rails" if est["rails"] < est["hierarchical"] else "hierarchical"
         return "hierarchical" if op in (Op.ALLREDUCE, Op.ALLTOALL) else "rails"
     return flat_name
 
@@ -578,6 +643,7 @@ def build_collective(
     algorithm: str = "auto",
     mode: str = "stream",
     root: int = 0,
+    costs: LinkCosts | None = None,
 ) -> CollectivePlan:
     """Build the ``CollectivePlan`` of one collective call.
 
@@ -586,8 +652,10 @@ def build_collective(
     same, over one ring per rail, see ``rails_collective``), ``"flat"`` (AlltoAll),
     ``"hierarchical"`` (AllReduce, AlltoAll; PXN for the latter) or ``"auto"``: when
     ``gpus_per_host > 1``, the job spans >= 2 hosts, some host holds > 1 of its GPUs and every
-    host holds the same number (what the hierarchical and rail algorithms need),
-    hierarchical for AllReduce / AlltoAll and rails for the others, else ring / flat.
+    host holds the same number (what the hierarchical and rail algorithms need), PXN for
+    AlltoAll, rails for AllGather / ReduceScatter / Broadcast and for AllReduce the faster
+    of rails and hierarchical by an α-β estimate from ``costs`` (the fabric's rates and
+    latencies, :class:`LinkCosts`; hierarchical without them), else ring / flat.
     ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll and Broadcast have a single
     form. ``CollectivePlan.algorithm`` records what was used: ``ring``, ``ring-steps``,
     ``rails``, ``rails-steps``, ``hierarchical``, ``hierarchical-steps``, ``flat`` or ``pxn``.
@@ -616,7 +684,7 @@ def build_collective(
     if g < 1:
         raise ValueError(f"gpus_per_host must be >= 1, got {g}")
 
-    algo = _resolve_auto(op, arr, g) if algorithm == "auto" else algorithm
+    algo = _resolve_auto(op, arr, g, s, costs) if algorithm == "auto" else algorithm
     if algo not in _SUPPORTED[op]:
         raise ValueError(
             f"algorithm {algo!r} is not available for {op.value}; "

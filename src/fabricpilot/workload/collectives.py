@@ -374,25 +374,6 @@ def rail_rings(m: NDArray[np.int64], root: int | None = None
             np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
-def _rails_stages(m: NDArray[np.int64], *, share_num: int, chunk: int, steps: int,
-                  mode: str, label: str, root: int | None = None) -> tuple[Stage, ...]:
-    """Stages of the rail rings of ``m`` (``rail_rings``): ``stream``, one stage where every
-    transfer carries ``share_num`` bytes, each ring a coupled group, ``hops == steps``;
-    ``steps``, ``steps`` stages of ``chunk``-byte independent transfers."""
-    src, dst, ring, _ = rail_rings(m, root)
-    t = len(src)
-    if mode == "stream":
-        return _frozen((Stage(src=src, dst=dst, size_bytes=_full(t, share_num), group=ring,
-                              hops=steps, label=label),))
-    sizes = _full(t, chunk)
-    indep = _full(t, -1)
-    return _frozen(tuple(
-        Stage(src=src, dst=dst, size_bytes=sizes, group=indep, hops=1,
-              label=f"{label} step {k + 1}/{steps}")
-        for k in range(steps)
-    ))
-
-
 def rails_collective(op: Op, ranks: Ranks, size_bytes: int, gpus_per_host: int, *,
                      mode: str = "stream", root: int = 0) -> tuple[Stage, ...]:
     """``op`` (AllReduce, ReduceScatter, AllGather or Broadcast) run over ``g`` rail rings
@@ -421,14 +402,17 @@ def rails_collective(op: Op, ranks: Ranks, size_bytes: int, gpus_per_host: int, 
         if not 0 <= r < n:
             raise ValueError(f"root must be an index into ranks (0..{n - 1}), got {r}")
         at = int(np.flatnonzero(m.reshape(-1) == arr[r])[0])
+        src, dst, ring, _ = rail_rings(m, at)
         share = _ceil_div(s, g)
-        return _rails_stages(m, share_num=share, chunk=share, steps=n - 1, mode="stream",
-                             label="rails-broadcast", root=at)
+        return _ring_stages(src, dst, share_num=share, chunk=share, steps=n - 1, group=ring,
+                            mode="stream", label="rails-broadcast")
     steps = 2 * (n - 1) if op is Op.ALLREDUCE else n - 1
     if op not in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER):
         raise ValueError(f"{op.value} does not run over rings")
-    return _rails_stages(m, share_num=_ceil_div(steps * s, n * g), chunk=_ceil_div(s, n * g),
-                         steps=steps, mode=mode, label=f"rails-{op.value}")
+    src, dst, ring, _ = rail_rings(m)
+    return _ring_stages(src, dst, share_num=_ceil_div(steps * s, n * g),
+                        chunk=_ceil_div(s, n * g), steps=steps, group=ring, mode=mode,
+                        label=f"rails-{op.value}")
 
 
 # --------------------------------------------------------------------------- alltoall

@@ -500,6 +500,14 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
         (lambda t: [lk.update(kind="fabric") for lk in t["links"] if lk["kind"] == "nic"],
          f"links[{nic}].kind: fabric links join two switches; this one joins a gpu and a "
          "switch"),
+        # a GPU cabled to a spine (the SLA levels and the leaves' ECMP read tier 1 as the
+        # GPUs' leaves), a switch cabled to nothing: both were accepted without a word
+        (lambda t: t["links"][nic].update(b="spine1") if t["links"][nic]["a"].startswith("gpu")
+         else t["links"][nic].update(a="spine1"),
+         f"links[{nic}]: a NIC link to spine1, a tier-2 switch: GPUs are cabled to tier-1 "
+         "switches (leaves)"),
+        (lambda t: t["nodes"].append({"id": "spare0", "kind": "switch", "tier": 2}),
+         f"nodes[{len(good['nodes'])}]: switch 'spare0' has no links"),
     ]
     for mutate, field in cases:
         topo = json.loads(out.read_text())

@@ -147,8 +147,18 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
             raise ScenarioError(source, f"links[{i}]", f"an NVLink between hosts {hosts[0]} "
                                                        f"and {hosts[1]} (NVLink stays in a "
                                                        f"host)")
+        if link.kind == LinkKind.NIC:  # (a GPU's NIC is cabled to a leaf)
+            switch = link.b if g.nodes[link.a]["kind"] == NodeKind.GPU else link.a
+            tier = g.nodes[switch].get("tier")
+            if tier != 1:
+                raise ScenarioError(source, f"links[{i}]",
+                                    f"a NIC link to {switch}, a tier-{tier} switch: GPUs are "
+                                    f"cabled to tier-1 switches (leaves)")
         g.add_edge(link.a, link.b, kind=link.kind, rate_gbps=link.rate_gbps,
                    delay_ns=link.delay_ns)
+    for i, node in enumerate(parsed.nodes):
+        if node.kind == NodeKind.SWITCH and not g.degree(node.id):
+            raise ScenarioError(source, f"nodes[{i}]", f"switch {node.id!r} has no links")
     per_host = Counter(node.host for node in parsed.nodes if node.kind == NodeKind.GPU)
     most = max(per_host.values(), default=parsed.gpus_per_host)
     if most != parsed.gpus_per_host:

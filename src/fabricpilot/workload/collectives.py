@@ -47,6 +47,7 @@ __all__ = [
     "hierarchical_alltoall",
     "host_matrix",
     "rail_rings",
+    "rails_collective",
     "ring_allgather",
     "ring_allreduce",
     "ring_reducescatter",

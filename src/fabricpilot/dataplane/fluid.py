@@ -4,7 +4,9 @@ lossy drops with go-back-N, and QoS priorities, advanced in small time steps.
 State is per *member*: one path of one stream of a rate-model row (an independent transfer has
 one member; the streams of a ring one member each; a sprayed flow one member per path). Each
 member holds its bytes queued at the egress of every hop of its path (``backlog[M, H]``; hop 0
-is the sending NIC). One step of ``dt``:
+is the sending NIC). Congestion control is per QP: a member is a QP of its own, but the paths
+of a sprayed QP share one DCQCN state, which every CNP cuts, and split its rate by their
+shares. One step of ``dt``:
 
 1. the NIC injects up to the DCQCN rate (and one step's worth of line rate per QP);
 2. every egress (port, priority) serves its queue: the scheduler splits the port's capacity

@@ -26,21 +26,25 @@ from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, Por
 
 class FakeDataPlane:
     """Two leaves (two GPUs each) and two spines, 400 Gb/s everywhere; records what it is
-    told to install."""
+    told to install. With ``hosts``: two hosts of two GPUs (an NVSwitch each, 50 ns NVLink
+    links), GPU ``2h + k`` cabled to rail ``k``'s leaf ``leafk``."""
 
-    def __init__(self) -> None:
+    def __init__(self, hosts: bool = False) -> None:
         links: list[LinkInfo] = []
         kind = {f"gpu{i}": "gpu" for i in range(4)} | {
             n: "switch" for n in ("leaf0", "leaf1", "spine0", "spine1")}
         tier = {"leaf0": 1, "leaf1": 1, "spine0": 2, "spine1": 2}
 
-        def both(a: str, b: str) -> None:
+        def both(a: str, b: str, kind: str = "", delay_ns: int = 100) -> None:
             for x, y in ((a, b), (b, a)):
-                links.append(LinkInfo(len(links), x, y, 400.0, 100,
-                                      "nic" if "gpu" in x + y else "fabric"))
+                links.append(LinkInfo(len(links), x, y, 400.0, delay_ns,
+                                      kind or ("nic" if "gpu" in x + y else "fabric")))
 
         for g in range(4):
-            both(f"gpu{g}", f"leaf{g // 2}")
+            both(f"gpu{g}", f"leaf{g % 2 if hosts else g // 2}")
+            if hosts:
+                kind[f"nvs{g // 2}"] = "nvswitch"
+                both(f"gpu{g}", f"nvs{g // 2}", "nvlink", 50)
         for lf in range(2):
             for sp in range(2):
                 both(f"leaf{lf}", f"spine{sp}")
@@ -170,37 +174,13 @@ def test_pattern_pairs() -> None:
     assert pattern_pairs("allreduce", (7,)) == []
 
 
-class HostsDataPlane(FakeDataPlane):
-    """Two hosts of two GPUs (an NVSwitch each; GPU 2h + k on rail k's leaf ``leafk``),
-    two spines."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        links: list[LinkInfo] = []
-        kind = {f"gpu{i}": "gpu" for i in range(4)} | {f"nvs{h}": "nvswitch" for h in range(2)} \
-            | {n: "switch" for n in ("leaf0", "leaf1", "spine0", "spine1")}
-        tier = {"leaf0": 1, "leaf1": 1, "spine0": 2, "spine1": 2}
-
-        def both(a: str, b: str, kind: str) -> None:
-            for x, y in ((a, b), (b, a)):
-                links.append(LinkInfo(len(links), x, y, 400.0, 100, kind))
-
-        for g in range(4):
-            both(f"gpu{g}", f"leaf{g % 2}", "nic")
-            both(f"gpu{g}", f"nvs{g // 2}", "nvlink")
-        for lf in range(2):
-            for sp in range(2):
-                both(f"leaf{lf}", f"spine{sp}", "fabric")
-        self.view = FabricView.from_links(links, kind, tier, {g: f"gpu{g}" for g in range(4)})
-
-
 def test_ring_collectives_on_multi_gpu_hosts_are_planned_on_their_rails() -> None:
     """A ring collective declared by pattern over GPUs spread evenly on multi-GPU hosts is
     planned on the pairs NCCL's rings use there: each host's GPUs in an NVLink ring and each
     GPU to the same rail's GPU of the next host. Its fabric pairs then stay on their rails
     (gpu0 -> gpu2 on leaf0, gpu1 -> gpu3 on leaf1): no spine, where one ring in rank order
     would send gpu1 -> gpu2 across the spines."""
-    dp = HostsDataPlane()
+    dp = FakeDataPlane(hosts=True)
     ctl = Controller(dp)
     assert ctl.host_of == {0: 0, 1: 0, 2: 1, 3: 1}
     assert Controller(FakeDataPlane()).host_of == {}  # (one GPU per host: no NVSwitch)

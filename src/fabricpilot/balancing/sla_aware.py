@@ -8,7 +8,8 @@ meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet``
 the flow still runs, on the path switch-local adaptive routing gives it. Jobs without an SLA
 are routed by switch-local adaptive routing. While a job of level L1 or L2 runs, the
 transfers of an L3 job (an SLA above 100 us, or none) are held to ``controller.l3_rate_cap``
-(80 %) of their sender's NIC, shared equally by the transfers it sends at once.
+(80 %) of their sender's NIC, shared equally by the transfers it sends at once through it
+(to other hosts; NVLink transfers within a host are not held).
 """
 
 from __future__ import annotations
@@ -89,10 +90,14 @@ class SlaAware(Adaptive):
         job = batch.job
         held = (job >= 0) & (job < len(self.capped))
         held[held] = self.capped[job[held]]
+        # (only what leaves by the NIC: a transfer to a GPU of the same host goes over
+        # NVLink, which the NIC's rate limiter does not hold)
+        held &= ct.gpu_host[batch.src] != ct.gpu_host[batch.dst]
         if not held.any():
             return routed
-        # an L3 sender at l3_rate_cap of its NIC over the transfers it sends at once (an
-        # all-to-all's peers share it); a ring row moves at its slowest member's cap
+        # an L3 sender at l3_rate_cap of its NIC over the transfers it sends at once by it
+        # (an all-to-all's peers on other hosts share it); a ring row moves at its slowest
+        # member's cap
         entity, n_rows = entity_of(batch.group)
         caps = np.full(n_rows, np.inf)
         src = batch.src[held]

@@ -64,7 +64,8 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     """GPU pairs a collective exchanges data between, with the share of the sender's NIC
     each pair uses while the call runs: a ring (each GPU to the next, all of its NIC) for
     allreduce, allgather, reducescatter and broadcast; every ordered pair (the NIC shared by
-    ``n - 1`` peers) for alltoall.
+    ``n - 1`` peers; with ``host_of``, by the peers on other hosts, NVLink by those on the
+    sender's own: :func:`pair_shares`) for alltoall.
 
     With ``host_of`` (GPU -> host) and a job holding the same number ``g > 1`` of GPUs on
     each of ``h >= 2`` hosts, a ring collective's pairs are those of NCCL's rings on such
@@ -86,6 +87,8 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     if n < 2:
         return []
     if pattern == "alltoall":
+        if host_of:
+            return pair_shares(list(itertools.permutations(gpus, 2)), host_of)
         return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
     rows = _host_rows(gpus, host_of) if host_of is not None else None
     if rows is None:
@@ -94,6 +97,28 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     intra = [(row[k], row[(k + 1) % g], 1.0) for row in rows for k in range(g)]
     rails = [(rows[a][k], rows[(a + 1) % h][k], 1.0) for a in range(h) for k in range(g)]
     return intra + rails
+
+
+def pair_shares(pairs: Sequence[tuple[int, int]], host_of: Mapping[int, int] | None = None
+                ) -> list[tuple[int, int, float]]:
+    """Each GPU pair of a call with the share of its sender's NIC it uses while the call
+    runs: a sender's peers on other hosts share its NIC equally, and those on its own host
+    (``host_of``: GPU -> host; reached over NVLink, not the NIC) share its NVLink equally.
+    Without ``host_of`` every GPU is a host of its own. So the rail peer of a ring on
+    multi-GPU hosts gets all of its NIC, as :func:`pattern_pairs` gives it, not a half
+    shared with its NVLink peer.
+
+    >>> pair_shares([(0, 1), (0, 2), (0, 3)])
+    [(0, 1, 0.3333333333333333), (0, 2, 0.3333333333333333), (0, 3, 0.3333333333333333)]
+    >>> pair_shares([(0, 1), (0, 2), (0, 3)], {0: 0, 1: 0, 2: 1, 3: 1})
+    [(0, 1, 1.0), (0, 2, 0.5), (0, 3, 0.5)]
+    """
+    if not host_of:
+        fan = Counter(a for a, _ in pairs)
+        return [(a, b, 1.0 / fan[a]) for a, b in pairs]
+    kind = [(a, host_of.get(a, -1 - a) == host_of.get(b, -1 - b)) for a, b in pairs]
+    fan2 = Counter(kind)
+    return [(a, b, 1.0 / fan2[k]) for (a, b), k in zip(pairs, kind, strict=True)]
 
 
 def _host_rows(gpus: tuple[int, ...], host_of: Mapping[int, int]
@@ -1087,8 +1112,7 @@ class Controller:
                 scope_of = {}
             for call in calls:
                 if call.pairs:
-                    fan = Counter(a for a, _ in call.pairs)
-                    pairs = [(a, b, 1.0 / fan[a]) for a, b in call.pairs]
+                    pairs = pair_shares(call.pairs, self.host_of)
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus, self.host_of)
                 if mixed:

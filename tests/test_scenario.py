@@ -18,6 +18,7 @@ from fabricpilot.scenario import (
     load_scenario,
     scenario_from_dict,
 )
+from fabricpilot.scenario.loader import load_strict_yaml
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 
@@ -450,3 +451,74 @@ def test_a_long_refused_value_is_not_repeated_whole(tmp_path: Path) -> None:
     err = load_error(write(tmp_path, data))
     assert err.field == "jobs[0].collectives[0].size_bytes"
     assert err.problem.endswith(f"'{'9' * 40}...' (5000 characters)") and len(err.problem) < 100
+
+
+
+# --- plain scalars by the YAML 1.2 core schema ----------------------------------------------
+# https://yaml.org/spec/1.2.2/#1032-tag-resolution (PyYAML's own SafeLoader follows YAML 1.1)
+
+
+def test_yaml_core_integers() -> None:
+    data = load_strict_yaml("a: 010\nb: 0o10\nc: 0x1F\nd: -17\ne: +0\n")
+    # 010 is decimal (YAML 1.1: octal 8); 0o10 is octal (YAML 1.1: the string '0o10')
+    assert data == {"a": 10, "b": 8, "c": 31, "d": -17, "e": 0}
+    assert all(type(v) is int for v in data.values())
+
+
+def test_yaml_core_floats() -> None:
+    data = load_strict_yaml("a: 1e6\nb: -1.5E-3\nc: 2e-5\nd: .inf\ne: -.Inf\nf: 1.\n")
+    # 1e6 and 2e-5 are numbers (YAML 1.1: strings, its floats need a point and a signed exponent)
+    assert data == {"a": 1e6, "b": -0.0015, "c": 2e-5, "d": float("inf"), "e": float("-inf"),
+                    "f": 1.0}
+    assert all(type(v) is float for v in data.values())
+    nan = load_strict_yaml("v: .NaN")["v"]
+    assert type(nan) is float and nan != nan
+
+
+@pytest.mark.parametrize("text", ["12:30", "on", "off", "yes", "no", "1_000", "0b11",
+                                  "2024-01-01", "="])
+def test_yaml_core_other_plain_scalars_are_strings(text: str) -> None:
+    # (PyYAML's YAML 1.1: 750, booleans, 1000, 3, a date, an error)
+    assert load_strict_yaml(f"v: {text}") == {"v": text}
+
+
+def test_yaml_core_booleans_and_null() -> None:
+    data = load_strict_yaml("a: true\nb: False\nc: TRUE\nd: ~\ne: null\nf:\ng: yes\nh: off\n")
+    # only the true/false forms are booleans (YAML 1.1: yes, no, on, off, ... too)
+    assert data == {"a": True, "b": False, "c": True, "d": None, "e": None, "f": None,
+                    "g": "yes", "h": "off"}
+    assert all(type(data[k]) is bool for k in "abc")
+
+
+def test_yaml_core_words_as_keys_and_names() -> None:
+    data = load_strict_yaml("on: 1\nno: 2\njobs: [{name: no}, {name: yes}]\n")
+    assert data == {"on": 1, "no": 2, "jobs": [{"name": "no"}, {"name": "yes"}]}
+
+
+def test_yaml_core_schema_is_the_strict_loaders_own() -> None:
+    """The scenario loader reads YAML 1.2 while yaml.safe_load still reads YAML 1.1: the
+    loader's resolvers are a copy, PyYAML's SafeLoader is left as it is."""
+    text = "a: 010\nb: on\nc: 12:30"
+    assert load_strict_yaml(text) == {"a": 10, "b": "on", "c": "12:30"}
+    assert yaml.safe_load(text) == {"a": 8, "b": True, "c": 750}
+
+
+def test_gpu_ids_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
+    """``gpu_ids: [010, 011, 012, 013]`` places the job on GPUs 10..13 (YAML 1.1: 8..11)."""
+    from fabricpilot.runner import prepare
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: t\n"
+        "topology: {kind: leaf_spine, hosts: 16, gpus_per_host: 8, nics_per_leaf: 16}\n"
+        "jobs:\n"
+        "  - name: a\n"
+        "    gpus: 4\n"
+        "    placement: explicit\n"
+        "    gpu_ids: [010, 011, 012, 013]\n"
+        "    collectives: [{op: allreduce, size_bytes: 1024}]\n"
+    )
+    scenario = load_scenario(path)
+    assert scenario.topology.n_gpus is not None and scenario.topology.n_gpus >= 14
+    assert scenario.jobs[0].gpu_ids == [10, 11, 12, 13]
+    assert prepare(scenario, str(path)).jobs[0].gpus == (10, 11, 12, 13)

@@ -3,17 +3,22 @@
 Every failure (missing file, YAML syntax, wrong shape, a pydantic validation error, a cross
 check) becomes a single :class:`~fabricpilot.errors.ScenarioError` about the *first* problem:
 ``FILE: FIELD: PROBLEM``, where ``FIELD`` is a path such as ``jobs[0].collectives[1].size_bytes``.
+
+Files are read by the YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution),
+not PyYAML's YAML 1.1 rules: ``010`` is 10 (``0o10`` is octal 8), ``1e6`` is a number, and
+``12:30``, ``on``, ``yes``, ``no`` or ``1_000`` are text.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -45,8 +50,35 @@ class _DuplicateKey(yaml.MarkedYAMLError):
     """A mapping repeats a key (PyYAML would silently keep the last one)."""
 
 
+# The YAML 1.2 core schema's plain scalars (https://yaml.org/spec/1.2.2/#1032-tag-resolution);
+# any other plain scalar is a string. (``match`` anchors at the start, ``\Z`` at the end.)
+_CORE_NULL = re.compile(r"(?:null|Null|NULL|~|)\Z")
+_CORE_BOOL = re.compile(r"(?:true|True|TRUE|false|False|FALSE)\Z")
+_CORE_INT = re.compile(r"(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)\Z")
+_CORE_FLOAT = re.compile(  # (matches a decimal integer too: the int resolver is tried first)
+    r"(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
+)
+_DIGITS = list("0123456789")
+_CORE_RESOLVERS: list[tuple[str, re.Pattern[str], list[str]]] = [  # (tag, regexp, first chars)
+    ("tag:yaml.org,2002:null", _CORE_NULL, ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", _CORE_BOOL, list("tTfF")),
+    ("tag:yaml.org,2002:int", _CORE_INT, ["-", "+", *_DIGITS]),
+    ("tag:yaml.org,2002:float", _CORE_FLOAT, ["-", "+", ".", *_DIGITS]),
+]
+_MERGE_TAG = "tag:yaml.org,2002:merge"  # (``<<``: not a value, kept as SafeLoader has it)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """``SafeLoader`` that refuses duplicate keys in a mapping."""
+    """``SafeLoader`` that resolves plain scalars by the YAML 1.2 core schema and refuses
+    duplicate keys in a mapping."""
+
+    # A copy (lists included) of SafeLoader's resolvers without its YAML 1.1 ones (bool, int,
+    # float, null, timestamp, value): yaml.SafeLoader itself is left as it is.
+    yaml_implicit_resolvers: ClassVar[dict[str | None, list[tuple[str, re.Pattern[str]]]]] = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag == _MERGE_TAG]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -62,12 +94,40 @@ class _StrictLoader(yaml.SafeLoader):
                 continue
         return super().construct_mapping(node, deep=deep)
 
+    def construct_core_int(self, node: yaml.ScalarNode) -> int:
+        """A YAML 1.2 core integer: decimal (``010`` is 10), ``0o`` octal or ``0x`` hex.
+
+        (SafeLoader's reads a leading 0 as octal and ``0o10`` not at all.)
+        """
+        text = str(self.construct_scalar(node))  # type: ignore[no-untyped-call]
+        if not _CORE_INT.match(text):  # (an explicit ``!!int`` on other text)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not an integer", node.start_mark
+            )
+        if text.startswith("0o"):
+            return int(text[2:], 8)
+        if text.startswith("0x"):
+            return int(text[2:], 16)
+        return int(text, 10)
+
+
+for _tag, _regexp, _first in _CORE_RESOLVERS:  # (in this order: int before float)
+    _StrictLoader.add_implicit_resolver(_tag, _regexp, _first)  # type: ignore[no-untyped-call]
+_StrictLoader.add_constructor(  # type: ignore[no-untyped-call]
+    "tag:yaml.org,2002:int", _StrictLoader.construct_core_int
+)
+# (SafeLoader's float, bool and null constructors read every core form right: ``1e6``, ``1.``,
+# ``.5``, ``-.inf``, ``.NaN``, ``TRUE``, ``~``.)
+
 
 def load_strict_yaml(text: str) -> Any:
-    """``text`` as YAML (safe tags only), refusing a mapping that gives a key twice.
+    """``text`` as YAML (safe tags only, plain scalars by the YAML 1.2 core schema), refusing a
+    mapping that gives a key twice.
 
     >>> load_strict_yaml("a: 1\\nb: [2]")
     {'a': 1, 'b': [2]}
+    >>> load_strict_yaml("a: 010\\nb: 1e6\\nc: on")
+    {'a': 10, 'b': 1000000.0, 'c': 'on'}
     >>> load_strict_yaml("role: tenant\\nrole: operator")
     Traceback (most recent call last):
     ...

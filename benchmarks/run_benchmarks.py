@@ -10,8 +10,9 @@ Cases: AlltoAll of 256 MiB per GPU on 128, 512 and 1024 GPUs, ring AllReduce of 
 non-blocking 400G leaf-spine with 8 GPUs per host. AlltoAll runs both as NCCL does on such
 hosts (``pxn``: NVLink to the right rail, then one flow per host pair and rail) and ``flat``
 (one flow per GPU pair: n(n-1) flows, the engine's stress case). AllReduce runs as one flat
-ring over all GPUs (``ring``), hierarchically (``hierarchical``, what ``auto`` picks at these
-scales) and over one ring per rail (``rails``).
+ring over all GPUs (``ring``), hierarchically (``hierarchical``), over one ring per rail
+(``rails``) and over double binary trees per rail (``tree``, what ``auto`` picks at these
+scales).
 Targets: 1024-GPU AlltoAll <= 60 s and <= 8 GB; 8192-GPU AllReduce <= 30 s.
 
 Fluid model (queues, ECN, DCQCN, PFC; ``fluid-`` cases, ``--only fluid``): 128-GPU AlltoAll
@@ -43,6 +44,8 @@ CASES = [
     ("ar-8192-hier", "allreduce", 8192, 1 << 30, "hierarchical", "flow"),
     ("ar-1024-rails", "allreduce", 1024, 1 << 30, "rails", "flow"),
     ("ar-8192-rails", "allreduce", 8192, 1 << 30, "rails", "flow"),
+    ("ar-1024-tree", "allreduce", 1024, 1 << 30, "tree", "flow"),
+    ("ar-8192-tree", "allreduce", 8192, 1 << 30, "tree", "flow"),
     ("fluid-a2a-128-pxn", "alltoall", 128, 64 << 20, "auto", "fluid"),
     ("fluid-a2a-128-flat", "alltoall", 128, 64 << 20, "flat", "fluid"),
     ("fluid-ar-1024-64M", "allreduce", 1024, 64 << 20, "ring", "fluid"),

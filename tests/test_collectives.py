@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -355,7 +356,7 @@ def test_explicit_algorithms() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"algorithm": "tree"}, "auto, ring, rails, hierarchical, flat"),
+        ({"algorithm": "trie"}, "auto, ring, rails, hierarchical, tree, flat"),
         ({"mode": "chunks"}, "stream, steps"),
         ({"gpus_per_host": 0}, "gpus_per_host"),
     ],
@@ -499,12 +500,13 @@ def test_rails_allgather_runs_a_gth_of_the_ring_time_in_the_twin() -> None:
     assert nic_bytes_per_s <= slope["rails"] <= nic_bytes_per_s * 1.03  # (+ headers)
 
 
-@pytest.mark.parametrize(("gpus", "faster"), [(16, "rails"), (1024, "hierarchical")])
-def test_auto_allreduce_is_the_faster_of_rails_and_hierarchical(gpus: int, faster: str) -> None:
-    """``auto`` weighs an AllReduce's rail rings against the hierarchical algorithm by an
+@pytest.mark.parametrize(("gpus", "faster"), [(16, "rails"), (1024, "tree")])
+def test_auto_allreduce_is_the_fastest_of_rails_hierarchical_and_tree(gpus: int, faster: str
+                                                                      ) -> None:
+    """``auto`` weighs an AllReduce's rail rings, hierarchical algorithm and trees by an
     α-β estimate (``allreduce_estimates_ns``: steps x message latency + bytes / rate); on an
     idle fabric (``ideal``) the twin's times are those estimates plus the packet headers
-    (4174 / 4096 on the bytes: within 2 %), and auto picks the one the twin runs faster."""
+    (4174 / 4096 on the bytes: within 2 %), and auto picks the one the twin runs fastest."""
     from fabricpilot.dataplane import FabricParams
     from fabricpilot.nccltests import default_cluster, run_sweep
     from fabricpilot.runner import link_costs
@@ -514,10 +516,73 @@ def test_auto_allreduce_is_the_faster_of_rails_and_hierarchical(gpus: int, faste
     est = collectives.allreduce_estimates_ns(host_matrix(range(gpus), 8), size,
                                              link_costs(ct, FabricParams()))
     twin = {}
-    for algo in ("rails", "hierarchical"):
+    for algo in ("rails", "hierarchical", "tree"):
         (row,) = run_sweep(ct, "allreduce", [size], "ideal", algorithm=algo)
         twin[algo] = row.time_us * 1e3
         assert 1.0 <= twin[algo] / est[algo] <= 4174 / 4096, algo
     (auto,) = run_sweep(ct, "allreduce", [size], "ideal")
     assert min(est, key=est.__getitem__) == min(twin, key=twin.__getitem__) == faster
     assert auto.time_us * 1e3 == pytest.approx(twin[faster])
+
+
+def test_btree_is_nccls_illustrated_tree() -> None:
+    """NCCL's binary tree of 14 ranks as its source draws it: 0 - 8; 8 - 4, 12; 4 - 2, 6;
+    12 - 10, 13; 2 - 1, 3; 6 - 5, 7; 10 - 9, 11."""
+    drawn = {8: 0, 4: 8, 12: 8, 2: 4, 6: 4, 10: 12, 13: 12, 1: 2, 3: 2, 5: 6, 7: 6, 9: 10,
+             11: 10}
+    parent = collectives.btree_parents(14)
+    assert parent[0] == -1
+    assert {r: int(parent[r]) for r in range(1, 14)} == drawn
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 14, 64, 100, 1024])
+def test_double_binary_trees_span_the_ranks_and_share_the_work(n: int) -> None:
+    """Both trees span the ``n`` positions (``n - 1`` edges, connected), rooted at 0 and at
+    ``n - 1`` (even ``n``) or 1 (odd), no deeper than ``ceil(log2 n)``; a position is
+    interior (has children) in at most one of them, except position 0 for odd ``n``."""
+    import networkx as nx
+
+    trees = collectives.dtree_parents(n)
+    interior = []
+    for parent, root in zip(trees, (0, n - 1 if n % 2 == 0 else 1), strict=True):
+        assert np.flatnonzero(parent < 0).tolist() == [root]
+        g = nx.Graph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from((c, int(parent[c])) for c in range(n) if parent[c] >= 0)
+        assert nx.is_tree(g)
+        depth = max(nx.shortest_path_length(g, root).values())
+        assert depth <= max(1, math.ceil(math.log2(n)))
+        interior.append(set(parent[parent >= 0].tolist()))
+    both = interior[0] & interior[1]
+    assert both == (set() if n % 2 == 0 or n < 3 else {0})
+
+
+@pytest.mark.parametrize(("hosts", "g"), [(2, 4), (3, 2), (8, 4), (13, 1), (64, 8)])
+def test_tree_allreduce_moves_what_the_rail_rings_move(hosts: int, g: int) -> None:
+    """The tree AllReduce's rail stage: every transfer stays on its rail, between two hosts,
+    with its reverse (reduce up, broadcast down); ``S / 2g`` each, ``2(h-1)S`` in all, as
+    the hierarchical rail ring's ``2(h-1)/(hg) S`` on each of ``hg`` hops; a GPU sends and
+    receives 1 to 4 of them; the NVLink stages are the hierarchical algorithm's."""
+    size = 2 * g * hosts * 100  # (no rounding: 2g and hg divide it)
+    ranks = np.random.default_rng(hosts).permutation(hosts * g)
+    tree = collectives.tree_allreduce(ranks, size, gpus_per_host=g)
+    hier = collectives.hierarchical_allreduce(ranks, size, gpus_per_host=g)
+    mid = next(st for st in tree if st.label == "rail-tree-allreduce")
+    ring = next(st for st in hier if st.label == "rail-allreduce")
+    assert [st.label for st in tree] == [st.label for st in hier][:1] * (g > 1) + [
+        mid.label] + [st.label for st in hier][-1:] * (g > 1)
+    assert mid.n_transfers == 4 * (hosts - 1) * g
+    assert (mid.src % g == mid.dst % g).all() and (mid.src // g != mid.dst // g).all()
+    assert sorted(zip(mid.src.tolist(), mid.dst.tolist(), strict=True)) == sorted(
+        zip(mid.dst.tolist(), mid.src.tolist(), strict=True))
+    assert set(mid.size_bytes.tolist()) == {size // (2 * g)}
+    assert mid.total_bytes == ring.total_bytes == 2 * (hosts - 1) * size
+    for ends in (mid.src, mid.dst):
+        counts = np.bincount(ends, minlength=hosts * g)
+        assert counts.min() >= 1 and counts.max() <= 4
+    # a chunk's way up and down the deeper tree: a binary tree of h nodes is at least
+    # floor(log2 h) deep, and these are at most ceil(log2 h) (log2 h for 2, 8, 64 hosts)
+    lg = math.log2(hosts)
+    assert 2 * math.floor(lg) <= mid.hops <= 2 * math.ceil(lg)
+    # rail k's transfers are one coupled group
+    assert (mid.group == mid.src % g).all()

@@ -621,7 +621,8 @@ def nccl_test(
     gpus_per_host: Annotated[int, typer.Option(help="GPUs per host (8 NICs, rails).")] = 8,
     rate_gbps: Annotated[float, typer.Option(help="NIC and fabric link rate.")] = 400.0,
     oversubscription: Annotated[float, typer.Option(help="Leaf down:up ratio.")] = 1.0,
-    algorithm: Annotated[str, typer.Option(help="auto, ring, rails, hierarchical, flat")] = "auto",
+    algorithm: Annotated[str, typer.Option(
+        help="auto, ring, rails, hierarchical, tree, flat")] = "auto",
     seed: Annotated[int, typer.Option()] = 1,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", parser=_output_path,

@@ -72,7 +72,7 @@ __all__ = [
 TopologyKind = Literal["leaf_spine", "fat_tree", "file"]
 Placement = Literal["contiguous", "random", "explicit"]
 CollectiveOp = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
-Algorithm = Literal["auto", "ring", "rails", "hierarchical", "flat"]
+Algorithm = Literal["auto", "ring", "rails", "hierarchical", "tree", "flat"]
 CollectiveMode = Literal["stream", "steps"]
 TrafficClass = Literal["rdma", "tcp", "control"]
 RateModelName = Literal["flow", "fluid"]
@@ -901,7 +901,7 @@ class CollectiveSpec(_Model):
     op: CollectiveOp = Field(description="NCCL operation")
     size_bytes: int = Field(gt=0, description="message size (nccl-tests convention)")
     algorithm: Algorithm = Field(default="auto",
-                                 description="auto, ring, rails, hierarchical, flat")
+                                 description="auto, ring, rails, hierarchical, tree, flat")
     mode: CollectiveMode = Field(
         default="stream", description="stream: pipelined streams; steps: synchronised steps"
     )

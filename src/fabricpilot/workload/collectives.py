@@ -42,7 +42,9 @@ __all__ = [
     "allreduce_estimates_ns",
     "alltoall",
     "broadcast",
+    "btree_parents",
     "build_collective",
+    "dtree_parents",
     "hierarchical_allreduce",
     "hierarchical_alltoall",
     "host_matrix",
@@ -51,16 +53,17 @@ __all__ = [
     "ring_allgather",
     "ring_allreduce",
     "ring_reducescatter",
+    "tree_allreduce",
 ]
 
-ALGORITHMS: tuple[str, ...] = ("auto", "ring", "rails", "hierarchical", "flat")
+ALGORITHMS: tuple[str, ...] = ("auto", "ring", "rails", "hierarchical", "tree", "flat")
 MODES: tuple[str, ...] = ("stream", "steps")
 
 Ranks = Sequence[int] | NDArray[np.integer]
 
 # Explicit algorithms each operation supports (``auto`` is resolved to one of these).
 _SUPPORTED: dict[Op, tuple[str, ...]] = {
-    Op.ALLREDUCE: ("ring", "rails", "hierarchical"),
+    Op.ALLREDUCE: ("ring", "rails", "hierarchical", "tree"),
     Op.REDUCESCATTER: ("ring", "rails"),
     Op.ALLGATHER: ("ring", "rails"),
     Op.BROADCAST: ("ring", "rails"),
@@ -513,29 +516,147 @@ def hierarchical_allreduce(
     m = host_matrix(ranks, gpus_per_host)
     s = _size(size_bytes)
     h, g = m.shape
-    stages: list[Stage] = []
-    intra: Stage | None = None
-    if g > 1:
-        src = m.reshape(-1)
-        dst = np.roll(m, -1, axis=1).reshape(-1)
-        grp = np.repeat(np.arange(h, dtype=np.int64), g)
-        share = _ceil_div((g - 1) * s, g)
-        intra = Stage(src=src, dst=dst, size_bytes=_full(len(src), share), group=grp,
-                      hops=g - 1, label="intra-reducescatter")
-        stages.append(intra)
+    rail: tuple[Stage, ...] = ()
     if h > 1:
         src = m.reshape(-1)
         dst = np.roll(m, -1, axis=0).reshape(-1)
         grp = np.tile(np.arange(g, dtype=np.int64), h)
-        stages.extend(_ring_stages(
+        rail = _ring_stages(
             src, dst, share_num=_ceil_div(2 * (h - 1) * s, g * h),
             chunk=_ceil_div(s, g * h), steps=2 * (h - 1), group=grp, mode=mode,
             label="rail-allreduce",
-        ))
-    if intra is not None:
-        stages.append(Stage(src=intra.src, dst=intra.dst, size_bytes=intra.size_bytes,
-                            group=intra.group, hops=intra.hops, label="intra-allgather"))
-    return _frozen(tuple(stages))
+        )
+    return _around_hosts(m, s, rail)
+
+
+def _around_hosts(m: NDArray[np.int64], s: int, middle: tuple[Stage, ...]
+                  ) -> tuple[Stage, ...]:
+    """``middle`` (the inter-host stages of a hierarchical AllReduce of ``s`` bytes per rank
+    over the host matrix ``m``) between an intra-host ring ReduceScatter and the mirror
+    AllGather: ``ceil((g-1)s/g)`` per NVLink hop, one coupled group per host, ``hops = g-1``
+    (none if ``g == 1``)."""
+    h, g = m.shape
+    if g == 1:
+        return _frozen(middle)
+    src = m.reshape(-1)
+    dst = np.roll(m, -1, axis=1).reshape(-1)
+    grp = np.repeat(np.arange(h, dtype=np.int64), g)
+    size = _full(len(src), _ceil_div((g - 1) * s, g))
+    return _frozen((
+        Stage(src=src, dst=dst, size_bytes=size, group=grp, hops=g - 1,
+              label="intra-reducescatter"),
+        *middle,
+        Stage(src=src, dst=dst, size_bytes=size, group=grp, hops=g - 1,
+              label="intra-allgather"),
+    ))
+
+
+# --------------------------------------------------------------------------- trees
+
+
+def btree_parents(n: int) -> NDArray[np.int64]:
+    """The parent of each position ``0..n-1`` in NCCL's binary tree (``-1``: the root, 0).
+
+    Position ``r`` with lowest set bit ``b`` hangs under ``(r ^ b) | (b << 1)``, or
+    ``r ^ b`` where that is out of range: odd positions are leaves, and the tree is
+    balanced on ``2^k - 1`` positions (depth ``k - 1`` below the top interior node).
+
+    >>> btree_parents(14).tolist()  # (0 - 8; 8 - 4, 12; 4 - 2, 6; 12 - 10, 13; ...)
+    [-1, 2, 4, 2, 8, 6, 4, 6, 0, 10, 12, 10, 8, 12]
+    """
+    r = np.arange(n, dtype=np.int64)
+    parent = np.full(n, -1, np.int64)
+    rest = r[1:]
+    low = rest & -rest
+    up = (rest ^ low) | (low << 1)
+    parent[1:] = np.where(up < n, up, rest ^ low)
+    return parent
+
+
+def dtree_parents(n: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """NCCL's double binary tree over positions ``0..n-1``: :func:`btree_parents`, and the
+    same tree mirrored (``r -> n-1-r``, ``n`` even; root ``n-1``) or shifted by one (``n``
+    odd; root 1), so that a position interior to one tree is a leaf of the other (but for
+    position 0 when ``n`` is odd) and every position sends and receives at most four of the
+    two trees' transfers.
+
+    >>> [p.tolist() for p in dtree_parents(4)]
+    [[-1, 2, 0, 2], [1, 3, 1, -1]]
+    >>> [p.tolist() for p in dtree_parents(3)]
+    [[-1, 2, 0], [1, -1, 0]]
+    """
+    p0 = btree_parents(n)
+    r = np.arange(n, dtype=np.int64)
+    if n % 2 == 0:
+        q = p0[n - 1 - r]
+        p1 = np.where(q >= 0, n - 1 - q, -1)
+    else:
+        q = p0[(r - 1) % n]
+        p1 = np.where(q >= 0, (q + 1) % n, -1)
+    return p0, p1
+
+
+def _tree_depth(parent: NDArray[np.int64]) -> int:
+    """The most edges from any position up to the root of a parent array.
+
+    >>> _tree_depth(btree_parents(14))
+    4
+    """
+    depth = 0
+    cur = parent.copy()
+    while (cur >= 0).any():
+        depth += 1
+        cur = np.where(cur >= 0, parent[np.maximum(cur, 0)], -1)
+    return depth
+
+
+def _rail_trees(m: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """The transfers of one double binary tree per rail (column of the ``(h, g)`` host
+    matrix ``m``, ``h >= 2``) over the hosts, in both directions (reduce up, broadcast down):
+    ``src``, ``dst`` (rail-major: the first ``4(h-1)`` are rail 0's) and the hops of the
+    pipeline (up the deeper tree and down again)."""
+    h, _ = m.shape
+    trees = dtree_parents(h)
+    child = np.concatenate([np.flatnonzero(p >= 0) for p in trees])
+    parent = np.concatenate([p[p >= 0] for p in trees])
+    up_pos = np.concatenate([child, parent])  # (reduce: child -> parent; then the reverse)
+    down_pos = np.concatenate([parent, child])
+    src = m[up_pos].T.reshape(-1)
+    dst = m[down_pos].T.reshape(-1)
+    return src, dst, 2 * max(_tree_depth(p) for p in trees)
+
+
+def tree_allreduce(ranks: Ranks, size_bytes: int, gpus_per_host: int = 1
+                   ) -> tuple[Stage, ...]:
+    """Tree AllReduce: intra-host ReduceScatter, per rail a pipelined double binary tree
+    AllReduce over the hosts, intra-host AllGather (NCCL's NVLS tree; with one GPU per
+    host, NCCL's tree over the ranks).
+
+    ``S`` is bytes per rank; ``h`` hosts with ``g`` job GPUs each (see ``host_matrix``).
+    The intra-host stages are those of ``hierarchical_allreduce``. Each rail's GPUs then
+    hold ``S/g`` to AllReduce across the hosts, half on each tree of :func:`dtree_parents`
+    (over host positions): every tree edge carries ``ceil(S/(2g))`` up (reduce) and as much
+    down (broadcast), all at once, as the chunks of the pipeline do; a rail's transfers are
+    one coupled group (group id = rail), ``hops = 2 x`` the deeper tree's depth (a chunk's
+    way up and down again), against a ring's ``2(h-1)``. A GPU sends and receives at most
+    four of them, ``2S/g`` in all, as much as a ring's ``2(h-1)/h S/g`` to within
+    ``1/h``: trees trade a little bandwidth for latency logarithmic in the hosts.
+
+    >>> a, b, c = tree_allreduce(range(32), 800, gpus_per_host=4)  # (8 hosts)
+    >>> b.label, b.n_transfers, int(b.size_bytes[0]), b.hops  # (4 rails x 2 trees x 7 x 2)
+    ('rail-tree-allreduce', 112, 100, 6)
+    """
+    m = host_matrix(ranks, gpus_per_host)
+    s = _size(size_bytes)
+    h, g = m.shape
+    middle: tuple[Stage, ...] = ()
+    if h > 1:
+        src, dst, hops = _rail_trees(m)
+        per_rail = len(src) // g
+        middle = (Stage(src=src, dst=dst, size_bytes=_full(len(src), _ceil_div(s, 2 * g)),
+                        group=np.repeat(np.arange(g, dtype=np.int64), per_rail), hops=hops,
+                        label="rail-tree-allreduce"),)
+    return _around_hosts(m, s, middle)
 
 
 # --------------------------------------------------------------------------- auto: AllReduce
@@ -562,10 +683,14 @@ def allreduce_estimates_ns(m: NDArray[np.int64], size_bytes: int, costs: LinkCos
     * ``rails``: ``2(n-1)`` steps of the rail rings' slowest step latency; each NIC carries
       ``2(n-1)/(n g) S`` and each GPU's NVLink port ``2(n-1)/n S`` (a hop of every ring);
     * ``hierarchical``: two NVLink stages of ``g-1`` steps and ``(g-1)/g S`` each, then the
-      rail stage of ``2(h-1)`` steps carrying ``2(h-1)/(h g) S`` per NIC.
+      rail stage of ``2(h-1)`` steps carrying ``2(h-1)/(h g) S`` per NIC;
+    * ``tree``: the same NVLink stages, then the rail trees (``tree_allreduce``): twice the
+      deeper tree's depth in steps, and ``S/(2g)`` on each of a GPU's (at most four) tree
+      transfers, which share its NIC.
 
-    A ring's latency grows with its GPUs, the hierarchical one's rail stage with the hosts:
-    rails win on few hosts, hierarchical on many.
+    A ring's latency grows with its GPUs, the hierarchical one's rail stage with the hosts,
+    the trees' with the logarithm of the hosts: rails win on few hosts, hierarchical on
+    more, trees on many (or for small messages).
 
     >>> flat = lambda src, dst: 2000.0  # every message 2 us
     >>> c = LinkCosts(400.0, 3600.0, flat)
@@ -573,7 +698,7 @@ def allreduce_estimates_ns(m: NDArray[np.int64], size_bytes: int, costs: LinkCos
     >>> round(e["rails"]), round(e["hierarchical"])  # (2 x 63 x 2 us + 1.32 ms, ...)
     (1573206, 2274321)
     >>> e = allreduce_estimates_ns(np.arange(8192).reshape(1024, 8), 1 << 30, c)
-    >>> e["rails"] > e["hierarchical"]
+    >>> e["rails"] > e["hierarchical"] > e["tree"]
     True
     """
     h, g = m.shape
@@ -590,9 +715,13 @@ def allreduce_estimates_ns(m: NDArray[np.int64], size_bytes: int, costs: LinkCos
                                         2 * (n - 1) / n * bits / nvl)
     rail_ns = costs.latency_ns(src[inter], dst[inter])
     nv_ns = costs.latency_ns(src[on_host], dst[on_host])
-    hier = (2 * ((g - 1) * nv_ns + (g - 1) / g * bits / nvl)
-            + 2 * (h - 1) * rail_ns + 2 * (h - 1) / (h * g) * bits / nic)
-    return {"rails": float(rails), "hierarchical": float(hier)}
+    intra = 2 * ((g - 1) * nv_ns + (g - 1) / g * bits / nvl)
+    hier = intra + 2 * (h - 1) * rail_ns + 2 * (h - 1) / (h * g) * bits / nic
+    t_src, t_dst, t_hops = _rail_trees(m)
+    fan = max(int(np.bincount(t_src).max()), int(np.bincount(t_dst).max()))
+    tree = (intra + t_hops * costs.latency_ns(t_src, t_dst)
+            + fan * bits / (2 * g) / nic)
+    return {"rails": float(rails), "hierarchical": float(hier), "tree": float(tree)}
 
 
 # --------------------------------------------------------------------------- entry point
@@ -602,8 +731,9 @@ def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int,
                   size_bytes: int = 0, costs: LinkCosts | None = None) -> str:
     """``auto``: on multi-GPU hosts holding the same number of the job's GPUs each, across
     hosts, PXN for AlltoAll, rail rings for AllGather / ReduceScatter / Broadcast, and for
-    AllReduce the faster of rail rings and hierarchical by ``allreduce_estimates_ns`` given
-    the fabric's ``costs`` (hierarchical without them); else ring / flat."""
+    AllReduce the fastest of rail rings, hierarchical and trees by
+    ``allreduce_estimates_ns`` given the fabric's ``costs`` (hierarchical without them);
+    else ring / flat."""
     flat_name = "flat" if op is Op.ALLTOALL else "ring"
     if gpus_per_host <= 1:
         return flat_name
@@ -612,9 +742,9 @@ def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int,
     multi_gpu_host = bool(np.any(counts > 1))
     equal = bool(np.all(counts == counts[0]))
     if spans_hosts and multi_gpu_host and equal:
-        if op is Op.ALLREDUCE and costs is not None:  # (the faster by an α-β estimate)
+        if op is Op.ALLREDUCE and costs is not None:  # (the fastest by an α-β estimate)
             est = allreduce_estimates_ns(host_matrix(arr, gpus_per_host), size_bytes, costs)
-            return "rails" if est["rails"] < est["hierarchical"] else "hierarchical"
+            return min(est, key=est.__getitem__)
         return "hierarchical" if op in (Op.ALLREDUCE, Op.ALLTOALL) else "rails"
     return flat_name
 
@@ -635,15 +765,17 @@ def build_collective(
     ``size_bytes`` is nccl-tests' ``S`` for ``op``. ``algorithm``: ``"ring"`` (AllReduce,
     ReduceScatter, AllGather, Broadcast: one ring over the ranks in order), ``"rails"`` (the
     same, over one ring per rail, see ``rails_collective``), ``"flat"`` (AlltoAll),
-    ``"hierarchical"`` (AllReduce, AlltoAll; PXN for the latter) or ``"auto"``: when
+    ``"hierarchical"`` (AllReduce, AlltoAll; PXN for the latter), ``"tree"`` (AllReduce:
+    double binary trees across the hosts, see ``tree_allreduce``) or ``"auto"``: when
     ``gpus_per_host > 1``, the job spans >= 2 hosts, some host holds > 1 of its GPUs and every
     host holds the same number (what the hierarchical and rail algorithms need), PXN for
-    AlltoAll, rails for AllGather / ReduceScatter / Broadcast and for AllReduce the faster
-    of rails and hierarchical by an α-β estimate from ``costs`` (the fabric's rates and
-    latencies, :class:`LinkCosts`; hierarchical without them), else ring / flat.
-    ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll and Broadcast have a single
-    form. ``CollectivePlan.algorithm`` records what was used: ``ring``, ``ring-steps``,
-    ``rails``, ``rails-steps``, ``hierarchical``, ``hierarchical-steps``, ``flat`` or ``pxn``.
+    AlltoAll, rails for AllGather / ReduceScatter / Broadcast and for AllReduce the fastest
+    of rails, hierarchical and tree by an α-β estimate from ``costs`` (the fabric's rates
+    and latencies, :class:`LinkCosts`; hierarchical without them), else ring / flat.
+    ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll, Broadcast and the tree
+    AllReduce have a single form. ``CollectivePlan.algorithm`` records what was used:
+    ``ring``, ``ring-steps``, ``rails``, ``rails-steps``, ``hierarchical``,
+    ``hierarchical-steps``, ``tree``, ``flat`` or ``pxn``.
 
     >>> p = build_collective("allreduce", range(16), 1 << 20, gpus_per_host=8)
     >>> p.algorithm, [s.label for s in p.stages]
@@ -683,6 +815,8 @@ def build_collective(
     elif algo == "rails":
         stages = rails_collective(op, arr, s, g, mode=mode, root=root)
         used = "rails" + (steps_suffix if op is not Op.BROADCAST else "")
+    elif op is Op.ALLREDUCE and algo == "tree":
+        stages, used = tree_allreduce(arr, s, g), "tree"
     elif op is Op.ALLREDUCE:
         stages = hierarchical_allreduce(arr, s, g, mode=mode)
         used = "hierarchical" + steps_suffix

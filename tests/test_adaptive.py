@@ -380,3 +380,45 @@ def test_bytes_seen_promotes_every_cross_leaf_elephant_once() -> None:
     assert r.path_moves == 32 * 24
     assert r.summary()["reorder_events"] == 0
     assert r.collectives[0].time_ns > 0
+
+
+class _Watch(Adaptive):
+    """Adaptive routing that keeps the telemetry of its first rebalance and its moves."""
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+        self.moves = 0
+
+    def rebalance(self, members: ActiveMembers) -> Moves:
+        if not self.seen and self._telemetry is not None:
+            tel = self._telemetry()
+            self.seen.append((tel.load_gbps.copy(), tel.demand_gbps.copy()))
+        mv = super().rebalance(members)
+        self.moves += len(mv.member)
+        return mv
+
+
+def test_a_tree_rows_demand_is_what_its_gpus_nics_let_it_send() -> None:
+    """A tree AllReduce over 16 single-GPU hosts (4 leaves of 4, 4 spines) runs as one
+    coupled row whose GPUs send up to 4 of its transfers each: the row moves at 400 / 4 =
+    100 Gb/s per transfer, and that is what each transfer would send if nothing else held
+    it back. The switches' view of demand is then the load itself, and adaptive routing
+    has no reason to move anything. (Counting each transfer at its NIC's 400 Gb/s put the
+    demand above the load on every busy link: standing queues where there are none.)"""
+    from fabricpilot.workload.collectives import build_collective
+
+    ct = compile_topology(leaf_spine(hosts=16, gpus_per_host=1, nics_per_leaf=4,
+                                     rail_optimized=False))
+    plan = build_collective("allreduce", range(16), 64 << 20, algorithm="tree")
+    (stage,) = plan.stages
+    assert np.bincount(stage.src).max() == 4  # (a GPU interior to one tree: 3 + 1 sends)
+    pol = _Watch(PolicyContext(ct, 1, 600))
+    run(ct, [JobSpec("tree", plan.ranks, (plan,))], pol)
+    load, demand = pol.seen[0]
+    busy = load > 0
+    assert busy.sum() > 0
+    np.testing.assert_allclose(demand[busy], load[busy], rtol=1e-9)
+    nic_up = ct.gpu_up[np.argmax(np.bincount(stage.src))]
+    assert load[nic_up] == pytest.approx(LINE_GBPS)  # (4 transfers at 100 Gb/s)
+    assert pol.moves == 0

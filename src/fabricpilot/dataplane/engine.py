@@ -721,8 +721,10 @@ class Engine(FaultsMixin):
         self._row_hold = np.concatenate([self._row_hold, np.full(n, -np.inf)])
         self._row_cap = np.concatenate([self._row_cap, np.full(n, np.inf)
                                         if routed.rate_cap_gbps is None else routed.rate_cap_gbps])
+        # (a member would send its NIC's rate, or less where the row's own members share a
+        # link of its hosts: the four transfers of a tree GPU's NIC, at a quarter each)
         nic = self.ct.rate_gbps[self.ct.gpu_up[routed.src]].astype(np.float64)
-        self._row_demand = np.concatenate([self._row_demand, nic])
+        self._row_demand = np.concatenate([self._row_demand, np.minimum(nic, alone)])
         self._row_src = np.concatenate([self._row_src, routed.src.astype(np.int64)])
         self._row_dst = np.concatenate([self._row_dst, routed.dst.astype(np.int64)])
         self._row_owner = np.concatenate([self._row_owner, np.full(n, owner, np.int64)])

@@ -87,9 +87,18 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     if n < 2:
         return []
     if pattern == "alltoall":
-        if host_of:
-            return pair_shares(list(itertools.permutations(gpus, 2)), host_of)
-        return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
+        if not host_of:
+            return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
+        # (pair_shares's, per GPU: its host's other GPUs share its NVLink, the rest its NIC)
+        hosts = [host_of.get(g, -1 - g) for g in gpus]
+        on_host = Counter(hosts)
+        out: list[tuple[int, int, float]] = []
+        for a, ha in zip(gpus, hosts, strict=True):
+            c = on_host[ha]
+            near, far = 1.0 / max(c - 1, 1), 1.0 / max(n - c, 1)
+            out.extend([(a, b, near if hb == ha else far)
+                        for b, hb in zip(gpus, hosts, strict=True) if b != a])
+        return out
     rows = _host_rows(gpus, host_of) if host_of is not None else None
     if rows is None:
         return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]

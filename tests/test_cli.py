@@ -627,7 +627,7 @@ def test_nccl_test_out_writes_the_sweep_as_printed(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     printed = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
     lines = (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()
-    assert lines[0] == "size_bytes,count,redop,root,time_us,algbw_GBps,busbw_GBps"
+    assert lines[0] == "size_bytes,count,redop,root,time_us,algbw_GBps,busbw_GBps,algorithm"
     written = [ln.split(",") for ln in lines[1:]]
     assert [w[0] for w in written] == [p[0] for p in printed] == ["1048576", "2097152",
                                                                   "4194304"]
@@ -635,6 +635,8 @@ def test_nccl_test_out_writes_the_sweep_as_printed(tmp_path: Path) -> None:
         # busbw = algbw x (n-1)/n for AllGather, the same figures as the table's
         assert float(w[6]) == pytest.approx(float(w[5]) * 15 / 16, rel=1e-5)
         assert float(w[6]) == pytest.approx(float(p[7]), abs=0.01)
+        assert w[7] == "rails"  # (auto on 2 hosts of 8: one ring per rail)
+    assert "# Algorithm            : rails 1.0 MiB - 4.0 MiB" in res.stdout
     assert (tmp_path / "sweep" / "busbw.png").read_bytes()[:4] == b"\x89PNG"
     bad = cli("nccl-test", "--gpus", "16", "-b", "1M", "-e", "1M",
               "--out", str(tmp_path / "sweep" / "sweep.csv"))
@@ -763,3 +765,16 @@ def test_nccl_test_runs_a_size_that_rounds_to_one_run_already_once(tmp_path: Pat
     sizes = [int(line.split()[0]) for line in res.stdout.splitlines()
              if line.strip() and not line.startswith("#")]
     assert sizes == [64, 128, 256]
+
+
+def test_nccl_test_says_which_algorithm_ran_at_which_sizes() -> None:
+    """auto's AllReduce on 64 GPUs (8 hosts of 8): trees for small messages, where the
+    rings' 2 x 63 message latencies dominate, the rail rings for large ones, where the
+    trees' sequential NVLink stages do (the alpha-beta estimate's pick, see
+    ``allreduce_estimates_ns``: tree at 1 MiB, rails at 256 MiB)."""
+    res = cli("nccl-test", "--op", "allreduce", "--gpus", "64", "-b", "1M", "-e", "256M",
+              "-f", "16", "--policy", "ideal")
+    assert res.returncode == 0, res.stderr
+    (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("# Algorithm")]
+    spans = line.split(":", 1)[1].strip().split(", ")
+    assert spans[0].startswith("tree 1.0 MiB") and spans[-1].endswith("rails 256.0 MiB")

@@ -632,6 +632,7 @@ def nccl_test(
     """nccl-tests-style sweep of one collective over message sizes on a built-in cluster."""
     from fabricpilot.nccltests import (
         HEADER,
+        algorithm_ranges,
         average_busbw,
         default_cluster,
         format_row,
@@ -672,6 +673,8 @@ def nccl_test(
         rows = run_sweep(ct, op, sizes, policy, algorithm=algorithm, seed=seed,
                          on_size=lambda r: print(format_row(r), flush=True))
         print(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {average_busbw(rows):g}")
+        if rows:
+            print(f"# Algorithm            : {algorithm_ranges(rows)}")
         if out_dir is not None:
             title = f"{op}, {gpus} GPUs, {rate_gbps:g} Gb/s, policy {policy}\n{ct.topo.summary()}"
             try:

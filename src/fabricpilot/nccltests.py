@@ -22,6 +22,7 @@ import csv
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from fabricpilot.dataplane import FabricParams
 from fabricpilot.errors import FabricpilotError, TopologyError
 from fabricpilot.runner import Prepared, link_costs, run_policy
 from fabricpilot.topology import CompiledTopology, compile_topology, leaf_spine
+from fabricpilot.units import format_bytes
 from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
 from fabricpilot.workload.plan import Op
@@ -55,6 +57,7 @@ class SweepRow:
     time_us: float
     algbw_GBps: float
     busbw_GBps: float
+    algorithm: str = ""  # (what ran: auto's pick, as ``CollectivePlan.algorithm``)
 
 
 def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.0,
@@ -138,7 +141,8 @@ def run_sweep(
             size_bytes=s, count=count,
             redop="sum" if the_op in (Op.ALLREDUCE, Op.REDUCESCATTER) else "none",
             root=0 if the_op is Op.BROADCAST else -1,
-            time_us=c.time_ns / 1e3, algbw_GBps=c.algbw_GBps, busbw_GBps=c.busbw_GBps)
+            time_us=c.time_ns / 1e3, algbw_GBps=c.algbw_GBps, busbw_GBps=c.busbw_GBps,
+            algorithm=plan.algorithm)
         rows.append(row)
         if on_size is not None:
             on_size(row)
@@ -186,7 +190,25 @@ def average_busbw(rows: list[SweepRow]) -> float:
 
 
 SWEEP_CSV_COLUMNS = ("size_bytes", "count", "redop", "root", "time_us", "algbw_GBps",
-                     "busbw_GBps")
+                     "busbw_GBps", "algorithm")
+
+
+def algorithm_ranges(rows: list[SweepRow]) -> str:
+    """Which algorithm ran at which sizes, consecutive sizes of one algorithm together.
+
+    >>> rows = [SweepRow(s, 0, "sum", -1, 1.0, 1.0, 1.0, a) for s, a in
+    ...         ((1 << 20, "tree"), (4 << 20, "tree"), (16 << 20, "rails"))]
+    >>> algorithm_ranges(rows)
+    'tree 1.0 MiB - 4.0 MiB, rails 16.0 MiB'
+    """
+    spans: list[list[Any]] = []
+    for r in rows:
+        if spans and spans[-1][0] == r.algorithm:
+            spans[-1][2] = r.size_bytes
+        else:
+            spans.append([r.algorithm, r.size_bytes, r.size_bytes])
+    return ", ".join(f"{a} {format_bytes(lo)}" + (f" - {format_bytes(hi)}" if hi != lo else "")
+                     for a, lo, hi in spans)
 
 
 def write_sweep_csv(rows: list[SweepRow], path: Path) -> None:
@@ -196,4 +218,4 @@ def write_sweep_csv(rows: list[SweepRow], path: Path) -> None:
         w.writerow(SWEEP_CSV_COLUMNS)
         for r in rows:
             w.writerow([r.size_bytes, r.count, r.redop, r.root, f"{r.time_us:.6g}",
-                        f"{r.algbw_GBps:.6g}", f"{r.busbw_GBps:.6g}"])
+                        f"{r.algbw_GBps:.6g}", f"{r.busbw_GBps:.6g}", r.algorithm])

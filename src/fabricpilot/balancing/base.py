@@ -171,7 +171,8 @@ class LinkTelemetry:
     """What the switches know of their own egress ports at one instant, per link id:
     ``load_gbps`` (the rate of the traffic currently on the link), ``queue_bytes`` (its
     egress queue) and ``demand_gbps`` (what the flows on it would send if nothing held them
-    back: their NICs' rates). The flow-level model has no queues; a demand above capacity is
+    back: their NICs' rates, less where a coupled row's own members share its NIC, as a
+    tree GPU's four transfers). The flow-level model has no queues; a demand above capacity is
     where a real switch would hold a standing queue."""
 
     load_gbps: NDArray[np.float64]

@@ -409,7 +409,8 @@ class Engine(FaultsMixin):
             load, queue = self._load[self._col] * self._link_share, np.zeros(self.ct.n_links)
         demand = np.zeros(self.ct.n_links)
         if len(self._row_demand):
-            # a stream would send its NIC's rate, shared with the other streams of that NIC
+            # a row would send its demand (its NIC's rate, or what its own members there
+            # leave it), shared with the other rows of that NIC
             per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
             row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
             demand = (self._w.T @ row)[self._col] * self._link_share

@@ -558,8 +558,8 @@ def btree_parents(n: int) -> NDArray[np.int64]:
     """The parent of each position ``0..n-1`` in NCCL's binary tree (``-1``: the root, 0).
 
     Position ``r`` with lowest set bit ``b`` hangs under ``(r ^ b) | (b << 1)``, or
-    ``r ^ b`` where that is out of range: odd positions are leaves, and the tree is
-    balanced on ``2^k - 1`` positions (depth ``k - 1`` below the top interior node).
+    ``r ^ b`` where that is out of range: odd positions are leaves, and the root has one
+    child, the largest power of two below ``n``, atop a tree at most ``ceil(log2 n)`` deep.
 
     >>> btree_parents(14).tolist()  # (0 - 8; 8 - 4, 12; 4 - 2, 6; 12 - 10, 13; ...)
     [-1, 2, 4, 2, 8, 6, 4, 6, 0, 10, 12, 10, 8, 12]
@@ -639,8 +639,8 @@ def tree_allreduce(ranks: Ranks, size_bytes: int, gpus_per_host: int = 1
     down (broadcast), all at once, as the chunks of the pipeline do; a rail's transfers are
     one coupled group (group id = rail), ``hops = 2 x`` the deeper tree's depth (a chunk's
     way up and down again), against a ring's ``2(h-1)``. A GPU sends and receives at most
-    four of them, ``2S/g`` in all, as much as a ring's ``2(h-1)/h S/g`` to within
-    ``1/h``: trees trade a little bandwidth for latency logarithmic in the hosts.
+    four of them (``2S/g``), as much as a ring's ``2(h-1)/h S/g`` to within ``1/h``: trees
+    trade a little bandwidth for latency logarithmic in the hosts.
 
     >>> a, b, c = tree_allreduce(range(32), 800, gpus_per_host=4)  # (8 hosts)
     >>> b.label, b.n_transfers, int(b.size_bytes[0]), b.hops  # (4 rails x 2 trees x 7 x 2)
@@ -689,8 +689,9 @@ def allreduce_estimates_ns(m: NDArray[np.int64], size_bytes: int, costs: LinkCos
       transfers, which share its NIC.
 
     A ring's latency grows with its GPUs, the hierarchical one's rail stage with the hosts,
-    the trees' with the logarithm of the hosts: rails win on few hosts, hierarchical on
-    more, trees on many (or for small messages).
+    the trees' with the logarithm of the hosts: rails win on few hosts and large messages,
+    trees on many hosts or small messages (on two hosts trees and the hierarchical rail
+    ring are the same cost).
 
     >>> flat = lambda src, dst: 2000.0  # every message 2 us
     >>> c = LinkCosts(400.0, 3600.0, flat)

@@ -629,8 +629,9 @@ def _rail_trees(m: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int
 def tree_allreduce(ranks: Ranks, size_bytes: int, gpus_per_host: int = 1
                    ) -> tuple[Stage, ...]:
     """Tree AllReduce: intra-host ReduceScatter, per rail a pipelined double binary tree
-    AllReduce over the hosts, intra-host AllGather (NCCL's NVLS tree; with one GPU per
-    host, NCCL's tree over the ranks).
+    AllReduce over the hosts, intra-host AllGather (the shape of NCCL's NVLS tree, with
+    NVLink rings where NVLS reduces in the NVSwitch; with one GPU per host, NCCL's tree
+    over the ranks).
 
     ``S`` is bytes per rank; ``h`` hosts with ``g`` job GPUs each (see ``host_matrix``).
     The intra-host stages are those of ``hierarchical_allreduce``. Each rail's GPUs then

@@ -1296,6 +1296,7 @@ def test_a_gpu_with_as_many_peers_as_parts_gets_one_qp_per_peer() -> None:
     for name, (pattern, gpus) in jobs.items():
         ctl.declare(Intent(name, "t", tuple(gpus), (CommCall(pattern, 1 << 24, 900.0, 0),)))
     rep = ctl.plan()
+
     def host(gpu: str) -> int:
         return int(gpu) // 8
 

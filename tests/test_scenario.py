@@ -453,7 +453,6 @@ def test_a_long_refused_value_is_not_repeated_whole(tmp_path: Path) -> None:
     assert err.problem.endswith(f"'{'9' * 40}...' (5000 characters)") and len(err.problem) < 100
 
 
-
 # --- plain scalars by the YAML 1.2 core schema ----------------------------------------------
 # https://yaml.org/spec/1.2.2/#1032-tag-resolution (PyYAML's own SafeLoader follows YAML 1.1)
 

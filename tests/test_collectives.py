@@ -586,3 +586,25 @@ def test_tree_allreduce_moves_what_the_rail_rings_move(hosts: int, g: int) -> No
     assert 2 * math.floor(lg) <= mid.hops <= 2 * math.ceil(lg)
     # rail k's transfers are one coupled group
     assert (mid.group == mid.src % g).all()
+
+
+@pytest.mark.parametrize(("gpus", "size", "faster"), [(16, 1 << 20, "tree"),
+                                                     (16, 256 << 20, "ring"),
+                                                     (64, 1 << 20, "tree")])
+def test_auto_allreduce_on_single_gpu_hosts_weighs_the_ring_against_trees(
+        gpus: int, size: int, faster: str) -> None:
+    """One GPU per host: a ring pays 2(n-1) message latencies, the trees 2 log2 n, for
+    about the same bytes per NIC (2S against 2(n-1)/n S). ``auto`` picks by the α-β
+    estimate, and the twin (``ideal``) runs the one it picks faster: trees for 1 MiB on 16
+    and 64 hosts, the ring for 256 MiB on 16 (where the trees' 2S/n more bytes per NIC
+    outweigh 22 message latencies)."""
+    from fabricpilot.nccltests import default_cluster, run_sweep
+
+    ct = default_cluster(gpus, gpus_per_host=1)
+    times = {}
+    for algo in ("ring", "tree"):
+        (row,) = run_sweep(ct, "allreduce", [size], "ideal", algorithm=algo)
+        times[algo] = row.time_us
+    (auto,) = run_sweep(ct, "allreduce", [size], "ideal")
+    assert auto.algorithm == faster == min(times, key=times.__getitem__)
+    assert auto.time_us == pytest.approx(times[faster])

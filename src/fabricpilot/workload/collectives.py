@@ -735,14 +735,20 @@ def _resolve_auto(op: Op, arr: NDArray[np.int64], gpus_per_host: int,
     hosts, PXN for AlltoAll, rail rings for AllGather / ReduceScatter / Broadcast, and for
     AllReduce the fastest of rail rings, hierarchical and trees by
     ``allreduce_estimates_ns`` given the fabric's ``costs`` (hierarchical without them);
-    else ring / flat."""
+    with one GPU on each of several hosts and ``costs``, AllReduce the faster of the ring
+    and trees (as NCCL on single-GPU nodes); else ring / flat."""
     flat_name = "flat" if op is Op.ALLTOALL else "ring"
-    if gpus_per_host <= 1:
-        return flat_name
-    _, counts = np.unique(arr // gpus_per_host, return_counts=True)
+    g = max(gpus_per_host, 1)
+    _, counts = np.unique(arr // g, return_counts=True)
     spans_hosts = len(counts) >= 2
     multi_gpu_host = bool(np.any(counts > 1))
     equal = bool(np.all(counts == counts[0]))
+    if op is Op.ALLREDUCE and costs is not None and spans_hosts and not multi_gpu_host:
+        # one GPU per host: the ring over the ranks (the rail ring of one rail) or trees
+        est = allreduce_estimates_ns(host_matrix(arr, g), size_bytes, costs)
+        return "tree" if est["tree"] < est["hierarchical"] else "ring"
+    if gpus_per_host <= 1:
+        return flat_name
     if spans_hosts and multi_gpu_host and equal:
         if op is Op.ALLREDUCE and costs is not None:  # (the fastest by an α-β estimate)
             est = allreduce_estimates_ns(host_matrix(arr, gpus_per_host), size_bytes, costs)
@@ -773,7 +779,8 @@ def build_collective(
     host holds the same number (what the hierarchical and rail algorithms need), PXN for
     AlltoAll, rails for AllGather / ReduceScatter / Broadcast and for AllReduce the fastest
     of rails, hierarchical and tree by an α-β estimate from ``costs`` (the fabric's rates
-    and latencies, :class:`LinkCosts`; hierarchical without them), else ring / flat.
+    and latencies, :class:`LinkCosts`; hierarchical without them); with one GPU on each of
+    several hosts and ``costs``, AllReduce the faster of ring and tree; else ring / flat.
     ``mode`` (``"stream"`` / ``"steps"``) applies to rings; AlltoAll, Broadcast and the tree
     AllReduce have a single form. ``CollectivePlan.algorithm`` records what was used:
     ``ring``, ``ring-steps``, ``rails``, ``rails-steps``, ``hierarchical``,

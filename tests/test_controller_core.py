@@ -248,6 +248,31 @@ def test_the_controller_imports_no_simulator_code() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_a_tree_allreduces_pairs_are_planned_at_what_its_trees_send() -> None:
+    """A tree AllReduce over 4 single-GPU hosts, NCCL's double binary tree: tree 0 has
+    1 -> 2, 2 -> 0, 3 -> 2 up (and the reverse down), its mirror 0 -> 1, 1 -> 3, 2 -> 1 up.
+    GPU 1 then sends 4 transfers at once, 1 -> 2 twice (tree 0 up, tree 1 down), 1 -> 3 and
+    1 -> 0 once: on a 400 Gb/s NIC 200, 100 and 100 Gb/s; GPU 2 likewise sends 2 -> 1 twice;
+    GPUs 0 and 3 send 2 transfers each, 200 Gb/s. The twin declares a pair once per
+    transfer it carries at once; counted once, 1 -> 2 and 2 -> 1 got a third of a NIC."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware, job_intents
+    from fabricpilot.topology import compile_topology, leaf_spine
+    from fabricpilot.workload.collectives import build_collective
+    from fabricpilot.workload.jobs import JobSpec
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    plan = build_collective("allreduce", range(4), 1 << 20, algorithm="tree")
+    ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)))
+    (intent,) = job_intents([JobSpec("tree", plan.ranks, (plan,))], "t")
+    ctl.declare(intent)
+    ctl.plan()
+    got = {k.split(":")[1]: d.rate_gbps for k, d in ctl._demand.items()}
+    assert got == {"0->1": 200.0, "0->2": 200.0, "1->2": 200.0, "1->3": 100.0,
+                   "1->0": 100.0, "2->1": 200.0, "2->0": 100.0, "2->3": 100.0,
+                   "3->2": 200.0, "3->1": 200.0}
+
+
 def test_task_aware_reaches_the_bound_on_the_default_scenario() -> None:
     from fabricpilot.runner import prepare, run_policy
     from fabricpilot.scenario.loader import default_scenario

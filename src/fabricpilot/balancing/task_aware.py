@@ -97,14 +97,19 @@ def ecmp_spec(ctx: PolicyContext) -> EcmpSpec:
 
 def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
     """The intents the twin's jobs declare: each collective a call whose pairs are the GPU
-    pairs its stages exchange data between (jobs without an SLA: L3)."""
+    pairs its stages exchange data between, each as many times as one stage has transfers
+    on it at once (the two trees of a tree AllReduce may share a pair; jobs without an
+    SLA: L3)."""
     out = []
     for job in jobs:
         calls = []
         for plan in job.collectives:
-            pairs = sorted({(int(a), int(b)) for st in plan.stages
-                            for a, b in zip(st.src.tolist(), st.dst.tolist(), strict=True)
-                            if a != b})
+            times: Counter[tuple[int, int]] = Counter()
+            for st in plan.stages:
+                once = Counter((a, b) for a, b in zip(st.src.tolist(), st.dst.tolist(),
+                                                      strict=True) if a != b)
+                times |= once  # (stages run one after the other: the most of any)
+            pairs = sorted(times.elements())
             calls.append(CommCall(str(plan.op), max(int(plan.size_bytes), 1),
                                   job.sla_us or DEFAULT_SLA_US, job.compute_ns,
                                   job.priority, pairs=tuple(pairs)))

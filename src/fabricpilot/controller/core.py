@@ -110,24 +110,31 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
 
 def pair_shares(pairs: Sequence[tuple[int, int]], host_of: Mapping[int, int] | None = None
                 ) -> list[tuple[int, int, float]]:
-    """Each GPU pair of a call with the share of its sender's NIC it uses while the call
-    runs: a sender's peers on other hosts share its NIC equally, and those on its own host
-    (``host_of``: GPU -> host; reached over NVLink, not the NIC) share its NVLink equally.
-    Without ``host_of`` every GPU is a host of its own. So the rail peer of a ring on
-    multi-GPU hosts gets all of its NIC, as :func:`pattern_pairs` gives it, not a half
-    shared with its NVLink peer.
+    """Each GPU pair of a call, once, with the share of its sender's NIC it uses while the
+    call runs: a sender's transfers to other hosts share its NIC equally, and those to its
+    own host (``host_of``: GPU -> host; over NVLink, not the NIC) share its NVLink equally.
+    A pair listed ``k`` times carries ``k`` of its sender's transfers at once (as the two
+    trees of a tree AllReduce may use one pair). Without ``host_of`` every GPU is a host of
+    its own. So the rail peer of a ring on multi-GPU hosts gets all of its NIC, as
+    :func:`pattern_pairs` gives it, not a half shared with its NVLink peer.
 
     >>> pair_shares([(0, 1), (0, 2), (0, 3)])
     [(0, 1, 0.3333333333333333), (0, 2, 0.3333333333333333), (0, 3, 0.3333333333333333)]
     >>> pair_shares([(0, 1), (0, 2), (0, 3)], {0: 0, 1: 0, 2: 1, 3: 1})
     [(0, 1, 1.0), (0, 2, 0.5), (0, 3, 0.5)]
+    >>> pair_shares([(0, 2), (0, 3), (0, 2)])  # (0 -> 2 twice)
+    [(0, 2, 0.6666666666666666), (0, 3, 0.3333333333333333)]
     """
-    if not host_of:
+    times = Counter(pairs)
+    if len(times) == len(pairs) and not host_of:  # (the common case: each pair once)
         fan = Counter(a for a, _ in pairs)
         return [(a, b, 1.0 / fan[a]) for a, b in pairs]
-    kind = [(a, host_of.get(a, -1 - a) == host_of.get(b, -1 - b)) for a, b in pairs]
-    fan2 = Counter(kind)
-    return [(a, b, 1.0 / fan2[k]) for (a, b), k in zip(pairs, kind, strict=True)]
+    host = host_of or {}
+    kind = {(a, b): (a, host.get(a, -1 - a) == host.get(b, -1 - b)) for a, b in times}
+    fan2: Counter[tuple[int, bool]] = Counter()
+    for pair, k in times.items():
+        fan2[kind[pair]] += k
+    return [(a, b, k / fan2[kind[(a, b)]]) for (a, b), k in times.items()]
 
 
 def _host_rows(gpus: tuple[int, ...], host_of: Mapping[int, int]

@@ -98,8 +98,11 @@ class CallIn(_Strict):
     sla_us: Float = Field(gt=0, le=1e9)
     period_ns: Int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
     priority: Int = Field(default=0, ge=0, le=7)
-    pairs: list[tuple[Int, Int]] = Field(default_factory=list,
-                                                     max_length=MAX_PAIRS_PER_CALL)
+    pairs: list[tuple[Int, Int]] = Field(
+        default_factory=list, max_length=MAX_PAIRS_PER_CALL,
+        description="the (source, destination) GPU pairs the call's library exchanges data "
+                    "between; a pair given k times carries k of its sender's transfers at "
+                    "once (as the two trees of a tree AllReduce may); empty: from the pattern")
 
     @field_validator("pairs")
     @classmethod
@@ -107,11 +110,6 @@ class CallIn(_Strict):
         same = next((p for p in pairs if p[0] == p[1]), None)
         if same is not None:
             raise ValueError(f"a pair's two GPUs must differ, got {list(same)}")
-        seen: set[tuple[int, int]] = set()
-        for p in pairs:
-            if p in seen:
-                raise ValueError(f"pair {list(p)} is given more than once")
-            seen.add(p)
         return pairs
 
     @property

@@ -16,7 +16,9 @@ from fabricpilot.controller.core import (
     Controller,
     PlanInterrupted,
     mice_links,
+    pair_shares,
     pattern_pairs,
+    pattern_transfers,
     rule_key,
 )
 from fabricpilot.controller.intents import CommCall, Intent
@@ -172,6 +174,24 @@ def test_pattern_pairs() -> None:
     assert pattern_pairs("allgather", (3, 1)) == [(3, 1, 1.0), (1, 3, 1.0)]
     assert len(pattern_pairs("alltoall", tuple(range(5)))) == 20
     assert pattern_pairs("allreduce", (7,)) == []
+    with pytest.raises(ValueError, match="'tree' runs an allreduce, not a alltoall"):
+        CommCall("alltoall", 1, 1.0, 0, algorithm="tree")
+    with pytest.raises(ValueError, match="unknown algorithm 'nvls'"):
+        CommCall("allreduce", 1, 1.0, 0, algorithm="nvls")
+
+
+def test_a_tree_declared_by_pattern_is_planned_as_its_transfers() -> None:
+    """An AllReduce declared with ``algorithm="tree"`` and no pairs is planned at the rates
+    of the same call declared by its tree's transfers (a pair both trees use, listed twice),
+    on four hosts of two GPUs (the trees along each rail, the NVLink ring in each host)."""
+    host_of = {g: g // 2 for g in range(8)}
+    gpus = tuple(range(8))
+    transfers = pattern_transfers("allreduce", gpus, host_of, "tree")
+    assert len(transfers) == 4 * 2 + 2 * (4 - 1) * 2 * 2  # (rings; trees x edges x 2 ways x rails)
+    by_pattern = dict(((a, b), r) for a, b, r in pattern_pairs("allreduce", gpus, host_of,
+                                                                 "tree"))
+    assert by_pattern == {(a, b): r for a, b, r in pair_shares(transfers, host_of)}
+    assert by_pattern[(2, 4)] == 0.5 and by_pattern[(0, 1)] == 1.0  # (1 -> 2 twice, of 4)
 
 
 def test_ring_collectives_on_multi_gpu_hosts_are_planned_on_their_rails() -> None:

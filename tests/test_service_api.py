@@ -1062,3 +1062,36 @@ def test_a_pair_given_twice_carries_two_transfers(tmp_path: Path) -> None:
                                        "acme-tree:0->65": 400 / 3})
         again = {k: got[k] for k in ("task_id", "gpus", "calls")}
         assert c.put("/api/v1/jobs/acme-tree", json=again, headers=_auth(ACME)).status_code == 200
+
+
+def test_an_allreduce_announced_as_trees_is_planned_on_the_trees_pairs(tmp_path: Path
+                                                                       ) -> None:
+    """An AllReduce over four single-GPU hosts (GPUs 0, 8, 16, 24 in rank order) announced
+    with ``algorithm: tree`` is planned on the pairs of NCCL's double binary tree of four
+    ranks, both ways: tree 1 -> 2, 0 -> 2, 3 -> 2 and its mirror 0 -> 1, 1 -> 3, 2 -> 1,
+    ten directed pairs, where the ring has four (0 -> 8 -> 16 -> 24 -> 0). A tree of
+    another collective is refused in one line (422)."""
+    app, _ = _service(tmp_path)
+    gpus = [0, 8, 16, 24]
+    with TestClient(app) as c:
+        r = c.post("/api/v1/jobs", json=_job("ops-tree", gpus), headers=_auth(OPS))
+        assert r.status_code == 201, r.text
+        body = {"pattern": "allreduce", "size_bytes": 1 << 20, "ranks": gpus, "bucket": 0}
+        ring = c.post("/api/v1/jobs/ops-tree/calls", json=body, headers=_auth(OPS)).json()
+        tree = c.post("/api/v1/jobs/ops-tree/calls", json={**body, "algorithm": "tree"},
+                      headers=_auth(OPS)).json()
+        edges = [(1, 2), (0, 2), (3, 2), (0, 1), (1, 3)]
+        want = {(gpus[a], gpus[b]) for x, y in edges for a, b in ((x, y), (y, x))}
+        assert {(p["src"], p["dst"]) for p in tree["pairs"]} == want and len(want) == 10
+        assert {(p["src"], p["dst"]) for p in ring["pairs"]} == {
+            (0, 8), (8, 16), (16, 24), (24, 0)}
+        assert all(p["planned"] for p in tree["pairs"])
+        calls = c.get("/api/v1/jobs/ops-tree/calls", headers=_auth(OPS)).json()
+        assert [x.get("algorithm", "") for x in calls] == ["", "tree"]
+        bad = c.post("/api/v1/jobs/ops-tree/calls", headers=_auth(OPS),
+                     json={**body, "pattern": "alltoall", "algorithm": "tree"})
+        assert bad.status_code == 422 and "'tree' runs an allreduce" in bad.text
+    # a service started again on the same state has the announced trees as they were
+    _, again = _service(tmp_path)
+    (call,) = [c for c in again.controller.intents["ops-tree"].calls if c.algorithm]
+    assert call.algorithm == "tree" and set(call.pairs) == want

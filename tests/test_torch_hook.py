@@ -109,6 +109,31 @@ def test_declare_puts_the_job_with_its_ring() -> None:
     assert default_sla.sla_us == DEFAULT_SLA_US and default_sla.gpus == [0]
 
 
+def test_nccl_algo_tree_declares_and_announces_trees() -> None:
+    """With ``NCCL_ALGO=Tree`` (NCCL runs every AllReduce over trees) the job's AllReduce is
+    declared and its buckets announced with ``algorithm: tree``, so that the controller
+    plans the trees' pairs; a list (``Tree,Ring``) leaves the choice to NCCL and the
+    controller plans rings, as without the setting."""
+    sent: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        return httpx.Response(200, json={**body, "tenant": "default", "pairs": []})
+
+    env = {"WORLD_SIZE": "2", "RANK": "0", "FABRICPILOT_GPUS": "0,8", "NCCL_ALGO": "Tree"}
+    state = declare(_mock(handler), env=env, size_bytes=1 << 20)
+    assert state.algorithm == "tree"
+    assert sent[0]["calls"] == [{"pattern": "allreduce", "size_bytes": 1 << 20,
+                                 "sla_us": DEFAULT_SLA_US, "algorithm": "tree"}]
+    state._group_gpus, state._announcer = [0, 8], True
+    assert state.note_bucket(0, 4096) and state.flush(10)
+    assert sent[1]["algorithm"] == "tree" and sent[1]["ranks"] == [0, 8]
+    state.close()
+    listed = declare(_mock(handler), env={**env, "NCCL_ALGO": "Tree,Ring"})
+    assert listed.algorithm == "" and "algorithm" not in sent[2]["calls"][0]  # type: ignore[index]
+
+
 def test_declare_tolerates_an_unreachable_controller(caplog: pytest.LogCaptureFixture) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)

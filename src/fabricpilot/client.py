@@ -77,7 +77,9 @@ class CallSpec(TypedDict, total=False):
     """One communication call of a job's intent (``calls`` of :meth:`Client.declare_job`).
 
     ``pattern``, ``size_bytes`` and ``sla_us`` are required; ``period_ns`` (0: one-off),
-    ``priority`` (0-7) and ``pairs`` (explicit ``(src_gpu, dst_gpu)`` pairs) are optional.
+    ``priority`` (0-7), ``pairs`` (explicit ``(src_gpu, dst_gpu)`` pairs, a pair given k
+    times carrying k transfers at once) and ``algorithm`` (``"tree"``: an AllReduce the
+    library runs over double binary trees; ``""``: rings) are optional.
     """
 
     pattern: Pattern
@@ -86,6 +88,7 @@ class CallSpec(TypedDict, total=False):
     period_ns: int
     priority: int
     pairs: list[tuple[int, int]]
+    algorithm: str
 
 
 class PortDeltaSpec(TypedDict, total=False):
@@ -344,7 +347,7 @@ class Client:
 
     def announce(self, task_id: str, pattern: Pattern, size_bytes: int, ranks: Sequence[int],
                  *, sla_us: float | None = None, period_ns: int = 0,
-                 bucket: int | None = None) -> JSONDict:
+                 bucket: int | None = None, algorithm: str = "") -> JSONDict:
         """``POST /api/v1/jobs/{task_id}/calls``: announce a call at run time ("an
         AllReduce of ``size_bytes`` among these GPU ids, SLA ``sla_us``"; ``bucket``: e.g.
         a DDP gradient bucket index). The service adds it to the job's intent (replacing an
@@ -353,7 +356,8 @@ class Client:
         ``planned`` (``False``: the plan did not come in time, ``sla_met`` is ``None``),
         ``changed_intent`` and ``pairs`` -- one per GPU pair the pattern uses (for a ring
         collective ``ranks[i] -> ranks[i + 1]``, or, over GPUs spread evenly on multi-GPU
-        hosts, a ring on each host and one along each rail, as NCCL runs it), each with
+        hosts, a ring on each host and one along each rail, as NCCL runs it; with
+        ``algorithm="tree"``, an AllReduce's double binary trees along the rails), each with
         ``src``, ``dst``, ``planned`` and ``paths`` (``links``, ``nodes``, ``share``,
         ``source_port``, ``pinned_rules``).
 
@@ -367,6 +371,8 @@ class Client:
             body["sla_us"] = float(sla_us)
         if bucket is not None:
             body["bucket"] = int(bucket)
+        if algorithm:
+            body["algorithm"] = algorithm
         result: JSONDict = self._request("POST", f"{self._job_path(task_id)}/calls",
                                          json=body).json()
         return result

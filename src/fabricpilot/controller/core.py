@@ -60,7 +60,8 @@ from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, Po
 
 
 def pattern_pairs(pattern: str, gpus: tuple[int, ...],
-                  host_of: Mapping[int, int] | None = None) -> list[tuple[int, int, float]]:
+                  host_of: Mapping[int, int] | None = None, algorithm: str = ""
+                  ) -> list[tuple[int, int, float]]:
     """GPU pairs a collective exchanges data between, with the share of the sender's NIC
     each pair uses while the call runs: a ring (each GPU to the next, all of its NIC) for
     allreduce, allgather, reducescatter and broadcast; every ordered pair (the NIC shared by
@@ -82,10 +83,21 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     >>> rails = pattern_pairs("allgather", (8, 9, 0, 1), {0: 0, 1: 0, 8: 1, 9: 1})
     >>> [(a, b) for a, b, _ in rails]  # (within each host, then along each rail)
     [(8, 9), (9, 8), (0, 1), (1, 0), (8, 0), (9, 1), (0, 8), (1, 9)]
+
+    ``algorithm="tree"`` (an AllReduce): the pairs of NCCL's double binary trees instead of
+    the rings, over the hosts along each rail (over the GPUs in rank order, one tree node
+    each, where the hosts are not even), both ways, with the NVLink rings within the
+    hosts; each GPU's NIC shared by its tree transfers (:func:`pair_shares`; 2 -> 1 and
+    1 -> 2 carry one transfer of each tree):
+
+    >>> sorted(pattern_pairs("allreduce", (0, 1, 2, 3), algorithm="tree"))[:4]
+    [(0, 1, 0.5), (0, 2, 0.5), (1, 0, 0.25), (1, 2, 0.5)]
     """
     n = len(gpus)
     if n < 2:
         return []
+    if algorithm == "tree" and pattern == "allreduce":
+        return pair_shares(_tree_transfers(gpus, host_of), host_of)
     if pattern == "alltoall":
         if not host_of:
             return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
@@ -106,6 +118,39 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     intra = [(row[k], row[(k + 1) % g], 1.0) for row in rows for k in range(g)]
     rails = [(rows[a][k], rows[(a + 1) % h][k], 1.0) for a in range(h) for k in range(g)]
     return intra + rails
+
+
+def pattern_transfers(pattern: str, gpus: tuple[int, ...],
+                      host_of: Mapping[int, int] | None = None, algorithm: str = ""
+                      ) -> list[tuple[int, int]]:
+    """The GPU pairs of :func:`pattern_pairs`, each as many times as the call sends on it at
+    once (a tree AllReduce's pairs that both trees use: twice): what a call declares as
+    ``pairs`` to be planned as the pattern would be.
+
+    >>> pattern_transfers("allreduce", (0, 1, 2, 3), algorithm="tree").count((1, 2))
+    2
+    """
+    if algorithm == "tree" and pattern == "allreduce" and len(gpus) >= 2:
+        return _tree_transfers(gpus, host_of)
+    return [(a, b) for a, b, _ in pattern_pairs(pattern, gpus, host_of, algorithm)]
+
+
+def _tree_transfers(gpus: tuple[int, ...], host_of: Mapping[int, int] | None
+                    ) -> list[tuple[int, int]]:
+    """The transfers of a tree AllReduce (see :func:`pattern_pairs`)."""
+    from fabricpilot.workload.collectives import dtree_parents  # (NCCL's tree shape)
+
+    rows = _host_rows(gpus, host_of) if host_of else None
+    if rows is None:
+        rows = [[g] for g in gpus]
+    h, g = len(rows), len(rows[0])
+    pairs = [(row[k], row[(k + 1) % g]) for row in rows for k in range(g)] if g > 1 else []
+    for parent in dtree_parents(h):
+        for child in np.flatnonzero(parent >= 0).tolist():
+            up = int(parent[child])
+            for k in range(g):
+                pairs += [(rows[child][k], rows[up][k]), (rows[up][k], rows[child][k])]
+    return pairs
 
 
 def pair_shares(pairs: Sequence[tuple[int, int]], host_of: Mapping[int, int] | None = None
@@ -1130,7 +1175,8 @@ class Controller:
                 if call.pairs:
                     pairs = pair_shares(call.pairs, self.host_of)
                 else:
-                    pairs = pattern_pairs(call.pattern, intent.gpus, self.host_of)
+                    pairs = pattern_pairs(call.pattern, intent.gpus, self.host_of,
+                                          call.algorithm)
                 if mixed:
                     by_kind[call.level != "L3"].update(rule_key(task, a, b) for a, b, _ in pairs)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0

@@ -23,6 +23,9 @@ import networkx as nx
 from fabricpilot.controller.southbound import FabricView
 
 PATTERNS: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
+# how the library runs a call declared without pairs: "" (its rings), or "tree" (AllReduce
+# over double binary trees, as NCCL_ALGO=Tree asks of NCCL)
+CALL_ALGORITHMS: tuple[str, ...] = ("", "ring", "tree")
 """The communication patterns a :class:`CommCall` may declare."""
 
 LEVELS: tuple[str, ...] = ("L1", "L2", "L3")
@@ -82,6 +85,9 @@ class CommCall:
     ``pattern`` is one of :data:`PATTERNS`, ``size_bytes`` the data size (> 0), ``sla_us`` the
     latency SLA in microseconds (> 0), ``period_ns`` how often the call repeats (one training
     iteration; ``0`` = one-off) and ``priority`` its priority (higher = more important).
+    ``algorithm`` says how the library runs a call declared without ``pairs`` (one of
+    :data:`CALL_ALGORITHMS`: ``""`` or ``"ring"``, rings; ``"tree"``, an AllReduce's double
+    binary trees), so that the controller plans the pairs it will use.
 
     >>> c = CommCall("allreduce", 1_000_000, 50.0, 2_000_000)
     >>> c.heat, c.level
@@ -101,12 +107,18 @@ reducescatter, alltoall, broadcast
     # the (source, destination) GPU pairs that exchange data, as the communication library
     # arranges them (its ring / tree / PXN choices); empty: derived from the pattern
     pairs: tuple[tuple[int, int], ...] = ()
+    algorithm: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", tuple((int(a), int(b)) for a, b in self.pairs))
         if self.pattern not in PATTERNS:
             raise ValueError(f"pattern: unknown pattern {self.pattern!r}; "
                              f"known: {', '.join(PATTERNS)}")
+        if self.algorithm not in CALL_ALGORITHMS:
+            raise ValueError(f"algorithm: unknown algorithm {self.algorithm!r}; known: "
+                             f"{', '.join(a or '(empty)' for a in CALL_ALGORITHMS)}")
+        if self.algorithm == "tree" and self.pattern != "allreduce":
+            raise ValueError(f"algorithm: 'tree' runs an allreduce, not a {self.pattern}")
         if self.size_bytes <= 0:
             raise ValueError(f"size_bytes must be > 0, got {self.size_bytes}")
         if self.sla_us <= 0:

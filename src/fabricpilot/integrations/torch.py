@@ -19,7 +19,10 @@ Where the values come from (an argument of :func:`declare` wins over the environ
   service's default for announced calls);
 * the GPU id (the fabric's GPU index) of each global rank: ``FABRICPILOT_GPUS`` (ranges such
   as ``"0-7"`` or ``"0-3,64-67"``, listed in global-rank order, one per rank), else global
-  rank + ``FABRICPILOT_GPU_OFFSET`` (default 0).
+  rank + ``FABRICPILOT_GPU_OFFSET`` (default 0);
+* how NCCL runs the AllReduce: ``NCCL_ALGO`` naming one algorithm, ``Tree`` or ``Ring``
+  (NCCL's own setting; anything else, or unset, leaves the choice to NCCL's tuner and the
+  controller plans rings).
 
 What goes over the wire:
 
@@ -27,7 +30,8 @@ What goes over the wire:
   same task id, e.g. after an elastic restart) the job's GPUs and one AllReduce among them,
   without pairs: the controller expands it into the GPU pairs NCCL's rings use on the
   fabric's hosts (one ring per rail where the job holds the same number of GPUs on each of
-  several hosts, else one ring in rank order, :func:`ring_pairs`); the other ranks wait
+  several hosts, else one ring in rank order, :func:`ring_pairs`; with ``NCCL_ALGO=Tree``
+  its double binary trees along the rails); the other ranks wait
   for it (a broadcast from rank 0 on the default process group)
   and learn whether it worked.
 * :func:`fabricpilot_allreduce_hook` (alias :func:`comm_hook`): only rank 0 **of the hook's
@@ -51,6 +55,8 @@ What goes over the wire:
 ('run-42', 400.0)
 >>> ring_pairs([3, 5, 9])
 [(3, 5), (5, 9), (9, 3)]
+>>> algorithm_from_env({"NCCL_ALGO": "Tree"}), algorithm_from_env({"NCCL_ALGO": "Tree,Ring"})
+('tree', '')
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ __all__ = [
     "DEFAULT_SLA_US",
     "DEFAULT_TASK_ID",
     "CommIntent",
+    "algorithm_from_env",
     "comm_hook",
     "declare",
     "fabricpilot_allreduce_hook",
@@ -95,6 +102,7 @@ TASK_ENV = "AI_TASK_ID"
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 GPUS_ENV = "FABRICPILOT_GPUS"
 GPU_OFFSET_ENV = "FABRICPILOT_GPU_OFFSET"
+ALGO_ENV = "NCCL_ALGO"
 
 DEFAULT_TASK_ID = "ddp-job"
 DEFAULT_SLA_US = 1_000.0
@@ -107,6 +115,15 @@ _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 # ---------------------------------------------------------------- configuration
+def algorithm_from_env(env: Mapping[str, str] | None = None) -> str:
+    """``"tree"`` or ``"ring"`` if ``NCCL_ALGO`` names that one algorithm (any case), else
+    ``""``: NCCL's tuner chooses (a list, an exclusion such as ``^Tree``, per-collective
+    settings, or nothing set)."""
+    env = os.environ if env is None else env
+    value = env.get(ALGO_ENV, "").strip().lower()
+    return value if value in ("tree", "ring") else ""
+
+
 def sla_from_env(env: Mapping[str, str] | None = None) -> float | None:
     """The SLA in microseconds from ``AI_SLA_LATENCY`` (``None`` when unset; ``ValueError``
     when it is not a positive number)."""
@@ -214,6 +231,7 @@ class CommIntent:
     world_size: int
     client: Client | None
     process_group: Any = None
+    algorithm: str = ""  # (how NCCL runs the AllReduce, if pinned: NCCL_ALGO)
     enabled: bool = True
     job: dict[str, Any] | None = None
     decisions: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
@@ -290,7 +308,8 @@ class CommIntent:
         index, size_bytes = key
         try:
             decision = self.client.announce(self.task_id, "allreduce", size_bytes, ranks,
-                                            sla_us=self.sla_us, bucket=index)
+                                            sla_us=self.sla_us, bucket=index,
+                                            algorithm=self.algorithm)
         except FabricpilotAPIError as err:
             self._warn_once(f"api-{err.status}", f"fabricpilot: the controller refused "
                             f"bucket {index}'s announcement: {err}; training continues")
@@ -362,10 +381,11 @@ def declare(client: Client | None = None, *, task_id: str | None = None,
     (a ``broadcast_object_list`` on the default group, so every rank must call
     :func:`declare`); ``env``: instead of ``os.environ``.
 
-    Rank 0 sends ``PUT /api/v1/jobs/{task_id}`` with the job's GPUs and one ring AllReduce
-    of ``size_bytes`` (SLA ``sla_us``). A failure there is logged once and disables
-    announcements in every rank; it does not raise. Raises ``ValueError`` only for a local
-    misconfiguration (GPU ids that do not fit the world size, a bad ``AI_SLA_LATENCY``).
+    Rank 0 sends ``PUT /api/v1/jobs/{task_id}`` with the job's GPUs and one AllReduce of
+    ``size_bytes`` (SLA ``sla_us``; rings, or trees if ``NCCL_ALGO`` says so). A failure
+    there is logged once and disables announcements in every rank; it does not raise.
+    Raises ``ValueError`` only for a local misconfiguration (GPU ids that do not fit the
+    world size, a bad ``AI_SLA_LATENCY``).
 
     >>> state = declare()  # doctest: +SKIP
     >>> state.task_id, state.gpus, state.sla_us  # doctest: +SKIP
@@ -386,9 +406,13 @@ def declare(client: Client | None = None, *, task_id: str | None = None,
     owns_client = client is None
     state = CommIntent(task, gpu_ids, sla if sla is not None else DEFAULT_SLA_US, rank,
                        world_size, client if client is not None else Client(),
-                       process_group=process_group, owns_client=owns_client)
+                       process_group=process_group, algorithm=algorithm_from_env(env),
+                       owns_client=owns_client)
     if rank == 0:
-        call = {"pattern": "allreduce", "size_bytes": int(size_bytes), "sla_us": state.sla_us}
+        call: dict[str, Any] = {"pattern": "allreduce", "size_bytes": int(size_bytes),
+                                "sla_us": state.sla_us}
+        if state.algorithm:
+            call["algorithm"] = state.algorithm
         try:
             assert state.client is not None
             state.job = state.client.update_job(task, gpu_ids, [call], tenant=tenant)

@@ -34,6 +34,7 @@ MAX_DELTAS_PER_BATCH = 65_536
 TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 Pattern = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
+CallAlgorithm = Literal["", "ring", "tree"]
 assert set(Pattern.__args__) == set(PATTERNS)  # type: ignore[attr-defined]
 
 
@@ -103,6 +104,10 @@ class CallIn(_Strict):
         description="the (source, destination) GPU pairs the call's library exchanges data "
                     "between; a pair given k times carries k of its sender's transfers at "
                     "once (as the two trees of a tree AllReduce may); empty: from the pattern")
+    algorithm: CallAlgorithm = Field(
+        default="", description="how the library runs the call, for one declared without "
+                                "pairs: '' or 'ring' (rings), 'tree' (an AllReduce's double "
+                                "binary trees, as NCCL_ALGO=Tree)")
 
     @field_validator("pairs")
     @classmethod
@@ -116,9 +121,15 @@ class CallIn(_Strict):
     def level(self) -> str:
         return sla_level(self.sla_us)
 
+    @model_validator(mode="after")
+    def _tree_is_an_allreduce(self) -> CallIn:
+        if self.algorithm == "tree" and self.pattern != "allreduce":
+            raise ValueError(f"algorithm: 'tree' runs an allreduce, not a {self.pattern}")
+        return self
+
     def to_call(self) -> CommCall:
         return CommCall(self.pattern, self.size_bytes, self.sla_us, self.period_ns,
-                        self.priority, tuple(self.pairs))
+                        self.priority, tuple(self.pairs), self.algorithm)
 
 
 class IntentIn(_Strict):
@@ -168,6 +179,13 @@ class AnnounceIn(_Strict):
     period_ns: Int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
     bucket: Int | None = Field(default=None, ge=0, le=1 << 31,
                                description="e.g. a DDP gradient bucket")
+    algorithm: CallAlgorithm = Field(default="", description="as a declared call's")
+
+    @model_validator(mode="after")
+    def _tree_is_an_allreduce(self) -> AnnounceIn:
+        if self.algorithm == "tree" and self.pattern != "allreduce":
+            raise ValueError(f"algorithm: 'tree' runs an allreduce, not a {self.pattern}")
+        return self
 
     @field_validator("ranks")
     @classmethod

@@ -45,7 +45,7 @@ from fabricpilot.controller.core import (
     HealReport,
     PlanInterrupted,
     TickReport,
-    pattern_pairs,
+    pattern_transfers,
     rule_key,
 )
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
@@ -118,13 +118,16 @@ def intent_to_dict(intent: Intent) -> dict[str, Any]:
             "opt_in": intent.opt_in,
             "calls": [{"pattern": c.pattern, "size_bytes": c.size_bytes, "sla_us": c.sla_us,
                        "period_ns": c.period_ns, "priority": c.priority,
-                       "pairs": [list(p) for p in c.pairs]} for c in intent.calls]}
+                       "pairs": [list(p) for p in c.pairs],
+                       **({"algorithm": c.algorithm} if c.algorithm else {})}
+                      for c in intent.calls]}
 
 
 def intent_from_dict(d: dict[str, Any]) -> Intent:
     calls = tuple(CommCall(c["pattern"], int(c["size_bytes"]), float(c["sla_us"]),
                            int(c["period_ns"]), int(c.get("priority", 0)),
-                           tuple((int(a), int(b)) for a, b in c.get("pairs", [])))
+                           tuple((int(a), int(b)) for a, b in c.get("pairs", [])),
+                           str(c.get("algorithm", "")))
                   for c in d["calls"])
     return Intent(d["task_id"], d["tenant"], tuple(int(g) for g in d["gpus"]), calls,
                   bool(d.get("opt_in", True)))
@@ -519,10 +522,12 @@ class FabricService:
                                  f"does not fit this fabric ({err})") from None
             for rec in self.store.calls(task, limit=100_000):  # which call is which bucket
                 try:
-                    pairs = tuple((a, b) for a, b, _ in pattern_pairs(
-                        rec["pattern"], tuple(rec["ranks"]), self.controller.host_of))
+                    pairs = tuple(pattern_transfers(rec["pattern"], tuple(rec["ranks"]),
+                                                    self.controller.host_of,
+                                                    rec.get("algorithm", "")))
                     call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
-                                    rec.get("period_ns", 0), 0, pairs)
+                                    rec.get("period_ns", 0), 0, pairs,
+                                    rec.get("algorithm", ""))
                     bucket = rec["bucket"]
                 except (KeyError, TypeError, ValueError, AttributeError) as err:
                     raise self.store.damaged("calls", f"task_id {task!r}",
@@ -736,9 +741,10 @@ class FabricService:
                 raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of job "
                                    f"{task_id!r}'s GPUs")
             sla = body.sla_us or DEFAULT_ANNOUNCE_SLA_US
-            pairs = tuple((a, b) for a, b, _ in pattern_pairs(body.pattern, tuple(body.ranks),
-                                                              self.controller.host_of))
-            call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns, 0, pairs)
+            pairs = tuple(pattern_transfers(body.pattern, tuple(body.ranks),
+                                            self.controller.host_of, body.algorithm))
+            call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns, 0, pairs,
+                            body.algorithm)
             # one call per (pattern, ranks, bucket): a bucket announced again replaces its
             # previous size; other buckets over the same ranks are calls of their own
             slot = (body.pattern, pairs, body.bucket)
@@ -764,9 +770,10 @@ class FabricService:
             self.store.add_call(time.time(), task_id,
                                 {"pattern": body.pattern, "size_bytes": body.size_bytes,
                                  "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket,
-                                 "period_ns": body.period_ns})
+                                 "period_ns": body.period_ns,
+                                 **({"algorithm": body.algorithm} if body.algorithm else {})})
         planned = self.wait_planned(epoch)
-        keys = [rule_key(task_id, a, b) for a, b in pairs]
+        keys = list(dict.fromkeys(rule_key(task_id, a, b) for a, b in pairs))
         table = self.dp.installed
         got = {k: table[k] for k in keys if k in table}
         # (no verdict yet if the plan did not come in time, none ever for an opted-out job)

@@ -105,7 +105,11 @@ def job_intents(jobs: list[JobSpec], tenant: str) -> list[Intent]:
         calls = []
         for plan in job.collectives:
             times: Counter[tuple[int, int]] = Counter()
+            seen: set[tuple[int, int]] = set()
             for st in plan.stages:
+                if (id(st.src), id(st.dst)) in seen:  # (a ring's steps share their arrays)
+                    continue
+                seen.add((id(st.src), id(st.dst)))
                 once = Counter((a, b) for a, b in zip(st.src.tolist(), st.dst.tolist(),
                                                       strict=True) if a != b)
                 times |= once  # (stages run one after the other: the most of any)

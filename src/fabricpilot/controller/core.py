@@ -138,19 +138,15 @@ def pattern_transfers(pattern: str, gpus: tuple[int, ...],
 def _tree_transfers(gpus: tuple[int, ...], host_of: Mapping[int, int] | None
                     ) -> list[tuple[int, int]]:
     """The transfers of a tree AllReduce (see :func:`pattern_pairs`)."""
-    from fabricpilot.workload.collectives import dtree_parents  # (NCCL's tree shape)
+    from fabricpilot.workload.collectives import rail_trees  # (NCCL's tree shape)
 
     rows = _host_rows(gpus, host_of) if host_of else None
     if rows is None:
         rows = [[g] for g in gpus]
-    h, g = len(rows), len(rows[0])
+    g = len(rows[0])
     pairs = [(row[k], row[(k + 1) % g]) for row in rows for k in range(g)] if g > 1 else []
-    for parent in dtree_parents(h):
-        for child in np.flatnonzero(parent >= 0).tolist():
-            up = int(parent[child])
-            for k in range(g):
-                pairs += [(rows[child][k], rows[up][k]), (rows[up][k], rows[child][k])]
-    return pairs
+    src, dst, _ = rail_trees(np.array(rows, np.int64))
+    return pairs + list(zip(src.tolist(), dst.tolist(), strict=True))
 
 
 def pair_shares(pairs: Sequence[tuple[int, int]], host_of: Mapping[int, int] | None = None

@@ -49,6 +49,7 @@ __all__ = [
     "hierarchical_alltoall",
     "host_matrix",
     "rail_rings",
+    "rail_trees",
     "rails_collective",
     "ring_allgather",
     "ring_allreduce",
@@ -610,11 +611,16 @@ def _tree_depth(parent: NDArray[np.int64]) -> int:
     return depth
 
 
-def _rail_trees(m: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
-    """The transfers of one double binary tree per rail (column of the ``(h, g)`` host
+def rail_trees(m: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """The transfers of one double binary tree pair per rail (column of the ``(h, g)`` host
     matrix ``m``, ``h >= 2``) over the hosts, in both directions (reduce up, broadcast down):
     ``src``, ``dst`` (rail-major: the first ``4(h-1)`` are rail 0's) and the hops of the
-    pipeline (up the deeper tree and down again)."""
+    pipeline (up the deeper tree and down again).
+
+    >>> src, dst, hops = rail_trees(np.arange(4).reshape(4, 1))  # (NCCL's 4-rank trees)
+    >>> sorted(zip(src.tolist(), dst.tolist()))[:6], hops
+    ([(0, 1), (0, 2), (1, 0), (1, 2), (1, 2), (1, 3)], 4)
+    """
     h, _ = m.shape
     trees = dtree_parents(h)
     child = np.concatenate([np.flatnonzero(p >= 0) for p in trees])
@@ -652,7 +658,7 @@ def tree_allreduce(ranks: Ranks, size_bytes: int, gpus_per_host: int = 1
     h, g = m.shape
     middle: tuple[Stage, ...] = ()
     if h > 1:
-        src, dst, hops = _rail_trees(m)
+        src, dst, hops = rail_trees(m)
         per_rail = len(src) // g
         middle = (Stage(src=src, dst=dst, size_bytes=_full(len(src), _ceil_div(s, 2 * g)),
                         group=np.repeat(np.arange(g, dtype=np.int64), per_rail), hops=hops,
@@ -719,7 +725,7 @@ def allreduce_estimates_ns(m: NDArray[np.int64], size_bytes: int, costs: LinkCos
     nv_ns = costs.latency_ns(src[on_host], dst[on_host])
     intra = 2 * ((g - 1) * nv_ns + (g - 1) / g * bits / nvl)
     hier = intra + 2 * (h - 1) * rail_ns + 2 * (h - 1) / (h * g) * bits / nic
-    t_src, t_dst, t_hops = _rail_trees(m)
+    t_src, t_dst, t_hops = rail_trees(m)
     fan = max(int(np.bincount(t_src).max()), int(np.bincount(t_dst).max()))
     tree = (intra + t_hops * costs.latency_ns(t_src, t_dst)
             + fan * bits / (2 * g) / nic)

@@ -502,6 +502,43 @@ def test_yaml_core_schema_is_the_strict_loaders_own() -> None:
     assert yaml.safe_load(text) == {"a": 8, "b": True, "c": 750}
 
 
+def test_merge_keys_share_a_job_template(tmp_path: Path) -> None:
+    """``<<: *template`` merges an anchored mapping; keys written next to it win."""
+    path = tmp_path / "s.yaml"
+    data = load_strict_yaml(
+        "x-job: &job\n"
+        "  gpus: 16\n"
+        "  collectives: [{op: allreduce, size_bytes: 1048576}]\n"
+        "jobs:\n"
+        "  - {<<: *job, name: a}\n"
+        "  - {<<: *job, name: b, gpus: 32}\n"
+        "  - <<: [{gpus: 8}, *job]\n"  # (the first of several merged mappings wins)
+        "    name: c\n"
+    )
+    jobs = data["jobs"]
+    assert [(j["name"], j["gpus"]) for j in jobs] == [("a", 16), ("b", 32), ("c", 8)]
+    assert all(j["collectives"] == [{"op": "allreduce", "size_bytes": 1048576}] for j in jobs)
+    # a scenario's jobs written that way load as if spelled out
+    text = ("name: t\n"
+            "topology: {kind: leaf_spine, hosts: 16, gpus_per_host: 8, nics_per_leaf: 16}\n"
+            "jobs:\n"
+            "  - &job {name: a, gpus: 16, collectives: [{op: allreduce, size_bytes: 1024}]}\n"
+            "  - {<<: *job, name: b, gpus: 32}\n")
+    path.write_text(text)
+    scenario = load_scenario(path)
+    assert [(j.name, j.gpus) for j in scenario.jobs] == [("a", 16), ("b", 32)]
+    assert scenario.jobs[1].collectives == scenario.jobs[0].collectives
+
+
+def test_merge_keys_keep_duplicate_checks_and_errors_one_line(tmp_path: Path) -> None:
+    err = load_error(write(tmp_path, "base: &b {seed: 1}\nname: x\nj: {<<: *b, a: 1, a: 2}\n"))
+    assert "duplicate key 'a'" in err.problem and "line 3" in err.problem
+    err = load_error(write(tmp_path, "name: x\nj: {<<: 5}\n"))
+    assert "invalid YAML at line 2" in err.problem and "merging" in err.problem
+    err = load_error(write(tmp_path, "name: x\nj: &j {<<: *j, a: 1}\n"))
+    assert "a mapping merges itself" in err.problem
+
+
 def test_gpu_ids_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
     """``gpu_ids: [010, 011, 012, 013]`` places the job on GPUs 10..13 (YAML 1.1: 8..11)."""
     from fabricpilot.runner import prepare

@@ -66,7 +66,7 @@ _CORE_RESOLVERS: list[tuple[str, re.Pattern[str], list[str]]] = [  # (tag, regex
     ("tag:yaml.org,2002:int", _CORE_INT, ["-", "+", *_DIGITS]),
     ("tag:yaml.org,2002:float", _CORE_FLOAT, ["-", "+", ".", *_DIGITS]),
 ]
-_MERGE_TAG = "tag:yaml.org,2002:merge"  # (``<<``: not a value, kept as SafeLoader has it)
+_MERGE_TAG = "tag:yaml.org,2002:merge"  # (``<<: *base``: a merge key, as SafeLoader has it)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -81,8 +81,13 @@ class _StrictLoader(yaml.SafeLoader):
     }
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Duplicates among the keys the mapping writes itself; a merge (``<<: *base``) is
+        # not a key, and a key written here overrides a merged one (that is its point):
+        # SafeLoader's construct_mapping flattens the merges afterwards.
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
             try:
                 if key in seen:
@@ -93,6 +98,39 @@ class _StrictLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: PyYAML reports it below
                 continue
         return super().construct_mapping(node, deep=deep)
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Replace the merges (``<<: *base``, ``<<: [*a, *b]``) of ``node`` by the pairs they
+        bring, lowest precedence first (the mapping's own keys win, then the first merged
+        mapping, as the merge key's definition says: https://yaml.org/type/merge.html).
+        PyYAML 6.0.4's own lets the last merged mapping of a list win."""
+        node.value = self._merged_pairs(node, set())
+
+    def _merged_pairs(self, node: yaml.MappingNode, path: set[int]
+                      ) -> list[tuple[yaml.Node, yaml.Node]]:
+        if id(node) in path:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                "a mapping merges itself", node.start_mark)
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        sources: list[yaml.MappingNode] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                own.append((key_node, value_node))
+                continue
+            subs = (value_node.value if isinstance(value_node, yaml.SequenceNode)
+                    else [value_node])
+            for sub in subs:
+                if not isinstance(sub, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"expected a mapping or list of mappings for merging, but found {sub.id}",
+                        sub.start_mark)
+                sources.append(sub)
+        out: list[tuple[yaml.Node, yaml.Node]] = []
+        for sub in reversed(sources):
+            out.extend(self._merged_pairs(sub, path | {id(node)}))
+        return out + own
 
     def construct_core_int(self, node: yaml.ScalarNode) -> int:
         """A YAML 1.2 core integer: decimal (``010`` is 10), ``0o`` octal or ``0x`` hex.
@@ -128,6 +166,8 @@ def load_strict_yaml(text: str) -> Any:
     {'a': 1, 'b': [2]}
     >>> load_strict_yaml("a: 010\\nb: 1e6\\nc: on")
     {'a': 10, 'b': 1000000.0, 'c': 'on'}
+    >>> load_strict_yaml("base: &b {gpus: 8, op: alltoall}\\njob: {<<: *b, gpus: 16}")
+    {'base': {'gpus': 8, 'op': 'alltoall'}, 'job': {'gpus': 16, 'op': 'alltoall'}}
     >>> load_strict_yaml("role: tenant\\nrole: operator")
     Traceback (most recent call last):
     ...

@@ -778,3 +778,22 @@ def test_nccl_test_says_which_algorithm_ran_at_which_sizes() -> None:
     (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("# Algorithm")]
     spans = line.split(":", 1)[1].strip().split(", ")
     assert spans[0].startswith("tree 1.0 MiB") and spans[-1].endswith("rails 256.0 MiB")
+
+
+def test_a_reader_that_leaves_early_loses_no_file(tmp_path: Path) -> None:
+    """``fabricpilot run ... | head -1``: the tables go nowhere once the reader has left,
+    the run still writes its --json and --out and exits 0 (it used to exit 1 at the
+    first line lost, before writing either)."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricpilot", "run", str(path), "-p", "ecmp", "--json",
+         str(tmp_path / "s.json"), "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()  # (printed before the runs)
+    proc.stdout.close()
+    assert proc.wait(300) == 0, proc.stderr.read()
+    assert first.startswith("small:")
+    assert json.loads((tmp_path / "s.json").read_text())["policy"] == "ecmp"
+    assert (tmp_path / "out" / "report.html").is_file()
+    assert (tmp_path / "out" / "ecmp" / "flows.csv").is_file()

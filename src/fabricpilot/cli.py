@@ -35,8 +35,36 @@ app = typer.Typer(
 topology_app = typer.Typer(no_args_is_help=True, help="Inspect and export topologies.")
 app.add_typer(topology_app, name="topology")
 
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout left (``fabricpilot run | head``): what is still printed goes
+    nowhere and the command goes on, so that the files it was asked for are still written
+    and its errors still reach stderr (instead of a silent exit at the first line lost)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+class _Out(Console):
+    """The console of stdout, going on when its reader leaves (:func:`_stdout_gone`; rich's
+    own exits with status 1 there, before a run writes its ``--json`` and ``--out``)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _stdout_gone()
+
+
+def _print(*args: Any, **kwargs: Any) -> None:
+    """``print`` to stdout, going on if its reader left (:func:`_stdout_gone`)."""
+    try:
+        print(*args, **kwargs)
+    except BrokenPipeError:
+        _stdout_gone()
+
+
 # tables stay readable when the output is a pipe or a file (rich would assume 80 columns)
-out = Console(width=None if sys.stdout.isatty() else 110)
+out = _Out(width=None if sys.stdout.isatty() else 110)
 err = Console(stderr=True)
 
 EXIT_INPUT = 2
@@ -666,22 +694,22 @@ def nccl_test(
         sizes = sweep_sizes(_size(min_bytes, "--min-bytes"), _size(max_bytes, "--max-bytes"),
                             step_factor)
         ct = default_cluster(gpus, gpus_per_host, rate_gbps, oversubscription)
-        print(f"# fabricpilot nccl-test: {op}, {gpus} GPUs ({ct.topo.summary()}), "
+        _print(f"# fabricpilot nccl-test: {op}, {gpus} GPUs ({ct.topo.summary()}), "
               f"{rate_gbps:g} Gb/s, policy {policy}")
-        print("#")
-        print(HEADER)
+        _print("#")
+        _print(HEADER)
         rows = run_sweep(ct, op, sizes, policy, algorithm=algorithm, seed=seed,
-                         on_size=lambda r: print(format_row(r), flush=True))
-        print(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {average_busbw(rows):g}")
+                         on_size=lambda r: _print(format_row(r), flush=True))
+        _print(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {average_busbw(rows):g}")
         if rows:
-            print(f"# Algorithm            : {algorithm_ranges(rows)}")
+            _print(f"# Algorithm            : {algorithm_ranges(rows)}")
         if out_dir is not None:
             title = f"{op}, {gpus} GPUs, {rate_gbps:g} Gb/s, policy {policy}\n{ct.topo.summary()}"
             try:
                 _write_sweep(out_dir, rows, title, rate_gbps / 8.0)
             except OSError as e:
                 _fail(f"--out: cannot write {e.filename or out_dir}: {e.strerror or e}")
-            print(f"# sweep written to {out_dir}/sweep.csv and {out_dir}/busbw.png")
+            _print(f"# sweep written to {out_dir}/sweep.csv and {out_dir}/busbw.png")
     except (FabricpilotError, ValueError) as e:
         _fail(str(e))
     except OverflowError:

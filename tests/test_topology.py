@@ -729,14 +729,34 @@ def test_json_unknown_node_in_link(tmp_path: Path) -> None:
     assert "spine9" in err.problem and "unknown node" in err.problem
 
 
-@pytest.mark.parametrize(("key", "value"), [("rate_gbps", -400.0), ("rate_gbps", 0),
-                                            ("delay_ns", -1)])
-def test_json_bad_link_number(tmp_path: Path, key: str, value: float) -> None:
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("rate_gbps", -400.0, "below the smallest rate a scenario takes (1 Mbps)"),
+    ("rate_gbps", 0, "below the smallest rate"),
+    ("rate_gbps", 1e-9, "below the smallest rate"),  # (as a scenario's rates: 1 Mb/s at least)
+    ("rate_gbps", 2e6, "less than or equal to 1000000"),
+    ("rate_gbps", True, "valid number"),  # (not 1 Gb/s)
+    ("rate_gbps", "400", "valid number"),
+    ("delay_ns", -1, "greater than or equal to 0"),
+    ("delay_ns", "100", "valid integer"),
+    ("delay_ns", 100.5, "valid integer"),
+])
+def test_json_bad_link_number(tmp_path: Path, key: str, value: object, problem: str) -> None:
     doc = small_doc()
     doc["links"][2][key] = value
     err = json_error(tmp_path, doc)
     assert err.field == f"links[2].{key}"
-    assert "greater than" in err.problem
+    assert problem in err.problem
+
+
+def test_json_smallest_and_whole_numbers_load(tmp_path: Path) -> None:
+    """1 Mb/s (the floor), an integer rate and a delay of 0 are fine."""
+    doc = small_doc()
+    doc["links"][2]["rate_gbps"] = 1e-3
+    doc["links"][3]["rate_gbps"] = 400
+    doc["links"][3]["delay_ns"] = 0
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps(doc))
+    assert load_topology_json(path).n_gpus == 4
 
 
 @pytest.mark.parametrize("swap", [False, True])

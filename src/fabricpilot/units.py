@@ -17,6 +17,11 @@ import re
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
 _PATTERN = re.compile(rf"^\s*{_NUM}\s*([A-Za-zµμ/]*)\s*$")
 
+# The rates a scenario or a topology file takes: at 1 Mb/s, 1 PiB still ends within the
+# engine's 64-bit ns clock; 1e6 Gb/s is far beyond any link's.
+MIN_RATE_GBPS = 1e-3
+MAX_RATE_GBPS = 1e6
+
 RATE_UNITS_GBPS: dict[str, float] = {
     "bps": 1e-9, "kbps": 1e-6, "mbps": 1e-3, "gbps": 1.0, "tbps": 1e3,
     "b/s": 1e-9, "kb/s": 1e-6, "mb/s": 1e-3, "gb/s": 1.0, "tb/s": 1e3,

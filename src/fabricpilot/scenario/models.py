@@ -40,7 +40,7 @@ from fabricpilot.dataplane.params import DcqcnParams, EcnParams, FluidParams, Pf
 from fabricpilot.dataplane.qos import N_PRIORITIES, TRAFFIC_CLASSES, QosParams
 from fabricpilot.faults.model import FaultParams
 from fabricpilot.topology.builders import MAX_GPUS, MAX_SPINES
-from fabricpilot.units import UnitError, parse_quantity
+from fabricpilot.units import MAX_RATE_GBPS, MIN_RATE_GBPS, UnitError, parse_quantity
 
 __all__ = [
     "Algorithm",
@@ -136,13 +136,12 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
 
 # the largest quantities a scenario takes (fabric times, sizes and rates far beyond any
 # cluster's, and within the engine's 64-bit integers and float precision)
-# (the smallest rate: 1 PiB at 1 Mb/s still ends within the engine's 64-bit ns clock)
-_SMALLEST_RATE_GBPS = 1e-3
+_SMALLEST_RATE_GBPS = MIN_RATE_GBPS  # (1 PiB at 1 Mb/s still ends within the ns clock)
 
 _LARGEST: dict[str, tuple[float, str]] = {
     "time": (1e15, "1e15 ns, 11.6 days"),
     "size": (float(1 << 50), "1 PiB"),
-    "rate": (1e6, "1e6 Gbps"),
+    "rate": (MAX_RATE_GBPS, "1e6 Gbps"),
 }
 
 

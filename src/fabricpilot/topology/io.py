@@ -19,12 +19,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fabricpilot.errors import ScenarioError, TopologyError
 from fabricpilot.textfiles import UnreadableFile, read_text_file
 from fabricpilot.topology.builders import MAX_GPUS
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, validate_topology
+from fabricpilot.units import MAX_RATE_GBPS, MIN_RATE_GBPS
 
 FORMAT = "fabricpilot-topology/1"
 
@@ -79,8 +87,17 @@ class _Link(BaseModel):
     a: str
     b: str
     kind: LinkKind
-    rate_gbps: float = Field(gt=0, le=1e6, allow_inf_nan=False)
-    delay_ns: int = Field(ge=0, le=10**15)
+    # (numbers only, as in a scenario: true is not 1 Gb/s, "100" not 100 ns)
+    rate_gbps: float = Field(le=MAX_RATE_GBPS, allow_inf_nan=False, strict=True)
+    delay_ns: int = Field(ge=0, le=10**15, strict=True)
+
+    @field_validator("rate_gbps")
+    @classmethod
+    def _rate_a_scenario_takes(cls, rate: float) -> float:
+        if not rate >= MIN_RATE_GBPS:
+            raise ValueError(f"{rate:g} Gbps is below the smallest rate a scenario takes "
+                             f"(1 Mbps)")
+        return rate
 
 
 class _TopologyFile(BaseModel):

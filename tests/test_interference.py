@@ -75,7 +75,7 @@ def bottleneck(**extra: Any) -> dict[str, Any]:
 def test_interference_ratio_definition() -> None:
     assert interference_ratio(300.0, 150.0) == 2.0
     assert interference_ratio(80.0, 80.0) == 1.0
-    assert interference_ratio(0.0, 0.0) == 1.0  # nothing measured: not slowed
+    assert math.isnan(interference_ratio(0.0, 0.0))  # no busbw either way: no ratio
     assert math.isinf(interference_ratio(10.0, 0.0))
 
 
@@ -210,6 +210,29 @@ def test_cli_interference_column_json_and_csv(tmp_path: Path) -> None:
             assert float(row["busbw_GBps"]) == pytest.approx(j["mean_busbw_GBps"], rel=1e-5)
             assert float(row["alone_busbw_GBps"]) == pytest.approx(
                 j["mean_busbw_GBps"] * j["interference"], rel=1e-5)
+
+
+def test_cli_a_job_without_busbw_has_no_ratio(tmp_path: Path) -> None:
+    """A one-GPU job moves no bus bytes alone or shared: its interference is not 1.0
+    ("not slowed") but none: "-" in the table, null in JSON, an empty cell in the CSV."""
+    data = scenario([job("a", [0, 2, 4, 6], "allreduce", "16MiB"),
+                     job("solo", [1], "allreduce", "16MiB")], hosts=8, nics_per_leaf=2)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    js, out_dir = tmp_path / "s.json", tmp_path / "out"
+    res = cli("run", str(path), "-p", "ecmp", "--interference", "--json", str(js),
+              "--out", str(out_dir))
+    assert res.returncode == 0, res.stderr
+    solo_row = next(line for line in res.stdout.splitlines() if "solo" in line)
+    assert solo_row.rstrip().rstrip("│").rstrip().endswith("-"), solo_row
+    jobs = {j["name"]: j for j in json.loads(js.read_text())["jobs"]}
+    assert jobs["solo"]["mean_busbw_GBps"] == 0.0 and jobs["solo"]["interference"] is None
+    assert jobs["a"]["interference"] == pytest.approx(1.0, abs=0.01)  # (alone on its links)
+    rows = {r["job"]: r for r in csv.DictReader((out_dir / "ecmp" / "interference.csv").open())}
+    assert rows["solo"] == {"job": "solo", "busbw_GBps": "0", "alone_busbw_GBps": "0",
+                            "interference": ""}
+    assert float(rows["a"]["interference"]) == pytest.approx(jobs["a"]["interference"],
+                                                             rel=1e-5)
 
 
 def test_cli_without_interference_adds_nothing(tmp_path: Path) -> None:

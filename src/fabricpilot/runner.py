@@ -8,6 +8,7 @@ workload, so they see exactly the same GPUs, collectives and mice.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -383,17 +384,20 @@ def run_alone(
 def interference_ratio(busbw_alone: float, busbw_shared: float) -> float:
     """How much sharing the fabric slows a job: busbw alone / busbw shared, which is also
     communication time shared / time alone (the bus bytes are the same). 1.0 = unaffected,
-    2.0 = its collectives take twice as long. A job with no busbw in either run (nothing
-    measured) gets 1.0; one that moves data alone but not shared gets ``inf``.
+    2.0 = its collectives take twice as long. A job with no busbw in either run (a
+    one-GPU job, a job a fault stopped both times) has none: ``nan``, not 1.0 ("not
+    slowed"); one that moves data alone but not shared gets ``inf``.
 
     >>> interference_ratio(200.0, 100.0)
     2.0
     >>> interference_ratio(50.0, 50.0)
     1.0
+    >>> interference_ratio(0.0, 0.0), interference_ratio(10.0, 0.0)
+    (nan, inf)
     """
     if busbw_shared > 0:
         return busbw_alone / busbw_shared
-    return 1.0 if busbw_alone <= 0 else float("inf")
+    return math.nan if busbw_alone <= 0 else math.inf
 
 
 def interference(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,12 +83,13 @@ ABOVE_REFERENCE = (
 
 
 def format_interference(ratio: float | None) -> str:
-    """An interference ratio as the tables show it; "-" when it was not measured.
+    """An interference ratio as the tables show it; "-" when it was not measured or there
+    was nothing to measure (``nan``: no busbw alone or shared).
 
-    >>> format_interference(1.23456), format_interference(None)
-    ('1.235x', '-')
+    >>> format_interference(1.23456), format_interference(None), format_interference(math.nan)
+    ('1.235x', '-', '-')
     """
-    return "-" if ratio is None else f"{ratio:.3f}x"
+    return "-" if ratio is None or math.isnan(ratio) else f"{ratio:.3f}x"
 
 
 FLUID_COLUMNS = ("ECN marks", "pause ms", "storms", "deadlocks", "drops", "retx")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,8 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
 
 def _write_interference(result: RunResult, path: Path) -> None:
     """One row per job with a measured interference ratio: its busbw in this run (shared),
-    alone (ratio x shared) and the ratio."""
+    alone (ratio x shared) and the ratio; a job with no busbw in either run has no ratio
+    (an empty cell), and its busbw alone is 0."""
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(INTERFERENCE_COLUMNS)
@@ -114,7 +116,13 @@ def _write_interference(result: RunResult, path: Path) -> None:
             if ratio is None:
                 continue
             shared = result.mean_busbw_GBps(job.name)
-            w.writerow([job.name, f"{shared:.6g}", f"{ratio * shared:.6g}", f"{ratio:.6g}"])
+            if math.isnan(ratio):  # (no busbw alone nor shared: nothing to compare)
+                w.writerow([job.name, f"{shared:.6g}", "0", ""])
+                continue
+            # (a job with busbw alone but none shared: its ratio is inf, its busbw alone is
+            # not kept by the ratio)
+            alone = f"{ratio * shared:.6g}" if shared > 0 else ""
+            w.writerow([job.name, f"{shared:.6g}", alone, f"{ratio:.6g}"])
 
 
 def _write_timeseries(result: RunResult, path: Path) -> None:

@@ -545,3 +545,36 @@ def test_a_link_up_that_changes_nothing_is_warned_of(tmp_path: Path) -> None:
     assert config_warnings(sc, prepare(sc)) == [
         "faults.events: link leaf0<->spine1 up at 1 ms: nothing holds the link down then, "
         "so it changes nothing"]
+
+
+def test_a_link_down_on_a_link_already_down_is_warned_of(ct: CompiledTopology) -> None:
+    """The same open-ended ``link_down`` given twice holds the link twice: one ``link_up``
+    leaves it down (the twin counts holds), so the second one is named for a warning; a
+    ``link_down`` inside a switch's down time is named too, one after the first ended not."""
+    t = resolve(ct, {"kind": "link_down", "link": "leaf0-spine1", "at_ns": "1ms"},
+                {"kind": "link_down", "link": "leaf0-spine1", "at_ns": "2ms"},
+                {"kind": "link_up", "link": "leaf0-spine1", "at_ns": "5ms"},
+                {"kind": "switch_down", "switch": "spine0", "at_ns": "1ms", "until_ns": "3ms"},
+                {"kind": "link_down", "link": "leaf1-spine0", "at_ns": "2ms", "until_ns": "4ms"},
+                {"kind": "link_down", "link": "leaf1-spine0", "at_ns": "4ms"})
+    cable = {link(ct, "leaf0", "spine1"), link(ct, "spine1", "leaf0")}
+    assert cable <= t.links_at(6_000_000)[0]  # (one hold left after the link_up)
+    assert [(f.fault_id, g.fault_id) for f, g in t.stacked_link_downs()] == [(1, 0), (4, 3)]
+
+
+def test_a_stacked_link_down_is_a_config_warning() -> None:
+    from fabricpilot.runner import config_warnings, prepare
+    from fabricpilot.scenario import scenario_from_dict
+
+    down = {"kind": "link_down", "link": "leaf0-spine1", "at_ns": "1ms"}
+    sc = scenario_from_dict({
+        "name": "twice", "topology": {"kind": "leaf_spine", "hosts": 4, "gpus_per_host": 1,
+                                      "nics_per_leaf": 2},
+        "jobs": [{"name": "a", "gpus": 2, "collectives": [{"op": "allreduce",
+                                                          "size_bytes": "1MiB"}]}],
+        "faults": {"events": [down, {**down, "at_ns": "2ms"}]},
+    }, "twice.yaml")
+    assert config_warnings(sc, prepare(sc)) == [
+        "faults.events: link leaf0<->spine1 down at 2 ms: the link is already down then "
+        "(link leaf0<->spine1 down at 1 ms): it comes up once both have ended (a link_up "
+        "ends one)"]

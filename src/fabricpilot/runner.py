@@ -217,11 +217,14 @@ FLUID_ONLY_SETTINGS = ("ecn", "dcqcn", "pfc", "fluid", "qos")
 def config_warnings(scenario: Scenario, prep: Prepared) -> list[str]:
     """Problems that do not stop a run, as ``FIELD: MESSAGE`` lines: QoS mapping mismatches
     between switches, fluid-model settings given to the flow model (which ignores them),
-    and a ``link_up`` fault that finds its link up."""
+    a ``link_up`` fault that finds its link up and a ``link_down`` that finds it down."""
     lines = [f"fabric.qos: {m}" for m in qos_warnings(prep)]
     if prep.faults is not None:
         lines += [f"faults.events: {f.label}: nothing holds the link down then, so it changes "
                   f"nothing" for f in prep.faults.idle_link_ups()]
+        lines += [f"faults.events: {f.label}: the link is already down then ({g.label}): it "
+                  f"comes up once both have ended (a link_up ends one)"
+                  for f, g in prep.faults.stacked_link_downs()]
     if scenario.fabric.model == "flow":
         given = [k for k in FLUID_ONLY_SETTINGS if k in scenario.fabric.model_fields_set]
         if given:

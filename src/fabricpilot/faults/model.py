@@ -276,6 +276,32 @@ class FaultTimeline:
         self._down_counts(max((e.time_ns for e in self.events), default=0), seen)
         return idle
 
+    def stacked_link_downs(self) -> list[tuple[FaultInfo, FaultInfo]]:
+        """The ``link_down`` faults that find a link of theirs already down, each with the
+        fault holding it (the latest one): the link then comes up only once both have ended
+        (a ``link_up`` takes off one hold), which a scenario likely did not mean when it
+        gives the same ``link_down`` twice."""
+        by_id = {f.fault_id: f for f in self.faults}
+        holders: dict[int, list[int]] = {}  # link -> the faults holding it down, in order
+        out: list[tuple[FaultInfo, FaultInfo]] = []
+        for event in self.events:
+            if event.kind == "down":
+                info = by_id.get(event.fault_id)
+                held = next((holders[lk][-1] for lk in event.links if holders.get(lk)), None)
+                if (info is not None and info.kind == "link_down" and held is not None
+                        and held != event.fault_id and held in by_id):
+                    out.append((info, by_id[held]))
+                for lk in event.links:
+                    holders.setdefault(lk, []).append(event.fault_id)
+            elif event.kind == "up":
+                for lk in event.links:
+                    h = holders.get(lk)
+                    if h and event.fault_id in h:  # (a fault's end: its own hold)
+                        h.remove(event.fault_id)
+                    elif h:  # (a link_up: the latest)
+                        h.pop()
+        return out
+
 
 def remaining_events(events: Sequence[FaultEventSpec], elapsed_ns: int
                      ) -> list[FaultEventSpec]:

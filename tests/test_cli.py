@@ -797,3 +797,29 @@ def test_a_reader_that_leaves_early_loses_no_file(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "s.json").read_text())["policy"] == "ecmp"
     assert (tmp_path / "out" / "report.html").is_file()
     assert (tmp_path / "out" / "ecmp" / "flows.csv").is_file()
+
+
+def test_out_into_a_used_folder_keeps_nothing_stale(tmp_path: Path) -> None:
+    """A second run into the same --out: the first run's interference.csv and the tables
+    of a policy the second does not run are gone (they would read as the second run's);
+    a file of the user's in that folder stays, and so does its folder until it is empty."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    out = tmp_path / "out"
+    first = cli("run", str(path), "-p", "ecmp", "-p", "ideal", "--interference", "--out",
+                str(out))
+    assert first.returncode == 0, first.stderr
+    assert (out / "ecmp" / "interference.csv").is_file()
+    (out / "ideal" / "notes.txt").write_text("mine")
+    second = cli("run", str(path), "-p", "ecmp", "--out", str(out))
+    assert second.returncode == 0, second.stderr
+    assert not (out / "ecmp" / "interference.csv").exists()
+    assert (out / "ecmp" / "flows.csv").is_file()
+    assert sorted(p.name for p in (out / "ideal").iterdir()) == ["notes.txt"]
+    (out / "ideal" / "notes.txt").unlink()
+    third = cli("run", str(path), "-p", "ecmp", "--out", str(out))
+    assert third.returncode == 0, third.stderr
+    assert not (out / "ideal").exists()  # (nothing of the user's left in it)
+    fourth = cli("run", str(path), "-p", "ecmp", "-p", "ideal", "--out", str(out))
+    assert fourth.returncode == 0 and (out / "ideal" / "flows.csv").is_file()
+    fifth = cli("run", str(path), "-p", "ideal", "--out", str(out))
+    assert fifth.returncode == 0 and not (out / "ecmp").exists()

@@ -7,6 +7,7 @@ traceback.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -118,7 +119,8 @@ def run(
         "--out", parser=_output_path,
         help="Write CSV tables (flows, collectives, iterations, links; with "
              "--interference also interference; with the fluid model also "
-             "timeseries, ports) here, one sub-folder per policy.")]
+             "timeseries, ports) here, one sub-folder per policy, and report.html with "
+             "its plots/; what an earlier run wrote here and this one does not is removed.")]
         = None,
     reproducible: Annotated[bool, typer.Option(
         help="Leave wall-clock figures out (wall_time_s and heal times as 0, no heal times "
@@ -246,6 +248,7 @@ def run(
             try:
                 for r in shown:
                     write_tables(r, out_dir / r.policy)
+                _drop_earlier_policies(out_dir, {r.policy for r in shown})
                 write_report(shown, reference, out_dir, include_wall_time=not reproducible)
             except OSError as e:
                 failed.append(f"--out: cannot write {e.filename or out_dir}: {e.strerror or e}")
@@ -354,6 +357,20 @@ def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: li
     if _written_by_out(json_path, out_dir, policies):
         _fail(f"--json: {json_path} is among what --out writes ({out_dir}/report.html, "
               f"{out_dir}/plots/, {out_dir}/<policy>/): it would be overwritten")
+
+
+def _drop_earlier_policies(out_dir: Path, shown: set[str]) -> None:
+    """The tables an earlier run wrote under ``out_dir`` for policies this one does not
+    show are removed (with their folder, if nothing else is in it): the report would not
+    name them, and they would read as this run's."""
+    from fabricpilot.results.io import TABLE_FILES, remove_stale
+
+    for policy in sorted(set(POLICIES) - shown):
+        folder = out_dir / policy
+        if folder.is_dir():
+            remove_stale(folder, TABLE_FILES, [])
+            with contextlib.suppress(OSError):  # (not empty: the user's files stay)
+                folder.rmdir()
 
 
 def _check_out_layout(out_dir: Path, policies: list[str]) -> None:

@@ -30,6 +30,7 @@ from fabricpilot.report.tables import (
     fault_rows,
 )
 from fabricpilot.results import RunResult
+from fabricpilot.results.io import remove_stale
 from fabricpilot.units import format_bytes
 
 if TYPE_CHECKING:
@@ -280,7 +281,8 @@ def write_report(results: Sequence[RunResult], reference: RunResult | None,
     ``reference``'s busbw; per policy: simulated time, mice slowdown, peak fabric
     utilisation, bytes delivered, faults). ``include_wall_time=False`` leaves out the
     wall-clock figures (a controller's heal times), as the JSON summary does, so that
-    equal seeds give byte-identical pages. Returns the files written."""
+    equal seeds give byte-identical pages. A plot of an earlier run this one does not
+    make is removed. Returns the files written."""
     out = Path(out_dir)
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -290,6 +292,7 @@ def write_report(results: Sequence[RunResult], reference: RunResult | None,
             plot_iterations(results, plots / "iterations.png"),
             plot_queues(results, plots / "queues.png")]
     images = [p for p in made if p is not None]
+    remove_stale(plots, PLOT_FILES, images)  # (an earlier run's queues.png, say)
     page = out / "report.html"
     page.write_text(_page(results, reference, images, out, include_wall_time),
                     encoding="utf-8")

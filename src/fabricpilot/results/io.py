@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ TABLE_FILES = ("flows.csv", "collectives.csv", "iterations.csv", "links.csv",
 def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     """Write ``flows.csv``, ``collectives.csv``, ``iterations.csv`` and ``links.csv``; with
     interference ratios also ``interference.csv``; with a fluid-model report also
-    ``timeseries.csv`` (if it sampled anything) and ``ports.csv``."""
+    ``timeseries.csv`` (if it sampled anything) and ``ports.csv``; any of those an earlier
+    run left there and this one does not write is removed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -101,7 +103,18 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
         path = out / "ports.csv"
         _write_ports(result, path)
         written.append(path)
+    remove_stale(out, TABLE_FILES, written)
     return written
+
+
+def remove_stale(folder: Path, names: Sequence[str], written: Sequence[Path]) -> None:
+    """Remove the files named ``names`` in ``folder`` that this run did not write (an
+    earlier run's ``interference.csv`` or fluid tables would read as this one's); no other
+    file is touched."""
+    keep = {p.name for p in written}
+    for name in names:
+        if name not in keep:
+            (folder / name).unlink(missing_ok=True)
 
 
 def _write_interference(result: RunResult, path: Path) -> None:

@@ -24,6 +24,7 @@ from fabricpilot.service.southbound_http import (
 from fabricpilot.service.state import TWIN_TENANT, intent_from_dict, intent_to_dict
 from fabricpilot.service.twin import PacedTwin, twin_context
 from fabricpilot.service.twin_process import TwinProcess
+from fabricpilot.workload.plan import busbw_factor
 
 SCALE = 1e-3  # fabric seconds per wall second
 
@@ -74,6 +75,31 @@ def test_the_twin_process_is_the_twin_as_a_data_plane() -> None:
     assert tp.telemetry() == [] and tp.telemetry_failures == 1
     with pytest.raises(SouthboundError, match="stopped"):
         tp.install([next(iter(held.values()))])
+
+
+def test_the_twin_process_reports_each_jobs_last_collective() -> None:
+    """Its status carries, per job, the bus bandwidth and the time of its last collective
+    (the service shows both; the time was once dropped on the way out of the process)."""
+    sc = default_scenario()
+    prep = prepare(sc, "default")
+    tp = TwinProcess(sc, "default", time_scale=1e-2)
+    try:
+        tp.wait_ready()
+        deadline = time.monotonic() + 60
+        st = tp.status()
+        while not st.get("collective_us") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            st = tp.status()
+    finally:
+        tp.close()
+    times, busbw = st["collective_us"], st["busbw_GBps"]
+    assert times and times.keys() == busbw.keys() <= {j.name for j in prep.jobs}
+    for job, us in times.items():
+        # a collective's busbw and time agree (nccl-tests): busbw = S x factor / time
+        plans = next(j for j in prep.jobs if j.name == job).collectives
+        assert any(busbw[job] == pytest.approx(
+            c.size_bytes * busbw_factor(c.op, c.n_ranks) / (us * 1e3), rel=1e-6)
+            for c in plans), (job, us, busbw[job])
 
 
 def test_a_twin_process_that_dies_is_reported_not_hung_on() -> None:

@@ -420,6 +420,7 @@ class FabricService:
         if self.remote is not None:  # the remote twin's jobs' bus bandwidth, if it tells
             self.remote_status = self.remote.status()
             self.busbw_GBps.update(self.remote_status.get("busbw_GBps") or {})
+            self.collective_us.update(self.remote_status.get("collective_us") or {})
         # links the telemetry showed down, back up or gray: in the fault log as reports are
         heals = [h for h in (rep.port_heal, rep.gray_heal) if h is not None]
         self._observe_heals(heals)

@@ -65,6 +65,7 @@ class TwinHost:
     table: RuleTable
     intents: list[dict[str, Any]]
     busbw_GBps: dict[str, float] = field(default_factory=dict)
+    collective_us: dict[str, float] = field(default_factory=dict)  # (each job's last one)
 
     @property
     def twin(self) -> PacedTwin:
@@ -72,7 +73,8 @@ class TwinHost:
 
     def health(self) -> dict[str, Any]:
         return {**self.runner.status(), "collectives": self.runner.collectives,
-                "busbw_GBps": dict(self.busbw_GBps)}
+                "busbw_GBps": dict(self.busbw_GBps),
+                "collective_us": dict(self.collective_us)}
 
 
 def host_twin(prep: Prepared, time_scale: float) -> TwinHost:
@@ -81,11 +83,16 @@ def host_twin(prep: Prepared, time_scale: float) -> TwinHost:
     twin = PacedTwin(twin_context(prep))
     twin.job_names = [j.name for j in prep.jobs]
     lock = threading.RLock()
-    busbw: dict[str, float] = {}
-    runner = TwinRunner(prep, twin, lock, time_scale=time_scale,
-                        on_collective=lambda job, bw, _us: busbw.__setitem__(job, bw))
     intents = [intent_to_dict(i) for i in job_intents(prep.jobs, TWIN_TENANT)]
-    return TwinHost(runner, RuleTable(twin, lock), intents, busbw)
+    busbw: dict[str, float] = {}
+    collective_us: dict[str, float] = {}
+
+    def on_collective(job: str, busbw_GBps: float, time_us: float) -> None:
+        busbw[job] = busbw_GBps
+        collective_us[job] = time_us
+
+    runner = TwinRunner(prep, twin, lock, time_scale=time_scale, on_collective=on_collective)
+    return TwinHost(runner, RuleTable(twin, lock), intents, busbw, collective_us)
 
 
 # ---------------------------------------------------------------- the controller's side

@@ -868,6 +868,49 @@ def test_a_withdrawn_jobs_calls_are_gone_with_it(tmp_path: Path) -> None:
         assert [call["size_bytes"] for call in job["calls"]] == [64 << 20]
 
 
+def test_a_job_declared_again_keeps_only_the_announced_calls_it_gives(tmp_path: Path
+                                                                        ) -> None:
+    """A ``PUT`` gives the job its calls: announced calls it gives back (a GET put back)
+    keep their bucket, the others go from ``GET .../calls`` as from the plan, and stay
+    gone after a restart."""
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        assert c.post("/api/v1/jobs", json=_job("a1", [0, 1, 64, 65]),
+                      headers=_auth(ACME)).status_code == 201
+        for bucket, size in ((7, 1000), (8, 2000), (7, 3000)):  # (bucket 7 announced twice)
+            r = c.post("/api/v1/jobs/a1/calls", headers=_auth(ACME), json={
+                "pattern": "allreduce", "size_bytes": size, "ranks": [0, 1, 64, 65],
+                "bucket": bucket})
+            assert r.status_code == 200, r.text
+        logged = c.get("/api/v1/jobs/a1/calls", headers=_auth(ACME)).json()
+        assert [(x["bucket"], x["size_bytes"]) for x in logged] == [(7, 1000), (8, 2000),
+                                                                   (7, 3000)]
+        job = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
+        assert sorted(x["size_bytes"] for x in job["calls"]) == [2000, 3000, 64 << 20]
+        # put back without bucket 8's call: bucket 7's current announcement stays
+        kept = [x for x in job["calls"] if x["size_bytes"] != 2000]
+        r = c.put("/api/v1/jobs/a1", headers=_auth(ACME),
+                  json={"task_id": "a1", "gpus": job["gpus"], "calls": kept})
+        assert r.status_code == 200, r.text
+        logged = c.get("/api/v1/jobs/a1/calls", headers=_auth(ACME)).json()
+        assert [(x["bucket"], x["size_bytes"]) for x in logged] == [(7, 3000)]
+        # bucket 7 announced again replaces its call (the job does not grow)
+        r = c.post("/api/v1/jobs/a1/calls", headers=_auth(ACME), json={
+            "pattern": "allreduce", "size_bytes": 4000, "ranks": [0, 1, 64, 65], "bucket": 7})
+        assert r.status_code == 200 and r.json()["changed_intent"] is True
+        job = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
+        assert sorted(x["size_bytes"] for x in job["calls"]) == [4000, 64 << 20]
+        # on other GPUs with a call of its own: nothing announced is left
+        r = c.put("/api/v1/jobs/a1", json=_job("a1", [0, 64]), headers=_auth(ACME))
+        assert r.status_code == 200, r.text
+        assert c.get("/api/v1/jobs/a1/calls", headers=_auth(ACME)).json() == []
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        assert c.get("/api/v1/jobs/a1/calls", headers=_auth(ACME)).json() == []
+        job = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
+        assert [x["size_bytes"] for x in job["calls"]] == [64 << 20]
+
+
 def test_announced_calls_stop_at_the_most_a_job_may_declare(tmp_path: Path) -> None:
     """A job holds at most 256 calls (what a PUT may give): the 257th announced is refused
     with 409, and what GET shows can be PUT back."""

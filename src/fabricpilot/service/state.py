@@ -504,6 +504,17 @@ class FabricService:
             if intent.task_id not in self.controller.intents and intent.task_id not in withdrawn:
                 self.controller.declare(intent)
 
+    def _announced_call(self, rec: dict[str, Any]
+                        ) -> tuple[tuple[str, tuple[tuple[int, int], ...], int], CommCall]:
+        """A stored announcement (:meth:`announce`) as the call it added to its job's
+        intent, and its slot (pattern, transfers, bucket); ``KeyError`` / ``TypeError`` /
+        ``ValueError`` / ``AttributeError`` if the record is not one."""
+        pairs = tuple(pattern_transfers(rec["pattern"], tuple(rec["ranks"]),
+                                        self.controller.host_of, rec.get("algorithm", "")))
+        call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
+                        rec.get("period_ns", 0), 0, pairs, rec.get("algorithm", ""))
+        return (rec["pattern"], pairs, rec["bucket"]), call
+
     def _restore(self, running: list[str]) -> dict[str, int]:
         """Read the store back: jobs, the fault state of each link and the path sets the
         switches held for them and for the jobs the data plane runs (``running``), installed
@@ -523,18 +534,12 @@ class FabricService:
                                  f"does not fit this fabric ({err})") from None
             for rec in self.store.calls(task, limit=100_000):  # which call is which bucket
                 try:
-                    pairs = tuple(pattern_transfers(rec["pattern"], tuple(rec["ranks"]),
-                                                    self.controller.host_of,
-                                                    rec.get("algorithm", "")))
-                    call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
-                                    rec.get("period_ns", 0), 0, pairs,
-                                    rec.get("algorithm", ""))
-                    bucket = rec["bucket"]
+                    slot, call = self._announced_call(rec)
                 except (KeyError, TypeError, ValueError, AttributeError) as err:
                     raise self.store.damaged("calls", f"task_id {task!r}",
                                              f"{type(err).__name__}: {err}") from None
                 if call in intent.calls:
-                    self._announced.setdefault(task, {})[(rec["pattern"], pairs, bucket)] = call
+                    self._announced.setdefault(task, {})[slot] = call
         last = self.store.link_states()
 
         def links(kind: str, telemetry: bool = False) -> set[int]:
@@ -641,8 +646,29 @@ class FabricService:
             self._check_gpus(p, tenant, body.gpus, old)
             intent = body.to_intent(tenant)
             self.store.put_job(intent.task_id, tenant, intent_to_dict(intent))
+            if old is not None:  # (its calls are those it gives now)
+                self._forget_announced(intent)
             self._queue(intent.task_id, intent)
         return self._job_dict(intent), old is None
+
+    def _forget_announced(self, intent: Intent) -> None:
+        """A job declared again keeps the announced calls it still gives (a ``GET`` of the
+        job ``PUT`` back keeps them, buckets and all) and forgets the others, which are no
+        longer planned: they go from ``GET .../calls`` too."""
+        task = intent.task_id
+        slots = {s: c for s, c in self._announced.get(task, {}).items() if c in intent.calls}
+        if slots:
+            self._announced[task] = slots
+        else:
+            self._announced.pop(task, None)
+
+        def kept(rec: Any) -> bool:
+            try:
+                return self._announced_call(rec)[1] in intent.calls
+            except (KeyError, TypeError, ValueError, AttributeError):
+                return False
+
+        self.store.keep_calls(task, kept)
 
     def withdraw(self, p: Principal, task_id: str) -> None:
         """Withdraw a job: its intent, its announced calls (a job declared later under the

@@ -22,6 +22,7 @@ import json
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,18 @@ class Store:
     def add_call(self, at_s: float, task_id: str, call: dict[str, Any]) -> None:
         self._write("INSERT INTO calls (at_s, task_id, call) VALUES (?, ?, ?)",
                     (at_s, task_id, json.dumps(call)))
+
+    def keep_calls(self, task_id: str, keep: Callable[[Any], bool]) -> int:
+        """Delete the announced calls of a job that ``keep`` (given each stored call)
+        refuses; returns how many went."""
+        rows = self._read("SELECT id, call FROM calls WHERE task_id = ?", (task_id,))
+        gone = [(i,) for i, c in rows if not keep(self._loads(c, "calls", f"id {i}"))]
+        if gone:
+            with self._lock:
+                self._db.execute("BEGIN")
+                self._db.executemany("DELETE FROM calls WHERE id = ?", gone)
+                self._db.execute("COMMIT")
+        return len(gone)
 
     def calls(self, task_id: str, limit: int = 1000) -> list[dict[str, Any]]:
         rows = self._read("SELECT id, at_s, call FROM calls WHERE task_id = ? ORDER BY id "

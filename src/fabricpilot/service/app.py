@@ -615,9 +615,10 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         return await call("inject_twin_faults", p, body)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/faults", tags=["faults"])
-    async def list_faults(_: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200
+    async def list_faults(p: Caller, limit: Annotated[int, Query(ge=1, le=10_000)] = 200
                     ) -> list[dict[str, Any]]:
-        return await call("faults", limit)  # type: ignore[no-any-return]
+        """The fault log (a tenant's without the operators' notes, ``detail``)."""
+        return await call("faults", p, limit)  # type: ignore[no-any-return]
 
     @app.get(f"{v1}/fabric", tags=["fabric"])
     async def fabric(_: Caller) -> dict[str, Any]:

@@ -986,8 +986,11 @@ class FabricService:
                     "sent_ms": rep.sent_s * 1e3,
                     "partitioned": dict(self.controller.partitioned)}
 
-    def faults(self, limit: int) -> list[dict[str, Any]]:
-        return self.store.faults(limit)
+    def faults(self, p: Principal, limit: int) -> list[dict[str, Any]]:
+        """The fault log, oldest first: what went down, up or gray, when, and who reported
+        it; a tenant reads it without the operators' notes (``detail``: ``None``)."""
+        rows = self.store.faults(limit)
+        return rows if p.is_operator else [{**r, "detail": None} for r in rows]
 
     def events_list(self, p: Principal) -> list[dict[str, Any]]:
         """Recent reroutes, heals and faults, oldest first (a copy). A tenant sees the

@@ -739,6 +739,28 @@ def test_ports_reported_down_are_known_as_such_after_a_restart(tmp_path: Path) -
     assert ups == [hot]
 
 
+def test_each_link_seen_down_counts_the_path_sets_moved_off_it(tmp_path: Path) -> None:
+    """Two links of the ring seen down in one control period, one on each direction's
+    paths: each fault's event counts the one path set that crossed it (not the period's
+    two), the heal's counts both."""
+    from fabricpilot.service.schemas import PortDeltaIn
+
+    svc, _, _, hot = _service_with_a_ring(tmp_path)
+    back = next(lk for p in svc.dp.installed["ring:64->0"].paths for lk in p
+                if svc.view.links[lk].kind == "fabric")
+    before = dict(svc.dp.installed)
+    crossing = {lk: {k for k, ps in before.items() if any(lk in p for p in ps.paths)}
+                for lk in (hot, back)}
+    assert crossing == {hot: {"ring:0->64"}, back: {"ring:64->0"}}
+    svc.ingest([PortDeltaIn(link_id=lk, interval_ns=1000, oper_up=False) for lk in (hot, back)])
+    assert sorted(svc.tick_now()["links_down"]) == sorted([hot, back])
+    events = list(svc.events)
+    downs = [e for e in events if e["kind"] == "fault-down"]
+    assert [e["path_sets"] for e in downs] == [1, 1]
+    (heal,) = [e for e in events if e["kind"] == "heal"]
+    assert heal["path_sets"] == 2 and set(heal["keys"]) == {"ring:0->64", "ring:64->0"}
+
+
 def test_openapi_lists_every_resource(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -131,6 +131,19 @@ def intent_from_dict(d: dict[str, Any]) -> Intent:
                   for c in d["calls"])
     return Intent(d["task_id"], d["tenant"], tuple(int(g) for g in d["gpus"]), calls,
                   bool(d.get("opt_in", True)))
+
+
+def moved_sets(before: Mapping[str, PathSet], after: Mapping[str, PathSet]
+               ) -> list[tuple[PathSet, PathSet]]:
+    """The path sets whose paths changed between two installed tables (kept in both), as
+    (old, new).
+
+    >>> a, b = PathSet("k", ((1, 2),), (1.0,)), PathSet("k", ((1, 3),), (1.0,))
+    >>> moved_sets({"k": a, "j": a}, {"k": b, "j": a}) == [(a, b)]
+    True
+    """
+    return [(old, new) for k, new in after.items()
+            if (old := before.get(k)) is not None and old.paths != new.paths]
 
 
 class FabricService:
@@ -424,7 +437,7 @@ class FabricService:
         # links the telemetry showed down, back up or gray: in the fault log as reports are
         heals = [h for h in (rep.port_heal, rep.gray_heal) if h is not None]
         self._observe_heals(heals)
-        seen = self._log_seen_links(rep)
+        seen = self._log_seen_links(rep, before)
         if rep.replanned:
             self.counters.replans += 1
             self._new_epoch()
@@ -446,36 +459,38 @@ class FabricService:
             self.observe_planner("heal", h.wall_s)
             self.observe_planner("heal_sent", h.sent_s)
 
-    def _log_seen_links(self, rep: TickReport) -> str:
+    def _log_seen_links(self, rep: TickReport, before: Mapping[str, PathSet]) -> str:
         """Record the links a control period learned of from telemetry (ports down or back
         up, links gray by their error counters, gray links clean again) as faults reported
-        by ``telemetry``: in the store (a restart knows them), the counters and the events
-        (with the path sets the period's heal of them re-placed; a gray link restored moves
-        nothing by itself). Returns a summary."""
-        ports = rep.port_heal.installed if rep.port_heal is not None else 0
-        gray = rep.gray_heal.installed if rep.gray_heal is not None else 0
-        seen = [("down", "down", rep.links_down, "port down", ports),
-                ("up", "up", rep.links_up, "port up", ports),
-                ("gray", "gray", rep.links_gray, "FEC errors above threshold", gray),
+        by ``telemetry``: in the store (a restart knows them), the counters and the events,
+        each link's with the path sets the period moved off it (down, gray) or onto it (up;
+        a gray link restored moves nothing by itself); ``before``: the installed sets before
+        the period. Returns a summary."""
+        seen = [("down", "down", rep.links_down, "port down", True),
+                ("up", "up", rep.links_up, "port up", True),
+                ("gray", "gray", rep.links_gray, "FEC errors above threshold", True),
                 ("clear", "up", rep.links_clear, "FEC errors below threshold: gray link "
-                 "restored", None)]
+                 "restored", False)]
+        moved = moved_sets(before, self.dp.installed) if any(s[2] for s in seen) else []
         said = []
-        for name, kind, links, detail, moved in seen:
+        for name, kind, links, detail, heals in seen:
             for lk in links:
                 self.store.add_fault(time.time(), kind, lk, detail, "telemetry")
                 self.counters.faults += 1
                 li = self.view.links[lk]
+                onto = kind == "up"
+                n = sum(any(lk in p for p in (new if onto else old).paths)
+                        for old, new in moved) if heals else 0
                 self._event({"at_s": time.time(), "kind": f"fault-{kind}",
                              "why": f"{li.src} -> {li.dst} ({detail}, from telemetry)",
-                             "path_sets": moved or 0, "keys": []})
+                             "path_sets": n, "keys": []})
             if links:
-                self.counters.heals += moved is not None
+                self.counters.heals += heals
                 said.append(f"{name} {links[:8]}")
         return ", ".join(said)
 
-    def _note_reroutes(self, before: dict[str, PathSet], kind: str, why: str) -> None:
-        moved = [k for k, ps in self.dp.installed.items()
-                 if k in before and before[k].paths != ps.paths]
+    def _note_reroutes(self, before: Mapping[str, PathSet], kind: str, why: str) -> None:
+        moved = [new.key for _, new in moved_sets(before, self.dp.installed)]
         if moved:
             self.counters.reroutes += len(moved)
             self._event({"at_s": time.time(), "kind": kind, "why": why,

@@ -302,12 +302,21 @@ def test_an_empty_output_path_is_refused_not_read_as_here(tmp_path: Path, args: 
     (["--oversubscription", "0.5"], "--oversubscription"),
     (["--oversubscription", "2.0000000001"], "--oversubscription"),
     (["--op", "broadcast", "--algorithm", "hierarchical"], "--algorithm"),
+    (["--gpus", "1"], "--gpus"),
+    (["--gpus", "12"], "--gpus"),
 ])
 def test_nccl_test_bad_flags_fail_with_one_line(args: list[str], flag: str) -> None:
     res = cli("nccl-test", "--gpus", "16", "--min-bytes", "1M", "--max-bytes", "2M", *args)
     assert res.returncode == 2 and res.stdout == ""  # (nothing printed before the error)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), res.stderr
+
+
+def test_nccl_test_gpus_that_do_not_fill_hosts_say_what_would() -> None:
+    res = cli("nccl-test", "--gpus", "4")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "error: --gpus: 4 GPUs do not fill hosts of 8 (--gpus-per-host): give a multiple "
+        "of 8, or --gpus-per-host 4")
 
 
 @pytest.mark.parametrize("args, flag", [

@@ -659,16 +659,24 @@ def nccl_test(
     op: Annotated[str, typer.Option(help="allreduce, allgather, reducescatter, alltoall, "
                                           "broadcast")] = "allreduce",
     gpus: Annotated[int, typer.Option(help="GPUs (ranks); the cluster is sized to fit.")] = 16,
-    min_bytes: Annotated[str, typer.Option("--min-bytes", "-b")] = "1M",
-    max_bytes: Annotated[str, typer.Option("--max-bytes", "-e")] = "1G",
-    step_factor: Annotated[int, typer.Option("--step-factor", "-f")] = 2,
-    policy: Annotated[str, typer.Option("--policy", "-p")] = "ecmp",
+    min_bytes: Annotated[str, typer.Option(
+        "--min-bytes", "-b", help="Smallest message, as nccl-tests' -b (1M is 2^20 bytes, "
+                                  "1MB 10^6): per rank for AllReduce, AlltoAll and "
+                                  "Broadcast, in all for AllGather and ReduceScatter."
+    )] = "1M",
+    max_bytes: Annotated[str, typer.Option("--max-bytes", "-e",
+                                           help="Largest message (as --min-bytes).")] = "1G",
+    step_factor: Annotated[int, typer.Option(
+        "--step-factor", "-f", help="Each size this many times the previous one.")] = 2,
+    policy: Annotated[str, typer.Option(
+        "--policy", "-p", help="Load balancing: ecmp, adaptive, task-aware, ideal, ... "
+                               "(fabricpilot policies lists them).")] = "ecmp",
     gpus_per_host: Annotated[int, typer.Option(help="GPUs per host (8 NICs, rails).")] = 8,
     rate_gbps: Annotated[float, typer.Option(help="NIC and fabric link rate.")] = 400.0,
     oversubscription: Annotated[float, typer.Option(help="Leaf down:up ratio.")] = 1.0,
     algorithm: Annotated[str, typer.Option(
         help="auto, ring, rails, hierarchical, tree, flat")] = "auto",
-    seed: Annotated[int, typer.Option()] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the run (hash seeds, placement).")] = 1,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", parser=_output_path,
         help="Also write sweep.csv and busbw.png (busbw and algbw against the "

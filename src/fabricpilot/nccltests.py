@@ -19,6 +19,7 @@ AllReduce / Broadcast, one rank's part for AllGather / ReduceScatter, one peer's
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,12 @@ def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.
                     oversubscription: float = 1.0) -> CompiledTopology:
     """A rail-optimised non-blocking leaf-spine sized for ``n_gpus`` (leaves of up to 64
     NIC ports, the largest divisor of the host count)."""
-    if n_gpus < 2 or n_gpus % gpus_per_host:
-        raise FabricpilotError(f"--gpus must be >= 2 and a multiple of {gpus_per_host}")
+    if n_gpus < 2:
+        raise FabricpilotError(f"--gpus: must be >= 2, got {n_gpus}")
+    if n_gpus % gpus_per_host:
+        raise FabricpilotError(f"--gpus: {n_gpus} GPUs do not fill hosts of {gpus_per_host} "
+                               f"(--gpus-per-host): give a multiple of {gpus_per_host}, or "
+                               f"--gpus-per-host {math.gcd(n_gpus, gpus_per_host)}")
     hosts = n_gpus // gpus_per_host
     per_leaf = max(d for d in range(1, min(hosts, 64) + 1) if hosts % d == 0)
     if oversubscription > 1 and per_leaf % oversubscription:

@@ -98,7 +98,8 @@ class Topology:
             t = int(self.graph.nodes[s]["tier"])
             tiers[t] = tiers.get(t, 0) + 1
         sw = ", ".join(f"{n} tier-{t}" for t, n in sorted(tiers.items()))
-        return f"{self.name}: {self.n_gpus} GPUs on {self.n_hosts} hosts, switches: {sw}"
+        hosts = f"{self.n_hosts} host{'s' * (self.n_hosts != 1)}"
+        return f"{self.name}: {self.n_gpus} GPUs on {hosts}, switches: {sw}"
 
 
 def _natural(name: str) -> tuple[str, tuple[int, ...]]:

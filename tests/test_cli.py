@@ -245,7 +245,7 @@ def test_a_run_past_the_engines_clock_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, problem", [
     (["run", "--seed", "abc"], "fabricpilot run: Invalid value for '--seed'"),
     (["run", "--bogus"], "fabricpilot run: No such option: --bogus"),
-    (["validate"], "fabricpilot validate: Missing argument 'scenario'."),
+    (["validate"], "fabricpilot validate: Missing argument 'SCENARIO'."),
     (["validate", "a.yaml", "b.yaml"], "fabricpilot validate: Got unexpected extra argument"),
     (["nosuch"], "fabricpilot: No such command 'nosuch'."),
     # an option missing its value is found before the command's context exists: the

@@ -110,6 +110,7 @@ def _load(scenario: Path | None):  # type: ignore[no-untyped-def]
 @app.command()
 def run(
     scenario: Annotated[Path | None, typer.Argument(
+        metavar="SCENARIO",
         help="Scenario YAML; the built-in default scenario when omitted.")] = None,
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Policy to run (repeat to compare); default: scenario's.")] = None,
@@ -420,6 +421,7 @@ def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str 
 @app.command()
 def serve(
     scenario: Annotated[Path | None, typer.Argument(
+        metavar="SCENARIO",
         help="Scenario whose fabric (and jobs, run on the twin) the controller serves; "
              "the built-in default scenario when omitted.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -557,6 +559,7 @@ def _read_token(path: Path | None, flag: str) -> str | None:
              "or when it dies, it keeps forwarding on the rules it holds.")
 def twin(
     scenario: Annotated[Path | None, typer.Argument(
+        metavar="SCENARIO",
         help="Scenario to run; the built-in default scenario when omitted.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8766,
@@ -612,7 +615,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 @app.command()
 def validate(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML to check.")],
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO", help="Scenario YAML to check.")],
 ) -> None:
     """Check a scenario file (schema, units, GPUs, topology) without running it."""
     from fabricpilot.runner import config_warnings, prepare
@@ -754,7 +757,8 @@ def _write_sweep(out_dir: Path, rows: list[Any], title: str, nic_GBps: float) ->
 
 @topology_app.command("show")
 def topology_show(
-    scenario: Annotated[Path | None, typer.Argument(help="Scenario YAML (default built-in).")]
+    scenario: Annotated[Path | None, typer.Argument(metavar="SCENARIO",
+                                                    help="Scenario YAML (default built-in).")]
     = None,
 ) -> None:
     """Summarise a scenario's topology: GPUs, switches, links and ECMP fan-out."""
@@ -774,11 +778,12 @@ def topology_show(
 
 @topology_app.command("export")
 def topology_export(
-    path: Annotated[Path, typer.Argument(parser=_output_path, help="Output JSON file.")],
+    path: Annotated[Path, typer.Argument(parser=_output_path, metavar="PATH",
+                                         help="Output JSON file.")],
     scenario: Annotated[Path | None, typer.Option(help="Scenario YAML (default built-in).")]
     = None,
 ) -> None:
-    """Export a scenario's topology as JSON (re-importable with ``topology.kind: file``)."""
+    """Export a scenario's topology as JSON (re-importable with topology.kind: file)."""
     from fabricpilot.runner import build_scenario_topology
     from fabricpilot.topology.io import save_topology_json
 

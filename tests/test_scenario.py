@@ -273,6 +273,10 @@ def _name_with_colon(d: dict[str, Any]) -> None:
     d["jobs"][0]["name"] = "a:b"
 
 
+def _name_of_the_mice(d: dict[str, Any]) -> None:
+    d["jobs"][0]["name"] = "mice"  # (what flows.csv calls the mice)
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -306,6 +310,7 @@ BAD_CASES = [
     (_l3_cap_near_zero, "controller.l3_rate_cap", "must be >= 0.01 (got 1e-09)"),
     (_blank_name, "jobs[0].name", "must not be blank"),
     (_name_with_colon, "jobs[0].name", "must not contain ':' (got 'a:b')"),
+    (_name_of_the_mice, "jobs[0].name", "'mice' names the Poisson mice in the results"),
 ]
 
 

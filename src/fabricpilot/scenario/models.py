@@ -927,6 +927,9 @@ class JobSpec(_Model):
         bad = next((c for c in name if c == ":" or not c.isprintable()), None)
         if bad is not None:
             raise ValueError(f"must not contain {bad!r} (got {name!r})")
+        if name == "mice":  # (flows.csv and the reports name the mice so)
+            raise ValueError("'mice' names the Poisson mice in the results: give the job "
+                             "another name")
         return name
 
     gpus: Int = Field(gt=0, description="number of GPUs (ranks)")

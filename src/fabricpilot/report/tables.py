@@ -135,7 +135,8 @@ def fabric_cells(r: RunResult, summary: dict[str, Any] | None = None) -> list[st
             f"{mice['p50']:.2f}" if mice["count"] else "-",
             f"{mice['p99']:.2f}" if mice["count"] else "-",
             f"{s['links']['fabric_peak_utilization']:.0%}",
-            f"{r.bytes_delivered / 1e9:.2f} GB"]
+            # (binary, as the bytes lost, dropped and resent beside it)
+            f"{r.bytes_delivered / 2**30:.2f} GiB"]
 
 
 def pfc_event_lines(results: Sequence[RunResult], limit: int = 10) -> list[str]:

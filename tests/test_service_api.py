@@ -761,6 +761,32 @@ def test_each_link_seen_down_counts_the_path_sets_moved_off_it(tmp_path: Path) -
     assert heal["path_sets"] == 2 and set(heal["keys"]) == {"ring:0->64", "ring:64->0"}
 
 
+def test_a_jobs_paths_come_in_pair_order_encoded_as_read(tmp_path: Path) -> None:
+    """``GET .../paths``: the body the controller's side encodes is the pairs' records, in
+    (source, destination) order by number (GPU 2 before GPU 10), filtered by src / dst."""
+    app, svc = _service(tmp_path)
+    gpus = [0, 2, 10, 64, 66, 70]
+    ops = Principal("ops", "operator")
+    with TestClient(app) as c:
+        r = c.post("/api/v1/jobs", headers=_auth(OPS),
+                   json=_job("a2a", gpus, "alltoall", size_bytes=1 << 20))
+        assert r.status_code == 201, r.text
+        svc.plan_pending("intents")
+        body = c.get("/api/v1/jobs/a2a/paths", headers=_auth(OPS))
+        assert body.headers["content-type"] == "application/json"
+        got = body.json()
+        assert got == svc.paths(ops, "a2a")
+        ends = [(x["src"], x["dst"]) for x in got["pairs"]]
+        assert ends == [(a, b) for a in gpus for b in gpus if a != b]  # (sorted already)
+        assert all(x["planned"] and x["paths"] for x in got["pairs"])
+        one = c.get("/api/v1/jobs/a2a/paths?src=10", headers=_auth(OPS)).json()
+        assert [(x["src"], x["dst"]) for x in one["pairs"]] == [(10, b) for b in gpus
+                                                                if b != 10]
+        both = c.get("/api/v1/jobs/a2a/paths?src=2&dst=66", headers=_auth(OPS)).json()
+        assert [(x["src"], x["dst"]) for x in both["pairs"]] == [(2, 66)]
+        assert c.get("/api/v1/jobs/nope/paths", headers=_auth(OPS)).status_code == 404
+
+
 def test_openapi_lists_every_resource(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]

@@ -576,12 +576,16 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
         return await call("calls", p, task_id, limit)  # type: ignore[no-any-return]
 
-    @app.get(f"{v1}/jobs/{{task_id}}/paths", tags=["paths"])
+    @app.get(f"{v1}/jobs/{{task_id}}/paths", tags=["paths"], response_class=Response,
+             responses={200: {"content": {"application/json": {}}}})
     async def job_paths(task_id: str, p: Caller,
                   src: Annotated[int | None, Query(ge=0)] = None,
-                  dst: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
-        """The path sets installed for a job (one per GPU pair; ``src`` / ``dst`` filter)."""
-        return await call("paths", p, task_id, src, dst)  # type: ignore[no-any-return]
+                  dst: Annotated[int | None, Query(ge=0)] = None) -> Response:
+        """The path sets installed for a job, one per GPU pair in (source, destination)
+        order (``src`` / ``dst`` filter); encoded by the controller's side, off the API's
+        event loop."""
+        body = await call("paths_json", p, task_id, src, dst)
+        return Response(body, media_type="application/json")
 
     # ------------------------------------------------------------ fabric
     @app.post(f"{v1}/telemetry", status_code=202, tags=["telemetry"],

@@ -565,11 +565,14 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         await call("withdraw", p, task_id)
         return Response(status_code=204)
 
-    @app.post(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"], openapi_extra=_body(AnnounceIn))
-    async def announce(task_id: str, request: Request, p: Caller) -> dict[str, Any]:
-        """Announce a communication call; answered with the paths planned for it."""
+    @app.post(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"], openapi_extra=_body(AnnounceIn),
+              response_class=Response, responses={200: {"content": {"application/json": {}}}})
+    async def announce(task_id: str, request: Request, p: Caller) -> Response:
+        """Announce a communication call; answered with the paths planned for it (encoded
+        by the controller's side, as a job's paths)."""
         body = await _parsed(request, AnnounceIn)
-        return await call("announce", p, task_id, body)  # type: ignore[no-any-return]
+        answer = await call("announce_json", p, task_id, body)
+        return Response(answer, media_type="application/json")
 
     @app.get(f"{v1}/jobs/{{task_id}}/calls", tags=["jobs"])
     async def list_calls(task_id: str, p: Caller,

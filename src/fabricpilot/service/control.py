@@ -52,14 +52,15 @@ from fabricpilot.service.state import FabricService, ServiceError
 log = logging.getLogger("fabricpilot.service")
 
 OPERATIONS = frozenset({
-    "declare", "put", "withdraw", "jobs", "job", "announce", "calls", "paths", "paths_json",
+    "declare", "put", "withdraw", "jobs", "job", "announce", "announce_json", "calls",
+    "paths", "paths_json",
     "ingest",
     "ingest_rows", "tick_now", "report_fault", "faults", "topology", "congestion",
     "link_usage", "health", "events_list", "metrics_text", "inject_twin_faults"})
 """The :class:`FabricService` methods a control may call."""
 
 WAITING = frozenset({"announce", "report_fault", "tick_now", "congestion", "link_usage",
-                     "metrics_text", "inject_twin_faults", "paths_json"})
+                     "metrics_text", "inject_twin_faults", "paths_json", "announce_json"})
 """Operations that may wait for a plan or the controller's lock, or take long (a job's
 paths: seconds for hundreds of thousands of GPU pairs), run on a thread pool: the quick
 ones (telemetry, declarations, reads) go on meanwhile."""

@@ -70,6 +70,8 @@ err = Console(stderr=True)
 
 EXIT_INPUT = 2
 
+_FLAG = ""  # a flag's metavar: none (typer 0.29 shows "<bool>", as if it took a value)
+
 # (a run whose end passes int64 ns: each value within its limits, together beyond them)
 _OVERFLOW = ("the simulated time passed the engine's clock (2^63 ns, 292 years): rates too "
              "low for the bytes they carry")
@@ -124,11 +126,12 @@ def run(
              "its plots/; what an earlier run wrote here and this one does not is removed.")]
         = None,
     reproducible: Annotated[bool, typer.Option(
+        metavar=_FLAG,
         help="Leave wall-clock figures out (wall_time_s and heal times as 0, no heal times "
              "in the report) so that equal seeds give byte-identical JSON and report.")] = False,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
     with_interference: Annotated[bool, typer.Option(
-        "--interference",
+        "--interference", metavar=_FLAG,
         help="Also run every job alone (same seed, policy and mice, without the other jobs) "
              "and report busbw alone / busbw shared per job and policy; one extra run per "
              "job and policy.")] = False,
@@ -435,6 +438,7 @@ def serve(
                          "sha256, gpus). Default: one operator token in the state dir.")]
         = None,
     twin: Annotated[bool, typer.Option(
+        metavar=_FLAG,
         help="Run the scenario's jobs on the twin in scaled real time (--no-twin: the "
              "fabric only; telemetry comes from POST /api/v1/telemetry).")] = True,
     time_scale: Annotated[float, typer.Option(
@@ -452,8 +456,9 @@ def serve(
         help="File holding the bearer token of --dataplane.")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     single_process: Annotated[bool, typer.Option(
-        "--single-process", help="Run the controller in the API's process (one core) "
-                                 "instead of a control process of its own.")] = False,
+        "--single-process", metavar=_FLAG,
+        help="Run the controller in the API's process (one core) instead of a control "
+             "process of its own.")] = False,
 ) -> None:
     """Run the controller as a service: REST API, dashboard and Prometheus metrics."""
     import uvicorn
@@ -817,7 +822,8 @@ def policies() -> None:
 
 @app.callback(invoke_without_command=True)
 def _main(
-    version: Annotated[bool, typer.Option("--version", help="Show the version.")] = False,
+    version: Annotated[bool, typer.Option("--version", metavar=_FLAG,
+                                          help="Show the version.")] = False,
 ) -> None:
     if version:
         out.print(f"fabricpilot {__version__}")

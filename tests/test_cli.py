@@ -65,6 +65,24 @@ def test_every_example_validates_and_runs(path: Path, tmp_path: Path) -> None:
             assert i["mean_busbw_GBps"] >= e["mean_busbw_GBps"] * (1 - 1e-6)
 
 
+def test_the_collision_example_collides(tmp_path: Path) -> None:
+    """examples/permutation_ecmp_collisions.yaml: a 32-GPU ring whose ranks are shuffled
+    over 8 leaves of 8 single-GPU hosts has about 4 members per leaf, nearly each sending
+    its one stream off the leaf; 4 flows hashed into 8 uplinks put two on one with
+    probability 1 - 8*7*6*5/8^4 = 59 %, so some leaf of the 8 almost surely does (1 - 0.41^8
+    > 99.9 %), and a ring runs at the pace of its slowest hop: ECMP at most half of ideal,
+    adaptive (which sees its queues) close to it. The AlltoAll's many flows average out."""
+    out = tmp_path / "s.json"
+    res = cli("run", str(ROOT / "examples" / "permutation_ecmp_collisions.yaml"), "--json",
+              str(out))
+    assert res.returncode == 0, res.stderr
+    runs = {r["policy"]: {j["name"]: j for j in r["jobs"]}
+            for r in json.loads(out.read_text())["runs"]}
+    assert runs["ecmp"]["ring-allreduce"]["of_ideal"] <= 0.5
+    assert runs["adaptive"]["ring-allreduce"]["of_ideal"] >= 0.85
+    assert runs["ecmp"]["alltoall"]["of_ideal"] >= 0.95
+
+
 def test_default_run_json_fields_and_reproducibility(tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for out in (a, b):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import math
+from collections import Counter
 from types import ModuleType
 from typing import Any
 
@@ -67,6 +68,26 @@ def test_random_policy() -> None:
         place_gpus(2, free, policy="random")
 
 
+def test_shuffled_policy_draws_the_same_gpus_in_a_random_rank_order() -> None:
+    """``shuffled``: the GPUs ``random`` would place, in the order drawn; every rank order
+    about equally likely (4 ranks: 24 orders)."""
+    free = _free_with_holes()
+    a = place_gpus(6, free, policy="random", rng=np.random.default_rng(7))
+    b = place_gpus(6, free, policy="shuffled", rng=np.random.default_rng(7))
+    assert sorted(b.tolist()) == a.tolist() and b.tolist() != a.tolist()
+    rng = np.random.default_rng(11)
+    free4 = np.zeros(8, dtype=bool)
+    free4[:4] = True
+    trials = 2400
+    orders = Counter(tuple(place_gpus(4, free4, policy="shuffled", rng=rng).tolist())
+                     for _ in range(trials))
+    assert len(orders) == 24
+    sigma = math.sqrt(trials / 24 * (1 - 1 / 24))
+    assert all(abs(n - trials / 24) < 5 * sigma for n in orders.values())
+    with pytest.raises(PlacementError, match="'shuffled' needs rng"):
+        place_gpus(2, free, policy="shuffled")
+
+
 def test_random_policy_is_uniform() -> None:
     free = np.zeros(16, dtype=bool)
     free[8:] = True  # 8 free GPUs, pick 4: each is picked with probability 1/2
@@ -104,7 +125,7 @@ def test_explicit_errors(ids: list[int], match: str) -> None:
 
 def test_policy_errors() -> None:
     free = _free_with_holes()
-    with pytest.raises(PlacementError, match="contiguous, random, explicit"):
+    with pytest.raises(PlacementError, match="contiguous, random, shuffled, explicit"):
         place_gpus(2, free, policy="packed")
     with pytest.raises(PlacementError, match="explicit="):
         place_gpus(2, free, policy="explicit")

@@ -148,7 +148,8 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     free = np.ones(ct.n_gpus, bool)
     placed: dict[int, np.ndarray] = {}
     # explicit placements reserve their GPUs first, then contiguous blocks, then random picks
-    rank = {"explicit": 0, "contiguous": 1, "random": 2}
+    # (shuffled ones among them, in the scenario's order)
+    rank = {"explicit": 0, "contiguous": 1, "random": 2, "shuffled": 2}
     order = sorted(range(len(scenario.jobs)), key=lambda i: rank[scenario.jobs[i].placement])
     for i in order:
         job = scenario.jobs[i]

@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 TopologyKind = Literal["leaf_spine", "fat_tree", "file"]
-Placement = Literal["contiguous", "random", "explicit"]
+Placement = Literal["contiguous", "random", "shuffled", "explicit"]
 CollectiveOp = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
 Algorithm = Literal["auto", "ring", "rails", "hierarchical", "tree", "flat"]
 CollectiveMode = Literal["stream", "steps"]
@@ -934,7 +934,9 @@ class JobSpec(_Model):
 
     gpus: Int = Field(gt=0, description="number of GPUs (ranks)")
     placement: Placement = Field(
-        default="contiguous", description="contiguous, random, or explicit (gpu_ids)"
+        default="contiguous",
+        description="contiguous, random (ranks in GPU order), shuffled (the same GPUs in a "
+                    "random rank order), or explicit (gpu_ids)"
     )
     gpu_ids: list[Annotated[Int, Field(ge=0)]] | None = Field(
         default=None, description="placement explicit: the global GPU ids, rank order"

@@ -16,7 +16,7 @@ from fabricpilot.errors import FabricpilotError
 
 __all__ = ["POLICIES", "PlacementError", "place_gpus"]
 
-POLICIES: tuple[str, ...] = ("contiguous", "random", "explicit")
+POLICIES: tuple[str, ...] = ("contiguous", "random", "shuffled", "explicit")
 
 
 class PlacementError(FabricpilotError, ValueError):
@@ -37,8 +37,11 @@ def place_gpus(
 
     * ``"contiguous"``: first fit, the ``n_gpus`` lowest-indexed free GPUs in increasing order
       (a contiguous block when the free GPUs are, which packs jobs onto few hosts);
-    * ``"random"``: a uniform sample without replacement among the free GPUs, sorted; needs
-      ``rng`` (a seeded ``numpy.random.Generator``) so runs are reproducible;
+    * ``"random"``: a uniform sample without replacement among the free GPUs, sorted (ranks
+      in host order, as a launcher hands them out from a sorted host list); needs ``rng`` (a
+      seeded ``numpy.random.Generator``) so runs are reproducible;
+    * ``"shuffled"``: the same sample in the order it was drawn (ranks in no order of the
+      topology, as a launcher unaware of it gives them: ring neighbours on other leaves);
     * ``"explicit"``: exactly the ids in ``explicit``, in the given order (it is the ring order);
       each must be in range, listed once and free, and there must be ``n_gpus`` of them.
 
@@ -49,6 +52,10 @@ def place_gpus(
     [1, 2, 4]
     >>> place_gpus(2, free, policy="explicit", explicit=[5, 1]).tolist()
     [5, 1]
+    >>> a = place_gpus(3, free, policy="random", rng=np.random.default_rng(3))
+    >>> b = place_gpus(3, free, policy="shuffled", rng=np.random.default_rng(3))
+    >>> sorted(b.tolist()) == a.tolist()  # (the same GPUs, in the order drawn)
+    True
     >>> place_gpus(5, free, policy="contiguous")
     Traceback (most recent call last):
     ...
@@ -81,8 +88,9 @@ def place_gpus(
     if policy == "contiguous":
         return candidates[:n].copy()
     if rng is None:
-        raise PlacementError("policy 'random' needs rng (a seeded numpy.random.Generator)")
-    return np.sort(rng.choice(candidates, size=n, replace=False)).astype(np.int64)
+        raise PlacementError(f"policy {policy!r} needs rng (a seeded numpy.random.Generator)")
+    drawn = rng.choice(candidates, size=n, replace=False).astype(np.int64)
+    return drawn if policy == "shuffled" else np.sort(drawn)
 
 
 def _explicit(

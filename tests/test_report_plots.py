@@ -201,3 +201,32 @@ def test_a_reproducible_report_leaves_the_heal_wall_times_out(runs, tmp_path: Pa
     write_report([r], None, tmp_path / "w")
     page = (tmp_path / "w" / "report.html").read_text()
     assert "2 heals (the slowest 14.14 ms of wall time" in page
+
+
+def test_the_report_has_the_fluid_tables_and_what_the_cli_says_under_them(
+        tmp_path: Path) -> None:
+    """The page shows what the terminal shows below its tables: the fluid model's columns
+    (pause storms counted, as many as listed), the storms, and a job whose SLA no path
+    meets."""
+    from fabricpilot.report.tables import pfc_event_lines, run_notes
+
+    root = Path(__file__).resolve().parents[1]
+    from fabricpilot.scenario import load_scenario
+
+    path = root / "examples" / "pause_storm.yaml"
+    r = run_policy(prepare(load_scenario(path), str(path)), "ecmp")
+    storms = r.summary()["pfc_storms"]
+    assert storms > 0 and r.model_report is not None
+    assert len([e for e in r.model_report.events if e.kind == "storm"]) == storms
+    write_report([r], None, tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "<th>storms</th>" in page and f"<td>{storms}</td>" in page
+    lines = pfc_event_lines([r])
+    assert lines[-1] == f"ecmp: ... and {storms - 10} more"
+    assert all(f"<li>{line.replace('>', '&gt;')}</li>" in page for line in lines)
+    # an SLA no path meets: the line under the CLI's table, on the page too
+    unmet = replace(r, sla_unmet=["retrieval: L1 (< 50 us) needs one switch"])
+    assert run_notes([unmet]) == ["ecmp: 1 job with an SLA no path meets, e.g. retrieval: "
+                                  "L1 (< 50 us) needs one switch"]
+    write_report([unmet], None, tmp_path)
+    assert "1 job with an SLA no path meets" in (tmp_path / "report.html").read_text()

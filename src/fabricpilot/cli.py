@@ -145,6 +145,7 @@ def run(
         fabric_table,
         fault_table,
         pfc_event_lines,
+        run_notes,
     )
     from fabricpilot.report.plots import write_report
     from fabricpilot.results import summary_json, write_tables
@@ -219,18 +220,9 @@ def run(
         faults = fault_table(shown)
         if faults is not None:
             out.print(faults)
+        for line in run_notes(shown):
+            out.print(escape(line), highlight=False, soft_wrap=True)
         for r in shown:
-            for job, why in r.aborted.items():
-                out.print(f"{r.policy}: job {escape(job)} stopped: {escape(why)}",
-                          highlight=False, soft_wrap=True)
-            if r.mice_cut_off:
-                out.print(f"{r.policy}: {r.mice_cut_off} mice cut off (no path left between "
-                          f"their GPUs), never delivered", highlight=False, soft_wrap=True)
-        for r in shown:
-            if r.sla_unmet:  # (per job, or per GPU pair of a job: counted by job)
-                jobs = {line.split(":", 1)[0] for line in r.sla_unmet}
-                out.print(f"{r.policy}: {_count(len(jobs), 'job')} with an SLA no path meets, "
-                          f"e.g. {escape(r.sla_unmet[0])}", highlight=False, soft_wrap=True)
             if r.controller:
                 out.print(escape(controller_line(r)), highlight=False, soft_wrap=True)
         events = pfc_event_lines(shown)

@@ -10,6 +10,7 @@ from fabricpilot.report.tables import (
     fault_table,
     format_interference,
     pfc_event_lines,
+    run_notes,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "fault_table",
     "format_interference",
     "pfc_event_lines",
+    "run_notes",
 ]

@@ -23,11 +23,15 @@ from fabricpilot.report.tables import (
     ABOVE_REFERENCE,
     FABRIC_COLUMNS,
     FAULT_COLUMNS,
+    FLUID_COLUMNS,
     above_reference,
     comparison_rows,
     controller_line,
     fabric_cells,
     fault_rows,
+    fluid_cells,
+    pfc_event_lines,
+    run_notes,
 )
 from fabricpilot.results import RunResult
 from fabricpilot.results.io import remove_stale
@@ -308,6 +312,13 @@ def _page(results: Sequence[RunResult], reference: RunResult | None, images: lis
     fabric = [_tr([*fabric_cells(r), str(len(r.faults)), str(len(r.aborted))])
               for r in results]
     faults = _faults_html(results)
+    fluid = (f'<table>{_tr(["policy", *FLUID_COLUMNS], "th")}'
+             + "".join(_tr([r.policy, *fluid_cells(r)]) for r in results) + "</table>"
+             if any(r.model == "fluid" for r in results) else "")
+    notes = "".join(f"<p>{e(line)}</p>" for line in run_notes(results))
+    events = pfc_event_lines(results)
+    storms = ("<h3>PFC storms and deadlocks</h3><ul>"
+              + "".join(f"<li>{e(line)}</li>" for line in events) + "</ul>" if events else "")
     controllers = "".join(f"<p>{e(controller_line(r, wall_clock))}</p>" for r in results
                           if r.controller)
     figures = "\n".join(
@@ -349,7 +360,10 @@ CSV tables per policy: {tables}.</p>
 <table>{_tr([*FABRIC_COLUMNS, "faults", "jobs stopped"], "th")}
 {"".join(fabric)}
 </table>
+{fluid}
+{notes}
 {controllers}
+{storms}
 {faults}
 <h2>plots</h2>
 {figures}

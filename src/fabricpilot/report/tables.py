@@ -112,14 +112,38 @@ def fabric_table(results: Sequence[RunResult]) -> RenderableType:
     for r in results:
         s = r.summary()
         table.add_row(*fabric_cells(r, s), f"{r.wall_time_s:.2f}")
-        fluid.add_row(r.policy, *([
-            f"{s['ecn_marks']:,}", f"{s['pfc_pause_ns_total'] / 1e6:.3f}",
-            str(s["pfc_storms"]), str(s["deadlocks"]), format_bytes(s["drops_bytes"]),
-            format_bytes(s["retransmitted_bytes"]),
-        ] if r.model == "fluid" else ["-"] * len(FLUID_COLUMNS)))
+        fluid.add_row(r.policy, *fluid_cells(r, s))
     if any(r.model == "fluid" for r in results):
         return Group(table, fluid)
     return table
+
+
+def fluid_cells(r: RunResult, summary: dict[str, Any] | None = None) -> list[str]:
+    """A run's cells under :data:`FLUID_COLUMNS` ("-" for a flow-model run)."""
+    if r.model != "fluid":
+        return ["-"] * len(FLUID_COLUMNS)
+    s = r.summary(include_wall_time=False) if summary is None else summary
+    return [f"{s['ecn_marks']:,}", f"{s['pfc_pause_ns_total'] / 1e6:.3f}",
+            str(s["pfc_storms"]), str(s["deadlocks"]), format_bytes(s["drops_bytes"]),
+            format_bytes(s["retransmitted_bytes"])]
+
+
+def run_notes(results: Sequence[RunResult]) -> list[str]:
+    """The lines under the tables, per run: jobs stopped (and why), mice cut off, jobs
+    whose SLA no path meets (the pause storms and deadlocks: :func:`pfc_event_lines`)."""
+    out = []
+    for r in results:
+        out += [f"{r.policy}: job {job} stopped: {why}" for job, why in r.aborted.items()]
+        if r.mice_cut_off:
+            out.append(f"{r.policy}: {r.mice_cut_off} mice cut off (no path left between "
+                       f"their GPUs), never delivered")
+    for r in results:
+        if r.sla_unmet:  # (per job, or per GPU pair of a job: counted by job)
+            jobs = {line.split(":", 1)[0] for line in r.sla_unmet}
+            n = len(jobs)
+            out.append(f"{r.policy}: {n} job{'s' * (n != 1)} with an SLA no path meets, "
+                       f"e.g. {r.sla_unmet[0]}")
+    return out
 
 
 FABRIC_COLUMNS = ("policy", "sim ms", "mice p50 slowdown", "mice p99 slowdown",

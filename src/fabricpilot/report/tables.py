@@ -199,7 +199,8 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips
 
-    With heals (failed or gray links), how many and the slowest, and gray links found:
+    With heals (failed or gray links), how many and the slowest, and gray links found (per
+    direction: a cable gray both ways is two):
 
     >>> c |= {"heals": 2, "heal_max_ms": 3.25, "heal_sent_max_ms": 2.5,
     ...       "gray_links_confirmed": 2, "gray_false_alarms": 0, "gray_links_restored": 2}
@@ -208,12 +209,12 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
     task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips; 2 heals (the slowest 3.25 ms of wall time, its new paths sent after 2.50 ms);
-    2 gray links confirmed, 0 false alarms, 2 restored
+    gray link directions: 2 confirmed, 0 false alarms, 2 restored
     >>> print(controller_line(SimpleNamespace(policy="task-aware", controller=c), False))
     ... # doctest: +NORMALIZE_WHITESPACE
     task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
-    trips; 2 heals; 2 gray links confirmed, 0 false alarms, 2 restored
+    trips; 2 heals; gray link directions: 2 confirmed, 0 false alarms, 2 restored
 
     GPU pairs held to a rate at their senders (an L3 job while L1 / L2 jobs are declared):
 
@@ -252,7 +253,9 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
             line += (f" (the slowest {c['heal_max_ms']:.2f} ms of wall time, its new paths "
                      f"sent after {c.get('heal_sent_max_ms', 0.0):.2f} ms)")
     if c.get("gray_links_confirmed") or c.get("gray_false_alarms"):
-        line += (f"; {c['gray_links_confirmed']} gray links confirmed, "
+        # (counted per link direction: each has its own FEC counters, and a gray cable
+        # may corrupt one way only)
+        line += (f"; gray link directions: {c['gray_links_confirmed']} confirmed, "
                  f"{c['gray_false_alarms']} false alarms, "
                  f"{c.get('gray_links_restored', 0)} restored")
     return line

@@ -230,3 +230,36 @@ def test_the_report_has_the_fluid_tables_and_what_the_cli_says_under_them(
                                   "L1 (< 50 us) needs one switch"]
     write_report([unmet], None, tmp_path)
     assert "1 job with an SLA no path meets" in (tmp_path / "report.html").read_text()
+
+
+def test_a_job_stopped_after_some_iterations_is_marked_so(tmp_path: Path) -> None:
+    """examples/link_failure.yaml with 7 RDMA retries: under ECMP both jobs stop 32 ms
+    after the loss (7 x 4 ms timeouts, as the README says), the ring before it finished an
+    iteration, the AlltoAll after one. The table shows the AlltoAll's figures "then
+    stopped", the JSON why each stopped and no fraction of ideal for the ring (the table's
+    "-"), and the busbw plot is written with both marked."""
+    import json
+
+    import yaml
+
+    from fabricpilot.report.tables import comparison_rows
+    from fabricpilot.results import summary_json
+    from fabricpilot.scenario import scenario_from_dict
+
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "examples" / "link_failure.yaml").read_text())
+    data["faults"]["rdma_retry_count"] = 7
+    prep = prepare(scenario_from_dict(data, "lf.yaml"), "lf.yaml")
+    ecmp, ideal = run_policy(prep, "ecmp"), run_policy(prep, "ideal")
+    assert set(ecmp.aborted) == {"dp-ring", "ep-alltoall"}
+    _, rows = comparison_rows([ecmp], ideal)
+    cells = {c[0]: c for c, _ in rows}
+    assert cells["dp-ring"][3:] == ["stopped", "-", "-"]
+    assert cells["ep-alltoall"][3].endswith(" then stopped")
+    jobs = {j["name"]: j for j in json.loads(summary_json([ecmp], reference=ideal))["jobs"]}
+    assert jobs["dp-ring"]["of_ideal"] is None and jobs["dp-ring"]["iterations"] == 0
+    assert "RDMA retries exhausted" in jobs["dp-ring"]["stopped"]
+    assert jobs["ep-alltoall"]["iterations"] >= 1 and jobs["ep-alltoall"]["of_ideal"] > 0
+    assert "stopped" not in {j["name"]: j for j in json.loads(summary_json([ideal]))[
+        "jobs"]}["dp-ring"]
+    assert (write_report([ecmp], ideal, tmp_path)[0]).name == "busbw.png"

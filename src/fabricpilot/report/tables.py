@@ -18,7 +18,8 @@ def comparison_table(results: Sequence[RunResult], reference: RunResult | None) 
     """One row per (job, policy): mean iteration time, mean busbw and fraction of ``ideal``.
 
     ``reference`` is the ``ideal`` run; without it the fraction column shows "-". A job
-    stopped before it finished one iteration (cut off by faults) shows "stopped". When any
+    stopped before it finished one iteration (cut off by faults) shows "stopped"; one
+    stopped later, the figures of the iterations it finished, "then stopped". When any
     run carries interference ratios (``run --interference``) an "interference" column
     follows: busbw alone / busbw shared, see :func:`format_interference`.
     """
@@ -49,8 +50,10 @@ def comparison_rows(results: Sequence[RunResult], reference: RunResult | None,
                 frac = f"{busbw / ref:.1%}" if ref > 0 else "-"
             iteration_ns = r.mean_iteration_ns(job.name)
             stopped = job.name in r.aborted and not iteration_ns > 0  # (no iteration done)
+            # (stopped later: the figures of the iterations it finished, and a mark)
+            then = " then stopped" if job.name in r.aborted and not stopped else ""
             cells = [job.name if k == 0 else "", str(job.n_gpus) if k == 0 else "",
-                     r.policy, "stopped" if stopped else f"{iteration_ns / 1e6:.3f}",
+                     r.policy, "stopped" if stopped else f"{iteration_ns / 1e6:.3f}{then}",
                      "-" if stopped else f"{busbw:.1f}", "-" if stopped else frac]
             if with_ratio:
                 cells.append(format_interference(r.interference.get(job.name)))

@@ -178,15 +178,17 @@ def summary_json(results: list[RunResult], *, include_wall_time: bool = True,
     """JSON text: one run's summary object, or ``{"runs": [...]}`` for several policies.
     With a ``reference`` run (``ideal``, as the CLI compares against), every job also gets
     ``ideal_busbw_GBps`` (the reference's) and ``of_ideal`` (its own ``mean_busbw_GBps``
-    over that; ``null`` when the reference moved nothing), the table's "of ideal"."""
+    over that; ``null`` when the reference moved nothing or the job was stopped before it
+    finished an iteration), the table's "of ideal"."""
     runs = [r.summary(include_wall_time=include_wall_time) for r in results]
     if reference is not None:
         for r, run in zip(results, runs, strict=True):
             for job in run["jobs"]:
                 ref = reference.mean_busbw_GBps(job["name"])
                 job["ideal_busbw_GBps"] = float(f"{ref:.6g}")
+                none = "stopped" in job and not job["iterations"]  # (the table's "-")
                 job["of_ideal"] = (float(f"{r.mean_busbw_GBps(job['name']) / ref:.6g}")
-                                   if ref > 0 else None)
+                                   if ref > 0 and not none else None)
     if len(results) == 1:
         data: Any = runs[0]
     else:

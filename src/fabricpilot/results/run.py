@@ -232,6 +232,8 @@ class RunResult:
                 "mean_busbw_GBps": _r(self.mean_busbw_GBps(job.name)),
                 **({"interference": _ratio(self.interference[job.name])}
                    if job.name in self.interference else {}),
+                # (a job a fault stopped: why; its figures are those of what it finished)
+                **({"stopped": self.aborted[job.name]} if job.name in self.aborted else {}),
                 "collectives": [
                     {
                         "op": c.op, "algorithm": c.algorithm, "iteration": c.iteration,

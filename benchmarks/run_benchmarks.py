@@ -95,10 +95,12 @@ def main() -> None:
         op, gpus, size, algorithm, policy, model = args.case
         print(json.dumps(run_case(op, int(gpus), int(size), algorithm, policy, model)))
         return
-    header = (f"{'case':<19} {'policy':<6} {'algorithm':<13} {'flows':>9} {'updates':>7} "
+    header = (f"{'case':<19} {'policy':<8} {'algorithm':<13} {'flows':>9} {'updates':>7} "
               f"{'sim ms':>8} {'busbw GB/s':>10} {'wall s':>8} {'peak MB':>8}")
     print(header)
     print("-" * len(header))
+    print("(updates: the engine's rate recomputations, one per change of the set of flows;\n"
+          " peak MB: the case's own process, its peak resident memory)")
     for name, op, gpus, size, algorithm, model in CASES:
         if args.only not in name:
             continue
@@ -109,13 +111,13 @@ def main() -> None:
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
-                print(f"{name:<19} {policy:<6} did not finish within {args.timeout:.0f} s")
+                print(f"{name:<19} {policy:<8} did not finish within {args.timeout:.0f} s")
                 continue
             if proc.returncode != 0:
-                print(f"{name:<19} {policy:<6} FAILED: {proc.stderr.strip().splitlines()[-1]}")
+                print(f"{name:<19} {policy:<8} FAILED: {proc.stderr.strip().splitlines()[-1]}")
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"{name:<19} {policy:<6} {r['algorithm']:<13} {r['flows']:>9} "
+            print(f"{name:<19} {policy:<8} {r['algorithm']:<13} {r['flows']:>9} "
                   f"{r['rate_updates']:>7} {r['sim_ms']:>8.2f} {r['busbw_GBps']:>10.1f} "
                   f"{r['total_s']:>8.2f} {r['peak_mb']:>8.0f}", flush=True)
 

@@ -567,6 +567,33 @@ def test_a_replan_moves_a_job_off_a_link_loaded_by_undeclared_traffic() -> None:
     assert ctl.replans == 1
 
 
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_plan_for_a_declaration_routes_around_a_hot_link_too(whole: bool) -> None:
+    """A link the congestion map shows hot with load no plan accounts for (undeclared
+    traffic): a job declared then, planned by itself or with every job, stays off it, as
+    the control period's re-plan would have it; placed there, the next period moved it off
+    again (a flap per declaration). The background is measured, not planned: the plan's
+    own load on the link stays 0."""
+    dp, ctl, used, other = _two_pair_job()
+    dp.deltas = [_util(used, 0.9)]
+    assert ctl.tick().replanned  # (job a off the hot uplink: both pairs on the other)
+    n_ticks_replans = ctl.replans
+    assert ctl.current is not None and ctl.current.link_load_gbps.get(used, 0.0) == 0.0
+    assert ctl.background_gbps() == {used: pytest.approx(360.0)}
+    # job b: gpu0 -> gpu3 at 100 Gb/s, whose two candidates cross one leaf0 uplink each
+    ctl.declare(Intent("b", "t", (0, 3), (CommCall("broadcast", 1 << 30, 500.0, 0,
+                                                   pairs=((0, 3),)),)))
+    rep = ctl.plan() if whole else ctl.plan_jobs({"b"})
+    assert rep is not None
+    (path,) = ctl._installed[rule_key("b", 0, 3)].paths
+    assert used not in path and other in path
+    assert ctl.current.link_load_gbps.get(used, 0.0) == 0.0  # (measured, not planned)
+    # the next period finds nothing to move: the hot link carries no planned pair
+    dp.deltas = [_util(used, 0.9), _util(other, 0.75)]
+    nxt = ctl.tick()
+    assert not nxt.replanned and ctl.replans == n_ticks_replans
+
+
 @pytest.mark.parametrize("u", [0.3, 0.5])
 def test_small_or_unhelpful_changes_do_not_replan(u: float) -> None:
     """u = 0.3: 120 - 100 = 20 Gb/s unaccounted, not above the 5 % floor (20 Gb/s): no

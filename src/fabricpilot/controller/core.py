@@ -1471,9 +1471,15 @@ class Controller:
     def plan(self, background: dict[int, float] | None = None, *,
              may_yield: bool = False) -> PlanReport:
         """Plan every opted-in job together, steer the planned paths and install them.
-        ``background`` is load (Gb/s per link) the plan must route around. With
-        ``may_yield``, the plan gives way if :attr:`interrupt` is set before it installs
-        anything (:class:`PlanInterrupted`; the controller is left as it was)."""
+        ``background`` is load (Gb/s per link) the plan must route around; by default the
+        measured load the installed plan does not account for (:meth:`background_gbps`),
+        as a control period's re-plan has it, so that a plan made for a declaration does
+        not put pairs on a link the congestion map shows hot (the next period would move
+        them off again). With ``may_yield``, the plan gives way if :attr:`interrupt` is
+        set before it installs anything (:class:`PlanInterrupted`; the controller is left
+        as it was)."""
+        if background is None:
+            background = self.background_gbps()
         # many long-lived objects and no reference cycles: spare the collector its passes
         with _gc_paused(promote=True):
             self._release()
@@ -1538,7 +1544,8 @@ class Controller:
     def plan_jobs(self, tasks: set[str]) -> PlanReport | None:
         """Re-plan only the jobs ``tasks`` (declared, changed or withdrawn since the last
         plan) against the rest of the installed plan, which stays as it is: their old paths
-        are taken out of the load, their demands now are placed on what is left, steered and
+        are taken out of the load, their demands now are placed on what is left (and around
+        the measured load no plan accounts for: :meth:`background_gbps`), steered and
         installed. The cost grows with those jobs' demands, not with the fabric's.
 
         Returns ``None`` (nothing done: call :meth:`plan`) when there is no plan yet, or
@@ -1584,7 +1591,7 @@ class Controller:
             for d in fresh:
                 used.update(d.head, d.tail)
                 used.update(self._links_in(d.candidates))
-            sets, report = self._place_around(fresh, used)
+            sets, report = self._place_around(fresh, used, measured=True)
             installed = self._installed
             changed = [r for r in sets if installed.get(r.key) != r]
             self.dp.install(changed)
@@ -1650,13 +1657,15 @@ class Controller:
                       merge: Callable[[dict[str, list[tuple[tuple[int, ...], float]]]],
                                       dict[str, list[tuple[tuple[int, ...], float]]]]
                       | None = None, placed: tuple[Plan, list[int], LinkValues] | None = None,
-                      **greedy: int) -> tuple[list[PathSet], PlanReport]:
+                      measured: bool = False, **greedy: int
+                      ) -> tuple[list[PathSet], PlanReport]:
         """Place ``demands`` around the current plan's load, on the links ``used`` (those
         their candidates can take), steer them and add them to the plan (paths and load);
         the path sets are returned, not yet installed. ``merge`` turns the placed demands'
         paths into the plan's path sets (by default they are the same); ``greedy``: options
         of :func:`plan_greedy`. ``placed``: that placement, made already (its plan, and the
-        links and load :meth:`_around` gave it)."""
+        links and load :meth:`_around` gave it). ``measured``: around the measured load the
+        plan does not account for too (:meth:`background_gbps`; not added to the plan)."""
         plan = self.current
         assert plan is not None
         load = plan.link_load_gbps
@@ -1664,7 +1673,14 @@ class Controller:
             sub, ids_l, bg = placed
         else:
             ids_l, cap, bg = self._around(used)
-            sub = plan_greedy(demands, cap, background=bg, **{"split": self.parts, **greedy})
+            around = bg
+            seen = self.background_gbps() if measured else {}
+            if seen:
+                get = seen.get
+                around = LinkValues(bg.ids, bg.values + np.array([get(lk, 0.0)
+                                                                  for lk in ids_l]))
+            sub = plan_greedy(demands, cap, background=around,
+                              **{"split": self.parts, **greedy})
         before = bg.values
         if merge is not None:
             sub = replace(sub, paths=merge(sub.paths))

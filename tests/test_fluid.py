@@ -287,6 +287,30 @@ def test_go_back_n_keeps_what_was_queued_ahead_of_the_loss() -> None:
     assert stall.tolist() == [13_000.0] and drops.tolist() == [0.0, 100.0]
 
 
+def test_ecn_thresholds_scaled_to_the_port_rate_keep_a_400g_incast_near_line_rate(
+        one_leaf) -> None:  # type: ignore[no-untyped-def]
+    """Two 64 MiB flows into one 400 Gb/s port: at line rate the port takes 2 x 64 MiB of
+    wire bytes / 50 GB/s. With the paper's 40 Gb/s thresholds (kmax 200 KiB), the queue
+    passes kmax in 4 us, before the first CNP is back, every packet is marked and DCQCN cuts
+    the flows several times over; with the thresholds scaled to the port (x10: kmin 50 KiB,
+    kmax 2000 KiB) the first CNPs come back at a marking probability of about 0.1 % and the
+    port stays above 90 % busy, its queue below its kmax."""
+    size = 64 << 20
+    bound_ns = 2 * size * WIRE / 50.0
+    scaled = EcnParams(reference_gbps=40.0)
+    kmin, kmax = (float(x[0]) for x in scaled.thresholds(np.array([400.0])))
+    assert (kmin, kmax) == (51200.0, 2048000.0)
+    out = run(one_leaf, [p2p("two", [(0, 2), (1, 2)], size)], ecn=scaled,
+              fluid=FluidParams(sample_interval_ns=20_000))
+    assert bound_ns / out.sim_time_ns > 0.9
+    assert throughput_gbps(out, 0) == pytest.approx(throughput_gbps(out, 1), rel=0.05)
+    cols = out.model_report.timeseries.columns()
+    on = cols["link"] == one_leaf.gpu_down[2]
+    assert cols["queue_bytes"][on].max() < kmax and out.model_report.drops_bytes == 0
+    same = run(one_leaf, [p2p("two", [(0, 2), (1, 2)], size)])  # (the paper's values)
+    assert same.sim_time_ns > out.sim_time_ns
+
+
 def test_a_sprayed_qp_reacts_to_congestion_as_one_qp() -> None:
     """A QP sprayed over every spine (``ideal``) is one QP: one DCQCN state, cut as a whole
     by each CNP, whichever path's packets were marked. In a 2:1 incast across leaves with

@@ -133,8 +133,10 @@ class FluidRateModel:
         self._lossless = self.qos.lossless_mask() & self.pfc.enabled
         self._weights = np.array([self.qos.weights.get(p, 1.0) for p in range(P)])
         self._pause_delay = ct.delay_ns.astype(np.float64) + self.pfc.response_ns
-        self._queue_thresholds = np.array([self.ecn.kmin_bytes, self.ecn.kmax_bytes,
-                                           self.fp.buffer_bytes_per_port], np.float64)
+        # each port's ECN thresholds (at its rate) and those the step size watches for
+        self._kmin_link, self._kmax_link = self.ecn.thresholds(ct.rate_gbps)
+        self._queue_thresholds = np.unique(np.concatenate((
+            self._kmin_link, self._kmax_link, [float(self.fp.buffer_bytes_per_port)])))
         self._ingress_thresholds = np.array([self.pfc.xon_bytes, self.pfc.xoff_bytes],
                                             np.float64)
         self.reset(LinkState(ct.rate_gbps.copy(), ct.delay_ns.copy()))
@@ -492,9 +494,9 @@ class FluidRateModel:
 
     def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
         queue, p_path, marked, self._switch_queue_bytes = fk.queue_marks(
-            m.backlog, m.cidx, m.plen, served_lp.reshape(-1), m.cell_marks,
-            float(self.ecn.kmin_bytes), float(self.ecn.kmax_bytes), float(self.ecn.pmax),
-            float(self.fabric.mtu_bytes), self._grid_marks.reshape(-1))
+            m.backlog, m.cidx, m.plen, served_lp.reshape(-1), m.cell_marks, m.cell_kmin,
+            m.cell_kmax, float(self.ecn.pmax), float(self.fabric.mtu_bytes),
+            self._grid_marks.reshape(-1))
         self._queue_cells = queue.reshape(len(m.ulinks), len(m.uprios))
         self.report.ecn_marks += marked
         self._p_path = p_path
@@ -678,6 +680,9 @@ class _Members:
     cell_lossy: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     pfc_watch: NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), bool))
     cell_marks: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    # each cell's ECN thresholds (its port's, at its rate)
+    cell_kmin: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    cell_kmax: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     first_port: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     hold_bytes: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))  # per ulink
     cell_switch: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -805,6 +810,8 @@ class _Members:
             ulink_rate=ct.rate_gbps[ulinks].astype(np.float64),
             half_rtt=delay.astype(np.float64),
             cell_marks=np.repeat(model._src_is_switch[ulinks], width),
+            cell_kmin=np.repeat(model._kmin_link[ulinks], width),
+            cell_kmax=np.repeat(model._kmax_link[ulinks], width),
             cell_switch=np.repeat(ct.switch_of_node[ct.link_src[ulinks]], width).astype(np.int64),
             # a NIC port holds about one base step of bytes (over all its QPs)
             first_port=link_pos[safe[:, 0]],

@@ -549,31 +549,33 @@ def red_marks(
     queue: NDArray[np.float64],
     served: NDArray[np.float64],
     marking: NDArray[np.bool_],
-    kmin_bytes: float,
-    kmax_bytes: float,
+    kmin_bytes: NDArray[np.float64],
+    kmax_bytes: NDArray[np.float64],
     pmax: float,
     mtu_bytes: float,
     marks: NDArray[np.float64],
 ) -> tuple[NDArray[np.float64], float]:
     """RED marking (:meth:`EcnParams.mark_probability`) of each cell whose egress marks
-    (``marking``: a switch port): returns the probability per cell and the expected marked
-    packets of the step (``served`` bytes / MTU x probability), also added to ``marks``.
+    (``marking``: a switch port), with the cell's thresholds: returns the probability per
+    cell and the expected marked packets of the step (``served`` bytes / MTU x
+    probability), also added to ``marks``.
 
+    >>> k = np.full(3, 10.0), np.full(3, 110.0)
     >>> red_marks(np.array([5.0, 60.0, 200.0]), np.full(3, 100.0), np.ones(3, np.bool_),
-    ...           10.0, 110.0, 0.1, 10.0, np.zeros(3))[0].tolist()
+    ...           *k, 0.1, 10.0, np.zeros(3))[0].tolist()
     [0.0, 0.05, 1.0]
     """
     n = queue.shape[0]
     p = np.zeros(n)
-    span = max(kmax_bytes - kmin_bytes, 1.0)
     total = 0.0
     for c in range(n):
         if not marking[c]:
             continue
         q = queue[c]
-        if q <= kmin_bytes:
+        lo, hi = kmin_bytes[c], kmax_bytes[c]
+        if q <= lo:
             continue
-        p[c] = 1.0 if q >= kmax_bytes else pmax * (q - kmin_bytes) / span
+        p[c] = 1.0 if q >= hi else pmax * (q - lo) / max(hi - lo, 1.0)
         mk = served[c] * p[c] / mtu_bytes
         marks[c] += mk
         total += mk
@@ -620,8 +622,8 @@ def queue_marks(
     plen: NDArray[np.int64],
     served: NDArray[np.float64],
     cell_marks: NDArray[np.bool_],
-    kmin_bytes: float,
-    kmax_bytes: float,
+    kmin_bytes: NDArray[np.float64],
+    kmax_bytes: NDArray[np.float64],
     pmax: float,
     mtu_bytes: float,
     marks: NDArray[np.float64],

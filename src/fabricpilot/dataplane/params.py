@@ -52,14 +52,41 @@ class FabricParams:
 @dataclass(frozen=True, slots=True)
 class EcnParams:
     """RED-style ECN marking at switch egress queues (DCQCN paper defaults: Zhu et al.,
-    "Congestion Control for Large-Scale RDMA Deployments", SIGCOMM 2015, section 6)."""
+    "Congestion Control for Large-Scale RDMA Deployments", SIGCOMM 2015, section 6).
+
+    The thresholds are the same on every port unless ``reference_gbps`` gives the port rate
+    they are for: each port's then scale with its rate, as deployments scale them (HPCC's
+    DCQCN baseline, SIGCOMM 2019, raises them with the link rate). The paper's values are
+    for 40 Gb/s: at 400 Gb/s a queue fills ten times faster, passes kmax before the first
+    CNP is back and is marked whole, and DCQCN cuts two flows sharing a port far below
+    their share (a 2-to-1 incast on one leaf, 64 MiB each, at 58 % of line rate; 93 % with
+    ``reference_gbps=40``). kmin then stays below the PFC XOFF as the paper asks (ECN acts
+    first); kmax, 2 MB at 400 Gb/s, is above it: an incast the marks have not slowed yet
+    pauses.
+    """
 
     kmin_bytes: int = 5 * 1024
     kmax_bytes: int = 200 * 1024
     pmax: float = 0.01
+    reference_gbps: float | None = None
+
+    def thresholds(self, rate_gbps: NDArray[np.float64]) -> tuple[NDArray[np.float64],
+                                                                  NDArray[np.float64]]:
+        """kmin and kmax (bytes) of ports of ``rate_gbps``.
+
+        >>> EcnParams(reference_gbps=40.0).thresholds(np.array([40.0, 400.0]))[1].tolist()
+        [204800.0, 2048000.0]
+        >>> EcnParams().thresholds(np.array([400.0]))[0].tolist()
+        [5120.0]
+        """
+        rate = np.asarray(rate_gbps, np.float64)
+        scale = (np.ones_like(rate) if self.reference_gbps is None
+                 else rate / self.reference_gbps)
+        return self.kmin_bytes * scale, self.kmax_bytes * scale
 
     def mark_probability(self, queue_bytes: NDArray[np.float64]) -> NDArray[np.float64]:
-        """0 below kmin, rising linearly to pmax at kmax, 1 above kmax.
+        """0 below kmin, rising linearly to pmax at kmax, 1 above kmax (at a port of
+        ``reference_gbps``).
 
         >>> EcnParams(kmin_bytes=10, kmax_bytes=110, pmax=0.1).mark_probability(
         ...     np.array([5.0, 60.0, 200.0])).tolist()

@@ -370,8 +370,15 @@ class EcnSpec(_Model):
         default=_ECN.pmax, gt=0, le=1, allow_inf_nan=False,
         description="marking probability at kmax (0 < pmax <= 1)",
     )
+    reference_gbps: Float | None = Field(
+        default=_ECN.reference_gbps, gt=0, allow_inf_nan=False,
+        description="the port rate kmin / kmax are given for: each port's then scale with "
+        "its rate (40: the paper's values, x10 at 400 Gbps); null (default): the same on "
+        "every port",
+    )
 
-    _quantities = field_validator("kmin_bytes", "kmax_bytes", mode="before")(_convert_quantity)
+    _quantities = field_validator("kmin_bytes", "kmax_bytes", "reference_gbps",
+                                  mode="before")(_convert_quantity)
 
     @model_validator(mode="after")
     def _check_thresholds(self) -> EcnSpec:
@@ -384,7 +391,8 @@ class EcnSpec(_Model):
         return self
 
     def to_params(self) -> EcnParams:
-        return EcnParams(kmin_bytes=self.kmin_bytes, kmax_bytes=self.kmax_bytes, pmax=self.pmax)
+        return EcnParams(kmin_bytes=self.kmin_bytes, kmax_bytes=self.kmax_bytes, pmax=self.pmax,
+                         reference_gbps=self.reference_gbps)
 
 
 class DcqcnSpec(_Model):

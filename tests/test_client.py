@@ -16,6 +16,7 @@ from fabricpilot.client import (
     DEFAULT_URL,
     Client,
     FabricpilotAPIError,
+    FabricpilotClientError,
     FabricpilotConnectionError,
 )
 from fabricpilot.scenario import default_scenario
@@ -356,6 +357,31 @@ def test_non_json_error_body_and_bearer_header() -> None:
     assert err.value.status == 502
     assert str(err.value) == ("502 Bad Gateway: Bad Gateway upstream down "
                               "(GET /api/v1/congestion)")
+
+
+def test_what_is_not_the_api_answering_is_a_client_error() -> None:
+    """A 200 that is not JSON (a proxy's login page), a redirect, an id naming another
+    resource, a body JSON cannot carry, a URL that is not one: each a one-line
+    FabricpilotClientError, not httpx's or json's own."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/moved"):
+            return httpx.Response(307, headers={"location": "/api/v1/jobs"})
+        return httpx.Response(200, text="<html>Sign in</html>")
+
+    with Client("http://fp.test", token=OPS, transport=httpx.MockTransport(handler)) as fp:
+        with pytest.raises(FabricpilotAPIError, match="the answer is not JSON: '<html>Sign"):
+            fp.congestion()
+        with pytest.raises(FabricpilotAPIError, match="307 Temporary Redirect: unexpected "
+                                                      "redirect to /api/v1/jobs"):
+            fp.get_job("moved")
+        for bad in ("", ".", ".."):
+            with pytest.raises(FabricpilotClientError, match="not a job's id"):
+                fp.withdraw_job(bad)
+        with pytest.raises(FabricpilotClientError, match="cannot be sent as JSON"):
+            fp.announce("j", "allreduce", 1024, [0, 1], sla_us=float("nan"))
+    for url in ("http://127.0.0.1:abc", "http://[::1", "ftp://host", "127.0.0.1:8765"):
+        with pytest.raises(FabricpilotClientError, match=r"URL .* is not"):
+            Client(url)
 
 
 def test_a_read_timeout_is_not_reported_as_unreachable() -> None:

@@ -937,8 +937,10 @@ def test_a_job_declared_again_keeps_only_the_announced_calls_it_gives(tmp_path: 
         logged = c.get("/api/v1/jobs/a1/calls", headers=_auth(ACME)).json()
         assert [(x["bucket"], x["size_bytes"]) for x in logged] == [(7, 1000), (8, 2000),
                                                                    (7, 3000)]
+        # (the first announcement over the whole job replaced the AllReduce declared
+        # without pairs, as a framework's placeholder is)
         job = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
-        assert sorted(x["size_bytes"] for x in job["calls"]) == [2000, 3000, 64 << 20]
+        assert sorted(x["size_bytes"] for x in job["calls"]) == [2000, 3000]
         # put back without bucket 8's call: bucket 7's current announcement stays
         kept = [x for x in job["calls"] if x["size_bytes"] != 2000]
         r = c.put("/api/v1/jobs/a1", headers=_auth(ACME),
@@ -951,7 +953,7 @@ def test_a_job_declared_again_keeps_only_the_announced_calls_it_gives(tmp_path: 
             "pattern": "allreduce", "size_bytes": 4000, "ranks": [0, 1, 64, 65], "bucket": 7})
         assert r.status_code == 200 and r.json()["changed_intent"] is True
         job = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
-        assert sorted(x["size_bytes"] for x in job["calls"]) == [4000, 64 << 20]
+        assert sorted(x["size_bytes"] for x in job["calls"]) == [4000]
         # on other GPUs with a call of its own: nothing announced is left
         r = c.put("/api/v1/jobs/a1", json=_job("a1", [0, 64]), headers=_auth(ACME))
         assert r.status_code == 200, r.text
@@ -963,11 +965,43 @@ def test_a_job_declared_again_keeps_only_the_announced_calls_it_gives(tmp_path: 
         assert [x["size_bytes"] for x in job["calls"]] == [64 << 20]
 
 
+def test_an_announcement_replaces_the_call_declared_without_pairs(tmp_path: Path) -> None:
+    """A framework declares its job with one AllReduce of a guessed size and no pairs (the
+    PyTorch hook: 25 MiB) and then announces its real buckets over the whole job: the
+    first announcement replaces the guess (one call of the same pattern over the same
+    ranks), the next ones add calls. An announcement over part of the job, or of another
+    pattern, replaces nothing."""
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        body = {"task_id": "ddp", "gpus": [0, 1, 64, 65], "calls": [
+            {"pattern": "allreduce", "size_bytes": 25 << 20, "sla_us": 1000.0},
+            {"pattern": "alltoall", "size_bytes": 1 << 20, "sla_us": 1000.0}]}
+        assert c.put("/api/v1/jobs/ddp", json=body, headers=_auth(ACME)).status_code == 201
+
+        def sizes() -> list[tuple[str, int]]:
+            job = c.get("/api/v1/jobs/ddp", headers=_auth(ACME)).json()
+            return sorted((x["pattern"], x["size_bytes"]) for x in job["calls"])
+
+        def announce(size: int, bucket: int, ranks: list[int]) -> None:
+            r = c.post("/api/v1/jobs/ddp/calls", headers=_auth(ACME), json={
+                "pattern": "allreduce", "size_bytes": size, "ranks": ranks, "bucket": bucket})
+            assert r.status_code == 200, r.text
+
+        announce(4096, 0, [0, 1, 64, 65])
+        assert sizes() == [("allreduce", 4096), ("alltoall", 1 << 20)]
+        announce(512, 1, [0, 1, 64, 65])
+        assert sizes() == [("allreduce", 512), ("allreduce", 4096), ("alltoall", 1 << 20)]
+        announce(100, 2, [0, 64])  # (part of the job: added)
+        assert sizes() == [("allreduce", 100), ("allreduce", 512), ("allreduce", 4096),
+                           ("alltoall", 1 << 20)]
+
+
 def test_announced_calls_stop_at_the_most_a_job_may_declare(tmp_path: Path) -> None:
     """A job holds at most 256 calls (what a PUT may give): the 257th announced is refused
-    with 409, and what GET shows can be PUT back."""
+    with 409 (its AlltoAlls leave no AllReduce for it to replace), and what GET shows can
+    be PUT back."""
     app, _ = _service(tmp_path)
-    calls = [{"pattern": "allreduce", "size_bytes": 1000 + i, "sla_us": 500.0}
+    calls = [{"pattern": "alltoall", "size_bytes": 1000 + i, "sla_us": 500.0}
              for i in range(256)]
     with TestClient(app) as c:
         body = {"task_id": "full", "gpus": [0, 64], "calls": calls}

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from conftest import free_port
-from fabricpilot.client import Client
+from fabricpilot.client import Client, FabricpilotAPIError
 from fabricpilot.integrations.torch import (
     DEFAULT_SLA_US,
     DEFAULT_TASK_ID,
@@ -88,8 +88,10 @@ def test_declare_puts_the_job_with_its_ring() -> None:
     sent: list[tuple[str, str, dict[str, object]]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+        body = json.loads(request.content) if request.content else {}
         sent.append((request.method, request.url.path, body))
+        if request.method == "DELETE":
+            return httpx.Response(204)
         return httpx.Response(200, json={**body, "tenant": "default"})
 
     env = {"AI_TASK_ID": "ddp-x", "AI_SLA_LATENCY": "400", "FABRICPILOT_GPUS": "3,7",
@@ -107,6 +109,14 @@ def test_declare_puts_the_job_with_its_ring() -> None:
     assert len(sent) == 1 and other.job is None and other.sla_us == 400.0
     default_sla = declare(_mock(handler), env={"WORLD_SIZE": "1"})
     assert default_sla.sla_us == DEFAULT_SLA_US and default_sla.gpus == [0]
+    # training over: the rank that declared the job withdraws it (its GPUs and paths are
+    # free again), once; the others send nothing
+    other.close()
+    state.close()
+    state.close()
+    assert sent[-1][:2] == ("DELETE", "/api/v1/jobs/ddp-x") and len(sent) == 3
+    default_sla.close(withdraw=False)
+    assert len(sent) == 3
 
 
 def test_nccl_algo_tree_declares_and_announces_trees() -> None:
@@ -117,6 +127,8 @@ def test_nccl_algo_tree_declares_and_announces_trees() -> None:
     sent: list[dict[str, object]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":  # (the job withdrawn when the state closes)
+            return httpx.Response(204)
         body = json.loads(request.content)
         sent.append(body)
         return httpx.Response(200, json={**body, "tenant": "default", "pairs": []})
@@ -132,6 +144,7 @@ def test_nccl_algo_tree_declares_and_announces_trees() -> None:
     state.close()
     listed = declare(_mock(handler), env={**env, "NCCL_ALGO": "Tree,Ring"})
     assert listed.algorithm == "" and "algorithm" not in sent[2]["calls"][0]  # type: ignore[index]
+    listed.close()
 
 
 def test_declare_tolerates_an_unreachable_controller(caplog: pytest.LogCaptureFixture) -> None:
@@ -143,6 +156,46 @@ def test_declare_tolerates_an_unreachable_controller(caplog: pytest.LogCaptureFi
     assert state.enabled is False and state.job is None
     assert "cannot declare job 'ddp-job'" in caplog.text and "training continues" in caplog.text
     assert state.note_bucket(0, 1024) is False  # nothing is announced afterwards
+
+
+def test_a_malformed_controller_url_never_stops_training(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FABRICPILOT_URL=http://127.0.0.1:abc``: declare logs one line and training goes on
+    without announcements (httpx's InvalidURL used to end every rank)."""
+    monkeypatch.setenv("FABRICPILOT_URL", "http://127.0.0.1:abc")
+    with caplog.at_level(logging.WARNING, "fabricpilot.integrations.torch"):
+        state = declare(env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert state.enabled is False and state.client is None and state.job is None
+    assert caplog.text.count("is not valid") == 1 and "training continues" in caplog.text
+    assert state.note_bucket(0, 1024) is False
+    state.close()
+
+
+def test_task_ids_of_two_launches_do_not_collide(caplog: pytest.LogCaptureFixture) -> None:
+    """torchrun without a run id sets TORCHELASTIC_RUN_ID=none: that is no task id; the
+    rendezvous (MASTER_ADDR, MASTER_PORT) names the job instead, which two jobs running at
+    once cannot share. A task id with nothing the service accepts falls back, said so."""
+    rdzv = {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29501"}
+    assert task_id_from_env({"TORCHELASTIC_RUN_ID": "none", **rdzv}) == "ddp-10.1.2.3-29501"
+    assert task_id_from_env({"TORCHELASTIC_RUN_ID": "abc123", **rdzv}) == "abc123"
+    assert task_id_from_env({"AI_TASK_ID": "mine", **rdzv}) == "mine"
+    with caplog.at_level(logging.WARNING, "fabricpilot.integrations.torch"):
+        assert task_id_from_env({"AI_TASK_ID": "日本/語"}) == DEFAULT_TASK_ID
+    assert "has no character a task id may hold" in caplog.text
+
+
+def test_an_unmet_sla_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"pairs": [], "sla_met": False,
+                                         "sla_problem": "no path within 0.5 us"})
+
+    with caplog.at_level(logging.WARNING, "fabricpilot.integrations.torch"), \
+            _state(_mock(handler)) as state:
+        state.note_bucket(0, 100)
+        state.note_bucket(1, 100)
+        assert state.flush(10)
+    assert caplog.text.count("no path meets bucket 0's SLA of 400 us: no path within "
+                             "0.5 us") == 1
 
 
 def test_each_bucket_is_announced_once() -> None:
@@ -306,7 +359,17 @@ def main():
     dead_state = declare(dead, task_id="ddp-unreachable")
     dead_grads, _ = train(data, dead_state)
 
+    # what the service holds of the job while it trains (rank 0; withdrawn at close)
+    service = None
+    if rank == 0:
+        with Client() as fp:
+            service = {"job": fp.get_job(state.task_id), "calls": fp.calls(state.task_id),
+                       "paths": fp.paths(state.task_id),
+                       "jobs": [j["task_id"] for j in fp.list_jobs()]}
+    dist.barrier()
+
     out = {
+        "service": service,
         "rank": rank, "world": world, "task_id": state.task_id, "gpus": state.gpus,
         "sla_us": state.sla_us, "enabled": state.enabled, "flushed": flushed,
         "declared": state.job, "announced": [list(k) for k in state.announced],
@@ -449,16 +512,23 @@ def test_ddp_hook_end_to_end(tmp_path: Path, served: Served) -> None:
         assert [(p["src"], p["dst"]) for p in decision["pairs"]] == ring_pairs(gpus), key
         assert all(p["planned"] and p["paths"] for p in decision["pairs"])
 
+    # what the service held while the job trained (read by rank 0 before closing)
+    service = rank0["service"]
+    assert rank1["service"] is None and isinstance(service, dict)
+    job = service["job"]
+    assert job["gpus"] == gpus
+    assert all(c["pattern"] == "allreduce" and c["sla_us"] == SLA_US for c in job["calls"])
+    calls = service["calls"]
+    assert sorted((c["bucket"], c["size_bytes"]) for c in calls) == sorted(seen)
+    for call in calls:
+        assert call["pattern"] == "allreduce"
+        assert call["ranks"] == gpus == job["gpus"]
+        assert call["sla_us"] == SLA_US
+    pairs = service["paths"]["pairs"]
+    assert sorted((p["src"], p["dst"]) for p in pairs) == sorted(ring_pairs(gpus))
+    assert service["jobs"] == [TASK_ID]  # (not the dead one)
+    # training over: rank 0 withdrew the job, its GPUs and paths are free again
     with Client(served.url, token=served.token) as fp:
-        job = fp.get_job(TASK_ID)
-        assert job["gpus"] == gpus
-        assert all(c["pattern"] == "allreduce" and c["sla_us"] == SLA_US for c in job["calls"])
-        calls = fp.calls(TASK_ID)
-        assert sorted((c["bucket"], c["size_bytes"]) for c in calls) == sorted(seen)
-        for call in calls:
-            assert call["pattern"] == "allreduce"
-            assert call["ranks"] == gpus == job["gpus"]
-            assert call["sla_us"] == SLA_US
-        pairs = fp.paths(TASK_ID)["pairs"]
-        assert sorted((p["src"], p["dst"]) for p in pairs) == sorted(ring_pairs(gpus))
-        assert [j["task_id"] for j in fp.list_jobs()] == [TASK_ID]  # not the dead one
+        assert fp.list_jobs() == []
+        with pytest.raises(FabricpilotAPIError, match="404"):
+            fp.get_job(TASK_ID)

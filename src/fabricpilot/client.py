@@ -32,6 +32,7 @@ a ``POST`` / ``PUT`` / ``DELETE`` is sent once.
 
 from __future__ import annotations
 
+import json as _json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -204,6 +205,16 @@ class Client:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        try:  # (a malformed URL is one clear error, not httpx's own)
+            scheme = httpx.URL(self.base_url).scheme
+        except (httpx.InvalidURL, ValueError, TypeError) as err:
+            raise FabricpilotClientError(
+                f"the fabricpilot controller URL {self.base_url!r} is not valid ({err}; "
+                f"set {URL_ENV}, e.g. {DEFAULT_URL})") from None
+        if scheme not in ("http", "https"):
+            raise FabricpilotClientError(
+                f"the fabricpilot controller URL {self.base_url!r} is not an http(s) URL "
+                f"(set {URL_ENV}, e.g. {DEFAULT_URL})")
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self.timeout_s = timeout_s
         self.get_retries = get_retries
@@ -231,14 +242,25 @@ class Client:
         return f"Client({self.base_url!r}, token={'set' if self.token else None})"
 
     def _request(self, method: str, path: str, *, json: Any = None,
-                 params: Mapping[str, Any] | None = None) -> httpx.Response:
-        """Send one request; retry a GET whose connection failed; raise on errors."""
+                 params: Mapping[str, Any] | None = None) -> _Answer:
+        """Send one request; retry a GET whose connection failed; raise on errors (an error
+        status, a redirect, an answer that is not JSON where JSON is read, a body that
+        cannot be JSON: NaN)."""
         query = {k: v for k, v in (params or {}).items() if v is not None} or None
+        content, headers = None, None
+        if json is not None:  # (encoded here: NaN and infinities are not JSON)
+            try:
+                content = _json.dumps(json, allow_nan=False).encode()
+            except (ValueError, TypeError) as err:
+                raise FabricpilotClientError(f"{method} {path}: the request body cannot be "
+                                             f"sent as JSON ({err})") from None
+            headers = {"Content-Type": "application/json"}
         attempts = 1 + (self.get_retries if method == "GET" else 0)
         delay_s = self.backoff_s
         for attempt in range(attempts):
             try:
-                response = self._http.request(method, path, json=json, params=query)
+                response = self._http.request(method, path, content=content, headers=headers,
+                                              params=query)
                 break
             except _RETRYABLE as err:
                 if attempt + 1 >= attempts:
@@ -250,7 +272,11 @@ class Client:
         if response.status_code >= 400:
             raise FabricpilotAPIError(response.status_code, _detail(response), method=method,
                                       url=path)
-        return response
+        if response.status_code >= 300:  # (the API does not redirect: a wrong path or proxy)
+            raise FabricpilotAPIError(
+                response.status_code, f"unexpected redirect to "
+                f"{response.headers.get('location', '?')}", method=method, url=path)
+        return _Answer(response, method, path)
 
     def _unreachable(self, method: str, path: str, err: Exception,
                      attempts: int) -> FabricpilotConnectionError:
@@ -271,6 +297,8 @@ class Client:
 
     @staticmethod
     def _job_path(task_id: str) -> str:
+        if task_id in ("", ".", ".."):  # (the path would name another resource)
+            raise FabricpilotClientError(f"task id {task_id!r}: not a job's id")
         return f"{API_PREFIX}/jobs/{quote(task_id, safe='')}"
 
     # ------------------------------------------------------------ service
@@ -469,6 +497,29 @@ class Client:
         """``GET /api/v1/events``: recent reroutes, heals and faults, newest last."""
         result: list[JSONDict] = self._get(f"{API_PREFIX}/events")
         return result
+
+
+class _Answer:
+    """A successful response: its ``text``, and its ``json()`` as a
+    :class:`FabricpilotAPIError` when it is not JSON (a proxy's page, say)."""
+
+    __slots__ = ("_method", "_path", "_response")
+
+    def __init__(self, response: httpx.Response, method: str, path: str) -> None:
+        self._response, self._method, self._path = response, method, path
+
+    @property
+    def text(self) -> str:
+        return self._response.text
+
+    def json(self) -> Any:
+        try:
+            return self._response.json()
+        except ValueError:
+            head = " ".join(self._response.text.split())[:80]
+            raise FabricpilotAPIError(self._response.status_code,
+                                      f"the answer is not JSON: {head!r}",
+                                      method=self._method, url=self._path) from None
 
 
 def _call_body(call: CallSpec | Mapping[str, Any]) -> JSONDict:

@@ -13,8 +13,10 @@ Where the values come from (an argument of :func:`declare` wins over the environ
 
 * the controller: ``FABRICPILOT_URL`` and ``FABRICPILOT_TOKEN`` (see :class:`~fabricpilot.
   client.Client`);
-* the task id: ``AI_TASK_ID``, else ``TORCHELASTIC_RUN_ID``, else ``ddp-job`` (characters the
-  service does not accept in a task id become ``-``);
+* the task id: ``AI_TASK_ID``, else ``TORCHELASTIC_RUN_ID`` (unless torchrun's ``none``),
+  else ``ddp-<MASTER_ADDR>-<MASTER_PORT>`` (one per rendezvous: two jobs running at once do
+  not share it), else ``ddp-job`` (characters the service does not accept in a task id
+  become ``-``; a value with none it accepts falls back, with a warning);
 * the SLA of the gradient AllReduce, in microseconds: ``AI_SLA_LATENCY`` (else 1000 us, the
   service's default for announced calls);
 * the GPU id (the fabric's GPU index) of each global rank: ``FABRICPILOT_GPUS`` (ranges such
@@ -42,6 +44,9 @@ What goes over the wire:
   request is made on a background thread: the hook never waits for the controller. Then it
   runs the same AllReduce as torch's default ``allreduce_hook`` (divide by the group size,
   ``all_reduce`` asynchronously), so gradients are exactly those of plain DDP.
+* When training is over (:meth:`CommIntent.close`, or the interpreter's exit), rank 0
+  withdraws the job (``DELETE``): its GPUs and paths are free for other jobs, as a job
+  left declared would keep them (another tenant's job on those GPUs was refused).
 * An unreachable or refusing controller never breaks training: the first failure is logged
   once as a warning and the job trains on without announcements (:attr:`CommIntent.enabled`
   is then False). Only a local misconfiguration (e.g. ``FABRICPILOT_GPUS`` not listing one
@@ -61,6 +66,7 @@ What goes over the wire:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -140,11 +146,28 @@ def sla_from_env(env: Mapping[str, str] | None = None) -> float | None:
 
 
 def task_id_from_env(env: Mapping[str, str] | None = None) -> str:
-    """The task id from ``AI_TASK_ID``, else ``TORCHELASTIC_RUN_ID``, else ``ddp-job``, made
-    acceptable to the service (``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``)."""
+    """The task id (module docstring), made acceptable to the service
+    (``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``).
+
+    >>> task_id_from_env({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "10.0.0.7",
+    ...                   "MASTER_PORT": "29500"})
+    'ddp-10.0.0.7-29500'
+    >>> task_id_from_env({})
+    'ddp-job'
+    """
     env = os.environ if env is None else env
-    raw = (env.get(TASK_ENV) or env.get(RUN_ID_ENV) or "").strip()
-    return _sanitize_task_id(raw) if raw else DEFAULT_TASK_ID
+    run_id = env.get(RUN_ID_ENV, "").strip()
+    raw = (env.get(TASK_ENV, "").strip()
+           or (run_id if run_id.lower() != "none" else "")  # (torchrun's without an id)
+           or (f"ddp-{env['MASTER_ADDR']}-{env['MASTER_PORT']}"
+               if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else ""))
+    if not raw:
+        return DEFAULT_TASK_ID
+    task = _sanitize_task_id(raw)
+    if task == DEFAULT_TASK_ID and raw != DEFAULT_TASK_ID:
+        log.warning("fabricpilot: task id %r has no character a task id may hold; using "
+                    "%r (set %s)", raw, DEFAULT_TASK_ID, TASK_ENV)
+    return task
 
 
 def _sanitize_task_id(raw: str) -> str:
@@ -326,6 +349,9 @@ class CommIntent:
         with self._cond:
             self.decisions[key] = decision
             self.announced.append(key)
+        if decision.get("sla_met") is False:  # (the controller says why; once per run)
+            self._warn_once("sla", f"fabricpilot: no path meets bucket {index}'s SLA of "
+                                   f"{self.sla_us:g} us: {decision.get('sla_problem')}")
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:
@@ -338,9 +364,14 @@ class CommIntent:
         with self._cond:
             return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout_s)
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Send what is queued (waiting up to ``timeout_s``), stop the announcing thread and
-        close the client if :func:`declare` made it."""
+    def close(self, timeout_s: float = 30.0, *, withdraw: bool = True) -> None:
+        """Send what is queued (waiting up to ``timeout_s``), stop the announcing thread,
+        withdraw the job if this rank declared it (``withdraw``: its GPUs and paths are
+        free for other jobs once training is over; an elastic restart declares it again)
+        and close the client if :func:`declare` made it. :func:`declare` also runs it at
+        the interpreter's exit; a second call does nothing."""
+        if self._closed:
+            return
         deadline = time.monotonic() + timeout_s
         if not self.flush(timeout_s):
             with self._cond:
@@ -354,6 +385,13 @@ class CommIntent:
         if self._thread is not None:
             # a request in flight ends with the client's own timeout; the thread is a daemon
             self._thread.join(max(deadline - time.monotonic(), 0.0))
+        if withdraw and self.job is not None and self.client is not None:
+            try:
+                self.client.withdraw_job(self.task_id)
+            except Exception as err:  # (the job stays declared: an operator withdraws it)
+                log.warning("fabricpilot: cannot withdraw job %r: %s", self.task_id, err)
+            else:
+                log.info("fabricpilot: withdrew job %s", self.task_id)
         if self.owns_client and self.client is not None:
             self.client.close()
 
@@ -404,11 +442,21 @@ def declare(client: Client | None = None, *, task_id: str | None = None,
     if len(set(gpu_ids)) != len(gpu_ids) or min(gpu_ids) < 0:
         raise ValueError(f"gpus: GPU ids must be distinct and >= 0, got {gpu_ids}")
     owns_client = client is None
+    problem = None
+    if client is None:
+        try:  # (a malformed FABRICPILOT_URL: training goes on, as when it is unreachable)
+            client = Client()
+        except Exception as err:
+            problem = err
     state = CommIntent(task, gpu_ids, sla if sla is not None else DEFAULT_SLA_US, rank,
-                       world_size, client if client is not None else Client(),
-                       process_group=process_group, algorithm=algorithm_from_env(env),
-                       owns_client=owns_client)
-    if rank == 0:
+                       world_size, client, process_group=process_group,
+                       algorithm=algorithm_from_env(env), owns_client=owns_client)
+    atexit.register(state.close)  # (withdraws the job when training is over)
+    if problem is not None:
+        state.enabled = False
+        state._warn_once("declare", f"fabricpilot: {problem}; training continues without "
+                                    "announcements")
+    elif rank == 0:
         call: dict[str, Any] = {"pattern": "allreduce", "size_bytes": int(size_bytes),
                                 "sla_us": state.sla_us}
         if state.algorithm:

@@ -811,15 +811,24 @@ class FabricService:
             announced = self._announced.setdefault(task_id, {})
             previous = announced.get(slot)
             same = previous == call and call in intent.calls
-            if (not same and (previous is None or previous not in intent.calls)
+            replaced = previous if previous is not None and previous in intent.calls else None
+            if replaced is None and set(body.ranks) == set(intent.gpus):
+                # a call declared without pairs over the whole job, of this pattern, not
+                # announced: what the job said before its library told its calls (a
+                # framework's placeholder), replaced by the first announced
+                taken = set(announced.values())
+                replaced = next((c for c in intent.calls if c.pattern == call.pattern
+                                 and not c.pairs and c.algorithm == call.algorithm
+                                 and c not in taken), None)
+            if (not same and replaced is None
                     and len(intent.calls) >= MAX_CALLS_PER_JOB):
                 raise ServiceError(409, f"job {task_id!r} has {len(intent.calls)} calls, the "
                                    f"most a job may have: announce to one of its buckets, or "
                                    f"PUT the job with fewer")
             if not same:
                 calls = list(intent.calls)
-                if previous is not None and previous in calls:
-                    calls.remove(previous)
+                if replaced is not None:
+                    calls.remove(replaced)
                 announced[slot] = call
                 new = Intent(intent.task_id, intent.tenant, intent.gpus,
                              (*calls, call), intent.opt_in)

@@ -50,8 +50,10 @@ def test_environment_values() -> None:
     assert task_id_from_env({"AI_TASK_ID": "___"}) == DEFAULT_TASK_ID
     assert task_id_from_env({}) == DEFAULT_TASK_ID
     assert sla_from_env({"AI_SLA_LATENCY": " 250.5 "}) == 250.5
+    assert sla_from_env({"AI_SLA_LATENCY": "400us"}) == 400.0  # (with a unit, as elsewhere)
+    assert sla_from_env({"AI_SLA_LATENCY": "2ms"}) == 2000.0
     assert sla_from_env({}) is None
-    for bad in ("fast", "0", "-3", "inf", "nan", "1e400"):
+    for bad in ("fast", "0", "-3", "inf", "nan", "1e400", "0us", "1GB"):
         with pytest.raises(ValueError, match="AI_SLA_LATENCY"):
             sla_from_env({"AI_SLA_LATENCY": bad})
     assert gpus_from_env(3, {}) == [0, 1, 2]

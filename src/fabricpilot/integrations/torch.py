@@ -17,8 +17,8 @@ Where the values come from (an argument of :func:`declare` wins over the environ
   else ``ddp-<MASTER_ADDR>-<MASTER_PORT>`` (one per rendezvous: two jobs running at once do
   not share it), else ``ddp-job`` (characters the service does not accept in a task id
   become ``-``; a value with none it accepts falls back, with a warning);
-* the SLA of the gradient AllReduce, in microseconds: ``AI_SLA_LATENCY`` (else 1000 us, the
-  service's default for announced calls);
+* the SLA of the gradient AllReduce: ``AI_SLA_LATENCY``, in microseconds or with a unit
+  (``400us``, ``1.5ms``; else 1000 us, the service's default for announced calls);
 * the GPU id (the fabric's GPU index) of each global rank: ``FABRICPILOT_GPUS`` (ranges such
   as ``"0-7"`` or ``"0-3,64-67"``, listed in global-rank order, one per rank), else global
   rank + ``FABRICPILOT_GPU_OFFSET`` (default 0);
@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fabricpilot.client import Client, FabricpilotAPIError, FabricpilotClientError
-from fabricpilot.units import parse_id_ranges
+from fabricpilot.units import UnitError, parse_id_ranges, parse_quantity
 
 if TYPE_CHECKING:  # torch is optional: imported where a process group or a tensor is used
     import torch
@@ -131,15 +131,23 @@ def algorithm_from_env(env: Mapping[str, str] | None = None) -> str:
 
 
 def sla_from_env(env: Mapping[str, str] | None = None) -> float | None:
-    """The SLA in microseconds from ``AI_SLA_LATENCY`` (``None`` when unset; ``ValueError``
-    when it is not a positive number)."""
+    """The SLA in microseconds from ``AI_SLA_LATENCY``: a number of microseconds, or a time
+    with its unit (``None`` when unset; ``ValueError`` when it is neither, or not > 0).
+
+    >>> sla_from_env({"AI_SLA_LATENCY": "400"}), sla_from_env({"AI_SLA_LATENCY": "1.5ms"})
+    (400.0, 1500.0)
+    """
     raw = (os.environ if env is None else env).get(SLA_ENV, "").strip()
     if not raw:
         return None
     try:
         sla_us = float(raw)
     except ValueError:
-        raise ValueError(f"{SLA_ENV}={raw!r}: not a number of microseconds") from None
+        try:  # ("400us", "1.5ms": the units the scenario files take)
+            sla_us = parse_quantity(raw, "time") / 1e3
+        except (ValueError, UnitError):
+            raise ValueError(f"{SLA_ENV}={raw!r}: not a number of microseconds nor a time "
+                             f"such as '400us'") from None
     if not 0 < sla_us < math.inf:
         raise ValueError(f"{SLA_ENV}={raw!r}: must be a finite number > 0 (microseconds)")
     return sla_us

@@ -594,6 +594,26 @@ def test_a_plan_for_a_declaration_routes_around_a_hot_link_too(whole: bool) -> N
     assert not nxt.replanned and ctl.replans == n_ticks_replans
 
 
+def test_the_background_is_measured_against_the_plan_in_force_then() -> None:
+    """Counters count under the plan in force while they ran: a job planned since (for a
+    declaration) is not in them yet. With 60 Gb/s undeclared on one leaf0 uplink and 200
+    on the other, job b (gpu0 -> gpu3, 100 Gb/s) goes on the first; the next counters,
+    read before b sends, still show 160 Gb/s there: 60 of background, not 160 - 200 < 0
+    (none: the plan would then take the link for emptier than it is)."""
+    dp, ctl, used, other = _two_pair_job()
+    dp.deltas = [PortDelta(used, 1000, tx_bytes=160.0 * 1000 / 8),
+                 PortDelta(other, 1000, tx_bytes=300.0 * 1000 / 8)]
+    first = ctl.tick()
+    assert not first.replanned
+    assert first.background_gbps == {used: pytest.approx(60.0), other: pytest.approx(200.0)}
+    ctl.declare(Intent("b", "t", (0, 3), (CommCall("broadcast", 1 << 30, 500.0, 0,
+                                                   pairs=((0, 3),)),)))
+    assert ctl.plan_jobs({"b"}) is not None
+    assert ctl.current is not None and ctl.current.link_load_gbps[used] == pytest.approx(200.0)
+    stale = ctl.tick()  # (the same counters again: the smoothed map stays where it was)
+    assert stale.background_gbps == {used: pytest.approx(60.0), other: pytest.approx(200.0)}
+
+
 @pytest.mark.parametrize("u", [0.3, 0.5])
 def test_small_or_unhelpful_changes_do_not_replan(u: float) -> None:
     """u = 0.3: 120 - 100 = 20 Gb/s unaccounted, not above the 5 % floor (20 Gb/s): no

@@ -854,6 +854,11 @@ class Controller:
         # until known) are weighed so once they stay up the hold-down
         # (a link back carries nothing until a plan gives it traffic)
         self._links_changed = False
+        # the planned load (Gb/s per link) in force while the telemetry the map last folded
+        # was counted (the plan as of the control period before), which the measured load
+        # is compared with; and the plan's load as of the last period (None: none yet)
+        self._load_measured: dict[int, float] | None = None
+        self._load_at_tick: dict[int, float] | None = None
         self._up_since: dict[int, float | None] = {}
         # the last operational state each port's switch reported (PortDelta.oper_up)
         self._port_up: dict[int, bool] = {}
@@ -1982,10 +1987,12 @@ class Controller:
     def background_gbps(self, floor: float = 0.05) -> dict[int, float]:
         """Measured load the current plan does not account for, on the fabric links (the
         switch-to-switch links a plan can route around): the smoothed utilisation of the
-        congestion map times capacity, less the planned load, where that exceeds ``floor``
-        of the link (traffic of jobs that did not declare, mice, or declared jobs sending
-        more than they said). A saturated link shows at most its capacity, so this is a
-        lower bound there; the re-plan is still triggered, by the link it saturates.
+        congestion map times capacity, less the load planned while it was measured (the
+        plan in force since the control period before: a plan installed since then, for a
+        declaration, is not in the counters yet), where that exceeds ``floor`` of the link
+        (traffic of jobs that did not declare, mice, or declared jobs sending more than they
+        said). A saturated link shows at most its capacity, so this is a lower bound there;
+        the re-plan is still triggered, by the link it saturates.
 
         >>> from fabricpilot.controller.southbound import LinkInfo, PortDelta
         >>> class DP:
@@ -1996,7 +2003,8 @@ class Controller:
         >>> ctl.background_gbps()
         {0: 200.0}
         """
-        planned = self.current.link_load_gbps if self.current else {}
+        planned = (self._load_measured if self._load_measured is not None else
+                   self.current.link_load_gbps if self.current else {})
         out = {}
         for lid, u in self.map.utilization().items():
             li = self.view.links[lid]
@@ -2767,6 +2775,9 @@ class Controller:
                 return replace(self._tick(now_ns), **self._seen)
             finally:
                 self._release()
+                # (the plan the next period's counters are counted under)
+                self._load_at_tick = (dict(self.current.link_load_gbps)
+                                      if self.current is not None else None)
 
     def _release(self) -> None:
         """Free what the heals since the last call replaced (:attr:`_retired`)."""
@@ -2825,6 +2836,8 @@ class Controller:
         """:meth:`tick`."""
         deltas = self.dp.telemetry()
         self.map.update(deltas)
+        if deltas:  # (counted under the plan in force since the period before)
+            self._load_measured = self._load_at_tick
         # ports their switches report gone down or back: healed as a fault report would be
         down, up = self.port_changes(deltas)
         if down or up:

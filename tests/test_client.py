@@ -384,6 +384,18 @@ def test_what_is_not_the_api_answering_is_a_client_error() -> None:
             Client(url)
 
 
+def test_the_timeout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FABRICPILOT_TIMEOUT_S`` bounds each request (a hook's declare against a hung
+    controller waits that long, not 30 s); an argument wins; a bad value says so."""
+    assert Client("http://fp.test").timeout_s == 30.0
+    monkeypatch.setenv("FABRICPILOT_TIMEOUT_S", "2.5")
+    assert Client("http://fp.test").timeout_s == 2.5
+    assert Client("http://fp.test", timeout_s=7).timeout_s == 7
+    monkeypatch.setenv("FABRICPILOT_TIMEOUT_S", "soon")
+    with pytest.raises(FabricpilotClientError, match="FABRICPILOT_TIMEOUT_S='soon'"):
+        Client("http://fp.test")
+
+
 def test_a_read_timeout_is_not_reported_as_unreachable() -> None:
     """Connected but no answer in time (a controller busy planning, or hung): the message
     says so, with the timeout, instead of 'cannot reach'."""

@@ -33,6 +33,7 @@ a ``POST`` / ``PUT`` / ``DELETE`` is sent once.
 from __future__ import annotations
 
 import json as _json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,7 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 API_PREFIX = "/api/v1"
 URL_ENV = "FABRICPILOT_URL"
 TOKEN_ENV = "FABRICPILOT_TOKEN"
+TIMEOUT_ENV = "FABRICPILOT_TIMEOUT_S"
 
 Pattern = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
 FaultKind = Literal["down", "up", "gray"]
@@ -184,9 +186,10 @@ class Client:
     ``base_url``: the service's address (default: ``$FABRICPILOT_URL``, else
     ``http://127.0.0.1:8765``); ``token``: the bearer token (default:
     ``$FABRICPILOT_TOKEN``; ``/health`` and ``/metrics`` need none); ``timeout_s``: per
-    request (an announced call waits for the plan that includes it, so keep it above a
-    plan's time); ``get_retries``: how often a ``GET`` that failed to connect is sent
-    again, waiting ``backoff_s``, then twice that, ... (capped at ``max_backoff_s``);
+    request (default: ``$FABRICPILOT_TIMEOUT_S``, else 30; an announced call waits for the
+    plan that includes it, so keep it above a plan's time); ``get_retries``: how often a
+    ``GET`` that failed to connect is sent again, waiting ``backoff_s``, then twice that,
+    ... (capped at ``max_backoff_s``);
     ``transport``: an ``httpx`` transport (tests).
 
     Use it as a context manager, or call :meth:`close`:
@@ -197,13 +200,20 @@ class Client:
     """
 
     def __init__(self, base_url: str | None = None, token: str | None = None, *,
-                 timeout_s: float = 30.0, get_retries: int = 3, backoff_s: float = 0.2,
+                 timeout_s: float | None = None, get_retries: int = 3, backoff_s: float = 0.2,
                  max_backoff_s: float = 2.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         if get_retries < 0:
             raise ValueError(f"get_retries must be >= 0, got {get_retries}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if timeout_s is None:
+            raw = os.environ.get(TIMEOUT_ENV, "").strip()
+            try:
+                timeout_s = float(raw) if raw else 30.0
+            except ValueError:
+                raise FabricpilotClientError(f"{TIMEOUT_ENV}={raw!r}: not a number of "
+                                             f"seconds") from None
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
         self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
         try:  # (a malformed URL is one clear error, not httpx's own)
             scheme = httpx.URL(self.base_url).scheme

@@ -375,6 +375,18 @@ def test_the_largest_size_can_be_written_in_its_own_unit() -> None:
         assert scenario_from_dict(data, "t.yaml").jobs[0].collectives[0].size_bytes == size
 
 
+def test_a_rate_in_bytes_per_second_is_eight_times_its_bits() -> None:
+    """NVLink is quoted in GB/s: ``900GB/s`` is 7200 Gb/s, not 900 (the unit was read
+    without its case, gigabytes as gigabits); ``400Gb/s`` and ``50GB/s`` are one NIC."""
+    data = base()
+    data["topology"]["nvlink_rate_gbps"] = "900GB/s"
+    data["topology"]["nic_rate_gbps"] = "50GB/s"
+    topo = scenario_from_dict(data, "t.yaml").topology
+    assert (topo.nvlink_rate_gbps, topo.nic_rate_gbps) == (7200.0, 400.0)
+    data["topology"]["nic_rate_gbps"] = "400Gb/s"
+    assert scenario_from_dict(data, "t.yaml").topology.nic_rate_gbps == 400.0
+
+
 def test_adaptive_settings_convert_and_reach_the_policies(tmp_path: Path) -> None:
     from fabricpilot.balancing import PolicyContext, make_policy
     from fabricpilot.runner import prepare

@@ -65,6 +65,11 @@ def parse_quantity(value: object, dimension: str) -> float:
     Traceback (most recent call last):
     ...
     fabricpilot.units.UnitError: '1Mb' is in bits (b); a size is in bytes: write MB ...
+
+    A rate in bytes (a capital B, as NVLink's are quoted) is eight times the bits:
+
+    >>> parse_quantity("900GB/s", "rate"), parse_quantity("50GBps", "rate")
+    (7200.0, 400.0)
     """
     table, canonical = _DIMENSIONS[dimension]
     if isinstance(value, bool):
@@ -82,6 +87,13 @@ def parse_quantity(value: object, dimension: str) -> float:
     number, unit = float(match.group(1)), match.group(2).lower()
     if unit == "":
         return number
+    if dimension == "rate" and "B" in match.group(2):  # (bytes per second: 8 bits each)
+        bits = match.group(2).replace("B", "b")
+        if bits.lower() not in table:
+            raise UnitError(f"wrong unit {match.group(2)!r} for a rate; use one of "
+                            f"{', '.join(sorted(k for k in table if k.isascii()))} (bits), "
+                            f"or GB/s (bytes)")
+        return 8 * number * table[bits.lower()]
     if dimension == "size" and match.group(2).endswith("b") and not unit.endswith("ib"):
         pre = match.group(2)[:-1]
         write = f"{pre}B (powers of ten) or {pre}iB (of two)" if pre else "B"

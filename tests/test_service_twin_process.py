@@ -249,6 +249,26 @@ def test_the_http_southbound_installs_and_withdraws_path_sets() -> None:
         assert remote.rules() == sets[1:] and list(table.rules) == ["j:1->0"]
         r = remote.http.post("/rules/remove", json={"keys": "j:1->0"})
         assert r.status_code == 422 and "list of path-set keys" in r.text
+        # malformed bodies: one-line 422s naming the problem, nothing applied (they were
+        # 500s with a traceback, or applied: a DSCP of 99, a priority of 42)
+        n_links = len(table.dp.fabric().links)
+        for path, sent, problem in (
+                ("/rules", [{}], "body[0]: not a path set (KeyError"),
+                ("/rules", [{**pathset_to_dict(sets[0]), "paths": [[n_links]]}],
+                 f"link {n_links} does not exist"),
+                ("/congestion-table", [1, 2], "expected an object link id -> weight"),
+                ("/congestion-table", {"x": 1}, "'x' is not a link id"),
+                ("/congestion-table", {str(n_links): 1}, f"link {n_links} does not exist"),
+                ("/congestion-table", {"0": -5}, "a weight is a number >= 0, got -5"),
+                ("/qos", {"99": 1}, "'99' is not a DSCP value (0-63)"),
+                ("/qos", {"26": 42}, "42 is not a priority (0-7)")):
+            r = remote.http.post(path, json=sent)
+            assert r.status_code == 422 and problem in r.json()["detail"], (path, r.text)
+        r = remote.http.post("/qos", content=b"{nope")
+        assert r.status_code == 422 and r.json()["detail"] == "body: not JSON"
+        r = remote.http.post("/rules/remove", json=["nope", "j:1->0", "j:1->0"])
+        assert r.json() == {"removed": 1}  # (only what it held, once)
+        remote.install(sets[1:])
         bad = RemoteDataPlane(url, token="t0k")
         bad.http.headers["Authorization"] = "Bearer wrong"
         with pytest.raises(SouthboundError, match="remove refused: 401"):

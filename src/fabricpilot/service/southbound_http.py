@@ -22,6 +22,7 @@ The wire format is JSON of the southbound dataclasses (:func:`view_to_dict`,
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 from dataclasses import asdict
@@ -160,10 +161,40 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
         with lock:
             return [pathset_to_dict(ps) for ps in table.rules.values()]
 
+    async def body(request: Request, kind: type, what: str) -> Any:
+        """The request's JSON body, of ``kind`` (list or dict), or a 422 saying it is not
+        ``what``."""
+        try:
+            data = json.loads(await request.body())
+        except ValueError:
+            raise HTTPException(422, "body: not JSON") from None
+        if not isinstance(data, kind):
+            raise HTTPException(422, f"body: expected {what}")
+        return data
+
+    def link_of(text: str, where: str) -> int:
+        try:
+            lk = int(text)
+        except ValueError:
+            raise HTTPException(422, f"{where}: {text!r} is not a link id") from None
+        if lk not in view.links:
+            raise HTTPException(422, f"{where}: link {lk} does not exist")
+        return lk
+
     @app.post(f"{PREFIX}/rules")
     async def install(request: Request) -> dict[str, Any]:
         check(request)
-        sets = [pathset_from_dict(d) for d in await request.json()]
+        sets = []
+        for i, d in enumerate(await body(request, list, "a list of path sets")):
+            try:
+                ps = pathset_from_dict(d)
+            except (KeyError, TypeError, ValueError) as err:
+                raise HTTPException(422, f"body[{i}]: not a path set ({type(err).__name__}: "
+                                    f"{err})") from None
+            for p in ps.paths:
+                for lk in p:
+                    link_of(str(lk), f"body[{i}].paths")
+            sets.append(ps)
         try:
             table.install(sets)
         except ValueError as err:  # e.g. a switch's rule table would overflow
@@ -173,16 +204,23 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
     @app.post(f"{PREFIX}/rules/remove")
     async def remove(request: Request) -> dict[str, Any]:
         check(request)
-        keys = await request.json()
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        keys = await body(request, list, "a list of path-set keys (strings)")
+        if not all(isinstance(k, str) for k in keys):
             raise HTTPException(422, "body: expected a list of path-set keys (strings)")
-        table.remove(keys)
-        return {"removed": len(keys)}
+        with lock:
+            held = [k for k in dict.fromkeys(keys) if k in table.rules]
+        table.remove(held)
+        return {"removed": len(held)}
 
     @app.post(f"{PREFIX}/congestion-table")
     async def congestion(request: Request) -> dict[str, Any]:
         check(request)
-        weights = {int(k): float(v) for k, v in (await request.json()).items()}
+        weights = {}
+        for k, v in (await body(request, dict, "an object link id -> weight")).items():
+            lk = link_of(k, "body")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                raise HTTPException(422, f"body[{k!r}]: a weight is a number >= 0, got {v!r}")
+            weights[lk] = float(v)
         with lock:
             dp.push_congestion_table(weights)
         return {"links": len(weights)}
@@ -190,7 +228,13 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
     @app.post(f"{PREFIX}/qos")
     async def qos(request: Request) -> dict[str, Any]:
         check(request)
-        mapping = {int(k): int(v) for k, v in (await request.json()).items()}
+        mapping = {}
+        for k, v in (await body(request, dict, "an object DSCP -> priority")).items():
+            if not k.isdigit() or not 0 <= int(k) <= 63:
+                raise HTTPException(422, f"body: {k!r} is not a DSCP value (0-63)")
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 7:
+                raise HTTPException(422, f"body[{k!r}]: {v!r} is not a priority (0-7)")
+            mapping[int(k)] = v
         with lock:
             dp.set_qos(mapping)
         return {"entries": len(mapping)}

@@ -277,6 +277,10 @@ def _name_of_the_mice(d: dict[str, Any]) -> None:
     d["jobs"][0]["name"] = "mice"  # (what flows.csv calls the mice)
 
 
+def _spines_by_rate_not_whole(d: dict[str, Any]) -> None:
+    d["topology"]["fabric_rate_gbps"] = 300  # (16 x 400 / 300 uplinks)
+
+
 BAD_CASES = [
     (_typo, "topology.rate_gpbs", "unknown key (allowed: kind, hosts"),
     (_wrong_unit, "topology.link_delay_ns", "wrong unit 'Gbps' for a time"),
@@ -311,6 +315,8 @@ BAD_CASES = [
     (_blank_name, "jobs[0].name", "must not be blank"),
     (_name_with_colon, "jobs[0].name", "must not contain ':' (got 'a:b')"),
     (_name_of_the_mice, "jobs[0].name", "'mice' names the Poisson mice in the results"),
+    (_spines_by_rate_not_whole, "topology.fabric_rate_gbps", "= 16 x 400 / (1 x 300) = "
+                                                             "21.3333 must be a whole number"),
 ]
 
 

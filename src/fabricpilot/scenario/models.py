@@ -190,7 +190,8 @@ class TopologySpec(_Model):
         default=1.0,
         ge=1.0,
         allow_inf_nan=False,
-        description="leaf_spine: leaf downlink:uplink ratio; spines = nics_per_leaf / this",
+        description="leaf_spine: leaf downlink:uplink capacity ratio; spines = "
+        "nics_per_leaf x nic_rate / (this x fabric_rate)",
     )
     k: Int | None = Field(default=None, description="fat_tree: switch radix (even, >= 2)")
     rail_optimized: bool = Field(
@@ -276,6 +277,13 @@ class TopologySpec(_Model):
             raise FieldProblem("hosts", f"{hosts} hosts x {per_host} GPUs = "
                                         f"{hosts * per_host} GPUs; at most {MAX_GPUS}")
         n_spines = spines * self.nic_rate_gbps / self.fabric_rate_gbps
+        if abs(n_spines - round(n_spines)) > 1e-9 or round(n_spines) < 1:
+            raise FieldProblem(
+                "fabric_rate_gbps",
+                f"nics_per_leaf x nic_rate / (oversubscription x fabric_rate) = "
+                f"{per_leaf} x {self.nic_rate_gbps:g} / ({self.oversubscription:g} x "
+                f"{self.fabric_rate_gbps:g}) = {n_spines:.6g} must be a whole number (>= 1) "
+                f"of spines")
         if n_spines > MAX_SPINES:
             raise FieldProblem(
                 "fabric_rate_gbps",
@@ -330,10 +338,12 @@ class TopologySpec(_Model):
 
     @property
     def n_spines(self) -> int | None:
-        """Spine switches of a leaf-spine = uplinks per leaf (``None`` for other kinds)."""
+        """Spine switches of a leaf-spine = uplinks per leaf, the leaf's downlink capacity
+        over the oversubscription and the uplink rate (``None`` for other kinds)."""
         if self.kind != "leaf_spine":
             return None
-        return round(self.nics_per_leaf / self.oversubscription)
+        return round(self.nics_per_leaf * self.nic_rate_gbps
+                     / (self.oversubscription * self.fabric_rate_gbps))
 
 
 # --- fabric: the fluid model's ECN, DCQCN, PFC, clock and QoS ------------------------------

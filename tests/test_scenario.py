@@ -581,3 +581,33 @@ def test_gpu_ids_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
     assert scenario.topology.n_gpus is not None and scenario.topology.n_gpus >= 14
     assert scenario.jobs[0].gpu_ids == [10, 11, 12, 13]
     assert prepare(scenario, str(path)).jobs[0].gpus == (10, 11, 12, 13)
+
+
+def test_the_key_reference_is_the_models_own() -> None:
+    """docs/scenario-keys.md lists every key the loader takes, as the models describe it
+    (``python -m fabricpilot.scenario.reference`` writes it): a key added, renamed or
+    re-described without it being regenerated fails here. Each key it lists is one a file
+    may give, and every key of the reference scenario is in it."""
+    from fabricpilot.scenario.reference import reference_markdown, scenario_keys
+
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "docs" / "scenario-keys.md").read_text() == reference_markdown()
+    listed = {k.path for k in scenario_keys()}
+    assert all(k.description for k in scenario_keys())
+
+    def leaves(d: Any, prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out |= leaves(v, f"{prefix}{k}.")
+            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                for x in v:
+                    out |= leaves(x, f"{prefix}{k}[].")
+            else:
+                out.add(f"{prefix}{k}")
+        return out
+
+    from fabricpilot.scenario import default_scenario_path
+
+    written = leaves(yaml.safe_load(default_scenario_path().read_text()))
+    assert written <= listed, written - listed

@@ -200,7 +200,7 @@ class TopologySpec(_Model):
     nic_rate_gbps: Float = Field(default=400.0, gt=0, description="host NIC rate")
     fabric_rate_gbps: Float = Field(default=400.0, gt=0, description="switch-to-switch rate")
     nvlink_rate_gbps: Float = Field(default=3600.0, gt=0, description="intra-host GPU-GPU rate")
-    link_delay_ns: int = Field(default=100, ge=0, description="propagation per fabric link")
+    link_delay_ns: int = Field(default=100, ge=0, description="propagation per NIC and fabric link")
     nvlink_delay_ns: int = Field(default=50, ge=0, description="intra-host hop latency")
     path: str | None = Field(
         default=None,
@@ -915,7 +915,8 @@ class CollectiveSpec(_Model):
     bytes for allgather and reducescatter, the message for broadcast.
     """
 
-    op: CollectiveOp = Field(description="NCCL operation")
+    op: CollectiveOp = Field(description="NCCL operation: allreduce, allgather, "
+                             "reducescatter, alltoall or broadcast")
     size_bytes: int = Field(gt=0, description="message size (nccl-tests convention)")
     algorithm: Algorithm = Field(default="auto",
                                  description="auto, ring, rails, hierarchical, tree, flat")

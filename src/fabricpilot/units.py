@@ -95,7 +95,7 @@ def parse_quantity(value: object, dimension: str) -> float:
                             f"or GB/s (bytes)")
         return 8 * number * table[bits.lower()]
     if dimension == "size" and match.group(2).endswith("b") and not unit.endswith("ib"):
-        pre = match.group(2)[:-1]
+        pre = match.group(2)[:-1].upper()  # ("1mb": write MB, not mB)
         write = f"{pre}B (powers of ten) or {pre}iB (of two)" if pre else "B"
         raise UnitError(f"{value!r} is in bits (b); a size is in bytes: write {write}")
     if unit not in table:

@@ -244,6 +244,9 @@ class Engine(FaultsMixin):
         self._row_flow = np.zeros(0, np.int64)
         self._row_stage = np.zeros(0, np.int64)
         self._row_latency = np.zeros(0, np.int64)
+        # one hop's latency of each row (a ring's row: of its slowest hop), the round trip of
+        # a go-back-N resend (a ring's whole latency is 2(n-1) of them)
+        self._row_hop_ns = np.zeros(0, np.int64)
         self._row_start = np.zeros(0, np.int64)
         self._row_class = np.zeros(0, np.int64)
         self._row_bytes = np.zeros(0)
@@ -716,6 +719,8 @@ class Engine(FaultsMixin):
         self._row_flow = np.concatenate([self._row_flow, ids])
         self._row_stage = np.concatenate([self._row_stage, np.full(n, sid, np.int64)])
         self._row_latency = np.concatenate([self._row_latency, latency.astype(np.int64)])
+        self._row_hop_ns = np.concatenate([self._row_hop_ns, (
+            routed.path_delay_ns + self.fabric.nic_latency_ns).astype(np.int64)])
         self._row_start = np.concatenate([self._row_start, np.full(n, self.now, np.int64)])
         self._row_class = np.concatenate([self._row_class, np.full(n, tclass, np.int64)])
         self._row_bytes = np.concatenate([self._row_bytes, wire.astype(np.float64)])
@@ -847,6 +852,7 @@ class Engine(FaultsMixin):
         self._row_flow = self._row_flow[keep]
         self._row_stage = self._row_stage[keep]
         self._row_latency = self._row_latency[keep]
+        self._row_hop_ns = self._row_hop_ns[keep]
         self._row_start = self._row_start[keep]
         self._row_class = self._row_class[keep]
         self._row_bytes = self._row_bytes[keep]

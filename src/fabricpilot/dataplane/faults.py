@@ -127,6 +127,7 @@ class FaultsMixin:
     _row_dst: NDArray[np.int64]
     _row_hold: NDArray[np.float64]
     _row_latency: NDArray[np.int64]
+    _row_hop_ns: NDArray[np.int64]
     _dirty: bool
     _col: NDArray[np.int32]
     links: Any
@@ -909,9 +910,11 @@ class FaultsMixin:
                    rows: NDArray[np.int64] | slice = slice(None),
                    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """For rows ``rows`` sending at ``rates`` (theirs): the packets of one round trip
-        ``W``, and the share of their bytes a gray loss of ``p`` per packet leaves useful,
+        ``W`` of the hop (a ring's row: one hop, not the ring: each hop is a QP of its own),
+        and the share of their bytes a gray loss of ``p`` per packet leaves useful,
         ``1 / (1 + p (1 + W))`` (each loss costs the packet and the ``W`` sent after it)."""
-        window = rates * np.maximum(2 * self._row_latency[rows], 1) / (8.0 * self.fabric.mtu_bytes)
+        window = (rates * np.maximum(2 * self._row_hop_ns[rows], 1)
+                  / (8.0 * self.fabric.mtu_bytes))
         return window, 1.0 / (1.0 + self._row_loss[rows] * (1.0 + window))
 
     def _dead_useful(self, window_pkts: NDArray[np.float64],

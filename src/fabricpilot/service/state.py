@@ -455,7 +455,10 @@ class FabricService:
         # links the telemetry showed down, back up or gray: in the fault log as reports are
         heals = [h for h in (rep.port_heal, rep.gray_heal) if h is not None]
         self._observe_heals(heals)
-        seen = self._log_seen_links(rep, before)
+        # (the sets the period moved: read once, by the fault events and the reroute note)
+        seen_any = bool(rep.links_down or rep.links_up or rep.links_gray or rep.links_clear)
+        moved = moved_sets(before, self.dp.installed) if seen_any or rep.replanned else None
+        seen = self._log_seen_links(rep, moved or [])
         if rep.replanned:
             self.counters.replans += 1
             self._new_epoch()
@@ -467,7 +470,7 @@ class FabricService:
             + ([f"hot links {rep.hot_links[:8]}: max fabric utilisation "
                 f"{rep.lambda_before:.2f} -> {rep.lambda_after:.2f}"] if rep.replanned else []))
         if why:
-            self._note_reroutes(before, "heal" if seen else "replan", why)
+            self._note_reroutes(before, "heal" if seen else "replan", why, moved)
         return rep
 
     def _observe_heals(self, heals: list[HealReport]) -> None:
@@ -477,19 +480,18 @@ class FabricService:
             self.observe_planner("heal", h.wall_s)
             self.observe_planner("heal_sent", h.sent_s)
 
-    def _log_seen_links(self, rep: TickReport, before: Mapping[str, PathSet]) -> str:
+    def _log_seen_links(self, rep: TickReport, moved: list[tuple[PathSet, PathSet]]) -> str:
         """Record the links a control period learned of from telemetry (ports down or back
         up, links gray by their error counters, gray links clean again) as faults reported
         by ``telemetry``: in the store (a restart knows them), the counters and the events,
         each link's with the path sets the period moved off it (down, gray) or onto it (up;
-        a gray link restored moves nothing by itself); ``before``: the installed sets before
-        the period. Returns a summary."""
+        a gray link restored moves nothing by itself); ``moved``: the sets the period moved
+        (:func:`moved_sets`). Returns a summary."""
         seen = [("down", "down", rep.links_down, "port down", True),
                 ("up", "up", rep.links_up, "port up", True),
                 ("gray", "gray", rep.links_gray, "FEC errors above threshold", True),
                 ("clear", "up", rep.links_clear, "FEC errors below threshold: gray link "
                  "restored", False)]
-        moved = moved_sets(before, self.dp.installed) if any(s[2] for s in seen) else []
         said = []
         for name, kind, links, detail, heals in seen:
             for lk in links:
@@ -507,8 +509,10 @@ class FabricService:
                 said.append(f"{name} {links[:8]}")
         return ", ".join(said)
 
-    def _note_reroutes(self, before: Mapping[str, PathSet], kind: str, why: str) -> None:
-        moved = [new.key for _, new in moved_sets(before, self.dp.installed)]
+    def _note_reroutes(self, before: Mapping[str, PathSet], kind: str, why: str,
+                       moved_now: list[tuple[PathSet, PathSet]] | None = None) -> None:
+        moved = [new.key for _, new in (moved_sets(before, self.dp.installed)
+                                        if moved_now is None else moved_now)]
         if moved:
             self.counters.reroutes += len(moved)
             self._event({"at_s": time.time(), "kind": kind, "why": why,

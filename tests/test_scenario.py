@@ -245,6 +245,10 @@ def _gpus_as_text(d: dict[str, Any]) -> None:
     d["jobs"][0]["gpus"] = "4"
 
 
+def _oversubscription_as_text(d: dict[str, Any]) -> None:
+    d["topology"]["oversubscription"] = "2"  # (a plain number, read as 2.0 before)
+
+
 def _fractional_bytes(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"][0]["size_bytes"] = "0.1KiB"
 
@@ -305,6 +309,7 @@ BAD_CASES = [
     (_priority_not_a_number, "jobs[0].priority", "must be an integer (got 'high')"),
     (_seed_as_text, "seed", "must be an integer (got '3')"),
     (_gpus_as_text, "jobs[0].gpus", "must be an integer (got '4')"),
+    (_oversubscription_as_text, "topology.oversubscription", "must be a number (got '2')"),
     (_fractional_bytes, "jobs[0].collectives[0].size_bytes",
      "expected a whole number of bytes, got '0.1KiB' (102.4 bytes)"),
     (_size_in_bits, "jobs[0].collectives[0].size_bytes",

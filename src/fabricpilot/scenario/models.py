@@ -160,10 +160,19 @@ def _reject_bool_or_text(value: Any) -> Any:
     return _reject_bool(value)
 
 
+def _reject_bool_or_text_number(value: Any) -> Any:
+    """:func:`_reject_bool`, and refuse text where a plain number is expected (pydantic
+    would read ``"2"`` as 2.0, as an integer key would not); a key with a unit takes text
+    (``"1.5us"``), converted before this."""
+    if isinstance(value, str):
+        raise ValueError(f"must be a number (got {value!r})")
+    return _reject_bool(value)
+
+
 Int = Annotated[int, BeforeValidator(_reject_bool_or_text)]
 """An ``int`` that does not silently accept booleans or text."""
-Float = Annotated[float, BeforeValidator(_reject_bool)]
-"""A ``float`` that does not silently accept booleans."""
+Float = Annotated[float, BeforeValidator(_reject_bool_or_text_number)]
+"""A ``float`` that does not silently accept booleans or text."""
 
 
 class _Model(BaseModel):

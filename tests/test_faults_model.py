@@ -138,7 +138,7 @@ def test_flap_times_by_hand(ct: CompiledTopology) -> None:
 
 
 def test_gray_derives_drop_from_ber_unless_given(ct: CompiledTopology) -> None:
-    t = resolve(ct, {"kind": "gray", "link": "leaf2-spine1", "at_ns": 0, "ber": "1e-3",
+    t = resolve(ct, {"kind": "gray", "link": "leaf2-spine1", "at_ns": 0, "ber": 1e-3,
                      "until_ns": "20ms"},
                 {"kind": "gray", "link": "leaf0->spine0", "at_ns": "1ms", "ber": 1e-3,
                  "drop_probability": 0.05},
@@ -198,9 +198,9 @@ def test_params_from_the_section_and_defaults() -> None:
         1_000_000, 0.0, 0.0)
     spec = FaultsSpec.model_validate({
         "detection_delay_ns": "50us", "convergence_delay_ns": "1s", "rdma_timeout_ns": "8ms",
-        "fec_threshold": "1e-7", "debounce": {"count": 1, "window_ns": "10ms"},
+        "fec_threshold": 1e-7, "debounce": {"count": 1, "window_ns": "10ms"},
         "telemetry_interval_ns": "100us", "noise": {"spike_probability": 0.01,
-                                                    "spike_ber": "5e-6"},
+                                                    "spike_ber": 5e-6},
         "local_repair": True})
     assert spec.to_params() == FaultParams(50_000, 1_000_000_000, 8_000_000, 1e-7, 1,
                                            10_000_000, 100_000, 0.01, 5e-6, local_repair=True)

@@ -231,9 +231,12 @@ class Adaptive:
                                    entropy=self.ctx.ecmp.source_port_entropy)
 
     def repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
-               stream: NDArray[np.int64]) -> NDArray[np.int32]:
+               stream: NDArray[np.int64], qp: NDArray[np.int64] | None = None
+               ) -> NDArray[np.int32]:
         """Paths for streams whose path died (after the routing protocol converged): the
-        least-loaded walk over the groups that remain, as a new flow would get."""
+        least-loaded walk over the groups that remain, as a new flow would get (``qp``,
+        a member's place among its stream's members, is unused: a stream here is one QP
+        on one path)."""
         sport = qp_source_port(np.asarray(job, np.int64), np.asarray(src, np.int64),
                                np.asarray(dst, np.int64), np.asarray(stream, np.int64),
                                entropy=self.ctx.ecmp.source_port_entropy)

@@ -351,6 +351,21 @@ def stream_index(entity: NDArray[np.int64]) -> NDArray[np.int64]:
     return pos
 
 
+def member_qp_index(row: NDArray[np.int64], stream: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Position of each member among the members of its stream (``(row, stream)``), in
+    member order: the QP it is of a stream sent on several QPs (a planned pair's path set
+    gives its ``i``-th QP the ``i``-th member).
+
+    >>> member_qp_index(np.array([0, 0, 0, 1, 0]), np.array([0, 0, 1, 0, 0])).tolist()
+    [0, 1, 0, 0, 2]
+    """
+    if not len(row):
+        return np.zeros(0, np.int64)
+    _, inverse = np.unique(np.stack([np.asarray(row, np.int64), np.asarray(stream, np.int64)]),
+                           axis=1, return_inverse=True)
+    return stream_index(inverse.reshape(-1))
+
+
 def assemble(
     batch: TransferBatch,
     weights: sp.csr_matrix,

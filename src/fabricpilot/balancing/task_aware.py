@@ -33,6 +33,7 @@ from fabricpilot.balancing.base import (
     TransferBatch,
     assemble,
     entity_of,
+    member_qp_index,
     paths_to_weights,
     register_policy,
     stream_index,
@@ -149,6 +150,9 @@ class TaskAware(Adaptive):
         self._full_of: object = None  # the plan _full_links was made of
         self._full_links: NDArray[np.bool_] | None = None
         self._removing: dict[str, float] = {}  # key -> when its withdrawal takes effect
+        # keys given a path set during the run -> when it takes effect: their streams
+        # already sending move onto it then (see _onto_new_rules)
+        self._new_rules: dict[str, float] = {}
         self._table: Counter[str] = Counter()  # explicit rules each switch holds
         self.job_names: list[str] = []
         self.controller: Controller | None = None
@@ -256,6 +260,9 @@ class TaskAware(Adaptive):
         at = now + (0 if self._ahead else self.ctx.controller.control_latency_ns)
         if any(r.key not in held for r in rules):
             self._planned_codes = None
+        if not self._ahead:  # (before the run no stream is on the way yet)
+            changed = [r.key for r in rules if r.key not in held or held[r.key][0] != r]
+            self._new_rules.update(zip(changed, itertools.repeat(at)))
         held.update([(r.key, (r, at)) for r in rules])
         forwarded = self._forwarded
         if forwarded:
@@ -463,7 +470,8 @@ class TaskAware(Adaptive):
                 self.gray_actions.append((now, lk, bool(ber is not None and ber[lk] > 0),
                                           self.controller.gray.per_link.get(lk, 0)))
                 self.confirmed_gray[lk] = now
-        return self._off_degraded(members, moves, now)
+        moves = self._off_degraded(members, moves, now)
+        return self._onto_new_rules(members, moves, now)
 
     def _planned(self, members: ActiveMembers) -> NDArray[np.bool_]:
         """Which members are streams of a pair with a path set on a link the controller's
@@ -538,7 +546,8 @@ class TaskAware(Adaptive):
         if not len(cand):
             return moves
         src, dst = self._endpoints_of(path[cand])
-        new = self.repath(members.owner[cand], src, dst, members.stream[cand], now=now)
+        qp = member_qp_index(members.row, members.stream)[cand]
+        new = self.repath(members.owner[cand], src, dst, members.stream[cand], now=now, qp=qp)
         ok = ~mask[np.where(new >= 0, new, len(mask) - 1)].any(axis=1)
         if not ok.any():
             return moves
@@ -549,6 +558,57 @@ class TaskAware(Adaptive):
         return Moves(np.concatenate([moves.member, cand[ok]]),
                      np.concatenate([pad_paths(moves.path.astype(np.int32), width),
                                      pad_paths(new[ok].astype(np.int32), width)]),
+                     True if safe.all() else safe)
+
+    def _onto_new_rules(self, members: ActiveMembers, moves: Moves, now: float) -> Moves:
+        """Streams already sending for a pair whose path set a re-plan changed (or gave it
+        one) move onto the new paths once those take effect: each stream to its QP's path
+        of the new set, as a new stream of the pair would take. The moves are drain-safe
+        (the controller changes a stream's path only once its bytes in flight on the old
+        one are delivered: nothing reorders). A heal's streams have moved already (the
+        fault's reroute); a stream later moved by the switches stays where they put it
+        until its pair's set changes again."""
+        due = [k for k, at in self._new_rules.items() if at <= now]
+        if not due:
+            return moves
+        for k in due:
+            del self._new_rules[k]
+        if members.owner is None or members.stream is None or not len(members.path):
+            return moves
+        index = {name: i for i, name in enumerate(self.job_names)}
+        g = self.ctx.topology.n_gpus
+        codes = []
+        for key in due:
+            task, _, pair = key.rpartition(":")
+            j = index.get(task)
+            a, _, b = pair.partition("->")
+            if j is not None and a.isdigit() and b.isdigit() and key in self._rules:
+                codes.append((j * g + int(a)) * g + int(b))
+        if not codes:
+            return moves
+        own = np.asarray(members.owner, np.int64)
+        src, dst = self._endpoints_of(members.path)
+        code = (own * g + src) * g + dst
+        on = (np.isin(code, np.array(codes, np.int64)) & (own >= 0) & (src >= 0) & (dst >= 0)
+              & ~members.hold)
+        on[moves.member] = False
+        cand = np.flatnonzero(on)
+        if not len(cand):
+            return moves
+        qp = member_qp_index(members.row, members.stream)[cand]
+        new = self.repath(own[cand], src[cand], dst[cand], members.stream[cand], now=now,
+                          qp=qp)
+        width = max(members.path.shape[1], new.shape[1])
+        old = pad_paths(members.path[cand].astype(np.int32), width)
+        new = pad_paths(new.astype(np.int32), width)
+        diff = (old != new).any(axis=1) & (new[:, 0] >= 0)
+        if not diff.any():
+            return moves
+        width = max(width, moves.path.shape[1] if len(moves.path) else 0)
+        safe = np.concatenate([moves.safe_mask(), np.ones(int(diff.sum()), bool)])
+        return Moves(np.concatenate([moves.member, cand[diff]]),
+                     np.concatenate([pad_paths(moves.path.astype(np.int32), width),
+                                     pad_paths(new[diff], width)]),
                      True if safe.all() else safe)
 
     def _endpoints_of(self, path: NDArray[np.int32]) -> tuple[NDArray, NDArray]:
@@ -571,11 +631,14 @@ class TaskAware(Adaptive):
         return now + self.ctx.controller.control_latency_ns
 
     def repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
-               stream: NDArray[np.int64], now: float | None = None) -> NDArray[np.int32]:
-        """Paths for streams that must leave theirs: a planned stream takes a path of its
-        key's current rule (stream ``i`` the ``i``-th, cycling), any other the path
-        switch-local adaptive routing gives it with the current congestion table (which
-        excludes links known down)."""
+               stream: NDArray[np.int64], now: float | None = None,
+               qp: NDArray[np.int64] | None = None) -> NDArray[np.int32]:
+        """Paths for members of streams that must leave theirs: a member of a planned
+        stream takes the path of its QP (``qp``: its place among its stream's members,
+        :func:`~fabricpilot.balancing.base.member_qp_index`; ``stream`` if not given) in
+        its key's current rule (the ``i``-th QP the ``i``-th path, cycling), any other the
+        path switch-local adaptive routing gives it with the current congestion table
+        (which excludes links known down)."""
         if now is None:
             now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         n = len(src)
@@ -599,7 +662,8 @@ class TaskAware(Adaptive):
             self._forward(batch, rule_of)
             for i, rule in rule_of.items():
                 rows = self._forwarded[rule.key][1]
-                out[i] = pad_paths(rows[int(stream[i]) % len(rows)][None, :], out.shape[1])[0]
+                q = int(stream[i] if qp is None else qp[i])
+                out[i] = pad_paths(rows[q % len(rows)][None, :], out.shape[1])[0]
         return out
 
     def _walk_classes(self, batch: TransferBatch, sport: NDArray[np.int64],

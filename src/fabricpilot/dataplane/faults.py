@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.arrays import distinct
+from fabricpilot.balancing.base import member_qp_index
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
@@ -606,8 +607,9 @@ class FaultsMixin:
         """New paths for members, and which have none (one pair without a path must not
         take the others down with it)."""
         width = self._m_path.shape[1]
+        qp = member_qp_index(self._member_rows(), self._m_stream)[mem]
         try:
-            new = self._repath(job, src, dst, self._m_stream[mem], self._m_key[mem], ct2)
+            new = self._repath(job, src, dst, self._m_stream[mem], self._m_key[mem], ct2, qp)
             out = np.full((len(mem), width), -1, np.int32)
             out[:, : min(width, new.shape[1])] = new[:, :width]
             return out, np.zeros(len(mem), bool)
@@ -619,7 +621,7 @@ class FaultsMixin:
             sl = slice(i, i + 1)
             try:
                 p = self._repath(job[sl], src[sl], dst[sl], self._m_stream[mem[sl]],
-                                 self._m_key[mem[sl]], ct2)
+                                 self._m_key[mem[sl]], ct2, qp[sl])
                 out[i, : min(width, p.shape[1])] = p[0, :width]
             except TopologyError:
                 failed[i] = True
@@ -718,13 +720,13 @@ class FaultsMixin:
         return (down[safe] & (paths >= 0)).any(axis=1)
 
     def _repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
-                stream: NDArray[np.int64], key: NDArray[np.int64], ct2: Any | None
-                ) -> NDArray[np.int32]:
-        """New paths: the policy's own (``repath``), or a hash of each stream over the
-        converged ECMP groups."""
+                stream: NDArray[np.int64], key: NDArray[np.int64], ct2: Any | None,
+                qp: NDArray[np.int64] | None = None) -> NDArray[np.int32]:
+        """New paths for members: the policy's own (``repath``; ``qp``: each member's place
+        among its stream's members), or a hash of each over the converged ECMP groups."""
         repath = getattr(self.policy, "repath", None)
         if repath is not None:
-            return np.asarray(repath(job, src, dst, stream), np.int32)
+            return np.asarray(repath(job, src, dst, stream, qp=qp), np.int32)
         ct = ct2 if ct2 is not None else with_links_down(self.ct, self._phys_down)
         return _hash_walk(ct, src, dst, key)
 

@@ -337,6 +337,23 @@ def test_nccl_test_gpus_that_do_not_fill_hosts_say_what_would() -> None:
         "of 8, or --gpus-per-host 4")
 
 
+def test_nccl_test_a_prime_host_count_says_what_would_fill_leaves() -> None:
+    """67 hosts (a prime) have no divisor from 8 to 64 ports a leaf: 67 one-port leaves
+    per rail is no cluster anyone builds. 66 (6 x 11) and 68 (4 x 17) hosts are next."""
+    res = cli("nccl-test", "--gpus", "536")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "error: --gpus: 67 hosts of 8 GPUs fill no leaves of 8 to 64 ports (the largest "
+        "divisor of 67 up to 64 is 1): give 528 or 544 GPUs, or a scenario file with the "
+        "leaves you mean")
+
+
+def test_nccl_test_a_decimal_oversubscription_that_divides_the_ports() -> None:
+    """64 ports per leaf at 3.2 : 1 are 20 uplinks (64 / 3.2 = 20 exactly as written)."""
+    res = cli("nccl-test", "--gpus", "512", "--min-bytes", "1M", "--max-bytes", "1M",
+              "--oversubscription", "3.2")
+    assert res.returncode == 0, res.stderr
+
+
 @pytest.mark.parametrize("args, flag", [
     (["serve", "--no-twin", "--max-body", "-1"], "--max-body"),
     (["serve", "--no-twin", "--tick-interval", "nan"], "--tick-interval"),

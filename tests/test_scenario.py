@@ -59,6 +59,23 @@ def load_error(path: Path) -> ScenarioError:
 # --- what loads ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("topology", "spines"), [
+    # 2 x 800G NICs per leaf, 4 : 1 on 400G links: 2 x 800 / (4 x 400) = 1 spine
+    ({"hosts": 4, "nics_per_leaf": 2, "oversubscription": 4, "nic_rate_gbps": 800,
+      "fabric_rate_gbps": 400}, 1),
+    # 16 ports at 1.6 : 1 (as written, 8/5): 10 spines
+    ({"hosts": 32, "gpus_per_host": 1, "nics_per_leaf": 16, "oversubscription": 1.6,
+      "rail_optimized": False}, 10),
+])
+def test_leaf_spines_counted_from_rates_and_ratios_as_written(topology: dict[str, Any],
+                                                              spines: int) -> None:
+    d = copy.deepcopy(BASE)
+    d["topology"] = {"kind": "leaf_spine", **topology}
+    d["jobs"] = [{"name": "a", "gpus": 2, "collectives": [{"op": "allreduce",
+                                                           "size_bytes": 1 << 20}]}]
+    assert Scenario.model_validate(d).topology.n_spines == spines
+
+
 def test_default_scenario() -> None:
     scenario = default_scenario()
     assert scenario.name == "default"

@@ -125,9 +125,28 @@ def test_leaf_spine_spine_count(oversubscription: float, n_spines: int) -> None:
 
 
 def test_leaf_spine_spine_count_uses_rates() -> None:
-    # 16 x 400G down, 800G uplinks, 1:1 -> 16 * 400 / 800 = 8 spines
-    t = leaf_spine(hosts=16, gpus_per_host=1, nics_per_leaf=16, fabric_rate_gbps=800.0)
+    # 16 x 400G down, 800G uplinks, 1:1 -> 16 * 400 / 800 = 8 spines (2 leaves)
+    t = leaf_spine(hosts=32, gpus_per_host=1, nics_per_leaf=16, fabric_rate_gbps=800.0)
     assert len(nodes_by(t.graph, role="spine")) == 8
+
+
+@pytest.mark.parametrize(("per_leaf", "ratio", "spines"), [(16, 1.6, 10), (48, 1.2, 40),
+                                                          (16, 3.2, 5), (64, 1.28, 50)])
+def test_leaf_spine_decimal_oversubscription(per_leaf: int, ratio: float, spines: int) -> None:
+    """A ratio as written: 16 ports at 1.6 : 1 are 10 uplinks (16 / 1.6 = 10 exactly, though
+    the binary float 1.6 is not 8/5)."""
+    t = leaf_spine(hosts=2 * per_leaf, gpus_per_host=1, nics_per_leaf=per_leaf,
+                   oversubscription=ratio, rail_optimized=False)
+    assert len(nodes_by(t.graph, role="spine")) == spines
+
+
+def test_leaf_spine_of_one_leaf_has_no_spines() -> None:
+    """One leaf reaches every NIC: no traffic would ever cross a spine, so none is built
+    (the parts list of a 16-GPU, one-switch cluster is one switch)."""
+    t = leaf_spine(hosts=2, gpus_per_host=8, nics_per_leaf=16, rail_optimized=False)
+    assert len(nodes_by(t.graph, role="spine")) == 0
+    assert len(nodes_by(t.graph, role="leaf")) == 1
+    assert t.params["n_spines"] == 0
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from fabricpilot.dataplane import FabricParams
 from fabricpilot.errors import FabricpilotError, TopologyError
 from fabricpilot.runner import Prepared, link_costs, run_policy
 from fabricpilot.topology import CompiledTopology, compile_topology, leaf_spine
+from fabricpilot.topology.builders import decimal_fraction
 from fabricpilot.units import format_bytes
 from fabricpilot.workload.collectives import build_collective
 from fabricpilot.workload.jobs import JobSpec
@@ -73,7 +74,13 @@ def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.
                                f"--gpus-per-host {math.gcd(n_gpus, gpus_per_host)}")
     hosts = n_gpus // gpus_per_host
     per_leaf = max(d for d in range(1, min(hosts, 64) + 1) if hosts % d == 0)
-    if oversubscription > 1 and per_leaf % oversubscription:
+    if hosts > 64 and per_leaf < 8:  # (a prime number of hosts: leaves of one port)
+        fits = [h * gpus_per_host for h in (_near_hosts(hosts, -1), _near_hosts(hosts, 1))]
+        raise FabricpilotError(
+            f"--gpus: {hosts} hosts of {gpus_per_host} GPUs fill no leaves of 8 to 64 ports "
+            f"(the largest divisor of {hosts} up to 64 is {per_leaf}): give "
+            f"{fits[0]} or {fits[1]} GPUs, or a scenario file with the leaves you mean")
+    if oversubscription > 1 and (per_leaf / decimal_fraction(oversubscription)).denominator != 1:
         raise FabricpilotError(f"--oversubscription: must divide the leaf port count "
                                f"({per_leaf}), got {oversubscription!r}")
     try:
@@ -84,6 +91,19 @@ def default_cluster(n_gpus: int, gpus_per_host: int = 8, rate_gbps: float = 400.
         raise FabricpilotError(f"--oversubscription: {oversubscription!r} with {per_leaf} "
                                f"ports per leaf: {err}") from None
     return compile_topology(topo)
+
+
+def _near_hosts(hosts: int, step: int) -> int:
+    """The nearest host count from ``hosts`` in direction ``step`` (+1 or -1) that fills
+    leaves of 8 to 64 ports (has a divisor there).
+
+    >>> _near_hosts(67, -1), _near_hosts(67, 1)
+    (66, 68)
+    """
+    h = hosts + step
+    while not any(h % d == 0 for d in range(8, 65)):
+        h += step
+    return h
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:

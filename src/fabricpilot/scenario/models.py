@@ -39,7 +39,7 @@ from fabricpilot.controller.params import ControllerParams
 from fabricpilot.dataplane.params import DcqcnParams, EcnParams, FluidParams, PfcParams
 from fabricpilot.dataplane.qos import N_PRIORITIES, TRAFFIC_CLASSES, QosParams
 from fabricpilot.faults.model import FaultParams
-from fabricpilot.topology.builders import MAX_GPUS, MAX_SPINES
+from fabricpilot.topology.builders import MAX_GPUS, MAX_SPINES, decimal_fraction
 from fabricpilot.units import MAX_RATE_GBPS, MIN_RATE_GBPS, UnitError, parse_quantity
 
 __all__ = [
@@ -275,8 +275,12 @@ class TopologySpec(_Model):
                     f"{hosts} hosts x {per_host} GPUs = {hosts * per_host} NICs do not fill "
                     f"whole leaves of {per_leaf}",
                 )
-        spines = per_leaf / self.oversubscription
-        if abs(spines - round(spines)) > 1e-9 or round(spines) < 1:
+        # (as written: 16 ports at 1.6 : 1 make 10 uplinks, though 16 / 1.6 is not 10.0)
+        over = decimal_fraction(self.oversubscription)
+        n_spines_q = (per_leaf * decimal_fraction(self.nic_rate_gbps)
+                      / (over * decimal_fraction(self.fabric_rate_gbps)))
+        if self.nic_rate_gbps == self.fabric_rate_gbps and (
+                n_spines_q.denominator != 1 or n_spines_q < 1):
             raise FieldProblem(
                 "oversubscription",
                 f"nics_per_leaf / oversubscription = {per_leaf} / {self.oversubscription:g} "
@@ -285,8 +289,8 @@ class TopologySpec(_Model):
         if hosts * per_host > MAX_GPUS:
             raise FieldProblem("hosts", f"{hosts} hosts x {per_host} GPUs = "
                                         f"{hosts * per_host} GPUs; at most {MAX_GPUS}")
-        n_spines = spines * self.nic_rate_gbps / self.fabric_rate_gbps
-        if abs(n_spines - round(n_spines)) > 1e-9 or round(n_spines) < 1:
+        n_spines = float(n_spines_q)
+        if n_spines_q.denominator != 1 or n_spines_q < 1:
             raise FieldProblem(
                 "fabric_rate_gbps",
                 f"nics_per_leaf x nic_rate / (oversubscription x fabric_rate) = "

@@ -41,6 +41,16 @@ def _add_hosts(
                        delay_ns=nvlink_delay_ns)
 
 
+def decimal_fraction(x: float) -> Fraction:
+    """The fraction a number means as written (its shortest decimal form), not the binary
+    float's exact value: 1.6 is 8/5, so 16 ports at 1.6 : 1 make a whole 10 uplinks.
+
+    >>> decimal_fraction(1.6), Fraction(1.6) == Fraction(8, 5)
+    (Fraction(8, 5), False)
+    """
+    return Fraction(repr(float(x)))
+
+
 def leaf_spine(
     *,
     hosts: int,
@@ -68,8 +78,8 @@ def leaf_spine(
         raise TopologyError("hosts, gpus_per_host and nics_per_leaf must be >= 1")
     if not (oversubscription > 0 and nic_rate_gbps > 0 and fabric_rate_gbps > 0):
         raise TopologyError("oversubscription and link rates must be > 0")
-    spines = Fraction(nics_per_leaf) * Fraction(nic_rate_gbps) / (
-        Fraction(oversubscription) * Fraction(fabric_rate_gbps)
+    spines = Fraction(nics_per_leaf) * decimal_fraction(nic_rate_gbps) / (
+        decimal_fraction(oversubscription) * decimal_fraction(fabric_rate_gbps)
     )
     if spines.denominator != 1 or spines < 1:
         raise TopologyError(
@@ -94,6 +104,8 @@ def leaf_spine(
                 raise TopologyError("nics_per_leaf must be a multiple of gpus_per_host")
             leaf_of.append(gpu // nics_per_leaf)
     n_leaves = max(leaf_of) + 1
+    if n_leaves == 1:  # (one leaf reaches every NIC: spines would carry nothing)
+        n_spines = 0
     for leaf in range(n_leaves):
         g.add_node(f"leaf{leaf}", kind=NodeKind.SWITCH, tier=1, role="leaf")
     for spine in range(n_spines):

@@ -993,3 +993,23 @@ def test_a_replan_after_a_repair_moves_the_streams_on_their_way_back(tmp_path: P
     for c, c0 in zip(r.collectives, clean.collectives, strict=True):
         lost_ns = (c.end_ns - c.start_ns) - (c0.end_ns - c0.start_ns)
         assert 1_555_000 <= lost_ns <= 1_760_000, lost_ns
+
+
+def test_ideal_sprays_on_a_repaired_link_again(tmp_path: Path) -> None:
+    """The same two rings under ``ideal``: each sprays over both spines, 800 Gb/s up
+    leaf0's two uplinks. With leaf0-spine0 down from 1 to 3 ms both share spine0's
+    400 Gb/s (ideal moves at the fault instant: no stall), then spray over both again: each
+    ring loses exactly half of those 2 ms, 1 ms (kept off the repaired link, it lost half
+    of everything after the fault). ``ideal`` stays the bound after a repair."""
+    jobs = [{"name": n, "gpus": 2, "placement": "explicit", "gpu_ids": ids, "iterations": 1,
+             "compute_ns": 0, "collectives": [{"op": "allreduce", "size_bytes": 256 << 20}]}
+            for n, ids in (("a", [0, 2]), ("b", [1, 3]))]
+    down = {"kind": "link_down", "link": "leaf0-spine0", "at_ns": 1_000_000,
+            "until_ns": 3_000_000}
+    clean = run_policy(_scenario(tmp_path, jobs, [{**down, "at_ns": 900_000_000,
+                                                   "until_ns": 901_000_000}]), "ideal")
+    r = run_policy(_scenario(tmp_path, jobs, [down]), "ideal")
+    assert not r.aborted and r.bytes_delivered == r.bytes_sent
+    for c, c0 in zip(r.collectives, clean.collectives, strict=True):
+        lost_ns = (c.end_ns - c.start_ns) - (c0.end_ns - c0.start_ns)
+        assert lost_ns == pytest.approx(1_000_000, abs=2_000)

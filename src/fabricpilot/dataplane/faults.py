@@ -47,7 +47,7 @@ from fabricpilot.balancing.base import member_qp_index
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
-from fabricpilot.topology.paths import walk_paths
+from fabricpilot.topology.paths import pad_paths, walk_paths
 
 if TYPE_CHECKING:
     from fabricpilot.faults.model import FaultEvent, FaultTimeline
@@ -175,6 +175,10 @@ class FaultsMixin:
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
+        # sprayed members taken off dead paths (_spread_off), to spray on again once routing
+        # has the links back: flow, stream, path, member key, QP key (arrays, in lists)
+        self._parked: list[tuple[NDArray, ...]] = []
+        self._share0: dict[int, float] = {}  # member key -> its share before any spread-off
         self._m_dead_hop = np.zeros((0, 0), bool)  # per member and hop: a dead link there
         self._goodput = np.zeros(0)
         self._ups_to_come = 0  # repairs scheduled and not played yet
@@ -402,7 +406,10 @@ class FaultsMixin:
         faults = {info.fault_id for info in self._ft.faults
                   if info.start_ns <= self.now and hit.intersection(info.links)}
         self._reroute(None, ct2, faults)
-        # links back up: new flows use them (flows already moved stay where they are)
+        # links back up: new flows use them; sprayed streams spray on them again (streams
+        # hashed onto a path stay where they are)
+        if (before & ~self._route_down).any():
+            self._spread_on()
 
     def _hold(self, rows: NDArray[np.int64], until: int) -> None:
         """Pause rows until ``until`` (the collective waits for its new paths)."""
@@ -542,6 +549,13 @@ class FaultsMixin:
         spread_rows = distinct(rows[drop])
         n_streams = len(distinct(inv[drop]))
         keep = ~drop
+        # (each member's share as first sprayed, and the paths left, to spray on again)
+        of_spread = np.isin(inv, inv[drop])
+        for k, sh in zip(self._m_key[of_spread].tolist(), self._m_share[of_spread].tolist(),
+                         strict=True):
+            self._share0.setdefault(k, sh)
+        self._parked.append((self._m_flow[drop], self._m_stream[drop], self._m_path[drop],
+                             self._m_key[drop], self._m_qp[drop]))
         self._m_share = self._m_share * scale[inv]
         self._keep_members(keep)
         if len(self._m_fault) == len(keep):
@@ -552,6 +566,59 @@ class FaultsMixin:
         if ct2 is not None and not self._instant:
             self._wait_for_timeout(spread_rows, faults)
         return hit[keep]
+
+    def _spread_on(self) -> None:
+        """Sprayed streams still sending spray again on the paths they left (_spread_off)
+        that routing has whole again: each of a stream's paths carries its first share
+        again, in proportion (a stream back on 8 paths of 8 sends 1/8 on each again)."""
+        if not self._parked:
+            return
+        flow, stream, path, key, qp = (np.concatenate(c) for c in zip(*self._parked,
+                                                                      strict=True))
+        width = self._m_path.shape[1]
+        path = pad_paths(path, width)[:, :width]
+        pos = np.minimum(np.searchsorted(self._row_flow, flow), max(len(self._row_flow) - 1, 0))
+        active = (self._row_flow[pos] == flow) if len(self._row_flow) else np.zeros(len(flow),
+                                                                                      bool)
+        down = np.append(self._route_down | self._phys_down, False)
+        whole = ~down[np.where(path >= 0, path, len(down) - 1)].any(axis=1)
+        # (a stream that is gone or cut off has no members left: nothing to join)
+        present = set(zip(self._m_flow.tolist(), self._m_stream.tolist(), strict=True))
+        joins = active & whole & np.array(
+            [(f, st) in present for f, st in zip(flow.tolist(), stream.tolist(), strict=True)],
+            bool)
+        left = active & ~whole
+        self._parked = ([(flow[left], stream[left], path[left], key[left], qp[left])]
+                        if left.any() else [])
+        if not joins.any():
+            return
+        n_before = len(self._m_flow)
+        self._m_flow = np.concatenate([self._m_flow, flow[joins]])
+        self._m_stream = np.concatenate([self._m_stream, stream[joins]])
+        self._m_path = np.concatenate([self._m_path, path[joins]])
+        self._m_key = np.concatenate([self._m_key, key[joins]])
+        self._m_qp = np.concatenate([self._m_qp, qp[joins]])
+        self._m_share = np.concatenate([self._m_share, np.zeros(int(joins.sum()))])
+        if len(self._m_fault) == n_before:
+            self._m_fault = np.concatenate([self._m_fault,
+                                            np.full(int(joins.sum()), -1, np.int64)])
+        # each stream that got a path back: its total over its members by their first shares
+        rows = self._member_rows()
+        _, inv = np.unique(np.stack([rows, self._m_stream]), axis=1, return_inverse=True)
+        inv = inv.reshape(-1)
+        n_s = int(inv.max()) + 1
+        joined = np.zeros(n_s, bool)
+        joined[inv[n_before:]] = True
+        on = joined[inv]
+        total = np.bincount(inv, weights=self._m_share, minlength=n_s)
+        first = np.array([self._share0.get(k, 0.0) for k in self._m_key[on].tolist()])
+        weight = np.zeros(len(inv))
+        weight[on] = first
+        first_sum = np.bincount(inv, weights=weight, minlength=n_s)
+        self._m_share = np.where(on, weight * np.divide(total, first_sum, out=np.zeros(n_s),
+                                                        where=first_sum > 0)[inv],
+                                 self._m_share)
+        self._weights_from_members(rows)
 
     def _no_mouse_route(self, retry: Callable[[], None]) -> None:
         """A mouse has no path now: it tries again once routing may give it one (as

@@ -290,3 +290,15 @@ def test_a_run_longer_than_the_row_budget_coarsens_its_timeseries(tmp_path: Path
     # it still covers the whole run: every ECN mark of the run is in some row
     assert s["ecn_marks"] > 0
     assert sum(float(r[4]) for r in rows) == pytest.approx(s["ecn_marks"], abs=1.0)
+
+
+def test_a_dcqcn_floor_at_the_nic_rate_is_refused(tmp_path: Path) -> None:
+    """A floor of 400 Gb/s on 400 Gb/s NICs: every cut would be undone at once (the run
+    matched ``dcqcn.enabled: false`` while it said DCQCN was on); just below it, it loads."""
+    err = load_error(tmp_path, tiny(dcqcn={"min_rate_gbps": 400}))
+    assert err.field == "fabric.dcqcn.min_rate_gbps"
+    assert err.problem.startswith("400 Gbps is not below the NIC rate (400 Gbps)")
+    path = write(tmp_path, tiny(dcqcn={"min_rate_gbps": 399}))
+    prepare(load_scenario(path), str(path))
+    path = write(tmp_path, tiny(dcqcn={"min_rate_gbps": 400, "enabled": False}))
+    prepare(load_scenario(path), str(path))

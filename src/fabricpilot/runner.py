@@ -28,6 +28,7 @@ from fabricpilot.faults import FaultTimeline, resolve_faults
 from fabricpilot.results import RunResult
 from fabricpilot.scenario import Scenario, check_gpu_count
 from fabricpilot.topology import CompiledTopology, Topology, build_topology, compile_topology
+from fabricpilot.topology.compiled import LINK_KIND_CODES
 from fabricpilot.topology.io import load_topology_json
 from fabricpilot.topology.model import switch_examples
 from fabricpilot.topology.paths import pair_delay_ns
@@ -114,6 +115,23 @@ def _check_kept_spines(scenario: Scenario, ct: CompiledTopology, source: str) ->
                             f"none for the elephants (at most {n_top - 1})")
 
 
+def _check_dcqcn_floor(scenario: Scenario, ct: CompiledTopology, source: str) -> None:
+    """A :class:`ScenarioError` if DCQCN's rate floor is at or above a NIC's rate: no cut
+    could then slow a QP, and the run would be one without congestion control while it
+    says DCQCN is on."""
+    fabric = scenario.fabric
+    if fabric.model != "fluid" or not fabric.dcqcn.enabled:
+        return
+    nic = ct.rate_gbps[ct.link_kind == LINK_KIND_CODES["nic"]]
+    slowest = float(nic.min()) if len(nic) else math.inf
+    floor = fabric.dcqcn.min_rate_gbps
+    if floor >= slowest:
+        raise ScenarioError(source, "fabric.dcqcn.min_rate_gbps",
+                            f"{floor:g} Gbps is not below the NIC rate ({slowest:g} Gbps): "
+                            f"no rate cut could slow a QP (for a run without congestion "
+                            f"control, set fabric.dcqcn.enabled: false)")
+
+
 def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
     """Build the topology and the workload of ``scenario`` (independent of the policy)."""
     topo = build_scenario_topology(scenario, source)
@@ -123,6 +141,7 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
         raise ScenarioError(source, "topology", str(err)) from None
     check_gpu_count(scenario, ct.n_gpus, source)
     _check_kept_spines(scenario, ct, source)
+    _check_dcqcn_floor(scenario, ct, source)
     for i, name in enumerate(scenario.policies):
         if name not in POLICIES:
             raise ScenarioError(source, f"policies[{i}]",

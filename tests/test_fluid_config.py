@@ -302,3 +302,29 @@ def test_a_dcqcn_floor_at_the_nic_rate_is_refused(tmp_path: Path) -> None:
     prepare(load_scenario(path), str(path))
     path = write(tmp_path, tiny(dcqcn={"min_rate_gbps": 400, "enabled": False}))
     prepare(load_scenario(path), str(path))
+
+
+def test_a_run_that_delivers_nothing_stops_with_one_line(tmp_path: Path) -> None:
+    """8 GPUs at 4 : 1 on one spine in a ring that crosses the leaves each hop, with 128
+    KiB of buffer per switch: PFC pauses a port's senders at its xoff (some tens of KiB), so
+    a few ports fill the switch first and its arrivals overflow it every step; every
+    sender loses bytes in each and goes back N together, and the 1 MiB AllReduce never
+    delivers a byte more. The run stops after 100 ms of simulated time without progress,
+    with one line saying why (it ran on for ever)."""
+    from fabricpilot.dataplane.engine import NO_PROGRESS_NS
+    from fabricpilot.errors import SimulationError
+
+    data = copy.deepcopy(TINY)
+    data["topology"] = {"kind": "leaf_spine", "hosts": 8, "gpus_per_host": 1,
+                        "nics_per_leaf": 4, "oversubscription": 4, "rail_optimized": False}
+    data["fabric"]["fluid"] = {"buffer_bytes_per_switch": "128KiB"}
+    data["jobs"] = [{"name": "ar", "gpus": 8, "placement": "explicit",
+                     "gpu_ids": [0, 4, 1, 5, 2, 6, 3, 7], "collectives": [
+                         {"op": "allreduce", "size_bytes": "1MiB", "algorithm": "ring"}]}]
+    path = write(tmp_path, data)
+    with pytest.raises(SimulationError) as info:
+        run_policy(prepare(load_scenario(path), str(path)), "ecmp")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(
+        f"no byte was delivered for {NO_PROGRESS_NS / 1e6:g} ms of simulated time")
+    assert "fabric.fluid.buffer_bytes_per_switch" in msg

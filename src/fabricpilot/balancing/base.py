@@ -209,6 +209,9 @@ class Moves:
     member: NDArray[np.int64]
     path: NDArray[np.int32]
     drain_safe: bool | NDArray[np.bool_] = True
+    # a controller's move: the member's whole stream takes its pair's planned set (one
+    # member per QP, see ``stream_members``), not only this member the path given
+    whole_set: bool | NDArray[np.bool_] = False
 
     def safe_mask(self) -> NDArray[np.bool_]:
         """Whether each member moves drain-safe.
@@ -217,6 +220,14 @@ class Moves:
         [False, False]
         """
         return np.broadcast_to(np.asarray(self.drain_safe, bool), self.member.shape).copy()
+
+    def whole_set_mask(self) -> NDArray[np.bool_]:
+        """Whether each member's stream takes its pair's whole planned set.
+
+        >>> Moves(np.array([4, 7]), np.zeros((2, 1), np.int32)).whole_set_mask().tolist()
+        [False, False]
+        """
+        return np.broadcast_to(np.asarray(self.whole_set, bool), self.member.shape).copy()
 
 
 TelemetryFn = Callable[[], LinkTelemetry]

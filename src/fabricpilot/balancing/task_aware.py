@@ -153,6 +153,8 @@ class TaskAware(Adaptive):
         # keys given a path set during the run -> when it takes effect: their streams
         # already sending move onto it then (see _onto_new_rules)
         self._new_rules: dict[str, float] = {}
+        # key -> the path set in effect while a newer one is on its way (control latency)
+        self._before: dict[str, PathSet] = {}
         self._table: Counter[str] = Counter()  # explicit rules each switch holds
         self.job_names: list[str] = []
         self.controller: Controller | None = None
@@ -263,6 +265,11 @@ class TaskAware(Adaptive):
         if not self._ahead:  # (before the run no stream is on the way yet)
             changed = [r.key for r in rules if r.key not in held or held[r.key][0] != r]
             self._new_rules.update(zip(changed, itertools.repeat(at)))
+            # until a new set takes effect the switches forward by the one they have
+            for r in rules:
+                was = held.get(r.key)
+                if was is not None and was[1] <= now and at > now:
+                    self._before[r.key] = was[0]
         held.update([(r.key, (r, at)) for r in rules])
         forwarded = self._forwarded
         if forwarded:
@@ -271,6 +278,19 @@ class TaskAware(Adaptive):
         if self._removing:  # (installed again before its withdrawal took effect)
             for r in rules:
                 self._removing.pop(r.key, None)
+
+    def _in_effect(self, key: str, now: float) -> PathSet | None:
+        """The path set the switches forward ``key`` by at ``now``: the newest one once it
+        has taken effect, the one before it until then (``None``: no set, the switches'
+        own adaptive routing)."""
+        hit = self._rules.get(key)
+        if hit is None:
+            return None
+        if hit[1] <= now:
+            if self._before:
+                self._before.pop(key, None)
+            return hit[0]
+        return self._before.get(key)
 
     def remove(self, keys: list[str]) -> None:
         """Withdraw path sets: their rules are freed now, their flows go back to
@@ -292,6 +312,7 @@ class TaskAware(Adaptive):
         for k in due:
             del self._removing[k]
             self._rules.pop(k, None)
+            self._before.pop(k, None)
             self._planned_codes = None
             self._forwarded.pop(k, None)
 
@@ -555,10 +576,11 @@ class TaskAware(Adaptive):
         # moves off a gray link are always drain-safe (whatever ``adaptive.drain_safe`` says
         # of switch-local moves): the controller's rule change must never reorder
         safe = np.concatenate([moves.safe_mask(), np.ones(int(ok.sum()), bool)])
+        whole = np.concatenate([moves.whole_set_mask(), np.ones(int(ok.sum()), bool)])
         return Moves(np.concatenate([moves.member, cand[ok]]),
                      np.concatenate([pad_paths(moves.path.astype(np.int32), width),
                                      pad_paths(new[ok].astype(np.int32), width)]),
-                     True if safe.all() else safe)
+                     True if safe.all() else safe, whole)
 
     def _onto_new_rules(self, members: ActiveMembers, moves: Moves, now: float) -> Moves:
         """Streams already sending for a pair whose path set a re-plan changed (or gave it
@@ -606,10 +628,11 @@ class TaskAware(Adaptive):
             return moves
         width = max(width, moves.path.shape[1] if len(moves.path) else 0)
         safe = np.concatenate([moves.safe_mask(), np.ones(int(diff.sum()), bool)])
+        whole = np.concatenate([moves.whole_set_mask(), np.ones(int(diff.sum()), bool)])
         return Moves(np.concatenate([moves.member, cand[diff]]),
                      np.concatenate([pad_paths(moves.path.astype(np.int32), width),
                                      pad_paths(new[diff], width)]),
-                     True if safe.all() else safe)
+                     True if safe.all() else safe, whole)
 
     def _endpoints_of(self, path: NDArray[np.int32]) -> tuple[NDArray, NDArray]:
         valid = path >= 0
@@ -655,15 +678,49 @@ class TaskAware(Adaptive):
         for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
                                           batch.dst.tolist(), strict=True)):
             if 0 <= j < len(self.job_names):
-                hit = self._rules.get(rule_key(self.job_names[j], s, d))
-                if hit is not None and hit[1] <= now:
-                    rule_of[i] = hit[0]
+                rule = self._in_effect(rule_key(self.job_names[j], s, d), now)
+                if rule is not None:
+                    rule_of[i] = rule
         if rule_of:
             self._forward(batch, rule_of)
             for i, rule in rule_of.items():
                 rows = self._forwarded[rule.key][1]
                 q = int(stream[i] if qp is None else qp[i])
                 out[i] = pad_paths(rows[q % len(rows)][None, :], out.shape[1])[0]
+        return out
+
+    def stream_members(self, job: NDArray[np.int64], src: NDArray[np.int64],
+                       dst: NDArray[np.int64], now: float | None = None,
+                       ) -> list[tuple[NDArray[np.int32], NDArray[np.float64]] | None]:
+        """For streams (a job's transfer from ``src`` to ``dst`` each) whose pair has a path
+        set in effect: its QPs' paths and shares, as a new transfer of the pair would be
+        sent (one member per QP); ``None`` for a stream without one (it keeps its members).
+        The engine gives a planned stream that had to move the whole set: a heal's set of 7
+        paths for a pair that had 8 spreads it over the 7, not 2/8 on one of them."""
+        if now is None:
+            now = self._telemetry().now_ns if self._telemetry is not None else 0.0
+        n = len(src)
+        out: list[tuple[NDArray[np.int32], NDArray[np.float64]] | None] = [None] * n
+        rule_of = {}
+        for i, (j, s, d) in enumerate(zip(np.asarray(job).tolist(), np.asarray(src).tolist(),
+                                          np.asarray(dst).tolist(), strict=True)):
+            if 0 <= j < len(self.job_names):
+                rule = self._in_effect(rule_key(self.job_names[j], s, d), now)
+                if rule is not None:
+                    rule_of[i] = rule
+        if not rule_of:
+            return out
+        batch = TransferBatch(np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                              np.ones(n, np.int64), np.arange(n, dtype=np.int64),
+                              np.asarray(job, np.int64))
+        self._forward(batch, rule_of)
+        width = max_path_links(self.ctx.topology)
+        for i, rule in rule_of.items():
+            rows = self._forwarded[rule.key][1]
+            w = np.asarray(rule.weights, np.float64)
+            if len(w) != len(rows) or not w.sum() > 0:
+                w = np.ones(len(rows))
+            out[i] = (pad_paths(np.stack(rows).astype(np.int32), width), w / w.sum())
         return out
 
     def _walk_classes(self, batch: TransferBatch, sport: NDArray[np.int64],
@@ -685,9 +742,9 @@ class TaskAware(Adaptive):
         for i, (j, s, d) in enumerate(zip(batch.job.tolist(), batch.src.tolist(),
                                           batch.dst.tolist(), strict=True)):
             if 0 <= j < len(self.job_names):
-                hit = self._rules.get(rule_key(self.job_names[j], s, d))
-                if hit is not None and hit[1] <= now:
-                    planned.append((i, hit[0]))
+                rule = self._in_effect(rule_key(self.job_names[j], s, d), now)
+                if rule is not None:
+                    planned.append((i, rule))
         if not planned:
             sub, sport_q = self._qps(batch)
             return self._routed(sub, self._walk_classes(sub, sport_q))

@@ -132,6 +132,12 @@ class IterationRecord:
     end_ns: int
 
 
+# a stepping run that delivers no byte for this long while flows are open (not held) is
+# stopped (a livelock of the model, such as losses every step that send every sender back
+# together, each then stalled for its resend)
+NO_PROGRESS_NS = 100_000_000
+
+
 @dataclass
 class EngineOutput:
     """Raw results of one run; :mod:`fabricpilot.results` turns them into tables."""
@@ -298,6 +304,7 @@ class Engine(FaultsMixin):
         mice_i = 0
         mice_t = self.mice.time_ns if self.mice is not None and len(self.mice) else None
 
+        best_left, progress_ns, rows_seen = math.inf, 0, (-1, -1)
         while True:
             t_event = self._heap[0][0] if self._heap else math.inf
             t_mice = float(mice_t[mice_i]) if mice_t is not None and mice_i < len(mice_t) \
@@ -325,6 +332,14 @@ class Engine(FaultsMixin):
                         eta = float((self._remaining[moving] * 8.0 / rates[moving]).min())
                         step_end = min(step_end, self.now + max(math.ceil(eta), 1))
                     self._advance(int(step_end))
+                    # (a livelock of the model: senders sending, nothing delivered)
+                    left, rows_now = float(self._remaining.sum()), (len(self._remaining),
+                                                                     self._n_flows)
+                    if rows_now != rows_seen or left < best_left - 1.0:
+                        best_left, progress_ns, rows_seen = left, self.now, rows_now
+                    elif (self.now - progress_ns > NO_PROGRESS_NS
+                          and (self._row_hold <= self.now).any()):
+                        raise SimulationError(self._livelock_message())
                     self._complete(self._remaining <= 1e-6 * self._row_bytes + 1e-3)
                     if self._pending_moves:
                         self._settle_moves()
@@ -487,7 +502,67 @@ class Engine(FaultsMixin):
                 self._reorder_moves[fid] = self._reorder_moves.get(fid, 0) + ev
         self._m_path[mem] = new
         self._moves += len(mem)
-        self._weights_from_members(row)
+        self._restream(mem[moves.whole_set_mask()])
+        self._weights_from_members(self._member_rows())
+
+    def _livelock_message(self) -> str:
+        """Why a stepping run stopped: it delivered nothing for :data:`NO_PROGRESS_NS` while
+        flows were open and not held."""
+        report = getattr(self.model, "report", None)
+        dropped = float(getattr(report, "drops_bytes", 0.0) or 0.0)
+        why = (f"{dropped / 2**30:.3g} GiB dropped and sent again so far: every step's "
+               f"arrivals overflow a switch buffer and the senders go back N together; give "
+               f"the switches more buffer (fabric.fluid.buffer_bytes_per_switch), or lower "
+               f"fabric.pfc.xoff_bytes so PFC pauses the senders before it is full"
+               if dropped > 0 else
+               "the senders' bytes never arrive")
+        return (f"no byte was delivered for {NO_PROGRESS_NS / 1e6:g} ms of simulated time "
+                f"while flows were open (at {self.now / 1e6:.6g} ms): {why}")
+
+    def _restream(self, mem: NDArray[np.int64]) -> None:
+        """The streams of members ``mem`` (just moved) take their pair's whole planned set,
+        if their policy has one for it (``stream_members``): one member per QP of the set,
+        at its share, in place of the members they had (a stream's bytes keep their total).
+        Only where the model follows rates, not bytes queued per member (``_stepping``)."""
+        get = getattr(self.policy, "stream_members", None)
+        if get is None or self._stepping or not len(mem):
+            return
+        rows = self._member_rows()
+        code = rows * (int(self._m_stream.max()) + 1) + self._m_stream
+        uniq, first = np.unique(code[mem], return_index=True)
+        rep = mem[first]  # a member of each stream moved
+        src, dst = self._member_endpoints(rep)
+        sets = get(self._row_owner[rows[rep]], src, dst, now=self.now)
+        drop = np.zeros(len(code), bool)
+        add_flow, add_stream, add_share, add_path = [], [], [], []
+        for c, m, got in zip(uniq.tolist(), rep.tolist(), sets, strict=True):
+            if got is None:
+                continue
+            paths, shares = got
+            on = code == c
+            total = float(self._m_share[on].sum())
+            drop |= on
+            k = len(shares)
+            add_flow.append(np.full(k, self._m_flow[m], np.int64))
+            add_stream.append(np.full(k, self._m_stream[m], np.int64))
+            add_share.append(shares * total)
+            add_path.append(paths)
+        if not add_flow:
+            return
+        self._keep_members(~drop)
+        new_path = np.concatenate(add_path)
+        width = max(self._m_path.shape[1], new_path.shape[1])
+        k = len(new_path)
+        keys = np.arange(self._n_members, self._n_members + k, dtype=np.int64)
+        self._n_members += k
+        self._m_flow = np.concatenate([self._m_flow, *add_flow])
+        self._m_stream = np.concatenate([self._m_stream, *add_stream])
+        self._m_share = np.concatenate([self._m_share, *add_share])
+        self._m_path = np.concatenate([pad_paths(self._m_path, width),
+                                       pad_paths(new_path, width)], axis=0)
+        self._m_key = np.concatenate([self._m_key, keys])
+        self._m_qp = np.concatenate([self._m_qp, keys])
+        self._members_changed()
 
     def _keep_members(self, keep: NDArray[np.bool_]) -> None:
         """Only the members ``keep`` (a mask) are left, in order."""

@@ -511,6 +511,9 @@ class FaultsMixin:
             if ct2 is not None and not self._instant:
                 self._wait_for_timeout(distinct(rows[mem]), faults)
             self._rejoin(known)  # (cut-off streams that have a whole path now go on)
+            # (a planned stream takes its pair's whole new set, not one path per member)
+            self._restream(mem)
+            self._weights_from_members(self._member_rows())
         self._cut_for_good(faults)
         # the loss episodes end for the streams off dead links now; those still on one (a
         # fault routing has not converged on yet) go on losing since they began
@@ -566,6 +569,13 @@ class FaultsMixin:
         if ct2 is not None and not self._instant:
             self._wait_for_timeout(spread_rows, faults)
         return hit[keep]
+
+    def _members_changed(self) -> None:
+        """The member arrays were rebuilt: what is kept per member here is found again at
+        the next rate update (``_fault_rows``)."""
+        self._m_fault = np.full(len(self._m_path), -1, np.int64)
+        self._m_dead_hop = np.zeros((0, 0), bool)
+        self._dirty = True
 
     def _spread_on(self) -> None:
         """Sprayed streams still sending spray again on the paths they left (_spread_off)

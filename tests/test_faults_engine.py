@@ -1052,3 +1052,64 @@ def test_a_heal_spreads_each_planned_stream_over_its_whole_new_set(tmp_path: Pat
     ideal = coll_ns(0, "ideal")
     assert ideal == pytest.approx(clean * 4 / 3, rel=0.01)
     assert ideal * (1 - 1e-3) <= coll_ns(0, "task-aware") <= ideal * 1.05
+
+
+def test_a_link_back_before_routing_moved_anything_costs_a_retransmission_timeout(
+        tmp_path: Path) -> None:
+    """gpu0's NIC link is down from 1.0 to 1.3 ms, long before routing would converge
+    (5.1 ms). The ring's packets into it are lost from 1.0 ms; nobody tells the senders
+    the link is back, so they resend when the retransmission timer fires, 4 ms after the
+    first loss: the ring stalls 4 ms (not the 0.3 ms the link was down), and is back at its
+    rate then, 4 ms after the fault (its recovery, though nothing was rerouted)."""
+    pair = {**RING, "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2]}
+    blip = {"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 1_000_000,
+            "until_ns": 1_300_000}
+    clean = _coll_ns(_scenario(tmp_path, [pair], [{**blip, "at_ns": 900_000_000,
+                                                   "until_ns": 900_300_000}]), "ecmp")
+    r = run_policy(_scenario(tmp_path, [pair], [blip]), "ecmp")
+    (f,) = r.faults
+    (c,) = r.collectives
+    assert c.end_ns - c.start_ns == pytest.approx(clean + RTO_NS, abs=2_000)
+    assert f["job_stall_us"] == {"ring": pytest.approx(RTO_NS / 1e3, abs=2)}
+    assert f["reroute_us"] is None
+    assert f["recovery_us"] == pytest.approx(RTO_NS / 1e3, abs=2)
+
+
+def test_a_stopped_job_resends_nothing(tmp_path: Path) -> None:
+    """gpu0's NIC link goes down for good at 1 ms: the ring sends into it until routing
+    converges (5.1 ms), finds no path then and is stopped. What it lost is never resent
+    (it was counted as resent, as for a job that goes on)."""
+    pair = {**RING, "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2]}
+    r = run_policy(_scenario(tmp_path, [pair], [{"kind": "link_down", "link": "gpu0-leaf0",
+                                                 "at_ns": 1_000_000}]), "ecmp")
+    (f,) = r.faults
+    assert r.aborted and f["partitioned"] == ["ring"]
+    # both directions of the pair: 400 Gb/s each into the dead link for 5.1 ms
+    assert f["bytes_lost"] == pytest.approx(2 * NIC_GBPS / 8 * 1e9 * 5.1e-3, rel=1e-3)
+    assert f["bytes_retx"] == 0 and r.summary()["retransmitted_bytes"] == 0
+
+
+def test_a_job_out_of_retries_is_named_by_the_fault(tmp_path: Path) -> None:
+    """With one retry every 1 ms, the ring's QP on leaf0-spine0 (down at 1 ms, routing
+    converges at 5.1 ms) errors out at 3 ms: its job stops, and the fault names it among
+    those it cut off."""
+    events = [{**DOWN, "link": "gpu0-leaf0"}]
+    pair = {**RING, "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2]}
+    r = run_policy(_scenario(tmp_path, [pair], events, rdma_timeout_ns=1_000_000,
+                             rdma_retry_count=1, **{}), "ecmp")
+    (f,) = r.faults
+    assert r.aborted and f["partitioned"] == ["ring"]
+    assert f["bytes_retx"] == 0
+
+
+def test_ideal_recovers_when_the_repaired_link_carries_again(tmp_path: Path) -> None:
+    """The two rings under ``ideal`` with leaf0-spine0 down from 1 to 3 ms: no stream
+    stalls (it moves at the fault instant), but both run at half rate until the repair;
+    the fault's recovery (back to 95 % of the rate before it) is the repair, 2 ms on."""
+    jobs = [{"name": n, "gpus": 2, "placement": "explicit", "gpu_ids": ids, "iterations": 1,
+             "compute_ns": 0, "collectives": [{"op": "allreduce", "size_bytes": 256 << 20}]}
+            for n, ids in (("a", [0, 2]), ("b", [1, 3]))]
+    down = {"kind": "link_down", "link": "leaf0-spine0", "at_ns": 1_000_000,
+            "until_ns": 3_000_000}
+    (f,) = run_policy(_scenario(tmp_path, jobs, [down]), "ideal").faults
+    assert f["job_stall_us"] == {} and f["recovery_us"] == pytest.approx(2_000, abs=1)

@@ -952,6 +952,7 @@ class Engine(FaultsMixin):
         self._aborted[j] = why
         self._jobs_done.add(j)
         mine = self._row_owner == j
+        self._never_resent(self._row_flow[mine])
         self._drop_rows(~mine, self._row_flow[mine])
         for sid in [sid for sid, st in self._stages.items() if st.job == j]:
             del self._stages[sid]

@@ -172,6 +172,7 @@ class FaultsMixin:
         self._cut_flows: dict[int, set[int]] = {}  # flows waiting for a path to come back
         self._rto_wait: dict[int, tuple[int, set[int]]] = {}  # flow -> (timer fires, faults)
         self._fault_retx: dict[int, float] = {}  # flow id -> bytes it resent for faults
+        self._retx_of: dict[int, dict[int, float]] = {}  # flow id -> fault -> those bytes
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
@@ -239,6 +240,13 @@ class FaultsMixin:
         self._ups_to_come -= ev.kind == "up"
         if ev.kind in ("down", "gray") and not rec.pre_fault_gbps:
             rec.pre_fault_gbps = dict(enumerate(self._job_goodput().tolist()))
+        if ev.kind in ("down", "gray") and len(self._m_path):
+            # the jobs sending over it now: recovered once back to their pre-fault rate
+            # (a policy that moves them at once stalls none of them, and may slow them all)
+            on = self._members_on(links)
+            if on.any():
+                own = self._row_owner[self._member_rows()[on]]
+                rec.affected.update(int(j) for j in distinct(own[own >= 0]).tolist())
         if ev.kind in ("down", "up"):
             # overlapping faults (a link down, then its switch): up when the last one ends
             np.add.at(self._down_count, links, 1 if ev.kind == "down" else -1)
@@ -260,6 +268,8 @@ class FaultsMixin:
                                        strict=True):
                         if st not in self._loss_since.get(fid, {}):
                             self._start_loss(fid, st, self.now)
+            if ev.kind == "up" and not self._instant and self._loss_since:
+                self._back_before_moved(links, ev.fault_id)
             if self._instant:  # the bound: everything moves to live paths at once
                 if ev.kind == "down":
                     rec.detected_ns = rec.detected_ns if rec.detected_ns is not None \
@@ -278,6 +288,24 @@ class FaultsMixin:
             self._owner_fault[links] = np.where(self._phys_down[links],
                                                 self._owner_fault[links], -1)
         self._dirty = True
+
+    def _back_before_moved(self, links: NDArray[np.int64], fault_id: int) -> None:
+        """Links back up under streams still routed over them (the fault was over before
+        routing or the controller moved them): nobody tells their senders, so a stream that
+        lost packets there resends them when its retransmission timer next fires, as after
+        any loss; its loss episode ends then (the resend goes through)."""
+        back = links[~self._phys_down[links]]
+        on = self._members_on(back)
+        if not on.any():
+            return
+        rows = distinct(self._member_rows()[on])
+        self._wait_for_timeout(rows, {fault_id})
+        still = self._members_on(np.flatnonzero(self._phys_down))
+        on_dead = set(zip(self._m_flow[still].tolist(), self._m_stream[still].tolist(),
+                          strict=True))
+        kept = {f: {st: t for st, t in by.items() if (f, st) in on_dead}
+                for f, by in self._loss_since.items()}
+        self._loss_since = {f: by for f, by in kept.items() if by}
 
     def _fault_detected(self, ev: FaultEvent) -> None:
         """The neighbours see the link change. A controller-driven policy is told and its
@@ -570,6 +598,15 @@ class FaultsMixin:
             self._wait_for_timeout(spread_rows, faults)
         return hit[keep]
 
+    def _never_resent(self, flows: NDArray[np.int64]) -> None:
+        """Flows dropped with their job (stopped: its QPs errored out) resend nothing: what
+        they lost is no longer counted as resent, by them or by the faults."""
+        for fid in flows.tolist():
+            self._fault_retx.pop(fid, None)
+            for f, b in self._retx_of.pop(fid, {}).items():
+                rec = self._records[f]
+                rec.bytes_retx = max(rec.bytes_retx - b, 0.0)
+
     def _members_changed(self) -> None:
         """The member arrays were rebuilt: what is kept per member here is found again at
         the next rate update (``_fault_rows``)."""
@@ -758,6 +795,14 @@ class FaultsMixin:
         p = self._ft.params
         rto = (f"{p.rdma_timeout_ns / 1e6:g} ms" if p.rdma_timeout_ns >= 1_000_000 else
                f"{p.rdma_timeout_ns / 1e3:g} us")
+        # the faults on its stream's path stopped the job: named with those they cut off
+        on = (self._m_flow == fid) & (self._m_stream == stream)
+        paths = self._m_path[on]
+        links = distinct(paths[paths >= 0]) if len(paths) else np.zeros(0, np.int64)
+        name = self.jobs[j].name
+        for f in distinct(self._owner_fault[links]).tolist() if len(links) else []:
+            if f >= 0 and name not in self._records[f].partitioned:
+                self._records[f].partitioned.append(name)
         self._abort_job(j, f"gpu{int(self._row_src[r])} -> gpu{int(self._row_dst[r])}: RDMA "
                            f"retries exhausted ({p.rdma_retry_count} every {rto}) while its "
                            "path was down")
@@ -1055,6 +1100,13 @@ class FaultsMixin:
                 rec.bytes_lost += float(sent[sel & dead].sum())
                 rec.bytes_retx += float(resent[sel].sum())
                 rec.affected.update(j for j in self._row_owner[r[sel]].tolist() if j >= 0)
+                # (per flow: taken back if its job is stopped before it resends them)
+                fl, at_f = np.unique(self._row_flow[r[sel]], return_inverse=True)
+                for fid, b in zip(fl.tolist(), np.bincount(
+                        at_f.reshape(-1), weights=resent[sel], minlength=len(fl)).tolist(),
+                        strict=True):
+                    by = self._retx_of.setdefault(fid, {})
+                    by[f] = by.get(f, 0.0) + b
         stalled: dict[int, set[int]] = {}
         if len(self._m_fault) == len(self._m_path):
             rows = self._member_rows()
@@ -1094,7 +1146,7 @@ class FaultsMixin:
 
     def _fault_recovery(self) -> None:
         """Mark faults whose affected jobs are back to 95 % of their pre-fault throughput
-        (or idle on the network: computing, or done) once rerouted."""
+        (or idle on the network: computing, or done) once rerouted or over."""
         if not self._records:
             return
         now_gbps = self._job_goodput()
@@ -1102,7 +1154,10 @@ class FaultsMixin:
         own = self._row_owner[self._row_owner >= 0]
         busy[own] = True
         for rec in self._records.values():
-            if rec.recovered_ns is not None or rec.rerouted_ns is None:
+            # (once its traffic is rerouted, or the fault is over: a link back before
+            # routing moved anything off it)
+            over = rec.end_ns is not None and self.now >= rec.end_ns
+            if rec.recovered_ns is not None or (rec.rerouted_ns is None and not over):
                 continue
             if rec.kind == "gray" and rec.end_ns is None and not rec.affected:
                 continue

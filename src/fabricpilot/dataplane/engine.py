@@ -208,6 +208,11 @@ class Engine(FaultsMixin):
         # the columns of a GPU's own links (NIC, NVLink): what bounds a flow alone
         self._host_col = np.zeros(n_cols, np.bool_)
         self._host_col[self._col[topology.link_kind != LINK_KIND_CODES[LinkKind.FABRIC]]] = True
+        # the columns of Ethernet links (NIC, fabric): a transfer over none of them (NVLink
+        # inside a host) carries no Ethernet, IP, UDP or RoCE framing
+        self._ethernet_col = np.zeros(n_cols, np.bool_)
+        self._ethernet_col[self._col[topology.link_kind != LINK_KIND_CODES[LinkKind.NVLINK]]] \
+            = True
         self._route_cache: dict[tuple[int, int, int], RoutedBatch] = {}
         bind = getattr(policy, "bind", None)
         if bind is not None:
@@ -762,6 +767,10 @@ class Engine(FaultsMixin):
         ids = np.arange(self._n_flows, self._n_flows + n, dtype=np.int64)
         self._n_flows += n
         wire = self.fabric.wire_bytes(routed.size_bytes)
+        if n and not self._ethernet_col.all():
+            on_ethernet = np.asarray(sp.csr_matrix(routed.weights)
+                                     @ self._ethernet_col.astype(np.float64)).ravel() > 0
+            wire = np.where(on_ethernet, wire, np.asarray(routed.size_bytes, np.int64))
         latency = hops * (routed.path_delay_ns + self.fabric.nic_latency_ns)
         alone = self._alone_rate_gbps(routed.weights)
         alone_fct = latency + np.ceil(wire * 8.0 / alone).astype(np.int64)

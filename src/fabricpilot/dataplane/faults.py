@@ -1136,13 +1136,20 @@ class FaultsMixin:
                     for f in wait[1]:
                         stalled.setdefault(f, set()).add(j)
             self._rto_wait = {k: v for k, v in self._rto_wait.items() if v[0] > self.now}
+        # a job stalled by several faults at once is charged to the one that began first
+        # (its stall and GPU time are counted once over the faults)
+        charged: dict[int, int] = {}
         for f, jobs in stalled.items():
-            rec = self._records[f]
+            self._records[f].affected.update(jobs)
             for j in jobs:
-                name = self.jobs[j].name
-                rec.job_stall_ns[name] = rec.job_stall_ns.get(name, 0) + dt
-                rec.gpu_seconds_lost += dt * 1e-9 * len(self.jobs[j].gpus)
-                rec.affected.add(j)
+                g = charged.get(j)
+                if g is None or (self._records[f].start_ns, f) < (self._records[g].start_ns, g):
+                    charged[j] = f
+        for j, f in charged.items():
+            rec = self._records[f]
+            name = self.jobs[j].name
+            rec.job_stall_ns[name] = rec.job_stall_ns.get(name, 0) + dt
+            rec.gpu_seconds_lost += dt * 1e-9 * len(self.jobs[j].gpus)
 
     def _fault_recovery(self) -> None:
         """Mark faults whose affected jobs are back to 95 % of their pre-fault throughput

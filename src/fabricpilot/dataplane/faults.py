@@ -300,6 +300,11 @@ class FaultsMixin:
             return
         rows = distinct(self._member_rows()[on])
         self._wait_for_timeout(rows, {fault_id})
+        self._end_losses_off_dead_links()
+
+    def _end_losses_off_dead_links(self) -> None:
+        """The loss episodes end for the streams on no dead link now; those still on one
+        go on losing since they began."""
         still = self._members_on(np.flatnonzero(self._phys_down))
         on_dead = set(zip(self._m_flow[still].tolist(), self._m_stream[still].tolist(),
                           strict=True))
@@ -546,12 +551,7 @@ class FaultsMixin:
         # the loss episodes end for the streams off dead links now; those still on one (a
         # fault routing has not converged on yet) go on losing since they began
         if self._loss_since:
-            still = self._members_on(np.flatnonzero(self._phys_down))
-            on_dead = set(zip(self._m_flow[still].tolist(), self._m_stream[still].tolist(),
-                              strict=True))
-            kept = {f: {st: t for st, t in by.items() if (f, st) in on_dead}
-                    for f, by in self._loss_since.items()}
-            self._loss_since = {f: by for f, by in kept.items() if by}
+            self._end_losses_off_dead_links()
         self._release_held()
 
     def _spread_off(self, hit: NDArray[np.bool_], ct2: Any | None, faults: set[int]

@@ -134,6 +134,21 @@ def _tier_lambdas(controller: Controller | None) -> dict[int, float]:
             if k.startswith(prefix)}
 
 
+def _pair_code(key: str, job_index: dict[str, int], n_gpus: int) -> int | None:
+    """The code ``(job * n_gpus + src) * n_gpus + dst`` of a rule key ``task:src->dst``
+    (``None`` for a key of no job here or of no GPU pair).
+
+    >>> _pair_code("b:3->1", {"a": 0, "b": 1}, 4), _pair_code("c:3->1", {"a": 0}, 4)
+    (29, None)
+    """
+    task, _, pair = key.rpartition(":")
+    j = job_index.get(task)
+    a, _, b = pair.partition("->")
+    if j is None or not (a.isdigit() and b.isdigit()):
+        return None
+    return (j * n_gpus + int(a)) * n_gpus + int(b)
+
+
 class TaskAware(Adaptive):
     """Controller-planned path sets with switch-local adaptation (see the module docstring)."""
 
@@ -541,13 +556,7 @@ class TaskAware(Adaptive):
         if self._planned_codes is None or names != self._codes_of_jobs:
             index = {name: i for i, name in enumerate(names)}
             g = self.ctx.topology.n_gpus
-            codes = []
-            for key in self._rules:
-                task, _, pair = key.rpartition(":")
-                j = index.get(task)
-                a, _, b = pair.partition("->")
-                if j is not None and a.isdigit() and b.isdigit():
-                    codes.append((j * g + int(a)) * g + int(b))
+            codes = [c for c in (_pair_code(k, index, g) for k in self._rules) if c is not None]
             self._planned_codes = np.unique(np.array(codes, np.int64))
             self._codes_of_jobs = names
         return self._planned_codes
@@ -599,13 +608,8 @@ class TaskAware(Adaptive):
             return moves
         index = {name: i for i, name in enumerate(self.job_names)}
         g = self.ctx.topology.n_gpus
-        codes = []
-        for key in due:
-            task, _, pair = key.rpartition(":")
-            j = index.get(task)
-            a, _, b = pair.partition("->")
-            if j is not None and a.isdigit() and b.isdigit() and key in self._rules:
-                codes.append((j * g + int(a)) * g + int(b))
+        codes = [c for c in (_pair_code(k, index, g) for k in due if k in self._rules)
+                 if c is not None]
         if not codes:
             return moves
         own = np.asarray(members.owner, np.int64)

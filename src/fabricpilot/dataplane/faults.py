@@ -180,6 +180,9 @@ class FaultsMixin:
         # has the links back: flow, stream, path, member key, QP key (arrays, in lists)
         self._parked: list[tuple[NDArray, ...]] = []
         self._share0: dict[int, float] = {}  # member key -> its share before any spread-off
+        # member key -> its path before a fault's reroute moved it, for policies that hash
+        # (routing back over a repaired link, the switches' hash gives it that path again)
+        self._hashed_from: dict[int, NDArray[np.int32]] = {}
         self._m_dead_hop = np.zeros((0, 0), bool)  # per member and hop: a dead link there
         self._goodput = np.zeros(0)
         self._ups_to_come = 0  # repairs scheduled and not played yet
@@ -269,7 +272,7 @@ class FaultsMixin:
                         if st not in self._loss_since.get(fid, {}):
                             self._start_loss(fid, st, self.now)
             if ev.kind == "up" and not self._instant and self._loss_since:
-                self._back_before_moved(links, ev.fault_id)
+                self._back_before_moved(links)
             if self._instant:  # the bound: everything moves to live paths at once
                 if ev.kind == "down":
                     rec.detected_ns = rec.detected_ns if rec.detected_ns is not None \
@@ -289,18 +292,14 @@ class FaultsMixin:
                                                 self._owner_fault[links], -1)
         self._dirty = True
 
-    def _back_before_moved(self, links: NDArray[np.int64], fault_id: int) -> None:
+    def _back_before_moved(self, links: NDArray[np.int64]) -> None:
         """Links back up under streams still routed over them (the fault was over before
-        routing or the controller moved them): nobody tells their senders, so a stream that
-        lost packets there resends them when its retransmission timer next fires, as after
-        any loss; its loss episode ends then (the resend goes through)."""
-        back = links[~self._phys_down[links]]
-        on = self._members_on(back)
-        if not on.any():
-            return
-        rows = distinct(self._member_rows()[on])
-        self._wait_for_timeout(rows, {fault_id})
-        self._end_losses_off_dead_links()
+        routing or the controller moved them): a stream still sending gets its packets
+        through again, the receiver sees the gap and NAKs, and the sender goes back N at
+        once (a round trip: the loss costs the outage, not a retransmission timeout, which
+        only a QP with nothing left to send waits for); its loss episode ends."""
+        if self._members_on(links[~self._phys_down[links]]).any():
+            self._end_losses_off_dead_links()
 
     def _end_losses_off_dead_links(self) -> None:
         """The loss episodes end for the streams on no dead link now; those still on one
@@ -439,10 +438,12 @@ class FaultsMixin:
         faults = {info.fault_id for info in self._ft.faults
                   if info.start_ns <= self.now and hit.intersection(info.links)}
         self._reroute(None, ct2, faults)
-        # links back up: new flows use them; sprayed streams spray on them again (streams
-        # hashed onto a path stay where they are)
+        # links back up: new flows use them; sprayed streams spray on them again, and
+        # streams a switch's hash moved off a dead link go back to the path it gave them
+        # (the same hash over the same group again)
         if (before & ~self._route_down).any():
             self._spread_on()
+            self._hash_back()
 
     def _hold(self, rows: NDArray[np.int64], until: int) -> None:
         """Pause rows until ``until`` (the collective waits for its new paths)."""
@@ -537,6 +538,9 @@ class FaultsMixin:
             width = self._m_path.shape[1]
             out = np.full((len(new), width), -1, np.int32)
             out[:, : min(width, new.shape[1])] = new[:, :width]
+            if self._hashed():  # (the path each hashed member had before any fault)
+                for k, p in zip(self._m_key[mem].tolist(), self._m_path[mem], strict=True):
+                    self._hashed_from.setdefault(k, p.copy())
             self._m_path[mem] = out
             self._weights_from_members(rows)
             for f in faults:
@@ -613,6 +617,35 @@ class FaultsMixin:
         self._m_fault = np.full(len(self._m_path), -1, np.int64)
         self._m_dead_hop = np.zeros((0, 0), bool)
         self._dirty = True
+
+    def _hashed(self) -> bool:
+        """The policy leaves moved streams to the switches' hash over the groups routing
+        gives them (no paths of its own, no spraying)."""
+        return (getattr(self.policy, "repath", None) is None
+                and not getattr(self.policy, "sprays", False))
+
+    def _hash_back(self) -> None:
+        """Routing has links back: a hashed member a fault moved whose path before it is
+        whole again takes it again, as the switches' hash of it over the whole groups
+        gives (a switch re-adds the repaired next hop; the hash does not change)."""
+        if not self._hashed_from or not len(self._m_key):
+            return
+        down = np.append(self._route_down | self._phys_down, False)
+        width = self._m_path.shape[1]
+        moved = []
+        for i, k in enumerate(self._m_key.tolist()):
+            p = self._hashed_from.get(k)
+            if p is None:
+                continue
+            if not down[np.where(p >= 0, p, len(down) - 1)].any():
+                self._m_path[i] = pad_paths(p[None, :], width)[0, :width]
+                moved.append(k)
+        for k in moved:
+            del self._hashed_from[k]
+        present = set(self._m_key.tolist())  # (and forget the members gone since)
+        self._hashed_from = {k: p for k, p in self._hashed_from.items() if k in present}
+        if moved:
+            self._weights_from_members(self._member_rows())
 
     def _spread_on(self) -> None:
         """Sprayed streams still sending spray again on the paths they left (_spread_off)
@@ -761,7 +794,10 @@ class FaultsMixin:
                 fires = max(fires, f)
             if fires > self.now:
                 self._row_hold[r] = max(self._row_hold[r], float(fires))
-                self._rto_wait[int(self._row_flow[r])] = (fires, set(faults))
+                # (the faults it waits for: those its loss began under stay among them)
+                prev = self._rto_wait.get(fid)
+                was = prev[1] if prev is not None and prev[0] > self.now else set()
+                self._rto_wait[fid] = (fires, set(faults) | was)
                 self._at(int(fires), self._mark_dirty)
 
     def _start_loss(self, fid: int, stream: int, not_before: int) -> None:
@@ -1168,7 +1204,10 @@ class FaultsMixin:
                 continue
             if rec.kind == "gray" and rec.end_ns is None and not rec.affected:
                 continue
-            ok = all(not busy[j] or now_gbps[j] >= RECOVERED_SHARE * rec.pre_fault_gbps.get(j, 0)
+            # (a job with flows open and nothing getting through is not recovered, whatever
+            # it sent before: it may have been stalled then by an earlier fault)
+            ok = all(not busy[j] or (now_gbps[j] > 0 and now_gbps[j] >= RECOVERED_SHARE
+                                     * rec.pre_fault_gbps.get(j, 0))
                      for j in rec.affected)
             if ok:
                 rec.recovered_ns = self.now

@@ -43,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.arrays import distinct
-from fabricpilot.balancing.base import member_qp_index
+from fabricpilot.balancing.base import TransferBatch, member_qp_index
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
@@ -176,10 +176,6 @@ class FaultsMixin:
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
-        # sprayed members taken off dead paths (_spread_off), to spray on again once routing
-        # has the links back: flow, stream, path, member key, QP key (arrays, in lists)
-        self._parked: list[tuple[NDArray, ...]] = []
-        self._share0: dict[int, float] = {}  # member key -> its share before any spread-off
         # member key -> its path before a fault's reroute moved it, for policies that hash
         # (routing back over a repaired link, the switches' hash gives it that path again)
         self._hashed_from: dict[int, NDArray[np.int32]] = {}
@@ -442,7 +438,7 @@ class FaultsMixin:
         # streams a switch's hash moved off a dead link go back to the path it gave them
         # (the same hash over the same group again)
         if (before & ~self._route_down).any():
-            self._spread_on()
+            self._respray()
             self._hash_back()
 
     def _hold(self, rows: NDArray[np.int64], until: int) -> None:
@@ -584,13 +580,6 @@ class FaultsMixin:
         spread_rows = distinct(rows[drop])
         n_streams = len(distinct(inv[drop]))
         keep = ~drop
-        # (each member's share as first sprayed, and the paths left, to spray on again)
-        of_spread = np.isin(inv, inv[drop])
-        for k, sh in zip(self._m_key[of_spread].tolist(), self._m_share[of_spread].tolist(),
-                         strict=True):
-            self._share0.setdefault(k, sh)
-        self._parked.append((self._m_flow[drop], self._m_stream[drop], self._m_path[drop],
-                             self._m_key[drop], self._m_qp[drop]))
         self._m_share = self._m_share * scale[inv]
         self._keep_members(keep)
         if len(self._m_fault) == len(keep):
@@ -647,58 +636,59 @@ class FaultsMixin:
         if moved:
             self._weights_from_members(self._member_rows())
 
-    def _spread_on(self) -> None:
-        """Sprayed streams still sending spray again on the paths they left (_spread_off)
-        that routing has whole again: each of a stream's paths carries its first share
-        again, in proportion (a stream back on 8 paths of 8 sends 1/8 on each again)."""
-        if not self._parked:
+    def _respray(self) -> None:
+        """Routing has links back: every sprayed stream sprays over all the paths it has
+        now (those it left at a failure, and those a stream that started meanwhile never
+        had), evenly, as a new one would (a stream back on 8 paths of 8 sends 1/8 on each
+        again)."""
+        spray = getattr(self.policy, "spray_routes", None)
+        if spray is None or not len(self._m_flow):
             return
-        flow, stream, path, key, qp = (np.concatenate(c) for c in zip(*self._parked,
-                                                                      strict=True))
-        width = self._m_path.shape[1]
-        path = pad_paths(path, width)[:, :width]
-        pos = np.minimum(np.searchsorted(self._row_flow, flow), max(len(self._row_flow) - 1, 0))
-        active = (self._row_flow[pos] == flow) if len(self._row_flow) else np.zeros(len(flow),
-                                                                                      bool)
-        down = np.append(self._route_down | self._phys_down, False)
-        whole = ~down[np.where(path >= 0, path, len(down) - 1)].any(axis=1)
-        # (a stream that is gone or cut off has no members left: nothing to join)
-        present = set(zip(self._m_flow.tolist(), self._m_stream.tolist(), strict=True))
-        joins = active & whole & np.array(
-            [(f, st) in present for f, st in zip(flow.tolist(), stream.tolist(), strict=True)],
-            bool)
-        left = active & ~whole
-        self._parked = ([(flow[left], stream[left], path[left], key[left], qp[left])]
-                        if left.any() else [])
-        if not joins.any():
-            return
-        n_before = len(self._m_flow)
-        self._m_flow = np.concatenate([self._m_flow, flow[joins]])
-        self._m_stream = np.concatenate([self._m_stream, stream[joins]])
-        self._m_path = np.concatenate([self._m_path, path[joins]])
-        self._m_key = np.concatenate([self._m_key, key[joins]])
-        self._m_qp = np.concatenate([self._m_qp, qp[joins]])
-        self._m_share = np.concatenate([self._m_share, np.zeros(int(joins.sum()))])
-        if len(self._m_fault) == n_before:
-            self._m_fault = np.concatenate([self._m_fault,
-                                            np.full(int(joins.sum()), -1, np.int64)])
-        # each stream that got a path back: its total over its members by their first shares
         rows = self._member_rows()
-        _, inv = np.unique(np.stack([rows, self._m_stream]), axis=1, return_inverse=True)
+        code = rows * (int(self._m_stream.max()) + 1) + self._m_stream
+        uniq, first, inv = np.unique(code, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
-        n_s = int(inv.max()) + 1
-        joined = np.zeros(n_s, bool)
-        joined[inv[n_before:]] = True
-        on = joined[inv]
-        total = np.bincount(inv, weights=self._m_share, minlength=n_s)
-        first = np.array([self._share0.get(k, 0.0) for k in self._m_key[on].tolist()])
-        weight = np.zeros(len(inv))
-        weight[on] = first
-        first_sum = np.bincount(inv, weights=weight, minlength=n_s)
-        self._m_share = np.where(on, weight * np.divide(total, first_sum, out=np.zeros(n_s),
-                                                        where=first_sum > 0)[inv],
-                                 self._m_share)
-        self._weights_from_members(rows)
+        n = len(uniq)
+        src, dst = self._member_endpoints(first)
+        ok = (src >= 0) & (dst >= 0)
+        if not ok.any():
+            return
+        idx = np.flatnonzero(ok)
+        got = spray(TransferBatch(src[idx], dst[idx], np.ones(len(idx), np.int64),
+                                  np.full(len(idx), -1, np.int64), np.zeros(len(idx), np.int64)),
+                    np.arange(len(idx), dtype=np.int64))
+        n_new = np.bincount(got.row, minlength=len(idx))
+        n_now = np.bincount(inv, minlength=n)[idx]
+        # (a stream with more paths now than members, each path whole)
+        down = np.append(self._route_down | self._phys_down, False)
+        whole = ~down[np.where(got.path >= 0, got.path, len(down) - 1)].any(axis=1)
+        whole_all = np.bincount(got.row, weights=(~whole).astype(np.float64),
+                                minlength=len(idx)) == 0
+        grow = (n_new > n_now) & whole_all
+        if not grow.any():
+            return
+        take = np.isin(got.row, np.flatnonzero(grow))
+        s_of = idx[got.row[take]]  # each new member's stream (index into uniq)
+        total = np.bincount(inv, weights=self._m_share, minlength=n)
+        drop = np.isin(inv, idx[grow])
+        m_of = first[s_of]  # a member of its stream, for its flow and stream index
+        k = int(take.sum())
+        keys = np.arange(self._n_members, self._n_members + k, dtype=np.int64)
+        self._n_members += k
+        _, first_new = np.unique(s_of, return_index=True)
+        qp = keys[first_new][np.searchsorted(np.unique(s_of), s_of)]
+        flow, stream = self._m_flow[m_of], self._m_stream[m_of]
+        self._keep_members(~drop)
+        width = max(self._m_path.shape[1], got.path.shape[1])
+        self._m_flow = np.concatenate([self._m_flow, flow])
+        self._m_stream = np.concatenate([self._m_stream, stream])
+        self._m_share = np.concatenate([self._m_share, got.share[take] * total[s_of]])
+        self._m_path = np.concatenate([pad_paths(self._m_path, width),
+                                       pad_paths(got.path[take], width)], axis=0)
+        self._m_key = np.concatenate([self._m_key, keys])
+        self._m_qp = np.concatenate([self._m_qp, qp])
+        self._members_changed()
+        self._weights_from_members(self._member_rows())
 
     def _no_mouse_route(self, retry: Callable[[], None]) -> None:
         """A mouse has no path now: it tries again once routing may give it one (as

@@ -1051,31 +1051,32 @@ def test_a_link_back_gets_traffic_again_at_the_next_control_period() -> None:
     assert solves == [] and len(dp.installed) == n + 1
 
 
-def test_a_link_back_is_given_back_to_the_switches_at_once() -> None:
+def test_a_link_back_is_given_back_to_the_switches_after_the_hold_down() -> None:
     """A dead link is pushed to the switches at weight 0 (never chosen while another port
-    is eligible); when it comes back its entry is pushed again at once, at the map's
-    weight (neutral: 1), not left at 0 until some later full table (the switches' adaptive
-    routing would keep shunning a live link, and a stream with no other way would be taken
-    for cut off)."""
+    is eligible). When it comes back its entry is pushed again at once, still at 0: the
+    switches' own adaptation must not pull traffic back onto a link that may flap (a
+    5-cycle flap cost planned traffic three times what the same link down throughout did);
+    the first control period after it has stayed up ``link_up_holddown_ns`` (1 ms) pushes
+    it at the map's weight (neutral: 1). A link still gray when it comes back stays
+    shunned."""
     dp = TelemetryPlane()
     ctl = Controller(dp, ControllerParams(parts=1))
     v = dp.view
     up = v.link_between("leaf0", "spine1")
-    ctl.on_links_changed([up], [])
+    ctl.on_links_changed([up], [], now_ns=0.0)
     assert dp.tables[-1] == {up: 0.0}
     n = len(dp.tables)
-    ctl.on_links_changed([], [up])
-    assert len(dp.tables) == n + 1  # (one push: the entries back with the dead and gray)
-    assert dp.tables[-1] == {up: pytest.approx(1.0)}
-    merged: dict[int, float] = {}
-    for t in dp.tables:
-        merged.update(t)
-    assert merged[up] == pytest.approx(1.0)  # (what the switches hold now)
-    # a link still gray when it comes back stays shunned
+    ctl.on_links_changed([], [up], now_ns=1e5)
+    assert len(dp.tables) == n + 1 and dp.tables[-1] == {up: 0.0}
+    ctl.tick(0.5e6)
+    assert dp.tables[-1][up] == 0.0  # (up 0.4 ms)
+    ctl.tick(1.2e6)
+    assert dp.tables[-1][up] == pytest.approx(1.0)  # (up 1.1 ms)
     ctl.on_links_degraded([up])
-    ctl.on_links_changed([up], [])
-    ctl.on_links_changed([], [up])
-    assert dp.tables[-1] == {up: pytest.approx(0.05)}
+    ctl.on_links_changed([up], [], now_ns=2e6)
+    ctl.on_links_changed([], [up], now_ns=2.1e6)
+    ctl.tick(3.2e6)
+    assert dp.tables[-1][up] == pytest.approx(0.05)
 
 
 def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:

@@ -1224,3 +1224,4 @@ def test_ideal_sprays_streams_that_started_during_a_fault_over_the_repaired_link
     before = run(400_000)  # (over before the AlltoAll starts)
     during = run(1_000_000)
     assert before < during <= before + 350_000, (before, during)
+

@@ -2101,11 +2101,14 @@ class Controller:
 
     def _table(self, links: set[int] | None = None) -> dict[int, float]:
         """The congestion table (of ``links`` only, if given): the map's weights, gray
-        links at most 0.05, dead links 0."""
+        links at most 0.05, dead links 0, and links back up 0 until they have stayed up
+        ``link_up_holddown_ns`` (the switches' own adaptation must not pull traffic back
+        onto a flapping link either: the tables pushed after the hold-down give it)."""
         table = (self.map.congestion_table() if links is None
                  else {lk: self.map.weight(lk) for lk in links})
-        gray, dead = ((self.degraded, self.down) if links is None
-                      else (self.degraded & links, self.down & links))
+        held = set(self._up_since)
+        gray, dead = ((self.degraded, self.down | held) if links is None
+                      else (self.degraded & links, (self.down | held) & links))
         for lk in gray:
             table[lk] = min(table.get(lk, 1.0), 0.05)
         for lk in dead:
@@ -2854,13 +2857,14 @@ class Controller:
                 if clear:
                     self._seen["links_clear"] = clear
                     self.on_links_restored(clear)
-        self.dp.push_congestion_table(self._table())
-        hot = self.map.hot_links()
-        bg = self.background_gbps()
-        # (links changed since the last plan: weighed once, background or not)
+        # (links changed since the last plan: weighed once, background or not; links back
+        # up given to the switches' tables once they have stayed up long enough)
         changed, self._links_changed = self._links_changed, False
         if self._up_since:
             changed |= self._held_down_long_enough(now_ns)
+        self.dp.push_congestion_table(self._table())
+        hot = self.map.hot_links()
+        bg = self.background_gbps()
         if self.current is None or not (bg or changed):
             return TickReport(False, hot, bg)
         before = self._fabric_lambda(self.current.link_load_gbps, bg)

@@ -1117,6 +1117,30 @@ def test_the_hold_down_counts_from_the_time_a_link_came_back_if_given() -> None:
     assert rep.replanned and rep.lambda_after == pytest.approx(1.0)
 
 
+def test_no_plan_or_heal_puts_traffic_on_a_link_in_its_hold_down() -> None:
+    """Back up at 0.3 ms (clock known): until it has stayed up 1 ms a whole plan made for
+    any reason (here asked for at once) keeps planned traffic off it, so both pairs stay on
+    the other uplink (lambda 2, as a flapping link's next down would otherwise lose what
+    went there); the first period after the hold-down moves one pair back (lambda 1). If the
+    other uplink dies meanwhile, the link in its hold-down is the only way left: the heal
+    uses it rather than cut the job off."""
+    dp, ctl, used = _squeezed_pairs()
+    ctl.on_links_changed([], [used], now_ns=0.3e6)
+    rep = ctl.plan()
+    assert rep.plan.max_utilization == pytest.approx(2.0)
+    assert all(used not in p for ps in ctl._installed.values() for p in ps.paths)
+    assert not ctl.tick(1.2e6).replanned
+    assert ctl.tick(1.3e6).lambda_after == pytest.approx(1.0)
+    # again, and the other uplink fails during the hold-down
+    dp, ctl, used = _squeezed_pairs()
+    (other,) = {dp.view.link_between("leaf0", f"spine{s}") for s in (0, 1)} - {used}
+    ctl.on_links_changed([], [used], now_ns=0.3e6)
+    ctl.tick(0.4e6)
+    heal = ctl.on_links_changed([other], [], now_ns=0.5e6)
+    assert heal.installed == 2 and not ctl.partitioned
+    assert all(used in ps.paths[0] for ps in ctl._installed.values())
+
+
 @pytest.mark.parametrize("stage", ["demands", "planner", "placement", "paths", "steering"])
 def test_a_whole_plan_gives_way_to_urgent_work_and_is_weighed_again(
         stage: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1137,7 +1137,7 @@ class Controller:
         sw_paths = self._sw_paths
         nic_fixed = self._nic_gbps
         nic_rate = self._nic_cache
-        avoid = frozenset(self.down | self.degraded)
+        avoid = frozenset(self._shunned())
         parts = self.parts
         qps_of: dict[float, int] = {}  # a pair's share of its NIC -> its QPs
         made_before = self._made
@@ -1627,7 +1627,7 @@ class Controller:
         with _gc_paused(promote=True):
             demands = self.demands()
             held = self._installed
-            avoid = self.down | self.degraded
+            avoid = self._shunned()
             covered: dict[str, bool] = {}
             for d in demands:
                 task = d.key.split(":", 1)[0]
@@ -1846,12 +1846,19 @@ class Controller:
             self._slots = SlotTable.of(parts, sets, ends[:, 0], ends[:, 1], keys=links.keys)
         self.current = plan
         self._links_changed = False
-        self._up_since.clear()
         self._spilled = dict(report.spilled)
         self._sync_load_rows()
         report.demands = n_demands
         report.installed = len(changed)
         return report
+
+    def _shunned(self) -> set[int]:
+        """The links planned traffic keeps off unless it has no other way: dead, gray, and
+        back up since a known time but not yet for ``link_up_holddown_ns`` (a flapping link
+        would lose what a plan or a heal put on it at its next down; a link back at a time
+        not known, with no clock, is given back at the next control period)."""
+        held = [lk for lk, since in self._up_since.items() if since is not None]
+        return self.down | self.degraded | set(held) if held else self.down | self.degraded
 
     def _live(self, d: Demand, avoid: frozenset[int]) -> Demand | None:
         """``d`` on its candidates that avoid ``avoid`` (gray links too, unless only paths
@@ -2129,7 +2136,7 @@ class Controller:
         # the switches exclude dead links (and shun gray ones) at once, and take back the
         # links up again: only those entries
         self.dp.push_congestion_table(self._table(self.down | self.degraded | back))
-        avoid = self.down | self.degraded
+        avoid = self._shunned()
         if self.current is None:
             return HealReport(cause, 0, 0, time.perf_counter() - t0)
         plan = self.current
@@ -2325,7 +2332,7 @@ class Controller:
         those QPs get a source port whose hash path avoids it (of ``spill_port_tries``, the
         one loading the fabric least; :func:`best_hashed_ports`). The heal of the planned
         paths does not see them: their plan's path is not the one their QPs take."""
-        avoid = self.down | self.degraded
+        avoid = self._shunned()
         if not avoid or not self._spilled or self.view.ecmp is None:
             return []
         installed, demand, endpoints = self._installed, self._demand, self._endpoints
@@ -2395,7 +2402,7 @@ class Controller:
         down = np.zeros(len(rows), np.bool_)
         down[list(self.down)] = True
         avoid_rows = down.copy()
-        avoid_rows[list(self.degraded)] = True
+        avoid_rows[list(self._shunned())] = True
         found = self._dead_shares(affected, t_rows, cols, avoid_rows)
         if found is None:
             return None
@@ -2491,7 +2498,7 @@ class Controller:
         of those the table describes, their positions and rows, in key order; and every
         such share, in key then slot order, with its candidate links (those whose load it
         moves). ``None`` if a key does not qualify (nothing is changed)."""
-        avoid = frozenset(self.down | self.degraded)
+        avoid = frozenset(self._shunned())
         isdisjoint = avoid.isdisjoint
         demand, find, installed, spilled, endpoints = (
             self._demand, cols.tuple_of.get, self._installed, self._spilled, self._endpoints)
@@ -3055,7 +3062,7 @@ class Controller:
             new_ports, new_paths = best_hashed_ports(
                 self.view, src[hashed].tolist(), dst[hashed].tolist(),
                 [ports[r] for r in hashed], share, load, self._link_capacity(),
-                self.down | self.degraded, tries=self.params.spill_port_tries)
+                self._shunned(), tries=self.params.spill_port_tries)
             for r, port, p in zip(hashed, new_ports, new_paths, strict=True):
                 ports[r] = port
                 paths[r] = p

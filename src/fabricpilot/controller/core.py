@@ -1857,8 +1857,8 @@ class Controller:
         back up since a known time but not yet for ``link_up_holddown_ns`` (a flapping link
         would lose what a plan or a heal put on it at its next down; a link back at a time
         not known, with no clock, is given back at the next control period)."""
-        held = [lk for lk, since in self._up_since.items() if since is not None]
-        return self.down | self.degraded | set(held) if held else self.down | self.degraded
+        return self.down | self.degraded | {
+            lk for lk, since in self._up_since.items() if since is not None}
 
     def _live(self, d: Demand, avoid: frozenset[int]) -> Demand | None:
         """``d`` on its candidates that avoid ``avoid`` (gray links too, unless only paths

@@ -302,6 +302,26 @@ def test_a_job_cut_off_until_a_repair_waits_for_it(tmp_path: Path) -> None:
         clean + 1_000_000 + DETECT_NS + CONTROL_NS, abs=5_000)
 
 
+@pytest.mark.parametrize("policy", ["ideal", "task-aware"])
+def test_a_later_fault_is_not_named_for_a_job_another_fault_cut_off(tmp_path: Path,
+                                                                    policy: str) -> None:
+    """gpu0's NIC link is down from 200 us to 3 ms: the ring on gpus 0-3 (all on leaf0 and
+    leaf1) is cut off by it alone. leaf3-spine1 dies at 500 us under the all-to-all on gpus
+    4-7: it never carried the ring, so it must not be named as cutting the ring off (it
+    was, when the ring's cut streams were counted again under every later fault). (ECMP
+    is left out: its routing converges after the repair, so it never sees the ring cut.)"""
+    near = {**RING, "gpus": 4, "placement": "explicit", "gpu_ids": [0, 1, 2, 3]}
+    far = {**A2A, "gpus": 4, "placement": "explicit", "gpu_ids": [4, 5, 6, 7]}
+    events = [{"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 200_000,
+               "until_ns": 3_000_000},
+              {"kind": "link_down", "link": "leaf3-spine1", "at_ns": 500_000}]
+    r = run_policy(_scenario(tmp_path, [near, far], events), policy)
+    assert not r.aborted and r.bytes_delivered == r.bytes_sent
+    first, second = r.faults
+    assert first["partitioned"] == ["ring"]
+    assert "ring" not in second["partitioned"]
+
+
 def test_a_job_waits_for_routing_to_converge_on_a_repaired_link(tmp_path: Path) -> None:
     """gpu1's NIC link is down from 0.2 to 6.2 ms and leaf0-spine0 from 1.2 to 2.2 ms. When
     routing converges on the spine link (6.3 ms) every repair has happened, but routing

@@ -520,7 +520,8 @@ class FaultsMixin:
                 keys, new = self._m_key[mem[keep]], new[keep]
                 named = {int(x): (int(a), int(b)) for x, a, b in zip(
                     r[bad].tolist(), src[bad].tolist(), dst[bad].tolist(), strict=True)}
-                self._partition(cut_rows, faults, named)
+                self._partition(cut_rows, faults, named,
+                                self._faults_crossed(mem[bad], r[bad], known))
                 # members may have gone (stopped jobs): find the kept ones again by key
                 pos = np.searchsorted(self._m_key, keys)
                 alive = (pos < len(self._m_key)) & (self._m_key[np.minimum(
@@ -724,10 +725,9 @@ class FaultsMixin:
         if not self._cut_flows or self._ft is None or self._may_come_back():
             return
         rows = np.flatnonzero(np.isin(self._row_flow, list(self._cut_flows)))
-        why = set().union(*self._cut_flows.values()) | faults
+        if len(rows):  # (each flow keeps the faults that cut it off)
+            self._partition(rows, faults)
         self._cut_flows.clear()
-        if len(rows):
-            self._partition(rows, why)
 
     def _release_held(self) -> None:
         """The streams paused for the controller's new paths resume (not those cut off)."""
@@ -897,21 +897,39 @@ class FaultsMixin:
         self._abort_job(j, f"{why.replace('no path from ', '').replace(' to ', ' -> ')} "
                            "has no path left")
 
+    def _faults_crossed(self, mem: NDArray[np.int64], rows: NDArray[np.int64],
+                        down: NDArray[np.bool_]) -> dict[int, set[int]]:
+        """Per row, the faults holding down a link that its members ``mem`` (on those
+        ``rows``) cross: what cut them off, whichever fault's rerouting found them."""
+        path = self._m_path[mem]
+        link = np.where(path >= 0, path, 0)
+        f = np.where((path >= 0) & down[link], self._owner_fault[link], -1)
+        out: dict[int, set[int]] = {}
+        for r, fs in zip(rows.tolist(), f.tolist(), strict=True):
+            out.setdefault(int(r), set()).update(x for x in fs if x >= 0)
+        return out
+
     def _partition(self, rows: NDArray[np.int64], faults: set[int],
-                   named: dict[int, tuple[int, int]] | None = None) -> None:
+                   named: dict[int, tuple[int, int]] | None = None,
+                   cause: dict[int, set[int]] | None = None) -> None:
         """Flows with no live path left. If a link comes back later in the run (a repair,
         a flap), their jobs wait for it (the collective hangs on its peers, as NCCL does);
         otherwise the jobs are stopped and reported (``named``: per row, a GPU pair of it
-        found with no path, to name; else a stream of the job's on a dead link)."""
-        for f in faults:
-            rec = self._records[f]
-            for j in sorted(set(self._row_owner[rows].tolist()) - {-1}):
-                if self.jobs[j].name not in rec.partitioned:
-                    rec.partitioned.append(self.jobs[j].name)
+        found with no path, to name; else a stream of the job's on a dead link). Each flow
+        is charged to the faults that cut it: those it was cut by already, else ``cause``
+        (per row, the faults on its dead path), else ``faults``."""
+        cut_by = [self._cut_flows.get(int(fid)) or (cause or {}).get(int(r)) or set(faults)
+                  for r, fid in zip(rows.tolist(), self._row_flow[rows].tolist(),
+                                    strict=True)]
+        for j, fs in sorted(zip(self._row_owner[rows].tolist(), cut_by, strict=True),
+                            key=lambda x: x[0]):
+            for f in sorted(fs) if j >= 0 else ():
+                if self.jobs[j].name not in self._records[f].partitioned:
+                    self._records[f].partitioned.append(self.jobs[j].name)
         if self._may_come_back():
             self._row_hold[rows] = math.inf
-            for r in rows.tolist():
-                self._cut_flows[int(self._row_flow[r])] = set(faults)
+            for fid, fs in zip(self._row_flow[rows].tolist(), cut_by, strict=True):
+                self._cut_flows[int(fid)] = set(fs)
             self._dirty = True
             return
         cut = []

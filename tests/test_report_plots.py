@@ -263,3 +263,29 @@ def test_a_job_stopped_after_some_iterations_is_marked_so(tmp_path: Path) -> Non
     assert "stopped" not in {j["name"]: j for j in json.loads(summary_json([ideal]))[
         "jobs"]}["dp-ring"]
     assert (write_report([ecmp], ideal, tmp_path)[0]).name == "busbw.png"
+
+
+def test_peak_fabric_utilization_is_blank_with_no_fabric_link(tmp_path: Path,
+                                                              runs) -> None:  # type: ignore[no-untyped-def]
+    """One leaf reaches every NIC, so the fabric has no spine and no switch-to-switch link:
+    its peak fabric utilisation is no figure ("-", null), not 0 %. With spines it is the
+    busiest fabric link's peak."""
+    from fabricpilot.report.tables import fabric_cells
+    sc = scenario_from_dict({
+        "name": "one-leaf", "seed": 1,
+        "topology": {"kind": "leaf_spine", "hosts": 4, "gpus_per_host": 1,
+                     "nics_per_leaf": 4, "rail_optimized": False},
+        "jobs": [{"name": "ring", "gpus": 4, "collectives": [{"op": "allreduce",
+                                                               "size_bytes": "1MiB"}]}],
+    }, "one-leaf.yaml")
+    r = run_policy(prepare(sc, "one-leaf.yaml"), "ecmp")
+    assert "fabric" not in r.link_kind and r.bytes_delivered == r.bytes_sent > 0
+    links = r.summary()["links"]
+    assert links == {"fabric_peak_utilization": None, "fabric_mean_utilization": None}
+    assert fabric_cells(r)[4] == "-"
+    write_report([r], None, tmp_path)  # (the report is made all the same)
+    for two in runs:
+        fabric = np.asarray(two.link_kind) == "fabric"
+        peak = float(two.link_peak_util[fabric].max())
+        assert 0 < peak <= 1 + 1e-9
+        assert fabric_cells(two)[4] == f"{peak:.0%}"

@@ -161,7 +161,7 @@ def fabric_cells(r: RunResult, summary: dict[str, Any] | None = None) -> list[st
     return [r.policy, f"{r.sim_time_ns / 1e6:.3f}",
             f"{mice['p50']:.2f}" if mice["count"] else "-",
             f"{mice['p99']:.2f}" if mice["count"] else "-",
-            f"{s['links']['fabric_peak_utilization']:.0%}",
+            "-" if (peak := s["links"]["fabric_peak_utilization"]) is None else f"{peak:.0%}",
             # (binary, as the bytes lost, dropped and resent beside it)
             f"{r.bytes_delivered / 2**30:.2f} GiB"]
 

@@ -262,10 +262,12 @@ class RunResult:
                 "jobs": _stats(self.slowdowns("jobs")),
                 "mice": _stats(self.slowdowns("mice")),
             },
+            # (None: a fabric with no switch-to-switch link, e.g. one leaf, has none to use)
             "links": {
                 "fabric_peak_utilization": _r(float(self.link_peak_util[fabric].max()))
-                if fabric.any() else 0.0,
-                "fabric_mean_utilization": _r(float(util[fabric].mean())) if fabric.any() else 0.0,
+                if fabric.any() else None,
+                "fabric_mean_utilization": _r(float(util[fabric].mean()))
+                if fabric.any() else None,
             },
             **self.fabric_events(),
             # packets that arrived before earlier packets of their flow (path changes, spraying)

@@ -227,6 +227,7 @@ def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
     (f,) = out.faults
     assert f.bytes_retx > 0 and f.bytes_lost == 0
     assert f.detected_ns is None  # nothing reroutes: a gray link drops silently
+    assert f.jobs_hit == ["ring"] and f.summary()["jobs_hit"] == ["ring"]  # (stalled: none)
     ct = pol.ctx.topology
     on = sum(out.link_bytes[ct.link_id[(ct.node_index[a], ct.node_index[b])]]
              for a, b in (("leaf0", "spine0"), ("spine0", "leaf0")))
@@ -320,6 +321,9 @@ def test_a_later_fault_is_not_named_for_a_job_another_fault_cut_off(tmp_path: Pa
     first, second = r.faults
     assert first["partitioned"] == ["ring"]
     assert "ring" not in second["partitioned"]
+    # whose traffic each reached: the ring's NIC link, the all-to-all's leaf3 uplinks
+    # (its leaf2 <-> leaf3 pairs spread over both spines)
+    assert first["jobs_hit"] == ["ring"] and second["jobs_hit"] == ["a2a"]
 
 
 def test_a_job_waits_for_routing_to_converge_on_a_repaired_link(tmp_path: Path) -> None:

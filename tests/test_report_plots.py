@@ -140,6 +140,9 @@ def test_the_report_lists_the_faults(tmp_path: Path) -> None:
     assert "<h2>faults" in page and "<td>ecmp</td><td>#0</td><td>0.100</td>" in page
     assert "#0: link leaf0&lt;-&gt;spine0 down at 200 us" in page
     assert "of nothing" not in page and "no ideal run" in page
+    # the all-to-all crossed the link (every leaf pair spreads over both spines); it was
+    # stalled, not cut off
+    assert r.faults[0]["jobs_hit"] == ["a2a"] and "<td>a2a</td></tr>" in page
     # in a 110-column pipe (the CLI's width) no figure or header of the table is cut short,
     # even with six policies and times of hundreds of ms
     from rich.console import Console

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,7 @@ class FaultRecord:
     partitioned: list[str] = field(default_factory=list)
     pre_fault_gbps: dict[int, float] = field(default_factory=dict)  # job index -> Gb/s
     affected: set[int] = field(default_factory=set)  # job indices
+    jobs_hit: list[str] = field(default_factory=list)  # their names, in the order hit
 
     def summary(self) -> dict[str, Any]:
         """The JSON form: times relative to the fault instant, in microseconds."""
@@ -93,6 +94,7 @@ class FaultRecord:
             "job_stall_us": {j: round(v / 1e3, 3) for j, v in sorted(self.job_stall_ns.items())},
             "gpu_seconds_lost": round(self.gpu_seconds_lost, 9),
             "partitioned": list(self.partitioned),
+            "jobs_hit": sorted(self.jobs_hit),
         }
 
 
@@ -220,6 +222,14 @@ class FaultsMixin:
     def _instant(self) -> bool:
         return bool(getattr(self.policy, "instant_reroute", False))
 
+    def _touch(self, rec: FaultRecord, jobs: Iterable[int]) -> None:
+        """Jobs (indices) whose traffic ``rec``'s fault reached: it crossed its links (lost
+        or resent bytes there, or was on them when it struck), or it stalled for it."""
+        for j in jobs:
+            if j not in rec.affected:
+                rec.affected.add(int(j))
+                rec.jobs_hit.append(self.jobs[j].name)
+
     @property
     def fault_records(self) -> list[FaultRecord]:
         return [self._records[k] for k in sorted(self._records)]
@@ -245,7 +255,7 @@ class FaultsMixin:
             on = self._members_on(links)
             if on.any():
                 own = self._row_owner[self._member_rows()[on]]
-                rec.affected.update(int(j) for j in distinct(own[own >= 0]).tolist())
+                self._touch(rec, distinct(own[own >= 0]).tolist())
         if ev.kind in ("down", "up"):
             # overlapping faults (a link down, then its switch): up when the last one ends
             np.add.at(self._down_count, links, 1 if ev.kind == "down" else -1)
@@ -1143,7 +1153,7 @@ class FaultsMixin:
                 rec = self._records[f]
                 rec.bytes_lost += float(sent[sel & dead].sum())
                 rec.bytes_retx += float(resent[sel].sum())
-                rec.affected.update(j for j in self._row_owner[r[sel]].tolist() if j >= 0)
+                self._touch(rec, [j for j in self._row_owner[r[sel]].tolist() if j >= 0])
                 # (per flow: taken back if its job is stopped before it resends them)
                 fl, at_f = np.unique(self._row_flow[r[sel]], return_inverse=True)
                 for fid, b in zip(fl.tolist(), np.bincount(
@@ -1184,7 +1194,7 @@ class FaultsMixin:
         # (its stall and GPU time are counted once over the faults)
         charged: dict[int, int] = {}
         for f, jobs in stalled.items():
-            self._records[f].affected.update(jobs)
+            self._touch(self._records[f], jobs)
             for j in jobs:
                 g = charged.get(j)
                 if g is None or (self._records[f].start_ns, f) < (self._records[g].start_ns, g):

@@ -270,8 +270,21 @@ def _ms(us: object) -> str:
     return "-" if us is None else f"{float(us) / 1e3:,.3f}"  # type: ignore[arg-type]
 
 
+def _jobs_hit(fault: dict[str, Any]) -> str:
+    """The jobs whose traffic a fault reached, each it cut off marked so (``-`` for none).
+
+    >>> _jobs_hit({"jobs_hit": ["b", "a"], "partitioned": ["b"]})
+    'a, b (cut off)'
+    >>> _jobs_hit({"jobs_hit": [], "partitioned": []})
+    '-'
+    """
+    cut = set(fault["partitioned"])
+    names = sorted(set(fault["jobs_hit"]) | cut)
+    return ", ".join(f"{n} (cut off)" if n in cut else n for n in names) or "-"
+
+
 FAULT_COLUMNS = ("policy", "fault", "detected", "rerouted", "recovery", "lost", "resent",
-                 "worst stall", "GPU-s lost", "cut off")
+                 "worst stall", "GPU-s lost", "jobs hit")
 
 
 def fault_rows(results: Sequence[RunResult]) -> tuple[list[list[str]], dict[object, str]]:
@@ -292,20 +305,20 @@ def fault_rows(results: Sequence[RunResult]) -> tuple[list[list[str]], dict[obje
                          format_bytes(float(f["bytes_lost"])),  # type: ignore[arg-type]
                          format_bytes(float(f["bytes_retx"])),  # type: ignore[arg-type]
                          _ms(worst), f"{float(f['gpu_seconds_lost']):.4f}",  # type: ignore[arg-type]
-                         ", ".join(f["partitioned"]) or "-"])  # type: ignore[arg-type]
+                         _jobs_hit(f)])
     return rows, labels
 
 
 def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
     """Per policy and fault: when it was detected, rerouted and recovered (ms after the
     fault, to the us), bytes lost into dead links and resent, the longest job stall, the
-    GPU time lost and the jobs it cut off; the faults are listed under the table. ``None``
-    when no run had faults."""
+    GPU time lost and the jobs whose traffic it reached (those it cut off marked so); the
+    faults are listed under the table. ``None`` when no run had faults."""
     if not any(r.faults for r in results):
         return None
     t = Table(title="faults (times in ms after the fault)", title_justify="left")
     for col in FAULT_COLUMNS:
-        t.add_column(col, justify="left" if col in ("policy", "fault", "cut off") else "right",
+        t.add_column(col, justify="left" if col in ("policy", "fault", "jobs hit") else "right",
                      no_wrap=col in ("policy", "fault", "lost", "resent"))
     rows, labels = fault_rows(results)
     for cells in rows:

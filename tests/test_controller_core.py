@@ -1141,6 +1141,44 @@ def test_no_plan_or_heal_puts_traffic_on_a_link_in_its_hold_down() -> None:
     assert all(used in ps.paths[0] for ps in ctl._installed.values())
 
 
+def test_a_long_running_controller_keeps_no_state_of_jobs_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs come and go under whole plans and links fail and come back, with the slack of
+    stale endpoints and the identity memos' bound set to 0 and 2 (1024 and 65 536 by
+    default): the controller keeps the endpoints of at most twice the pairs it plans (it
+    kept every pair it ever planned) and at most 2 memoised tuples, and still heals right:
+    job a (gpu0 <-> gpu2) loses its spine and moves both pairs to the other one."""
+    from fabricpilot.controller import core
+
+    monkeypatch.setattr(core, "_STALE_SLACK", 0)
+    monkeypatch.setattr(core, "_MEMO_MAX", 2)
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    spine = [{dp.view.link_between(a, b) for lf in ("leaf0", "leaf1")
+              for a, b in ((lf, f"spine{s}"), (f"spine{s}", lf))} for s in (0, 1)]
+    for i in range(12):
+        ctl.declare(Intent(f"x{i}", "t2", (1, 3), (CommCall("alltoall", 1 << 30, 500.0, 0),)))
+        ctl.plan()
+        links = sorted(spine[i % 2])
+        ctl.on_links_changed(links, [], now_ns=i * 1e7)
+        ctl.on_links_changed([], links, now_ns=i * 1e7 + 1e6)
+        ctl.tick(i * 1e7 + 3e6)
+        ctl.withdraw(f"x{i}")
+        ctl.plan()
+        assert len(ctl._endpoints) <= 2 * len(ctl._demand) == 4  # (job a's two pairs)
+        assert len(ctl._links_cache) <= 2 and len(ctl._scoped_cache) <= 2
+    assert set(ctl._endpoints) == {rule_key("a", 0, 2), rule_key("a", 2, 0)}
+    on = [sum(1 for ps in ctl._installed.values() if spine[s] & set(ps.paths[0]))
+          for s in (0, 1)]
+    assert sum(on) == 2
+    s = int(on[1] > 0)
+    heal = ctl.on_links_changed(sorted(spine[s]), [], now_ns=2e8)
+    assert heal.installed == on[s] and not ctl.partitioned
+    assert all(not spine[s] & set(p) for ps in ctl._installed.values() for p in ps.paths)
+
+
 @pytest.mark.parametrize("stage", ["demands", "planner", "placement", "paths", "steering"])
 def test_a_whole_plan_gives_way_to_urgent_work_and_is_weighed_again(
         stage: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -452,6 +452,11 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
 
 
 _RETIRED_MAX = 64  # heals whose replaced records wait for a control period to be freed
+# entries an identity-keyed memo (candidate tuple -> its links, its scope) holds before it
+# starts again: each holds its tuple alive, and tuples of demands long gone would pile up
+# in a controller that runs for weeks (a memo of tuples that are alive refills as used)
+_MEMO_MAX = 1 << 16
+_STALE_SLACK = 1024  # endpoints of pairs no longer planned kept beyond twice those planned
 
 
 @dataclass
@@ -1075,6 +1080,8 @@ class Controller:
         key = (id(mids), level)
         hit = self._scoped_cache.get(key)
         if hit is None or hit[0] is not mids:
+            if len(self._scoped_cache) >= _MEMO_MAX:
+                self._scoped_cache.clear()
             hit = self._scoped_cache[key] = (mids, tuple(
                 m for m in mids if in_scope(self.view, self._path_nodes((up, *m, down)),
                                             level)))
@@ -1848,6 +1855,13 @@ class Controller:
         self._links_changed = False
         self._spilled = dict(report.spilled)
         self._sync_load_rows()
+        ends = self._endpoints
+        if len(ends) > 2 * len(self._demand) + _STALE_SLACK:  # (amortised: rebuilt per doubling)
+            # the pairs of jobs gone since (a whole plan drops their sets, not their
+            # endpoints): kept, a controller running for weeks would hold every pair it
+            # ever planned. A job not planned now (its SLA unmet) gets its own back from
+            # its demands as made (:meth:`demands`).
+            self._endpoints = {k: e for k in self._demand if (e := ends.get(k)) is not None}
         report.demands = n_demands
         report.installed = len(changed)
         return report
@@ -1891,6 +1905,8 @@ class Controller:
         if hit is None or hit[0] is not mids:
             live = tuple(p for p in mids if avoid.isdisjoint(p)) or tuple(
                 p for p in mids if self.down.isdisjoint(p))
+            if len(live) == len(mids):  # (none avoided: the tuple itself, which the
+                live = mids             # caches by identity and the plan's columns know)
             hit = self._live_cache[key] = (mids, live)
         return hit[1]
 
@@ -1898,6 +1914,8 @@ class Controller:
         """The links of a tuple of paths (cached per tuple)."""
         hit = self._links_cache.get(id(paths))
         if hit is None or hit[0] is not paths:
+            if len(self._links_cache) >= _MEMO_MAX:
+                self._links_cache.clear()
             hit = self._links_cache[id(paths)] = (paths, {lk for p in paths for lk in p})
         return hit[1]
 

@@ -1276,3 +1276,24 @@ def test_ideal_sprays_streams_that_started_during_a_fault_over_the_repaired_link
     during = run(1_000_000)
     assert before < during <= before + 350_000, (before, during)
 
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "sla-aware", "ideal"])
+def test_a_job_no_route_reaches_is_named_by_the_faults_that_cut_it(tmp_path: Path,
+                                                                     policy: str) -> None:
+    """Both uplinks of leaf0 die for good (two faults) and leaf3 -> spine1 dies too, all
+    before the job on gpu0 (leaf0) and gpu2 (leaf1) starts: routing finds it no path, and
+    it is stopped. The two uplinks cut it (every fewest-hop path from leaf0 to leaf1
+    takes one); leaf3's link lies on none of them and names no job (it named this one,
+    as every fault down then). A job a fault cut off is among the jobs it hit."""
+    job = {"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
+           "start_ns": 1_000_000, "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}
+    events = [{"kind": "link_down", "link": "leaf0-spine0", "at_ns": 0},
+              {"kind": "link_down", "link": "leaf0-spine1", "at_ns": 0},
+              {"kind": "link_down", "link": "leaf3-spine1", "at_ns": 0}]
+    r = run_policy(_scenario(tmp_path, [job], events, detection_delay_ns=0,
+                             convergence_delay_ns=0), policy)
+    assert r.aborted["j0"] in {"gpu0 -> gpu2 has no path left",  # (both ways are cut)
+                               "gpu2 -> gpu0 has no path left"}
+    assert [f["partitioned"] for f in r.faults] == [["j0"], ["j0"], []]
+    assert [f["jobs_hit"] for f in r.faults] == [["j0"], ["j0"], []]

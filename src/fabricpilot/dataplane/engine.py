@@ -666,7 +666,8 @@ class Engine(FaultsMixin):
             try:
                 routed = self.policy.route(batch)
             except TopologyError as err:  # (links down left a pair of it without a path)
-                self._no_route(j, lambda: self._start_stage(j, it, c, s), str(err))
+                self._no_route(j, lambda: self._start_stage(j, it, c, s), str(err),
+                               stage.src, stage.dst)
                 return
             if self.policy.static:
                 self._route_cache[key] = routed

@@ -47,7 +47,7 @@ from fabricpilot.balancing.base import TransferBatch, member_qp_index
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
-from fabricpilot.topology.paths import pad_paths, walk_paths
+from fabricpilot.topology.paths import intra_host, links_on_paths, pad_paths, walk_paths
 
 if TYPE_CHECKING:
     from fabricpilot.faults.model import FaultEvent, FaultTimeline
@@ -75,7 +75,7 @@ class FaultRecord:
     partitioned: list[str] = field(default_factory=list)
     pre_fault_gbps: dict[int, float] = field(default_factory=dict)  # job index -> Gb/s
     affected: set[int] = field(default_factory=set)  # job indices
-    jobs_hit: list[str] = field(default_factory=list)  # their names, in the order hit
+    jobs_hit: list[str] = field(default_factory=list)  # their names (those cut off too)
 
     def summary(self) -> dict[str, Any]:
         """The JSON form: times relative to the fault instant, in microseconds."""
@@ -835,10 +835,9 @@ class FaultsMixin:
         on = (self._m_flow == fid) & (self._m_stream == stream)
         paths = self._m_path[on]
         links = distinct(paths[paths >= 0]) if len(paths) else np.zeros(0, np.int64)
-        name = self.jobs[j].name
         for f in distinct(self._owner_fault[links]).tolist() if len(links) else []:
-            if f >= 0 and name not in self._records[f].partitioned:
-                self._records[f].partitioned.append(name)
+            if f >= 0:
+                self._cut_off_by(f, j)
         self._abort_job(j, f"gpu{int(self._row_src[r])} -> gpu{int(self._row_dst[r])}: RDMA "
                            f"retries exhausted ({p.rdma_retry_count} every {rto}) while its "
                            "path was down")
@@ -888,24 +887,50 @@ class FaultsMixin:
         ct = ct2 if ct2 is not None else with_links_down(self.ct, self._phys_down)
         return _hash_walk(ct, src, dst, key)
 
-    def _no_route(self, j: int, retry: Callable[[], None], why: str) -> None:
-        """Job ``j``'s next stage has a pair routing finds no path for (``why``): links are
-        down. If one comes back later in the run, the stage starts again once routing has
-        converged on it (the collective waits, as NCCL does); otherwise the job is stopped
-        and reported, as a partition of the faults down now. Without faults the fabric
-        itself is cut: an error."""
-        ft = self._ft
-        if ft is None:
+    def _no_route(self, j: int, retry: Callable[[], None], why: str,
+                  src: NDArray[np.int64], dst: NDArray[np.int64]) -> None:
+        """Job ``j``'s next stage (GPU pairs ``src -> dst``) has a pair routing finds no path
+        for (``why``): links are down. If one comes back later in the run, the stage starts
+        again once routing has converged on it (the collective waits, as NCCL does);
+        otherwise the job is stopped and reported, as a partition of the faults that cut
+        it (:meth:`_cutting_faults`). Without faults the fabric itself is cut: an error."""
+        if self._ft is None:
             raise SimulationError(f"{why}: the fabric is not connected")
         if self._may_come_back():
             self._retry_after_repair(retry)
             return
-        for info in ft.faults:
-            if (info.start_ns <= self.now and self._phys_down[list(info.links)].any()
-                    and self.jobs[j].name not in self._records[info.fault_id].partitioned):
-                self._records[info.fault_id].partitioned.append(self.jobs[j].name)
+        for f in self._cutting_faults(src, dst):
+            self._cut_off_by(f, j)
         self._abort_job(j, f"{why.replace('no path from ', '').replace(' to ', ' -> ')} "
                            "has no path left")
+
+    def _cutting_faults(self, src: NDArray[np.int64], dst: NDArray[np.int64]) -> list[int]:
+        """The faults (ids) down now that cut a pair of ``src -> dst`` off: a link of theirs
+        that is down lies on a fewest-hop path of the intact fabric between a pair with no
+        live path (:func:`~fabricpilot.topology.paths.links_on_paths`). A fault elsewhere
+        is not named; if none is found so (a route no fewest-hop path explains), every
+        fault down now is."""
+        assert self._ft is not None
+        down_now = [info for info in self._ft.faults
+                    if info.start_ns <= self.now and self._phys_down[list(info.links)].any()]
+        ct = self.ct
+        src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+        live = with_links_down(ct, self._phys_down)
+        a, b = ct.gpu_leaf[src], ct.gpu_leaf[dst]
+        cut = ((a != b) & (live.nh_count[a, ct.leaf_slot[b]] == 0)) | self._phys_down[
+            ct.gpu_up[src]] | self._phys_down[ct.gpu_down[dst]]
+        cut &= ~intra_host(ct, src, dst)
+        blamed = links_on_paths(ct, src[cut], dst[cut]) & self._phys_down
+        named = [info.fault_id for info in down_now if blamed[list(info.links)].any()]
+        return named or [info.fault_id for info in down_now]
+
+    def _cut_off_by(self, fault: int, j: int) -> None:
+        """Job ``j`` was cut off by ``fault``: named among the jobs it partitioned (and so
+        among those it hit)."""
+        rec = self._records[fault]
+        if self.jobs[j].name not in rec.partitioned:
+            rec.partitioned.append(self.jobs[j].name)
+        self._touch(rec, [j])
 
     def _faults_crossed(self, mem: NDArray[np.int64], rows: NDArray[np.int64],
                         down: NDArray[np.bool_]) -> dict[int, set[int]]:
@@ -933,9 +958,10 @@ class FaultsMixin:
                                     strict=True)]
         for j, fs in sorted(zip(self._row_owner[rows].tolist(), cut_by, strict=True),
                             key=lambda x: x[0]):
-            for f in sorted(fs) if j >= 0 else ():
-                if self.jobs[j].name not in self._records[f].partitioned:
-                    self._records[f].partitioned.append(self.jobs[j].name)
+            if j < 0:  # (mice: no job to name)
+                continue
+            for f in sorted(fs):
+                self._cut_off_by(f, j)
         if self._may_come_back():
             self._row_hold[rows] = math.inf
             for fid, fs in zip(self._row_flow[rows].tolist(), cut_by, strict=True):

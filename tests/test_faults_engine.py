@@ -1297,3 +1297,26 @@ def test_a_job_no_route_reaches_is_named_by_the_faults_that_cut_it(tmp_path: Pat
                                "gpu2 -> gpu0 has no path left"}
     assert [f["partitioned"] for f in r.faults] == [["j0"], ["j0"], []]
     assert [f["jobs_hit"] for f in r.faults] == [["j0"], ["j0"], []]
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "sla-aware", "ideal", "task-aware"])
+def test_a_running_job_cut_off_is_named_by_every_fault_that_cut_it(tmp_path: Path,
+                                                                   policy: str) -> None:
+    """As above, but the three links die under the running job (gpu0 on leaf0 -> gpu2 on
+    leaf1): its streams were on one of leaf0's uplinks, yet either uplink's repair would
+    give it a path, so both faults name it (only the one under its streams did). Its
+    pause for the controller's new paths is charged to the faults it waits for, not to
+    leaf3's (a job on gpus 5 and 7, leaf2 and leaf3, may cross that one: it is never cut
+    off)."""
+    jobs = [{"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
+             "collectives": [{"op": "allreduce", "size_bytes": "256MiB"}]},
+            {"name": "j1", "gpus": 2, "placement": "explicit", "gpu_ids": [5, 7],
+             "collectives": [{"op": "allreduce", "size_bytes": "64MiB"}]}]
+    events = [{"kind": "link_down", "link": link, "at_ns": 200_000}
+              for link in ("leaf0-spine0", "leaf0-spine1", "leaf3-spine1")]
+    r = run_policy(_scenario(tmp_path, jobs, events, detection_delay_ns=0,
+                             convergence_delay_ns=0), policy)
+    assert set(r.aborted) == {"j0"}
+    assert [f["partitioned"] for f in r.faults] == [["j0"], ["j0"], []]
+    assert "j0" not in r.faults[2]["jobs_hit"]
+    assert "j0" not in r.faults[2]["job_stall_us"]

@@ -46,7 +46,7 @@ from fabricpilot.topology.io import (
     topology_from_dict,
     topology_to_dict,
 )
-from fabricpilot.topology.paths import links_on_paths, path_delay_ns
+from fabricpilot.topology.paths import path_delay_ns, switch_links_between
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -910,20 +910,22 @@ def test_ecmp_tables_larger_than_memory_are_refused_in_one_line(
     assert "\n" not in msg and "need about 0.0 GiB, and this machine has 0.0 GiB" in msg
 
 
-def test_links_on_paths_are_those_of_every_equal_cost_path() -> None:
-    """On a k=4 fat-tree (a host of 2 GPUs per edge switch, 4 GPUs per pod), a pair in two
-    pods has (k/2)^2 = 4 paths over 2 + 2*2 + 2*2 + 2 + 2 = 14 links (NICs, edge -> 2 aggs,
-    the aggs' 4 uplinks to the cores, the cores' 4 links down to the other pod's 2 aggs, 2
-    aggs -> edge); a pair of one pod on two edges has 2 paths over 6 links; a pair of one
-    host none (NVLink). For every pair, the links are the union of its equal-cost paths."""
+def test_switch_links_between_are_those_of_every_equal_cost_path() -> None:
+    """On a k=4 fat-tree (a host of 2 GPUs per edge switch, 4 GPUs per pod), two edges in
+    two pods have (k/2)^2 = 4 paths over 2 + 4 + 4 + 2 = 12 switch links (edge -> its 2
+    aggs, their 4 uplinks to the cores, the cores' 4 links down to the other pod's 2 aggs,
+    those -> edge); two edges of one pod have 2 paths over 4; an edge and itself none. For
+    every pair of GPUs, they are the switch links of its equal-cost paths."""
     ct = compile_topology(fat_tree(k=4, gpus_per_host=2, rail_optimized=False))
+    edge = ct.gpu_leaf.tolist()
 
-    def on(src: list[int], dst: list[int]) -> set[int]:
-        return set(np.flatnonzero(links_on_paths(ct, np.array(src), np.array(dst))).tolist())
+    def between(a: int, b: int) -> set[int]:
+        return set(switch_links_between(ct, edge[a], edge[b]).tolist())
 
-    assert (len(on([0], [15])), len(on([0], [2])), len(on([0], [1]))) == (14, 6, 0)
+    assert (len(between(0, 15)), len(between(0, 2)), len(between(0, 1))) == (12, 4, 0)
+    nics = set(ct.gpu_up.tolist()) | set(ct.gpu_down.tolist())
     for a, b in itertools.permutations(range(ct.n_gpus), 2):
-        same_host = ct.gpu_host[a] == ct.gpu_host[b]
-        want = set() if same_host else {lk for p in equal_cost_paths(ct, a, b) for lk in p}
-        assert on([a], [b]) == want, (a, b)
-    assert on([0, 2], [15, 0]) == on([0], [15]) | on([2], [0])  # (several pairs: the union)
+        if ct.gpu_host[a] == ct.gpu_host[b]:
+            continue  # (NVLink)
+        want = {lk for p in equal_cost_paths(ct, a, b) for lk in p} - nics
+        assert between(a, b) == want, (a, b)

@@ -47,7 +47,7 @@ from fabricpilot.balancing.base import TransferBatch, member_qp_index
 from fabricpilot.errors import SimulationError, TopologyError
 from fabricpilot.net.hashing import splitmix64
 from fabricpilot.topology.compiled import with_links_down, with_local_repair
-from fabricpilot.topology.paths import intra_host, links_on_paths, pad_paths, walk_paths
+from fabricpilot.topology.paths import intra_host, pad_paths, switch_links_between, walk_paths
 
 if TYPE_CHECKING:
     from fabricpilot.faults.model import FaultEvent, FaultTimeline
@@ -163,7 +163,8 @@ class FaultsMixin:
         self._owner_fault = np.full(n, -1, np.int64)  # which fault holds a link down / gray
         self._records: dict[int, FaultRecord] = {}
         self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
-        self._held_flows: set[int] = set()      # flows (rows) paused for a fault
+        # flows (rows) paused for the controller's new paths -> the faults they wait for
+        self._held_flows: dict[int, set[int]] = {}
         self._reroute_at = -math.inf            # when the controller's new paths take effect
         self._told = False                      # a controller beside the policy was told
         # flow id -> stream (QP) of it -> when it first lost a packet
@@ -338,7 +339,7 @@ class FaultsMixin:
             self._reroute_at = max(self._reroute_at, effective)
             if down:
                 self._hold(distinct(self._member_rows()[self._members_on(
-                    np.asarray(down, np.int64))]), effective)
+                    np.asarray(down, np.int64))]), effective, (ev.fault_id,))
             self._at(effective, lambda: self._reroute(ev.fault_id))
             return
         if down and self._ft.params.local_repair:
@@ -451,12 +452,15 @@ class FaultsMixin:
             self._respray()
             self._hash_back()
 
-    def _hold(self, rows: NDArray[np.int64], until: int) -> None:
-        """Pause rows until ``until`` (the collective waits for its new paths)."""
+    def _hold(self, rows: NDArray[np.int64], until: int, faults: Iterable[int]) -> None:
+        """Pause rows until ``until`` (the collective waits for its new paths around
+        ``faults``, which their stall is charged to)."""
         if not len(rows):
             return
         self._row_hold[rows] = np.maximum(self._row_hold[rows], float(until))
-        self._held_flows.update(self._row_flow[rows].tolist())
+        held = self._held_flows
+        for fid in self._row_flow[rows].tolist():
+            held.setdefault(fid, set()).update(faults)
         self._dirty = True
 
     def _fault_new_rows(self, first_row: int) -> None:
@@ -480,7 +484,7 @@ class FaultsMixin:
         crossed = distinct(crossed[(crossed >= 0) & avoided[np.maximum(crossed, 0)]])
         faults = set(self._owner_fault[crossed].tolist()) - {-1}
         if told and self._reroute_at > self.now:
-            self._hold(distinct(rows[hit]), int(self._reroute_at))
+            self._hold(distinct(rows[hit]), int(self._reroute_at), faults)
         elif told or self._instant:
             self._reroute(None, faults=faults)
         else:
@@ -905,13 +909,12 @@ class FaultsMixin:
                            "has no path left")
 
     def _cutting_faults(self, src: NDArray[np.int64], dst: NDArray[np.int64]) -> list[int]:
-        """The faults (ids) down now that cut a pair of ``src -> dst`` off: a link of theirs
-        that is down lies on a fewest-hop path of the intact fabric between a pair with no
-        live path (:func:`~fabricpilot.topology.paths.links_on_paths`). A fault elsewhere
-        is not named; if none is found so (a route no fewest-hop path explains), every
-        fault down now is."""
+        """The faults (ids) down now that cut a pair of ``src -> dst`` off: those holding down
+        a link of one of the fewest-hop paths of a pair with no live path
+        (:meth:`_pair_faults`). A fault elsewhere is not named; if none is found so (a route
+        no fewest-hop path explains), every fault down now is."""
         assert self._ft is not None
-        down_now = [info for info in self._ft.faults
+        down_now = [info.fault_id for info in self._ft.faults
                     if info.start_ns <= self.now and self._phys_down[list(info.links)].any()]
         ct = self.ct
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
@@ -919,10 +922,32 @@ class FaultsMixin:
         a, b = ct.gpu_leaf[src], ct.gpu_leaf[dst]
         cut = ((a != b) & (live.nh_count[a, ct.leaf_slot[b]] == 0)) | self._phys_down[
             ct.gpu_up[src]] | self._phys_down[ct.gpu_down[dst]]
-        cut &= ~intra_host(ct, src, dst)
-        blamed = links_on_paths(ct, src[cut], dst[cut]) & self._phys_down
-        named = [info.fault_id for info in down_now if blamed[list(info.links)].any()]
-        return named or [info.fault_id for info in down_now]
+        cutters = set().union(*self._pair_faults(src[cut], dst[cut], self._phys_down))
+        return [f for f in down_now if f in cutters] or down_now
+
+    def _pair_faults(self, src: NDArray[np.int64], dst: NDArray[np.int64],
+                     down: NDArray[np.bool_]) -> list[set[int]]:
+        """Per GPU pair ``src[i] -> dst[i]``, the faults holding down (``down``: a mask over
+        links) a link of one of its fewest-hop paths in the intact fabric (its NIC links,
+        and the switch links of :func:`~fabricpilot.topology.paths.switch_links_between`):
+        the faults that cut it off, when it has no live path. Pairs within a host's NVLink
+        domain (or with an end unknown, -1) have none."""
+        ct = self.ct
+        own = np.where(down, self._owner_fault, -1)
+        nv = (src < 0) | (dst < 0)
+        src, dst = np.maximum(src, 0), np.maximum(dst, 0)
+        nv |= intra_host(ct, src, dst)
+        up_f = np.where(nv, -1, own[ct.gpu_up[src]]).tolist()
+        down_f = np.where(nv, -1, own[ct.gpu_down[dst]]).tolist()
+        between: dict[tuple[int, int], set[int]] = {}
+        out: list[set[int]] = []
+        for a, b, fu, fd, same_host in zip(ct.gpu_leaf[src].tolist(), ct.gpu_leaf[dst].tolist(),
+                                           up_f, down_f, nv.tolist(), strict=True):
+            fs = between.get((a, b))
+            if fs is None:
+                fs = between[(a, b)] = set(own[switch_links_between(ct, a, b)].tolist()) - {-1}
+            out.append(set() if same_host else fs | ({fu, fd} - {-1}))
+        return out
 
     def _cut_off_by(self, fault: int, j: int) -> None:
         """Job ``j`` was cut off by ``fault``: named among the jobs it partitioned (and so
@@ -934,14 +959,18 @@ class FaultsMixin:
 
     def _faults_crossed(self, mem: NDArray[np.int64], rows: NDArray[np.int64],
                         down: NDArray[np.bool_]) -> dict[int, set[int]]:
-        """Per row, the faults holding down a link that its members ``mem`` (on those
-        ``rows``) cross: what cut them off, whichever fault's rerouting found them."""
+        """Per row, the faults holding down (``down``) a link that its members ``mem`` (on
+        those ``rows``, with no live path) cross, or one of the fewest-hop paths of their
+        GPU pairs (:meth:`_pair_faults`): what cut them off, whichever fault's rerouting
+        found them."""
         path = self._m_path[mem]
         link = np.where(path >= 0, path, 0)
         f = np.where((path >= 0) & down[link], self._owner_fault[link], -1)
+        src, dst = self._member_endpoints(mem)
         out: dict[int, set[int]] = {}
-        for r, fs in zip(rows.tolist(), f.tolist(), strict=True):
-            out.setdefault(int(r), set()).update(x for x in fs if x >= 0)
+        for r, fs, more in zip(rows.tolist(), f.tolist(), self._pair_faults(src, dst, down),
+                               strict=True):
+            out.setdefault(int(r), set()).update(more, (x for x in fs if x >= 0))
         return out
 
     def _partition(self, rows: NDArray[np.int64], faults: set[int],
@@ -1199,11 +1228,15 @@ class FaultsMixin:
         held = (np.flatnonzero(np.isin(self._row_flow, list(self._held_flows)))
                 if self._held_flows else np.zeros(0, np.int64))
         if len(held):
-            active = [f for f, rec in self._records.items()
-                      if rec.detected_ns is not None and rec.rerouted_ns is None]
-            for f in active:
-                stalled.setdefault(f, set()).update(
-                    j for j in self._row_owner[held].tolist() if j >= 0)
+            # (charged to the faults it waits for that are not routed around yet, or, if
+            # those are, to every such fault: its wait was drawn out by another's)
+            active = {f for f, rec in self._records.items()
+                      if rec.detected_ns is not None and rec.rerouted_ns is None}
+            for fid, j in zip(self._row_flow[held].tolist(), self._row_owner[held].tolist(),
+                              strict=True):
+                if j >= 0:
+                    for f in (self._held_flows[fid] & active) or active:
+                        stalled.setdefault(f, set()).add(j)
         if self._cut_flows:
             for fid, j in zip(self._row_flow.tolist(), self._row_owner.tolist(), strict=True):
                 if fid in self._cut_flows and j >= 0:

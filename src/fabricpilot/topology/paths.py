@@ -16,7 +16,6 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.arrays import distinct
 from fabricpilot.errors import TopologyError
 from fabricpilot.topology.compiled import LINK_KIND_CODES, CompiledTopology
 from fabricpilot.topology.model import LinkKind
@@ -128,42 +127,27 @@ def pad_paths(paths: NDArray[np.int32], width: int) -> NDArray[np.int32]:
     return out
 
 
-def links_on_paths(ct: CompiledTopology, src: NDArray[np.int64],
-                   dst: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """A mask over link ids: the links of every fewest-hop path of the intact fabric between
-    any of the GPU pairs ``(src[i], dst[i])`` (each pair's NIC links and every switch link
-    its ECMP groups could take; pairs within an NVLink domain have none). A switch link
-    ``u -> v`` is on a fewest-hop path from leaf ``a`` to leaf ``b`` when ``d(a, u) + 1 +
-    d(v, b) == d(a, b)`` (cables run both ways: ``d(a, u) = d(u, a)``).
+def switch_links_between(ct: CompiledTopology, leaf_a: int, leaf_b: int) -> NDArray[np.int64]:
+    """The switch links (ids, ascending) of every fewest-hop path of the intact fabric from
+    leaf switch ``leaf_a`` to leaf switch ``leaf_b`` (none if they are one): ``u -> v`` is on
+    one when ``d(a, u) + 1 + d(v, b) == d(a, b)`` (cables run both ways: ``d(a, u) = d(u,
+    a)``).
 
     >>> from fabricpilot.topology.builders import leaf_spine
     >>> from fabricpilot.topology.compiled import compile_topology
     >>> ct = compile_topology(leaf_spine(hosts=6, gpus_per_host=1, nics_per_leaf=2))
-    >>> on = links_on_paths(ct, np.array([0]), np.array([2]))
-    >>> sorted(ct.link_name(int(x)) for x in np.flatnonzero(on))  # doctest: +NORMALIZE_WHITESPACE
-    ['gpu0->leaf0', 'leaf0->spine0', 'leaf0->spine1', 'leaf1->gpu2', 'spine0->leaf1',
-     'spine1->leaf1']
+    >>> [ct.link_name(int(x)) for x in switch_links_between(ct, int(ct.gpu_leaf[0]),
+    ...                                                     int(ct.gpu_leaf[2]))]
+    ['leaf0->spine0', 'leaf0->spine1', 'spine0->leaf1', 'spine1->leaf1']
     """
-    src = np.asarray(src, np.int64)
-    dst = np.asarray(dst, np.int64)
-    out = np.zeros(ct.n_links, np.bool_)
-    fab = ~intra_host(ct, src, dst)
-    src, dst = src[fab], dst[fab]
-    out[ct.gpu_up[src]] = True
-    out[ct.gpu_down[dst]] = True
+    if leaf_a == leaf_b:
+        return np.zeros(0, np.int64)
     u = ct.switch_of_node[ct.link_src]
     v = ct.switch_of_node[ct.link_dst]
-    sw = np.flatnonzero((u >= 0) & (v >= 0))
-    u, v = u[sw], v[sw]
     hd = ct.hop_distance
-    pairs = distinct(ct.gpu_leaf[src].astype(np.int64) * len(hd) + ct.gpu_leaf[dst])
-    for a, b in zip((pairs // len(hd)).tolist(), (pairs % len(hd)).tolist(), strict=True):
-        if a == b:
-            continue
-        sa, sb = ct.leaf_slot[a], ct.leaf_slot[b]
-        d_u, d_v = hd[u, sa], hd[v, sb]  # (-1: no way there)
-        out[sw[(d_u >= 0) & (d_v >= 0) & (d_u + 1 + d_v == hd[a, sb])]] = True
-    return out
+    d_u, d_v = hd[u, ct.leaf_slot[leaf_a]], hd[v, ct.leaf_slot[leaf_b]]  # (-1: no way there)
+    on = (u >= 0) & (v >= 0) & (d_u >= 0) & (d_v >= 0)
+    return np.flatnonzero(on & (d_u + 1 + d_v == hd[leaf_a, ct.leaf_slot[leaf_b]]))
 
 
 def equal_cost_paths(ct: CompiledTopology, src_gpu: int, dst_gpu: int) -> list[tuple[int, ...]]:

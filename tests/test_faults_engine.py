@@ -1320,3 +1320,33 @@ def test_a_running_job_cut_off_is_named_by_every_fault_that_cut_it(tmp_path: Pat
     assert [f["partitioned"] for f in r.faults] == [["j0"], ["j0"], []]
     assert "j0" not in r.faults[2]["jobs_hit"]
     assert "j0" not in r.faults[2]["job_stall_us"]
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "sla-aware", "ideal", "task-aware"])
+def test_a_job_waiting_for_a_repair_is_the_stall_of_the_faults_that_cut_it(
+        tmp_path: Path, policy: str) -> None:
+    """As above, with leaf0 -> spine0 back at 3 ms: the job (gpu0 -> gpu2, from 1 ms) has
+    no path until then and waits for that repair (routing converges at once), then runs.
+    Its 2 ms wait is a stall of the uplink faults, charged once, to the first of them
+    (both began at 0: #0), on its 2 GPUs: 0.004 GPU-s; under the controller its new paths
+    come a control-channel latency later. It was charged to no fault, and no fault named
+    it, when routing found it no path (not so under the controller)."""
+    job = {"name": "j0", "gpus": 2, "placement": "explicit", "gpu_ids": [0, 2],
+           "start_ns": 1_000_000, "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]}
+    events = [{"kind": "link_down", "link": "leaf0-spine0", "at_ns": 0,
+               "until_ns": 3_000_000},
+              {"kind": "link_down", "link": "leaf0-spine1", "at_ns": 0},
+              {"kind": "link_down", "link": "leaf3-spine1", "at_ns": 0}]
+    r = run_policy(_scenario(tmp_path, [job], events, detection_delay_ns=0,
+                             convergence_delay_ns=0), policy)
+    assert not r.aborted
+    wait_us = (3_000_000 - 1_000_000 + (CONTROL_NS if policy == "task-aware" else 0)) / 1e3
+    # (then it runs as on the intact fabric)
+    clean_ns = _coll_ns(_scenario(tmp_path, [job], []), policy)
+    (c,) = r.collectives
+    assert c.end_ns - c.start_ns == pytest.approx(wait_us * 1e3 + clean_ns, abs=2)
+    assert [f["partitioned"] for f in r.faults] == [["j0"], ["j0"], []]
+    assert [f["jobs_hit"] for f in r.faults] == [["j0"], ["j0"], []]
+    assert r.faults[0]["job_stall_us"] == {"j0": pytest.approx(wait_us, abs=0.002)}
+    assert r.faults[0]["gpu_seconds_lost"] == pytest.approx(2 * wait_us * 1e-6, abs=1e-8)
+    assert r.faults[1]["job_stall_us"] == r.faults[2]["job_stall_us"] == {}

@@ -896,6 +896,8 @@ class Engine(FaultsMixin):
                 self._remaining -= self._goodput * dt / 8.0
                 self._link_bytes += self._load * dt / 8.0
                 np.maximum(self._peak, self._load / self.links.capacity_gbps, out=self._peak)
+            elif self._timeline is not None and self._waiting_jobs:
+                self._fault_account(dt)  # (no flow open: jobs waiting for a repair stall)
             self.now = t_ns
 
     def _complete(self, batch: NDArray[np.bool_]) -> None:

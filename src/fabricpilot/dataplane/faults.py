@@ -165,6 +165,8 @@ class FaultsMixin:
         self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
         # flows (rows) paused for the controller's new paths -> the faults they wait for
         self._held_flows: dict[int, set[int]] = {}
+        # jobs waiting for a repair (their next stage had no path) -> the faults that cut them
+        self._waiting_jobs: dict[int, set[int]] = {}
         self._reroute_at = -math.inf            # when the controller's new paths take effect
         self._told = False                      # a controller beside the policy was told
         # flow id -> stream (QP) of it -> when it first lost a packet
@@ -896,15 +898,26 @@ class FaultsMixin:
         """Job ``j``'s next stage (GPU pairs ``src -> dst``) has a pair routing finds no path
         for (``why``): links are down. If one comes back later in the run, the stage starts
         again once routing has converged on it (the collective waits, as NCCL does);
-        otherwise the job is stopped and reported, as a partition of the faults that cut
-        it (:meth:`_cutting_faults`). Without faults the fabric itself is cut: an error."""
+        otherwise the job is stopped and reported. Either way the faults that cut it
+        (:meth:`_cutting_faults`) name it among those they cut off, and its wait is their
+        stall. Without faults the fabric itself is cut: an error."""
         if self._ft is None:
             raise SimulationError(f"{why}: the fabric is not connected")
-        if self._may_come_back():
-            self._retry_after_repair(retry)
-            return
-        for f in self._cutting_faults(src, dst):
+        # (every pair has a path again, routing has not converged on it yet: the faults
+        # it waited for still)
+        cutting = self._cutting_faults(src, dst) or sorted(self._waiting_jobs.get(j, ()))
+        for f in cutting:
             self._cut_off_by(f, j)
+        if self._may_come_back():
+            waiting = self._waiting_jobs[j] = set(cutting)
+
+            def again() -> None:
+                retry()  # (no path yet: it waits again, for the faults found then)
+                if self._waiting_jobs.get(j) is waiting:
+                    del self._waiting_jobs[j]
+
+            self._retry_after_repair(again)
+            return
         self._abort_job(j, f"{why.replace('no path from ', '').replace(' to ', ' -> ')} "
                            "has no path left")
 
@@ -912,7 +925,8 @@ class FaultsMixin:
         """The faults (ids) down now that cut a pair of ``src -> dst`` off: those holding down
         a link of one of the fewest-hop paths of a pair with no live path
         (:meth:`_pair_faults`). A fault elsewhere is not named; if none is found so (a route
-        no fewest-hop path explains), every fault down now is."""
+        no fewest-hop path explains), every fault down now is; none if every pair has a
+        live path (routing has not converged on a repair yet)."""
         assert self._ft is not None
         down_now = [info.fault_id for info in self._ft.faults
                     if info.start_ns <= self.now and self._phys_down[list(info.links)].any()]
@@ -922,6 +936,8 @@ class FaultsMixin:
         a, b = ct.gpu_leaf[src], ct.gpu_leaf[dst]
         cut = ((a != b) & (live.nh_count[a, ct.leaf_slot[b]] == 0)) | self._phys_down[
             ct.gpu_up[src]] | self._phys_down[ct.gpu_down[dst]]
+        if not cut.any():
+            return []
         cutters = set().union(*self._pair_faults(src[cut], dst[cut], self._phys_down))
         return [f for f in down_now if f in cutters] or down_now
 
@@ -1173,8 +1189,9 @@ class FaultsMixin:
 
     def _fault_account(self, dt: int) -> None:
         """Charge ``dt`` ns of the current rates to the faults: bytes lost and resent, and
-        the stall of every job with a stream paused or sending into a dead link."""
-        if not self._records or not len(self._rates) or dt <= 0:
+        the stall of every job with a stream paused or sending into a dead link, or
+        waiting for a repair to start its next stage."""
+        if not self._records or dt <= 0 or not (len(self._rates) or self._waiting_jobs):
             return
         if len(self._m_fault) == len(self._m_path) and (self._m_fault >= 0).any():
             rows = self._member_rows()
@@ -1249,6 +1266,9 @@ class FaultsMixin:
                     for f in wait[1]:
                         stalled.setdefault(f, set()).add(j)
             self._rto_wait = {k: v for k, v in self._rto_wait.items() if v[0] > self.now}
+        for j, fs in self._waiting_jobs.items():
+            for f in fs:
+                stalled.setdefault(f, set()).add(j)
         # a job stalled by several faults at once is charged to the one that began first
         # (its stall and GPU time are counted once over the faults)
         charged: dict[int, int] = {}

@@ -963,6 +963,7 @@ class Engine(FaultsMixin):
         stages forgotten, and nothing more of it is scheduled."""
         self._aborted[j] = why
         self._jobs_done.add(j)
+        self._waiting_jobs.pop(j, None)  # (a stopped job stalls no more)
         mine = self._row_owner == j
         self._never_resent(self._row_flow[mine])
         self._drop_rows(~mine, self._row_flow[mine])

@@ -1350,3 +1350,24 @@ def test_a_job_waiting_for_a_repair_is_the_stall_of_the_faults_that_cut_it(
     assert r.faults[0]["job_stall_us"] == {"j0": pytest.approx(wait_us, abs=0.002)}
     assert r.faults[0]["gpu_seconds_lost"] == pytest.approx(2 * wait_us * 1e-6, abs=1e-8)
     assert r.faults[1]["job_stall_us"] == r.faults[2]["job_stall_us"] == {}
+
+
+@pytest.mark.parametrize("policy", ["ideal", "task-aware"])
+def test_a_fault_on_a_cut_pair_s_paths_whose_repair_would_not_help_is_not_named(
+        tmp_path: Path, policy: str) -> None:
+    """spine0 <-> leaf3 dies at 100 us, then leaf2 (gpus 4 and 5) from 200 us to 2 ms,
+    under an 8-GPU ring. The ring waits for leaf2. The link lies on the paths of the ring's
+    pair gpu5 (leaf2) -> gpu6 (leaf3), but its repair alone would give that pair no path:
+    only leaf2's would (through spine1), so only leaf2 cut the ring off (both were named,
+    and the ring's whole wait went to the link, the fault that began first). Under
+    ``ideal`` (rerouted at once) the wait is exactly leaf2's outage: 1800 us."""
+    ring = {**RING, "collectives": [{"op": "allreduce", "size_bytes": "16MiB"}]}
+    events = [{"kind": "switch_down", "switch": "leaf2", "at_ns": 200_000,
+               "until_ns": 2_000_000},
+              {"kind": "link_down", "link": "leaf3-spine0", "at_ns": 100_000}]
+    r = run_policy(_scenario(tmp_path, [ring], events), policy)
+    leaf2, link = r.faults
+    assert (leaf2["partitioned"], link["partitioned"]) == (["ring"], [])
+    if policy == "ideal":
+        assert leaf2["job_stall_us"] == {"ring": pytest.approx(1800.0)}
+        assert link["job_stall_us"] == {}

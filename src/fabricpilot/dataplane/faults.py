@@ -942,27 +942,58 @@ class FaultsMixin:
         return [f for f in down_now if f in cutters] or down_now
 
     def _pair_faults(self, src: NDArray[np.int64], dst: NDArray[np.int64],
-                     down: NDArray[np.bool_]) -> list[set[int]]:
-        """Per GPU pair ``src[i] -> dst[i]``, the faults holding down (``down``: a mask over
-        links) a link of one of its fewest-hop paths in the intact fabric (its NIC links,
-        and the switch links of :func:`~fabricpilot.topology.paths.switch_links_between`):
-        the faults that cut it off, when it has no live path. Pairs within a host's NVLink
-        domain (or with an end unknown, -1) have none."""
+                     down: NDArray[np.bool_], more: list[set[int]] | None = None
+                     ) -> list[set[int]]:
+        """Per GPU pair ``src[i] -> dst[i]`` with no live path, the faults that cut it off.
+        The suspects are those holding down (``down``: a mask over links) a link of one of
+        its fewest-hop paths in the intact fabric (its NIC links, and the switch links of
+        :func:`~fabricpilot.topology.paths.switch_links_between`), and ``more[i]``. Named
+        are the suspects whose repair alone gives it a path (routing over the links down
+        but theirs); all of them if none does (only repairs together would). Pairs within a
+        host's NVLink domain (or with an end unknown, -1) have none.
+
+        Leaf2 down for good and spine0 -> leaf3 down: gpu5 (leaf2) -> gpu6 (leaf3) has both
+        on its paths, but only leaf2's repair would give it one, through spine1."""
         ct = self.ct
         own = np.where(down, self._owner_fault, -1)
         nv = (src < 0) | (dst < 0)
         src, dst = np.maximum(src, 0), np.maximum(dst, 0)
         nv |= intra_host(ct, src, dst)
-        up_f = np.where(nv, -1, own[ct.gpu_up[src]]).tolist()
-        down_f = np.where(nv, -1, own[ct.gpu_down[dst]]).tolist()
+        ups, downs = ct.gpu_up[src], ct.gpu_down[dst]
+        up_f = np.where(nv, -1, own[ups]).tolist()
+        down_f = np.where(nv, -1, own[downs]).tolist()
         between: dict[tuple[int, int], set[int]] = {}
+        links_of = {info.fault_id: list(info.links)
+                    for info in (self._ft.faults if self._ft is not None else [])}
+        mended: dict[int, tuple[NDArray[np.bool_], Any]] = {}  # fault -> (mask, routing)
+
+        def reconnects(f: int, a: int, b: int, up: int, dn: int) -> bool:
+            if f not in mended:
+                m = down.copy()
+                m[links_of.get(f, [])] = False
+                mended[f] = m, with_links_down(ct, m)
+            m, view = mended[f]
+            return not (m[up] or m[dn]) and (a == b or view.nh_count[a, ct.leaf_slot[b]] > 0)
+
+        memo: dict[tuple[Any, ...], set[int]] = {}
         out: list[set[int]] = []
-        for a, b, fu, fd, same_host in zip(ct.gpu_leaf[src].tolist(), ct.gpu_leaf[dst].tolist(),
-                                           up_f, down_f, nv.tolist(), strict=True):
+        for i, (a, b, fu, fd, same_host, up, dn) in enumerate(zip(
+                ct.gpu_leaf[src].tolist(), ct.gpu_leaf[dst].tolist(), up_f, down_f,
+                nv.tolist(), ups.tolist(), downs.tolist(), strict=True)):
+            if same_host:
+                out.append(set())
+                continue
             fs = between.get((a, b))
             if fs is None:
                 fs = between[(a, b)] = set(own[switch_links_between(ct, a, b)].tolist()) - {-1}
-            out.append(set() if same_host else fs | ({fu, fd} - {-1}))
+            suspects = fs | ({fu, fd} - {-1}) | (more[i] if more is not None else set())
+            key = (a, b, up, dn, frozenset(suspects))
+            named = memo.get(key)
+            if named is None:
+                named = suspects if len(suspects) < 2 else (
+                    {f for f in suspects if reconnects(f, a, b, up, dn)} or suspects)
+                memo[key] = named
+            out.append(named)
         return out
 
     def _cut_off_by(self, fault: int, j: int) -> None:
@@ -975,18 +1006,18 @@ class FaultsMixin:
 
     def _faults_crossed(self, mem: NDArray[np.int64], rows: NDArray[np.int64],
                         down: NDArray[np.bool_]) -> dict[int, set[int]]:
-        """Per row, the faults holding down (``down``) a link that its members ``mem`` (on
-        those ``rows``, with no live path) cross, or one of the fewest-hop paths of their
-        GPU pairs (:meth:`_pair_faults`): what cut them off, whichever fault's rerouting
-        found them."""
+        """Per row, the faults that cut its members ``mem`` (on those ``rows``, with no
+        live path) off (:meth:`_pair_faults`, the faults holding down (``down``) a link
+        their paths cross among the suspects): whichever fault's rerouting found them."""
         path = self._m_path[mem]
         link = np.where(path >= 0, path, 0)
         f = np.where((path >= 0) & down[link], self._owner_fault[link], -1)
         src, dst = self._member_endpoints(mem)
+        on_path = [{x for x in fs if x >= 0} for fs in f.tolist()]
         out: dict[int, set[int]] = {}
-        for r, fs, more in zip(rows.tolist(), f.tolist(), self._pair_faults(src, dst, down),
-                               strict=True):
-            out.setdefault(int(r), set()).update(more, (x for x in fs if x >= 0))
+        for r, fs in zip(rows.tolist(), self._pair_faults(src, dst, down, on_path),
+                         strict=True):
+            out.setdefault(int(r), set()).update(fs)
         return out
 
     def _partition(self, rows: NDArray[np.int64], faults: set[int],

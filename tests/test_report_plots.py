@@ -156,6 +156,15 @@ def test_the_report_lists_the_faults(tmp_path: Path) -> None:
         "ecmp", "adaptive", "task-aware", "ideal", "spray", "spray-ooo")]))
     text = con.export_text()
     assert "…" not in text and "200.100" in text and "208.342" in text, text
+    # nor a job's name, however long: where it does not fit, it folds onto the next line
+    named = replace(slow, faults=[{**slow.faults[0], "jobs_hit": ["dp-ring", "x" * 30],
+                                   "partitioned": ["dp-ring"]}])
+    con = Console(width=110, record=True, file=io.StringIO())
+    con.print(fault_table([replace(named, policy=p) for p in (
+        "ecmp", "adaptive", "task-aware", "ideal", "spray", "spray-ooo")]))
+    text = con.export_text()
+    assert "…" not in text and text.count("x") == 6 * 30 and text.count("dp-ring") == 6, text
+    assert max(map(len, text.splitlines())) <= 110
 
 
 def test_the_report_carries_interference_and_the_controller_line(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

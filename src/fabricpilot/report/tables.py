@@ -316,10 +316,14 @@ def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
     faults are listed under the table. ``None`` when no run had faults."""
     if not any(r.faults for r in results):
         return None
-    t = Table(title="faults (times in ms after the fault)", title_justify="left")
+    # (no padding at the table's edges: the room goes to the jobs' names, which fold onto
+    # the next line where they do not fit, never cut short)
+    t = Table(title="faults (times in ms after the fault)", title_justify="left",
+              pad_edge=False)
     for col in FAULT_COLUMNS:
         t.add_column(col, justify="left" if col in ("policy", "fault", "jobs hit") else "right",
-                     no_wrap=col in ("policy", "fault", "lost", "resent"))
+                     no_wrap=col in ("policy", "fault", "lost", "resent"),
+                     overflow="fold" if col == "jobs hit" else "ellipsis")
     rows, labels = fault_rows(results)
     for cells in rows:
         t.add_row(*map(escape, cells))

@@ -932,10 +932,7 @@ class FaultsMixin:
                     if info.start_ns <= self.now and self._phys_down[list(info.links)].any()]
         ct = self.ct
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
-        live = with_links_down(ct, self._phys_down)
-        a, b = ct.gpu_leaf[src], ct.gpu_leaf[dst]
-        cut = ((a != b) & (live.nh_count[a, ct.leaf_slot[b]] == 0)) | self._phys_down[
-            ct.gpu_up[src]] | self._phys_down[ct.gpu_down[dst]]
+        cut = ~self._routed(src, dst, self._phys_down, with_links_down(ct, self._phys_down))
         if not cut.any():
             return []
         cutters = set().union(*self._pair_faults(src[cut], dst[cut], self._phys_down))
@@ -959,27 +956,25 @@ class FaultsMixin:
         nv = (src < 0) | (dst < 0)
         src, dst = np.maximum(src, 0), np.maximum(dst, 0)
         nv |= intra_host(ct, src, dst)
-        ups, downs = ct.gpu_up[src], ct.gpu_down[dst]
-        up_f = np.where(nv, -1, own[ups]).tolist()
-        down_f = np.where(nv, -1, own[downs]).tolist()
+        up_f = np.where(nv, -1, own[ct.gpu_up[src]]).tolist()
+        down_f = np.where(nv, -1, own[ct.gpu_down[dst]]).tolist()
         between: dict[tuple[int, int], set[int]] = {}
         links_of = {info.fault_id: list(info.links)
                     for info in (self._ft.faults if self._ft is not None else [])}
         mended: dict[int, tuple[NDArray[np.bool_], Any]] = {}  # fault -> (mask, routing)
 
-        def reconnects(f: int, a: int, b: int, up: int, dn: int) -> bool:
+        def reconnects(f: int, s: int, d: int) -> bool:
             if f not in mended:
                 m = down.copy()
                 m[links_of.get(f, [])] = False
                 mended[f] = m, with_links_down(ct, m)
-            m, view = mended[f]
-            return not (m[up] or m[dn]) and (a == b or view.nh_count[a, ct.leaf_slot[b]] > 0)
+            return bool(self._routed(np.array([s]), np.array([d]), *mended[f])[0])
 
         memo: dict[tuple[Any, ...], set[int]] = {}
         out: list[set[int]] = []
-        for i, (a, b, fu, fd, same_host, up, dn) in enumerate(zip(
+        for i, (a, b, fu, fd, same_host, s, d) in enumerate(zip(
                 ct.gpu_leaf[src].tolist(), ct.gpu_leaf[dst].tolist(), up_f, down_f,
-                nv.tolist(), ups.tolist(), downs.tolist(), strict=True)):
+                nv.tolist(), src.tolist(), dst.tolist(), strict=True)):
             if same_host:
                 out.append(set())
                 continue
@@ -987,14 +982,24 @@ class FaultsMixin:
             if fs is None:
                 fs = between[(a, b)] = set(own[switch_links_between(ct, a, b)].tolist()) - {-1}
             suspects = fs | ({fu, fd} - {-1}) | (more[i] if more is not None else set())
-            key = (a, b, up, dn, frozenset(suspects))
+            key = (a, b, fu, fd, frozenset(suspects))
             named = memo.get(key)
             if named is None:
                 named = suspects if len(suspects) < 2 else (
-                    {f for f in suspects if reconnects(f, a, b, up, dn)} or suspects)
+                    {f for f in suspects if reconnects(f, s, d)} or suspects)
                 memo[key] = named
             out.append(named)
         return out
+
+    def _routed(self, src: NDArray[np.int64], dst: NDArray[np.int64], down: NDArray[np.bool_],
+                view: Any) -> NDArray[np.bool_]:
+        """Which GPU pairs have a route with the links ``down`` down (``view``: routing
+        converged around them, :func:`~fabricpilot.topology.compiled.with_links_down`):
+        both NIC links up, and the leaves one or joined by an ECMP group."""
+        ct = self.ct
+        a, b = ct.gpu_leaf[src], ct.gpu_leaf[dst]
+        return (~down[ct.gpu_up[src]] & ~down[ct.gpu_down[dst]]
+                & ((a == b) | (view.nh_count[a, ct.leaf_slot[b]] > 0)))
 
     def _cut_off_by(self, fault: int, j: int) -> None:
         """Job ``j`` was cut off by ``fault``: named among the jobs it partitioned (and so

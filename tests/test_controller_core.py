@@ -3,6 +3,7 @@ twin's task-aware policy on the default scenario."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -2212,3 +2213,51 @@ def test_a_plan_s_lambda_is_that_of_the_fabric_links_as_after_a_heal() -> None:
     assert ctl.current.max_utilization == pytest.approx(fabric)
     assert ctl.current.extra["lambda_all_links"] == pytest.approx(nic)
     _check_consistent(ctl)
+
+
+@pytest.mark.parametrize("mice_spines", [0, 1])
+def test_switch_paths_are_every_fewest_hop_path_between_two_switches(mice_spines: int) -> None:
+    """On a k=4 fat-tree, an edge switch has (k/2)^2 = 4 four-hop paths to each of the 6
+    edges of the other pods, k/2 = 2 two-hop paths to the other edge of its pod and one to
+    each core (through the one agg of its pod that links the core). For every pair of
+    switches the controller's switch paths are networkx's shortest paths as link ids,
+    sorted. With one core kept for mice, a pair with paths off it gets those alone (3 of
+    the 4 to another pod) and every path is kept aside for when those fail."""
+    import networkx as nx
+
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.topology import compile_topology, fat_tree
+
+    twin = TaskAware(PolicyContext(compile_topology(fat_tree(k=4, gpus_per_host=2,
+                                                             rail_optimized=False)), 1, 600))
+    ctl = Controller(twin, ControllerParams(mice_spines=mice_spines))
+    view = ctl.view
+    g = ctl._switch_graph
+    mice = mice_links(view, mice_spines)
+    tier = dict(view.graph.nodes(data="tier"))
+    switches = sorted(n for n in g if view.graph.out_degree(n) and tier.get(n))
+    edges = [n for n in switches if tier[n] == 1]
+    cores = [n for n in switches if tier[n] == 3]
+    assert (len(edges), len(cores)) == (8, 4)
+    counts = {}
+    for a in switches:
+        for b in switches:
+            got = ctl._switch_paths(a, b)
+            if a == b:
+                assert got == ((),)
+                continue
+            every = sorted(tuple(view.link_between(u, v) for u, v in itertools.pairwise(p))
+                           for p in nx.all_shortest_paths(g, a, b))
+            off = [p for p in every if mice.isdisjoint(p)]
+            want = off if 0 < len(off) < len(every) else every
+            assert list(got) == want, (a, b)
+            assert list(ctl._sw_paths_all.get((a, b), got)) == every
+            counts[a, b] = len(got)
+    hops = {b: len(ctl._switch_paths(edges[0], b)[0]) for b in edges[1:]}
+    far = [b for b in edges[1:] if hops[b] == 4]
+    near = [b for b in edges[1:] if hops[b] == 2]
+    assert (len(far), len(near)) == (6, 1)
+    assert {counts[edges[0], b] for b in far} == {3 if mice_spines else 4}
+    assert counts[edges[0], near[0]] == 2
+    assert {counts[edges[0], c] for c in cores} == {1}

@@ -506,6 +506,47 @@ def mice_links(view: FabricView, spines: int) -> frozenset[int]:
                      if info.src in kept or info.dst in kept)
 
 
+def fewest_hop_paths_from(source: int, indptr: NDArray[np.int64], head: NDArray[np.int64],
+                          link: NDArray[np.int64],
+                          ) -> list[tuple[NDArray[np.int64], NDArray[np.int64]]]:
+    """Every fewest-hop path from node ``source`` to every node it reaches, as link ids, in
+    a directed graph given as compressed rows (the links out of node ``u`` are
+    ``indptr[u]:indptr[u + 1]``; link ``e`` leads to node ``head[e]`` and has id
+    ``link[e]``). Per hop count from 1: ``(last node of each path, paths)``, one path of
+    that many links per row, rows grouped by last node (ascending) and sorted within a
+    group as tuples sort. A path branches wherever a node has several links in from the
+    nodes one hop closer, so a leaf pair of a leaf-spine gets one two-hop path per spine.
+
+    Node 0 reaches nodes 1 and 2 (links 10, 11), both reach node 3 (links 12, 13):
+
+    >>> by_hops = fewest_hop_paths_from(0, np.array([0, 2, 3, 4, 4]), np.array([1, 2, 3, 3]),
+    ...                                 np.array([10, 11, 12, 13]))
+    >>> [(ends.tolist(), paths.tolist()) for ends, paths in by_hops]
+    [([1, 2], [[10], [11]]), ([3, 3], [[10, 12], [11, 13]])]
+    """
+    reached = np.zeros(len(indptr) - 1, np.bool_)
+    reached[source] = True
+    ends = np.array([source], np.int64)
+    paths = np.zeros((1, 0), np.int64)
+    out: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+    while True:
+        # every path extends along every link out of its last node to a node not reached
+        lo = indptr[ends]
+        n_out = indptr[ends + 1] - lo
+        edges = _ranges(lo, n_out)
+        owner = np.repeat(np.arange(len(ends)), n_out)
+        fresh = ~reached[head[edges]]
+        edges, owner = edges[fresh], owner[fresh]
+        if not len(edges):
+            return out
+        ends = head[edges]
+        paths = np.concatenate((paths[owner], link[edges][:, None]), axis=1)
+        reached[ends] = True
+        by = np.lexsort((*paths.T[::-1], ends))
+        ends, paths = ends[by], paths[by]
+        out.append((ends, paths))
+
+
 def rule_key(task_id: str, src: int, dst: int) -> str:
     """The match key of a planned pair: ``"<task>:<src>-><dst>"``."""
     return f"{task_id}:{src}->{dst}"
@@ -872,8 +913,11 @@ class Controller:
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
-        self._bfs: dict[str, dict[str, list[str]]] = {}
-        self._pred_memo: dict[str, dict[str, list[tuple[int, ...]]]] = {}
+        # first switches whose switch paths to every switch are in _sw_paths, and the
+        # switch graph as compressed rows (nodes, node -> index, indptr, head, link id)
+        self._expanded: set[str] = set()
+        self._csr: tuple[list[str], dict[str, int], NDArray[np.int64], NDArray[np.int64],
+                         NDArray[np.int64]] | None = None
         self._ends_cache: dict[tuple[str, bool], list[tuple[str, int]]] = {}
         self._nic_cache: dict[int, float] = {}
         # GPU node -> its ends out of it / into it by switch component (see _end_info)
@@ -1024,40 +1068,50 @@ class Controller:
             elif self._component[first] != self._component[last]:
                 hit = ()
             else:
-                pred = self._bfs.get(first)
-                if pred is None:
-                    pred = self._bfs[first] = nx.predecessor(self._switch_graph, first)
-                hit = tuple(sorted(self._pred_paths(first, last, pred))) if last in pred else ()
-                if self._mice_links:  # (off the spines kept for mice, where another is)
-                    off = tuple(p for p in hit if self._mice_links.isdisjoint(p))
-                    if off and len(off) < len(hit):
-                        self._sw_paths_all[key] = hit
-                        hit = off
+                if first not in self._expanded:
+                    self._expand(first)
+                hit = self._sw_paths.get(key, ())
             self._sw_paths[key] = hit
         return hit
 
-    def _pred_paths(self, first: str, node: str, pred: dict[str, list[str]],
-                    ) -> list[tuple[int, ...]]:
-        """Every path from ``first`` to ``node`` along ``pred`` (breadth-first predecessors
-        from ``first``: the fewest-hop paths), as link ids, the same set as
-        :func:`~fabricpilot.controller.ranking.paths_from_predecessors` gives (cached per
-        node: paths to a node extend the paths to its predecessors)."""
-        memo = self._pred_memo.setdefault(first, {first: [()]})
-        hit = memo.get(node)
-        if hit is None:
-            into = self._in_link[node]
-            hit = []
-            for u in pred[node]:
-                to_u = memo.get(u)
-                if to_u is None:
-                    to_u = self._pred_paths(first, u, pred)
-                lk = into[u]
-                if len(to_u) == 1:  # (one path to u, as from a leaf to each spine)
-                    hit.append((*to_u[0], lk))
-                else:
-                    hit.extend([(*p, lk) for p in to_u])
-            memo[node] = hit
-        return hit
+    def _expand(self, first: str) -> None:
+        """The switch paths from ``first`` to every switch it reaches into ``_sw_paths``
+        (all at once: a leaf's paths to every other leaf cost about what one pair's did
+        path by path); where some avoid the spines kept for mice, those alone (and all in
+        ``_sw_paths_all``)."""
+        if self._csr is None:
+            g = self._switch_graph
+            nodes = list(g)
+            index = {n: i for i, n in enumerate(nodes)}
+            tails, heads, ids = [], [], []
+            for u, v, lk in g.edges(data="link_id"):
+                tails.append(index[u])
+                heads.append(index[v])
+                ids.append(int(lk))
+            by = np.argsort(np.array(tails, np.int64), kind="stable")
+            indptr = _offsets(np.bincount(np.array(tails, np.int64), minlength=len(nodes)))
+            self._csr = (nodes, index, indptr, np.array(heads, np.int64)[by],
+                         np.array(ids, np.int64)[by])
+        nodes, index, indptr, head, link = self._csr
+        mice = (np.fromiter(self._mice_links, np.int64, len(self._mice_links))
+                if self._mice_links else None)
+        sw_paths, sw_all = self._sw_paths, self._sw_paths_all
+        for ends, paths in fewest_hop_paths_from(index[first], indptr, head, link):
+            rows = list(map(tuple, paths.tolist()))
+            node_ix, starts = np.unique(ends, return_index=True)
+            bounds = [*starts.tolist(), len(rows)]
+            if mice is not None:
+                off = ~np.isin(paths, mice).any(axis=1)
+                n_off = np.add.reduceat(off, starts).tolist()
+                off_l = off.tolist()
+            for k, (v, i, j) in enumerate(zip(node_ix.tolist(), bounds, bounds[1:], strict=False)):
+                key = (first, nodes[v])
+                hit = tuple(rows[i:j])
+                if mice is not None and 0 < n_off[k] < j - i:
+                    sw_all[key] = hit
+                    hit = tuple(p for p, o in zip(hit, off_l[i:j], strict=True) if o)
+                sw_paths[key] = hit
+        self._expanded.add(first)
 
     def _nic(self, gpu: int) -> float:
         """The rate of a GPU's NIC: its link into the fabric (not NVLink)."""

@@ -609,6 +609,9 @@ class _Commodities:
             u_grp[np.isin(u_grp, np.flatnonzero(~g_ok))] = -1
         self.u_obj, self.u_grp = uobj, u_grp  # unique candidate tuples and their groups
         self.u_of = u_of  # each demand's unique tuple
+        # the unique tuples' paths as link rows: path ``ustart[u] + c`` is candidate ``c``
+        # of tuple ``u``, its rows ``crow[pstart[p]:pstart[p] + plen[p]]``
+        self.crow, self.pstart, self.ustart, self.plen = crow, pstart, ustart, plen
         ufix_len = np.where(u_grp >= 0, n_fixed, 0)
         ufix_ptr = _offsets(ufix_len)
         ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
@@ -1617,46 +1620,73 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
     if not n:
         return True
     srt = np.sort(choice, axis=1)
-    single = (srt[:, 0] == srt[:, -1]).tolist()
+    one_path = srt[:, 0] == srt[:, -1]
+    whole = acc[split]
+    # the common case, all at once: one path, with one head and one tail link
+    out: list[list[tuple[tuple[int, ...], float]] | None] = [None] * n
+    fast = np.flatnonzero(one_path & (com.head1 >= 0) & (com.tail1 >= 0))
+    for idx, full in _single_paths(com, fast, srt[fast, 0]):
+        for i, p in zip(idx.tolist(), map(tuple, full.tolist()), strict=True):
+            out[i] = [(p, whole)]
+    single = one_path.tolist()
     distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & com.ordered).tolist()
     rows, ordered_l = srt.tolist(), com.ordered.tolist()
-    whole = acc[split]
     for lo in range(0, n, _FILL_CHUNK):
         if stop[0]:
             return False
         hi = lo + _FILL_CHUNK
-        for dem, row, one, dist, ordered in zip(com.demands[lo:hi], rows[lo:hi], single[lo:hi],
-                                                distinct[lo:hi], ordered_l[lo:hi], strict=True):
-            cands, head, tail = dem.candidates, dem.head, dem.tail
+        for i, (dem, one) in enumerate(zip(com.demands[lo:hi], single[lo:hi], strict=True),
+                                       lo):
+            if out[i] is not None:
+                continue
+            cands, head, tail, row = dem.candidates, dem.head, dem.tail, rows[i]
+            dist = distinct[i]
             if head or tail:  # full paths: head + candidate + tail
                 if one:
-                    paths[dem.key] = [(head + cands[row[0]] + tail, whole)]
+                    out[i] = [(head + cands[row[0]] + tail, whole)]
                     continue
                 if dist:
-                    paths[dem.key] = [(head + cands[c] + tail, inc) for c in row]
+                    out[i] = [(head + cands[c] + tail, inc) for c in row]
                     continue
                 cands = {c: head + cands[c] + tail for c in row}  # type: ignore[assignment]
             if one:
-                paths[dem.key] = [(cands[row[0]], whole)]
+                out[i] = [(cands[row[0]], whole)]
             elif dist:  # candidates in increasing order, parts on different ones
-                paths[dem.key] = [(cands[c], inc) for c in row]
-            elif ordered:  # runs of the sorted row, in increasing path order
-                out = []
+                out[i] = [(cands[c], inc) for c in row]
+            elif ordered_l[i]:  # runs of the sorted row, in increasing path order
+                runs = []
                 prev, m = row[0], 1
                 for c in row[1:]:
                     if c == prev:
                         m += 1
                     else:
-                        out.append((cands[prev], acc[m]))
+                        runs.append((cands[prev], acc[m]))
                         prev, m = c, 1
-                out.append((cands[prev], acc[m]))
-                paths[dem.key] = out
+                runs.append((cands[prev], acc[m]))
+                out[i] = runs
             else:
                 shares: dict[tuple[int, ...], float] = {}
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
-                paths[dem.key] = sorted(shares.items())
+                out[i] = sorted(shares.items())
+    paths.update(zip([d.key for d in com.demands], out, strict=True))  # type: ignore[arg-type]
     return True
+
+
+def _single_paths(com: _Commodities, idx: NDArray[np.int64], cand: NDArray[np.int64],
+                  ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64]]]:
+    """The full paths (head link, candidate ``cand[i]``'s links, tail link) of demands
+    ``idx``, each of one head and one tail link, as link id rows: per path length, the
+    demands of that length and their paths."""
+    if not len(idx):
+        return
+    path = com.ustart[com.u_of[idx]] + cand
+    length = com.plen[path]
+    for n_links in np.unique(length).tolist():
+        sel = np.flatnonzero(length == n_links)
+        rows = com.crow[com.pstart[path[sel]][:, None] + np.arange(n_links)]
+        d = idx[sel]
+        yield d, np.column_stack((com.head1[d], com.links[rows], com.tail1[d]))
 
 
 _FILL_CHUNK = 4096  # demands between two reads of a stop flag

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import itertools
 import math
+import operator
 import time
 import weakref
 from collections import Counter
@@ -267,35 +268,71 @@ _chain = itertools.chain.from_iterable
 # (switch, link id, (link id,)))
 _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
 
-_NEW = object.__new__
-_PS_SET = tuple(PathSet.__dict__[f].__set__ for f in ("key", "paths", "weights", "ports",
-                                                         "rules", "rate_cap_gbps"))
+# a path set from its fields as one tuple, in C (``PathSet(...)`` is a Python call; a plan
+# makes one set per pair)
+_path_set_of = functools.partial(tuple.__new__, PathSet)
 
 
-def _path_set(key: str, paths: tuple[tuple[int, ...], ...], weights: tuple[float, ...],
-              ports: tuple[int, ...], rules: tuple[tuple[tuple[str, int], ...], ...],
-              rate_cap_gbps: float = math.inf) -> PathSet:
-    """``PathSet(key, paths, weights, ports, rules, rate_cap_gbps)``, built field by field
-    (``PathSet`` has no checks; this is twice as fast as its ``__init__``, and a plan makes
-    one per pair).
+def _picker(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A function that picks the items ``at`` of a sequence, as a tuple (in one C call).
 
-    >>> _path_set("k", ((1, 2),), (1.0,), (7,), ((),)) == PathSet("k", ((1, 2),), (1.0,),
-    ...                                                            (7,), ((),))
-    True
+    >>> _picker([2, 0])("abc"), _picker([1])("abc")
+    (('c', 'a'), ('b',))
     """
-    s = _NEW(PathSet)
-    set_key, set_paths, set_weights, set_ports, set_rules, set_cap = _PS_SET
-    set_key(s, key)
-    set_paths(s, paths)
-    set_weights(s, weights)
-    set_ports(s, ports)
-    set_rules(s, rules)
-    set_cap(s, rate_cap_gbps)
-    return s
+    if len(at) == 1:
+        i = at[0]
+        return lambda seq: (seq[i],)
+    return operator.itemgetter(*at)  # type: ignore[return-value]
 
 
-if hasattr(PathSet, "__post_init__"):  # pragma: no cover - checks to keep: the plain way
-    _path_set = PathSet  # type: ignore[assignment]
+def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[int, ...]],
+               weights: Sequence[float], ports: Sequence[int],
+               rules: Sequence[tuple[tuple[str, int], ...]], caps: list[float],
+               ) -> list[PathSet]:
+    """The path set of every key: key ``i`` has the paths ``first[i]:first[i + 1]`` of
+    ``paths`` (with their weights, ports and rules) and rate cap ``caps[i]``; the keys of one
+    path (most) are made in one pass, their fields 1-tuples.
+
+    >>> s = _path_sets(["a", "b"], np.array([0, 1, 3]), [(1,), (2,), (3,)], [1.0, 0.5, 0.5],
+    ...                [7, 8, 9], [(), (), ()], [math.inf, 5.0])
+    >>> [(x.key, x.paths, x.weights, x.ports, x.rate_cap_gbps) for x in s]
+    [('a', ((1,),), (1.0,), (7,), inf), ('b', ((2,), (3,)), (0.5, 0.5), (8, 9), 5.0)]
+    """
+    n = len(keys)
+    count = np.diff(first)
+    if (count == 1).all():
+        return list(map(_path_set_of, zip(keys, zip(paths), zip(weights), zip(ports),
+                                          zip(rules), caps, strict=True)))
+    out = np.empty(n, object)
+    one = np.flatnonzero(count == 1)
+    if len(one):
+        rows, one_l = first[one].tolist(), one.tolist()
+        at_rows = _picker(rows)
+        at_keys = _picker(one_l)
+        out[one] = list(map(_path_set_of, zip(at_keys(keys), zip(at_rows(paths)),
+                                              zip(at_rows(weights)), zip(at_rows(ports)),
+                                              zip(at_rows(rules)), at_keys(caps),
+                                              strict=True)))
+    t_paths, t_weights, t_ports, t_rules = tuple(paths), tuple(weights), tuple(ports), tuple(rules)
+    bounds = first.tolist()
+    for i in np.flatnonzero(count != 1).tolist():
+        lo, hi = bounds[i], bounds[i + 1]
+        out[i] = PathSet(keys[i], t_paths[lo:hi], t_weights[lo:hi], t_ports[lo:hi],
+                           t_rules[lo:hi], caps[i])
+    return out.tolist()
+
+
+def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]) -> list[PathSet]:
+    """The sets of ``sets`` that ``installed`` does not hold as they are (their key absent or
+    held with another field).
+
+    >>> old = PathSet("a", ((1,),), (1.0,))
+    >>> [s.key for s in _changed_sets([PathSet("a", ((1,),), (1.0,)),
+    ...                                PathSet("b", ((1,),), (1.0,)),
+    ...                                PathSet("a", ((2,),), (1.0,))], {"a": old})]
+    ['b', 'a']
+    """
+    return [r for r in sets if installed.get(r.key) != r]
 
 
 def _merge_pieces(paths: Sequence[tuple[int, ...]], weights: Sequence[float],
@@ -404,7 +441,7 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
     made on the way (``moved.paths``)."""
     if not steered:
         paths = moved.all_paths()
-        return [_path_set(k, ps, old.weights, (), (), old.rate_cap_gbps)
+        return [PathSet(k, ps, old.weights, (), (), old.rate_cap_gbps)
                 for k, ps, old in zip(moved.keys, paths, moved.olds, strict=True)]
     out = []
     paths = []
@@ -416,7 +453,7 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
         pts, rls = old.ports, old.rules
         if any_rules and rls[j]:
             rls = (*rls[:j], (), *rls[j + 1:])
-        out.append(_path_set(k, ps, old.weights,
+        out.append(PathSet(k, ps, old.weights,
                              (port,) if len(pts) == 1 else (*pts[:j], port, *pts[j + 1:]), rls,
                              old.rate_cap_gbps))
     moved.paths = paths
@@ -1659,7 +1696,7 @@ class Controller:
                 used.update(self._links_in(d.candidates))
             sets, report = self._place_around(fresh, used, measured=True)
             installed = self._installed
-            changed = [r for r in sets if installed.get(r.key) != r]
+            changed = _changed_sets(sets, installed)
             self.dp.install(changed)
             self._record(sets)
             report.installed = len(changed)
@@ -1887,7 +1924,7 @@ class Controller:
         plan.extra["lambda_all_links"] = plan.max_utilization
         plan.max_utilization = self._fabric_lambda(plan.link_load_gbps, background or {})
         installed = self._installed
-        changed = [r for r in sets if r.key not in installed or installed[r.key] != r]
+        changed = _changed_sets(sets, installed)
         # the sets of pairs this plan no longer has (jobs gone or not planned now) are
         # withdrawn first: their rules free room for the new ones
         planned = {r.key for r in sets}
@@ -2435,7 +2472,7 @@ class Controller:
             ps = installed[k]
             new_paths, new_ports = edits.setdefault(k, (list(ps.paths), list(ps.ports)))
             new_paths[i], new_ports[i] = path, port
-        return [replace(installed[k], paths=tuple(ps_), ports=tuple(pt))
+        return [installed[k]._replace(paths=tuple(ps_), ports=tuple(pt))
                 for k, (ps_, pt) in edits.items()]
 
     def _affected_rows(self, avoid: set[int]) -> NDArray[np.int64] | None:
@@ -2536,7 +2573,7 @@ class Controller:
         any_rules = bool(+self._rules_held)
         installed = self._installed  # (the sets being replaced: their rate caps stay)
         for k, ps, ws, pts, rls in edits.now:
-            sets.append(_path_set(k, ps, ws, tuple(pts), rls,
+            sets.append(PathSet(k, ps, ws, tuple(pts), rls,
                                   getattr(installed.get(k), "rate_cap_gbps", math.inf)))
             n_paths += len(ps)
             if any_rules:
@@ -3140,11 +3177,7 @@ class Controller:
                 paths[r] = p
         if unpinned:
             all_paths = tuple(paths)
-        all_ports, all_rules = tuple(ports), tuple(rules)
-        bounds = first.tolist()
-        sets = [_path_set(key, all_paths[i:j], all_weights[i:j], all_ports[i:j],
-                          all_rules[i:j], limit)
-                for key, i, j, limit in zip(keys, bounds, bounds[1:], caps, strict=False)]
+        sets = _path_sets(keys, first, all_paths, all_weights, ports, rules, list(caps))
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

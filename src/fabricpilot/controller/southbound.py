@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import networkx as nx
 
@@ -120,8 +120,7 @@ class PortDelta:
     oper_up: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PathSet:
+class PathSet(NamedTuple):
     """Paths (link ids) and their traffic shares for one match key (a job, a flow, a class).
 
     Steered path sets also say how: ``ports[i]`` is the UDP source port of the QP that carries

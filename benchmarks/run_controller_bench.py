@@ -95,7 +95,6 @@ def gap_case(instances: int = 20, fine: int = 0) -> dict[str, list[float]]:
     """Relative gap of the planner's lambda to the LP optimum (4 parts per demand) and to
     the MILP optimum (each demand whole), per instance; with ``fine``, also that many
     instances of 96 whole demands at a quarter the rates (``milp_fine``)."""
-    from dataclasses import replace
 
     from fabricpilot.controller.instances import leaf_spine_demands
     from fabricpilot.controller.planner import gap, plan_greedy, plan_reference
@@ -106,12 +105,12 @@ def gap_case(instances: int = 20, fine: int = 0) -> dict[str, list[float]]:
             demands, cap = leaf_spine_demands(seed)
             out["lp"].append(gap(plan_greedy(demands, cap, split=4),
                                  plan_reference(demands, cap)))
-            whole = [replace(d, whole=True) for d in demands]
+            whole = [d._replace(whole=True) for d in demands]
             out["milp"].append(gap(plan_greedy(whole, cap),
                                    plan_reference(whole, cap, integral=True)))
         for seed in range(fine):
             demands, cap = leaf_spine_demands(seed, n=96)
-            whole = [replace(d, rate_gbps=d.rate_gbps / 4, whole=True) for d in demands]
+            whole = [d._replace(rate_gbps=d.rate_gbps / 4, whole=True) for d in demands]
             out["milp_fine"].append(gap(plan_greedy(whole, cap),
                                         plan_reference(whole, cap, integral=True)))
     return out

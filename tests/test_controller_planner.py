@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
@@ -186,12 +185,12 @@ def test_parts_of_a_demand_plan_as_whole_or_as_the_split_at_their_ends(seed: int
     # the loads its rates add up to
     demands, cap = rail_demands(seed, n=200, factored=True)
     base = plan_greedy(demands, cap, split=4)
-    as_split = [dataclasses.replace(d, parts=4) for d in demands]
+    as_split = [d._replace(parts=4) for d in demands]
     assert plan_greedy(as_split, cap, split=4).paths == base.paths
-    ones = [dataclasses.replace(d, parts=1) for d in demands]
-    wholes = [dataclasses.replace(d, whole=True) for d in demands]
+    ones = [d._replace(parts=1) for d in demands]
+    wholes = [d._replace(whole=True) for d in demands]
     assert plan_greedy(ones, cap, split=4).paths == plan_greedy(wholes, cap, split=4).paths
-    mixed = [dataclasses.replace(d, parts=(1, 2, 4)[i % 3]) for i, d in enumerate(demands)]
+    mixed = [d._replace(parts=(1, 2, 4)[i % 3]) for i, d in enumerate(demands)]
     plan = plan_greedy(mixed, cap, split=4)
     for d in mixed:
         shares = [w for _, w in plan.paths[d.key]]
@@ -706,10 +705,9 @@ def test_replace_parts_avoids_gray_links_while_it_can_and_dead_ones_always() -> 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_one_priority_for_all_plans_as_without_priorities(seed: int) -> None:
-    from dataclasses import replace
 
     demands, cap = rail_demands(seed, n=120, whole_every=4)
-    same = [replace(d, priority=3) for d in demands]
+    same = [d._replace(priority=3) for d in demands]
     a, b = plan_greedy(demands, cap, split=3), plan_greedy(same, cap, split=3)
     assert a.paths == b.paths and a.max_utilization == b.max_utilization
     assert "lambda_priority_3" not in b.extra
@@ -717,11 +715,10 @@ def test_one_priority_for_all_plans_as_without_priorities(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_higher_priority_is_planned_as_if_the_lower_ones_did_not_exist(seed: int) -> None:
-    from dataclasses import replace
 
     demands, cap = leaf_spine_demands(seed, n=40)
     high = {d.key for d in demands[::3]}
-    tiered = [replace(d, priority=2) if d.key in high else d for d in demands]
+    tiered = [d._replace(priority=2) if d.key in high else d for d in demands]
     both = plan_greedy(tiered, cap, split=2, max_moves=200)
     alone = plan_greedy([d for d in demands if d.key in high], cap, split=2, max_moves=200)
     assert {k: both.paths[k] for k in high} == alone.paths
@@ -761,10 +758,9 @@ def test_each_priority_tier_is_within_5_percent_of_the_lp_given_the_tiers_above(
     # planner put it (as fixed demands), takes the links the top tier crosses no further
     # past their limit than the LP's lexicographic optimum does (E), and its lambda is
     # within 5 % of the LP's at that E
-    from dataclasses import replace
 
     demands, cap = leaf_spine_demands(seed, n=48)
-    tiered = [replace(d, priority=1) if i % 3 == 0 else d for i, d in enumerate(demands)]
+    tiered = [d._replace(priority=1) if i % 3 == 0 else d for i, d in enumerate(demands)]
     plan = plan_greedy(tiered, cap, split=4)
     top = [d for d in tiered if d.priority == 1]
     high = {lk: 0.0 for lk in cap}  # the top tier's own load

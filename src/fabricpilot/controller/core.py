@@ -48,6 +48,7 @@ from fabricpilot.controller.planner import (
     PartChoice,
     Plan,
     _demand,
+    _demand_of,
     _gc_paused,
     _offsets,
     _ranges,
@@ -1322,7 +1323,7 @@ class Controller:
                         pp = max(pp, prev.priority)
                         if prev.rate_gbps >= rate:
                             if prev.priority < pp:
-                                pending[key] = replace(prev, priority=pp)
+                                pending[key] = prev._replace(priority=pp)
                             continue
                     # the common case: one (first, last) switch pair; the NIC links
                     # as head and tail and one shared tuple of switch paths (those
@@ -1519,12 +1520,14 @@ class Controller:
         else:
             q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
         keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
-        for i, d in zip(idx.tolist(), map(_demand, keys, rates[idx].tolist(),
-                                          map(mids_of.__getitem__, inv.tolist()),
-                                          itertools.repeat(heat), map(heads.__getitem__, fa),
-                                          map(tails.__getitem__, fb), wholes,
-                                          itertools.repeat(priority), q_list),
-                        strict=False):
+        made = list(map(_demand_of, zip(keys, rates[idx].tolist(),
+                                        map(mids_of.__getitem__, inv.tolist()),
+                                        itertools.repeat(heat), map(heads.__getitem__, fa),
+                                        map(tails.__getitem__, fb), wholes,
+                                        itertools.repeat(priority), q_list, strict=False)))
+        if len(made) == len(out):  # (every pair, as a rule)
+            return made  # type: ignore[return-value]
+        for i, d in zip(idx.tolist(), made, strict=True):
             out[i] = d
         return out
 
@@ -1913,7 +1916,7 @@ class Controller:
         for i, full in zip(todo, fulls, strict=True):
             free = tuple(p for p in full if not next(got).rules)
             if free:
-                out[i] = replace(demands[i], candidates=free, head=(), tail=())
+                out[i] = demands[i]._replace(candidates=free, head=(), tail=())
         return out
 
     def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int,

@@ -23,9 +23,11 @@ can share one ``candidates`` tuple: the planner then reads every shared tuple on
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -39,8 +41,24 @@ from fabricpilot.collector import paused as _gc_paused
 _chain = itertools.chain.from_iterable
 
 
-@dataclass(frozen=True, slots=True)
-class Demand:
+_TUPLE_NEW = tuple.__new__
+
+
+class _DemandFields(NamedTuple):
+    """The fields of a :class:`Demand`."""
+
+    key: str
+    rate_gbps: float
+    candidates: tuple[tuple[int, ...], ...]
+    weight: float = 1.0
+    head: tuple[int, ...] = ()
+    tail: tuple[int, ...] = ()
+    whole: bool = False
+    priority: int = 0
+    parts: int = 0
+
+
+class Demand(_DemandFields):
     """Traffic to place: ``rate_gbps`` between two endpoints on one of its candidate paths
     (tuples of link ids); heavier ``weight`` is placed first. A plan places a demand in
     equal parts (one QP each): ``parts`` of them, or as many as the plan's ``split`` when
@@ -58,25 +76,24 @@ class Demand:
     >>> d = Demand("a", 100, ((5, 6), (7, 8)), head=(1,), tail=(2,))
     >>> d.full_candidates
     ((1, 5, 6, 2), (1, 7, 8, 2))
+
+    A demand is a named tuple (a plan makes one per GPU pair; its fields are read as
+    columns): ``d._replace(priority=1)`` gives a changed copy.
     """
 
-    key: str
-    rate_gbps: float
-    candidates: tuple[tuple[int, ...], ...]
-    weight: float = 1.0
-    head: tuple[int, ...] = ()
-    tail: tuple[int, ...] = ()
-    whole: bool = False
-    priority: int = 0
-    parts: int = 0
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if not self.candidates:
-            raise ValueError(f"demand {self.key!r}: no candidate path")
-        if not self.rate_gbps >= 0:
-            raise ValueError(f"demand {self.key!r}: rate_gbps must be >= 0")
-        if self.parts < 0:
-            raise ValueError(f"demand {self.key!r}: parts must be >= 0")
+    def __new__(cls, key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
+                weight: float = 1.0, head: tuple[int, ...] = (), tail: tuple[int, ...] = (),
+                whole: bool = False, priority: int = 0, parts: int = 0) -> Demand:
+        if not candidates:
+            raise ValueError(f"demand {key!r}: no candidate path")
+        if not rate_gbps >= 0:
+            raise ValueError(f"demand {key!r}: rate_gbps must be >= 0")
+        if parts < 0:
+            raise ValueError(f"demand {key!r}: parts must be >= 0")
+        return _TUPLE_NEW(cls, (key, rate_gbps, candidates, weight, head, tail, whole,
+                                priority, parts))
 
     @property
     def full_candidates(self) -> tuple[tuple[int, ...], ...]:
@@ -528,9 +545,9 @@ class _Commodities:
         self.links = (cap_arrays.ids.astype(np.int64) if cap_arrays is not None
                       else np.array(sorted(capacity), np.int64))
         n_links = len(self.links)
-        cands = [d.candidates for d in self.demands]
-        heads = [d.head for d in self.demands]
-        tails = [d.tail for d in self.demands]
+        # the demands' fields as columns (a demand is a tuple: one transposition, in C)
+        (keys, rates, cands, weights, heads, tails, wholes, prios, parts_l) = (
+            zip(*self.demands, strict=True) if n else ((),) * len(Demand._fields))
         # unique candidate tuples (by identity: demands may share one)
         if aggregate:
             u_of, uobj = _unique_objects(cands)
@@ -564,11 +581,13 @@ class _Commodities:
         else:
             bg = background or {}
             self.bg = np.array([float(bg.get(lk, 0.0)) for lk in self.links.tolist()])
-        self.rate = np.array([d.rate_gbps for d in self.demands], np.float64)
-        self.weight = np.array([d.weight for d in self.demands], np.float64)
-        self.whole = np.fromiter((d.whole for d in self.demands), np.bool_, n)
-        self.parts = np.fromiter((d.parts for d in self.demands), np.int64, n)
-        self.priority = np.fromiter((d.priority for d in self.demands), np.int64, n)
+        self.rate = np.array(rates, np.float64)
+        self.weight = np.array(weights, np.float64)
+        self.whole = np.fromiter(wholes, np.bool_, n)
+        self.parts = np.fromiter(parts_l, np.int64, n)
+        self.priority = np.fromiter(prios, np.int64, n)
+        self.keys: tuple[str, ...] = keys
+        del rates, weights, wholes, prios, parts_l
         crow = rows[:n_c]
         hrow = rows[n_c:n_c + n_h].astype(np.int64)
         trow = rows[n_c + n_h:].astype(np.int64)
@@ -874,7 +893,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     checkpoint()
     n = len(com.demands)
     load = com.bg.copy()
-    keys = [d.key for d in com.demands]
+    keys = list(com.keys)
     by_key = np.array(sorted(range(n), key=keys.__getitem__), np.int64)
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
@@ -1533,7 +1552,7 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     ids = np.arange(n, dtype=np.int64)
     owner = np.concatenate((np.repeat(ids, np.diff(com.fix_ptr)),
                             np.repeat(np.repeat(ids, run.sum(axis=1)), c_len)))
-    return KeyLinks([d.key for d in com.demands], com.links[rows], owner)
+    return KeyLinks(list(com.keys), com.links[rows], owner)
 
 
 # link loads the re-insertion sweeps of one placement may score, in all (some 0.08 s): where
@@ -1577,11 +1596,8 @@ def warm_up() -> None:
     _WARM.append(True)
 
 
-_NEW = object.__new__
-(_SET_KEY, _SET_RATE, _SET_CANDS, _SET_WEIGHT, _SET_HEAD, _SET_TAIL, _SET_WHOLE, _SET_PRIO,
- _SET_PARTS) = (Demand.__dict__[f].__set__ for f in ("key", "rate_gbps", "candidates", "weight",
-                                                     "head", "tail", "whole", "priority",
-                                                     "parts"))
+# a demand from its fields as one tuple, in C, without its checks
+_demand_of = functools.partial(_TUPLE_NEW, Demand)
 
 
 def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
@@ -1589,22 +1605,13 @@ def _demand(key: str, rate_gbps: float, candidates: tuple[tuple[int, ...], ...],
             whole: bool = False, priority: int = 0, parts: int = 0) -> Demand:
     """``Demand(key, rate_gbps, candidates, weight, head, tail, whole, priority, parts)``
     without its checks, for callers that made sure ``candidates`` is not empty, ``rate_gbps
-    >= 0`` and ``parts >= 0`` (twice as fast: planning makes one per GPU pair).
+    >= 0`` and ``parts >= 0`` (:data:`_demand_of` makes one of a tuple of its fields).
 
     >>> _demand("a", 1.0, ((1,),), 2.0, (0,), ()) == Demand("a", 1.0, ((1,),), 2.0, (0,))
     True
     """
-    d = _NEW(Demand)
-    _SET_KEY(d, key)
-    _SET_RATE(d, rate_gbps)
-    _SET_CANDS(d, candidates)
-    _SET_WEIGHT(d, weight)
-    _SET_HEAD(d, head)
-    _SET_TAIL(d, tail)
-    _SET_WHOLE(d, whole)
-    _SET_PRIO(d, priority)
-    _SET_PARTS(d, parts)
-    return d
+    return _demand_of((key, rate_gbps, candidates, weight, head, tail, whole, priority,
+                       parts))
 
 
 def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
@@ -1669,7 +1676,7 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
                 out[i] = sorted(shares.items())
-    paths.update(zip([d.key for d in com.demands], out, strict=True))  # type: ignore[arg-type]
+    paths.update(zip(com.keys, out, strict=True))  # type: ignore[arg-type]
     return True
 
 

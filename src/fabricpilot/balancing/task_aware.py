@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import Counter
 from dataclasses import replace
 
@@ -61,6 +62,8 @@ from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAME = {code: str(kind) for kind, code in LINK_KIND_CODES.items()}
 _chain = itertools.chain.from_iterable
+_KEY = operator.attrgetter("key")
+_RULES = operator.attrgetter("rules")
 DEFAULT_SLA_US = 1_000.0  # jobs that declare no SLA: L3
 
 
@@ -260,11 +263,11 @@ class TaskAware(Adaptive):
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         held = self._rules
         removing = self._removing  # (their rules are freed already)
+        keys = list(map(_KEY, rules))
         freed = Counter(sw for sw, _ in _chain(_chain(
-            held[r.key][0].rules for r in rules if r.key in held and r.key not in removing))
+            held[k][0].rules for k in keys if k in held and k not in removing))
         ) if self._table else Counter()
-        added = Counter(sw for sw, _ in _chain(_chain(  # (most sets have none)
-            r.rules for r in rules if any(r.rules))))
+        added = Counter(sw for sw, _ in _chain(_chain(map(_RULES, rules))))
         if freed or added:  # (no rule in or out: the tables stay as they are)
             table = self._table - freed
             table.update(added)
@@ -275,7 +278,7 @@ class TaskAware(Adaptive):
                 raise ValueError(f"switch {sw}: rule table full ({n} rules > capacity {cap})")
             self._table = table
         at = now + (0 if self._ahead else self.ctx.controller.control_latency_ns)
-        if any(r.key not in held for r in rules):
+        if not all(map(held.__contains__, keys)):
             self._planned_codes = None
         if not self._ahead:  # (before the run no stream is on the way yet)
             changed = [r.key for r in rules if r.key not in held or held[r.key][0] != r]
@@ -285,14 +288,11 @@ class TaskAware(Adaptive):
                 was = held.get(r.key)
                 if was is not None and was[1] <= now and at > now:
                     self._before[r.key] = was[0]
-        held.update([(r.key, (r, at)) for r in rules])
-        forwarded = self._forwarded
-        if forwarded:
-            for r in rules:
-                forwarded.pop(r.key, None)
-        if self._removing:  # (installed again before its withdrawal took effect)
-            for r in rules:
-                self._removing.pop(r.key, None)
+        held.update(zip(keys, zip(rules, itertools.repeat(at), strict=False), strict=True))
+        for pending in (self._forwarded, self._removing):  # (superseded by the new sets)
+            if pending:
+                for k in keys:
+                    pending.pop(k, None)
 
     def _in_effect(self, key: str, now: float) -> PathSet | None:
         """The path set the switches forward ``key`` by at ``now``: the newest one once it

@@ -265,6 +265,7 @@ class _Weights(Mapping[str, float]):
 
 
 _chain = itertools.chain.from_iterable
+_KEY = operator.attrgetter("key")
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
 _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
@@ -2062,7 +2063,7 @@ class Controller:
         :meth:`_record` does from empty, in bulk: the keys per link are indexed by one sort.
         ``rules=False`` says that no set has an explicit rule; ``links``, if given, are the
         links of the sets' paths (read from them otherwise)."""
-        self._installed = {r.key: r for r in sets}
+        self._installed = dict(zip(map(_KEY, sets), sets, strict=True))
         self._slots = None  # (a whole plan's sets make one: see _install)
         self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
                             if rules else Counter())

@@ -893,8 +893,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     checkpoint()
     n = len(com.demands)
     load = com.bg.copy()
-    keys = list(com.keys)
-    by_key = np.array(sorted(range(n), key=keys.__getitem__), np.int64)
+    # (numpy's string order is Python's for keys without NUL characters, and sorts in C)
+    by_key = np.argsort(np.array(com.keys, dtype=str), kind="stable") if n else np.zeros(
+        0, np.int64)
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
     lg_ptr, lg_idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
@@ -1635,19 +1636,24 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
     for idx, full in _single_paths(com, fast, srt[fast, 0]):
         for i, p in zip(idx.tolist(), map(tuple, full.tolist()), strict=True):
             out[i] = [(p, whole)]
-    single = one_path.tolist()
-    distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & com.ordered).tolist()
-    rows, ordered_l = srt.tolist(), com.ordered.tolist()
-    for lo in range(0, n, _FILL_CHUNK):
+    # the others one by one (their rows only: a plan's choice has n * split entries)
+    rest = np.ones(n, np.bool_)
+    rest[fast] = False
+    rest_idx = np.flatnonzero(rest)
+    srt = srt[rest_idx]
+    single = one_path[rest_idx].tolist()
+    ordered = com.ordered[rest_idx]
+    distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & ordered).tolist()
+    rows, ordered_l, todo = srt.tolist(), ordered.tolist(), rest_idx.tolist()
+    demands = com.demands
+    for lo in range(0, len(todo), _FILL_CHUNK):
         if stop[0]:
             return False
-        hi = lo + _FILL_CHUNK
-        for i, (dem, one) in enumerate(zip(com.demands[lo:hi], single[lo:hi], strict=True),
-                                       lo):
-            if out[i] is not None:
-                continue
-            cands, head, tail, row = dem.candidates, dem.head, dem.tail, rows[i]
-            dist = distinct[i]
+        for j in range(lo, min(lo + _FILL_CHUNK, len(todo))):
+            i, one = todo[j], single[j]
+            dem = demands[i]
+            cands, head, tail, row = dem.candidates, dem.head, dem.tail, rows[j]
+            dist = distinct[j]
             if head or tail:  # full paths: head + candidate + tail
                 if one:
                     out[i] = [(head + cands[row[0]] + tail, whole)]
@@ -1660,7 +1666,7 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                 out[i] = [(cands[row[0]], whole)]
             elif dist:  # candidates in increasing order, parts on different ones
                 out[i] = [(cands[c], inc) for c in row]
-            elif ordered_l[i]:  # runs of the sorted row, in increasing path order
+            elif ordered_l[j]:  # runs of the sorted row, in increasing path order
                 runs = []
                 prev, m = row[0], 1
                 for c in row[1:]:
@@ -1676,6 +1682,8 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
                 out[i] = sorted(shares.items())
+    if stop[0]:
+        return False
     paths.update(zip(com.keys, out, strict=True))  # type: ignore[arg-type]
     return True
 

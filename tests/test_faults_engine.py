@@ -160,6 +160,7 @@ def test_a_failure_that_cuts_a_gpu_off_is_reported_not_hung(tmp_path: Path) -> N
         (f,) = r.faults
         assert f["partitioned"] == ["ring"]
         assert "ring" in r.aborted and "no path" in r.aborted["ring"]
+        assert f["recovery_us"] is None  # (a job stopped never recovers)
         assert [c.job for c in r.collectives] == ["far"]
         assert r.summary()["aborted_jobs"] == r.aborted
 
@@ -171,18 +172,29 @@ def test_a_stage_that_starts_with_no_path_left_stops_its_job_or_waits(tmp_path: 
     """Both spines die before the job starts: routing (converged at once for ``ideal``)
     finds no path for the job's first stage. Down for good, the job is stopped and named as
     the faults' partition (it was a traceback for the policies that route on the converged
-    view); repaired at 8 ms, it waits for the repair and then moves every byte."""
+    view); repaired at 8 ms, it waits for the repair and then moves every byte.
+
+    The faults recover when the job moves again, never before (an idle network is no sign
+    of health: they were said to recover as soon as they were routed around, the job cut
+    off): at the repair for ``ideal``; once the controller knows of it and its paths are
+    in (detection, control latency) for ``task-aware``; once routing has converged on it
+    for the others. A job stopped never recovers."""
     spines = [{"kind": "switch_down", "switch": f"spine{i}", "at_ns": 0} for i in (0, 1)]
     job = {**A2A, "compute_ns": 50_000}
     r = run_policy(_scenario(tmp_path, [job], spines), policy)
     assert "a2a" in r.aborted and "has no path left" in r.aborted["a2a"]
     assert "a2a" in {j for f in r.faults for j in f["partitioned"]}
     assert r.collectives == []
+    assert [f["recovery_us"] for f in r.faults] == [None, None]
     back = [{**ev, "until_ns": 8_000_000} for ev in spines]
     r = run_policy(_scenario(tmp_path, [job], back), policy)
     assert not r.aborted and r.bytes_delivered == r.bytes_sent > 0
     (c,) = r.collectives
     assert c.end_ns > 8_000_000  # (it could not move before the repair)
+    lag_ns = {"ideal": 0, "task-aware": DETECT_NS + CONTROL_NS}.get(policy,
+                                                                   DETECT_NS + CONVERGE_NS)
+    for f in r.faults:
+        assert f["recovery_us"] == pytest.approx((8_000_000 + lag_ns) / 1e3)
 
 def _gray_run(tmp_path: Path, policy: str, controller: dict[str, Any] | None = None,
               **faults: Any) -> tuple[Any, Any]:

@@ -718,11 +718,13 @@ class FaultsMixin:
 
     def _retry_after_repair(self, retry: Callable[[], None]) -> None:
         """Call ``retry`` once routing may have converged on the next repair (or, if the
-        repairs were all played, on the links still avoided though up)."""
+        repairs were all played, on the links still avoided though up): at the repair
+        itself for a policy that reroutes at once."""
         assert self._ft is not None
         ups = [ev.time_ns for ev in self._ft.events if ev.kind == "up" and ev.time_ns > self.now]
         p = self._ft.params
-        self._at(min(ups) + p.convergence_delay_ns if ups else
+        lag = 0 if self._instant else p.convergence_delay_ns
+        self._at(min(ups) + lag if ups else
                  self.now + max(p.convergence_delay_ns, p.detection_delay_ns, 1), retry)
 
     def _may_come_back(self) -> bool:
@@ -1003,11 +1005,13 @@ class FaultsMixin:
 
     def _cut_off_by(self, fault: int, j: int) -> None:
         """Job ``j`` was cut off by ``fault``: named among the jobs it partitioned (and so
-        among those it hit)."""
+        among those it hit), and the fault not recovered until the job is."""
         rec = self._records[fault]
         if self.jobs[j].name not in rec.partitioned:
             rec.partitioned.append(self.jobs[j].name)
         self._touch(rec, [j])
+        # (a recovery found before: none yet, as the fault had reached no job then)
+        rec.recovered_ns = None
 
     def _faults_crossed(self, mem: NDArray[np.int64], rows: NDArray[np.int64],
                         down: NDArray[np.bool_]) -> dict[int, set[int]]:
@@ -1329,6 +1333,12 @@ class FaultsMixin:
         busy = np.zeros(len(self.jobs), bool)
         own = self._row_owner[self._row_owner >= 0]
         busy[own] = True
+        # the jobs cut off now: stopped, waiting for a repair to start a stage, or with a
+        # stream held until a path comes back
+        cut_off = set(self._aborted) | set(self._waiting_jobs)
+        if self._cut_flows:
+            held = np.isin(self._row_flow, list(self._cut_flows))
+            cut_off.update(self._row_owner[held & (self._row_owner >= 0)].tolist())
         for rec in self._records.values():
             # (once its traffic is rerouted, or the fault is over: a link back before
             # routing moved anything off it)
@@ -1338,9 +1348,13 @@ class FaultsMixin:
             if rec.kind == "gray" and rec.end_ns is None and not rec.affected:
                 continue
             # (a job with flows open and nothing getting through is not recovered, whatever
-            # it sent before: it may have been stalled then by an earlier fault)
-            ok = all(not busy[j] or (now_gbps[j] > 0 and now_gbps[j] >= RECOVERED_SHARE
-                                     * rec.pre_fault_gbps.get(j, 0))
+            # it sent before: it may have been stalled then by an earlier fault; nor is one
+            # the fault cut off while it waits for a repair, or once it is stopped: its
+            # idle network is no sign of health)
+            cut = set(rec.partitioned)
+            ok = all(not (j in cut_off and self.jobs[j].name in cut)
+                     and (not busy[j] or (now_gbps[j] > 0 and now_gbps[j] >= RECOVERED_SHARE
+                                          * rec.pre_fault_gbps.get(j, 0)))
                      for j in rec.affected)
             if ok:
                 rec.recovered_ns = self.now

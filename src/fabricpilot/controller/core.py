@@ -320,7 +320,7 @@ def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[
     for i in np.flatnonzero(count != 1).tolist():
         lo, hi = bounds[i], bounds[i + 1]
         out[i] = PathSet(keys[i], t_paths[lo:hi], t_weights[lo:hi], t_ports[lo:hi],
-                           t_rules[lo:hi], caps[i])
+                         t_rules[lo:hi], caps[i])
     return out.tolist()
 
 
@@ -456,8 +456,8 @@ def _whole_sets(moved: WholeMoves, ports: list[int], steered: bool, any_rules: b
         if any_rules and rls[j]:
             rls = (*rls[:j], (), *rls[j + 1:])
         out.append(PathSet(k, ps, old.weights,
-                             (port,) if len(pts) == 1 else (*pts[:j], port, *pts[j + 1:]), rls,
-                             old.rate_cap_gbps))
+                           (port,) if len(pts) == 1 else (*pts[:j], port, *pts[j + 1:]), rls,
+                           old.rate_cap_gbps))
     moved.paths = paths
     return out
 
@@ -2578,7 +2578,7 @@ class Controller:
         installed = self._installed  # (the sets being replaced: their rate caps stay)
         for k, ps, ws, pts, rls in edits.now:
             sets.append(PathSet(k, ps, ws, tuple(pts), rls,
-                                  getattr(installed.get(k), "rate_cap_gbps", math.inf)))
+                                getattr(installed.get(k), "rate_cap_gbps", math.inf)))
             n_paths += len(ps)
             if any_rules:
                 pinned += sum(1 for r in rls if r)

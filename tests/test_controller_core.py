@@ -17,13 +17,11 @@ from fabricpilot.controller.core import (
     Controller,
     PlanInterrupted,
     mice_links,
-    pair_shares,
-    pattern_pairs,
-    pattern_transfers,
     rule_key,
 )
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
+from fabricpilot.controller.patterns import pair_shares, pattern_pairs, pattern_transfers
 from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
 
 

@@ -29,9 +29,10 @@ import pytest
 
 from fabricpilot.balancing import PolicyContext
 from fabricpilot.balancing.task_aware import fabric_view
-from fabricpilot.controller.core import Controller, pattern_pairs, rule_key
+from fabricpilot.controller.core import Controller, rule_key
 from fabricpilot.controller.intents import LEVELS, CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
+from fabricpilot.controller.patterns import pattern_pairs
 from fabricpilot.controller.ranking import in_scope
 from fabricpilot.controller.southbound import FabricView, PathSet, PortDelta
 from fabricpilot.topology import compile_topology

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class ControllerParams:
     """How the controller runs: control-channel latency of rule updates, the QPs (plan
     parts) a GPU spreads its traffic in a call over, at least (``parts``, a pair's share of
-    them as :func:`~fabricpilot.controller.core.pair_qps` gives: all of them for a ring's
+    them as :func:`~fabricpilot.controller.patterns.pair_qps` gives: all of them for a ring's
     one peer, one per peer for a GPU with at least ``parts`` peers, as in an AlltoAll), the
     rules one switch holds, how often it re-plans from telemetry
     and by how much a re-plan must lower a job's bottleneck to be installed (hysteresis), the

@@ -46,10 +46,10 @@ from fabricpilot.controller.core import (
     HealReport,
     PlanInterrupted,
     TickReport,
-    pattern_transfers,
     rule_key,
 )
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
+from fabricpilot.controller.patterns import pattern_transfers
 from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal

@@ -1333,6 +1333,38 @@ def _index_from_installed(ctl: Controller) -> dict[int, set[str]]:
     return out
 
 
+def test_recorded_and_forgotten_sets_keep_the_link_index_and_rule_counts() -> None:
+    """The controller's records of installed sets (keys per link, explicit rules per
+    switch), kept in batches as sets are recorded, replaced and forgotten, are those
+    recomputed from the sets installed at each step."""
+    from collections import Counter
+
+    ctl = Controller(FakeDataPlane())
+
+    def check(installed: dict[str, PathSet]) -> None:
+        assert ctl._installed == installed
+        assert {lk: ctl._on_link[lk] for lk in ctl._on_link if ctl._on_link[lk]} == (
+            _index_from_installed(ctl))
+        assert +ctl._rules_held == Counter(
+            sw for r in installed.values() for pinned in r.rules for sw, _ in pinned)
+
+    # (gpu0 -> gpu2 and gpu1 -> gpu3, each leaf0 -> spine0 or spine1 -> leaf1)
+    a = PathSet("a", ((0, 8, 13, 5),), (1.0,), (7,), ((("leaf0", 8),),))
+    b = PathSet("b", ((2, 8, 13, 7), (2, 10, 15, 7)), (0.5, 0.5), (1, 2), ((), ()))
+    ctl._record([a, b])
+    check({"a": a, "b": b})
+    # a moves to the other spine and loses its rule; b's second path gets one
+    a2 = PathSet("a", ((0, 10, 15, 5),), (1.0,), (8,), ((),))
+    b2 = b._replace(rules=((), (("leaf0", 10),)))
+    ctl._record([a2, b2])
+    check({"a": a2, "b": b2})
+    ctl._forget_all(["b", "gone"])  # (a key never installed is ignored)
+    check({"a": a2})
+    assert ctl._forgotten == ["b"]
+    ctl._record([b])  # (back, as first recorded)
+    check({"a": a2, "b": b})
+
+
 def _hottest(ctl: Controller) -> int:
     """The fabric link carrying the most planned load (ties: the lowest id)."""
     load = ctl.current.link_load_gbps

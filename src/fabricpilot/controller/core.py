@@ -100,6 +100,9 @@ class _Weights(Mapping[str, float]):
 
 _chain = itertools.chain.from_iterable
 _KEY = operator.attrgetter("key")
+_PATHS = operator.attrgetter("paths")
+_RULES = operator.attrgetter("rules")
+_HEAD, _TAIL, _CANDIDATES = (operator.attrgetter(f) for f in ("head", "tail", "candidates"))
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
 _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
@@ -531,6 +534,23 @@ _Batch = tuple[NDArray[np.int64], NDArray[np.int64], list[str], bool]
 _LAZY_MAX = 4_000_000  # deferred (link, key) changes held at most
 
 
+def _set_links(sets: Sequence[PathSet]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Every link use of the paths of ``sets``: ``sets[owner[i]]`` has a path through link
+    ``flat[i]`` (a link once per path that crosses it).
+
+    >>> flat, owner = _set_links([PathSet("a", ((1, 2), (3, 2)), (0.5, 0.5)),
+    ...                           PathSet("b", ((4,),), (1.0,))])
+    >>> flat.tolist(), owner.tolist()
+    ([1, 2, 3, 2, 4], [0, 0, 0, 0, 1])
+    """
+    paths = list(_chain(map(_PATHS, sets)))
+    per_key = np.fromiter(map(len, map(_PATHS, sets)), np.int64, len(sets))
+    per_path = np.fromiter(map(len, paths), np.int64, len(paths))
+    flat = np.fromiter(_chain(paths), np.int64, int(per_path.sum()))
+    owner = np.repeat(np.repeat(np.arange(len(sets), dtype=np.int64), per_key), per_path)
+    return flat, owner
+
+
 class _KeysByLink(Mapping[int, set[str]]):
     """The keys of the installed path sets per link they use (a link met once stays, even
     when its set becomes empty). Built in bulk from path sets (:meth:`of`: their links
@@ -561,13 +581,7 @@ class _KeysByLink(Mapping[int, set[str]]):
     @classmethod
     def of(cls, sets: list[PathSet]) -> _KeysByLink:
         """The index of ``sets`` (keys assumed distinct)."""
-        keys = [r.key for r in sets]
-        paths = list(_chain(r.paths for r in sets))
-        per_key = np.fromiter((len(r.paths) for r in sets), np.int64, len(sets))
-        per_path = np.fromiter(map(len, paths), np.int64, len(paths))
-        flat = np.fromiter(_chain(paths), np.int64, int(per_path.sum()))
-        owner = np.repeat(np.repeat(np.arange(len(keys), dtype=np.int64), per_key), per_path)
-        return cls.of_links(keys, flat, owner)
+        return cls.of_links([r.key for r in sets], *_set_links(sets))
 
     @classmethod
     def of_links(cls, keys: list[str], flat: NDArray[np.int64], owner: NDArray[np.int64],
@@ -1519,19 +1533,18 @@ class Controller:
                 for lk in p:
                     load[lk] -= out
         fresh = self.demands(only=tasks)
-        kept = {d.key for d in fresh}
-        for k in old:
-            if k not in kept:
-                self._forget(k)
+        kept = set(map(_KEY, fresh))
+        self._forget_all([k for k in old if k not in kept])
         self._withdraw_forgotten()  # (before the new sets: their rules free room)
         columns = plan.columns
         if not fresh:
             report = PlanReport(plan, 0, 0)
         else:
-            used: set[int] = set()
-            for d in fresh:
-                used.update(d.head, d.tail)
-                used.update(self._links_in(d.candidates))
+            # (each candidate tuple once: a job's pairs of one leaf pair share theirs)
+            used = set(_chain(map(_HEAD, fresh)))
+            used.update(_chain(map(_TAIL, fresh)))
+            for cands in {id(c): c for c in map(_CANDIDATES, fresh)}.values():
+                used.update(self._links_in(cands))
             sets, report = self._place_around(fresh, used, measured=True)
             installed = self._installed
             changed = _changed_sets(sets, installed)
@@ -1680,19 +1693,28 @@ class Controller:
     def _forget(self, key: str) -> None:
         """Drop an installed path set the plan no longer has (its job withdrawn, or the
         pair gone from its calls)."""
+        self._forget_all([key])
+
+    def _forget_all(self, keys: list[str]) -> None:
+        """:meth:`_forget` of every key of ``keys`` (the link index's edits deferred, in
+        one batch: a job withdrawn may have had a million pairs)."""
         if self._slots is not None:
-            self._slots.mark_stale((key,))
-        old = self._installed.pop(key, None)
-        if old is not None:
-            self._forgotten.append(key)  # (withdrawn from the data plane with the next
+            self._slots.mark_stale(keys)
+        installed = self._installed
+        gone = [k for k in keys if k in installed]
+        olds = list(map(installed.pop, gone))
+        if gone:
+            self._forgotten.extend(gone)  # (withdrawn from the data plane with the next
             # sets sent: see _withdraw_forgotten)
-            if any(old.rules):
-                self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
-            for lk in set(_chain(old.paths)):
-                self._on_link.discard(lk, key)
-        self._demand.pop(key, None)
-        self._endpoints.pop(key, None)
-        self._spilled.pop(key, None)
+            held = self._rules_held
+            for old in filter(any, map(_RULES, olds)):
+                held.subtract(sw for pinned in old for sw, _ in pinned)
+            flat, owner = _set_links(olds)
+            self._on_link.defer(gone, flat, owner, False)
+        for table in (self._demand, self._endpoints, self._spilled):
+            pop = table.pop
+            for k in keys:
+                pop(k, None)
 
     def _withdraw_forgotten(self) -> None:
         """Withdraw from the data plane the path sets forgotten since it was last told
@@ -1849,30 +1871,26 @@ class Controller:
         return hit[1]
 
     def _record(self, sets: list[PathSet]) -> None:
-        """Remember installed path sets, indexed by link, with their explicit rules."""
+        """Remember installed path sets, indexed by link, with their explicit rules (the
+        link index's edits deferred, in two batches: the links of the sets replaced out,
+        then those of the new ones in)."""
+        keys = list(map(_KEY, sets))
         if self._slots is not None:
-            self._slots.mark_stale(r.key for r in sets)
-        installed, on_link = self._installed, self._on_link
-        on_link.fold_all()  # (edits made here come after the deferred ones)
-        # the index's own edits, inline (as _KeysByLink.move, for speed)
-        rows, edits = on_link._row, on_link._edits
-        for r in sets:
-            key = r.key
-            old = installed.get(key)
-            new_links = set(_chain(r.paths))
-            old_links = set(_chain(old.paths)) if old is not None else set()
-            for lk in old_links - new_links:
-                if lk not in rows and lk not in edits:
-                    raise KeyError(lk)
-                edits.setdefault(lk, {})[key] = False
-            for lk in new_links - old_links:
-                edits.setdefault(lk, {})[key] = True
-            # (a set without a rule changes no count)
-            if old is not None and any(old.rules):
-                self._rules_held.subtract(sw for pinned in old.rules for sw, _ in pinned)
-            if any(r.rules):
-                self._rules_held.update(sw for pinned in r.rules for sw, _ in pinned)
-            installed[key] = r
+            self._slots.mark_stale(keys)
+        installed = self._installed
+        olds = list(map(installed.get, keys))
+        held = self._rules_held
+        # (a set without a rule changes no count)
+        for old in filter(any, map(_RULES, filter(None, olds))):
+            held.subtract(sw for pinned in old for sw, _ in pinned)
+        for rules in filter(any, map(_RULES, sets)):
+            held.update(sw for pinned in rules for sw, _ in pinned)
+        replaced = [i for i, old in enumerate(olds) if old is not None]
+        if replaced:
+            flat, owner = _set_links([olds[i] for i in replaced])  # type: ignore[misc]
+            self._on_link.defer(keys, flat, np.array(replaced, np.int64)[owner], False)
+        self._on_link.defer(keys, *_set_links(sets), True)
+        installed.update(zip(keys, sets, strict=True))
 
     def _record_moves(self, sets: list[PathSet],
                       moves: list[tuple[str, set[int], set[int]]]) -> None:

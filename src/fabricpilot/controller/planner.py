@@ -898,8 +898,19 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         0, np.int64)
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
-    lg_ptr, lg_idx = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
-                                  len(com.links))
+    made: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+
+    def link_groups(rounds: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The groups per link (:func:`_link_groups`) a placement of ``rounds`` re-insertion
+        sweeps reads; made once, and only if one does (a placement without sweeps does
+        not read them)."""
+        if not rounds:
+            return np.zeros(len(com.links) + 1, np.int64), np.zeros(0, np.int64)
+        if not made:
+            made.append(_link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx,
+                                     len(com.links)))
+        return made[0]
+
     if max_moves is None:
         max_moves = 10_000 if int(nparts.sum()) <= 2_000 else 0
     no_limit = np.full(len(com.links), np.inf)
@@ -913,8 +924,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         sub = order[prio[order] == tier] if multi else order
         limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
         before = load.copy() if multi else load
-        got = _place_in(com, sub, nparts, load, split, _sweeps_within(com, sub, nparts, sweeps),
-                        lg_ptr, lg_idx, stop, limit, i > 0)
+        rounds = _sweeps_within(com, sub, nparts, sweeps)
+        got = _place_in(com, sub, nparts, load, split, rounds, *link_groups(rounds), stop,
+                        limit, i > 0)
         choice[sub] = got[sub]
         if int(choice[sub].min()) < 0:  # (stopped part way: parts left unplaced)
             checkpoint()
@@ -926,8 +938,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
             carried.append(load - before > 1e-9)
     if max_moves and restarts and not multi and n:
         choice, load, moves = _restarts(com, order, nparts, split, sweeps, max_moves, restarts,
-                                        lg_ptr, lg_idx, stop, no_limit, checkpoint,
-                                        (choice, load, moves))
+                                        *link_groups(_sweeps_within(com, order, nparts,
+                                                                    sweeps)),
+                                        stop, no_limit, checkpoint, (choice, load, moves))
     checkpoint()
     plan = _package(com, choice, load, "greedy", moves, stop)
     if plan is None:  # (stopped while writing the paths)

@@ -777,3 +777,25 @@ def test_each_priority_tier_is_within_5_percent_of_the_lp_given_the_tiers_above(
                  for lk, v in high.items() if v > 0)
     assert excess <= ref.extra["excess_priority_0"] + 1e-6
     assert plan.extra["lambda_priority_0"] <= 1.05 * ref.extra["lambda_priority_0"] + 1e-9
+
+
+def test_flattened_candidate_tuples_are_those_of_a_plain_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidate tuples flattened through the identity memo (hits, misses, repeats, a memo
+    that fills and starts again) give the path counts, path lengths and links a plain pass
+    over the tuples gives."""
+    rng = np.random.default_rng(0)
+    tuples = [tuple(tuple(int(x) for x in rng.integers(0, 100, rng.integers(0, 5)))
+                    for _ in range(rng.integers(1, 6))) for _ in range(300)]
+    chain = itertools.chain.from_iterable
+
+    def plain(ts: list[tuple[tuple[int, ...], ...]]) -> list[list[int]]:
+        return [[len(t) for t in ts], [len(p) for p in chain(ts)], list(chain(chain(ts)))]
+
+    monkeypatch.setattr(planner, "_flat_memo", {})
+    monkeypatch.setattr(planner, "_FLAT_MAX", 150)
+    for ts in (tuples[:100], tuples[50:140], tuples[:100] + tuples[:100], tuples[100:250],
+               tuples[::-1], [tuple(list(t)) for t in tuples[:100]], []):
+        got = planner._flat_tuples(ts)
+        assert [a.tolist() for a in got] == plain(ts)
+        assert len(planner._flat_memo) <= 150

@@ -1867,7 +1867,7 @@ class Controller:
         if hit is None or hit[0] is not paths:
             if len(self._links_cache) >= _MEMO_MAX:
                 self._links_cache.clear()
-            hit = self._links_cache[id(paths)] = (paths, {lk for p in paths for lk in p})
+            hit = self._links_cache[id(paths)] = (paths, set(_chain(paths)))
         return hit[1]
 
     def _record(self, sets: list[PathSet]) -> None:

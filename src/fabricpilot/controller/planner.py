@@ -554,13 +554,13 @@ class _Commodities:
         else:
             u_of, uobj = np.arange(n, dtype=np.int64), cands
         n_u = len(uobj)
-        ku = np.fromiter(map(len, uobj), np.int64, n_u)
-        plen = np.fromiter(map(len, _chain(uobj)), np.int64, int(ku.sum()))
+        ku, plen, flat = _flat_tuples(uobj)
         hl = np.fromiter(map(len, heads), np.int64, n)
         tl = np.fromiter(map(len, tails), np.int64, n)
         n_c, n_h, n_t = int(plen.sum()), int(hl.sum()), int(tl.sum())
-        ids = np.fromiter(itertools.chain(_chain(_chain(uobj)), _chain(heads), _chain(tails)),
-                          np.int64, n_c + n_h + n_t)
+        ids = np.concatenate((flat, np.fromiter(itertools.chain(_chain(heads), _chain(tails)),
+                                                np.int64, n_h + n_t)))
+        del flat
         rows = _link_rows(ids, self.links)
         # each demand's head and tail link when it has exactly one (-1 otherwise)
         self.head1 = np.full(n, -1, np.int64)
@@ -717,6 +717,63 @@ class _Commodities:
             d = self.demands[int(bad[0])]
             raise ValueError(f"demand {d.key!r}: parts {d.parts} must divide split {split}")
         return n.astype(np.int64)
+
+
+# candidate tuples whose links :func:`_flat_tuples` keeps (by identity, the tuple with
+# them): a controller's tuples are shared by the pairs of a leaf pair and live across
+# plans; a memo past this many starts again
+_FLAT_MAX = 1 << 16
+_flat_memo: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64]]] = {}
+
+
+def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Of every tuple of paths its path count, of every path its length, and every link,
+    in order. Each tuple's lengths and links (after the path count) are kept by identity
+    (up to :data:`_FLAT_MAX` tuples) when there are at most that many: flattening the same
+    tuples again, plan after plan, cost a tenth of a job's plan.
+
+    >>> ku, plen, flat = _flat_tuples([((1, 2), (3,)), ((4,),)])
+    >>> ku.tolist(), plen.tolist(), flat.tolist()
+    ([2, 1], [2, 1, 1], [1, 2, 3, 4])
+    """
+    n_u = len(tuples)
+    ku = np.fromiter(map(len, tuples), np.int64, n_u)
+    if not n_u or n_u > _FLAT_MAX:
+        plen = np.fromiter(map(len, _chain(tuples)), np.int64, int(ku.sum()))
+        return ku, plen, np.fromiter(_chain(_chain(tuples)), np.int64, int(plen.sum()))
+    memo = _flat_memo
+    get = memo.get
+    rows = []
+    new = []
+    for i, tup in enumerate(tuples):
+        hit = get(id(tup))
+        if hit is None or hit[0] is not tup:
+            new.append(i)
+            rows.append(None)
+        else:
+            rows.append(hit[1])
+    if new:
+        if len(memo) + len(new) > _FLAT_MAX:
+            memo.clear()
+        fresh = [tuples[i] for i in new]
+        k_new = ku[new]
+        plen = np.fromiter(map(len, _chain(fresh)), np.int64, int(k_new.sum()))
+        flat = np.fromiter(_chain(_chain(fresh)), np.int64, int(plen.sum()))
+        p_at = _offsets(k_new).tolist()
+        l_at = _offsets(plen).tolist()
+        for j, (i, tup) in enumerate(zip(new, fresh, strict=True)):
+            lo, hi = p_at[j], p_at[j + 1]
+            # (the tuple's path lengths, then its links: one array)
+            row = np.concatenate((plen[lo:hi], flat[l_at[lo]:l_at[hi]]))
+            memo[id(tup)] = (tup, row)
+            rows[i] = row
+    both = np.concatenate(rows)
+    # (each row: its tuple's ku[i] path lengths, then their links)
+    at = _offsets(np.fromiter(map(len, rows), np.int64, n_u))
+    is_len = np.zeros(len(both), np.bool_)
+    is_len[_ranges(at[:-1], ku)] = True
+    return ku, both[is_len], both[~is_len]
 
 
 def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],

@@ -103,6 +103,7 @@ _KEY = operator.attrgetter("key")
 _PATHS = operator.attrgetter("paths")
 _RULES = operator.attrgetter("rules")
 _HEAD, _TAIL, _CANDIDATES = (operator.attrgetter(f) for f in ("head", "tail", "candidates"))
+_ENDS = operator.itemgetter(0, 1)  # (a, b) of a pair (a, b, share)
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
 _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
@@ -1136,9 +1137,9 @@ class Controller:
                         if not (call.pairs or pending or avoid) and level == "L3"
                         and call.sla_us * 1000.0 >= self._slowest_path_ns else None)
                 if made is not None and all(made):  # (every pair: all at once)
-                    keys = [d.key for d in made]  # type: ignore[union-attr]
+                    keys = list(map(_KEY, made))
                     pending.update(zip(keys, made, strict=True))  # type: ignore[arg-type]
-                    endpoints.update(zip(keys, [(a, b) for a, b, _ in pairs], strict=True))
+                    endpoints.update(zip(keys, map(_ENDS, pairs), strict=True))
                     continue
                 for i, (a, b, share) in enumerate(pairs):
                     if made is not None:
@@ -1269,7 +1270,7 @@ class Controller:
                 out.update(pending)
         self.sla_unmet, self.partitioned = sla_unmet, partitioned
         if only is None:
-            self._demand = dict(out)
+            self._demand = out  # (not changed here after)
         else:
             self._demand.update(out)
             if self._slots is not None:  # (their demands changed)

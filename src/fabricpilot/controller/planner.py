@@ -723,15 +723,17 @@ class _Commodities:
 # them): a controller's tuples are shared by the pairs of a leaf pair and live across
 # plans; a memo past this many starts again
 _FLAT_MAX = 1 << 16
-_flat_memo: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64]]] = {}
+_flat_memo: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64],
+                            NDArray[np.int64]]] = {}
 
 
 def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Of every tuple of paths its path count, of every path its length, and every link,
-    in order. Each tuple's lengths and links (after the path count) are kept by identity
-    (up to :data:`_FLAT_MAX` tuples) when there are at most that many: flattening the same
-    tuples again, plan after plan, cost a tenth of a job's plan.
+    in order. Each tuple's lengths and links are kept by identity (views of the arrays
+    they were first flattened into; up to :data:`_FLAT_MAX` tuples) when there are at most
+    that many: flattening the same tuples again, plan after plan, cost a tenth of a job's
+    plan.
 
     >>> ku, plen, flat = _flat_tuples([((1, 2), (3,)), ((4,),)])
     >>> ku.tolist(), plen.tolist(), flat.tolist()
@@ -743,37 +745,26 @@ def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
         plen = np.fromiter(map(len, _chain(tuples)), np.int64, int(ku.sum()))
         return ku, plen, np.fromiter(_chain(_chain(tuples)), np.int64, int(plen.sum()))
     memo = _flat_memo
-    get = memo.get
-    rows = []
-    new = []
-    for i, tup in enumerate(tuples):
-        hit = get(id(tup))
-        if hit is None or hit[0] is not tup:
-            new.append(i)
-            rows.append(None)
-        else:
-            rows.append(hit[1])
+    hits = list(map(memo.get, map(id, tuples)))
+    new = [i for i, (hit, tup) in enumerate(zip(hits, tuples, strict=True))
+           if hit is None or hit[0] is not tup]
     if new:
-        if len(memo) + len(new) > _FLAT_MAX:
-            memo.clear()
-        fresh = [tuples[i] for i in new]
-        k_new = ku[new]
+        every = len(new) == n_u
+        fresh = tuples if every else [tuples[i] for i in new]
+        k_new = ku if every else ku[new]
         plen = np.fromiter(map(len, _chain(fresh)), np.int64, int(k_new.sum()))
         flat = np.fromiter(_chain(_chain(fresh)), np.int64, int(plen.sum()))
+        if len(memo) + len(new) > _FLAT_MAX:
+            memo.clear()
         p_at = _offsets(k_new).tolist()
         l_at = _offsets(plen).tolist()
         for j, (i, tup) in enumerate(zip(new, fresh, strict=True)):
             lo, hi = p_at[j], p_at[j + 1]
-            # (the tuple's path lengths, then its links: one array)
-            row = np.concatenate((plen[lo:hi], flat[l_at[lo]:l_at[hi]]))
-            memo[id(tup)] = (tup, row)
-            rows[i] = row
-    both = np.concatenate(rows)
-    # (each row: its tuple's ku[i] path lengths, then their links)
-    at = _offsets(np.fromiter(map(len, rows), np.int64, n_u))
-    is_len = np.zeros(len(both), np.bool_)
-    is_len[_ranges(at[:-1], ku)] = True
-    return ku, both[is_len], both[~is_len]
+            hits[i] = memo[id(tup)] = (tup, plen[lo:hi], flat[l_at[lo]:l_at[hi]])
+        if every:
+            return ku, plen, flat
+    return (ku, np.concatenate([h[1] for h in hits]),  # type: ignore[index]
+            np.concatenate([h[2] for h in hits]))  # type: ignore[index]
 
 
 def _unique_objects(objs: list[tuple[tuple[int, ...], ...]],

@@ -1,0 +1,37 @@
+"""The controller benchmark script runs and says where it stands against each target (its
+timings are its own business: nothing here depends on this machine's speed)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "run_controller_bench.py"
+
+
+def test_the_controller_benchmark_reports_each_target() -> None:
+    res = subprocess.run([sys.executable, str(BENCH), "--runs", "1"], capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    # 1024 GPUs, 8 jobs of 128: four ring AllReduce jobs (a pair per GPU: 128 pairs each)
+    # and four AlltoAll jobs (128 * 127 pairs each)
+    assert re.search(r"^1024 GPUs/8 jobs\s+65536\s", out, re.M), out
+    assert re.search(r"1024 GPUs / 8 jobs: plan [\d.]+ s against the target of 1 s: "
+                     r"(met|missed)", out), out
+    assert re.search(r"one job changed: planned by itself \(16256 demands\)", out), out
+    assert re.search(r"ranking: 196 switches and hosts, [\d.]+ ms per request .*target <= "
+                     r"1 ms: (met|missed)\)", out), out
+    # (the planner's gap to the LP optimum does not depend on the machine: within 5 %)
+    assert re.search(r"planner gap to the LP optimum, 4 parts per demand \(20 instances\): "
+                     r"mean [\d.]+ %, max [\d.]+ % \(target <= 5 %: met\)", out), out
+
+
+def test_the_controller_benchmark_refuses_a_bad_run_count() -> None:
+    res = subprocess.run([sys.executable, str(BENCH), "--runs", "0"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert res.returncode == 2
+    assert "--runs must be at least 1" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -54,6 +54,7 @@ from fabricpilot.controller.planner import (
     _offsets,
     _ranges,
     compile_columns,
+    flatten_paths,
     plan_greedy,
     replace_parts,
 )
@@ -544,10 +545,7 @@ def _set_links(sets: Sequence[PathSet]) -> tuple[NDArray[np.int64], NDArray[np.i
     >>> flat.tolist(), owner.tolist()
     ([1, 2, 3, 2, 4], [0, 0, 0, 0, 1])
     """
-    paths = list(_chain(map(_PATHS, sets)))
-    per_key = np.fromiter(map(len, map(_PATHS, sets)), np.int64, len(sets))
-    per_path = np.fromiter(map(len, paths), np.int64, len(paths))
-    flat = np.fromiter(_chain(paths), np.int64, int(per_path.sum()))
+    per_key, per_path, flat = flatten_paths(list(map(_PATHS, sets)))
     owner = np.repeat(np.repeat(np.arange(len(sets), dtype=np.int64), per_key), per_path)
     return flat, owner
 

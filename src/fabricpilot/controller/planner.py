@@ -727,12 +727,25 @@ _flat_memo: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64],
                             NDArray[np.int64]]] = {}
 
 
+def flatten_paths(tuples: Sequence[tuple[tuple[int, ...], ...]],
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Of every tuple of paths its path count, of every path its length, and every link,
+    in order (in C: no Python loop over paths).
+
+    >>> ku, plen, flat = flatten_paths([((1, 2), (3,)), ((4,),)])
+    >>> ku.tolist(), plen.tolist(), flat.tolist()
+    ([2, 1], [2, 1, 1], [1, 2, 3, 4])
+    """
+    ku = np.fromiter(map(len, tuples), np.int64, len(tuples))
+    plen = np.fromiter(map(len, _chain(tuples)), np.int64, int(ku.sum()))
+    return ku, plen, np.fromiter(_chain(_chain(tuples)), np.int64, int(plen.sum()))
+
+
 def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-    """Of every tuple of paths its path count, of every path its length, and every link,
-    in order. Each tuple's lengths and links are kept by identity (views of the arrays
-    they were first flattened into; up to :data:`_FLAT_MAX` tuples) when there are at most
-    that many: flattening the same tuples again, plan after plan, cost a tenth of a job's
+    """:func:`flatten_paths`, each tuple's lengths and links kept by identity (views of
+    the arrays they were first flattened into) when there are at most :data:`_FLAT_MAX`
+    tuples: flattening the same tuples again, plan after plan, cost a tenth of a job's
     plan.
 
     >>> ku, plen, flat = _flat_tuples([((1, 2), (3,)), ((4,),)])
@@ -740,20 +753,15 @@ def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
     ([2, 1], [2, 1, 1], [1, 2, 3, 4])
     """
     n_u = len(tuples)
-    ku = np.fromiter(map(len, tuples), np.int64, n_u)
     if not n_u or n_u > _FLAT_MAX:
-        plen = np.fromiter(map(len, _chain(tuples)), np.int64, int(ku.sum()))
-        return ku, plen, np.fromiter(_chain(_chain(tuples)), np.int64, int(plen.sum()))
+        return flatten_paths(tuples)
     memo = _flat_memo
     hits = list(map(memo.get, map(id, tuples)))
     new = [i for i, (hit, tup) in enumerate(zip(hits, tuples, strict=True))
            if hit is None or hit[0] is not tup]
     if new:
-        every = len(new) == n_u
-        fresh = tuples if every else [tuples[i] for i in new]
-        k_new = ku if every else ku[new]
-        plen = np.fromiter(map(len, _chain(fresh)), np.int64, int(k_new.sum()))
-        flat = np.fromiter(_chain(_chain(fresh)), np.int64, int(plen.sum()))
+        fresh = tuples if len(new) == n_u else [tuples[i] for i in new]
+        k_new, plen, flat = flatten_paths(fresh)
         if len(memo) + len(new) > _FLAT_MAX:
             memo.clear()
         p_at = _offsets(k_new).tolist()
@@ -761,8 +769,9 @@ def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
         for j, (i, tup) in enumerate(zip(new, fresh, strict=True)):
             lo, hi = p_at[j], p_at[j + 1]
             hits[i] = memo[id(tup)] = (tup, plen[lo:hi], flat[l_at[lo]:l_at[hi]])
-        if every:
-            return ku, plen, flat
+        if fresh is tuples:  # (all new: flattened as they are)
+            return k_new, plen, flat
+    ku = np.fromiter(map(len, tuples), np.int64, n_u)
     return (ku, np.concatenate([h[1] for h in hits]),  # type: ignore[index]
             np.concatenate([h[2] for h in hits]))  # type: ignore[index]
 

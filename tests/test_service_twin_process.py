@@ -230,7 +230,11 @@ def test_a_path_sets_rate_cap_crosses_the_southbound_as_json() -> None:
     assert pathset_from_dict(old).rate_cap_gbps == math.inf
 
 
-def test_the_http_southbound_installs_and_withdraws_path_sets() -> None:
+def test_the_http_southbound_installs_and_withdraws_path_sets(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import itertools
+    import json
+    import math
     import threading
 
     from conftest import served
@@ -239,8 +243,17 @@ def test_the_http_southbound_installs_and_withdraws_path_sets() -> None:
 
     prep = prepare(default_scenario(), "default")
     table = RuleTable(TaskAware(twin_context(prep)), threading.RLock())
-    sets = [PathSet("j:0->1", ((1, 2),), (1.0,), (4791,), ((),)),
-            PathSet("j:1->0", ((3, 4), (5, 6)), (0.5, 0.5))]
+    view = table.dp.fabric()
+
+    def path(*nodes: str) -> tuple[int, ...]:
+        return tuple(view.graph[a][b]["link_id"] for a, b in itertools.pairwise(nodes))
+
+    # gpu0 and gpu8 (rail 0 of hosts 0 and 1) share leaf0; gpu1 and gpu9 leaf1
+    up, down = path("gpu0", "leaf0", "spine0", "leaf1", "gpu1"), path("gpu1", "leaf1")
+    via = [path("gpu1", "leaf1", f"spine{s}", "leaf0", "gpu0") for s in (0, 1)]
+    leaf0 = view.links[up[1]].src
+    sets = [PathSet("j:0->1", (up,), (1.0,), (4791,), (((leaf0, up[1]),),)),
+            PathSet("j:1->0", tuple(via), (0.5, 0.5))]
     with served(dataplane_app(table, token="t0k")) as url:
         remote = RemoteDataPlane(url, token="t0k")
         remote.install(sets)
@@ -251,19 +264,51 @@ def test_the_http_southbound_installs_and_withdraws_path_sets() -> None:
         assert r.status_code == 422 and "list of path-set keys" in r.text
         # malformed bodies: one-line 422s naming the problem, nothing applied (they were
         # 500s with a traceback, or applied: a DSCP of 99, a priority of 42)
-        n_links = len(table.dp.fabric().links)
-        for path, sent, problem in (
-                ("/rules", [{}], "body[0]: not a path set (KeyError"),
-                ("/rules", [{**pathset_to_dict(sets[0]), "paths": [[n_links]]}],
-                 f"link {n_links} does not exist"),
+        n_links = len(view.links)
+        good = pathset_to_dict(sets[0])
+        for url_path, sent, problem in (
+                ("/rules", [{}], "body[0].key: missing"),
+                ("/rules", [7], "body[0]: expected an object, got int"),
+                ("/rules", [{**good, "paths": [[n_links]]}],
+                 f"body[0].paths[0][0]: link {n_links} does not exist"),
+                ("/rules", [{**good, "paths": []}], "body[0].paths: expected a non-empty"),
+                ("/rules", [{**good, "paths": [[True, up[1]]]}],
+                 "body[0].paths[0][0]: True is not a link id"),
+                ("/rules", [{**good, "paths": [[up[0], down[0]]]}],
+                 f"body[0].paths[0][1]: link {down[0]} starts at gpu1, not at leaf0"),
+                ("/rules", [{**good, "paths": [list(path("gpu0", "leaf0", "spine0", "leaf0",
+                                                          "spine0"))]}],
+                 "body[0].paths[0]: a link appears twice"),
+                ("/rules", [{**good, "key": 123}], "body[0].key: expected a non-empty string"),
+                ("/rules", [{**good, "extra": 1}], "body[0].extra: unknown field"),
+                ("/rules", [{**good, "weights": [-1.0]}],
+                 "body[0].weights[0]: a weight is a finite number >= 0, got -1.0"),
+                ("/rules", [{**good, "weights": [0]}], "body[0].weights: all 0"),
+                ("/rules", [{**good, "weights": [0.5, 0.5]}],
+                 "body[0].weights: expected a list of 1 numbers"),
+                ("/rules", [{**good, "ports": [70000]}],
+                 "body[0].ports[0]: 70000 is not a UDP port"),
+                ("/rules", [{**good, "rules": [[["nosuchswitch", up[1]]]]}],
+                 "body[0].rules[0][0]: 'nosuchswitch' is not a switch"),
+                ("/rules", [{**good, "rules": [[[leaf0, up[0]]]]}],
+                 f"body[0].rules[0][0]: link {up[0]} leaves gpu0, not {leaf0}"),
+                ("/rules", [{**good, "rules": [[[leaf0, via[0][1]]]]}],
+                 f"body[0].rules[0][0]: link {via[0][1]} is not on paths[0]"),
+                ("/rules", [{**good, "rate_cap_gbps": -5}],
+                 "body[0].rate_cap_gbps: expected null or a rate > 0"),
                 ("/congestion-table", [1, 2], "expected an object link id -> weight"),
                 ("/congestion-table", {"x": 1}, "'x' is not a link id"),
                 ("/congestion-table", {str(n_links): 1}, f"link {n_links} does not exist"),
                 ("/congestion-table", {"0": -5}, "a weight is a number >= 0, got -5"),
                 ("/qos", {"99": 1}, "'99' is not a DSCP value (0-63)"),
-                ("/qos", {"26": 42}, "42 is not a priority (0-7)")):
-            r = remote.http.post(path, json=sent)
-            assert r.status_code == 422 and problem in r.json()["detail"], (path, r.text)
+                ("/qos", {"26": 42}, "42 is not a priority (0-7)"),
+                ("/qos", {"\u00b2": 1}, "'\u00b2' is not a DSCP value (0-63)")):
+            r = remote.http.post(url_path, json=sent)
+            assert r.status_code == 422 and problem in r.json()["detail"], (url_path, r.text)
+        # a NaN weight (not JSON, but Python's json reads it) is refused too
+        r = remote.http.post("/rules", content=json.dumps([{**good, "weights": [math.nan]}]))
+        assert r.status_code == 422 and "weights[0]: a weight is a finite number" in r.text
+        assert remote.rules() == sets[1:]  # (none of them applied)
         r = remote.http.post("/qos", content=b"{nope")
         assert r.status_code == 422 and r.json()["detail"] == "body: not JSON"
         r = remote.http.post("/rules/remove", json=["nope", "j:1->0", "j:1->0"])
@@ -274,3 +319,10 @@ def test_the_http_southbound_installs_and_withdraws_path_sets() -> None:
         with pytest.raises(SouthboundError, match="remove refused: 401"):
             bad.remove(["j:1->0"])
         assert list(table.rules) == ["j:1->0"]
+        # a set held from another agent that is not one on this fabric is left out of
+        # what a controller reads back, with a warning, rather than stopping it
+        table.rules["x:0->1"] = PathSet("x:0->1", ((n_links,),), (1.0,))
+        with caplog.at_level("WARNING", logger="fabricpilot.service"):
+            assert remote.rules() == sets[1:]
+        assert any(getattr(r, "fields", {}).get("key") == "'x:0->1'"
+                   and "does not exist" in r.fields["error"] for r in caplog.records)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import threading
 from dataclasses import asdict
@@ -42,6 +43,8 @@ from fabricpilot.controller.southbound import (
 from fabricpilot.errors import FabricpilotError
 
 PREFIX = "/southbound/v1"
+
+log = logging.getLogger("fabricpilot.service")
 
 
 class SouthboundError(FabricpilotError):
@@ -92,6 +95,105 @@ def pathset_from_dict(d: dict[str, Any]) -> PathSet:
                    tuple(float(w) for w in d["weights"]), tuple(int(p) for p in d["ports"]),
                    tuple(tuple((str(sw), int(lk)) for sw, lk in rs) for rs in d["rules"]),
                    math.inf if cap is None else float(cap))
+
+
+_WIRE_FIELDS = frozenset(("key", "paths", "weights", "ports", "rules", "rate_cap_gbps"))
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def pathset_from_wire(d: object, view: FabricView) -> PathSet:
+    """A path set sent over the wire, checked against the fabric ``view``: a
+    :class:`ValueError` names the first field that is wrong. Every path is a chain of
+    existing links (each starts where the one before ends, none twice), with one weight
+    each (finite, >= 0, not all 0), a UDP source port each (0-65535) or none, explicit
+    ``(switch, link)`` rules per path or none (the switch one of the view's, the link one
+    of the path's, leaving that switch), and a rate cap that is absent, null or > 0.
+
+    >>> from fabricpilot.controller.southbound import LinkInfo
+    >>> v = FabricView.from_links([LinkInfo(0, "gpu0", "leaf0", 400, 100, "nic"),
+    ...                            LinkInfo(1, "leaf0", "gpu1", 400, 100, "nic")],
+    ...                           {"gpu0": "gpu", "gpu1": "gpu", "leaf0": "switch"},
+    ...                           {"leaf0": 1}, {0: "gpu0", 1: "gpu1"})
+    >>> pathset_from_wire({"key": "j:0->1", "paths": [[0, 1]], "weights": [1]}, v).paths
+    ((0, 1),)
+    >>> pathset_from_wire({"key": "j:0->1", "paths": [[1, 0]], "weights": [1]}, v)
+    Traceback (most recent call last):
+    ValueError: paths[0][1]: link 0 starts at gpu0, not at gpu1 where link 1 ends
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"expected an object, got {type(d).__name__}")
+    extra = sorted(set(d) - _WIRE_FIELDS)
+    if extra:
+        raise ValueError(f"{extra[0]}: unknown field (fields: {', '.join(sorted(_WIRE_FIELDS))})")
+    for name in ("key", "paths", "weights"):
+        if name not in d:
+            raise ValueError(f"{name}: missing")
+    key = d["key"]
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key: expected a non-empty string, got {key!r:.40}")
+    paths, links = d["paths"], view.links
+    if not isinstance(paths, list) or not paths:
+        raise ValueError("paths: expected a non-empty list of paths (lists of link ids)")
+    for i, p in enumerate(paths):
+        if not isinstance(p, list) or not p:
+            raise ValueError(f"paths[{i}]: expected a non-empty list of link ids")
+        for j, lk in enumerate(p):
+            if not _is_int(lk):
+                raise ValueError(f"paths[{i}][{j}]: {lk!r:.40} is not a link id")
+            if lk not in links:
+                raise ValueError(f"paths[{i}][{j}]: link {lk} does not exist")
+            if j and links[lk].src != links[p[j - 1]].dst:
+                raise ValueError(f"paths[{i}][{j}]: link {lk} starts at {links[lk].src}, "
+                                 f"not at {links[p[j - 1]].dst} where link {p[j - 1]} ends")
+        if len(set(p)) < len(p):
+            raise ValueError(f"paths[{i}]: a link appears twice")
+    n = len(paths)
+    weights = d["weights"]
+    if not isinstance(weights, list) or len(weights) != n:
+        raise ValueError(f"weights: expected a list of {n} numbers (one per path)")
+    for i, w in enumerate(weights):
+        if not _is_number(w) or not 0 <= w < math.inf:
+            raise ValueError(f"weights[{i}]: a weight is a finite number >= 0, got {w!r:.40}")
+    if not sum(weights) > 0:
+        raise ValueError("weights: all 0 (no path would carry the traffic)")
+    ports = d.get("ports", [])
+    if not isinstance(ports, list) or len(ports) not in (0, n):
+        raise ValueError(f"ports: expected a list of {n} UDP source ports (one per path) "
+                         "or an empty one")
+    for i, port in enumerate(ports):
+        if not _is_int(port) or not 0 <= port <= 65535:
+            raise ValueError(f"ports[{i}]: {port!r:.40} is not a UDP port (0-65535)")
+    rules = d.get("rules", [])
+    if not isinstance(rules, list) or len(rules) not in (0, n):
+        raise ValueError(f"rules: expected a list of {n} lists of [switch, link] rules "
+                         "(one per path) or an empty one")
+    nodes = view.graph.nodes
+    for i, rs in enumerate(rules):
+        if not isinstance(rs, list):
+            raise ValueError(f"rules[{i}]: expected a list of [switch, link] rules")
+        for j, r in enumerate(rs):
+            where = f"rules[{i}][{j}]"
+            if not (isinstance(r, list) and len(r) == 2 and isinstance(r[0], str)
+                    and _is_int(r[1])):
+                raise ValueError(f"{where}: expected [switch, link id], got {r!r:.60}")
+            sw, lk = r
+            if sw not in nodes or nodes[sw].get("kind", "switch") != "switch":
+                raise ValueError(f"{where}: {sw!r:.40} is not a switch")
+            if lk not in paths[i]:
+                raise ValueError(f"{where}: link {lk} is not on paths[{i}]")
+            if links[lk].src != sw:
+                raise ValueError(f"{where}: link {lk} leaves {links[lk].src}, not {sw}")
+    cap = d.get("rate_cap_gbps")
+    if cap is not None and (not _is_number(cap) or not cap > 0):
+        raise ValueError(f"rate_cap_gbps: expected null or a rate > 0 (Gb/s), got {cap!r:.40}")
+    return pathset_from_dict({**d, "ports": ports, "rules": rules})
 
 
 # ---------------------------------------------------------------- the data plane's side
@@ -187,14 +289,10 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
         sets = []
         for i, d in enumerate(await body(request, list, "a list of path sets")):
             try:
-                ps = pathset_from_dict(d)
-            except (KeyError, TypeError, ValueError) as err:
-                raise HTTPException(422, f"body[{i}]: not a path set ({type(err).__name__}: "
-                                    f"{err})") from None
-            for p in ps.paths:
-                for lk in p:
-                    link_of(str(lk), f"body[{i}].paths")
-            sets.append(ps)
+                sets.append(pathset_from_wire(d, view))
+            except ValueError as err:
+                raise HTTPException(422, f"body[{i}].{err}" if isinstance(d, dict)
+                                    else f"body[{i}]: {err}") from None
         try:
             table.install(sets)
         except ValueError as err:  # e.g. a switch's rule table would overflow
@@ -230,7 +328,7 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
         check(request)
         mapping = {}
         for k, v in (await body(request, dict, "an object DSCP -> priority")).items():
-            if not k.isdigit() or not 0 <= int(k) <= 63:
+            if not (k.isascii() and k.isdigit()) or not 0 <= int(k) <= 63:
                 raise HTTPException(422, f"body: {k!r} is not a DSCP value (0-63)")
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 7:
                 raise HTTPException(422, f"body[{k!r}]: {v!r} is not a priority (0-7)")
@@ -311,10 +409,23 @@ class RemoteDataPlane:
             raise SouthboundError(f"{self.url}: remove refused: {r.status_code} {r.text}")
 
     def rules(self) -> list[PathSet]:
-        """The path sets the data plane holds now."""
+        """The path sets the data plane holds now. One that is not a valid path set on
+        this fabric (held from another agent) is left out with a warning: the next plan
+        installs its own over it."""
         r = self.http.get("/rules")
         r.raise_for_status()
-        return [pathset_from_dict(d) for d in r.json()]
+        held = r.json()
+        if not isinstance(held, list):
+            raise SouthboundError(f"{self.url}: rules: expected a list of path sets")
+        out = []
+        for i, d in enumerate(held):
+            try:
+                out.append(pathset_from_wire(d, self.view))
+            except ValueError as err:
+                key = d.get("key") if isinstance(d, dict) else None
+                log.warning("held path set ignored", extra={"fields": {
+                    "index": i, "key": repr(key)[:80], "error": str(err)}})
+        return out
 
     def status(self) -> dict[str, Any]:
         """The data plane's own health report (``{}`` if it cannot be read)."""

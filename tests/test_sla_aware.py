@@ -120,3 +120,36 @@ def test_an_l3_sender_is_held_on_its_nic_not_on_nvlink() -> None:
         out = Engine(ct, pol, jobs).run()
         took.append(next(c.end_ns - c.start_ns for c in out.collectives if c.job == "l3"))
     assert took[1] / took[0] == pytest.approx(1.25, rel=5e-3)
+
+
+@pytest.mark.parametrize(("switch_ns", "sla_us", "met"), [
+    (10_000, 8.0, False),   # 0.2 us of links + 10 us in the leaf = 10.2 us > 8
+    (10_000, 12.0, True),   # 10.2 <= 12
+    (100, 0.5, True),       # 0.2 + 0.1 = 0.3 us <= 0.5 (0.8 us at the default 600 ns)
+    (100, 0.25, False),     # 0.3 > 0.25
+])
+def test_an_sla_is_weighed_with_the_fabrics_own_switch_latency(
+        switch_ns: int, sla_us: float, met: bool) -> None:
+    """Both SLA policies count the scenario's switch latency, not a default: an L1 pair
+    under one leaf (two 100 ns links, one switch) takes 0.2 us + one switch latency."""
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller.core import Controller
+    from fabricpilot.controller.intents import CommCall, Intent
+
+    ct = compile_topology(leaf_spine(hosts=16, gpus_per_host=1, nics_per_leaf=4,
+                                     rail_optimized=False))
+    assert ct.gpu_leaf[0] == ct.gpu_leaf[1]
+    pol = make_policy("sla-aware", PolicyContext(ct, 1, switch_ns))
+    assert isinstance(pol, SlaAware)
+    jobs = [p2p("l1", [(0, 1)], sla_us)]
+    pol.attach_jobs(jobs)
+    Engine(ct, pol, jobs).run()
+    assert (pol.report() == []) is met
+    if not met:
+        assert f"best is {0.2 + switch_ns / 1000:g} us" in pol.report()[0]
+    ctl = Controller(TaskAware(PolicyContext(ct, 1, switch_ns)))
+    ctl.declare(Intent("l1", "t", (0, 1), (CommCall("broadcast", 1 << 20, sla_us, 0),)))
+    ctl.plan()
+    assert ("l1" not in ctl.sla_unmet) is met
+    if not met:
+        assert f"the fastest takes {0.2 + switch_ns / 1000:.3g} us" in ctl.sla_unmet["l1"]

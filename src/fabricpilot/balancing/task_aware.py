@@ -79,7 +79,8 @@ def fabric_view(ctx: PolicyContext) -> FabricView:
                       _KIND_NAME[int(ct.link_kind[i])]) for i in range(ct.n_links)]
     gpu_node = {g: names[int(ct.link_src[ct.gpu_up[g]])] for g in range(len(ct.gpu_up))}
     return FabricView.from_links(links, kind, tier, gpu_node, ecmp=ecmp_spec(ctx),
-                                 rule_capacity=ctx.controller.switch_rule_capacity)
+                                 rule_capacity=ctx.controller.switch_rule_capacity,
+                                 switch_latency_ns=float(ctx.switch_latency_ns))
 
 
 def ecmp_spec(ctx: PolicyContext) -> EcmpSpec:

@@ -58,7 +58,7 @@ from fabricpilot.controller.planner import (
     plan_greedy,
     replace_parts,
 )
-from fabricpilot.controller.ranking import SWITCH_LATENCY_US, in_scope, path_delay_us
+from fabricpilot.controller.ranking import in_scope, path_delay_us
 from fabricpilot.controller.slots import DeadShares, SlotTable, WholeMoves
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 
@@ -857,7 +857,7 @@ class Controller:
                        default=1) + 4
         self._slowest_path_ns = (hops * max((li.delay_ns for li in self.view.links.values()),
                                             default=0.0)
-                                 + (hops - 1) * SWITCH_LATENCY_US * 1000.0)
+                                 + (hops - 1) * self.view.switch_latency_ns)
         # the compiled kernels, once per process: not in the first plan or re-plan
         planner.warm_up()
         entropy.warm_up()

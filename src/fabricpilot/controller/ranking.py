@@ -58,8 +58,6 @@ BUFFER_PENALTY_STEEPNESS = 5.0
 CANDIDATE_FACTOR = 8
 """At most ``CANDIDATE_FACTOR * k`` simple paths are examined."""
 
-SWITCH_LATENCY_US = 0.6
-"""What each switch on a path adds to its delay, by default."""
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,10 @@ def in_scope(view: FabricView, nodes: Sequence[str], level: str) -> bool:
 
 
 def path_delay_us(view: FabricView, links: Sequence[int],
-                  switch_latency_us: float = SWITCH_LATENCY_US) -> float:
+                  switch_latency_us: float | None = None) -> float:
     """A path's delay as :func:`rank_paths` counts it: its links' ``delay_ns`` and
-    ``switch_latency_us`` per switch it crosses (NVSwitches included; not its ends).
+    ``switch_latency_us`` per switch it crosses (NVSwitches included; not its ends; by
+    default the view's ``switch_latency_ns``).
 
     >>> from fabricpilot.controller.southbound import LinkInfo
     >>> links = [LinkInfo(0, "g0", "leaf", 400, 100), LinkInfo(1, "leaf", "g1", 400, 100)]
@@ -126,6 +125,8 @@ def path_delay_us(view: FabricView, links: Sequence[int],
     >>> round(path_delay_us(v, [0, 1]), 6)  # 0.2 us of links, one switch
     0.8
     """
+    if switch_latency_us is None:
+        switch_latency_us = view.switch_latency_ns / 1000.0
     info = [view.links[lk] for lk in links]
     kind = view.graph.nodes
     switches = sum(1 for li in info[1:] if kind[li.src].get("kind") in SWITCH_KINDS)
@@ -304,13 +305,14 @@ def rank_paths(
     sla_us: float,
     *,
     k: int = 5,
-    switch_latency_us: float = SWITCH_LATENCY_US,
+    switch_latency_us: float | None = None,
     free_buffer_bytes: dict[int, float] | None = None,
     buffer_floor_bytes: float = 1.5e6,
 ) -> list[RankedPath] | SlaUnmet:
     """Rank up to ``k`` paths from ``src_gpu`` to ``dst_gpu`` for a call with SLA ``sla_us``.
 
-    ``delay_us = sum(link delay_ns) / 1000 + switches * switch_latency_us``;
+    ``delay_us = sum(link delay_ns) / 1000 + switches * switch_latency_us`` (by default
+    the view's ``switch_latency_ns`` / 1000);
     ``score = delay_us + sum over links of (delay_penalty + buffer_penalty)`` (see
     :func:`delay_penalty`, :func:`buffer_penalty`; ``free_buffer_bytes`` maps link id to free
     buffer, missing links have plenty). Candidates are the shortest simple paths by delay
@@ -338,6 +340,8 @@ def rank_paths(
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    if switch_latency_us is None:
+        switch_latency_us = view.switch_latency_ns / 1000.0
     if switch_latency_us < 0:
         raise ValueError(f"switch_latency_us must be >= 0, got {switch_latency_us}")
     if buffer_floor_bytes <= 0:

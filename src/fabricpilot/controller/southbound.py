@@ -58,8 +58,9 @@ class FabricView:
     ``delay_ns`` and ``kind``, and whose nodes carry ``kind`` (``"gpu"``, ``"switch"``,
     ``"nvswitch"``) and, for switches, ``tier`` (1 = leaf / ToR, 2 = spine or aggregation, ...).
     ``gpu_node`` maps a GPU index to its node name. ``ecmp`` describes the switches' hash
-    (``None`` if the data plane does not expose it) and ``rule_capacity`` how many explicit
-    forwarding rules one switch holds.
+    (``None`` if the data plane does not expose it), ``rule_capacity`` how many explicit
+    forwarding rules one switch holds and ``switch_latency_ns`` what a switch (NVSwitch
+    too) adds to a packet's delay as it forwards it.
 
     >>> v = FabricView.from_links(
     ...     [LinkInfo(0, "gpu0", "leaf0", 400, 100, "nic"),
@@ -75,18 +76,21 @@ class FabricView:
     links: dict[int, LinkInfo] = field(default_factory=dict)
     ecmp: EcmpSpec | None = None
     rule_capacity: int = 4096
+    switch_latency_ns: float = 600.0
 
     @classmethod
     def from_links(cls, links: list[LinkInfo], node_kind: dict[str, str],
                    tier: dict[str, int], gpu_node: dict[int, str], *,
-                   ecmp: EcmpSpec | None = None, rule_capacity: int = 4096) -> FabricView:
+                   ecmp: EcmpSpec | None = None, rule_capacity: int = 4096,
+                   switch_latency_ns: float = 600.0) -> FabricView:
         g = nx.DiGraph()
         for name, kind in node_kind.items():
             g.add_node(name, kind=kind, tier=tier.get(name, 0))
         for li in links:
             g.add_edge(li.src, li.dst, link_id=li.link_id, capacity_gbps=li.capacity_gbps,
                        delay_ns=li.delay_ns, kind=li.kind)
-        return cls(g, dict(gpu_node), {li.link_id: li for li in links}, ecmp, rule_capacity)
+        return cls(g, dict(gpu_node), {li.link_id: li for li in links}, ecmp, rule_capacity,
+                   switch_latency_ns)
 
     def link(self, link_id: int) -> LinkInfo:
         return self.links[link_id]

@@ -58,7 +58,7 @@ def view_to_dict(v: FabricView) -> dict[str, Any]:
     e = v.ecmp
     return {"nodes": nodes, "links": [asdict(li) for li in v.links.values()],
             "gpu_node": {str(g): n for g, n in v.gpu_node.items()},
-            "rule_capacity": v.rule_capacity,
+            "rule_capacity": v.rule_capacity, "switch_latency_ns": v.switch_latency_ns,
             "ecmp": None if e is None else {
                 "base_seed": e.base_seed, "per_switch_seed": e.per_switch_seed,
                 "source_port_entropy": e.source_port_entropy, "switch_index": e.switch_index,
@@ -78,7 +78,8 @@ def view_from_dict(d: dict[str, Any]) -> FabricView:
         [LinkInfo(**li) for li in d["links"]], {n: x["kind"] for n, x in nodes.items()},
         {n: int(x["tier"]) for n, x in nodes.items()},
         {int(g): n for g, n in d["gpu_node"].items()}, ecmp=ecmp,
-        rule_capacity=int(d["rule_capacity"]))
+        rule_capacity=int(d["rule_capacity"]),
+        switch_latency_ns=float(d.get("switch_latency_ns", 600.0)))
 
 
 def pathset_to_dict(ps: PathSet) -> dict[str, Any]:

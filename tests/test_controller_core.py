@@ -694,6 +694,38 @@ def test_l3_demands_are_capped_while_an_l1_or_l2_job_shares_the_fabric() -> None
     assert ctl.sla_unmet == {}
 
 
+def test_an_l1_job_no_path_serves_caps_no_one() -> None:
+    """gpu1 (leaf0) and gpu3 (leaf1): every path between them crosses a spine, so an L1
+    job on them is told its SLA is unmet and is not planned; it holds no L3 job, whose
+    pairs stay at their NIC's 400 Gb/s, uncapped. An L1 job within leaf0 is planned and
+    does hold them (0.8 x 400 = 320). Declared by itself (plan_jobs), an L1 / L2 job
+    may change every job's cap: that is left to a whole plan."""
+    dp = FakeDataPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))
+    ctl.declare(Intent("bulk", "t", (0, 2), (CommCall("allgather", 1 << 30, 5000.0, 0),)))
+    ctl.plan()
+    ctl.declare(Intent("far", "t", (1, 3), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
+    assert ctl.plan_jobs({"far"}) is None
+    ctl.plan()
+    assert set(ctl.sla_unmet) == {"far"}
+    assert {d.key: d.rate_gbps for d in ctl.demands()} == {
+        rule_key("bulk", 0, 2): 400.0, rule_key("bulk", 2, 0): 400.0}
+    assert {r.key: r.rate_cap_gbps for r in ctl._installed.values()} == {
+        rule_key("bulk", 0, 2): math.inf, rule_key("bulk", 2, 0): math.inf}
+    ctl.declare(Intent("near", "t", (0, 1), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
+    ctl.plan()
+    assert {k: ps.rate_cap_gbps for k, ps in ctl._installed.items()
+            if k.startswith("bulk:")} == {rule_key("bulk", 0, 2): 320.0,
+                                          rule_key("bulk", 2, 0): 320.0}
+    # another L1 job now changes no one's cap: planned by itself
+    ctl.declare(Intent("far2", "t", (1, 3), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
+    assert ctl.plan_jobs({"far2"}) is not None and "far2" in ctl.sla_unmet
+    ctl.withdraw("near")
+    assert ctl.plan_jobs({"near"}) is None  # (the last planned L1 job gone)
+    ctl.plan()
+    assert {ps.rate_cap_gbps for ps in ctl._installed.values()} == {math.inf}
+
+
 def test_l3_pairs_are_held_to_80_percent_of_their_nics() -> None:
     # the 80 % is enforced, not only planned: every path set of the L3 job carries a cap of
     # 0.8 x 400 = 320 Gb/s for its sending NIC, the L2 job's none; a heal keeps the cap,

@@ -101,7 +101,7 @@ def test_the_sla_levels_example() -> None:
 
 
 def test_an_l3_sender_is_held_on_its_nic_not_on_nvlink() -> None:
-    """While an L1 job runs, an L3 job's sender is held to 80 % of its 400G NIC, shared by
+    """Beside an L1 job, an L3 job's sender is held to 80 % of its 400G NIC, shared by
     what it sends through it. GPU 0 sends 64 MiB to its host's GPU 1 (NVLink) and 64 MiB to
     GPU 2 on another host: only the second crosses the NIC, so it runs at 320 Gb/s, and the
     job takes 1 / 0.8 = 1.25 x as long as with no L1 job (counting the NVLink transfer as
@@ -110,16 +110,21 @@ def test_an_l3_sender_is_held_on_its_nic_not_on_nvlink() -> None:
                                      rail_optimized=True))
     assert ct.gpu_host[0] == ct.gpu_host[1] != ct.gpu_host[2]
     assert ct.gpu_leaf[4] == ct.gpu_leaf[6]  # (the L1 pair: one switch)
+    assert ct.gpu_leaf[4] != ct.gpu_leaf[7] and ct.gpu_host[4] != ct.gpu_host[7]
     took = []
-    for strict in (False, True):
+    for l1_pair in (None, (4, 6), (4, 7)):
         jobs = [p2p_job("l3", [(0, 1), (0, 2)], 64 << 20, sla_us=500.0)]
-        if strict:
-            jobs.append(p2p_job("l1", [(4, 6)], 1 << 10, sla_us=30.0))
+        if l1_pair is not None:
+            jobs.append(p2p_job("l1", [l1_pair], 1 << 10, sla_us=30.0))
         pol = make_policy("sla-aware", PolicyContext(ct, 1, 600))
         pol.attach_jobs(jobs)
         out = Engine(ct, pol, jobs).run()
         took.append(next(c.end_ns - c.start_ns for c in out.collectives if c.job == "l3"))
     assert took[1] / took[0] == pytest.approx(1.25, rel=5e-3)
+    # an L1 pair across leaves (every path crosses a spine) is served by no path: it is
+    # reported, and holds no one
+    assert took[2] == took[0]
+    assert isinstance(pol, SlaAware) and pol.report()[0].startswith("l1: gpu4 -> gpu7: L1")
 
 
 @pytest.mark.parametrize(("switch_ns", "sla_us", "met"), [

@@ -6,10 +6,11 @@ the SLA level's scope (L1: at most one switch; L2: no spine; L3: any), penalised
 delay above 0.8 x SLA and for little free buffer (from the current queues). When no path can
 meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet`` list) and
 the flow still runs, on the path switch-local adaptive routing gives it. Jobs without an SLA
-are routed by switch-local adaptive routing. While a job of level L1 or L2 runs, the
-transfers of an L3 job (an SLA above 100 us, or none) are held to ``controller.l3_rate_cap``
-(80 %) of their sender's NIC, shared equally by the transfers it sends at once through it
-(to other hosts; NVLink transfers within a host are not held).
+are routed by switch-local adaptive routing. While a job of level L1 or L2 that a path
+within its SLA serves (one of its GPU pairs at least) is in the run, the transfers of an L3
+job (an SLA above 100 us, or none) are held to ``controller.l3_rate_cap`` (80 %) of their
+sender's NIC, shared equally by the transfers it sends at once through it (to other hosts;
+NVLink transfers within a host are not held); an L1 / L2 job no path serves holds no one.
 """
 
 from __future__ import annotations
@@ -53,8 +54,18 @@ class SlaAware(Adaptive):
         self.job_names = [j.name for j in jobs]
         self.sla_us = [j.sla_us for j in jobs]
         level = ["L3" if s is None else sla_level(s) for s in self.sla_us]
-        strict = any(lv != "L3" for lv in level)
-        self.capped = np.array([strict and lv == "L3" for lv in level], bool)
+        served = any(lv != "L3" and self._served(job) for job, lv in zip(jobs, level,
+                                                                          strict=True))
+        self.capped = np.array([served and lv == "L3" for lv in level], bool)
+
+    def _served(self, job: JobSpec) -> bool:
+        """Whether a path within ``job``'s SLA serves one of its GPU pairs at least."""
+        assert job.sla_us is not None
+        gpu_node = self.view.gpu_node
+        pairs = {(int(s), int(d)) for plan in job.collectives for st in plan.stages
+                 for s, d in zip(st.src.tolist(), st.dst.tolist(), strict=True)}
+        return any(not isinstance(rank_paths(self.view, s, d, job.sla_us), SlaUnmet)
+                   for s, d in sorted(pairs) if gpu_node[s] != gpu_node[d])
 
     def route(self, batch: TransferBatch) -> RoutedBatch:
         ct = self.ctx.topology

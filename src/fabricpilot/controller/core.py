@@ -768,7 +768,8 @@ class Controller:
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
-        self._strict_planned = False  # some L1/L2 call was declared at the last demands()
+        self._strict_planned = False  # some L1/L2 job was planned at the last demands()
+        self._strict_tasks: frozenset[str] = frozenset()  # (those jobs)
         # the jobs whose pairs' senders are held to the rate planned for them (l3_rate_cap),
         # and of the jobs with L3 and L1/L2 calls, the pairs only their L3 calls use
         self._capped_tasks: frozenset[str] = frozenset()
@@ -1053,16 +1054,13 @@ class Controller:
         A pair's candidates are its fewest-hop paths within the scope of its call's SLA level
         (L1: one switch, L2: no spine; see :func:`~fabricpilot.controller.ranking.in_scope`);
         a job with a pair that has none is not planned and is told why
-        (:attr:`sla_unmet`). While any L1/L2 job is declared, L3 demands are planned at
-        ``l3_rate_cap`` of their rate, leaving the rest of every link to the stricter jobs.
+        (:attr:`sla_unmet`). While an L1/L2 job is planned (declared, its SLA met and its
+        GPUs reachable), L3 demands are planned at ``l3_rate_cap`` of their rate, leaving the
+        rest of every link to the stricter jobs; an L1/L2 job no path serves holds no one.
         """
         out: dict[str, Demand] = {}
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
-        strict = self._strict_planned = any(c.level != "L3" for i in opted for c in i.calls)
-        # the jobs whose GPU pairs are held to their planned rate at the senders (steer_plan)
-        all_l3 = (i.task_id for i in opted if all(c.level == "L3" for c in i.calls))
-        self._capped_tasks = frozenset(all_l3) if strict else frozenset()
         # (both are found again below: a job is cut off only while its links are down)
         # (the verdicts are made apart and published at the end: a reader meanwhile, as the
         # service's API, sees those of the last plan, not a half-made set)
@@ -1079,6 +1077,12 @@ class Controller:
                 sla_unmet.pop(task, None)
                 partitioned.pop(task, None)
                 self._capped_keys.pop(task, None)
+        # the jobs with an L1/L2 call first: whether any of them is planned says whether
+        # the L3 jobs after them are capped (a planned job with L1/L2 and L3 calls is
+        # itself such a job, so its own L3 calls are planned capped)
+        opted.sort(key=lambda i: all(c.level == "L3" for c in i.calls))
+        n_strict = sum(1 for i in opted if any(c.level != "L3" for c in i.calls))
+        strict = n_strict > 0
         endpoints = self._endpoints
         ends_out, ends_in = self._ends_out, self._ends_in
         sw_paths = self._sw_paths
@@ -1088,8 +1092,10 @@ class Controller:
         parts = self.parts
         qps_of: dict[float, int] = {}  # a pair's share of its NIC -> its QPs
         made_before = self._made
-        for intent in opted:
+        for n_done, intent in enumerate(opted):
             self._check()
+            if n_done == n_strict:  # (the L1/L2 jobs done: the L3-only ones capped or not)
+                strict = bool(self._strict_met(sla_unmet, partitioned))
             task = intent.task_id
             was = made_before.get(task)
             if was is not None and was.intent is intent and was.made_for == (strict, avoid,
@@ -1266,6 +1272,12 @@ class Controller:
                                       only_l3)
             if unmet is None and cut is None:
                 out.update(pending)
+        self._strict_tasks = self._strict_met(sla_unmet, partitioned)
+        strict = self._strict_planned = bool(self._strict_tasks)
+        # the jobs whose GPU pairs are held to their planned rate at the senders (steer_plan)
+        self._capped_tasks = frozenset(
+            i.task_id for i in self.intents.values()
+            if i.opt_in and all(c.level == "L3" for c in i.calls)) if strict else frozenset()
         self.sla_unmet, self.partitioned = sla_unmet, partitioned
         if only is None:
             self._demand = out  # (not changed here after)
@@ -1274,6 +1286,15 @@ class Controller:
             if self._slots is not None:  # (their demands changed)
                 self._slots.mark_stale(out)
         return list(out.values())
+
+    def _strict_met(self, sla_unmet: Mapping[str, str], partitioned: Mapping[str, str]
+                    ) -> frozenset[str]:
+        """The declared jobs with an L1/L2 call that are planned: opted in, their SLA met
+        (not in ``sla_unmet``) and their GPUs reachable (not in ``partitioned``)."""
+        return frozenset(i.task_id for i in self.intents.values()
+                         if i.opt_in and i.task_id not in sla_unmet
+                         and i.task_id not in partitioned
+                         and any(c.level != "L3" for c in i.calls))
 
     def _call_demands(self, task: str, pairs: list[tuple[int, int, float]], rate_cap: float,
                       heat: float, priority: int = 0) -> list[Demand | None]:
@@ -1450,14 +1471,14 @@ class Controller:
     @property
     def capped_tasks(self) -> frozenset[str]:
         """The jobs whose GPU pairs' senders are held to ``l3_rate_cap`` of their NICs
-        while an L1 / L2 job is declared: every pair of a job whose calls are all L3, the
+        while an L1 / L2 job is planned: every pair of a job whose calls are all L3, the
         pairs only the L3 calls of a job with L1 / L2 calls use (see :meth:`capped_keys`);
         as of the last plan."""
         return self._capped_tasks.union(self._capped_keys)
 
     def capped_keys(self, task: str) -> frozenset[str] | None:
         """The keys of a job's pairs held to ``l3_rate_cap``: ``None`` for all of them (its
-        calls all L3 while an L1 / L2 job is declared), else those only its L3 calls use
+        calls all L3 while an L1 / L2 job is planned), else those only its L3 calls use
         (none: an empty set)."""
         if task in self._capped_tasks:
             return None
@@ -1471,13 +1492,13 @@ class Controller:
     def _kept(self) -> tuple[Any, ...]:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
         the demands the installed plan was made of and what they said."""
-        return (self._demand, self._strict_planned, self._capped_tasks, self._capped_keys,
-                self.sla_unmet, self.partitioned)
+        return (self._demand, self._strict_planned, self._strict_tasks, self._capped_tasks,
+                self._capped_keys, self.sla_unmet, self.partitioned)
 
     def _restore(self, kept: tuple[Any, ...]) -> None:
         """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
-        (self._demand, self._strict_planned, self._capped_tasks, self._capped_keys,
-         self.sla_unmet, self.partitioned) = kept
+        (self._demand, self._strict_planned, self._strict_tasks, self._capped_tasks,
+         self._capped_keys, self.sla_unmet, self.partitioned) = kept
 
     @contextlib.contextmanager
     def _yielding(self, may_yield: bool = True) -> Iterator[None]:
@@ -1503,15 +1524,17 @@ class Controller:
         installed. The cost grows with those jobs' demands, not with the fabric's.
 
         Returns ``None`` (nothing done: call :meth:`plan`) when there is no plan yet, or
-        when the jobs changed what every job's plan depends on (the first L1/L2 call
-        declared, or the last one gone: L3 demands are capped only while one is).
+        when the jobs may change what every job's plan depends on (L3 demands are capped
+        only while an L1/L2 job is planned: the jobs include one with L1/L2 calls, or one
+        that was, and no other holds the cap either way).
         The next control period that finds a hot link re-plans everything.
         """
         if self.current is None:
             return None
-        strict = any(c.level != "L3" for i in self.intents.values() if i.opt_in
-                     for c in i.calls)
-        if strict != self._strict_planned:
+        others = self._strict_tasks - tasks
+        touched = any(i.opt_in and any(c.level != "L3" for c in i.calls)
+                      for t in tasks if (i := self.intents.get(t)) is not None)
+        if not others and (touched or self._strict_planned):
             return None
         prefixes = tuple(f"{t}:" for t in tasks)
         old = [k for k in self.current.paths if k.startswith(prefixes)]

@@ -133,7 +133,7 @@ class PathSet(NamedTuple):
     plane forwards the paths by rules alone). ``rate_cap_gbps`` limits the sending NIC: the
     capped sets it sends on at once share it equally (a NIC rate limiter on the job's
     traffic; a set's QPs split its part by their shares; ``inf``: none), as for an L3 job
-    while L1 / L2 jobs are declared."""
+    while an L1 / L2 job is planned."""
 
     key: str
     paths: tuple[tuple[int, ...], ...]

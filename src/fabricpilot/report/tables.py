@@ -219,7 +219,7 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips; 2 heals; gray link directions: 2 confirmed, 0 false alarms, 2 restored
 
-    GPU pairs held to a rate at their senders (an L3 job while L1 / L2 jobs are declared):
+    GPU pairs held to a rate at their senders (an L3 job while an L1 / L2 job is planned):
 
     >>> c = {k: v for k, v in c.items() if not k.startswith(("heal", "gray"))}
     >>> print(controller_line(SimpleNamespace(policy="task-aware",

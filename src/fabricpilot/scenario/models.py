@@ -859,7 +859,7 @@ class ControllerSpec(_Model):
     l3_rate_cap: Float = Field(
         # (at least 1 %: a cap near 0 stretches L3 transfers, and the run, without bound)
         default=0.8, ge=0.01, le=1, allow_inf_nan=False,
-        description="share of a link L3 jobs may be planned on while L1/L2 jobs share it",
+        description="share of a link L3 jobs may be planned on while an L1/L2 job is planned",
     )
     steer_tries: Int = Field(
         default=1024, ge=1, le=16384,

@@ -1045,9 +1045,10 @@ class FabricService:
             self._observe_heals([rep])
             self.counters.heals += 1
             li = self.view.links[lk]
+            # (the operator's note apart, in "detail": a tenant reads events without it)
             self._event({"at_s": time.time(), "kind": f"fault-{f.kind}",
-                         "why": f"{li.src} -> {li.dst} ({f.detail or p.name})",
-                         "path_sets": rep.installed, "keys": []})
+                         "why": f"{li.src} -> {li.dst} (reported by {p.name})",
+                         "detail": f.detail, "path_sets": rep.installed, "keys": []})
             self._note_reroutes(before, "heal", f"link {lk} {f.kind} (new paths sent after "
                                                 f"{rep.sent_s * 1e3:.2f} ms)")
             return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
@@ -1063,15 +1064,21 @@ class FabricService:
 
     def events_list(self, p: Principal) -> list[dict[str, Any]]:
         """Recent reroutes, heals and faults, oldest first (a copy). A tenant sees the
-        fabric's events whole but, of the GPU pairs a reroute moved (``keys``), those of
-        its own jobs only."""
+        fabric's events but, of the GPU pairs a reroute moved (``keys``), those of its own
+        jobs only, and no operator's note on a fault (``detail``: ``None``)."""
         events = list(self.events)
         if p.is_operator:
             return events
         with self._jobs_lock:
             mine = {t for t, i in self.intents.items() if p.owns(i.tenant)}
-        return [{**e, "keys": [k for k in e["keys"] if k.split(":", 1)[0] in mine]}
-                if "keys" in e else e for e in events]
+        out = []
+        for e in events:
+            if "keys" in e:
+                e = {**e, "keys": [k for k in e["keys"] if k.split(":", 1)[0] in mine]}
+            if e.get("detail") is not None:
+                e = {**e, "detail": None}
+            out.append(e)
+        return out
 
     def metrics_text(self) -> str:
         """The service's Prometheus metrics, in the text exposition format."""

@@ -185,3 +185,41 @@ def test_a_damaged_row_is_one_line_naming_file_table_and_row(
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("error: ") and f"{db}: table {table}, {row}: damaged row (" \
         in lines[0] and why in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("table, row, why", [
+    ("jobs", "task_id 'acme-0'", "GPU 200 is not in it (GPUs 0..127)"),
+    ("paths", "key 'acme-0:0->1'", "paths[0][0]: link 99999 does not exist"),
+    ("faults", "link_id 99999", "link 99999 is not in it"),
+])
+def test_a_state_directory_of_another_fabric_is_one_line(
+        tmp_path: Path, table: str, row: str, why: str) -> None:
+    """State written for a larger fabric (a GPU, a link the default 128-GPU one lacks):
+    ``serve`` names the file, table and row and why they do not fit, and stops."""
+    from fabricpilot.service.server import DB_NAME
+    from fabricpilot.service.store import Store
+
+    state = tmp_path / "state"
+    state.mkdir()
+    db = state / DB_NAME
+    store = Store(db)
+    gpus = [0, 200] if table == "jobs" else [0, 1]
+    store.put_job("acme-0", "acme", {
+        "task_id": "acme-0", "tenant": "acme", "gpus": gpus, "opt_in": True,
+        "calls": [{"pattern": "allreduce", "size_bytes": 1024, "sla_us": 500.0,
+                   "period_ns": 0}]})
+    if table == "paths":
+        store.put_paths([("acme-0:0->1", "acme-0", {
+            "key": "acme-0:0->1", "paths": [[99999]], "weights": [1.0], "ports": [],
+            "rules": [], "rate_cap_gbps": None})])
+    if table == "faults":
+        store.add_fault(0.0, "down", 99999, "", "ops")
+    store.close()
+    r = subprocess.run([sys.executable, "-m", "fabricpilot", "serve", "--no-twin",
+                        "--state-dir", str(state), "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and f"{db}: table {table}, {row}: not of this " \
+        f"fabric ({why}): a state directory of another fabric?" in lines[0], lines[0]

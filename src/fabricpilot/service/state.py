@@ -65,6 +65,7 @@ from fabricpilot.service.schemas import (
 from fabricpilot.service.southbound_http import (
     SouthboundError,
     pathset_from_dict,
+    pathset_from_wire,
     pathset_to_dict,
 )
 from fabricpilot.service.store import Store, StoreError
@@ -564,11 +565,15 @@ class FabricService:
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise self.store.damaged("jobs", f"task_id {task!r}",
                                          f"{type(err).__name__}: {err}") from None
+            outside = [g for g in intent.gpus if g not in self.view.gpu_node]
+            if outside:  # (e.g. a state directory of another fabric)
+                raise self._unfit("jobs", f"task_id {task!r}",
+                                  f"GPU {outside[0]} is not in it (GPUs 0.."
+                                  f"{len(self.view.gpu_node) - 1})")
             try:
                 self.controller.declare(intent)
-            except ValueError as err:  # (e.g. a state directory of another fabric)
-                raise StoreError(f"{self.store.path}: table jobs, task_id {task!r}: the job "
-                                 f"does not fit this fabric ({err})") from None
+            except ValueError as err:
+                raise self._unfit("jobs", f"task_id {task!r}", err) from None
             for rec in self.store.calls(task, limit=100_000):  # which call is which bucket
                 try:
                     slot, call = self._announced_call(rec)
@@ -578,6 +583,10 @@ class FabricService:
                 if call in intent.calls:
                     self._announced.setdefault(task, {})[slot] = call
         last = self.store.link_states()
+        outside = [lk for lk in last if lk not in self.view.links]
+        if outside:
+            raise self._unfit("faults", f"link_id {outside[0]}",
+                              f"link {outside[0]} is not in it")
 
         def links(kind: str, telemetry: bool = False) -> set[int]:
             return {lk for lk, (k, src) in last.items()
@@ -590,10 +599,14 @@ class FabricService:
         stored = []
         for key, d in self.store.paths().items():
             try:
-                stored.append(pathset_from_dict(d))
+                pathset_from_dict(d)
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise self.store.damaged("paths", f"key {key!r}",
                                          f"{type(err).__name__}: {err}") from None
+            try:
+                stored.append(pathset_from_wire(d, self.view))
+            except ValueError as err:
+                raise self._unfit("paths", f"key {key!r}", err) from None
         kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
         held: list[PathSet] = []
         if self.remote is not None:
@@ -613,6 +626,12 @@ class FabricService:
         # ("faults": the links whose fault state was read back)
         return {"jobs": len(jobs), "faults": len(last), "path_sets": len(kept),
                 "held_by_dataplane": len(held)}
+
+    def _unfit(self, table: str, row: str, why: object) -> StoreError:
+        """The error for a stored row (of ``table``, ``row`` names it) that this fabric
+        cannot take: a state directory of another fabric, or a damaged row."""
+        return StoreError(f"{self.store.path}: table {table}, {row}: not of this fabric "
+                          f"({why}): a state directory of another fabric?")
 
     # ------------------------------------------------------------ jobs
     def _owned(self, p: Principal, task_id: str) -> Intent:

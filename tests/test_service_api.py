@@ -949,6 +949,17 @@ def test_a_job_declared_again_keeps_only_the_announced_calls_it_gives(tmp_path: 
         # without pairs, as a framework's placeholder is)
         job = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
         assert sorted(x["size_bytes"] for x in job["calls"]) == [2000, 3000]
+        # the GET body put back as it is (its read-back fields ignored): both announced
+        # calls it holds keep their buckets (bucket 7's first one, replaced, is gone)
+        r = c.put("/api/v1/jobs/a1", headers=_auth(ACME), json=job)
+        assert r.status_code == 200, r.text
+        assert [(x["bucket"], x["size_bytes"]) for x in c.get(
+            "/api/v1/jobs/a1/calls", headers=_auth(ACME)).json()] == [(8, 2000), (7, 3000)]
+        again = c.get("/api/v1/jobs/a1", headers=_auth(ACME)).json()
+        assert again["calls"] == job["calls"] and again["gpus"] == job["gpus"]
+        # (any other unknown field is still refused)
+        r = c.put("/api/v1/jobs/a1", headers=_auth(ACME), json={**job, "sla_mett": True})
+        assert r.status_code == 422 and "sla_mett" in r.text
         # put back without bucket 8's call: bucket 7's current announcement stays
         kept = [x for x in job["calls"] if x["size_bytes"] != 2000]
         r = c.put("/api/v1/jobs/a1", headers=_auth(ACME),

@@ -89,10 +89,13 @@ class _Strict(BaseModel):
 
 
 class CallIn(_Strict):
-    """One communication call a job declares: a collective of ``size_bytes`` that must
-    complete within ``sla_us``, repeating every ``period_ns`` (0: one-off), at
-    ``priority`` (0-7: the controller plans higher priorities first and keeps lower ones
-    from overloading their links where it can)."""
+    """One communication call a job declares: a collective of ``size_bytes`` whose GPU
+    pairs need paths of a one-way delay within its latency SLA ``sla_us`` (links and
+    switches; it also sets the level: L1 < 50 us one switch, L2 <= 100 us no spine, L3 any
+    path), repeating every ``period_ns`` (0: one-off), at ``priority`` (0-7: the controller
+    plans higher priorities first and keeps lower ones from overloading their links where
+    it can). The SLA bounds the paths' delay, not the collective's time, which its size and
+    the links' rates set."""
 
     pattern: Pattern
     size_bytes: Int = Field(gt=0, le=1 << 50)
@@ -132,8 +135,21 @@ class CallIn(_Strict):
                         self.priority, tuple(self.pairs), self.algorithm)
 
 
+JOB_READ_ONLY = frozenset(("sla_level", "sla_met", "sla_problem", "rate_capped", "path_sets",
+                           "planned", "busbw_GBps", "last_collective_us"))
+"""What a job read back (``GET``) has beside its intent: ignored in a body sent back."""
+
+
 class IntentIn(_Strict):
-    """A job's intent as declared (or replaced) through the API."""
+    """A job's intent as declared (or replaced) through the API. The fields a ``GET`` adds
+    (:data:`JOB_READ_ONLY`) are ignored, so a job read back can be sent back as it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_back(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not JOB_READ_ONLY.isdisjoint(data):
+            return {k: v for k, v in data.items() if k not in JOB_READ_ONLY}
+        return data
 
     task_id: str = Field(pattern=TASK_ID_PATTERN)
     gpus: list[Int] = Field(min_length=1, max_length=MAX_GPUS_PER_JOB)

@@ -461,7 +461,7 @@ def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  #
     assert names[0] not in keys and names[1] not in keys and names[2] in keys
     assert set(ctl.sla_unmet) == {names[1]}
     assert "(L2): no path from gpu" in ctl.sla_unmet[names[1]]
-    assert ctl.sla_unmet[names[1]].endswith("within its leaves (no spine)")
+    assert ctl.sla_unmet[names[1]].endswith("within its leaves and pods (no spine: the top tier)")
 
 
 def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:

@@ -158,3 +158,39 @@ def test_an_sla_is_weighed_with_the_fabrics_own_switch_latency(
     assert ("l1" not in ctl.sla_unmet) is met
     if not met:
         assert f"the fastest takes {0.2 + switch_ns / 1000:.3g} us" in ctl.sla_unmet["l1"]
+
+
+def test_l2_crosses_tors_within_a_pod_of_a_fat_tree_but_no_core() -> None:
+    """k = 4 fat-tree: GPUs 0 and 2 sit under the two edge switches (ToRs) of pod 0, joined
+    by the pod's aggregation switches (tier 2): an L2 job between them is served, on a
+    path through an aggregation switch; GPUs 0 and 4 are in different pods, joined only
+    through a core (tier 3, the spine of this fabric): an L2 job there is told so, by both
+    SLA policies."""
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller.core import Controller
+    from fabricpilot.controller.intents import CommCall, Intent
+    from fabricpilot.topology import fat_tree
+
+    ct = compile_topology(fat_tree(k=4))
+    name = ct.node_names
+    edge = {g: name[int(ct.switch_node[ct.gpu_leaf[g]])] for g in (0, 2, 4)}
+    assert edge == {0: "edge0_0", 2: "edge0_1", 4: "edge1_0"}
+    jobs = [p2p("pod", [(0, 2)], 80.0), p2p("cross", [(1, 4)], 80.0)]
+    pol = make_policy("sla-aware", PolicyContext(ct, 1, 600))
+    assert isinstance(pol, SlaAware)
+    pol.attach_jobs(jobs)
+    Engine(ct, pol, jobs).run()
+    (links,) = [lk for (j, _, _), lk in pol.chosen.items() if j == 0]
+    hops = [ct.link_name(lk).split("->")[1] for lk in links[:-1]]
+    assert hops[0] == "edge0_0" and hops[1].startswith("agg0_") and hops[2] == "edge0_1"
+    (why,) = pol.report()
+    assert why.startswith("cross: gpu1 -> gpu4: L2") and "(tier 3)" in why
+    ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)))
+    for task, pair in (("pod", (0, 2)), ("cross", (1, 4))):
+        ctl.declare(Intent(task, "t", pair, (CommCall("broadcast", 1 << 20, 80.0, 0),)))
+    ctl.plan()
+    assert set(ctl.sla_unmet) == {"cross"}
+    nodes = {ctl.view.links[lk].dst for ps in ctl._installed.values() for p in ps.paths
+             for lk in p}
+    assert any(n.startswith("agg0_") for n in nodes)
+    assert not any(n.startswith("core") for n in nodes)

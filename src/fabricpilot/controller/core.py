@@ -264,7 +264,7 @@ def _set_load(sets: list[PathSet], rate_gbps: dict[str, float]) -> dict[int, flo
     return load
 
 
-_SCOPE = {"L1": "one switch", "L2": "its leaves (no spine)"}
+_SCOPE = {"L1": "one switch", "L2": "its leaves and pods (no spine: the top tier)"}
 
 
 _PENDING: set[int] = set()  # (a heal's link-index change not known yet: replaced, never read)

@@ -5,7 +5,7 @@ For a call with latency SLA ``sla_us`` (level L1 / L2 / L3, see
 
 1. enumerates the shortest simple paths by delay (link delays plus a per-switch latency) with
    :func:`networkx.shortest_simple_paths`, restricted to the SLA level's scope (L1: at most one
-   switch; L2: no node of tier >= 2; L3: anything), and keeps the first ``k`` in scope,
+   switch; L2: no spine, the top tier; L3: anything), and keeps the first ``k`` in scope,
    examining at most ``8 * k`` paths;
 2. computes each path's delay ``delay_us = sum(link delay_ns) / 1000 + switches *
    switch_latency_us``; paths with ``delay_us > sla_us`` are not eligible;
@@ -89,8 +89,10 @@ def in_scope(view: FabricView, nodes: Sequence[str], level: str) -> bool:
     """Whether a node path is allowed for an SLA level.
 
     L1: at most one switch (``kind`` switch / nvswitch, endpoints excluded), i.e. NVLink
-    ``gpu -> nvswitch -> gpu`` or one RoCE hop ``gpu -> leaf -> gpu``. L2: no node of tier
-    >= 2 (no spine / core). L3: any path.
+    ``gpu -> nvswitch -> gpu`` or one RoCE hop ``gpu -> leaf -> gpu``. L2: it may cross ToRs
+    but no spine, the fabric's top tier when it has two or more (a leaf-spine's spines,
+    tier 2; a fat-tree's core, tier 3: its aggregation switches join the ToRs of a pod).
+    L3: any path.
 
     >>> from fabricpilot.controller.southbound import LinkInfo
     >>> links = [LinkInfo(0, "g0", "leaf", 400, 100), LinkInfo(1, "leaf", "spine", 400, 1000),
@@ -102,13 +104,23 @@ def in_scope(view: FabricView, nodes: Sequence[str], level: str) -> bool:
     >>> path = ["g0", "leaf", "spine", "leaf1", "g1"]
     >>> [in_scope(v, path, lvl) for lvl in ("L1", "L2", "L3")]
     [False, False, True]
+
+    Under a core above it (tier 3), the tier-2 switch is a pod's aggregation, which L2 may
+    cross:
+
+    >>> w = FabricView.from_links(links, {**kinds, "core": "switch"},
+    ...                           {"leaf": 1, "leaf1": 1, "spine": 2, "core": 3},
+    ...                           {0: "g0", 1: "g1"})
+    >>> in_scope(w, path, "L2")
+    True
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     if level == "L1":
         return count_switches(view, nodes) <= 1
     if level == "L2":
-        return all(_tier(view, n) < 2 for n in nodes)
+        spine = max(2, view.top_tier)
+        return all(_tier(view, n) < spine for n in nodes)
     return True
 
 
@@ -175,20 +187,22 @@ def _scope_nodes(view: FabricView, src: str, dst: str, level: str) -> list[str]:
         return [src, dst, *sorted(mids)]
     keep = list(transit_graph(view, src, dst).nodes)
     if level == "L2":
-        keep = [n for n in keep if _tier(view, n) < 2]
+        spine = max(2, view.top_tier)
+        keep = [n for n in keep if _tier(view, n) < spine]
     return keep
 
 
 def _scope_set(view: FabricView, src: str, dst: str, level: str) -> set[str]:
     """The nodes of :func:`_scope_nodes`, as a set, read straight from the graph's node
     attributes (the same rules: L1 the two endpoints and their common switches; L2 / L3
-    every node that is not another GPU, L2 without tier >= 2)."""
+    every node that is not another GPU, L2 without the spines: the top tier)."""
     if level == "L1":
         return set(_scope_nodes(view, src, dst, level))
     attrs = view.graph._node  # the node attribute dicts (what networkx reads)
     if level == "L2":
+        spine = max(2, view.top_tier)
         return {n for n, d in attrs.items() if (d.get("kind") != "gpu" or n in (src, dst))
-                and int(d.get("tier", 0) or 0) < 2}
+                and int(d.get("tier", 0) or 0) < spine}
     return {n for n, d in attrs.items() if d.get("kind") != "gpu" or n in (src, dst)}
 
 
@@ -419,8 +433,9 @@ def _scope_reason(view: FabricView, src: str, dst: str, level: str, sla_us: floa
                 f"the shortest path crosses {count_switches(view, path)} switches "
                 f"({_fmt(delay_us)} us)")
     if level == "L2":
-        high = [n for n in path if _tier(view, n) >= 2]
+        spine = max(2, view.top_tier)
+        high = [n for n in path if _tier(view, n) >= spine]
         where = f"crosses {high[0]} (tier {_tier(view, high[0])})" if high else "is out of scope"
-        return (f"{head} must not cross a spine (tier >= 2); no path in scope: the shortest "
-                f"path {where} ({_fmt(delay_us)} us)")
+        return (f"{head} must not cross a spine (tier >= {spine}); no path in scope: the "
+                f"shortest path {where} ({_fmt(delay_us)} us)")
     return f"{head}: no in-scope candidate; the shortest path takes {_fmt(delay_us)} us"

@@ -11,6 +11,7 @@ after the data plane's control-channel latency, never instantly.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -91,6 +92,11 @@ class FabricView:
                        delay_ns=li.delay_ns, kind=li.kind)
         return cls(g, dict(gpu_node), {li.link_id: li for li in links}, ecmp, rule_capacity,
                    switch_latency_ns)
+
+    @functools.cached_property
+    def top_tier(self) -> int:
+        """The highest switch tier (1 = leaf / ToR; 0 without switches)."""
+        return max((int(t or 0) for _, t in self.graph.nodes(data="tier")), default=0)
 
     def link(self, link_id: int) -> LinkInfo:
         return self.links[link_id]

@@ -2,22 +2,27 @@
 
 A job that declares a latency SLA (``sla_us``) has each of its flows placed on the best path
 :func:`~fabricpilot.controller.ranking.rank_paths` ranks for it: the k = 5 shortest paths in
-the SLA level's scope (L1: at most one switch; L2: no spine; L3: any), penalised for per-link
-delay above 0.8 x SLA and for little free buffer (from the current queues). When no path can
-meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet`` list) and
-the flow still runs, on the path switch-local adaptive routing gives it. Jobs without an SLA
-are routed by switch-local adaptive routing. While a job of level L1 or L2 that a path
-within its SLA serves (one of its GPU pairs at least) is in the run, the transfers of an L3
-job (an SLA above 100 us, or none) are held to ``controller.l3_rate_cap`` (80 %) of their
-sender's NIC, shared equally by the transfers it sends at once through it (to other hosts;
-NVLink transfers within a host are not held); an L1 / L2 job no path serves holds no one.
+the SLA level's scope (L1: at most one switch; L2: no spine; L3: any), penalised for
+per-link delay above 0.8 x SLA and for little free buffer (from the current queues). When no
+path can meet the SLA the job is told so (:attr:`SlaAware.unmet`, the run's ``sla_unmet``
+list) and the flow still runs, on the path switch-local adaptive routing gives it. Jobs
+without an SLA are routed by switch-local adaptive routing. Links seen down are out of the
+ranking from then on (their pairs are ranked again, and a stream whose path died is moved,
+once routing has converged, to the best ranked path left); links back up are in it again for
+new flows. While a job of level L1 or L2 that a path within its SLA serves (one of its GPU
+pairs at least) is in the run, the transfers of an L3 job (an SLA above 100 us, or none) are
+held to ``controller.l3_rate_cap`` (80 %) of their sender's NIC, shared equally by the
+transfers it sends at once through it (to other hosts; NVLink transfers within a host are
+not held); an L1 / L2 job no path serves holds no one.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import networkx as nx
 import numpy as np
+from numpy.typing import NDArray
 
 from fabricpilot.balancing.adaptive import Adaptive
 from fabricpilot.balancing.base import (
@@ -32,7 +37,7 @@ from fabricpilot.controller.intents import sla_level
 from fabricpilot.controller.ranking import SlaUnmet, rank_paths
 from fabricpilot.controller.southbound import FabricView
 from fabricpilot.net.hashing import qp_source_port
-from fabricpilot.topology.paths import max_path_links
+from fabricpilot.topology.paths import max_path_links, pad_paths
 from fabricpilot.workload.jobs import JobSpec
 
 
@@ -49,6 +54,8 @@ class SlaAware(Adaptive):
         self.unmet: dict[tuple[str, int, int], str] = {}
         self.chosen: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (job, src, dst)
         self.capped = np.zeros(0, bool)  # per job: held to l3_rate_cap of its NICs
+        self.down: set[int] = set()  # links seen down
+        self._live: FabricView = self.view  # the fabric without them, as the ranking sees it
 
     def attach_jobs(self, jobs: list[JobSpec]) -> None:
         self.job_names = [j.name for j in jobs]
@@ -67,6 +74,53 @@ class SlaAware(Adaptive):
         return any(not isinstance(rank_paths(self.view, s, d, job.sla_us), SlaUnmet)
                    for s, d in sorted(pairs) if gpu_node[s] != gpu_node[d])
 
+    def on_links_changed(self, now: float, down: list[int], up: list[int]) -> None:
+        """Links seen down (or back up) by their neighbours: the ranking leaves them out
+        from now on (``None``: no controller of its own; the fabric converges, then
+        :meth:`repath` moves the streams whose path died)."""
+        self.down.update(down)
+        self.down.difference_update(up)
+        g: nx.DiGraph = self.view.graph.copy()
+        links = self.view.links
+        g.remove_edges_from((links[lk].src, links[lk].dst) for lk in self.down)
+        self._live = replace(self.view, graph=g)
+        self.chosen.clear()  # (ranked again on what is left, or back)
+
+    def _ranked(self, j: int, s: int, d: int, free: dict[int, float] | None
+                ) -> tuple[int, ...] | None:
+        """The best ranked path of job ``j``'s pair ``s -> d`` on the live fabric (cached
+        until links change), or ``None`` (its SLA unmet: noted)."""
+        key = (j, s, d)
+        hit = self.chosen.get(key)
+        if hit is None:
+            ranked = rank_paths(self._live, s, d, float(self.sla_us[j]),  # type: ignore[arg-type]
+                                free_buffer_bytes=free)
+            if isinstance(ranked, SlaUnmet):
+                self.unmet[(self.job_names[j], s, d)] = ranked.reason
+                return None
+            hit = self.chosen[key] = ranked[0].links
+        return hit
+
+    def repath(self, job: NDArray[np.int64], src: NDArray[np.int64], dst: NDArray[np.int64],
+               stream: NDArray[np.int64], qp: NDArray[np.int64] | None = None
+               ) -> NDArray[np.int32]:
+        """Paths for streams whose path died: a pair of a job with an SLA takes its best
+        ranked path on what is left, any other (or one no path in scope serves now) the
+        least-loaded walk of switch-local adaptive routing."""
+        out = pad_paths(super().repath(job, src, dst, stream, qp=qp),
+                        max_path_links(self.ctx.topology))
+        for i, (j, s, d) in enumerate(zip(np.asarray(job).tolist(), np.asarray(src).tolist(),
+                                          np.asarray(dst).tolist(), strict=True)):
+            if not (0 <= j < len(self.sla_us)) or self.sla_us[j] is None:
+                continue
+            if self.view.gpu_node[s] == self.view.gpu_node[d]:
+                continue
+            hit = self._ranked(j, s, d, None)
+            if hit is not None:
+                out[i] = -1
+                out[i, : len(hit)] = hit
+        return out
+
     def route(self, batch: TransferBatch) -> RoutedBatch:
         ct = self.ctx.topology
         n = len(batch)
@@ -83,17 +137,11 @@ class SlaAware(Adaptive):
                                           batch.dst.tolist(), strict=True)):
             if not (0 <= j < len(self.sla_us)) or self.sla_us[j] is None:
                 continue
-            key = (j, s, d)
-            hit = self.chosen.get(key)
+            if self.view.gpu_node[s] == self.view.gpu_node[d]:
+                continue
+            hit = self._ranked(j, s, d, free)
             if hit is None:
-                if self.view.gpu_node[s] == self.view.gpu_node[d]:
-                    continue
-                ranked = rank_paths(self.view, s, d, float(self.sla_us[j]),  # type: ignore[arg-type]
-                                    free_buffer_bytes=free)
-                if isinstance(ranked, SlaUnmet):
-                    self.unmet[(self.job_names[j], s, d)] = ranked.reason
-                    continue
-                hit = self.chosen[key] = ranked[0].links
+                continue
             row = np.full(width, -1, np.int32)
             row[: len(hit)] = hit
             paths[i] = row

@@ -292,7 +292,7 @@ def test_422_field_messages(live: Live) -> None:
         with pytest.raises(FabricpilotAPIError) as err:
             fp.announce("ok-job", "allreduce", 1024, [4, 6])
         assert err.value.status == 422
-        assert "ranks: GPU 6 is not one of job 'ok-job''s GPUs" in str(err.value)
+        assert "ranks: GPU 6 is not one of the GPUs of job 'ok-job'" in str(err.value)
         with pytest.raises(FabricpilotAPIError) as err:
             fp.post_telemetry([{"link_id": 10**6, "interval_ns": 1000}])
         assert err.value.status == 422 and "deltas.0.link_id" in str(err.value)

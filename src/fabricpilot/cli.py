@@ -38,6 +38,15 @@ app.add_typer(topology_app, name="topology")
 
 
 
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one.
+
+    >>> _count(1, "link"), _count(3, "path set")
+    ('1 link', '3 path sets')
+    """
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
 def _stdout_gone() -> None:
     """The reader of stdout left (``fabricpilot run | head``): what is still printed goes
     nowhere and the command goes on, so that the files it was asked for are still written
@@ -515,8 +524,9 @@ def serve(
         _fail(str(e))
     err.print(escape(f"fabricpilot controller on http://{host}:{port}  (dashboard /, API docs "
                      f"/docs, metrics /metrics); state in {state_dir}/"
-                     + (f"; restored {restored['jobs']} jobs, {restored['path_sets']} path "
-                        f"sets, the fault state of {restored['faults']} links"
+                     + (f"; restored {_count(restored['jobs'], 'job')}, "
+                        f"{_count(restored['path_sets'], 'path set')}, the fault state of "
+                        f"{_count(restored['faults'], 'link')}"
                         if restored["jobs"] or restored["faults"]
                         else "")), highlight=False, soft_wrap=True)
     if token_file is not None:

@@ -643,8 +643,9 @@ class FabricService:
         under the lock it changes the job under (a job withdrawn or declared again by
         another tenant meanwhile is not acted on)."""
         intent = self.intents.get(task_id)
-        if intent is None:
-            raise ServiceError(404, f"job {task_id!r} not found")
+        if intent is None:  # (a task id in a path is not checked: not echoed whole)
+            shown = repr(task_id) if len(task_id) <= 128 else repr(task_id[:128]) + "..."
+            raise ServiceError(404, f"job {shown} not found")
         if not p.owns(intent.tenant):
             raise ServiceError(403, f"job {task_id!r} belongs to another tenant")
         return intent
@@ -821,8 +822,8 @@ class FabricService:
             intent = self._owned_locked(p, task_id)
             outside = sorted(set(body.ranks) - set(intent.gpus))
             if outside:
-                raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of job "
-                                   f"{task_id!r}'s GPUs")
+                raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of the GPUs "
+                                   f"of job {task_id!r}")
             sla = body.sla_us or DEFAULT_ANNOUNCE_SLA_US
             pairs = tuple(pattern_transfers(body.pattern, tuple(body.ranks),
                                             self.controller.host_of, body.algorithm))

@@ -246,18 +246,24 @@ def test_bad_scenarios_fail_with_one_line(case: str, command: str, tmp_path: Pat
     assert "Traceback" not in res.stderr
 
 
-def test_a_run_past_the_engines_clock_is_one_line(tmp_path: Path) -> None:
-    """1000 TiB at 1 Mb/s: each value within its limits, the run's end past 2^63 ns. One
-    line naming the scenario, not an OverflowError's traceback."""
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "task-aware"])
+def test_a_run_past_the_engines_clock_is_one_line(tmp_path: Path, policy: str) -> None:
+    """1000 TiB at 1 Mb/s: each value within its limits, the run's end past 2^63 ns (8e9
+    s for a single TiB's 8.8e12 bits at 1e6 b/s). One line naming the scenario and job
+    before any run, under every policy (one that steps through time periodically once
+    ran for hours instead), not an OverflowError's traceback."""
     data = small_scenario(tmp_path)
     data.pop("mice")
     data["topology"].update(nic_rate_gbps="1Mbps", fabric_rate_gbps="1Mbps")
     data["jobs"][0]["collectives"][0]["size_bytes"] = "1000TiB"
-    res = cli("run", str(write(tmp_path, data)), "-p", "ecmp")
+    res = cli("run", str(write(tmp_path, data)), "-p", policy)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "s.yaml: " in lines[0]
-    assert "engine's clock" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "s.yaml: jobs[0]: " in lines[0]
+    assert "days of simulated time" in lines[0]
+    assert "beyond the twin's 1e15 ns (11.6 days)" in lines[0]
+    res = cli("validate", str(write(tmp_path, data)))
+    assert res.returncode == 2 and "days of simulated time" in res.stderr
 
 
 @pytest.mark.parametrize("args, problem", [

@@ -60,6 +60,34 @@ class Prepared:
     faults: FaultTimeline | None = None
 
 
+MAX_SIM_NS = 1e15
+"""The simulated time a run may need at the least (11.6 days), as a scenario's own times."""
+
+
+def least_run_ns(job: JobSpec, ct: CompiledTopology) -> float:
+    """A lower bound on the simulated time ``job`` takes, alone on an idle fabric: its
+    start, its compute gaps, and every stage of its collectives at least as long as its
+    largest transfer at the fastest link its sender has (NIC or NVLink), each iteration.
+
+    >>> from fabricpilot.topology import compile_topology, leaf_spine
+    >>> from fabricpilot.workload import build_collective
+    >>> ct = compile_topology(leaf_spine(hosts=2, gpus_per_host=1, nics_per_leaf=2))
+    >>> plan = build_collective("alltoall", np.array([0, 1]), 1 << 20)
+    >>> job = JobSpec("a", (0, 1), (plan,), iterations=2, compute_ns=1000)
+    >>> least_run_ns(job, ct)  # 2 x (1 us + half the 1 MiB to the peer at 400 Gb/s)
+    22971.52
+    """
+    fastest = ct.rate_gbps[ct.gpu_up].astype(np.float64)
+    nv = ct.gpu_nv_up >= 0
+    fastest[nv] = np.maximum(fastest[nv], ct.rate_gbps[ct.gpu_nv_up[nv]])
+    per_iteration = float(job.compute_ns)
+    for plan in job.collectives:
+        for st in plan.stages:
+            if len(st.src):
+                per_iteration += float((st.size_bytes * 8.0 / fastest[st.src]).max())
+    return float(job.start_ns) + job.iterations * per_iteration
+
+
 def link_costs(ct: CompiledTopology, fabric: FabricParams) -> LinkCosts:
     """The fabric's costs as ``algorithm: auto`` weighs an AllReduce's algorithms by: the
     GPUs' slowest NIC and NVLink rates and a message's latency as the engine counts it (the
@@ -201,6 +229,12 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                             compute_ns=job.compute_ns, traffic_class=job.traffic_class,
                             declare_intent=job.declare_intent, sla_us=job.sla_us,
                             priority=job.priority))
+        least = least_run_ns(jobs[-1], ct)
+        if least > MAX_SIM_NS:
+            raise ScenarioError(source, f"jobs[{i}]", (
+                f"needs at least {least / 1e9 / 86400:.3g} days of simulated time (its bytes "
+                f"at its GPUs' fastest link rates, alone on the fabric), beyond the twin's "
+                f"1e15 ns (11.6 days): rates too low for the bytes they carry"))
 
     mice = None
     if scenario.mice is not None:

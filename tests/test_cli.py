@@ -564,8 +564,7 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
         mutate(topo)
         (tmp_path / "bad.json").write_text(json.dumps(topo))
         data = yaml.safe_load(default_scenario_path().read_text())
-        data["topology"] = {"kind": "file", "path": str(tmp_path / "bad.json"),
-                            "gpus_per_host": 8}
+        data["topology"] = {"kind": "file", "path": str(tmp_path / "bad.json")}
         res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert f"bad.json: {field}" in res.stderr, res.stderr
@@ -697,7 +696,7 @@ def test_topology_export_round_trips_through_a_scenario(tmp_path: Path) -> None:
     out = tmp_path / "topo.json"
     assert cli("topology", "export", str(out)).returncode == 0
     data = yaml.safe_load(default_scenario_path().read_text())
-    data["topology"] = {"kind": "file", "path": str(out), "gpus_per_host": 8}
+    data["topology"] = {"kind": "file", "path": str(out)}
     path = write(tmp_path, data, "from_file.yaml")
     res = cli("validate", str(path))
     assert res.returncode == 0, res.stderr

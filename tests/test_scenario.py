@@ -298,6 +298,11 @@ def _name_of_the_mice(d: dict[str, Any]) -> None:
     d["jobs"][0]["name"] = "mice"  # (what flows.csv calls the mice)
 
 
+def _rates_on_a_file(d: dict[str, Any]) -> None:
+    # (a topology file gives its own: the key would be ignored)
+    d["topology"] = {"kind": "file", "path": "topo.json", "nic_rate_gbps": 100}
+
+
 def _spines_by_rate_not_whole(d: dict[str, Any]) -> None:
     d["topology"]["fabric_rate_gbps"] = 300  # (16 x 400 / 300 uplinks)
 
@@ -312,6 +317,8 @@ BAD_CASES = [
     (_duplicate_names, "jobs[1].name", "duplicate job name 'a'"),
     (_explicit_overlap, "jobs[1].gpu_ids[1]", "GPU 2 is already used by job 'a'"),
     (_k_on_leaf_spine, "topology.k", "only valid for kind fat_tree"),
+    (_rates_on_a_file, "topology.nic_rate_gbps",
+     "not for kind file: the topology file gives its GPUs, rates and delays"),
     (_unknown_literal, "fabric.model", "must be 'flow' or 'fluid' (got 'packet')"),
     (_root_out_of_range, "jobs[0].collectives[1].root", "root rank 8"),
     (_spines_not_whole, "topology.oversubscription", "whole number"),

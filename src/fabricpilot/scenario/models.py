@@ -186,6 +186,9 @@ class _Model(BaseModel):
 _LEAF_SPINE_ONLY = ("hosts", "nics_per_leaf", "oversubscription")
 _FAT_TREE_ONLY = ("k",)
 _FILE_ONLY = ("path",)
+# what a built-in shape is built with (a topology file carries its own)
+_BUILT_ONLY = ("gpus_per_host", "rail_optimized", "nic_rate_gbps", "fabric_rate_gbps",
+               "nvlink_rate_gbps", "link_delay_ns", "nvlink_delay_ns")
 
 
 class TopologySpec(_Model):
@@ -243,6 +246,11 @@ class TopologySpec(_Model):
             for key in keys:
                 if key in self.model_fields_set and getattr(self, key) is not None:
                     raise FieldProblem(key, f"only valid for kind {kind}")
+        if self.kind == "file":
+            for key in _BUILT_ONLY:
+                if key in self.model_fields_set:
+                    raise FieldProblem(key, "not for kind file: the topology file gives "
+                                       "its GPUs, rates and delays")
         if self.kind == "leaf_spine":
             self._check_leaf_spine()
         elif self.kind == "fat_tree":

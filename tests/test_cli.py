@@ -4,6 +4,7 @@ every example scenario runs, and nccl-test prints nccl-tests' layout with consis
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -436,8 +437,13 @@ def test_outputs_that_would_overwrite_an_input_or_each_other_fail_before_the_run
     path = write(tmp_path, small_scenario(tmp_path))
     text = path.read_text()
     out = tmp_path / "out"
+    hard = tmp_path / "hard.json"  # (another name of the scenario's own file)
+    os.link(path, hard)
     for args, start in (
             (["run", str(path), "--json", str(path)], "error: --json: "),
+            (["run", str(path), "--json", str(hard)], "error: --json: "),
+            (["topology", "export", str(hard), "--scenario", str(path)],
+             "error: topology export: "),
             (["topology", "export", str(path), "--scenario", str(path)],
              "error: topology export: "),
             (["run", str(path), "--json", str(out / "report.html"), "--out", str(out)],

@@ -338,10 +338,25 @@ def _within(path: Path, folder: Path) -> bool:
     return p == f or f in p.parents
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same path once resolved, or two links
+    (hard or symbolic) to one file that exists.
+
+    >>> _same_file(Path("/tmp/../tmp/x"), Path("/tmp/x"))
+    True
+    """
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # (one of them does not exist yet)
+        return False
+
+
 def _written_by_out(path: Path, out_dir: Path, policies: list[str]) -> bool:
     """Whether ``--out out_dir`` writes ``path``: its ``report.html``, or a file under its
     ``plots/`` or a policy's folder."""
-    return (path.resolve() == (out_dir / "report.html").resolve()
+    return (_same_file(path, out_dir / "report.html")
             or any(_within(path, out_dir / sub) for sub in ("plots", *policies)))
 
 
@@ -351,7 +366,7 @@ def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: li
     JSON summary or the tables' folder the scenario (or its topology file), or the JSON
     summary a file ``--out`` writes (``report.html``, ``plots/``, a policy's folder)."""
     for inp in inputs:
-        if json_path is not None and json_path.resolve() == inp.resolve():
+        if json_path is not None and _same_file(json_path, inp):
             _fail(f"--json: {json_path} is the input {inp}: it would be overwritten")
         if out_dir is not None and _written_by_out(inp, out_dir, policies):
             _fail(f"--out: {out_dir} would overwrite the input {inp}")
@@ -798,7 +813,7 @@ def topology_export(
     try:
         sc, source = _load(scenario)
         for inp in _inputs(scenario, sc):
-            if path.resolve() == inp.resolve():
+            if _same_file(path, inp):
                 _fail(f"topology export: {path} is the input {inp}: it would be overwritten")
         path.parent.mkdir(parents=True, exist_ok=True)
         save_topology_json(build_scenario_topology(sc, source), path)

@@ -564,6 +564,19 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
          "switches (leaves)"),
         (lambda t: t["nodes"].append({"id": "spare0", "kind": "switch", "tier": 2}),
          f"nodes[{len(good['nodes'])}]: switch 'spare0' has no links"),
+        # tiers that do not fit the cabling (spines called tier 7, a switch above the
+        # spines that reaches no leaf through them): accepted, then read as the SLA
+        # levels' scope and the mice's spines
+        (lambda t: [n.update(tier=7) for n in t["nodes"] if n["id"].startswith("spine")],
+         f"links[{fabric}]: {good['links'][fabric]['a']} (tier 1) and "
+         f"{good['links'][fabric]['b']} (tier 7): a fabric link joins a switch to one a tier "
+         "above it (a Clos)"),
+        (lambda t: (t["nodes"].extend([{"id": "spare0", "kind": "switch", "tier": 2},
+                                       {"id": "top0", "kind": "switch", "tier": 3}]),
+                    t["links"].append({"a": "spare0", "b": "top0", "kind": "fabric",
+                                       "rate_gbps": 400.0, "delay_ns": 100})),
+         f"nodes[{len(good['nodes'])}].tier: 2, but switch 'spare0' has no link to a tier-1 "
+         "switch below it"),
     ]
     for mutate, field in cases:
         topo = json.loads(out.read_text())

@@ -171,11 +171,23 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
                 raise ScenarioError(source, f"links[{i}]",
                                     f"a NIC link to {switch}, a tier-{tier} switch: GPUs are "
                                     f"cabled to tier-1 switches (leaves)")
+        if link.kind == LinkKind.FABRIC:  # (a Clos: each cable joins adjacent tiers)
+            ta, tb = (g.nodes[end].get("tier") for end in (link.a, link.b))
+            if ta is not None and tb is not None and abs(ta - tb) != 1:
+                raise ScenarioError(source, f"links[{i}]",
+                                    f"{link.a} (tier {ta}) and {link.b} (tier {tb}): a fabric "
+                                    f"link joins a switch to one a tier above it (a Clos)")
         g.add_edge(link.a, link.b, kind=link.kind, rate_gbps=link.rate_gbps,
                    delay_ns=link.delay_ns)
     for i, node in enumerate(parsed.nodes):
         if node.kind == NodeKind.SWITCH and not g.degree(node.id):
             raise ScenarioError(source, f"nodes[{i}]", f"switch {node.id!r} has no links")
+        tier = g.nodes[node.id].get("tier")
+        if node.kind == NodeKind.SWITCH and tier is not None and tier > 1 and not any(
+                g.nodes[n].get("tier") == tier - 1 for n in g[node.id]):
+            raise ScenarioError(source, f"nodes[{i}].tier",
+                                f"{tier}, but switch {node.id!r} has no link to a tier-"
+                                f"{tier - 1} switch below it")
     per_host = Counter(node.host for node in parsed.nodes if node.kind == NodeKind.GPU)
     most = max(per_host.values(), default=parsed.gpus_per_host)
     if most != parsed.gpus_per_host:

@@ -827,12 +827,15 @@ def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
 def test_nccl_test_runs_a_size_that_rounds_to_one_run_already_once(tmp_path: Path) -> None:
     """AllGather on 16 GPUs takes at least one element per rank (64 B): -b 1 -e 256 asks
     for 1, 2, 4 ... 256 B, of which 1-64 B all round to 64 B. Each size is a row once
-    (the same row seven times counted seven times in the average)."""
+    (the same row seven times counted seven times in the average), and the table says
+    which sizes ran as another (16 x 4 B floats: 64 B)."""
     res = cli("nccl-test", "--op", "allgather", "--gpus", "16", "-b", "1", "-e", "256")
     assert res.returncode == 0, res.stderr
     sizes = [int(line.split()[0]) for line in res.stdout.splitlines()
              if line.strip() and not line.startswith("#")]
     assert sizes == [64, 128, 256]
+    assert ("# Sizes run as whole floats per rank (as nccl-tests): 1, 2, 4, 8, 16, 32 B as "
+            "64 B\n") in res.stdout
 
 
 def test_nccl_test_says_which_algorithm_ran_at_which_sizes() -> None:

@@ -714,6 +714,7 @@ def nccl_test(
         average_busbw,
         default_cluster,
         format_row,
+        rounding_note,
         run_sweep,
         sweep_sizes,
     )
@@ -751,6 +752,9 @@ def nccl_test(
         rows = run_sweep(ct, op, sizes, policy, algorithm=algorithm, seed=seed,
                          on_size=lambda r: _print(format_row(r), flush=True))
         _print(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {average_busbw(rows):g}")
+        note = rounding_note(Op(op), sizes, gpus)
+        if note is not None:
+            _print(note)
         if rows:
             _print(f"# Algorithm            : {algorithm_ranges(rows)}")
         if out_dir is not None:

@@ -50,6 +50,27 @@ def nccl_size_and_count(op: Op, size_bytes: int, n_ranks: int) -> tuple[int, int
     return size, size // unit
 
 
+def rounding_note(op: Op, sizes: list[int], n_ranks: int) -> str | None:
+    """The sizes of a sweep that do not run as asked (rounded to whole elements per rank,
+    as nccl-tests does; one that rounds below one element runs at one), as a line for
+    under the table, or ``None`` if every size runs as asked.
+
+    >>> rounding_note(Op.ALLGATHER, [1, 16, 64, 100, 256], 16)
+    '# Sizes run as whole floats per rank (as nccl-tests): 1, 16, 100 B as 64 B'
+    >>> rounding_note(Op.ALLREDUCE, [4, 8], 16) is None
+    True
+    """
+    ran: dict[int, list[int]] = {}
+    for size in sizes:
+        s, _ = nccl_size_and_count(op, size, n_ranks)
+        if s != size:
+            ran.setdefault(s, []).append(size)
+    if not ran:
+        return None
+    return "# Sizes run as whole floats per rank (as nccl-tests): " + "; ".join(
+        f"{', '.join(map(str, asked))} B as {s} B" for s, asked in ran.items())
+
+
 @dataclass(frozen=True, slots=True)
 class SweepRow:
     size_bytes: int

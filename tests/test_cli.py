@@ -587,6 +587,12 @@ def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
         res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert f"bad.json: {field}" in res.stderr, res.stderr
+    # a key given twice in an object (json keeps the last without a word)
+    (tmp_path / "bad.json").write_text(out.read_text().replace(
+        '"format":', '"name": "twice", "format":', 1))
+    res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
+    assert res.returncode == 2 and "bad.json: invalid JSON: an object gives key 'name' " \
+        "twice" in res.stderr, res.stderr
     (tmp_path / "bad.json").write_bytes(b"\x80\x81binary")
     res = cli("validate", str(write(tmp_path, data, "from_file.yaml")))
     assert res.returncode == 2 and "not a UTF-8 text file" in res.stderr

@@ -589,6 +589,10 @@ def test_merge_keys_keep_duplicate_checks_and_errors_one_line(tmp_path: Path) ->
     assert "invalid YAML at line 2" in err.problem and "merging" in err.problem
     err = load_error(write(tmp_path, "name: x\nj: &j {<<: *j, a: 1}\n"))
     assert "a mapping merges itself" in err.problem
+    # two merge keys in one mapping: a key given twice too (both were merged, silently)
+    err = load_error(write(tmp_path, "a: &a {seed: 1}\nb: &b {seed: 2}\nj: {<<: *a, <<: *b}\n"))
+    assert "duplicate key '<<' (merge several mappings as <<: [*a, *b])" in err.problem
+    assert "line 3" in err.problem
 
 
 def test_gpu_ids_with_leading_zeros_are_decimal(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 MAX_TEXT_BYTES = 256 << 20
 """The largest text file read (256 MiB: a topology of a hundred thousand GPUs is some tens)."""
@@ -70,3 +71,24 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "a special file"
+
+
+class DuplicateKey(ValueError):
+    """A JSON object gives a key twice (the key is the message)."""
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a key given twice in one JSON object (``json.loads``
+    would keep the last value without a word).
+
+    >>> import json
+    >>> json.loads('{"a": 1, "b": {"c": 2, "c": 3}}', object_pairs_hook=no_duplicate_keys)
+    Traceback (most recent call last):
+    fabricpilot.textfiles.DuplicateKey: c
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out

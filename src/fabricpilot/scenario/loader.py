@@ -85,8 +85,14 @@ class _StrictLoader(yaml.SafeLoader):
         # not a key, and a key written here overrides a merged one (that is its point):
         # SafeLoader's construct_mapping flattens the merges afterwards.
         seen: set[Any] = set()
+        merges = 0
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:
+                merges += 1
+                if merges > 1:  # (several merged mappings go in one list: <<: [*a, *b])
+                    raise _DuplicateKey(
+                        problem="duplicate key '<<' (merge several mappings as "
+                                "<<: [*a, *b])", problem_mark=key_node.start_mark)
                 continue
             key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
             try:

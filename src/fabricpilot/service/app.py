@@ -46,6 +46,7 @@ from fabricpilot.service.control import ControlProcess, LocalControl
 from fabricpilot.service.metrics import api_histogram
 from fabricpilot.service.schemas import AnnounceIn, FaultIn, IntentIn, TelemetryIn, TwinFaultsIn
 from fabricpilot.service.state import ServiceError
+from fabricpilot.textfiles import DuplicateKey, no_duplicate_keys
 
 log = logging.getLogger("fabricpilot.service")
 M = TypeVar("M", bound=BaseModel)
@@ -146,26 +147,6 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook`` refusing a key given twice in one JSON object.
-
-    >>> import json
-    >>> json.loads('{"a": 1, "b": {"c": 2, "c": 3}}', object_pairs_hook=_no_duplicates)
-    Traceback (most recent call last):
-    fabricpilot.service.app._DuplicateKey: c
-    """
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 class NoDuplicateKeys:
     """ASGI middleware: a JSON request body that gives a key twice in one object gets 422
     naming the key (JSON parsers keep the last one silently: ``{"gpus": [0], "gpus": [1]}``
@@ -208,8 +189,8 @@ class NoDuplicateKeys:
         body = b"".join(chunks)
         if body.lstrip()[:1] in (b"{", b"["):
             try:
-                json.loads(body, object_pairs_hook=_no_duplicates)
-            except _DuplicateKey as dup:
+                json.loads(body, object_pairs_hook=no_duplicate_keys)
+            except DuplicateKey as dup:
                 await JSONResponse({"detail": [{
                     "type": "json_invalid", "loc": ["body"],
                     "msg": f"JSON object gives key {str(dup)!r} twice"}]},

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from fabricpilot.errors import ScenarioError, TopologyError
-from fabricpilot.textfiles import UnreadableFile, read_text_file
+from fabricpilot.textfiles import DuplicateKey, UnreadableFile, no_duplicate_keys, read_text_file
 from fabricpilot.topology.builders import MAX_GPUS
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, validate_topology
 from fabricpilot.units import MAX_RATE_GBPS, MIN_RATE_GBPS
@@ -214,7 +214,10 @@ def load_topology_json(path: str | Path) -> Topology:
     except UnreadableFile as err:
         raise ScenarioError(str(p), "", str(err)) from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as dup:
+        raise ScenarioError(str(p), "", f"invalid JSON: an object gives key {str(dup)!r} "
+                                        f"twice") from None
     except json.JSONDecodeError as err:
         raise ScenarioError(str(p), f"line {err.lineno}", f"invalid JSON: {err.msg}") from None
     except RecursionError:

@@ -298,6 +298,22 @@ def _name_of_the_mice(d: dict[str, Any]) -> None:
     d["jobs"][0]["name"] = "mice"  # (what flows.csv calls the mice)
 
 
+def _megaseconds(d: dict[str, Any]) -> None:
+    d["jobs"][0]["compute_ns"] = "1Ms"  # (once read as 1 ms)
+
+
+def _millibytes(d: dict[str, Any]) -> None:
+    d["jobs"][0]["collectives"][0]["size_bytes"] = "1mB"  # (once read as 1 MB)
+
+
+def _arabic_digits(d: dict[str, Any]) -> None:
+    d["jobs"][0]["collectives"][0]["size_bytes"] = "\u0663MiB"  # (once read as 3 MiB)
+
+
+def _on_as_a_boolean(d: dict[str, Any]) -> None:
+    d["topology"]["rail_optimized"] = "on"  # (YAML 1.2: a string; once read as true)
+
+
 def _rates_on_a_file(d: dict[str, Any]) -> None:
     # (a topology file gives its own: the key would be ignored)
     d["topology"] = {"kind": "file", "path": "topo.json", "nic_rate_gbps": 100}
@@ -317,6 +333,10 @@ BAD_CASES = [
     (_duplicate_names, "jobs[1].name", "duplicate job name 'a'"),
     (_explicit_overlap, "jobs[1].gpu_ids[1]", "GPU 2 is already used by job 'a'"),
     (_k_on_leaf_spine, "topology.k", "only valid for kind fat_tree"),
+    (_megaseconds, "jobs[0].compute_ns", "wrong unit 'Ms' for a time"),
+    (_millibytes, "jobs[0].collectives[0].size_bytes", "wrong unit 'mB' for a size: write MB"),
+    (_arabic_digits, "jobs[0].collectives[0].size_bytes", "cannot read"),
+    (_on_as_a_boolean, "topology.rail_optimized", "must be true or false (got 'on')"),
     (_rates_on_a_file, "topology.nic_rate_gbps",
      "not for kind file: the topology file gives its GPUs, rates and delays"),
     (_unknown_literal, "fabric.model", "must be 'flow' or 'fluid' (got 'packet')"),

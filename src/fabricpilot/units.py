@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
-_PATTERN = re.compile(rf"^\s*{_NUM}\s*([A-Za-zµμ/]*)\s*$")
+_PATTERN = re.compile(rf"^\s*{_NUM}\s*([A-Za-zµμ/]*)\s*$", re.ASCII)  # (digits 0-9 only)
 
 # The rates a scenario or a topology file takes: at 1 Mb/s, 1 PiB still ends within the
 # engine's 64-bit ns clock; 1e6 Gb/s is far beyond any link's.
@@ -70,6 +70,19 @@ def parse_quantity(value: object, dimension: str) -> float:
 
     >>> parse_quantity("900GB/s", "rate"), parse_quantity("50GBps", "rate")
     (7200.0, 400.0)
+
+    A time's unit is written in lower case (``Ms`` would be megaseconds), a size's
+    prefixes above k in capitals before a B (``mB`` would be millibytes; a bare ``1m`` is
+    1 MiB, as nccl-tests reads it):
+
+    >>> parse_quantity("1Ms", "time")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fabricpilot.units.UnitError: wrong unit 'Ms' for a time; ... (in lower case)
+    >>> parse_quantity("1mB", "size")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fabricpilot.units.UnitError: wrong unit 'mB' for a size: write MB (M, G, T, P in capitals)
     """
     table, canonical = _DIMENSIONS[dimension]
     if isinstance(value, bool):
@@ -98,6 +111,15 @@ def parse_quantity(value: object, dimension: str) -> float:
         pre = match.group(2)[:-1].upper()  # ("1mb": write MB, not mB)
         write = f"{pre}B (powers of ten) or {pre}iB (of two)" if pre else "B"
         raise UnitError(f"{value!r} is in bits (b); a size is in bytes: write {write}")
+    written = match.group(2)
+    if dimension == "time" and unit in table and written != unit:
+        raise UnitError(f"wrong unit {written!r} for a time; use one of "
+                        f"{', '.join(sorted(k for k in table if k.isascii()))} (in lower case)")
+    if dimension == "size" and unit in table and written[0] in "mgtp" and len(unit) > 1:
+        # (a bare 1m is nccl-tests' 1 MiB; 1mB a millibyte)
+        right = written[0].upper() + {"ib": "iB", "b": "B"}.get(unit[1:], "")
+        raise UnitError(f"wrong unit {written!r} for a size: write {right} (M, G, T, P in "
+                        f"capitals)")
     if unit not in table:
         other = next((d for d, (t, _) in _DIMENSIONS.items() if unit in t), None)
         hint = f" (that is a {other} unit)" if other else ""

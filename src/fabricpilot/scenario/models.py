@@ -30,6 +30,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -206,7 +207,7 @@ class TopologySpec(_Model):
         "nics_per_leaf x nic_rate / (this x fabric_rate)",
     )
     k: Int | None = Field(default=None, description="fat_tree: switch radix (even, >= 2)")
-    rail_optimized: bool = Field(
+    rail_optimized: StrictBool = Field(
         default=True, description="GPU i of every host attaches to the rail-i leaves"
     )
     nic_rate_gbps: Float = Field(default=400.0, gt=0, description="host NIC rate")
@@ -429,7 +430,7 @@ class EcnSpec(_Model):
 class DcqcnSpec(_Model):
     """DCQCN congestion control at the NICs (fluid model); SIGCOMM 2015 defaults."""
 
-    enabled: bool = Field(
+    enabled: StrictBool = Field(
         default=_DCQCN.enabled, description="false: senders ignore ECN (PFC alone)"
     )
     g: Float = Field(
@@ -479,7 +480,7 @@ class DcqcnSpec(_Model):
 class PfcSpec(_Model):
     """Priority flow control on the lossless priorities (fluid model)."""
 
-    enabled: bool = Field(default=_PFC.enabled, description="false: lossless priorities drop")
+    enabled: StrictBool = Field(default=_PFC.enabled, description="false: lossless priorities drop")
     xoff_bytes: int = Field(
         default=_PFC.xoff_bytes, gt=0,
         description="ingress bytes (per port and priority) that send a pause upstream",
@@ -500,7 +501,7 @@ class PfcSpec(_Model):
         default=_PFC.deadlock_detect_ns, ge=0,
         description="a cycle of pauses lasting this long is a deadlock",
     )
-    watchdog: bool = Field(
+    watchdog: StrictBool = Field(
         default=_PFC.watchdog,
         description="the PFC watchdog breaks deadlocks by dropping the stuck queues "
         "(false: a deadlock stops the run with an error)",
@@ -793,10 +794,10 @@ class EcmpSpec(_Model):
         default=1, ge=1, le=1024,
         description="queue pairs (distinct 5-tuples) per GPU-pair connection",
     )
-    source_port_entropy: bool = Field(
+    source_port_entropy: StrictBool = Field(
         default=True, description="each QP uses its own UDP source port (hash entropy)"
     )
-    per_switch_seed: bool = Field(
+    per_switch_seed: StrictBool = Field(
         default=False, description="each switch hashes with its own seed (no polarisation)"
     )
 
@@ -809,7 +810,7 @@ class AdaptiveSpec(_Model):
         description="adaptive: how often streams on over-committed links are re-placed "
         "(null: never)",
     )
-    drain_safe: bool = Field(
+    drain_safe: StrictBool = Field(
         default=True,
         description="a moved stream waits for its old path to drain (no reordering)",
     )
@@ -987,7 +988,7 @@ class JobSpec(_Model):
     compute_ns: int = Field(
         default=0, ge=0, description="compute gap before the collectives of each iteration"
     )
-    declare_intent: bool = Field(
+    declare_intent: StrictBool = Field(
         default=True, description="the job declares its collectives to the controller"
     )
     sla_us: Float | None = Field(
@@ -1289,7 +1290,7 @@ class FaultsSpec(_Model):
         description="retransmissions a RoCE QP makes before it gives up (its job errors out); "
         "unset: it retries until its path is back",
     )
-    local_repair: bool = Field(
+    local_repair: StrictBool = Field(
         default=_FAULTS.local_repair,
         description="at detection, switches drop their own dead ports from groups that keep "
         "another next hop (fast failover); the rest waits for routing to converge",

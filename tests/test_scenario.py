@@ -298,6 +298,10 @@ def _name_of_the_mice(d: dict[str, Any]) -> None:
     d["jobs"][0]["name"] = "mice"  # (what flows.csv calls the mice)
 
 
+def _fractional_ns(d: dict[str, Any]) -> None:
+    d["jobs"][0]["compute_ns"] = "0.4ns"  # (once rounded to 0 without a word)
+
+
 def _megaseconds(d: dict[str, Any]) -> None:
     d["jobs"][0]["compute_ns"] = "1Ms"  # (once read as 1 ms)
 
@@ -334,6 +338,8 @@ BAD_CASES = [
     (_explicit_overlap, "jobs[1].gpu_ids[1]", "GPU 2 is already used by job 'a'"),
     (_k_on_leaf_spine, "topology.k", "only valid for kind fat_tree"),
     (_megaseconds, "jobs[0].compute_ns", "wrong unit 'Ms' for a time"),
+    (_fractional_ns, "jobs[0].compute_ns",
+     "expected a whole number of nanoseconds, got '0.4ns' (0.4 ns)"),
     (_millibytes, "jobs[0].collectives[0].size_bytes", "wrong unit 'mB' for a size: write MB"),
     (_arabic_digits, "jobs[0].collectives[0].size_bytes", "cannot read"),
     (_on_as_a_boolean, "topology.rail_optimized", "must be true or false (got 'on')"),

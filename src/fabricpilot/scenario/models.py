@@ -115,8 +115,8 @@ def _dimension(field_name: str) -> str:
 
 
 def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
-    """Parse ``value`` in the unit its key names; sizes must be whole bytes, times become
-    ``int`` ns (rounded)."""
+    """Parse ``value`` in the unit its key names; sizes must be whole bytes and times whole
+    nanoseconds (``int``; within 1e-6 ns of one: ``0.1us`` is 100 ns)."""
     if value is None:
         return value
     assert info.field_name is not None
@@ -132,6 +132,9 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
     if dimension == "size" and number != round(number):  # (a time rounds to the ns)
         shown = "" if isinstance(value, int | float) else f" ({number:g} bytes)"
         raise UnitError(f"expected a whole number of bytes, got {value!r}{shown}")
+    if dimension == "time" and abs(number - round(number)) > 1e-6:
+        shown = "" if isinstance(value, int | float) else f" ({number:g} ns)"
+        raise UnitError(f"expected a whole number of nanoseconds, got {value!r}{shown}")
     return number if dimension == "rate" else round(number)
 
 

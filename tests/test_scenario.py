@@ -214,6 +214,10 @@ def _root_out_of_range(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"].append({"op": "broadcast", "size_bytes": 1, "root": 8})
 
 
+def _root_of_an_allreduce(d: dict[str, Any]) -> None:
+    d["jobs"][0]["collectives"].append({"op": "allreduce", "size_bytes": 1, "root": 3})
+
+
 def _spines_not_whole(d: dict[str, Any]) -> None:
     d["topology"]["oversubscription"] = 3
 
@@ -347,6 +351,8 @@ BAD_CASES = [
      "not for kind file: the topology file gives its GPUs, rates and delays"),
     (_unknown_literal, "fabric.model", "must be 'flow' or 'fluid' (got 'packet')"),
     (_root_out_of_range, "jobs[0].collectives[1].root", "root rank 8"),
+    (_root_of_an_allreduce, "jobs[0].collectives[1].root",
+     "only a broadcast has a root (this is an allreduce)"),
     (_spines_not_whole, "topology.oversubscription", "whole number"),
     (_rail_hosts, "topology.hosts", "multiple of nics_per_leaf"),
     (_missing_collectives, "jobs[0].collectives", "required key is missing"),

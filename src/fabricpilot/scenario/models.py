@@ -952,6 +952,12 @@ class CollectiveSpec(_Model):
 
     _quantities = field_validator("size_bytes", mode="before")(_convert_quantity)
 
+    @model_validator(mode="after")
+    def _root_of_a_broadcast(self) -> CollectiveSpec:
+        if "root" in self.model_fields_set and self.op != "broadcast":
+            raise FieldProblem("root", f"only a broadcast has a root (this is an {self.op})")
+        return self
+
 
 MAX_ITERATIONS = 1_000_000
 """The most iterations a job simulates (each is events and flows of the engine)."""

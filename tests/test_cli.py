@@ -900,3 +900,15 @@ def test_out_into_a_used_folder_keeps_nothing_stale(tmp_path: Path) -> None:
     assert fourth.returncode == 0 and (out / "ideal" / "flows.csv").is_file()
     fifth = cli("run", str(path), "-p", "ideal", "--out", str(out))
     assert fifth.returncode == 0 and not (out / "ecmp").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_an_output_that_fails_after_the_runs_is_one_line(tmp_path: Path) -> None:
+    """A summary that cannot be written once the runs are done (a full disk): exit 2 and
+    one line on stderr; no empty line before it (the progress bar's last frame left one
+    where stderr is not a terminal)."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    res = cli("run", str(path), "-p", "ecmp", "--json", "/dev/full")
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [
+        "error: --json: cannot write /dev/full: No space left on device"], res.stderr

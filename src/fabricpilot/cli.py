@@ -190,7 +190,8 @@ def run(
         crashed: list[str] = []  # (a policy's defect: the other policies' results are kept)
         with Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("collectives"), TimeElapsedColumn(), console=err,
-                      transient=True) as bar:
+                      transient=True, disable=not err.is_terminal) as bar:
+            # (no bar where stderr is not a terminal: its last frame left an empty line)
             for name in runs:
                 task = bar.add_task(name, total=total_units)
                 try:

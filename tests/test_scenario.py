@@ -676,3 +676,11 @@ def test_the_key_reference_is_the_models_own() -> None:
 
     written = leaves(yaml.safe_load(default_scenario_path().read_text()))
     assert written <= listed, written - listed
+
+
+def test_a_misspelt_key_is_named_before_the_key_it_leaves_missing(tmp_path: Path) -> None:
+    """``topolgy:`` both is an unknown key and leaves ``topology`` missing: the first is
+    what to fix, and is what is said (the missing key was)."""
+    err = load_error(write(tmp_path, "name: x\ntopolgy: {kind: leaf_spine, hosts: 4}\n"
+                                     "jobs: []\n"))
+    assert err.field == "topolgy" and "did you mean 'topology'?" in err.problem

@@ -352,7 +352,10 @@ def scenario_from_dict(
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        field, problem = _readable(exc.errors(include_url=False)[0])
+        errors = exc.errors(include_url=False)
+        # (an unknown key first: a misspelt one also reads as the right one missing)
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        field, problem = _readable(first)
         raise ScenarioError(source, field, problem) from None
     topology = scenario.topology
     if topology.kind == "file":

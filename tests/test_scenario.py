@@ -214,6 +214,10 @@ def _root_out_of_range(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"].append({"op": "broadcast", "size_bytes": 1, "root": 8})
 
 
+def _huge_mtu(d: dict[str, Any]) -> None:
+    d.setdefault("fabric", {})["mtu_bytes"] = "1PiB"  # (blamed on a buffer never written)
+
+
 def _root_of_an_allreduce(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"].append({"op": "allreduce", "size_bytes": 1, "root": 3})
 
@@ -351,6 +355,8 @@ BAD_CASES = [
      "not for kind file: the topology file gives its GPUs, rates and delays"),
     (_unknown_literal, "fabric.model", "must be 'flow' or 'fluid' (got 'packet')"),
     (_root_out_of_range, "jobs[0].collectives[1].root", "root rank 8"),
+    (_huge_mtu, "fabric.mtu_bytes", "1125899906842624 B is more than "
+     "fabric.fluid.buffer_bytes_per_port (4194304 B): no packet would fit"),
     (_root_of_an_allreduce, "jobs[0].collectives[1].root",
      "only a broadcast has a root (this is an allreduce)"),
     (_spines_not_whole, "topology.oversubscription", "whole number"),

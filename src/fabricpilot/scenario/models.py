@@ -775,6 +775,12 @@ class FabricSpec(_Model):
                                                f"{self.mtu_bytes} B MTU: at most the MTU")
         for key in ("buffer_bytes_per_port", "buffer_bytes_per_switch", "window_bytes"):
             if getattr(self.fluid, key) < self.mtu_bytes:
+                # (blamed on what was written: the MTU, if the buffer is its default)
+                if key not in self.fluid.model_fields_set:
+                    raise FieldProblem("mtu_bytes", f"{self.mtu_bytes} B is more than "
+                                                    f"fabric.fluid.{key} "
+                                                    f"({getattr(self.fluid, key)} B): no "
+                                                    f"packet would fit")
                 raise FieldProblem(f"fluid.{key}", f"{getattr(self.fluid, key)} B is less "
                                                    f"than one packet (mtu_bytes "
                                                    f"{self.mtu_bytes})")

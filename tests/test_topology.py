@@ -753,11 +753,13 @@ def test_json_unknown_node_in_link(tmp_path: Path) -> None:
     ("rate_gbps", 0, "below the smallest rate"),
     ("rate_gbps", 1e-9, "below the smallest rate"),  # (as a scenario's rates: 1 Mb/s at least)
     ("rate_gbps", 2e6, "less than or equal to 1000000"),
-    ("rate_gbps", True, "valid number"),  # (not 1 Gb/s)
-    ("rate_gbps", "400", "valid number"),
+    ("rate_gbps", True, "must be a number (got True; a topology file gives rates in Gb/s"),
+    ("rate_gbps", "400", "must be a number (got '400'"),
+    ("rate_gbps", "400Gbps", "must be a number (got '400Gbps'; a topology file gives rates "
+                             "in Gb/s, delays in ns)"),
     ("delay_ns", -1, "greater than or equal to 0"),
-    ("delay_ns", "100", "valid integer"),
-    ("delay_ns", 100.5, "valid integer"),
+    ("delay_ns", "100", "must be a whole number (got '100'"),
+    ("delay_ns", 100.5, "must be a whole number (got 100.5"),
 ])
 def test_json_bad_link_number(tmp_path: Path, key: str, value: object, problem: str) -> None:
     doc = small_doc()

@@ -347,7 +347,8 @@ def scenario_from_dict(
     scenario carries the absolute path. Raises :class:`ScenarioError` on the first problem.
     """
     if not isinstance(data, dict):
-        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        name = type(data).__name__
+        got = "an empty file" if data is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
         raise ScenarioError(source, "", f"the top level must be a mapping of keys (got {got})")
     try:
         scenario = Scenario.model_validate(data)

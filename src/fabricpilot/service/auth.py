@@ -129,7 +129,9 @@ class TokenRegistry:
         except (RecursionError, ValueError) as err:
             raise AuthConfigError(f"{path}: cannot read a value: {err}".splitlines()[0]) from None
         if not isinstance(raw, dict):
-            got = "an empty file" if raw is None else f"a {type(raw).__name__}"
+            name = type(raw).__name__
+            got = ("an empty file" if raw is None
+                   else f"{'an' if name[0] in 'aeiou' else 'a'} {name}")
             raise AuthConfigError(f"{path}: expected a mapping with a 'tokens' list, got {got}")
         try:
             spec = _TokenFile.model_validate(raw)

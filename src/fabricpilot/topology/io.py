@@ -126,6 +126,26 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
             "params": dict(topo.params), "nodes": nodes, "links": links}
 
 
+_TYPE_WANTED = {"float": "a number", "int": "a whole number", "string": "a string",
+                "bool": "true or false", "list": "a list", "dict": "an object"}
+
+
+def _problem(error: Any) -> str:
+    """A validation error of a topology file in words: a value of the wrong type says what
+    it should be and what it is (rates in Gb/s and delays in ns are plain numbers).
+
+    >>> _problem({"type": "float_type", "msg": "Input should be a valid number",
+    ...           "input": "400Gbps"})
+    "must be a number (got '400Gbps'; a topology file gives rates in Gb/s, delays in ns)"
+    """
+    kind = str(error["type"]).removesuffix("_type").removesuffix("_parsing")
+    if kind in _TYPE_WANTED and str(error["type"]).endswith(("_type", "_parsing")):
+        hint = ("; a topology file gives rates in Gb/s, delays in ns"
+                if kind in ("float", "int") else "")
+        return f"must be {_TYPE_WANTED[kind]} (got {error['input']!r:.60}{hint})"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
 def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
     """Build a :class:`Topology` from :func:`topology_to_dict` output; errors name the field."""
     if not isinstance(data, dict):
@@ -137,8 +157,7 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
     except ValidationError as err:
         first = err.errors()[0]
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-        raise ScenarioError(source, loc.lstrip("."),
-                            first["msg"].removeprefix("Value error, ")) from None
+        raise ScenarioError(source, loc.lstrip("."), _problem(first)) from None
     g = nx.Graph()
     for i, node in enumerate(parsed.nodes):
         if node.id in g:

@@ -177,14 +177,19 @@ def test_a_damaged_row_is_one_line_naming_file_table_and_row(
     store.close()
     with sqlite3.connect(db) as conn:
         conn.execute(sql)
+    line = _serve_refuses(state)
+    assert f"{db}: table {table}, {row}: damaged row (" in line and why in line, line
+
+
+def _serve_refuses(state: Path) -> str:
+    """The one line ``serve`` on ``state`` stops with (exit status 2)."""
     r = subprocess.run([sys.executable, "-m", "fabricpilot", "serve", "--no-twin",
                         "--state-dir", str(state), "--port", str(free_port())],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("error: ") and f"{db}: table {table}, {row}: damaged row (" \
-        in lines[0] and why in lines[0], lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
 
 
 @pytest.mark.parametrize("table, row, why", [
@@ -215,11 +220,6 @@ def test_a_state_directory_of_another_fabric_is_one_line(
     if table == "faults":
         store.add_fault(0.0, "down", 99999, "", "ops")
     store.close()
-    r = subprocess.run([sys.executable, "-m", "fabricpilot", "serve", "--no-twin",
-                        "--state-dir", str(state), "--port", str(free_port())],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("error: ") and f"{db}: table {table}, {row}: not of this " \
-        f"fabric ({why}): a state directory of another fabric?" in lines[0], lines[0]
+    line = _serve_refuses(state)
+    assert f"{db}: table {table}, {row}: not of this fabric ({why}): a state directory of " \
+        "another fabric?" in line, line

@@ -92,3 +92,16 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise DuplicateKey(key)
         out[key] = value
     return out
+
+
+def kind_of(data: object) -> str:
+    """What a file's parsed top level is, for a message saying it is not what was
+    expected: ``"an empty file"`` (nothing in it), else its type with its article.
+
+    >>> kind_of(None), kind_of([1]), kind_of(3)
+    ('an empty file', 'a list', 'an int')
+    """
+    if data is None:
+        return "an empty file"
+    name = type(data).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"

@@ -85,6 +85,19 @@ def _tier(view: FabricView, node: str) -> int:
     return int(view.graph.nodes[node].get("tier", 0) or 0)
 
 
+def spine_tier(view: FabricView) -> int:
+    """The tier L2 may not reach: the top one of a fabric of two tiers or more (a
+    leaf-spine's spines, 2; a fat-tree's core, 3), 2 in a fabric of one.
+
+    >>> from fabricpilot.controller.southbound import LinkInfo
+    >>> v = FabricView.from_links([LinkInfo(0, "g0", "leaf", 400, 100)],
+    ...                           {"g0": "gpu", "leaf": "switch"}, {"leaf": 1}, {0: "g0"})
+    >>> spine_tier(v)
+    2
+    """
+    return max(2, view.top_tier)
+
+
 def in_scope(view: FabricView, nodes: Sequence[str], level: str) -> bool:
     """Whether a node path is allowed for an SLA level.
 
@@ -119,7 +132,7 @@ def in_scope(view: FabricView, nodes: Sequence[str], level: str) -> bool:
     if level == "L1":
         return count_switches(view, nodes) <= 1
     if level == "L2":
-        spine = max(2, view.top_tier)
+        spine = spine_tier(view)
         return all(_tier(view, n) < spine for n in nodes)
     return True
 
@@ -187,7 +200,7 @@ def _scope_nodes(view: FabricView, src: str, dst: str, level: str) -> list[str]:
         return [src, dst, *sorted(mids)]
     keep = list(transit_graph(view, src, dst).nodes)
     if level == "L2":
-        spine = max(2, view.top_tier)
+        spine = spine_tier(view)
         keep = [n for n in keep if _tier(view, n) < spine]
     return keep
 
@@ -200,7 +213,7 @@ def _scope_set(view: FabricView, src: str, dst: str, level: str) -> set[str]:
         return set(_scope_nodes(view, src, dst, level))
     attrs = view.graph._node  # the node attribute dicts (what networkx reads)
     if level == "L2":
-        spine = max(2, view.top_tier)
+        spine = spine_tier(view)
         return {n for n, d in attrs.items() if (d.get("kind") != "gpu" or n in (src, dst))
                 and int(d.get("tier", 0) or 0) < spine}
     return {n for n, d in attrs.items() if d.get("kind") != "gpu" or n in (src, dst)}
@@ -433,7 +446,7 @@ def _scope_reason(view: FabricView, src: str, dst: str, level: str, sla_us: floa
                 f"the shortest path crosses {count_switches(view, path)} switches "
                 f"({_fmt(delay_us)} us)")
     if level == "L2":
-        spine = max(2, view.top_tier)
+        spine = spine_tier(view)
         high = [n for n in path if _tier(view, n) >= spine]
         where = f"crosses {high[0]} (tier {_tier(view, high[0])})" if high else "is out of scope"
         return (f"{head} must not cross a spine (tier >= {spine}); no path in scope: the "

@@ -26,7 +26,7 @@ from pydantic_core import ErrorDetails
 
 from fabricpilot.errors import ScenarioError
 from fabricpilot.scenario.models import FaultsSpec, FieldProblem, Scenario, check_fits
-from fabricpilot.textfiles import UnreadableFile, read_text_file
+from fabricpilot.textfiles import UnreadableFile, kind_of, read_text_file
 
 __all__ = [
     "check_gpu_count",
@@ -347,9 +347,8 @@ def scenario_from_dict(
     scenario carries the absolute path. Raises :class:`ScenarioError` on the first problem.
     """
     if not isinstance(data, dict):
-        name = type(data).__name__
-        got = "an empty file" if data is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-        raise ScenarioError(source, "", f"the top level must be a mapping of keys (got {got})")
+        raise ScenarioError(source, "", f"the top level must be a mapping of keys (got "
+                                        f"{kind_of(data)})")
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.scenario.loader import load_strict_yaml, yaml_problem
-from fabricpilot.textfiles import UnreadableFile, read_text_file
+from fabricpilot.textfiles import UnreadableFile, kind_of, read_text_file
 from fabricpilot.units import parse_id_ranges
 
 MAX_TOKEN_FILE_BYTES = 1 << 20
@@ -129,9 +129,7 @@ class TokenRegistry:
         except (RecursionError, ValueError) as err:
             raise AuthConfigError(f"{path}: cannot read a value: {err}".splitlines()[0]) from None
         if not isinstance(raw, dict):
-            name = type(raw).__name__
-            got = ("an empty file" if raw is None
-                   else f"{'an' if name[0] in 'aeiou' else 'a'} {name}")
+            got = kind_of(raw)
             raise AuthConfigError(f"{path}: expected a mapping with a 'tokens' list, got {got}")
         try:
             spec = _TokenFile.model_validate(raw)

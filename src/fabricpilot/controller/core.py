@@ -768,8 +768,8 @@ class Controller:
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
         self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
-        self._strict_planned = False  # some L1/L2 job was planned at the last demands()
-        self._strict_tasks: frozenset[str] = frozenset()  # (those jobs)
+        # the L1/L2 jobs the last demands() planned (while there is one, L3 jobs are capped)
+        self._strict_tasks: frozenset[str] = frozenset()
         # the jobs whose pairs' senders are held to the rate planned for them (l3_rate_cap),
         # and of the jobs with L3 and L1/L2 calls, the pairs only their L3 calls use
         self._capped_tasks: frozenset[str] = frozenset()
@@ -1092,10 +1092,12 @@ class Controller:
         parts = self.parts
         qps_of: dict[float, int] = {}  # a pair's share of its NIC -> its QPs
         made_before = self._made
+        strict_tasks: frozenset[str] | None = None
         for n_done, intent in enumerate(opted):
             self._check()
             if n_done == n_strict:  # (the L1/L2 jobs done: the L3-only ones capped or not)
-                strict = bool(self._strict_met(sla_unmet, partitioned))
+                strict_tasks = self._strict_met(sla_unmet, partitioned)
+                strict = bool(strict_tasks)
             task = intent.task_id
             was = made_before.get(task)
             if was is not None and was.intent is intent and was.made_for == (strict, avoid,
@@ -1272,8 +1274,10 @@ class Controller:
                                       only_l3)
             if unmet is None and cut is None:
                 out.update(pending)
-        self._strict_tasks = self._strict_met(sla_unmet, partitioned)
-        strict = self._strict_planned = bool(self._strict_tasks)
+        # (the L3-only jobs after them change no L1/L2 job's verdict)
+        self._strict_tasks = (self._strict_met(sla_unmet, partitioned) if strict_tasks is None
+                              else strict_tasks)
+        strict = self._strict_planned
         # the jobs whose GPU pairs are held to their planned rate at the senders (steer_plan)
         self._capped_tasks = frozenset(
             i.task_id for i in self.intents.values()
@@ -1286,6 +1290,11 @@ class Controller:
             if self._slots is not None:  # (their demands changed)
                 self._slots.mark_stale(out)
         return list(out.values())
+
+    @property
+    def _strict_planned(self) -> bool:
+        """Whether the last demands() planned an L1/L2 job (L3 jobs are capped then)."""
+        return bool(self._strict_tasks)
 
     def _strict_met(self, sla_unmet: Mapping[str, str], partitioned: Mapping[str, str]
                     ) -> frozenset[str]:
@@ -1492,13 +1501,13 @@ class Controller:
     def _kept(self) -> tuple[Any, ...]:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
         the demands the installed plan was made of and what they said."""
-        return (self._demand, self._strict_planned, self._strict_tasks, self._capped_tasks,
-                self._capped_keys, self.sla_unmet, self.partitioned)
+        return (self._demand, self._strict_tasks, self._capped_tasks, self._capped_keys,
+                self.sla_unmet, self.partitioned)
 
     def _restore(self, kept: tuple[Any, ...]) -> None:
         """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
-        (self._demand, self._strict_planned, self._strict_tasks, self._capped_tasks,
-         self._capped_keys, self.sla_unmet, self.partitioned) = kept
+        (self._demand, self._strict_tasks, self._capped_tasks, self._capped_keys,
+         self.sla_unmet, self.partitioned) = kept
 
     @contextlib.contextmanager
     def _yielding(self, may_yield: bool = True) -> Iterator[None]:

@@ -65,7 +65,6 @@ from fabricpilot.service.schemas import (
 from fabricpilot.service.southbound_http import (
     SouthboundError,
     pathset_from_dict,
-    pathset_from_wire,
     pathset_to_dict,
 )
 from fabricpilot.service.store import Store, StoreError
@@ -599,14 +598,19 @@ class FabricService:
         stored = []
         for key, d in self.store.paths().items():
             try:
-                pathset_from_dict(d)
+                ps = pathset_from_dict(d)
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise self.store.damaged("paths", f"key {key!r}",
                                          f"{type(err).__name__}: {err}") from None
-            try:
-                stored.append(pathset_from_wire(d, self.view))
-            except ValueError as err:
-                raise self._unfit("paths", f"key {key!r}", err) from None
+            stored.append(ps)
+        # (sets this service wrote: read once, and only their links checked against the
+        # fabric, in one pass: a state directory of another fabric names links it lacks)
+        links = self.view.links
+        if not all(lk in links for ps in stored for p in ps.paths for lk in p):
+            ps, i, j, lk = next((ps, i, j, lk) for ps in stored for i, p in enumerate(ps.paths)
+                                for j, lk in enumerate(p) if lk not in links)
+            raise self._unfit("paths", f"key {ps.key!r}",
+                              f"paths[{i}][{j}]: link {lk} does not exist")
         kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
         held: list[PathSet] = []
         if self.remote is not None:

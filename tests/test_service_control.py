@@ -103,15 +103,20 @@ def test_a_control_process_that_cannot_start_says_why(tmp_path: Path) -> None:
 @pytest.mark.parametrize("layout", [[], ["--single-process"]])
 def test_serve_in_both_layouts(tmp_path: Path, layout: list[str]) -> None:
     # `fabricpilot serve` (a control process) and `--single-process` answer the same API;
-    # /metrics joins the API's and the controller's families; SIGTERM stops both processes
+    # /metrics joins the API's and the controller's families; SIGTERM stops both processes;
+    # a tenant's GPUs beyond the fabric's 128 (GPUs 0-127) are named at the start
     port = free_port()
+    token = "operator-token-0123456789"
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f"tokens:\n  - {{name: ops, role: operator, token: {token}}}\n"
+                      "  - {name: acme, role: tenant, tenant: acme, "
+                      "token: acme-token-0123456789, gpus: '0-3, 120-299'}\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "fabricpilot", "serve", "--no-twin", "--state-dir",
-         str(tmp_path / "state"), "--port", str(port), *layout],
+         str(tmp_path / "state"), "--port", str(port), "--tokens", str(tokens), *layout],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_http(proc, f"http://127.0.0.1:{port}/health")
-        token = (tmp_path / "state" / "operator.token").read_text().strip()
         with httpx.Client(base_url=f"http://127.0.0.1:{port}",
                           headers={"Authorization": f"Bearer {token}"}) as c:
             r = c.put("/api/v1/jobs/j1", json={"task_id": "j1", "gpus": [0, 8], "calls": [
@@ -129,6 +134,10 @@ def test_serve_in_both_layouts(tmp_path: Path, layout: list[str]) -> None:
         assert len(children) == (0 if layout else 1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it got
+        assert proc.stderr is not None
+        # 128-299: 172 of acme's 4 + 180 GPUs
+        assert (f"warning: {tokens}: tokens.1.gpus: 172 of acme's 184 GPUs are not in the "
+                f"fabric (GPUs 0-127), from GPU 128") in proc.stderr.read().decode()
         deadline = time.monotonic() + 10
         while any(c.exists() for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)

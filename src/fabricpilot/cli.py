@@ -524,7 +524,7 @@ def serve(
                     tick_interval_s=tick_interval, plan_interval_s=plan_interval,
                     max_body_bytes=max_body_bytes, dataplane_url=dataplane,
                     dataplane_token=dp_token)
-                restored = service.restored
+                restored, n_gpus = service.restored, service.n_gpus
             else:
                 spec = ServiceSpec(sc, source, state_dir, twin=twin, time_scale=time_scale,
                                    tick_interval_s=tick_interval,
@@ -533,7 +533,7 @@ def serve(
                                    twin_process=True)
                 api, control, _, token_file = build_process(
                     spec, tokens=tokens, max_body_bytes=max_body_bytes, on_lost=on_lost)
-                restored = control.restored
+                restored, n_gpus = control.restored, control.n_gpus
     except FabricpilotError as e:
         lock.release()
         listener.close()
@@ -547,6 +547,8 @@ def serve(
                         else "")), highlight=False, soft_wrap=True)
     if token_file is not None:
         err.print(escape(f"operator token: {token_file}"), highlight=False, soft_wrap=True)
+    if tokens is not None and tokens_file is not None:
+        _warn(str(tokens_file), tokens.gpus_beyond(n_gpus))
     configure_logging(log_level.upper())
     freeze_startup_objects()
     servers.append(uvicorn.Server(uvicorn.Config(api, host=host, port=port,

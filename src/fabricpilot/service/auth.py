@@ -101,6 +101,26 @@ class TokenRegistry:
 
     def __init__(self, principals: dict[str, Principal] | None = None) -> None:
         self._by_digest = dict(principals or {})
+        self._gpu_fields: list[tuple[str, Principal]] = []  # (field, principal) of gpus:
+
+    def gpus_beyond(self, n_gpus: int) -> list[str]:
+        """One ``FIELD: PROBLEM`` line per token whose ``gpus:`` name GPUs a fabric of
+        ``n_gpus`` does not have (a tenant could never declare a job on them: a typo, or a
+        token file written for another fabric).
+
+        >>> reg = TokenRegistry()
+        >>> reg._gpu_fields.append(("tokens.1.gpus", Principal("b", "tenant", "b",
+        ...                                                    frozenset(range(120, 300)))))
+        >>> reg.gpus_beyond(128)
+        ["tokens.1.gpus: 172 of b's 180 GPUs are not in the fabric (GPUs 0-127), from GPU 128"]
+        """
+        out = []
+        for field, p in self._gpu_fields:
+            beyond = sorted(g for g in p.gpus or () if g >= n_gpus)
+            if beyond:
+                out.append(f"{field}: {len(beyond)} of {p.name}'s {len(p.gpus or ())} GPUs are "
+                           f"not in the fabric (GPUs 0-{n_gpus - 1}), from GPU {beyond[0]}")
+        return out
 
     def add(self, token: str, principal: Principal) -> None:
         self._by_digest[digest(token)] = principal
@@ -147,6 +167,8 @@ class TokenRegistry:
                 raise AuthConfigError(f"{path}: tokens.{i}: gives the same token as {other!r} (a "
                                       f"token is one caller's)")
             reg._by_digest[key] = p
+            if gpus is not None:
+                reg._gpu_fields.append((f"tokens.{i}.gpus", p))
         return reg
 
 

@@ -85,6 +85,7 @@ class LocalControl:
     def __init__(self, service: FabricService) -> None:
         self.service = service
         self.restored = service.restored
+        self.n_gpus = service.n_gpus
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if method not in OPERATIONS:
@@ -155,6 +156,7 @@ class ControlProcess:
                 f"the control process exited with code {self.process.exitcode}")
             raise ControlError(str(why))
         self.restored: dict[str, int] = first[1]
+        self.n_gpus: int = first[2]  # the fabric's
         self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
@@ -248,7 +250,7 @@ def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
                               f"{type(err).__name__}: {err}"))
         return
     freeze_startup_objects()
-    send(sock, ("ready", service.restored))
+    send(sock, ("ready", service.restored, service.n_gpus))
     send_lock = threading.Lock()
     pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="fabricpilot-op")
 

@@ -231,13 +231,14 @@ def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
     """A loss in 10 000 packets on a link of the 8-GPU ring: go-back-N resends the lost
     packet and the ``W`` sent after it in one round trip of the hop (each ring hop is a QP:
     ``W`` = 400 Gb/s x 2 x the hop's one-way latency / 4096 B, 78 packets here, not the
-    ring's 14 hops of it), so of the bytes crossing the link ``p (1 + W) / (1 + p (1 + W))``
-    are resends: 0.79 %."""
+    ring's 14 hops of it): a packet delivered costs ``(1 + p W) / (1 - p)`` sent, so of the
+    bytes crossing the link ``p (1 + W) / (1 + p W)`` are resends (0.79 %), and ``p`` of
+    them are lost on it (counted as lost: the packets the link drops)."""
     gray = [{"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "ber": 1e-5,
              "drop_probability": 1e-4}]
     out, pol = _gray_run(tmp_path, "ecmp", events=gray)
     (f,) = out.faults
-    assert f.bytes_retx > 0 and f.bytes_lost == 0
+    assert f.bytes_retx > 0
     assert f.detected_ns is None  # nothing reroutes: a gray link drops silently
     assert f.jobs_hit == ["ring"] and f.summary()["jobs_hit"] == ["ring"]  # (stalled: none)
     ct = pol.ctx.topology
@@ -245,8 +246,39 @@ def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
              for a, b in (("leaf0", "spine0"), ("spine0", "leaf0")))
     hop_ns = float(out.flows["latency_ns"].max()) / (2 * (8 - 1))  # (the ring's 14 steps)
     w = NIC_GBPS * 2 * hop_ns / (8 * 4096)
-    cost = 1e-4 * (1 + w)
-    assert f.bytes_retx / on == pytest.approx(cost / (1 + cost), rel=1e-3)
+    assert f.bytes_retx / on == pytest.approx(1e-4 * (1 + w) / (1 + 1e-4 * w), rel=1e-3)
+    assert f.bytes_lost / on == pytest.approx(1e-4, rel=1e-3)
+
+
+@pytest.mark.parametrize("policy", ["ecmp", "task-aware"])
+def test_a_gray_link_that_loses_every_packet_stalls_and_then_stops_its_job(
+        tmp_path: Path, policy: str) -> None:
+    """A gray link of drop 1 on leaf0-spine0 (a black hole: the link state shows nothing,
+    and without a BER no counter either) under the ring's two streams crossing that cable
+    (one each way), at 400 Gb/s = 50 bytes/ns each. Cleared at 3 ms, it costs exactly its
+    2 ms (nothing gets through; once packets do, go-back-N resends at once): 2 x 50 x 2e6 =
+    200 MB lost. For good, the job is hung: stopped after 100 ms with no progress and
+    nothing to come but the policy's rounds (10 GB lost), or, with 7 retries of 4 ms, when
+    its QP errors out 8 x 4 = 32 ms after the loss began (3.2 GB). Its useful share used to
+    be 1 / (2 + W), so the job went on at a crawl for ever, then the run failed."""
+    gray = {"kind": "gray", "link": "leaf0-spine0", "at_ns": 1_000_000, "drop_probability": 1}
+    clean = _coll_ns(_scenario(tmp_path, [RING], [{**gray, "at_ns": 900_000_000}]), policy)
+    r = run_policy(_scenario(tmp_path, [RING], [{**gray, "until_ns": 3_000_000}]), policy)
+    (c,) = r.collectives
+    (f,) = r.faults
+    assert c.end_ns - c.start_ns == clean + 2_000_000
+    assert f["job_stall_us"] == {"ring": 2000.0} and f["bytes_lost"] == 2 * 50 * 2_000_000
+    assert not r.aborted and f["partitioned"] == []
+    for extra, hung_ns, why in (
+            ({}, 100_000_000, "every packet lost on gray link leaf0->spine0 (drop 1) for "
+                              "100 ms, and nothing to clear it or move the stream"),
+            ({"rdma_retry_count": 7}, 8 * RTO_NS,
+             "RDMA retries exhausted (7 every 4 ms) while its path lost every packet")):
+        r = run_policy(_scenario(tmp_path, [RING], [gray], **extra), policy)
+        (f,) = r.faults
+        assert r.collectives == [] and why in r.aborted["ring"]
+        assert f["partitioned"] == ["ring"] and f["job_stall_us"] == {"ring": hung_ns / 1e3}
+        assert f["bytes_lost"] == 2 * 50 * hung_ns
 
 
 @pytest.mark.parametrize(("spike_ber", "count", "alarms"), [

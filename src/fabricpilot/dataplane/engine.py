@@ -134,7 +134,9 @@ class IterationRecord:
 
 # a stepping run that delivers no byte for this long while flows are open (not held) is
 # stopped (a livelock of the model, such as losses every step that send every sender back
-# together, each then stalled for its resend)
+# together, each then stalled for its resend); a flow-level run whose only open flows lose
+# every packet (a gray link of drop 1) for this long with nothing to come but a policy's
+# rounds stops their jobs as hung
 NO_PROGRESS_NS = 100_000_000
 
 
@@ -310,6 +312,7 @@ class Engine(FaultsMixin):
         mice_t = self.mice.time_ns if self.mice is not None and len(self.mice) else None
 
         best_left, progress_ns, rows_seen = math.inf, 0, (-1, -1)
+        stuck_since: int | None = None  # (no flow can finish since)
         while True:
             t_event = self._heap[0][0] if self._heap else math.inf
             t_mice = float(mice_t[mice_i]) if mice_t is not None and mice_i < len(mice_t) \
@@ -354,8 +357,24 @@ class Engine(FaultsMixin):
                     self._advance(int(t_next))
             else:
                 t_finish, batch = self._earliest_finish()
-                if t_finish == math.inf and t_next == math.inf:
-                    raise SimulationError("flows are active but none can make progress")
+                only_idle = t_next == math.inf or (
+                    t_mice == math.inf and not self._mice_waiting
+                    and len(self._heap) == len(self._idle_seqs))
+                if t_finish < math.inf or not only_idle:
+                    stuck_since = None
+                else:
+                    # nothing moves and only a policy's rounds are to come: a stream a gray
+                    # link loses every packet of is hung; its job is stopped once nothing
+                    # has moved for NO_PROGRESS_NS (unless a round moves it before)
+                    stuck_since = self.now if stuck_since is None else stuck_since
+                    if self._start_black_losses():
+                        continue  # (their QPs' retries may run out first)
+                    if t_next > stuck_since + NO_PROGRESS_NS:
+                        self._advance(max(stuck_since + NO_PROGRESS_NS, self.now))
+                        if self._stop_lost_for_good(NO_PROGRESS_NS):
+                            stuck_since = None
+                            continue
+                        raise SimulationError("flows are active but none can make progress")
                 if t_finish <= t_next:
                     self._advance(int(t_finish))
                     self._complete(batch)

@@ -55,6 +55,22 @@ if TYPE_CHECKING:
 RECOVERED_SHARE = 0.95  # of the pre-fault throughput
 
 
+def go_back_n_useful(loss: NDArray[np.float64], window_pkts: NDArray[np.float64]
+                     ) -> NDArray[np.float64]:
+    """The share of the bytes a go-back-N sender (an RDMA NIC) sends that arrive useful when
+    each packet is lost with probability ``loss`` and ``window_pkts`` packets are in flight
+    behind it: ``(1 - p) / (1 + p W)``. Each packet is sent ``1 / (1 - p)`` times on
+    average, and each of its ``p / (1 - p)`` losses also wastes the ``W`` packets sent after
+    it (the receiver drops them as out of order), so a packet delivered costs
+    ``(1 + p W) / (1 - p)`` sent. Nothing arrives at ``p = 1``.
+
+    >>> go_back_n_useful(np.array([0.0, 0.01, 0.5, 1.0]), np.array([9.0, 9.0, 1.0, 9.0]))
+    array([1.        , 0.90825688, 0.33333333, 0.        ])
+    """
+    p = np.clip(loss, 0.0, 1.0)
+    return (1.0 - p) / (1.0 + p * window_pkts)
+
+
 @dataclass
 class FaultRecord:
     """What one fault did. Times are absolute (ns); ``None`` when it never happened."""
@@ -181,6 +197,11 @@ class FaultsMixin:
         self._row_dead = np.zeros(0)            # share of a row's bytes going into dead links
         self._row_loss = np.zeros(0)            # share of a row's bytes resent (gray)
         self._m_fault = np.zeros(0, np.int64)   # the fault a member's path hits, -1 none
+        self._m_loss = np.zeros(0)              # share of a member's packets gray links lose
+        # per member: its stream (QP) loses every packet (a gray link of drop 1 on each of
+        # its paths): it delivers nothing, and its row (a ring moves at its slowest) neither
+        self._m_black = np.zeros(0, bool)
+        self._row_black = np.zeros(0, bool)
         # member key -> its path before a fault's reroute moved it, for policies that hash
         # (routing back over a repaired link, the switches' hash gives it that path again)
         self._hashed_from: dict[int, NDArray[np.int32]] = {}
@@ -299,6 +320,8 @@ class FaultsMixin:
             self._ber[links] = 0.0
             self._owner_fault[links] = np.where(self._phys_down[links],
                                                 self._owner_fault[links], -1)
+            if self._loss_since:  # (packets get through again: their QPs' retries succeed)
+                self._end_losses_off_dead_links()
         self._dirty = True
 
     def _back_before_moved(self, links: NDArray[np.int64]) -> None:
@@ -311,9 +334,9 @@ class FaultsMixin:
             self._end_losses_off_dead_links()
 
     def _end_losses_off_dead_links(self) -> None:
-        """The loss episodes end for the streams on no dead link now; those still on one
-        go on losing since they began."""
-        still = self._members_on(np.flatnonzero(self._phys_down))
+        """The loss episodes end for the streams on no dead link now (nor on a gray one that
+        loses every packet); those still on one go on losing since they began."""
+        still = self._members_on(np.flatnonzero(self._phys_down | (self._drop_p >= 1.0)))
         on_dead = set(zip(self._m_flow[still].tolist(), self._m_stream[still].tolist(),
                           strict=True))
         kept = {f: {st: t for st, t in by.items() if (f, st) in on_dead}
@@ -601,6 +624,8 @@ class FaultsMixin:
         self._keep_members(keep)
         if len(self._m_fault) == len(keep):
             self._m_fault = self._m_fault[keep]
+            self._m_loss = self._m_loss[keep]
+            self._m_black = self._m_black[keep]
         self._weights_from_members(self._member_rows())
         for f in faults:
             self._records[f].streams_moved += n_streams
@@ -621,6 +646,8 @@ class FaultsMixin:
         """The member arrays were rebuilt: what is kept per member here is found again at
         the next rate update (``_fault_rows``)."""
         self._m_fault = np.full(len(self._m_path), -1, np.int64)
+        self._m_loss = np.zeros(len(self._m_path))
+        self._m_black = np.zeros(len(self._m_path), bool)
         self._m_dead_hop = np.zeros((0, 0), bool)
         self._dirty = True
 
@@ -747,6 +774,54 @@ class FaultsMixin:
             self._partition(rows, faults)
         self._cut_flows.clear()
 
+    def _start_black_losses(self) -> bool:
+        """The loss episodes (retry budgets) of the streams a gray link loses every packet
+        of that have none yet start now; True if any did."""
+        if (self._ft is None or self._ft.params.rdma_retry_count is None
+                or len(self._m_black) != len(self._m_path)):
+            return False
+        started = False
+        for fid, st in zip(self._m_flow[self._m_black].tolist(),
+                           self._m_stream[self._m_black].tolist(), strict=True):
+            if st not in self._loss_since.get(fid, {}):
+                self._start_loss(fid, st, self.now)
+                started = True
+        return started
+
+    def _stop_lost_for_good(self, hung_ns: int) -> bool:
+        """Nothing has moved for ``hung_ns`` and only a policy's rounds are to come: the
+        streams a gray link loses every packet of (drop 1: a black hole the link state does
+        not show) are hung. Their jobs are stopped and reported, cut off by those faults;
+        mice on them are dropped and counted. False if there were none (the caller's error
+        stands)."""
+        if self._ft is None or len(self._m_black) != len(self._m_path):
+            return False
+        black = np.flatnonzero(self._m_black)
+        if not len(black):
+            return False
+        rows = self._member_rows()[black]
+        path = self._m_path[black]
+        hole = np.where(path >= 0, self._drop_p[np.where(path >= 0, path, 0)] >= 1.0, False)
+        link = path[np.arange(len(path)), np.argmax(hole, axis=1)]
+        src, dst = self._member_endpoints(black)
+        stop: dict[int, str] = {}
+        for r, lk, a, b in zip(rows.tolist(), link.tolist(), src.tolist(), dst.tolist(),
+                               strict=True):
+            j = int(self._row_owner[r])
+            if j >= 0 and j not in stop:
+                self._cut_off_by(int(self._owner_fault[lk]), j)
+                stop[j] = (f"gpu{a} -> gpu{b}: every packet lost on gray link "
+                           f"{self.ct.link_name(lk)} (drop 1) for {hung_ns / 1e6:g} ms, and "
+                           "nothing to clear it or move the stream")
+        mice = distinct(self._row_flow[rows[self._row_owner[rows] < 0]])
+        for j, why in stop.items():
+            self._abort_job(j, why)
+        if len(mice):
+            self._drop_rows(~np.isin(self._row_flow, mice), mice)
+            self._mice_cut += len(mice)
+        self._dirty = True
+        return True
+
     def _release_held(self) -> None:
         """The streams paused for the controller's new paths resume (not those cut off)."""
         if self._held_flows and self.now >= self._reroute_at:
@@ -846,9 +921,10 @@ class FaultsMixin:
         for f in distinct(self._owner_fault[links]).tolist() if len(links) else []:
             if f >= 0:
                 self._cut_off_by(f, j)
+        down = bool(len(links)) and bool(self._phys_down[links].any())
         self._abort_job(j, f"gpu{int(self._row_src[r])} -> gpu{int(self._row_dst[r])}: RDMA "
                            f"retries exhausted ({p.rdma_retry_count} every {rto}) while its "
-                           "path was down")
+                           + ("path was down" if down else "path lost every packet"))
 
     def _member_endpoints(self, mem: NDArray[np.int64]) -> tuple[NDArray, NDArray]:
         """Source and destination GPU of members (a ring row's streams differ from its
@@ -1107,6 +1183,9 @@ class FaultsMixin:
         self._row_dead = np.zeros(n_rows)
         self._row_loss = np.zeros(n_rows)
         self._m_fault = np.full(len(self._m_path), -1, np.int64)
+        self._m_loss = np.zeros(len(self._m_path))
+        self._m_black = np.zeros(len(self._m_path), bool)
+        self._row_black = np.zeros(n_rows, bool)
         self._m_dead_hop = np.zeros((0, 0), bool)
         if not n_rows or self._instant or not len(self._m_path):
             return
@@ -1118,7 +1197,7 @@ class FaultsMixin:
         dead_hop = self._m_dead_hop = self._phys_down[safe] & valid
         dead = dead_hop.any(axis=1)
         keep = np.where(valid, 1.0 - self._drop_p[safe], 1.0).prod(axis=1)
-        loss = np.where(dead, 0.0, 1.0 - keep)
+        loss = self._m_loss = np.where(dead, 0.0, 1.0 - keep)
         first = np.argmax(dead_hop, axis=1)
         gray_hop = (self._drop_p[safe] > 0) & valid
         first_gray = np.argmax(gray_hop, axis=1)
@@ -1134,6 +1213,16 @@ class FaultsMixin:
             inv, weights=self._m_share * dead, minlength=streams.shape[1]))
         np.maximum.at(self._row_loss, streams[0], np.bincount(
             inv, weights=self._m_share * loss, minlength=streams.shape[1]))
+        if (loss >= 1.0).any():
+            # a QP whose every path loses every packet (one path per QP of a planned set;
+            # a sprayed QP still gets packets through its other paths) delivers nothing
+            _, qp = np.unique(self._m_qp, return_inverse=True)
+            qp = qp.reshape(-1)
+            n_qp = int(qp.max()) + 1
+            whole = np.bincount(qp, weights=self._m_share, minlength=n_qp)
+            lost = np.bincount(qp, weights=self._m_share * loss, minlength=n_qp)
+            self._m_black = (lost >= whole * (1.0 - 1e-12))[qp] & (loss > 0)
+            self._row_black[rows[self._m_black]] = True
 
     def _into_dead_links(self, w: Any, caps: NDArray[np.float64]) -> tuple[Any, NDArray]:
         """The rows' link weights and rate caps as the fabric sees them while links are
@@ -1193,7 +1282,10 @@ class FaultsMixin:
         if not (self._row_dead.any() or self._row_loss.any()):
             return rates
         window_pkts, gray = self._go_back_n(rates)
-        return rates * self._dead_useful(window_pkts) * gray
+        useful = rates * self._dead_useful(window_pkts) * gray
+        if len(self._row_black) == len(useful):
+            useful[self._row_black] = 0.0
+        return useful
 
     def _go_back_n(self, rates: NDArray[np.float64],
                    rows: NDArray[np.int64] | slice = slice(None),
@@ -1201,10 +1293,10 @@ class FaultsMixin:
         """For rows ``rows`` sending at ``rates`` (theirs): the packets of one round trip
         ``W`` of the hop (a ring's row: one hop, not the ring: each hop is a QP of its own),
         and the share of their bytes a gray loss of ``p`` per packet leaves useful,
-        ``1 / (1 + p (1 + W))`` (each loss costs the packet and the ``W`` sent after it)."""
+        :func:`go_back_n_useful`."""
         window = (rates * np.maximum(2 * self._row_hop_ns[rows], 1)
                   / (8.0 * self.fabric.mtu_bytes))
-        return window, 1.0 / (1.0 + self._row_loss[rows] * (1.0 + window))
+        return window, go_back_n_useful(self._row_loss[rows], window)
 
     def _dead_useful(self, window_pkts: NDArray[np.float64],
                      rows: NDArray[np.int64] | slice = slice(None)) -> NDArray[np.float64]:
@@ -1241,6 +1333,9 @@ class FaultsMixin:
             valid = self._m_path[mem] >= 0
             safe = np.where(valid, self._m_path[mem], 0)
             dead = (self._phys_down[safe] & valid).any(axis=1)
+            fresh = len(self._m_loss) == len(self._m_path)
+            gray_loss = self._m_loss[mem] if fresh else np.zeros(len(mem))
+            black = self._m_black[mem] if fresh else np.zeros(len(mem), bool)
             # a dead member's bytes are lost and sent again; a gray member's useless share
             # (the lost packets and the go-back-N window after each) is sent again
             window, gray_useful = self._go_back_n(self._rates[r], r)
@@ -1249,9 +1344,12 @@ class FaultsMixin:
             d_row = np.clip(self._row_dead[r], 0.0, 1.0)
             waste = np.divide(1.0 - self._dead_useful(window, r), d_row,
                               out=np.ones(len(r)), where=(d_row > 0) & (d_row < 1))
-            resent = np.where(dead, sent * np.maximum(waste, 1.0), sent * (1.0 - gray_useful))
-            for fid, st in zip(self._row_flow[r[dead]].tolist(),
-                               self._m_stream[mem[dead]].tolist(), strict=True):
+            resent = np.where(dead, sent * np.maximum(waste, 1.0),
+                              np.where(black, sent, sent * (1.0 - gray_useful)))
+            # (a stream a gray link loses every packet of retries as one on a dead link)
+            lost_all = dead | black
+            for fid, st in zip(self._row_flow[r[lost_all]].tolist(),
+                               self._m_stream[mem[lost_all]].tolist(), strict=True):
                 if st not in self._loss_since.get(fid, {}):
                     self._start_loss(fid, st, self.now + dt)
             fids, at = np.unique(self._row_flow[r], return_inverse=True)
@@ -1263,7 +1361,8 @@ class FaultsMixin:
             for f in distinct(f_of).tolist():
                 sel = f_of == f
                 rec = self._records[f]
-                rec.bytes_lost += float(sent[sel & dead].sum())
+                # (into dead links, and the packets gray links drop)
+                rec.bytes_lost += float(np.where(dead, sent, sent * gray_loss)[sel].sum())
                 rec.bytes_retx += float(resent[sel].sum())
                 self._touch(rec, [j for j in self._row_owner[r[sel]].tolist() if j >= 0])
                 # (per flow: taken back if its job is stopped before it resends them)
@@ -1276,8 +1375,11 @@ class FaultsMixin:
         stalled: dict[int, set[int]] = {}
         if len(self._m_fault) == len(self._m_path):
             rows = self._member_rows()
-            dead_m = (self._m_fault >= 0) & (self._row_dead[rows] > 0) if len(rows) else \
-                np.zeros(0, bool)
+            # (a member a gray link loses every packet of stalls its job as a dead one does)
+            black = (self._m_black if len(self._m_black) == len(rows)
+                     else np.zeros(len(rows), bool))
+            dead_m = ((self._m_fault >= 0) & ((self._row_dead[rows] > 0) | black)
+                      if len(rows) else np.zeros(0, bool))
             for f, j in zip(self._m_fault[dead_m].tolist(), self._row_owner[rows][dead_m]
                             .tolist(), strict=True):
                 if j >= 0:

@@ -451,6 +451,11 @@ def test_outputs_that_would_overwrite_an_input_or_each_other_fail_before_the_run
             (["run", str(path), "--json", str(out / "ecmp" / "flows.csv"), "--out", str(out)],
              "error: --json: "),
             (["run", str(path), "--json", str(out), "--out", str(out)], "error: --json, --out: "),
+            # (a table of a policy not run: --out removes it once the runs are done)
+            (["run", str(path), "-p", "ecmp", "--json", str(out / "adaptive" / "links.csv"),
+              "--out", str(out)], "error: --json: "),
+            # (the scenario where the output goes: `topology export SCENARIO`)
+            (["topology", "export", str(path)], "error: topology export: "),
             (["run", str(path), "--out", str(tmp_path), "-p", "ecmp"], None)):
         res = cli(*args)
         if start is None:  # (a folder holding the scenario, which it does not overwrite)
@@ -458,8 +463,12 @@ def test_outputs_that_would_overwrite_an_input_or_each_other_fail_before_the_run
             continue
         assert res.returncode == 2 and res.stdout == "", (args, res.stdout)
         assert res.stderr.startswith(start) and res.stderr.count("\n") == 1, res.stderr
-        assert "overwrit" in res.stderr or "both name" in res.stderr, res.stderr
+        assert any(w in res.stderr for w in ("overwrit", "both name", "would be lost")), \
+            res.stderr
     assert path.read_text() == text
+    exported = tmp_path / "t.json"  # (an earlier export is replaced)
+    assert cli("topology", "export", str(exported)).returncode == 0
+    assert cli("topology", "export", str(exported), "--scenario", str(path)).returncode == 0
     assert not out.exists()
     # the scenario inside a policy's folder of --out: refused too
     inside = tmp_path / "o2" / "ecmp" / "s.yaml"

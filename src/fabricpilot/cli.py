@@ -361,16 +361,29 @@ def _written_by_out(path: Path, out_dir: Path, policies: list[str]) -> bool:
             or any(_within(path, out_dir / sub) for sub in ("plots", *policies)))
 
 
+def _cleared_by_out(path: Path, out_dir: Path, policies: list[str]) -> bool:
+    """Whether ``--out out_dir`` removes ``path``: a table an earlier run left in the folder
+    of a policy this run does not show (:func:`_drop_earlier_policies`)."""
+    from fabricpilot.results.io import TABLE_FILES
+
+    return any(_same_file(path, out_dir / p / name)
+               for p in sorted(set(POLICIES) - set(policies)) for name in TABLE_FILES)
+
+
 def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: list[str],
                       inputs: list[Path]) -> None:
     """Fail before the runs if an output would overwrite an input or another output: the
     JSON summary or the tables' folder the scenario (or its topology file), or the JSON
-    summary a file ``--out`` writes (``report.html``, ``plots/``, a policy's folder)."""
+    summary a file ``--out`` writes (``report.html``, ``plots/``, a policy's folder) or
+    removes (a table of a policy not run)."""
     for inp in inputs:
         if json_path is not None and _same_file(json_path, inp):
             _fail(f"--json: {json_path} is the input {inp}: it would be overwritten")
         if out_dir is not None and _written_by_out(inp, out_dir, policies):
             _fail(f"--out: {out_dir} would overwrite the input {inp}")
+        if out_dir is not None and _cleared_by_out(inp, out_dir, policies):
+            _fail(f"--out: {out_dir} would remove the input {inp} (a table of a policy "
+                  "not run)")
     if json_path is None or out_dir is None:
         return
     if json_path.resolve() == out_dir.resolve():
@@ -378,6 +391,9 @@ def _check_collisions(json_path: Path | None, out_dir: Path | None, policies: li
     if _written_by_out(json_path, out_dir, policies):
         _fail(f"--json: {json_path} is among what --out writes ({out_dir}/report.html, "
               f"{out_dir}/plots/, {out_dir}/<policy>/): it would be overwritten")
+    if _cleared_by_out(json_path, out_dir, policies):
+        _fail(f"--json: {json_path} is a table --out removes (of a policy not run): it "
+              "would be lost")
 
 
 def _drop_earlier_policies(out_dir: Path, shown: set[str]) -> None:
@@ -822,6 +838,10 @@ def topology_export(
         for inp in _inputs(scenario, sc):
             if _same_file(path, inp):
                 _fail(f"topology export: {path} is the input {inp}: it would be overwritten")
+        if path.is_file() and not _is_topology_file(path):
+            _fail(f"topology export: {path} exists and is not a topology file (a scenario "
+                  "goes in --scenario): it would be overwritten; remove it or give another "
+                  "path")
         path.parent.mkdir(parents=True, exist_ok=True)
         save_topology_json(build_scenario_topology(sc, source), path)
     except FabricpilotError as e:
@@ -829,6 +849,18 @@ def topology_export(
     except OSError as e:
         _fail(f"{path}: cannot write the topology: {e.strerror or e}")
     out.print(escape(f"topology written to {path}"), highlight=False, soft_wrap=True)
+
+
+def _is_topology_file(path: Path) -> bool:
+    """Whether ``path`` reads as a topology file (``topology export`` replaces one, not a
+    scenario or anything else a mistyped argument names)."""
+    from fabricpilot.topology.io import load_topology_json
+
+    try:
+        load_topology_json(path)
+    except FabricpilotError:
+        return False
+    return True
 
 
 @app.command()

@@ -359,6 +359,36 @@ def test_non_json_error_body_and_bearer_header() -> None:
                               "(GET /api/v1/congestion)")
 
 
+def test_a_token_is_stripped_refused_unsendable_and_never_shown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token read from a secret file ends in a newline: it is stripped, not sent (it
+    failed every request, the message quoting the header, token and all). One an HTTP header
+    cannot carry is refused at once, saying where, not what; a password in the URL is not
+    shown either."""
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["Authorization"])
+        return httpx.Response(200, json=[])
+
+    monkeypatch.setenv("FABRICPILOT_TOKEN", f"  {OPS}\n")
+    with Client("http://fp.test", transport=httpx.MockTransport(handler)) as fp:
+        assert fp.list_jobs() == []
+    assert sent == [f"Bearer {OPS}"]
+    for bad, what in (("s3cret acme-token", "character 7 of 17 is a space"),
+                      ("s3cret\x01acme-token", "character 7 of 17 is a control character"),
+                      ("s3cret-ácme-token", "character 8 of 17 is not ASCII")):
+        with pytest.raises(FabricpilotClientError) as err:
+            Client("http://fp.test", token=bad)
+        assert what in str(err.value) and "acme" not in str(err.value)
+    url = f"http://ops:hunter2@127.0.0.1:{free_port()}"  # (nothing listens there)
+    with Client(url, token=OPS, get_retries=0) as fp, \
+            pytest.raises(FabricpilotConnectionError) as conn:
+        fp.list_jobs()
+    assert "hunter2" not in str(conn.value) and "ops:***@127.0.0.1" in str(conn.value)
+    assert "hunter2" not in repr(fp)
+
+
 def test_what_is_not_the_api_answering_is_a_client_error() -> None:
     """A 200 that is not JSON (a proxy's login page), a redirect, an id naming another
     resource, a body JSON cannot carry, a URL that is not one: each a one-line

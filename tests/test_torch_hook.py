@@ -53,7 +53,9 @@ def test_environment_values() -> None:
     assert sla_from_env({"AI_SLA_LATENCY": "400us"}) == 400.0  # (with a unit, as elsewhere)
     assert sla_from_env({"AI_SLA_LATENCY": "2ms"}) == 2000.0
     assert sla_from_env({}) is None
-    for bad in ("fast", "0", "-3", "inf", "nan", "1e400", "0us", "1GB"):
+    assert sla_from_env({"AI_SLA_LATENCY": "1e9"}) == 1e9  # (the service's largest)
+    # (1e300 was let through, for the service to refuse it with a 422 at the declaration)
+    for bad in ("fast", "0", "-3", "inf", "nan", "1e400", "0us", "1GB", "1e300", "1001s"):
         with pytest.raises(ValueError, match="AI_SLA_LATENCY"):
             sla_from_env({"AI_SLA_LATENCY": bad})
     assert gpus_from_env(3, {}) == [0, 1, 2]
@@ -184,6 +186,15 @@ def test_task_ids_of_two_launches_do_not_collide(caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.WARNING, "fabricpilot.integrations.torch"):
         assert task_id_from_env({"AI_TASK_ID": "日本/語"}) == DEFAULT_TASK_ID
     assert "has no character a task id may hold" in caplog.text
+    # an id of the user's that had to change is said so: 'exp/1' and 'exp:1' are one job
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "fabricpilot.integrations.torch"):
+        assert task_id_from_env({"AI_TASK_ID": "exp/1"}) == "exp-1"
+        assert task_id_from_env({"TORCHELASTIC_RUN_ID": "run/2"}) == "run-2"  # (not theirs)
+    assert [r.getMessage() for r in caplog.records] == [
+        "fabricpilot: AI_TASK_ID='exp/1' is declared as task 'exp-1' (a task id holds "
+        "letters, digits, '.', '_' and '-', at most 128): a job whose id reads the same "
+        "would replace this one's intent"]
 
 
 def test_an_unmet_sla_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from types import TracebackType
 from typing import Any, Literal, TypedDict
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -180,6 +180,43 @@ def _field_errors(detail: Any) -> list[tuple[str, str]]:
     return out
 
 
+def shown_url(url: str) -> str:
+    """``url`` as messages and logs show it: without a password it may carry.
+
+    >>> shown_url("http://ops:hunter2@10.0.0.1:8765/x"), shown_url("http://127.0.0.1:8765")
+    ('http://ops:***@10.0.0.1:8765/x', 'http://127.0.0.1:8765')
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None:
+        return url
+    user = parts.username or ""
+    return url.replace(f"{user}:{password}@", f"{user}:***@", 1)
+
+
+def _check_token(token: str) -> None:
+    """Refuse a token an HTTP header cannot carry (a space, a control or non-ASCII
+    character), saying where but never what it is: it would otherwise fail at the first
+    request with the header, token and all, in the message.
+
+    >>> _check_token("s3cret acme")
+    Traceback (most recent call last):
+    ...
+    fabricpilot.client.FabricpilotClientError: the fabricpilot token (FABRICPILOT_TOKEN) \
+cannot be sent: character 7 of 11 is a space (a bearer token is printable ASCII)
+    """
+    for i, ch in enumerate(token):
+        if not 33 <= ord(ch) <= 126:
+            what = ("a space" if ch.isspace() else "not ASCII" if ord(ch) > 127
+                    else "a control character")
+            raise FabricpilotClientError(
+                f"the fabricpilot token ({TOKEN_ENV}) cannot be sent: character {i + 1} of "
+                f"{len(token)} is {what} (a bearer token is printable ASCII)")
+
+
 class Client:
     """A client of one controller service.
 
@@ -215,17 +252,23 @@ class Client:
         if not 0 < timeout_s < math.inf:
             raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
         self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        shown = shown_url(self.base_url)
         try:  # (a malformed URL is one clear error, not httpx's own)
             scheme = httpx.URL(self.base_url).scheme
         except (httpx.InvalidURL, ValueError, TypeError) as err:
             raise FabricpilotClientError(
-                f"the fabricpilot controller URL {self.base_url!r} is not valid ({err}; "
-                f"set {URL_ENV}, e.g. {DEFAULT_URL})") from None
+                f"the fabricpilot controller URL {shown!r} is not valid "
+                f"({str(err).replace(self.base_url, shown)}; set {URL_ENV}, e.g. "
+                f"{DEFAULT_URL})") from None
         if scheme not in ("http", "https"):
             raise FabricpilotClientError(
-                f"the fabricpilot controller URL {self.base_url!r} is not an http(s) URL "
+                f"the fabricpilot controller URL {shown!r} is not an http(s) URL "
                 f"(set {URL_ENV}, e.g. {DEFAULT_URL})")
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        # (read from a secret file, a token often ends in a newline: never part of it)
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.token = token.strip() or None if token is not None else None
+        if self.token is not None:
+            _check_token(self.token)
         self.timeout_s = timeout_s
         self.get_retries = get_retries
         self.backoff_s = backoff_s
@@ -249,7 +292,7 @@ class Client:
         self._http.close()
 
     def __repr__(self) -> str:
-        return f"Client({self.base_url!r}, token={'set' if self.token else None})"
+        return f"Client({shown_url(self.base_url)!r}, token={'set' if self.token else None})"
 
     def _request(self, method: str, path: str, *, json: Any = None,
                  params: Mapping[str, Any] | None = None) -> _Answer:
@@ -291,15 +334,16 @@ class Client:
     def _unreachable(self, method: str, path: str, err: Exception,
                      attempts: int) -> FabricpilotConnectionError:
         what = type(err).__name__
-        text = " ".join(str(err).split()) or what
+        text = " ".join(str(err).replace(self.base_url, shown_url(self.base_url)).split()) \
+            or what
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         if isinstance(err, httpx.ReadTimeout | httpx.WriteTimeout):
             # connected, but the answer did not come in time: the controller is busy or hung
             return FabricpilotConnectionError(
-                f"the fabricpilot controller at {self.base_url} did not answer within "
+                f"the fabricpilot controller at {shown_url(self.base_url)} did not answer within "
                 f"{self.timeout_s:g} s ({method} {path}): {what}")
         return FabricpilotConnectionError(
-            f"cannot reach the fabricpilot controller at {self.base_url}{tries} "
+            f"cannot reach the fabricpilot controller at {shown_url(self.base_url)}{tries} "
             f"({method} {path}): {what}: {text}")
 
     def _get(self, path: str, **params: Any) -> Any:

@@ -37,6 +37,9 @@ L1_MAX_SLA_US = 50.0
 L2_MAX_SLA_US = 100.0
 """SLAs from :data:`L1_MAX_SLA_US` up to and including this are L2; above are L3."""
 
+MAX_SLA_US = 1e9
+"""The largest SLA a call may declare (1000 s)."""
+
 SWITCH_KINDS: frozenset[str] = frozenset({"switch", "nvswitch"})
 """Node kinds that count as a switch on a path."""
 

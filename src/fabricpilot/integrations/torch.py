@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fabricpilot.client import Client, FabricpilotAPIError, FabricpilotClientError
+from fabricpilot.controller.intents import MAX_SLA_US
 from fabricpilot.units import UnitError, parse_id_ranges, parse_quantity
 
 if TYPE_CHECKING:  # torch is optional: imported where a process group or a tensor is used
@@ -148,8 +149,9 @@ def sla_from_env(env: Mapping[str, str] | None = None) -> float | None:
         except (ValueError, UnitError):
             raise ValueError(f"{SLA_ENV}={raw!r}: not a number of microseconds nor a time "
                              f"such as '400us'") from None
-    if not 0 < sla_us < math.inf:
-        raise ValueError(f"{SLA_ENV}={raw!r}: must be a finite number > 0 (microseconds)")
+    if not 0 < sla_us <= MAX_SLA_US:
+        raise ValueError(f"{SLA_ENV}={raw!r}: must be > 0 and at most {MAX_SLA_US:g} "
+                         "(microseconds)")
     return sla_us
 
 
@@ -175,6 +177,12 @@ def task_id_from_env(env: Mapping[str, str] | None = None) -> str:
     if task == DEFAULT_TASK_ID and raw != DEFAULT_TASK_ID:
         log.warning("fabricpilot: task id %r has no character a task id may hold; using "
                     "%r (set %s)", raw, DEFAULT_TASK_ID, TASK_ENV)
+    elif task != raw and raw == env.get(TASK_ENV, "").strip():
+        # (the user's own id: two that read the same once cleaned would be one job, the
+        # second declared replacing the first's intent)
+        log.warning("fabricpilot: %s=%r is declared as task %r (a task id holds letters, "
+                    "digits, '.', '_' and '-', at most 128): a job whose id reads the same "
+                    "would replace this one's intent", TASK_ENV, raw, task)
     return task
 
 
@@ -482,7 +490,7 @@ def declare(client: Client | None = None, *, task_id: str | None = None,
         dist.broadcast_object_list(flag, src=0)
         state.enabled = bool(flag[0])
     if state.job is not None:
-        log.info("fabricpilot: declared job %s on GPUs %s (SLA %.0f us)", task, gpu_ids,
+        log.info("fabricpilot: declared job %s on GPUs %s (SLA %g us)", task, gpu_ids,
                  state.sla_us)
     return state
 

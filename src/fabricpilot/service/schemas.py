@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from fabricpilot.controller.intents import PATTERNS, CommCall, Intent, sla_level
+from fabricpilot.controller.intents import MAX_SLA_US, PATTERNS, CommCall, Intent, sla_level
 
 MAX_GPUS_PER_JOB = 65_536
 MAX_CALLS_PER_JOB = 256
@@ -99,7 +99,7 @@ class CallIn(_Strict):
 
     pattern: Pattern
     size_bytes: Int = Field(gt=0, le=1 << 50)
-    sla_us: Float = Field(gt=0, le=1e9)
+    sla_us: Float = Field(gt=0, le=MAX_SLA_US)
     period_ns: Int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
     priority: Int = Field(default=0, ge=0, le=7)
     pairs: list[tuple[Int, Int]] = Field(
@@ -191,7 +191,7 @@ class AnnounceIn(_Strict):
     pattern: Pattern
     size_bytes: Int = Field(gt=0, le=1 << 50)
     ranks: list[Int] = Field(min_length=2, max_length=MAX_GPUS_PER_JOB)
-    sla_us: Float | None = Field(default=None, gt=0, le=1e9)
+    sla_us: Float | None = Field(default=None, gt=0, le=MAX_SLA_US)
     period_ns: Int = Field(default=0, ge=0, le=MAX_INTERVAL_NS)
     bucket: Int | None = Field(default=None, ge=0, le=1 << 31,
                                description="e.g. a DDP gradient bucket")

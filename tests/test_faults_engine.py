@@ -250,6 +250,26 @@ def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
     assert f.bytes_lost / on == pytest.approx(1e-4, rel=1e-3)
 
 
+@pytest.mark.parametrize("second", [
+    {"kind": "link_down", "link": "leaf0-spine0"},
+    {"kind": "switch_down", "switch": "spine0"}])
+def test_a_stall_under_overlapping_faults_is_charged_to_the_first_then_the_next(
+        tmp_path: Path, second: dict[str, Any]) -> None:
+    """leaf0-spine0 down from 1 to 3 ms, and again (or its spine) from 2 to 4 ms: ECMP's
+    streams on it stall from 1 to 4 ms (back before routing converges: the outage is the
+    cost). 1-3 ms are charged to the first fault, which began first, 3-4 ms to the second,
+    once the first is over; so are the bytes lost on that link, 2:1 (a switch down also
+    loses bytes on its other links, its own). The link's owner was the last fault to take
+    it down, so the second was charged from 2 ms on (1 and 2 ms)."""
+    first = {**DOWN, "until_ns": 3_000_000}
+    r = run_policy(_scenario(tmp_path, [RING], [first, {**second, "at_ns": 2_000_000,
+                                                          "until_ns": 4_000_000}]), "ecmp")
+    a, b = r.faults
+    assert a["job_stall_us"] == {"ring": 2000.0} and b["job_stall_us"] == {"ring": 1000.0}
+    if second["kind"] == "link_down":
+        assert a["bytes_lost"] == pytest.approx(2 * b["bytes_lost"], rel=1e-6)
+
+
 @pytest.mark.parametrize("policy", ["ecmp", "task-aware"])
 def test_a_gray_link_that_loses_every_packet_stalls_and_then_stops_its_job(
         tmp_path: Path, policy: str) -> None:

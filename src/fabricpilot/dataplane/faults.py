@@ -176,7 +176,10 @@ class FaultsMixin:
         self._route_down = np.zeros(n, bool)    # the links routing has converged around
         self._drop_p = np.zeros(n)              # gray: per-packet loss after FEC
         self._ber = np.zeros(n)                 # gray: pre-FEC bit error rate
-        self._owner_fault = np.full(n, -1, np.int64)  # which fault holds a link down / gray
+        # which fault holds a link down (of several, the first to begin) or else gray
+        self._owner_fault = np.full(n, -1, np.int64)
+        self._holders: dict[int, list[int]] = {}  # link -> the faults holding it down
+        self._gray_fault = np.full(n, -1, np.int64)  # link -> the fault making it gray
         self._records: dict[int, FaultRecord] = {}
         self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
         # flows (rows) paused for the controller's new paths -> the faults they wait for
@@ -285,12 +288,7 @@ class FaultsMixin:
             np.add.at(self._down_count, links, 1 if ev.kind == "down" else -1)
             np.maximum(self._down_count, 0, out=self._down_count)
             self._phys_down = self._down_count > 0
-            if ev.kind == "down":
-                self._owner_fault[links] = ev.fault_id
-            else:
-                self._owner_fault[links] = np.where(
-                    self._phys_down[links] | (self._drop_p[links] > 0),
-                    self._owner_fault[links], -1)
+            self._set_holders(links.tolist(), ev.fault_id, ev.kind == "down")
             if (ev.kind == "down" and not self._instant and self._ft is not None
                     and self._ft.params.rdma_retry_count is not None and len(self._m_path)):
                 # streams on the links now dead lose packets from now on: their QPs' retry
@@ -314,15 +312,31 @@ class FaultsMixin:
         elif ev.kind == "gray":
             self._drop_p[links] = ev.drop_probability
             self._ber[links] = ev.ber
-            self._owner_fault[links] = ev.fault_id
+            self._gray_fault[links] = ev.fault_id
+            self._set_holders(links.tolist(), ev.fault_id, None)
         else:  # clear
             self._drop_p[links] = 0.0
             self._ber[links] = 0.0
-            self._owner_fault[links] = np.where(self._phys_down[links],
-                                                self._owner_fault[links], -1)
+            self._gray_fault[links] = -1
+            self._set_holders(links.tolist(), ev.fault_id, None)
             if self._loss_since:  # (packets get through again: their QPs' retries succeed)
                 self._end_losses_off_dead_links()
         self._dirty = True
+
+    def _set_holders(self, links: list[int], fault: int, down: bool | None) -> None:
+        """Fault ``fault`` takes ``links`` down (``down``), lets them up (``not down``: its own
+        hold ends, or, for a ``link_up`` of its own, the latest other), or changes their gray
+        state (``None``); each link's owner is then the first of the faults holding it down
+        to have begun (a stall under overlapping faults is charged to it, then to the next
+        once it is over), else its gray fault, else none."""
+        for lk in links:
+            held = self._holders.setdefault(lk, [])
+            if down:
+                held.append(fault)
+            elif down is not None and held:
+                held.remove(fault if fault in held else held[-1])
+            first = min(held, key=lambda f: (self._records[f].start_ns, f), default=-1)
+            self._owner_fault[lk] = first if first >= 0 else self._gray_fault[lk]
 
     def _back_before_moved(self, links: NDArray[np.int64]) -> None:
         """Links back up under streams still routed over them (the fault was over before

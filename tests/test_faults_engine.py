@@ -250,6 +250,19 @@ def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
     assert f.bytes_lost / on == pytest.approx(1e-4, rel=1e-3)
 
 
+def test_a_stream_sprayed_partly_into_a_dead_link_is_charged_the_share_it_loses(
+        tmp_path: Path) -> None:
+    """spine0 -> leaf0 down from 1 to 3 ms (one direction; routing converges only after
+    5 ms): the ring's hop into leaf0 comes from another leaf, sprayed over both spines by
+    ``spray-ooo``, so half its bytes go into the dead link and it moves at half speed for
+    2 ms: 1 ms lost, 8 GPUs x 1 ms = 0.008 GPU-s (it was charged as stalled the 2 ms)."""
+    down = {**DOWN, "link": "spine0->leaf0", "until_ns": 3_000_000}
+    r = run_policy(_scenario(tmp_path, [RING], [down]), "spray-ooo")
+    (f,) = r.faults
+    assert f["job_stall_us"] == {"ring": pytest.approx(1000.0)}
+    assert f["gpu_seconds_lost"] == pytest.approx(0.008)
+
+
 @pytest.mark.parametrize("second", [
     {"kind": "link_down", "link": "leaf0-spine0"},
     {"kind": "switch_down", "switch": "spine0"}])

@@ -86,7 +86,7 @@ class FaultRecord:
     bytes_lost: float = 0.0
     bytes_retx: float = 0.0
     streams_moved: int = 0
-    job_stall_ns: dict[str, int] = field(default_factory=dict)
+    job_stall_ns: dict[str, float] = field(default_factory=dict)
     gpu_seconds_lost: float = 0.0
     partitioned: list[str] = field(default_factory=list)
     pre_fault_gbps: dict[int, float] = field(default_factory=dict)  # job index -> Gb/s
@@ -1386,7 +1386,14 @@ class FaultsMixin:
                         strict=True):
                     by = self._retx_of.setdefault(fid, {})
                     by[f] = by.get(f, 0.0) + b
-        stalled: dict[int, set[int]] = {}
+        # fault -> job -> the share of its time lost (1: stalled; a stream sprayed with part
+        # of its paths dead goes on at the share of its bytes that still arrive)
+        stalled: dict[int, dict[int, float]] = {}
+
+        def stall(f: int, j: int, share: float = 1.0) -> None:
+            by = stalled.setdefault(f, {})
+            by[j] = max(by.get(j, 0.0), share)
+
         if len(self._m_fault) == len(self._m_path):
             rows = self._member_rows()
             # (a member a gray link loses every packet of stalls its job as a dead one does)
@@ -1394,10 +1401,15 @@ class FaultsMixin:
                      else np.zeros(len(rows), bool))
             dead_m = ((self._m_fault >= 0) & ((self._row_dead[rows] > 0) | black)
                       if len(rows) else np.zeros(0, bool))
-            for f, j in zip(self._m_fault[dead_m].tolist(), self._row_owner[rows][dead_m]
-                            .tolist(), strict=True):
-                if j >= 0:
-                    stalled.setdefault(f, set()).add(j)
+            if dead_m.any():
+                lost = 1.0 - self._dead_useful(self._go_back_n(self._rates)[0])
+                if len(self._row_black) == len(lost):
+                    lost[self._row_black] = 1.0
+                for f, j, share in zip(self._m_fault[dead_m].tolist(),
+                                       self._row_owner[rows][dead_m].tolist(),
+                                       lost[rows[dead_m]].tolist(), strict=True):
+                    if j >= 0:
+                        stall(f, j, share)
         held = (np.flatnonzero(np.isin(self._row_flow, list(self._held_flows)))
                 if self._held_flows else np.zeros(0, np.int64))
         if len(held):
@@ -1409,36 +1421,39 @@ class FaultsMixin:
                               strict=True):
                 if j >= 0:
                     for f in (self._held_flows[fid] & active) or active:
-                        stalled.setdefault(f, set()).add(j)
+                        stall(f, j)
         if self._cut_flows:
             for fid, j in zip(self._row_flow.tolist(), self._row_owner.tolist(), strict=True):
                 if fid in self._cut_flows and j >= 0:
                     for f in self._cut_flows[fid]:
-                        stalled.setdefault(f, set()).add(j)
+                        stall(f, j)
         if self._rto_wait:
             for fid, j in zip(self._row_flow.tolist(), self._row_owner.tolist(), strict=True):
                 wait = self._rto_wait.get(fid)
                 if wait is not None and wait[0] > self.now and j >= 0:
                     for f in wait[1]:
-                        stalled.setdefault(f, set()).add(j)
+                        stall(f, j)
             self._rto_wait = {k: v for k, v in self._rto_wait.items() if v[0] > self.now}
         for j, fs in self._waiting_jobs.items():
             for f in fs:
-                stalled.setdefault(f, set()).add(j)
+                stall(f, j)
         # a job stalled by several faults at once is charged to the one that began first
-        # (its stall and GPU time are counted once over the faults)
+        # (its stall and GPU time are counted once over the faults, at its largest share)
         charged: dict[int, int] = {}
+        share_of: dict[int, float] = {}
         for f, jobs in stalled.items():
-            self._touch(self._records[f], jobs)
-            for j in jobs:
+            self._touch(self._records[f], list(jobs))
+            for j, share in jobs.items():
+                share_of[j] = max(share_of.get(j, 0.0), share)
                 g = charged.get(j)
                 if g is None or (self._records[f].start_ns, f) < (self._records[g].start_ns, g):
                     charged[j] = f
         for j, f in charged.items():
             rec = self._records[f]
             name = self.jobs[j].name
-            rec.job_stall_ns[name] = rec.job_stall_ns.get(name, 0) + dt
-            rec.gpu_seconds_lost += dt * 1e-9 * len(self.jobs[j].gpus)
+            lost_ns = dt * share_of[j]
+            rec.job_stall_ns[name] = rec.job_stall_ns.get(name, 0.0) + lost_ns
+            rec.gpu_seconds_lost += lost_ns * 1e-9 * len(self.jobs[j].gpus)
 
     def _fault_recovery(self) -> None:
         """Mark faults whose affected jobs are back to 95 % of their pre-fault throughput

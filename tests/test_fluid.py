@@ -215,6 +215,25 @@ def test_fluid_agrees_with_flow_level_when_nothing_queues(one_leaf, op: str, siz
     assert t_flow >= busiest * 8 / 400
 
 
+def test_a_transfer_shorter_than_a_step_takes_its_own_time(one_leaf) -> None:  # type: ignore[no-untyped-def]
+    """4 KiB alone on one leaf: 4174 wire bytes at 50 B/ns, 84 ns, then the message latency
+    of one switch (2 x 100 ns links + 600 ns switch + 1000 ns NIC), 1884 ns in both models;
+    the fluid model's first step used to be a whole ``step_ns`` (500 ns): 2300 ns. A ring
+    AllReduce of 48 KiB in steps on 6 GPUs: 2 x 5 steps of 8 KiB (2 packets, 8348 wire
+    bytes, 167 ns) and 1800 ns each, in both models (the fluid one took 17 % longer)."""
+    small = Engine(one_leaf, make_policy("ecmp", PolicyContext(one_leaf, 1, 600,
+                                                               member_routes=True)),
+                   [p2p("small", [(0, 1)], 4096)], rate_model=FluidRateModel(one_leaf)).run()
+    assert small.flows["deliver_ns"][0] - small.flows["start_ns"][0] == 84 + 1800
+    plan = build_collective("allreduce", np.arange(6), 48 << 10, algorithm="ring",
+                            mode="steps")
+    job = JobSpec("ring", tuple(range(6)), (plan,))
+    ctx = PolicyContext(one_leaf, 1, 600, member_routes=True)
+    t = [Engine(one_leaf, make_policy("ecmp", ctx), [job], rate_model=model).run()
+         .collectives[0].time_ns for model in (None, FluidRateModel(one_leaf))]
+    assert t == [10 * (1800 + math.ceil((8192 + 2 * 78) / 50))] * 2
+
+
 def test_longer_steps_do_not_change_a_congested_run(two_tier) -> None:  # type: ignore[no-untyped-def]
     # the adaptive step must give the result of the fixed small step (its reference): a PFC
     # incast with a victim, then AlltoAll and a ring on a 2:1 fabric (ECN, DCQCN, some PFC)
@@ -309,6 +328,17 @@ def test_ecn_thresholds_scaled_to_the_port_rate_keep_a_400g_incast_near_line_rat
     assert cols["queue_bytes"][on].max() < kmax and out.model_report.drops_bytes == 0
     same = run(one_leaf, [p2p("two", [(0, 2), (1, 2)], size)])  # (the paper's values)
     assert same.sim_time_ns > out.sim_time_ns
+
+
+def test_ecn_marks_count_packets_not_mtus_of_wire_bytes(one_leaf) -> None:  # type: ignore[no-untyped-def]
+    """A 4 -> 1 incast of 16 MiB each, DCQCN off: the port into gpu0 queues past kmax for
+    most of the run and marks nearly every packet, so its marks approach the 4 x 16 MiB /
+    4096 B = 16 384 packets it serves, and never exceed them (counted per 4096 B of wire
+    bytes, 4174 B a packet, they came to 16 626: more marks than packets)."""
+    jobs = [p2p("incast", [(i, 0) for i in range(1, 5)], 16 << 20)]
+    out = run(one_leaf, jobs, dcqcn=DcqcnParams(enabled=False))
+    packets = 4 * (16 << 20) // 4096
+    assert 0.9 * packets < out.model_report.ecn_marks <= packets
 
 
 def test_a_sprayed_qp_reacts_to_congestion_as_one_qp() -> None:

@@ -66,13 +66,14 @@ def notification_point(
     s: DcqcnState,
     delivered_bytes: NDArray[np.float64],
     mark_probability: NDArray[np.float64],
-    mtu_bytes: int,
+    packet_bytes: int,
     return_delay_ns: NDArray[np.float64],
     now_ns: float,
     dt_ns: float,
     p: DcqcnParams,
 ) -> None:
-    """Receiver side: count expected marked packets and schedule CNPs (in place).
+    """Receiver side: count expected marked packets (``delivered_bytes`` on the wire, of
+    ``packet_bytes`` each) and schedule CNPs (in place).
 
     >>> st = DcqcnState.new(np.array([100.0]), DcqcnParams())
     >>> notification_point(st, np.array([8192.0]), np.array([0.5]), 4096, np.array([2e3]),
@@ -81,17 +82,17 @@ def notification_point(
     3000.0
     """
     _np_kernel(s.marks, s.since_cnp_ns, s.cnp_due_ns, delivered_bytes, mark_probability,
-               float(mtu_bytes), return_delay_ns, float(now_ns), float(dt_ns),
+               float(packet_bytes), return_delay_ns, float(now_ns), float(dt_ns),
                float(p.cnp_interval_ns))
 
 
 @numba.njit(cache=True, nogil=True)
 def _np_kernel(marks: NDArray[np.float64], since_cnp: NDArray[np.float64],
                cnp_due: NDArray[np.float64], delivered: NDArray[np.float64],
-               prob: NDArray[np.float64], mtu: float, ret_delay: NDArray[np.float64],
+               prob: NDArray[np.float64], packet_bytes: float, ret_delay: NDArray[np.float64],
                now: float, dt: float, cnp_interval: float) -> None:
     for i in range(marks.shape[0]):
-        marks[i] += delivered[i] / mtu * prob[i]
+        marks[i] += delivered[i] / packet_bytes * prob[i]
         since_cnp[i] += dt
         if marks[i] >= 1.0 and since_cnp[i] >= cnp_interval:
             since_cnp[i] = 0.0

@@ -34,6 +34,7 @@ long step cannot let NIC-side queues absorb DCQCN's rate cuts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -218,13 +219,29 @@ class FluidRateModel:
         self._m, self._keys = new, new.key
         self._progress_row = new.row_progress()
         self._rates_row = np.zeros(new.n_rows)
-        self._horizon = float(self.fp.step_ns)
+        self._horizon = self._first_horizon(new)
         self._prev_cells = None
         self._prev_ingress = None
         self._grid_bytes = np.zeros(len(new.ulinks))
         self._grid_peak = np.zeros(len(new.ulinks))
         self._grid_marks = np.zeros((len(new.ulinks), len(new.uprios)))
         self._queue_cells = np.zeros((len(new.ulinks), len(new.uprios)))
+
+    def _first_horizon(self, m: _Members) -> float:
+        """The first step after the flows changed: ``step_ns``, or less if a row could be
+        done sooner, all its members sending what they have left at their NIC's line rate
+        (else a transfer shorter than a step took a whole step: 4 KiB at 400 Gb/s, 84 ns,
+        took 500)."""
+        step = float(self.fp.step_ns)
+        if not m.n:
+            return step
+        left_ns = np.maximum(m.target - m.injected, 0.0) * 8.0 / np.maximum(m.line_rate, 1e-9)
+        row_ns = np.zeros(m.n_rows)
+        np.maximum.at(row_ns, m.row, left_ns)
+        sending = np.bincount(m.row, weights=left_ns > 0, minlength=m.n_rows) > 0
+        if not sending.any():
+            return step
+        return float(min(step, max(math.ceil(float(row_ns[sending].min())), 1)))
 
     def _fold_grid(self, m: _Members, into_sample: bool = True) -> None:
         """Add the grid accumulators of members ``m`` into the per-link arrays (also into
@@ -495,14 +512,14 @@ class FluidRateModel:
     def _mark(self, m: _Members, served_lp: NDArray, delivered: NDArray, dt: float) -> NDArray:
         queue, p_path, marked, self._switch_queue_bytes = fk.queue_marks(
             m.backlog, m.cidx, m.plen, served_lp.reshape(-1), m.cell_marks, m.cell_kmin,
-            m.cell_kmax, float(self.ecn.pmax), float(self.fabric.mtu_bytes),
+            m.cell_kmax, float(self.ecn.pmax), float(self.fabric.packet_wire_bytes),
             self._grid_marks.reshape(-1))
         self._queue_cells = queue.reshape(len(m.ulinks), len(m.uprios))
         self.report.ecn_marks += marked
         self._p_path = p_path
         if self.cc.enabled:
             d_qp, p_qp = m.qp_marking(delivered, p_path)
-            notification_point(m.cc, d_qp, p_qp, self.fabric.mtu_bytes, m.qp_half_rtt,
+            notification_point(m.cc, d_qp, p_qp, self.fabric.packet_wire_bytes, m.qp_half_rtt,
                                self.now + dt, dt, self.cc)
         return p_path
 
@@ -572,7 +589,7 @@ class FluidRateModel:
         h_qp, below, stalled = fk.qp_horizon(
             self.now, cc.rc, m.qp_line, m.qp_stall_until(), cc.cnp_due_ns, cc.timer_ns,
             cc.bytes_since, cc.since_cnp_ns, cc.marks, p_qp, d_qp, dt,
-            float(self.fabric.mtu_bytes), float(self.cc.timer_ns),
+            float(self.fabric.packet_wire_bytes), float(self.cc.timer_ns),
             float(self.cc.byte_counter_bytes), float(self.cc.cnp_interval_ns))
         if stalled:
             return base

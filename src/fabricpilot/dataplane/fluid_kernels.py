@@ -552,13 +552,13 @@ def red_marks(
     kmin_bytes: NDArray[np.float64],
     kmax_bytes: NDArray[np.float64],
     pmax: float,
-    mtu_bytes: float,
+    packet_bytes: float,
     marks: NDArray[np.float64],
 ) -> tuple[NDArray[np.float64], float]:
     """RED marking (:meth:`EcnParams.mark_probability`) of each cell whose egress marks
     (``marking``: a switch port), with the cell's thresholds: returns the probability per
-    cell and the expected marked packets of the step (``served`` bytes / MTU x
-    probability), also added to ``marks``.
+    cell and the expected marked packets of the step (``served`` bytes / ``packet_bytes``,
+    the bytes a packet takes on the wire, x probability), also added to ``marks``.
 
     >>> k = np.full(3, 10.0), np.full(3, 110.0)
     >>> red_marks(np.array([5.0, 60.0, 200.0]), np.full(3, 100.0), np.ones(3, np.bool_),
@@ -576,7 +576,7 @@ def red_marks(
         if q <= lo:
             continue
         p[c] = 1.0 if q >= hi else pmax * (q - lo) / max(hi - lo, 1.0)
-        mk = served[c] * p[c] / mtu_bytes
+        mk = served[c] * p[c] / packet_bytes
         marks[c] += mk
         total += mk
     return p, total
@@ -625,7 +625,7 @@ def queue_marks(
     kmin_bytes: NDArray[np.float64],
     kmax_bytes: NDArray[np.float64],
     pmax: float,
-    mtu_bytes: float,
+    packet_bytes: float,
     marks: NDArray[np.float64],
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], float, float]:
     """Queue depth per cell, RED marking of the step (:func:`red_marks`) and the marking
@@ -633,7 +633,7 @@ def queue_marks(
     cell, path probability per member, expected marked packets, bytes queued at switches)."""
     queue = cell_sums(back, cidx, plen, 0, served.shape[0])
     p_cell, marked = red_marks(queue, served, cell_marks, kmin_bytes, kmax_bytes, pmax,
-                               mtu_bytes, marks)
+                               packet_bytes, marks)
     at_switches = 0.0
     for c in range(queue.shape[0]):
         if cell_marks[c]:
@@ -723,7 +723,7 @@ def qp_horizon(
     mark_probability: NDArray[np.float64],
     delivered_bytes: NDArray[np.float64],
     dt_ns: float,
-    mtu_bytes: float,
+    packet_bytes: float,
     period_ns: float,
     byte_counter_bytes: float,
     cnp_interval_ns: float,
@@ -747,7 +747,7 @@ def qp_horizon(
         p = mark_probability[i]
         if p > 0:
             wait = max(cnp_interval_ns - since_cnp_ns[i], 0.0)
-            rate = delivered_bytes[i] / dt_ns / mtu_bytes * p
+            rate = delivered_bytes[i] / dt_ns / packet_bytes * p
             fill = (1.0 - marks[i]) / rate if rate > 0 else np.inf
             h = min(h, max(wait, fill))
     return h, below_any, stalled_any

@@ -2,9 +2,9 @@
 
 Header model (stated once, used everywhere): every packet carries up to ``mtu_bytes`` of
 payload plus ``header_bytes`` of RoCEv2 headers (Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 +
-ICRC 4 = 58 B, FCS included) plus ``wire_overhead_bytes`` of preamble, start delimiter and
-inter-frame gap (20 B). With a 4096 B MTU the best goodput is 4096 / 4174 = 98.13% of line
-rate.
+ICRC 4 = 58 B; the FCS's 4 B are not counted: 62 counts them) plus ``wire_overhead_bytes``
+of preamble, start delimiter and inter-frame gap (20 B). With a 4096 B MTU the best goodput
+is 4096 / 4174 = 98.13% of line rate.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ class FabricParams:
         0.9813
         """
         return self.mtu_bytes / (self.mtu_bytes + self.header_bytes + self.wire_overhead_bytes)
+
+    @property
+    def packet_wire_bytes(self) -> int:
+        """Bytes a full packet takes on the wire (what ECN marks and CNPs count per packet
+        of the wire bytes a queue serves).
+
+        >>> FabricParams().packet_wire_bytes
+        4174
+        """
+        return self.mtu_bytes + self.header_bytes + self.wire_overhead_bytes
 
     def wire_bytes(self, payload_bytes: NDArray[np.int64]) -> NDArray[np.int64]:
         """Bytes on the wire for a message of ``payload_bytes``: payload plus per-packet costs.

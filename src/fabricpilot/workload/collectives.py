@@ -446,7 +446,7 @@ def alltoall(ranks: Ranks, size_bytes: int) -> tuple[Stage, ...]:
 
 
 def hierarchical_alltoall(
-    ranks: Ranks, size_bytes: int, gpus_per_host: int
+    ranks: Ranks, size_bytes: int, gpus_per_host: int, *, pipelined: bool = True
 ) -> tuple[Stage, ...]:
     """AlltoAll in NCCL PXN style on rail-optimised hosts (``S`` bytes per rank).
 
@@ -458,11 +458,18 @@ def hierarchical_alltoall(
     * stage B (inter-host, same rail): ``(a, r) -> (b, r)`` for ``b != a`` carries the chunks
       every GPU of host ``a`` owes ``(b, r)``: ``g c`` bytes; skipped if ``h == 1``.
 
-    All transfers are independent (group -1), ``hops = 1``.
+    All transfers are independent (group -1). NCCL pipelines the two: a chunk goes on by
+    rail as soon as it has come over NVLink, so both run at once (``pipelined``, one stage
+    of two message latencies, ``hops = 2``, as ``collective`` plans it: its time is the
+    slower of the NVLink and the rail traffic, not their sum); unpipelined they are two
+    stages of one latency each (``pxn-intra``, then ``pxn-rail``).
 
-    >>> a, b = hierarchical_alltoall(range(8), 800, gpus_per_host=4)
+    >>> a, b = hierarchical_alltoall(range(8), 800, gpus_per_host=4, pipelined=False)
     >>> a.n_transfers, int(a.size_bytes[0]), b.n_transfers, int(b.size_bytes[0])
     (24, 200, 8, 400)
+    >>> (both,) = hierarchical_alltoall(range(8), 800, gpus_per_host=4)
+    >>> both.n_transfers, both.hops, both.label
+    (32, 2, 'pxn')
     """
     m = host_matrix(ranks, gpus_per_host)
     s = _size(size_bytes)
@@ -484,6 +491,11 @@ def hierarchical_alltoall(
         dst = m[qj, :].reshape(-1)
         stages.append(Stage(src=src, dst=dst, size_bytes=_full(len(src), g * c),
                             group=_full(len(src), -1), hops=1, label="pxn-rail"))
+    if pipelined and len(stages) == 2:
+        a, b = stages
+        stages = [Stage(src=np.concatenate([a.src, b.src]), dst=np.concatenate([a.dst, b.dst]),
+                        size_bytes=np.concatenate([a.size_bytes, b.size_bytes]),
+                        group=np.concatenate([a.group, b.group]), hops=2, label="pxn")]
     return _frozen(tuple(stages))
 
 

@@ -166,6 +166,21 @@ def test_a_failure_that_cuts_a_gpu_off_is_reported_not_hung(tmp_path: Path) -> N
 
 
 
+@pytest.mark.parametrize("policy", ["ecmp", "adaptive", "spray", "task-aware", "ideal"])
+def test_a_job_cut_off_for_a_while_is_named_so_whatever_the_policy(tmp_path: Path,
+                                                                  policy: str) -> None:
+    """gpu0's only NIC link is down from 1 to 3 ms, back before routing would converge
+    (5 ms): the ring's streams from gpu0 have no path at all meanwhile, under any policy,
+    so the fault cut the job off, and says so (those without a controller learnt no more
+    than that their packets were lost, and named it among the jobs hit only)."""
+    down = {"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 1_000_000,
+            "until_ns": 3_000_000}
+    r = run_policy(_scenario(tmp_path, [RING], [down]), policy)
+    (f,) = r.faults
+    assert f["partitioned"] == ["ring"] and not r.aborted
+    assert f["job_stall_us"]["ring"] >= 2000.0
+
+
 @pytest.mark.parametrize("policy", ["ideal", "spray", "ecmp", "task-aware"])
 def test_a_stage_that_starts_with_no_path_left_stops_its_job_or_waits(tmp_path: Path,
                                                                        policy: str) -> None:

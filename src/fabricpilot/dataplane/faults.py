@@ -179,6 +179,7 @@ class FaultsMixin:
         # which fault holds a link down (of several, the first to begin) or else gray
         self._owner_fault = np.full(n, -1, np.int64)
         self._holders: dict[int, list[int]] = {}  # link -> the faults holding it down
+        self._seen_dead: set[int] = set()  # members (keys) found on a dead link once
         self._gray_fault = np.full(n, -1, np.int64)  # link -> the fault making it gray
         self._records: dict[int, FaultRecord] = {}
         self._known_down = np.zeros(n, bool)    # the links the neighbours have seen down
@@ -322,6 +323,33 @@ class FaultsMixin:
             if self._loss_since:  # (packets get through again: their QPs' retries succeed)
                 self._end_losses_off_dead_links()
         self._dirty = True
+
+    def _name_cut_off(self, mem: NDArray[np.int64]) -> None:
+        """The jobs of members ``mem`` (sending into a dead link) that have no path left in
+        the fabric as it is now are cut off, by the faults that cut them
+        (:meth:`_pair_faults`), whatever the policy: one that learns of it only when routing
+        converges (or not before the repair) had the job cut off all the same. Each member
+        is looked at once (the first time it is found on a dead link)."""
+        keys = self._m_key[mem]
+        fresh = np.array([k not in self._seen_dead for k in keys.tolist()], bool)
+        mem = mem[fresh]
+        self._seen_dead.update(keys[fresh].tolist())
+        if not len(mem):
+            return
+        src, dst = self._member_endpoints(mem)
+        known = (src >= 0) & (dst >= 0)
+        mem, src, dst = mem[known], src[known], dst[known]
+        if not len(mem):
+            return
+        down = self._phys_down
+        cut = ~self._routed(src, dst, down, with_links_down(self.ct, down))
+        if not cut.any():
+            return
+        owners = self._row_owner[self._member_rows()[mem[cut]]].tolist()
+        for j, fs in zip(owners, self._pair_faults(src[cut], dst[cut], down), strict=True):
+            if j >= 0:
+                for f in sorted(fs):
+                    self._cut_off_by(f, j)
 
     def _set_holders(self, links: list[int], fault: int, down: bool | None) -> None:
         """Fault ``fault`` takes ``links`` down (``down``), lets them up (``not down``: its own
@@ -1360,6 +1388,8 @@ class FaultsMixin:
                               out=np.ones(len(r)), where=(d_row > 0) & (d_row < 1))
             resent = np.where(dead, sent * np.maximum(waste, 1.0),
                               np.where(black, sent, sent * (1.0 - gray_useful)))
+            if dead.any():
+                self._name_cut_off(mem[dead])
             # (a stream a gray link loses every packet of retries as one on a dead link)
             lost_all = dead | black
             for fid, st in zip(self._row_flow[r[lost_all]].tolist(),

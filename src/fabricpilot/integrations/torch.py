@@ -41,7 +41,8 @@ What goes over the wire:
   announcement per bucket per group instead of one per rank. It announces a bucket the first
   time this ``(bucket index, size in bytes)`` is seen (DDP re-buckets once after the first
   iteration, so expect announcements in the first two iterations and none after). The HTTP
-  request is made on a background thread: the hook never waits for the controller. Then it
+  requests are made on background threads (up to :data:`ANNOUNCE_THREADS` at once, a
+  bucket's announcements in order): the hook never waits for the controller. Then it
   runs the same AllReduce as torch's default ``allreduce_hook`` (divide by the group size,
   ``all_reduce`` asynchronously), so gradients are exactly those of plain DDP.
 * When training is over (:meth:`CommIntent.close`, or the interpreter's exit), rank 0
@@ -112,6 +113,9 @@ GPU_OFFSET_ENV = "FABRICPILOT_GPU_OFFSET"
 ALGO_ENV = "NCCL_ALGO"
 
 DEFAULT_TASK_ID = "ddp-job"
+ANNOUNCE_THREADS = 8
+"""Announcements sent at once (each waits for the controller's next plan, which takes
+whatever has come meanwhile)."""
 DEFAULT_SLA_US = 1_000.0
 """The SLA used when none is given (the service's default for announced calls)."""
 DEFAULT_DECLARED_SIZE_BYTES = 25 << 20
@@ -281,8 +285,9 @@ class CommIntent:
     _announcer: bool | None = field(default=None, repr=False)
     _queue: deque[tuple[tuple[int, int], list[int]]] = field(default_factory=deque, repr=False)
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
-    _busy: bool = field(default=False, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
+    _in_flight: int = field(default=0, repr=False)  # announcements being sent
+    _sending: set[int] = field(default_factory=set, repr=False)  # their bucket indices
+    _threads: list[threading.Thread] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
     _warned: set[str] = field(default_factory=set, repr=False)
 
@@ -314,31 +319,52 @@ class CommIntent:
                     return False
                 self._queue.append((key, ranks))
                 self._cond.notify_all()
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="fabricpilot-announce")
-                    self._thread.start()
+                # (each announcement waits for a plan: sent one after another, a model's
+                # hundreds of buckets took minutes to reach the controller)
+                if len(self._threads) < min(ANNOUNCE_THREADS,
+                                            len(self._queue) + self._in_flight):
+                    t = threading.Thread(target=self._run, daemon=True,
+                                         name=f"fabricpilot-announce-{len(self._threads)}")
+                    self._threads.append(t)
+                    t.start()
             return True
         except Exception as err:  # anything at all: training goes on
             self._warn_once("hook", f"fabricpilot: cannot announce bucket {key[0]}: "
                                     f"{type(err).__name__}: {err}; training continues")
             return False
 
+    def _next(self) -> tuple[tuple[int, int], list[int]] | None:
+        """The first queued announcement whose bucket has none being sent (a bucket's
+        announcements reach the controller in order: a re-bucketed size replaces the
+        first), taken off the queue; None if there is none."""
+        for i, (key, ranks) in enumerate(self._queue):
+            if key[0] not in self._sending:
+                del self._queue[i]
+                return key, ranks
+        return None
+
     def _run(self) -> None:
-        """The announcing thread: send queued announcements until closed."""
+        """An announcing thread (up to :data:`ANNOUNCE_THREADS` send at once, in the order
+        queued, one at a time per bucket): send queued announcements until closed."""
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                item = None
+                while not self._closed or self._queue:
+                    item = self._next()
+                    if item is not None or (self._closed and not self._in_flight):
+                        break
                     self._cond.wait()
-                if not self._queue:
+                if item is None:
                     return
-                key, ranks = self._queue.popleft()
-                self._busy = True
+                key, ranks = item
+                self._in_flight += 1
+                self._sending.add(key[0])
             try:
                 self._announce(key, ranks)
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._in_flight -= 1
+                    self._sending.discard(key[0])
                     self._cond.notify_all()
 
     def _announce(self, key: tuple[int, int], ranks: list[int]) -> None:
@@ -378,7 +404,8 @@ class CommIntent:
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued announcement was sent (or failed); False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+            return self._cond.wait_for(lambda: not self._queue and not self._in_flight,
+                                       timeout_s)
 
     def close(self, timeout_s: float = 30.0, *, withdraw: bool = True) -> None:
         """Send what is queued (waiting up to ``timeout_s``), stop the announcing thread,
@@ -391,21 +418,23 @@ class CommIntent:
         deadline = time.monotonic() + timeout_s
         if not self.flush(timeout_s):
             with self._cond:
-                pending = len(self._queue) + int(self._busy)
+                pending = len(self._queue) + self._in_flight
             log.warning("fabricpilot: %d announcement(s) not sent within %g s; "
                         "dropping them", pending, timeout_s)
         with self._cond:
             self._closed = True
             self._queue.clear()
             self._cond.notify_all()
-        if self._thread is not None:
-            # a request in flight ends with the client's own timeout; the thread is a daemon
-            self._thread.join(max(deadline - time.monotonic(), 0.0))
+        for t in self._threads:
+            # a request in flight ends with the client's own timeout; the threads are daemons
+            t.join(max(deadline - time.monotonic(), 0.0))
         if withdraw and self.job is not None and self.client is not None:
             try:
                 self.client.withdraw_job(self.task_id)
             except Exception as err:  # (the job stays declared: an operator withdraws it)
-                log.warning("fabricpilot: cannot withdraw job %r: %s", self.task_id, err)
+                # (a controller already said to be unreachable: one warning line in all)
+                (log.info if "unreachable" in self._warned else log.warning)(
+                    "fabricpilot: cannot withdraw job %r: %s", self.task_id, err)
             else:
                 log.info("fabricpilot: withdrew job %s", self.task_id)
         if self.owns_client and self.client is not None:

@@ -704,6 +704,21 @@ def test_nccl_test_sizes_and_counts_are_nccl_tests(op: str, asked: int, n: int, 
     assert nccl_size_and_count(Op(op), asked, n) == (size, count)
 
 
+def test_nccl_test_says_when_policy_and_oversubscription_cannot_matter() -> None:
+    """8 single-GPU hosts fit one leaf: no pair crosses a spine, so an oversubscribed or
+    adaptive fabric gives ECMP's figures; said so on stderr, the sweep printed as ever."""
+    res = cli("nccl-test", "--gpus", "8", "--gpus-per-host", "1", "--oversubscription", "2",
+              "-b", "1M", "-e", "1M")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == (
+        "warning: nccl-test: the 8 hosts share one leaf per rail, so no traffic crosses a "
+        "spine: --policy and --oversubscription change nothing (more than 64 hosts have "
+        "spines)")
+    assert "switches: 1 tier-1)" in res.stdout
+    quiet = cli("nccl-test", "--gpus", "8", "--gpus-per-host", "1", "-b", "1M", "-e", "1M")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
 def test_nccl_test_out_writes_the_sweep_as_printed(tmp_path: Path) -> None:
     res = cli("nccl-test", "--op", "allgather", "--gpus", "16", "-b", "1M", "-e", "4M",
               "--out", str(tmp_path / "sweep"))

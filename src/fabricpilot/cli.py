@@ -764,6 +764,12 @@ def nccl_test(
         sizes = sweep_sizes(_size(min_bytes, "--min-bytes"), _size(max_bytes, "--max-bytes"),
                             step_factor)
         ct = default_cluster(gpus, gpus_per_host, rate_gbps, oversubscription)
+        if not (ct.switch_tier > 1).any() and (policy != "ecmp" or oversubscription > 1):
+            # (the leaves take up to 64 hosts: up to that, a rail's hosts share one leaf)
+            _warn("nccl-test", [f"the {gpus // gpus_per_host} hosts share one leaf per rail, "
+                                "so no traffic crosses a spine: --policy and "
+                                "--oversubscription change nothing (more than 64 hosts "
+                                "have spines)"])
         _print(f"# fabricpilot nccl-test: {op}, {gpus} GPUs ({ct.topo.summary()}), "
               f"{rate_gbps:g} Gb/s, policy {policy}")
         _print("#")

@@ -388,7 +388,8 @@ class Client:
         operators only (a tenant token declares for its own tenant). Returns the job:
         ``task_id``, ``tenant``, ``gpus``, ``calls``, ``sla_level``, ``sla_met`` (``None``
         until a plan has checked the intent, and for a job that did not opt in),
-        ``path_sets``, ``planned``, ...
+        ``path_sets`` (installed), ``planned`` (a plan has run since the job last changed,
+        whether or not it gave the job paths), ...
 
         >>> fp.declare_job("llm", [0, 1, 8, 9], [{"pattern": "allreduce",  # doctest: +SKIP
         ...                "size_bytes": 64 << 20, "sla_us": 500}])["planned"]

@@ -301,3 +301,15 @@ def test_peak_fabric_utilization_is_blank_with_no_fabric_link(tmp_path: Path,
         peak = float(two.link_peak_util[fabric].max())
         assert 0 < peak <= 1 + 1e-9
         assert fabric_cells(two)[4] == f"{peak:.0%}"
+
+
+def test_every_policy_has_a_colour_of_its_own_in_every_report() -> None:
+    """A policy's colour follows its name, not its place among ``-p`` (ECMP was blue in
+    one report and flowlet in another): every registered policy has a colour, no two the
+    same."""
+    from fabricpilot.balancing import POLICIES
+    from fabricpilot.report.plots import policy_color
+
+    colours = {name: policy_color(name) for name in POLICIES}
+    assert len(set(colours.values())) == len(colours)
+    assert policy_color("not-a-policy") not in colours.values()

@@ -40,9 +40,12 @@ from fabricpilot.units import format_bytes
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# one colour per policy, the same in every plot (matplotlib's tab10, in a fixed order)
+# one colour per policy, the same in every plot and every report, whatever policies a run
+# compares and in whichever order (matplotlib's tab10)
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
+_POLICY_ORDER = ("ecmp", "adaptive", "task-aware", "ideal", "sla-aware", "spray", "spray-ooo",
+                 "flowlet", "adaptive-split")
 
 
 # ------------------------------------------------------------------------- the data
@@ -136,6 +139,16 @@ def _color(i: int) -> str:
     return _COLORS[i % len(_COLORS)]
 
 
+def policy_color(policy: str) -> str:
+    """The colour of ``policy`` in every plot (ECMP blue, adaptive orange, task-aware
+    green, ideal red, ...; a policy not listed: the tenth colour).
+
+    >>> policy_color("ecmp"), policy_color("task-aware"), policy_color("mine")
+    ('#1f77b4', '#2ca02c', '#17becf')
+    """
+    return _COLORS[_POLICY_ORDER.index(policy) if policy in _POLICY_ORDER else -1]
+
+
 def plot_busbw(results: Sequence[RunResult], path: Path) -> Path:
     """Grouped bars: each job's busbw under each policy, labelled to three significant
     figures at most (3.8 and 4.2 GB/s do not both read 4); a job a fault stopped is
@@ -148,7 +161,7 @@ def plot_busbw(results: Sequence[RunResult], path: Path) -> Path:
     for k, r in enumerate(results):
         values = [data[j][r.policy] for j in jobs]
         bars = ax.bar(x + (k - (len(results) - 1) / 2) * width, values, width,
-                      label=r.policy, color=_color(k))
+                      label=r.policy, color=policy_color(r.policy))
         labels = []
         for bar, j, v in zip(bars, jobs, values, strict=True):
             stopped = j in r.aborted
@@ -160,7 +173,7 @@ def plot_busbw(results: Sequence[RunResult], path: Path) -> Path:
     from matplotlib.patches import Patch
 
     # (the legend's own patches: a series' first bar may be hatched)
-    handles = [Patch(color=_color(k), label=r.policy) for k, r in enumerate(results)]
+    handles = [Patch(color=policy_color(r.policy), label=r.policy) for r in results]
     if any(j in r.aborted for r in results for j in jobs):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//",
                              label="stopped by a fault"))
@@ -180,10 +193,11 @@ def plot_slowdowns(results: Sequence[RunResult], path: Path) -> Path | None:
     if not any(len(x) for _, (x, _) in curves):
         return None
     fig, ax = _figure()
-    for k, (policy, (x, y)) in enumerate(curves):
+    for policy, (x, y) in curves:
         if len(x):
             p99 = float(np.quantile(x, 0.99))
-            ax.step(x, y, where="post", color=_color(k), label=f"{policy} (p99 {p99:.2f})")
+            ax.step(x, y, where="post", color=policy_color(policy),
+                    label=f"{policy} (p99 {p99:.2f})")
     from matplotlib.ticker import FuncFormatter
 
     ax.set_xscale("log")
@@ -228,12 +242,15 @@ def plot_utilization(results: Sequence[RunResult], path: Path) -> Path:
     """The CDF of the fabric links' mean utilisation per policy: a policy that spreads its
     traffic has a steep curve, one that collides a long tail of hot links."""
     fig, ax = _figure()
-    for k, r in enumerate(results):
+    for r in results:
         u, frac = ecdf(fabric_utilization(r))
         if len(u):
             # (the busiest link's mean over the run, not the tables' peak utilisation)
-            ax.step(u, frac, where="post", color=_color(k),
+            ax.step(u, frac, where="post", color=policy_color(r.policy),
                     label=f"{r.policy} (busiest link's mean {u[-1]:.0%})")
+    from matplotlib.ticker import PercentFormatter
+
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))  # (in %, as the legend and tables)
     return _finish(fig, ax, "mean utilisation over the run", "fraction of fabric links",
                    "fabric link utilisation", path)
 
@@ -247,12 +264,16 @@ def plot_iterations(results: Sequence[RunResult], path: Path) -> Path | None:
     fig, ax = _figure()
     styles = ("-", "--", ":", "-.")
     jobs = [j.name for j in results[0].jobs]
-    for k, (policy, per_job) in enumerate(times):
+    markers = ("o", "s", "^", "D")
+    for policy, per_job in times:
         for m, job in enumerate(jobs):
             ms = per_job.get(job, [])
             if ms:
-                ax.plot(range(len(ms)), ms, styles[m % len(styles)], marker="o", markersize=3,
-                        color=_color(k), label=f"{job}, {policy}")
+                # (a marker of its own per job too: in the legend's short sample a marker
+                # hid the dashes that told the jobs apart)
+                ax.plot(range(len(ms)), ms, styles[m % len(styles)],
+                        marker=markers[m % len(markers)], markersize=3,
+                        color=policy_color(policy), label=f"{job}, {policy}")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -267,9 +288,9 @@ def plot_queues(results: Sequence[RunResult], path: Path) -> Path | None:
     if not any(len(t) for _, (t, _) in series):
         return None
     fig, ax = _figure()
-    for k, (policy, (t, q)) in enumerate(series):
+    for policy, (t, q) in series:
         if len(t):
-            ax.plot(t, q / 2**20, color=_color(k), label=policy)
+            ax.plot(t, q / 2**20, color=policy_color(policy), label=policy)
     return _finish(fig, ax, "time (ms)", "queued in switches (MiB)", "queues (fluid model)",
                    path)
 

@@ -427,6 +427,8 @@ CLI_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                                    "ber": 0.7}]},
                       "faults.events[0].ber", "(0, 0.5]"),
     "debounce count": ({"debounce": {"count": 0}}, "faults.debounce.count", ">= 1"),
+    "empty link": ({"events": [{**OK_EVENT, "link": ""}]}, "faults.events[0].link",
+                   "must not be empty"),
 }
 
 

@@ -324,6 +324,10 @@ def _readable(error: ErrorDetails) -> tuple[str, str]:
         return field, f"must be a list (got {_short(got)})"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return field, f"must be a mapping of keys (got {_short(got)})"
+    if kind == "string_too_short":
+        least = ctx.get("min_length", 1)
+        return field, ("must not be empty" if least == 1 else
+                       f"must have at least {least} characters (got {_short(got)})")
     if kind == "too_short":
         least = ctx.get("min_length", 1)
         noun = "character" if isinstance(got, str) else "item"

@@ -172,13 +172,16 @@ def test_a_job_cut_off_for_a_while_is_named_so_whatever_the_policy(tmp_path: Pat
     """gpu0's only NIC link is down from 1 to 3 ms, back before routing would converge
     (5 ms): the ring's streams from gpu0 have no path at all meanwhile, under any policy,
     so the fault cut the job off, and says so (those without a controller learnt no more
-    than that their packets were lost, and named it among the jobs hit only)."""
+    than that their packets were lost, and named it among the jobs hit only). Nothing of
+    it could move: the fault has no reroute time under any policy (task-aware and ideal
+    gave the time they reacted, or the repair's)."""
     down = {"kind": "link_down", "link": "gpu0-leaf0", "at_ns": 1_000_000,
             "until_ns": 3_000_000}
     r = run_policy(_scenario(tmp_path, [RING], [down]), policy)
     (f,) = r.faults
     assert f["partitioned"] == ["ring"] and not r.aborted
     assert f["job_stall_us"]["ring"] >= 2000.0
+    assert f["reroute_us"] is None and f["streams_moved"] == 0
 
 
 @pytest.mark.parametrize("policy", ["ideal", "spray", "ecmp", "task-aware"])

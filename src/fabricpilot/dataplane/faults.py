@@ -572,16 +572,28 @@ class FaultsMixin:
     def _reroute(self, fault_id: int | None, ct2: Any | None = None,
                  faults: set[int] | None = None) -> None:
         """Move the members on links routing now avoids (the converged view ``ct2``, or
-        what the controller knows) to new paths, and resume the paused streams."""
+        what the controller knows) to new paths, and resume the paused streams. A fault is
+        rerouted once none of its traffic is left on its dead links while they are down
+        (traffic with no path left, cut off, waits for the repair: the fault then has no
+        reroute time, whatever the policy)."""
+        if faults is None:
+            faults = {fault_id} if fault_id is not None else set()
+        self._move_off(ct2, faults)
+        links_of = {info.fault_id: np.asarray(info.links, np.int64)
+                    for info in (self._ft.faults if self._ft is not None else [])
+                    if info.fault_id in faults}
+        for f in faults:
+            rec = self._records[f]
+            dead = links_of.get(f, np.zeros(0, np.int64))
+            dead = dead[self._phys_down[dead]]  # (none: over before its traffic moved)
+            if rec.rerouted_ns is None and len(dead) and not self._members_on(dead).any():
+                rec.rerouted_ns = self.now
+
+    def _move_off(self, ct2: Any | None, faults: set[int]) -> None:
+        """:meth:`_reroute`'s moves."""
         known = self._known_down.copy() if ct2 is None else self._route_down
         self._rejoin(known)
         hit = self._members_on(np.flatnonzero(known))
-        if faults is None:
-            faults = {fault_id} if fault_id is not None else set()
-        for f in faults:
-            rec = self._records[f]
-            if rec.rerouted_ns is None:
-                rec.rerouted_ns = self.now
         if hit.any() and getattr(self.policy, "sprays", False):
             hit = self._spread_off(hit, ct2, faults)
             self._rejoin(known)  # (a stream cut off may be left with live paths only)

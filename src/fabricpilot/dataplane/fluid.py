@@ -228,20 +228,22 @@ class FluidRateModel:
         self._queue_cells = np.zeros((len(new.ulinks), len(new.uprios)))
 
     def _first_horizon(self, m: _Members) -> float:
-        """The first step after the flows changed: ``step_ns``, or less if a row could be
-        done sooner, all its members sending what they have left at their NIC's line rate
+        """The first step after the flows changed: ``step_ns``, or less if a row that has
+        just started could be done sooner, all its members sending at their NIC's line rate
         (else a transfer shorter than a step took a whole step: 4 KiB at 400 Gb/s, 84 ns,
-        took 500)."""
+        took 500). Rows already sending are left to the steps (the engine's estimate of
+        their end from their rates): cut short at each of their ends, a congested run's
+        completions came one per step, not together, and took three times as long."""
         step = float(self.fp.step_ns)
         if not m.n:
             return step
-        left_ns = np.maximum(m.target - m.injected, 0.0) * 8.0 / np.maximum(m.line_rate, 1e-9)
+        new = np.bincount(m.row, weights=m.injected > 0, minlength=m.n_rows) == 0
         row_ns = np.zeros(m.n_rows)
-        np.maximum.at(row_ns, m.row, left_ns)
-        sending = np.bincount(m.row, weights=left_ns > 0, minlength=m.n_rows) > 0
-        if not sending.any():
+        np.maximum.at(row_ns, m.row, m.target * 8.0 / np.maximum(m.line_rate, 1e-9))
+        short = new & (row_ns > 0) & (row_ns < step)
+        if not short.any():
             return step
-        return float(min(step, max(math.ceil(float(row_ns[sending].min())), 1)))
+        return float(max(math.ceil(float(row_ns[short].min())), 1))
 
     def _fold_grid(self, m: _Members, into_sample: bool = True) -> None:
         """Add the grid accumulators of members ``m`` into the per-link arrays (also into

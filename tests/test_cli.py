@@ -704,6 +704,20 @@ def test_nccl_test_sizes_and_counts_are_nccl_tests(op: str, asked: int, n: int, 
     assert nccl_size_and_count(Op(op), asked, n) == (size, count)
 
 
+def test_json_to_stdout_leaves_the_tables_to_stderr(tmp_path: Path) -> None:
+    """``--json -`` (for ``| jq``): stdout is the summary alone, the same as ``--json FILE``
+    writes, and the tables go to stderr (it wrote a file named '-')."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    piped = cli("run", str(path), "-p", "ecmp", "--json", "-", "--reproducible")
+    assert piped.returncode == 0, piped.stderr
+    assert not (ROOT / "-").exists()
+    filed = cli("run", str(path), "-p", "ecmp", "--json", str(tmp_path / "s.json"),
+                "--reproducible")
+    assert json.loads(piped.stdout) == json.loads((tmp_path / "s.json").read_text())
+    assert "policy" in piped.stderr and "busbw GB/s" in piped.stderr
+    assert "summary written" in filed.stdout and "summary written" not in piped.stderr
+
+
 def test_nccl_test_says_when_policy_and_oversubscription_cannot_matter() -> None:
     """8 single-GPU hosts fit one leaf: no pair crosses a spine, so an oversubscribed or
     adaptive fabric gives ECMP's figures; said so on stderr, the sweep printed as ever."""

@@ -126,7 +126,9 @@ def run(
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Policy to run (repeat to compare); default: scenario's.")] = None,
     json_path: Annotated[Path | None, typer.Option(
-        "--json", parser=_output_path, help="Write the JSON summary here.")] = None,
+        "--json", parser=_output_path,
+        help="Write the JSON summary here ('-': to stdout, the tables then to stderr).")
+    ] = None,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", parser=_output_path,
         help="Write CSV tables (flows, collectives, iterations, links; with "
@@ -161,6 +163,10 @@ def run(
     from fabricpilot.runner import config_warnings, interference, prepare, run_policy
 
     source: str | None = None  # (named in errors once the scenario is read)
+    # `--json -`: the summary is stdout (for a pipe: `| jq`), the tables go to stderr
+    to_stdout = json_path is not None and str(json_path) == "-"
+    con = err if to_stdout else out
+    json_path = None if to_stdout else json_path
     try:
         if seed is not None and seed < 0:
             _fail(f"--seed: must be >= 0, got {seed}")
@@ -181,7 +187,7 @@ def run(
             _check_out_layout(out_dir, policies)
         prep = prepare(sc, source)
         _warn(source, config_warnings(sc, prep))
-        out.print(f"[bold]{escape(sc.name)}[/]: {escape(prep.topology.topo.summary())}; "
+        con.print(f"[bold]{escape(sc.name)}[/]: {escape(prep.topology.topo.summary())}; "
                   f"{_count(len(prep.jobs), 'job')}"
                   + (f", {_count(len(prep.mice), 'mouse', 'mice')}" if prep.mice else ""),
                   highlight=False, soft_wrap=True)
@@ -216,37 +222,40 @@ def run(
                         progress=lambda job, d, t, task=task: bar.update(
                             task, completed=offset[job] + d))
         reference = next((r for r in results if r.policy == "ideal"), None)
-        out.print(comparison_table(shown, reference))
+        con.print(comparison_table(shown, reference))
         if reference is not None and "ideal" not in policies:  # (its figures, to check by)
             ref = ", ".join(f"{escape(j.name)} {reference.mean_busbw_GBps(j.name):.1f}"
                             for j in prep.jobs)
-            out.print(f"of ideal: against `ideal` (run as the reference), busbw GB/s {ref}",
+            con.print(f"of ideal: against `ideal` (run as the reference), busbw GB/s {ref}",
                       highlight=False, soft_wrap=True)
         above = above_reference(shown, reference)
         if above:
-            out.print(f"above ideal: {escape(', '.join(above))}; {ABOVE_REFERENCE}",
+            con.print(f"above ideal: {escape(', '.join(above))}; {ABOVE_REFERENCE}",
                       highlight=False, soft_wrap=True)
-        out.print(fabric_table(shown))
+        con.print(fabric_table(shown))
         faults = fault_table(shown)
         if faults is not None:
-            out.print(faults)
+            con.print(faults)
         for line in run_notes(shown):
-            out.print(escape(line), highlight=False, soft_wrap=True)
+            con.print(escape(line), highlight=False, soft_wrap=True)
         for r in shown:
             if r.controller:
-                out.print(escape(controller_line(r)), highlight=False, soft_wrap=True)
+                con.print(escape(controller_line(r)), highlight=False, soft_wrap=True)
         events = pfc_event_lines(shown)
         if events:
-            out.print("PFC storms and deadlocks:")
+            con.print("PFC storms and deadlocks:")
             for line in events:
-                out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+                con.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
         failed = []  # (one output that cannot be written does not lose the other)
+        if to_stdout:
+            _print(summary_json(shown, include_wall_time=not reproducible,
+                                reference=reference).rstrip("\n"), flush=True)
         if json_path is not None:
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(summary_json(shown, include_wall_time=not reproducible,
                                                   reference=reference))
-                out.print(f"summary written to {escape(str(json_path))}", highlight=False,
+                con.print(f"summary written to {escape(str(json_path))}", highlight=False,
                           soft_wrap=True)
             except OSError as e:
                 failed.append(f"--json: cannot write {json_path}: {e.strerror or e}")
@@ -263,13 +272,13 @@ def run(
             for r in shown:
                 ts = r.model_report.timeseries if r.model_report is not None else None
                 if ts is not None and ts.interval_ns > sc.fabric.fluid.sample_interval_ns:
-                    out.print(f"{r.policy}: timeseries.csv has one sample every "
+                    con.print(f"{r.policy}: timeseries.csv has one sample every "
                               f"{ts.interval_ns / 1e3:g} us (configured "
                               f"{sc.fabric.fluid.sample_interval_ns / 1e3:g} us; the run needed "
                               f"more than fabric.fluid.max_timeseries_rows="
                               f"{sc.fabric.fluid.max_timeseries_rows:,} rows)", highlight=False,
                               soft_wrap=True)
-            out.print(escape(f"tables written to {out_dir}/<policy>/, plots and report to "
+            con.print(escape(f"tables written to {out_dir}/<policy>/, plots and report to "
                              f"{out_dir}/report.html"), highlight=False, soft_wrap=True)
         if failed or crashed:
             _fail("; ".join(crashed + failed))

@@ -244,6 +244,24 @@ def test_a_gray_link_is_acted_on_after_exactly_k_detections(tmp_path: Path) -> N
     assert out_e.faults[0].detected_ns is None
 
 
+def test_a_gray_link_that_only_loses_frames_is_found_by_its_uncorrectable_errors(
+        tmp_path: Path) -> None:
+    """A loss of 1 packet in 1 000 on leaf0-spine0 with no bit error rate given: no rise in
+    corrected errors, but the frames FEC could not correct (some 12 per 1 ms sample at
+    400 Gb/s, 3e-8 per bit, above 1e-12): the controller acts on the third sample of a
+    direction that carries the ring, about 3 ms in, and moves it off (it was invisible:
+    the ring lost 1 packet in 1 000 and went back N for each to the end)."""
+    gray = [{"kind": "gray", "link": "leaf0-spine0", "at_ns": 0, "drop_probability": 1e-3}]
+    out, pol = _gray_run(tmp_path, "task-aware", events=gray)
+    acts = pol.gray_actions
+    assert acts and all(real and k == 3 for _, _, real, k in acts)
+    (f,) = out.faults
+    assert 3_000_000 <= f.detected_ns <= 3_000_000 + 200_000 + 50_000
+    assert f.rerouted_ns is not None and pol.controller.degraded
+    out_e, _ = _gray_run(tmp_path, "ecmp", events=gray)  # (no controller: never found)
+    assert out_e.faults[0].detected_ns is None
+
+
 def test_a_lossy_gray_link_costs_go_back_n_resends_without_a_controller(
         tmp_path: Path) -> None:
     """A loss in 10 000 packets on a link of the 8-GPU ring: go-back-N resends the lost
@@ -305,13 +323,15 @@ def test_a_stall_under_overlapping_faults_is_charged_to_the_first_then_the_next(
 def test_a_gray_link_that_loses_every_packet_stalls_and_then_stops_its_job(
         tmp_path: Path, policy: str) -> None:
     """A gray link of drop 1 on leaf0-spine0 (a black hole: the link state shows nothing,
-    and without a BER no counter either) under the ring's two streams crossing that cable
-    (one each way), at 400 Gb/s = 50 bytes/ns each. Cleared at 3 ms, it costs exactly its
-    2 ms (nothing gets through; once packets do, go-back-N resends at once): 2 x 50 x 2e6 =
-    200 MB lost. For good, the job is hung: stopped after 100 ms with no progress and
-    nothing to come but the policy's rounds (10 GB lost), or, with 7 retries of 4 ms, when
-    its QP errors out 8 x 4 = 32 ms after the loss began (3.2 GB). Its useful share used to
-    be 1 / (2 + W), so the job went on at a crawl for ever, then the run failed."""
+    and without a BER no corrected error either) under the ring's two streams crossing that
+    cable (one each way), at 400 Gb/s = 50 bytes/ns each. Cleared at 3 ms, it costs exactly
+    its 2 ms (nothing gets through; once packets do, go-back-N resends at once): 2 x 50 x
+    2e6 = 200 MB lost. For good, under ECMP the job is hung: stopped after 100 ms with no
+    progress and nothing to come but the policy's rounds (10 GB lost), or, with 7 retries of
+    4 ms, when its QP errors out 8 x 4 = 32 ms after the loss began (3.2 GB). The controller
+    finds it by the frames lost (the third 1 ms sample, about 3 ms in) and moves the ring
+    off: it finishes, stalled from 1 ms to then. Its useful share used to be 1 / (2 + W),
+    so the job went on at a crawl for ever, then the run failed."""
     gray = {"kind": "gray", "link": "leaf0-spine0", "at_ns": 1_000_000, "drop_probability": 1}
     clean = _coll_ns(_scenario(tmp_path, [RING], [{**gray, "at_ns": 900_000_000}]), policy)
     r = run_policy(_scenario(tmp_path, [RING], [{**gray, "until_ns": 3_000_000}]), policy)
@@ -327,6 +347,11 @@ def test_a_gray_link_that_loses_every_packet_stalls_and_then_stops_its_job(
              "RDMA retries exhausted (7 every 4 ms) while its path lost every packet")):
         r = run_policy(_scenario(tmp_path, [RING], [gray], **extra), policy)
         (f,) = r.faults
+        if policy == "task-aware":
+            (c,) = r.collectives
+            assert not r.aborted and 3_000_000 <= f["detection_us"] * 1e3 + 1_000_000 <= 4e6
+            assert f["job_stall_us"]["ring"] == pytest.approx(f["reroute_us"], abs=1.0)
+            continue
         assert r.collectives == [] and why in r.aborted["ring"]
         assert f["partitioned"] == ["ring"] and f["job_stall_us"] == {"ring": hung_ns / 1e3}
         assert f["bytes_lost"] == 2 * 50 * hung_ns

@@ -180,6 +180,8 @@ class LinkTelemetry:
     demand_gbps: NDArray[np.float64]
     now_ns: float = 0.0
     ber: NDArray[np.float64] | None = None  # pre-FEC bit error rate (gray links), if known
+    # post-FEC packet loss (gray links: the frames FEC could not correct), if known
+    drop_probability: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns,
 from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAME = {code: str(kind) for kind, code in LINK_KIND_CODES.items()}
+FRAME_BYTES = 4174  # a full RoCEv2 frame on the wire (the frames a port's counters count)
 _chain = itertools.chain.from_iterable
 _KEY = operator.attrgetter("key")
 _RULES = operator.attrgetter("rules")
@@ -235,16 +236,22 @@ class TaskAware(Adaptive):
         fec_dt = tel.now_ns - self._last_fec_ns
         if tel.ber is not None and fec_dt >= self.ctx.fec_sample_ns:
             # error counters, every fec_sample_ns: FEC decodes idle symbols too, so every
-            # port counts bits at line rate; noisy counters add spurious spikes
+            # port counts bits at line rate; noisy counters add spurious spikes; the frames
+            # FEC could not correct are those of the traffic the link lost (a loss given
+            # without a bit error rate shows there alone)
             self._last_fec_ns = tel.now_ns
             ct = self.ctx.topology
             bits = ct.rate_gbps * fec_dt
             p, spike_ber = self.ctx.fec_noise
             ber = tel.ber + np.where(self._fec_rng.random(ct.n_links) < p, spike_ber, 0.0)
+            drop = tel.drop_probability if tel.drop_probability is not None else \
+                np.zeros(ct.n_links)
+            frames = tel.load_gbps * fec_dt / (8.0 * FRAME_BYTES)
             for i in range(ct.n_links):
                 d = deltas.get(i, PortDelta(i, interval))
                 deltas[i] = replace(d, rx_bits=float(bits[i]),
-                                    fec_corrected=float(bits[i] * ber[i]))
+                                    fec_corrected=float(bits[i] * ber[i]),
+                                    fec_uncorrected=float(frames[i] * drop[i]))
         back, self._ports_back = self._ports_back, set()
         for i, state in [*((i, True) for i in back), *((i, False) for i in self.ports_down)]:
             deltas[i] = replace(deltas.get(i, PortDelta(i, interval)), oper_up=state)
@@ -502,9 +509,10 @@ class TaskAware(Adaptive):
             tick = self.controller.tick(now)
             self.ticks.append(tick)
             self.gray_restored.extend((now, lk) for lk in tick.links_clear)
-            ber = self._telemetry().ber
+            tel = self._telemetry()  # (really gray: bit errors, or frames lost)
             for lk in sorted(self.controller.degraded - before):
-                self.gray_actions.append((now, lk, bool(ber is not None and ber[lk] > 0),
+                real = any(x is not None and x[lk] > 0 for x in (tel.ber, tel.drop_probability))
+                self.gray_actions.append((now, lk, real,
                                           self.controller.gray.per_link.get(lk, 0)))
                 self.confirmed_gray[lk] = now
         moves = self._off_degraded(members, moves, now)

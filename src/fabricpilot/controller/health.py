@@ -1,11 +1,12 @@
 """Link health: gray-failure detection from error counters, with debounce.
 
-A gray link stays up but corrupts bits; the only early sign is the FEC-corrected error rate
-in the port counters. Counters are noisy, so one bad sample must not move traffic: a link is
-*confirmed* degraded only after ``count`` detections (samples above ``threshold``) within
-``window_ns``. ``count = 1`` disables the debounce. Once repaired, a link is *clean* again
-after its samples have stayed at or below ``threshold`` for a soak time (:meth:`GrayDetector.
-clean`).
+A gray link stays up but corrupts bits; the early sign is the FEC-corrected error rate in
+the port counters, and the frames FEC could not correct (lost: a link that loses packets
+with no rise in corrected errors shows there alone). Counters are noisy, so one bad sample
+must not move traffic: a link is *confirmed* degraded only after ``count`` detections
+(samples above a threshold) within ``window_ns``. ``count = 1`` disables the debounce. Once
+repaired, a link is *clean* again after its samples have stayed at or below the thresholds
+for a soak time (:meth:`GrayDetector.clean`).
 """
 
 from __future__ import annotations
@@ -49,9 +50,16 @@ class Debouncer:
         return False
 
 
+UNCORRECTED_THRESHOLD = 1e-12
+"""Uncorrectable frames per bit received above which a sample is a detection: a healthy
+400G link loses well under one frame in a second (0.4 at this rate), a gray one that drops
+one packet in 10 000 at line rate some 1 200."""
+
+
 @dataclass
 class GrayDetector:
     """Flags links whose FEC-corrected error rate exceeds ``threshold`` (per bit received),
+    or whose uncorrectable frames exceed ``uncorrected_threshold`` per bit received,
     debounced. Each port delta that carries error counters (``rx_bits > 0``) is one sample.
 
     >>> g = GrayDetector(1e-6, Debouncer(2, 1e6))
@@ -68,10 +76,17 @@ class GrayDetector:
     []
     >>> g.clean([3], 2500, soak_ns=1000), g.clean([3], 3000, soak_ns=1000)
     ([], [3])
+
+    Frames lost alone (no corrected errors), 2 in 4e11 bits, 5e-12:
+
+    >>> GrayDetector(1e-6, Debouncer(1, 1e6)).update(
+    ...     [PortDelta(4, 1000, fec_uncorrected=2, rx_bits=4e11)], 0)
+    [4]
     """
 
     threshold: float = 1e-6
     debounce: Debouncer = field(default_factory=Debouncer)
+    uncorrected_threshold: float = UNCORRECTED_THRESHOLD
     detections: int = 0
     per_link: dict[int, int] = field(default_factory=dict)  # detections of each link
     # link -> the first sample at or below the threshold since its last detection
@@ -84,7 +99,8 @@ class GrayDetector:
         for d in deltas:
             if d.rx_bits <= 0:
                 continue
-            if d.fec_corrected / d.rx_bits > self.threshold:
+            if (d.fec_corrected / d.rx_bits > self.threshold
+                    or d.fec_uncorrected / d.rx_bits > self.uncorrected_threshold):
                 self.detections += 1
                 self.per_link[d.link_id] = self.per_link.get(d.link_id, 0) + 1
                 clean.pop(d.link_id, None)

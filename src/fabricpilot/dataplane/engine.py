@@ -456,8 +456,9 @@ class Engine(FaultsMixin):
             per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
             row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
             demand = (self._w.T @ row)[self._col] * self._link_share
-        ber = self._ber if self._timeline is not None else None
-        return LinkTelemetry(load, queue, demand, float(self.now), ber)
+        if self._timeline is None:
+            return LinkTelemetry(load, queue, demand, float(self.now))
+        return LinkTelemetry(load, queue, demand, float(self.now), self._ber, self._drop_p)
 
     def _rebalance(self) -> None:
         """Let the policy move active streams to other paths (see :class:`Moves`)."""

@@ -1222,7 +1222,8 @@ class FaultEventSpec(_Model):
     drop_probability: Float | None = Field(
         default=None, ge=0, le=1, allow_inf_nan=False,
         description="gray: per-packet loss after FEC (default: derived from ber with the "
-        "RS(544,514) FEC; without ber the loss is invisible to the FEC counters)",
+        "RS(544,514) FEC; without ber the corrected-error counters show nothing, only the "
+        "frames lost on the traffic that crosses it)",
     )
 
     _quantities = field_validator(

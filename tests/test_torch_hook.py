@@ -207,8 +207,9 @@ def test_an_unmet_sla_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
         state.note_bucket(0, 100)
         state.note_bucket(1, 100)
         assert state.flush(10)
-    assert caplog.text.count("no path meets bucket 0's SLA of 400 us: no path within "
-                             "0.5 us") == 1
+    # (once, for whichever bucket's answer came first: they are announced at once)
+    assert caplog.text.count("no path meets bucket ") == 1
+    assert "'s SLA of 400 us: no path within 0.5 us" in caplog.text
 
 
 def test_each_bucket_is_announced_once() -> None:

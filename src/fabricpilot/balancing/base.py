@@ -182,6 +182,7 @@ class LinkTelemetry:
     ber: NDArray[np.float64] | None = None  # pre-FEC bit error rate (gray links), if known
     # post-FEC packet loss (gray links: the frames FEC could not correct), if known
     drop_probability: NDArray[np.float64] | None = None
+    packet_wire_bytes: int = 4174  # a full frame on the wire (what a port counts frames of)
 
 
 @dataclass(frozen=True, slots=True)

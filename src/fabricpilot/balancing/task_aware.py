@@ -61,7 +61,6 @@ from fabricpilot.topology.paths import max_path_links, pad_paths, path_delay_ns,
 from fabricpilot.workload.jobs import JobSpec
 
 _KIND_NAME = {code: str(kind) for kind, code in LINK_KIND_CODES.items()}
-FRAME_BYTES = 4174  # a full RoCEv2 frame on the wire (the frames a port's counters count)
 _chain = itertools.chain.from_iterable
 _KEY = operator.attrgetter("key")
 _RULES = operator.attrgetter("rules")
@@ -246,7 +245,7 @@ class TaskAware(Adaptive):
             ber = tel.ber + np.where(self._fec_rng.random(ct.n_links) < p, spike_ber, 0.0)
             drop = tel.drop_probability if tel.drop_probability is not None else \
                 np.zeros(ct.n_links)
-            frames = tel.load_gbps * fec_dt / (8.0 * FRAME_BYTES)
+            frames = tel.load_gbps * fec_dt / (8.0 * tel.packet_wire_bytes)
             for i in range(ct.n_links):
                 d = deltas.get(i, PortDelta(i, interval))
                 deltas[i] = replace(d, rx_bits=float(bits[i]),

@@ -458,7 +458,8 @@ class Engine(FaultsMixin):
             demand = (self._w.T @ row)[self._col] * self._link_share
         if self._timeline is None:
             return LinkTelemetry(load, queue, demand, float(self.now))
-        return LinkTelemetry(load, queue, demand, float(self.now), self._ber, self._drop_p)
+        return LinkTelemetry(load, queue, demand, float(self.now), self._ber, self._drop_p,
+                             self.fabric.packet_wire_bytes)
 
     def _rebalance(self) -> None:
         """Let the policy move active streams to other paths (see :class:`Moves`)."""

@@ -341,12 +341,9 @@ class FaultsMixin:
         mem, src, dst = mem[known], src[known], dst[known]
         if not len(mem):
             return
-        down = self._phys_down
-        cut = ~self._routed(src, dst, down, with_links_down(self.ct, down))
-        if not cut.any():
-            return
+        cut, cutters = self._cut_now(src, dst)
         owners = self._row_owner[self._member_rows()[mem[cut]]].tolist()
-        for j, fs in zip(owners, self._pair_faults(src[cut], dst[cut], down), strict=True):
+        for j, fs in zip(owners, cutters, strict=True):
             if j >= 0:
                 for f in sorted(fs):
                     self._cut_off_by(f, j)
@@ -579,9 +576,7 @@ class FaultsMixin:
         if faults is None:
             faults = {fault_id} if fault_id is not None else set()
         self._move_off(ct2, faults)
-        links_of = {info.fault_id: np.asarray(info.links, np.int64)
-                    for info in (self._ft.faults if self._ft is not None else [])
-                    if info.fault_id in faults}
+        links_of = self._fault_links(faults)
         for f in faults:
             rec = self._records[f]
             dead = links_of.get(f, np.zeros(0, np.int64))
@@ -1062,13 +1057,27 @@ class FaultsMixin:
         assert self._ft is not None
         down_now = [info.fault_id for info in self._ft.faults
                     if info.start_ns <= self.now and self._phys_down[list(info.links)].any()]
-        ct = self.ct
-        src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
-        cut = ~self._routed(src, dst, self._phys_down, with_links_down(ct, self._phys_down))
+        cut, per_pair = self._cut_now(np.asarray(src, np.int64), np.asarray(dst, np.int64))
         if not cut.any():
             return []
-        cutters = set().union(*self._pair_faults(src[cut], dst[cut], self._phys_down))
+        cutters = set().union(*per_pair)
         return [f for f in down_now if f in cutters] or down_now
+
+    def _cut_now(self, src: NDArray[np.int64], dst: NDArray[np.int64]
+                 ) -> tuple[NDArray[np.bool_], list[set[int]]]:
+        """Which pairs ``src -> dst`` have no route in the fabric as it is now (links down
+        physically, whatever routing knows yet), and for each of those the faults that cut
+        it (:meth:`_pair_faults`)."""
+        down = self._phys_down
+        cut = ~self._routed(src, dst, down, with_links_down(self.ct, down))
+        return cut, (self._pair_faults(src[cut], dst[cut], down) if cut.any() else [])
+
+    def _fault_links(self, faults: Iterable[int]) -> dict[int, NDArray[np.int64]]:
+        """The directed links of each fault of ``faults``."""
+        want = set(faults)
+        return {info.fault_id: np.asarray(info.links, np.int64)
+                for info in (self._ft.faults if self._ft is not None else [])
+                if info.fault_id in want}
 
     def _pair_faults(self, src: NDArray[np.int64], dst: NDArray[np.int64],
                      down: NDArray[np.bool_], more: list[set[int]] | None = None
@@ -1091,14 +1100,12 @@ class FaultsMixin:
         up_f = np.where(nv, -1, own[ct.gpu_up[src]]).tolist()
         down_f = np.where(nv, -1, own[ct.gpu_down[dst]]).tolist()
         between: dict[tuple[int, int], set[int]] = {}
-        links_of = {info.fault_id: list(info.links)
-                    for info in (self._ft.faults if self._ft is not None else [])}
         mended: dict[int, tuple[NDArray[np.bool_], Any]] = {}  # fault -> (mask, routing)
 
         def reconnects(f: int, s: int, d: int) -> bool:
             if f not in mended:
                 m = down.copy()
-                m[links_of.get(f, [])] = False
+                m[self._fault_links([f]).get(f, np.zeros(0, np.int64))] = False
                 mended[f] = m, with_links_down(ct, m)
             return bool(self._routed(np.array([s]), np.array([d]), *mended[f])[0])
 

@@ -175,6 +175,8 @@ def test_pattern_pairs() -> None:
     assert pattern_pairs("allreduce", (7,)) == []
     with pytest.raises(ValueError, match="'tree' runs an allreduce, not a alltoall"):
         CommCall("alltoall", 1, 1.0, 0, algorithm="tree")
+    with pytest.raises(ValueError, match="'flat' runs an alltoall, not a allreduce"):
+        CommCall("allreduce", 1, 1.0, 0, algorithm="flat")
     with pytest.raises(ValueError, match="unknown algorithm 'nvls'"):
         CommCall("allreduce", 1, 1.0, 0, algorithm="nvls")
 
@@ -215,15 +217,20 @@ def test_explicit_pairs_share_the_nic_among_the_peers_that_use_it() -> None:
     """A job on two hosts of two GPUs (400 Gb/s NICs): declared by pattern, or by the pairs
     that pattern expands into (as the service and the twin declare calls), its demands have
     the same rates. Each ring GPU sends to one NVLink peer and one rail peer: the rail pair
-    uses all of the NIC, 400 Gb/s, not the half of it a count over both peers gives. In an
-    AlltoAll over the 4 GPUs each GPU has 2 peers on the other host: 200 Gb/s each."""
-    for pattern, rail_gbps, n_across in (("allreduce", 400.0, 4), ("alltoall", 200.0, 8)):
+    uses all of the NIC, 400 Gb/s, not the half of it a count over both peers gives. An
+    AlltoAll in NCCL's PXN style is alike: each GPU sends across only to its rail peer
+    (gpu0 -> gpu2), all of its NIC; without PXN (``flat``) each GPU has 2 peers on the
+    other host: 200 Gb/s each."""
+    for pattern, algorithm, rail_gbps, n_across in (
+            ("allreduce", "", 400.0, 4), ("alltoall", "", 400.0, 4),
+            ("alltoall", "flat", 200.0, 8)):
         rates = []
         for explicit in (False, True):
             ctl = Controller(FakeDataPlane(hosts=True))
             pairs = tuple((a, b) for a, b, _ in pattern_pairs(pattern, (0, 1, 2, 3),
-                                                              ctl.host_of))
-            call = CommCall(pattern, 1 << 20, 1000.0, 0, pairs=pairs if explicit else ())
+                                                              ctl.host_of, algorithm))
+            call = CommCall(pattern, 1 << 20, 1000.0, 0, pairs=pairs if explicit else (),
+                            algorithm="" if explicit else algorithm)
             ctl.declare(Intent("j", "t", (0, 1, 2, 3), (call,)))
             rates.append({d.key: d.rate_gbps for d in ctl.demands()})
         assert rates[0] == rates[1], pattern
@@ -231,14 +238,19 @@ def test_explicit_pairs_share_the_nic_among_the_peers_that_use_it() -> None:
                   if (int(k.split(":")[1].split("->")[0]) < 2)
                   != (int(k.split("->")[1]) < 2)}
         assert len(across) == n_across and set(across.values()) == {rail_gbps}, pattern
+        if n_across == 4:  # (the rail peers: gpu0 <-> gpu2 and gpu1 <-> gpu3)
+            assert set(across) == {"j:0->2", "j:2->0", "j:1->3", "j:3->1"}, pattern
 
 
 def test_pattern_pairs_on_hosts_are_the_pairs_of_the_twins_rings() -> None:
     """The pairs the controller expands a pattern into are exactly the GPU pairs of the
-    twin's hierarchical AllReduce and of its rail-ring AllGather and ReduceScatter (built
-    from the same host layout, independently of the controller), and Broadcast's but the
-    hops back into its root, for a job on hosts 1 and 3 of 8 GPUs given out of order; a
-    job uneven over its hosts is one ring in rank order."""
+    twin's hierarchical AllReduce, of its rail-ring AllGather and ReduceScatter and of its
+    PXN AlltoAll (built from the same host layout, independently of the controller), and
+    Broadcast's but the hops back into its root, for a job on hosts 1 and 3 of 8 GPUs
+    given out of order; a job uneven over its hosts is one ring in rank order, and its
+    AlltoAll every ordered pair. PXN's pairs: 2 hosts x 8 x 7 over NVLink and 8 rails x 2
+    across, 128 where the flat AlltoAll has 16 x 15 = 240; each GPU's one rail peer gets
+    all of its NIC, each NVLink peer 1/7 of its NVLink."""
     from fabricpilot.workload.collectives import build_collective
 
     host_of = {g: g // 8 for g in range(32)}
@@ -253,8 +265,17 @@ def test_pattern_pairs_on_hosts_are_the_pairs_of_the_twins_rings() -> None:
             assert twin < got and {b for _, b in got - twin} == {gpus[0]}
         else:
             assert len(twin) == 32 and got == twin, op
+    plan = build_collective("alltoall", gpus, 1 << 20, gpus_per_host=8)
+    twin = {(int(a), int(b)) for st in plan.stages for a, b in zip(st.src, st.dst, strict=True)}
+    pxn = pattern_pairs("alltoall", gpus, host_of)
+    assert plan.algorithm == "pxn" and len(twin) == 2 * 8 * 7 + 8 * 2 == 128
+    assert {(a, b) for a, b, _ in pxn} == twin and len(pxn) == len(twin)
+    assert {s for a, b, s in pxn if a // 8 != b // 8} == {1.0}
+    assert {s for a, b, s in pxn if a // 8 == b // 8} == {1 / 7}
+    assert len(pattern_pairs("alltoall", gpus, host_of, "flat")) == 16 * 15
     uneven = (0, 1, 2, 8)
     assert pattern_pairs("allreduce", uneven, host_of) == pattern_pairs("allreduce", uneven)
+    assert len(pattern_pairs("alltoall", uneven, host_of)) == 4 * 3
 
 
 def test_the_controller_imports_no_simulator_code() -> None:
@@ -2098,19 +2119,24 @@ def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
         fail(cable(_hottest(table)))
 
 
+@pytest.mark.parametrize("rails", [True, False])
 def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The demands a call's pairs get at once (the common case: GPUs of different hosts,
-    each with one NIC) are those the pair-by-pair way gives, in the same order: the GPUs'
-    NIC links as head and tail around the tuple of fewest-hop switch paths between their
-    leaves, shared by the pairs of those leaves. Pairs of GPUs in one host (NVSwitch and
-    fabric both in common) are left to the pair-by-pair way."""
+        monkeypatch: pytest.MonkeyPatch, rails: bool) -> None:
+    """The demands a call's pairs get at once (the common case: each GPU with one NIC)
+    are those the pair-by-pair way gives, in the same order: the GPUs' NIC links as head
+    and tail around the tuple of fewest-hop switch paths between their leaves, shared by
+    the pairs of those leaves. Pairs of GPUs in one host (NVSwitch and fabric both in
+    common) take the way of fewer hops: on rail-optimised hosts NVLink (2 links, where
+    the two rails' leaves are 4 apart, through a spine), made at once too; with a host's
+    GPUs on one leaf both ways are 2 links and both are candidates: those pairs are left
+    to the pair-by-pair way."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
-    from fabricpilot.nccltests import default_cluster
+    from fabricpilot.topology import compile_topology, leaf_spine
 
-    ctl = Controller(TaskAware(PolicyContext(default_cluster(64), 1, 600)),
-                     ControllerParams(parts=4))
+    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8 if rails else 16,
+                                     rail_optimized=rails))
+    ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
     order = np.random.default_rng(3).permutation(64).tolist()
     ctl.declare(Intent("a", "t", tuple(order[:40]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
     ctl.declare(Intent("b", "t", tuple(order[40:]), (CommCall("allreduce", 1 << 24, 900.0, 0),)))
@@ -2132,13 +2158,21 @@ def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
 
     same_host = sum(1 for a in order[:40] for b in order[:40] if a != b and not apart(a, b))
     ring = order[40:]
-    assert same_host > 0 and made == [40 * 39 - same_host, sum(
-        apart(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True))] and made[1] < 24
+    ring_apart = sum(apart(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
+    assert same_host > 0 and 0 < ring_apart < 24
+    if rails:
+        assert made == [40 * 39, 24]
+    else:
+        assert made == [40 * 39 - same_host, ring_apart]
+    kind = ctl.view.graph.nodes
     for d in fast:
         a, b = ends[d.key]
         if apart(a, b):
             assert d.full_candidates == tuple(ctl.candidates(a, b))
             assert d.head == (ctl.view.link_between(host[a], ctl.view.links[d.head[0]].dst),)
+        else:  # (NVLink alone, or NVLink and the leaf)
+            first = {kind[ctl.view.links[c[0]].dst]["kind"] for c in d.full_candidates}
+            assert first == ({"nvswitch"} if rails else {"nvswitch", "switch"})
     monkeypatch.setattr(Controller, "_call_demands",
                         lambda self, task, pairs, *a: [None] * len(pairs))
     ctl._endpoints.clear()

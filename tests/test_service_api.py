@@ -1239,6 +1239,9 @@ def test_an_allreduce_announced_as_trees_is_planned_on_the_trees_pairs(tmp_path:
         bad = c.post("/api/v1/jobs/ops-tree/calls", headers=_auth(OPS),
                      json={**body, "pattern": "alltoall", "algorithm": "tree"})
         assert bad.status_code == 422 and "'tree' runs an allreduce" in bad.text
+        bad = c.post("/api/v1/jobs/ops-tree/calls", headers=_auth(OPS),
+                     json={**body, "algorithm": "flat"})
+        assert bad.status_code == 422 and "'flat' runs an alltoall" in bad.text
     # a service started again on the same state has the announced trees as they were
     _, again = _service(tmp_path)
     (call,) = [c for c in again.controller.intents["ops-tree"].calls if c.algorithm]

@@ -1343,8 +1343,12 @@ class Controller:
         g_ok = np.zeros(n_g, np.bool_)
         g_other = np.full((2, n_g), -1, np.int64)  # (out, in): the other component
         g_sw = np.zeros((2, n_g), np.int64)
+        # (out, in): the switch of its one end in the other component, if it has one
+        g_osw = np.full((2, n_g), -1, np.int64)
         heads: dict[int, tuple[int, ...]] = {}
         tails: dict[int, tuple[int, ...]] = {}
+        o_heads: dict[int, tuple[int, ...]] = {}
+        o_tails: dict[int, tuple[int, ...]] = {}
         for i, g in enumerate(gpus):
             g_node[g] = node_ix.setdefault(gpu_node[g], len(node_ix))
             ends_f, others = [], []
@@ -1361,21 +1365,58 @@ class Controller:
             g_sw[1, g] = lasts.setdefault(last, len(lasts))
             heads[g], tails[g] = head, tail
             g_other[0, g], g_other[1, g] = (o.bit_length() - 1 for o in others)
+            o_ends = [infos[2 * i + side][1].get(others[side], ()) for side in (0, 1)]
+            if len(o_ends[0]) == 1 and len(o_ends[1]) == 1:
+                (o_first, _, o_heads[g]), = o_ends[0]
+                (o_last, _, o_tails[g]), = o_ends[1]
+                g_osw[0, g] = firsts.setdefault(o_first, len(firsts))
+                g_osw[1, g] = lasts.setdefault(o_last, len(lasts))
         a, b = np.array(a_l, np.int64), np.array(b_l, np.int64)
         o_a, o_b = g_other[0, a], g_other[1, b]
-        fast = g_ok[a] & g_ok[b] & (g_node[a] != g_node[b]) & ((o_a < 0) | (o_a != o_b))
-        # the switch paths of each (first, last) switch pair met
+        both = g_ok[a] & g_ok[b] & (g_node[a] != g_node[b])
+        fast = both & ((o_a < 0) | (o_a != o_b))
         n_last = max(len(lasts), 1)
-        code = g_sw[0, a] * n_last + g_sw[1, b]
-        uniq, inv = np.unique(code[fast], return_inverse=True)
         first_of, last_of = list(firsts), list(lasts)
-        mids_of = []
-        for c in uniq.tolist():
-            first, last = first_of[c // n_last], last_of[c % n_last]
-            mids = self._sw_paths.get((first, last))
-            if mids is None:
-                mids = self._switch_paths(first, last)
-            mids_of.append(mids)
+        sw_paths = self._sw_paths
+
+        def switch_paths(code: NDArray[np.int64]) -> list[tuple[tuple[int, ...], ...]]:
+            """The switch paths of each (first, last) switch pair ``code`` names."""
+            out = []
+            for c in code.tolist():
+                first, last = first_of[c // n_last], last_of[c % n_last]
+                mids = sw_paths.get((first, last))
+                out.append(mids if mids is not None else self._switch_paths(first, last))
+            return out
+
+        # the switch paths of each (first, last) switch pair met
+        code = g_sw[0, a] * n_last + g_sw[1, b]
+        # pairs of one host (NVLink and NICs both reach): by the fewer hops, as _combos
+        # chooses (the other way alone if one has no path; both, if alike: one by one)
+        near = both & (o_a >= 0) & (o_a == o_b) & (g_osw[0, a] >= 0) & (g_osw[1, b] >= 0)
+        if near.any():
+            i_near = np.flatnonzero(near)
+            o_code = g_osw[0, a[i_near]] * n_last + g_osw[1, b[i_near]]
+            pair_codes = np.stack([code[i_near], o_code], axis=1)
+            two, back = np.unique(pair_codes, axis=0, return_inverse=True)
+            hops = []
+            for f_mids, o_mids in zip(switch_paths(two[:, 0]), switch_paths(two[:, 1]),
+                                      strict=True):
+                f_n = len(f_mids[0]) if f_mids else -1
+                o_n = len(o_mids[0]) if o_mids else -1
+                hops.append(0 if o_n < 0 or 0 <= f_n < o_n else
+                            1 if f_n < 0 or o_n < f_n else -1)
+            way = np.array(hops, np.int64)[back.ravel()]
+            fast[i_near[way == 0]] = True  # (through the NICs)
+            other = i_near[way == 1]  # (through the other component: NVLink)
+            code[other] = o_code[way == 1]
+            for i in other.tolist():
+                heads[-1 - i] = o_heads[a_l[i]]
+                tails[-1 - i] = o_tails[b_l[i]]
+            fast[other] = True
+        else:
+            other = np.zeros(0, np.int64)
+        uniq, inv = np.unique(code[fast], return_inverse=True)
+        mids_of = switch_paths(uniq)
         nic_fixed = self._nic_gbps
         if nic_fixed is not None:
             nic = np.full(len(a_l), nic_fixed)
@@ -1391,6 +1432,12 @@ class Controller:
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         idx, inv = idx[ok], inv.ravel()[ok]
         fa, fb = a[idx].tolist(), b[idx].tolist()
+        # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those
+        # filed under -1 - its index)
+        ha, tb = a[idx], b[idx]
+        if len(other):
+            by_nvl = np.isin(idx, other)
+            ha, tb = np.where(by_nvl, -1 - idx, ha), np.where(by_nvl, -1 - idx, tb)
         q_idx = qps[idx]
         if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
             q_list = itertools.repeat(int(q_idx[0]))  # rule)
@@ -1400,8 +1447,9 @@ class Controller:
         keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
         made = list(map(_demand_of, zip(keys, rates[idx].tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),
-                                        itertools.repeat(heat), map(heads.__getitem__, fa),
-                                        map(tails.__getitem__, fb), wholes,
+                                        itertools.repeat(heat),
+                                        map(heads.__getitem__, ha.tolist()),
+                                        map(tails.__getitem__, tb.tolist()), wholes,
                                         itertools.repeat(priority), q_list, strict=False)))
         if len(made) == len(out):  # (every pair, as a rule)
             return made  # type: ignore[return-value]

@@ -23,9 +23,11 @@ import networkx as nx
 from fabricpilot.controller.southbound import FabricView
 
 PATTERNS: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
-# how the library runs a call declared without pairs: "" (its rings), or "tree" (AllReduce
-# over double binary trees, as NCCL_ALGO=Tree asks of NCCL)
-CALL_ALGORITHMS: tuple[str, ...] = ("", "ring", "tree")
+# how the library runs a call declared without pairs: "" (its rings; an AlltoAll's PXN on
+# hosts holding the same number of the job's GPUs each), "tree" (AllReduce over double
+# binary trees, as NCCL_ALGO=Tree asks of NCCL) or "flat" (AlltoAll without PXN, as
+# NCCL_P2P_PXN_LEVEL=0: every ordered pair through the NICs)
+CALL_ALGORITHMS: tuple[str, ...] = ("", "ring", "tree", "flat")
 """The communication patterns a :class:`CommCall` may declare."""
 
 LEVELS: tuple[str, ...] = ("L1", "L2", "L3")
@@ -89,8 +91,10 @@ class CommCall:
     latency SLA in microseconds (> 0), ``period_ns`` how often the call repeats (one training
     iteration; ``0`` = one-off) and ``priority`` its priority (higher = more important).
     ``algorithm`` says how the library runs a call declared without ``pairs`` (one of
-    :data:`CALL_ALGORITHMS`: ``""`` or ``"ring"``, rings; ``"tree"``, an AllReduce's double
-    binary trees), so that the controller plans the pairs it will use.
+    :data:`CALL_ALGORITHMS`: ``""`` or ``"ring"``, rings, and an AlltoAll's PXN where the
+    job holds the same number of GPUs on each of its hosts; ``"tree"``, an AllReduce's
+    double binary trees; ``"flat"``, an AlltoAll without PXN), so that the controller plans
+    the pairs it will use (:func:`~fabricpilot.controller.patterns.pattern_pairs`).
 
     >>> c = CommCall("allreduce", 1_000_000, 50.0, 2_000_000)
     >>> c.heat, c.level
@@ -122,6 +126,8 @@ reducescatter, alltoall, broadcast
                              f"{', '.join(a or '(empty)' for a in CALL_ALGORITHMS)}")
         if self.algorithm == "tree" and self.pattern != "allreduce":
             raise ValueError(f"algorithm: 'tree' runs an allreduce, not a {self.pattern}")
+        if self.algorithm == "flat" and self.pattern != "alltoall":
+            raise ValueError(f"algorithm: 'flat' runs an alltoall, not a {self.pattern}")
         if self.size_bytes <= 0:
             raise ValueError(f"size_bytes must be > 0, got {self.size_bytes}")
         if self.sla_us <= 0:

@@ -24,7 +24,8 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     each pair uses while the call runs: a ring (each GPU to the next, all of its NIC) for
     allreduce, allgather, reducescatter and broadcast; every ordered pair (the NIC shared by
     ``n - 1`` peers; with ``host_of``, by the peers on other hosts, NVLink by those on the
-    sender's own: :func:`pair_shares`) for alltoall.
+    sender's own: :func:`pair_shares`) for alltoall, unless NCCL runs it in PXN style
+    (below).
 
     With ``host_of`` (GPU -> host) and a job holding the same number ``g > 1`` of GPUs on
     each of ``h >= 2`` hosts, a ring collective's pairs are those of NCCL's rings on such
@@ -42,6 +43,20 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     >>> [(a, b) for a, b, _ in rails]  # (within each host, then along each rail)
     [(8, 9), (9, 8), (0, 1), (1, 0), (8, 0), (9, 1), (0, 8), (1, 9)]
 
+    With ``host_of`` and such a job, an AlltoAll's pairs are those of NCCL's PXN (what NCCL
+    does on rail-optimised hosts unless ``NCCL_P2P_PXN_LEVEL=0``; the twin's ``auto``, see
+    :func:`~fabricpilot.workload.collectives.hierarchical_alltoall`): each GPU to the other
+    GPUs of its host over NVLink (sharing it), and to the GPU of the same position on every
+    other host (its rail; sharing its NIC with ``h - 1`` peers), which forwards what the
+    rest of its host owes that peer. ``algorithm="flat"`` keeps every ordered pair through
+    the NICs (PXN off):
+
+    >>> pattern_pairs("alltoall", (0, 1, 8, 9), {0: 0, 1: 0, 8: 1, 9: 1})
+    [(0, 1, 1.0), (1, 0, 1.0), (8, 9, 1.0), (9, 8, 1.0), (0, 8, 1.0), (1, 9, 1.0), \
+(8, 0, 1.0), (9, 1, 1.0)]
+    >>> len(pattern_pairs("alltoall", (0, 1, 8, 9), {0: 0, 1: 0, 8: 1, 9: 1}, "flat"))
+    12
+
     ``algorithm="tree"`` (an AllReduce): the pairs of NCCL's double binary trees instead of
     the rings, over the hosts along each rail (over the GPUs in rank order, one tree node
     each, where the hosts are not even), both ways, with the NVLink rings within the
@@ -57,6 +72,16 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     if algorithm == "tree" and pattern == "allreduce":
         return pair_shares(_tree_transfers(gpus, host_of), host_of)
     if pattern == "alltoall":
+        rows = _host_rows(gpus, host_of) if host_of and algorithm != "flat" else None
+        if rows is not None:  # (NCCL's PXN: within the hosts, then along the rails)
+            # (as pair_shares gives them: NVLink shared by g - 1 peers, the NIC by h - 1)
+            g, h = len(rows[0]), len(rows)
+            nvl, nic = 1.0 / (g - 1), 1.0 / (h - 1)
+            near = [(row[i], row[j], nvl) for row in rows for i in range(g) for j in range(g)
+                    if i != j]
+            rail = [(rows[a][k], rows[b][k], nic) for a in range(h) for k in range(g)
+                    for b in range(h) if b != a]
+            return near + rail
         if not host_of:
             return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
         # (pair_shares's, per GPU: its host's other GPUs share its NVLink, the rest its NIC)

@@ -34,7 +34,7 @@ MAX_DELTAS_PER_BATCH = 65_536
 TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 Pattern = Literal["allreduce", "allgather", "reducescatter", "alltoall", "broadcast"]
-CallAlgorithm = Literal["", "ring", "tree"]
+CallAlgorithm = Literal["", "ring", "tree", "flat"]
 assert set(Pattern.__args__) == set(PATTERNS)  # type: ignore[attr-defined]
 
 
@@ -109,8 +109,10 @@ class CallIn(_Strict):
                     "once (as the two trees of a tree AllReduce may); empty: from the pattern")
     algorithm: CallAlgorithm = Field(
         default="", description="how the library runs the call, for one declared without "
-                                "pairs: '' or 'ring' (rings), 'tree' (an AllReduce's double "
-                                "binary trees, as NCCL_ALGO=Tree)")
+                                "pairs: '' or 'ring' (rings; an AlltoAll's PXN where the "
+                                "job holds as many GPUs on each of its hosts), 'tree' (an "
+                                "AllReduce's double binary trees, as NCCL_ALGO=Tree), "
+                                "'flat' (an AlltoAll without PXN, as NCCL_P2P_PXN_LEVEL=0)")
 
     @field_validator("pairs")
     @classmethod
@@ -125,9 +127,11 @@ class CallIn(_Strict):
         return sla_level(self.sla_us)
 
     @model_validator(mode="after")
-    def _tree_is_an_allreduce(self) -> CallIn:
+    def _algorithm_fits_pattern(self) -> CallIn:
         if self.algorithm == "tree" and self.pattern != "allreduce":
             raise ValueError(f"algorithm: 'tree' runs an allreduce, not a {self.pattern}")
+        if self.algorithm == "flat" and self.pattern != "alltoall":
+            raise ValueError(f"algorithm: 'flat' runs an alltoall, not a {self.pattern}")
         return self
 
     def to_call(self) -> CommCall:
@@ -198,9 +202,11 @@ class AnnounceIn(_Strict):
     algorithm: CallAlgorithm = Field(default="", description="as a declared call's")
 
     @model_validator(mode="after")
-    def _tree_is_an_allreduce(self) -> AnnounceIn:
+    def _algorithm_fits_pattern(self) -> AnnounceIn:
         if self.algorithm == "tree" and self.pattern != "allreduce":
             raise ValueError(f"algorithm: 'tree' runs an allreduce, not a {self.pattern}")
+        if self.algorithm == "flat" and self.pattern != "alltoall":
+            raise ValueError(f"algorithm: 'flat' runs an alltoall, not a {self.pattern}")
         return self
 
     @field_validator("ranks")

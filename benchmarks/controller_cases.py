@@ -13,9 +13,14 @@ if TYPE_CHECKING:
     from fabricpilot.controller.core import Controller
 
 
-def declared_controller(gpus: int, jobs: int, seed: int = 1) -> tuple[Controller, float]:
+def declared_controller(gpus: int, jobs: int, seed: int = 1, placement: str = "hosts"
+                        ) -> tuple[Controller, float]:
     """A controller on the twin of ``default_cluster(gpus)`` with ``jobs`` jobs declared
-    (not planned yet), and the seconds its construction took."""
+    (not planned yet), and the seconds its construction took. ``placement``: ``"hosts"``,
+    each job on whole hosts drawn at random (as a scheduler gives a large training job
+    whole nodes; NCCL then runs its AlltoAll in PXN style), or ``"gpus"``, each on GPUs
+    drawn at random across the cluster (about one per host: every AlltoAll pair through
+    the NICs, the most pairs a job of that size can have)."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
     from fabricpilot.controller.core import Controller
@@ -27,7 +32,16 @@ def declared_controller(gpus: int, jobs: int, seed: int = 1) -> tuple[Controller
     t0 = time.perf_counter()
     ctl = Controller(twin)
     setup = time.perf_counter() - t0
-    order = np.random.default_rng(seed).permutation(gpus)
+    rng = np.random.default_rng(seed)
+    if placement == "hosts":
+        on_host = np.argsort(ct.gpu_host, kind="stable")  # (GPUs host by host)
+        per_host = gpus // (int(ct.gpu_host.max()) + 1)
+        rows = on_host.reshape(-1, per_host)
+        order = rows[rng.permutation(len(rows))].reshape(-1)
+    elif placement == "gpus":
+        order = rng.permutation(gpus)
+    else:
+        raise ValueError(f"placement: {placement!r} is neither 'hosts' nor 'gpus'")
     per = gpus // jobs
     for j in range(jobs):
         ranks = tuple(int(g) for g in order[j * per:(j + 1) * per])

@@ -16,11 +16,17 @@ def test_the_controller_benchmark_reports_each_target() -> None:
                          text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    # 1024 GPUs, 8 jobs of 128: four ring AllReduce jobs (a pair per GPU: 128 pairs each)
-    # and four AlltoAll jobs (128 * 127 pairs each)
+    # 1024 GPUs, 8 jobs of 128. On whole hosts (16 of 8 GPUs each): four ring AllReduce
+    # jobs on their rails (an NVLink ring per host and a ring per rail: 128 + 128 pairs
+    # each) and four PXN AlltoAll jobs (16 * 8 * 7 NVLink pairs and 8 rails * 16 * 15:
+    # 2816 each): 4 * 256 + 4 * 2816 = 12288. Scattered (hosts uneven): a pair per GPU
+    # for a ring, 128 * 127 for an AlltoAll: 4 * 128 + 4 * 16256 = 65536.
+    assert re.search(r"^1024 GPUs/8 jobs\s+12288\s", out, re.M), out
     assert re.search(r"^1024 GPUs/8 jobs\s+65536\s", out, re.M), out
-    assert re.search(r"1024 GPUs / 8 jobs: plan [\d.]+ s against the target of 1 s: "
-                     r"(met|missed)", out), out
+    for placement in ("hosts", "gpus"):
+        assert re.search(rf"1024 GPUs / 8 jobs on {placement}: plan [\d.]+ s against the "
+                         r"target of 1 s: (met|missed)", out), out
+    assert re.search(r"one job changed: planned by itself \(2816 demands\)", out), out
     assert re.search(r"one job changed: planned by itself \(16256 demands\)", out), out
     assert re.search(r"ranking: 196 switches and hosts, [\d.]+ ms per request .*target <= "
                      r"1 ms: (met|missed)\)", out), out

@@ -409,14 +409,21 @@ def fewest_hop_paths_from(source: int, indptr: NDArray[np.int64], head: NDArray[
     out: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
     while True:
         # every path extends along every link out of its last node to a node not reached
-        lo = indptr[ends]
-        n_out = indptr[ends + 1] - lo
+        # (the links found once per last node: many paths end at each, as a leaf pair's
+        # one per spine, and the last hop reaches no node at all)
+        last, at = np.unique(ends, return_inverse=True)
+        lo = indptr[last]
+        n_out = indptr[last + 1] - lo
         edges = _ranges(lo, n_out)
-        owner = np.repeat(np.arange(len(ends)), n_out)
+        of_node = np.repeat(np.arange(len(last)), n_out)
         fresh = ~reached[head[edges]]
-        edges, owner = edges[fresh], owner[fresh]
+        edges, of_node = edges[fresh], of_node[fresh]
         if not len(edges):
             return out
+        n_fresh = np.bincount(of_node, minlength=len(last))
+        per_path = n_fresh[at.ravel()]
+        owner = np.repeat(np.arange(len(ends)), per_path)
+        edges = edges[_ranges(_offsets(n_fresh)[at.ravel()], per_path)]
         ends = head[edges]
         paths = np.concatenate((paths[owner], link[edges][:, None]), axis=1)
         reached[ends] = True
@@ -800,9 +807,11 @@ class Controller:
         self.intents: dict[str, Intent] = {}
         self._paths: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._sw_paths: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
-        # first switches whose switch paths to every switch are in _sw_paths, and the
-        # switch graph as compressed rows (nodes, node -> index, indptr, head, link id)
-        self._expanded: set[str] = set()
+        # per first switch expanded, its switch paths to every switch it reaches as rows
+        # (see _expand), and the switch graph as compressed rows (nodes, node -> index,
+        # indptr, head, link id)
+        self._reach: dict[str, dict[str, tuple[NDArray[np.int64],
+                                               NDArray[np.bool_] | None]]] = {}
         self._csr: tuple[list[str], dict[str, int], NDArray[np.int64], NDArray[np.int64],
                          NDArray[np.int64]] | None = None
         self._ends_cache: dict[tuple[str, bool], list[tuple[str, int]]] = {}
@@ -955,17 +964,34 @@ class Controller:
             elif self._component[first] != self._component[last]:
                 hit = ()
             else:
-                if first not in self._expanded:
-                    self._expand(first)
-                hit = self._sw_paths.get(key, ())
+                found = self._reach.get(first)
+                if found is None:
+                    found = self._expand(first)
+                rows = found.get(last)
+                hit = () if rows is None else self._as_paths(key, *rows)
             self._sw_paths[key] = hit
         return hit
 
-    def _expand(self, first: str) -> None:
-        """The switch paths from ``first`` to every switch it reaches into ``_sw_paths``
-        (all at once: a leaf's paths to every other leaf cost about what one pair's did
-        path by path); where some avoid the spines kept for mice, those alone (and all in
-        ``_sw_paths_all``)."""
+    def _as_paths(self, key: tuple[str, str], paths: NDArray[np.int64],
+                  off: NDArray[np.bool_] | None) -> tuple[tuple[int, ...], ...]:
+        """The switch paths ``paths`` (rows of link ids, sorted) of the switch pair ``key``
+        as tuples; where some of them (``off``) avoid the spines kept for mice, those alone
+        (and all of them in ``_sw_paths_all``)."""
+        hit = tuple(map(tuple, paths.tolist()))
+        if off is not None:
+            n_off = int(off.sum())
+            if 0 < n_off < len(hit):
+                self._sw_paths_all[key] = hit
+                hit = tuple(p for p, o in zip(hit, off.tolist(), strict=True) if o)
+        return hit
+
+    def _expand(self, first: str) -> dict[str, tuple[NDArray[np.int64], NDArray[np.bool_] | None]]:
+        """The switch paths from ``first`` to every switch it reaches (all at once: a
+        leaf's paths to every other leaf cost about what one pair's did path by path), as
+        rows of link ids per last switch, with which of them avoid the spines kept for mice
+        (``None`` if none are kept); made into tuples when a pair asks
+        (:meth:`_switch_paths`: a rail-optimised fabric's traffic meets few of its leaf
+        pairs)."""
         if self._csr is None:
             g = self._switch_graph
             nodes = list(g)
@@ -982,23 +1008,15 @@ class Controller:
         nodes, index, indptr, head, link = self._csr
         mice = (np.fromiter(self._mice_links, np.int64, len(self._mice_links))
                 if self._mice_links else None)
-        sw_paths, sw_all = self._sw_paths, self._sw_paths_all
+        found: dict[str, tuple[NDArray[np.int64], NDArray[np.bool_] | None]] = {}
         for ends, paths in fewest_hop_paths_from(index[first], indptr, head, link):
-            rows = list(map(tuple, paths.tolist()))
             node_ix, starts = np.unique(ends, return_index=True)
-            bounds = [*starts.tolist(), len(rows)]
-            if mice is not None:
-                off = ~np.isin(paths, mice).any(axis=1)
-                n_off = np.add.reduceat(off, starts).tolist()
-                off_l = off.tolist()
-            for k, (v, i, j) in enumerate(zip(node_ix.tolist(), bounds, bounds[1:], strict=False)):
-                key = (first, nodes[v])
-                hit = tuple(rows[i:j])
-                if mice is not None and 0 < n_off[k] < j - i:
-                    sw_all[key] = hit
-                    hit = tuple(p for p, o in zip(hit, off_l[i:j], strict=True) if o)
-                sw_paths[key] = hit
-        self._expanded.add(first)
+            bounds = [*starts.tolist(), len(paths)]
+            off = ~np.isin(paths, mice).any(axis=1) if mice is not None else None
+            for v, i, j in zip(node_ix.tolist(), bounds, bounds[1:], strict=False):
+                found[nodes[v]] = (paths[i:j], None if off is None else off[i:j])
+        self._reach[first] = found
+        return found
 
     def _nic(self, gpu: int) -> float:
         """The rate of a GPU's NIC: its link into the fabric (not NVLink)."""

@@ -815,6 +815,7 @@ class Controller:
         self._csr: tuple[list[str], dict[str, int], NDArray[np.int64], NDArray[np.int64],
                          NDArray[np.int64]] | None = None
         self._ends_cache: dict[tuple[str, bool], list[tuple[str, int]]] = {}
+        self._kind: dict[str, str | None] = dict(self.view.graph.nodes(data="kind"))
         self._nic_cache: dict[int, float] = {}
         # GPU node -> its ends out of it / into it by switch component (see _end_info)
         self._ends_out: dict[str, _EndInfo] = {}
@@ -924,10 +925,9 @@ class Controller:
         """``(switch, link id)`` a GPU node leaves by (``out``) or is entered from."""
         hit = self._ends_cache.get((node, out))
         if hit is None:
-            g, v = self.view.graph, self.view
-            nbrs = g.successors(node) if out else g.predecessors(node)
-            hit = [(s, v.link_between(node, s) if out else v.link_between(s, node))
-                   for s in nbrs if g.nodes[s].get("kind") != "gpu"]
+            g, kind = self.view.graph, self._kind
+            adj = g.succ[node] if out else g.pred[node]  # (link data by neighbour, in order)
+            hit = [(s, int(d["link_id"])) for s, d in adj.items() if kind.get(s) != "gpu"]
             self._ends_cache[(node, out)] = hit
         return hit
 
@@ -971,6 +971,22 @@ class Controller:
                 hit = () if rows is None else self._as_paths(key, *rows)
             self._sw_paths[key] = hit
         return hit
+
+    def _hop_count(self, first: str, last: str) -> int:
+        """The links of the fewest-hop switch paths from ``first`` to ``last`` (those of
+        :meth:`_switch_paths`, without making them), -1 if there are none."""
+        hit = self._sw_paths.get((first, last))
+        if hit is not None:
+            return len(hit[0]) if hit else -1
+        if first == last:
+            return 0
+        if self._component[first] != self._component[last]:
+            return -1
+        found = self._reach.get(first)
+        if found is None:
+            found = self._expand(first)
+        rows = found.get(last)
+        return -1 if rows is None else int(rows[0].shape[1])
 
     def _as_paths(self, key: tuple[str, str], paths: NDArray[np.int64],
                   off: NDArray[np.bool_] | None) -> tuple[tuple[int, ...], ...]:
@@ -1024,10 +1040,10 @@ class Controller:
             return self._nic_gbps
         hit = self._nic_cache.get(gpu)
         if hit is None:
-            g = self.view.graph
-            edges = list(g.out_edges(self.view.gpu_node[gpu], data=True))
-            nic = [d["capacity_gbps"] for _, v, d in edges if g.nodes[v].get("kind") == "switch"]
-            hit = self._nic_cache[gpu] = max(nic or [d["capacity_gbps"] for *_, d in edges])
+            kind = self._kind
+            out = self.view.graph.succ[self.view.gpu_node[gpu]]
+            nic = [d["capacity_gbps"] for v, d in out.items() if kind.get(v) == "switch"]
+            hit = self._nic_cache[gpu] = max(nic or [d["capacity_gbps"] for d in out.values()])
         return hit
 
     def _scoped(self, mids: tuple[tuple[int, ...], ...], up: int, down: int,
@@ -1406,6 +1422,13 @@ class Controller:
                 out.append(mids if mids is not None else self._switch_paths(first, last))
             return out
 
+        def hop_counts(code: NDArray[np.int64]) -> NDArray[np.int64]:
+            """The hops of the fewest-hop switch paths of each (first, last) switch pair
+            ``code`` names (-1: none)."""
+            uniq, inv = np.unique(code, return_inverse=True)
+            return np.array([self._hop_count(first_of[c // n_last], last_of[c % n_last])
+                             for c in uniq.tolist()], np.int64)[inv.ravel()]
+
         # the switch paths of each (first, last) switch pair met
         code = g_sw[0, a] * n_last + g_sw[1, b]
         # pairs of one host (NVLink and NICs both reach): by the fewer hops, as _combos
@@ -1414,16 +1437,9 @@ class Controller:
         if near.any():
             i_near = np.flatnonzero(near)
             o_code = g_osw[0, a[i_near]] * n_last + g_osw[1, b[i_near]]
-            pair_codes = np.stack([code[i_near], o_code], axis=1)
-            two, back = np.unique(pair_codes, axis=0, return_inverse=True)
-            hops = []
-            for f_mids, o_mids in zip(switch_paths(two[:, 0]), switch_paths(two[:, 1]),
-                                      strict=True):
-                f_n = len(f_mids[0]) if f_mids else -1
-                o_n = len(o_mids[0]) if o_mids else -1
-                hops.append(0 if o_n < 0 or 0 <= f_n < o_n else
-                            1 if f_n < 0 or o_n < f_n else -1)
-            way = np.array(hops, np.int64)[back.ravel()]
+            f_n, o_n = (hop_counts(c) for c in (code[i_near], o_code))
+            way = np.where((o_n < 0) | ((f_n >= 0) & (f_n < o_n)), 0,
+                           np.where((f_n < 0) | (o_n < f_n), 1, -1))
             fast[i_near[way == 0]] = True  # (through the NICs)
             other = i_near[way == 1]  # (through the other component: NVLink)
             code[other] = o_code[way == 1]

@@ -169,10 +169,19 @@ class PartChoice:
         >>> srt.tolist(), new.tolist()
         ([[0, 2, 2]], [[True, True, False]])
         """
+        hit: tuple[NDArray[np.int64], NDArray[np.bool_]] | None = self.__dict__.get("_starts")
+        if hit is not None:  # (made once: the choices of a plan do not change)
+            return hit
         n = len(self.choice)
-        srt = np.sort(self.choice.reshape(n, self.choice.shape[1] if n else 1), axis=1)
+        srt = self.choice.reshape(n, self.choice.shape[1] if n else 1)
+        # (most demands are whole, all parts on one candidate: only the others sorted)
+        mixed = np.flatnonzero((srt[:, 1:] != srt[:, :1]).any(axis=1))
+        if len(mixed):
+            srt = srt.copy()
+            srt[mixed] = np.sort(srt[mixed], axis=1)
         new = np.ones(srt.shape, np.bool_)
         new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        object.__setattr__(self, "_starts", (srt, new))
         return srt, new
 
 

@@ -204,6 +204,9 @@ class FluidRateModel:
             new.delivered[dst] = old.delivered[src]
             new.retx[dst] = old.retx[src]
             new.stall_until[dst] = old.stall_until[src]
+            new.junk[dst] = old.junk[src]
+            new.rewind[dst] = old.rewind[src]
+            new.nack_at[dst] = old.nack_at[src]
             # congestion control is per QP (the members of a sprayed QP share one)
             qpos = np.minimum(np.searchsorted(old.qp_key, new.qp_key), len(old.qp_key) - 1)
             qfound = old.qp_key[qpos] == new.qp_key
@@ -303,11 +306,18 @@ class FluidRateModel:
             return np.zeros(0)
         dt = float(dt_ns)
         self._apply_pending_pauses()
+        self._go_back(m)
+        waiting = m.rewind > 0.0  # (what these send until their NACK is back is junk)
+        before = m.injected[waiting] if waiting.any() else None
         sent = self._inject(m, dt)
         served_lp, delivered = self._serve(m, dt)
         # a NIC port holds about one base step of bytes over all its QPs; what it could not
         # send in this step stays with the QPs (back-pressure), however long the step
         fk.nic_hold(m.backlog, m.injected, sent, m.first_port, m.hold_bytes)
+        if before is not None:
+            more = m.injected[waiting] - before
+            m.junk[waiting] += more
+            m.rewind[waiting] += more
         self._pfc(m, dt)
         self._mark(m, served_lp, delivered, dt)
         if self.cc.enabled:
@@ -323,6 +333,18 @@ class FluidRateModel:
         return done_bytes
 
     # ------------------------------------------------------------------ steps
+    def _go_back(self, m: _Members) -> None:
+        """Members whose NACK is back go back N: they send again from their first loss on
+        (what they lost and all they sent after it, counted as retransmitted)."""
+        due = np.flatnonzero((m.rewind > 0.0) & (m.nack_at <= self.now))
+        if len(due):
+            back = m.rewind[due]
+            m.injected[due] -= back
+            m.retx[due] += back
+            self.report.retransmitted_bytes += float(back.sum())
+            m.rewind[due] = 0.0
+            m.nack_at[due] = -np.inf
+
     def _inject(self, m: _Members, dt: float) -> NDArray[np.float64]:
         # coupled streams: the row's progress as of the end of the last step; a capped
         # member's NIC sends at most its cap, whatever its congestion control allows
@@ -353,19 +375,24 @@ class FluidRateModel:
         total = np.zeros(len(m.ulinks) * width)
         delivered = np.zeros(m.n)
         cell_drops = np.zeros(len(m.ulinks) * width)
-        dropped, resent = fk.serve_step(
+        dropped = fk.serve_step(
             m.backlog, m.cidx, m.plen, m.cell_col, cap, eligible,
             self.qos.scheduler == "strict", self._weights[m.uprios], width, m.at_switch,
             m.egress_switch, m.cell_lossy, m.cell_switch, float(self.fp.buffer_bytes_per_port),
-            float(self.fp.buffer_bytes_per_switch), self.ct.n_switches, m.injected, m.retx,
-            m.stall_until, m.rtt, self.now + self.fp.nack_ns, total, delivered, cell_drops)
+            float(self.fp.buffer_bytes_per_switch), self.ct.n_switches, m.junk, m.rewind,
+            m.nack_at, m.rtt, self.now + self.fp.nack_ns, total, delivered, cell_drops)
         if dropped > 0:
             assert self.report.port_drops_bytes is not None
             self.report.port_drops_bytes[self._grid(m)] += cell_drops.reshape(-1, width)
             self.report.drops_bytes += dropped
-            self.report.retransmitted_bytes += resent
-        m.delivered += delivered
-        self._delivered_step = delivered
+        # junk arrives first (it is ahead of anything sent again) and is discarded
+        useful = delivered
+        if m.junk.any():
+            eaten = np.minimum(delivered, m.junk)
+            m.junk -= eaten
+            useful = delivered - eaten
+        m.delivered += useful
+        self._delivered_step = useful
         return total.reshape(len(m.ulinks), width), delivered
 
     def _apply_pending_pauses(self) -> None:
@@ -691,6 +718,11 @@ class _Members:
     delivered: NDArray[np.float64]
     retx: NDArray[np.float64]
     stall_until: NDArray[np.float64]
+    # go-back-N: bytes on their way that the receiver will discard (sent after a loss), the
+    # bytes to send again once the NACK is back, and when it is (-inf: none awaited)
+    junk: NDArray[np.float64]
+    rewind: NDArray[np.float64]
+    nack_at: NDArray[np.float64]
     cc: DcqcnState
     n_rows: int
     n_streams: int
@@ -759,7 +791,7 @@ class _Members:
                    np.zeros((0, 1), np.int64), np.zeros((0, 1), bool), np.zeros((0, 1), np.int64),
                    np.zeros((0, 0), np.int64),
                    np.zeros((0, 0), bool), z, z, np.zeros((0, 1), np.int64),
-                   np.zeros((0, 0), np.int64), f, f, np.zeros((0, 1)), f, f, f, f,
+                   np.zeros((0, 0), np.int64), f, f, np.zeros((0, 1)), f, f, f, f, f, f, f,
                    DcqcnState.new(f, DcqcnParams()), 0, 0, False)
 
     @classmethod
@@ -822,6 +854,7 @@ class _Members:
             ingress_cidx=ingress_cidx,
             line_rate=line, rtt=2.0 * delay, backlog=np.zeros((n, h)), injected=np.zeros(n),
             delivered=np.zeros(n), retx=np.zeros(n), stall_until=np.full(n, -np.inf),
+            junk=np.zeros(n), rewind=np.zeros(n), nack_at=np.full(n, -np.inf),
             cc=DcqcnState.new(qp_line, model.cc), n_rows=len(flows.remaining_bytes),
             n_streams=len(uniq), coupled_any=bool((streams_per_row > 1).any()),
             cell_col=np.tile(np.arange(width, dtype=np.int64), len(ulinks)),

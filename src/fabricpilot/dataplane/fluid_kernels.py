@@ -205,22 +205,24 @@ def _drop(
     port_limit_bytes: float,
     switch_limit_bytes: float,
     n_switches: int,
-    injected: NDArray[np.float64],
-    retx: NDArray[np.float64],
-    stall_until: NDArray[np.float64],
+    junk: NDArray[np.float64],
+    rewind: NDArray[np.float64],
+    nack_at: NDArray[np.float64],
     rtt_ns: NDArray[np.float64],
     resume_ns: float,
     cell_drops: NDArray[np.float64],
-) -> tuple[float, float]:
+) -> float:
     """Arrivals ``arr`` beyond the buffers are dropped: a lossy queue holds at most
     ``port_limit_bytes``, a switch at most ``switch_limit_bytes`` in all; each over-full
-    queue or switch drops the same fraction of everything arriving at it. A member that lost
-    bytes goes back N: its dropped bytes and all it sent after them leave the fabric to be
-    sent again once the NACK is back (``stall_until = resume_ns + rtt``): the rest of what
-    arrived at the first drop with them, and its bytes upstream of that hop. What was
-    already queued at the drop hop went ahead of the loss and is delivered. Bytes still in
-    the sender's NIC go back too but were never on the wire: they are not counted as
-    resent. Returns (bytes dropped, bytes resent); adds drops per cell."""
+    queue or switch drops the same fraction of everything arriving at it. A member that
+    lost bytes goes back N: what it sent after its first loss still crosses the fabric and
+    is discarded by the receiver (``junk``, ahead of anything sent again: the rest of what
+    arrived at the drop hop with the loss and its bytes upstream of that hop, and what it
+    sends until the NACK is back, ``nack_at = resume_ns + rtt``); then it sends again from
+    the loss on (``rewind``: the bytes lost and sent after). What was already queued at the
+    drop hop went ahead of the loss and is delivered. A loss while junk is in flight is
+    taken from the junk first (it is ahead of the rest); one while a NACK is awaited adds
+    to what will be sent again. Returns the bytes dropped; adds drops per cell."""
     m = back.shape[0]
     n_cells = cell_lossy.shape[0]
     queued = np.zeros(n_cells)
@@ -240,7 +242,7 @@ def _drop(
                 per_switch[egress_switch[i, k]] += v
                 sw_in[egress_switch[i, k]] += a
     if not arriving:
-        return 0.0, 0.0
+        return 0.0
     port_frac = np.zeros(n_cells)
     sw_frac = np.zeros(n_switches)
     over_any = False
@@ -255,9 +257,8 @@ def _drop(
             sw_frac[s] = min(over / sw_in[s], 1.0)
             over_any = True
     if not over_any:
-        return 0.0, 0.0
+        return 0.0
     dropped_total = 0.0
-    resent_total = 0.0
     for i in range(m):
         first = -1
         lost = 0.0
@@ -275,20 +276,21 @@ def _drop(
                     first = k
         if first < 0:
             continue
-        rewound = lost  # (everything the sender sends again; ``lost``: of it, on the wire)
+        eaten = min(lost, junk[i])  # (junk lost: it would have been discarded anyway)
+        junk[i] -= eaten
+        lost -= eaten
+        if lost <= 0.0:
+            continue
+        if rewind[i] > 0.0:  # (a NACK is on its way: the sender goes back further)
+            rewind[i] += lost
+            continue
+        after = 0.0  # what was sent after the loss, still on its way
         for k in range(first + 1):
-            gone = arr[i, k] + (back[i, k] if k < first else 0.0)
-            rewound += gone
-            if at_switch[i, k]:
-                lost += gone
-            if k < first:
-                back[i, k] = 0.0
-            arr[i, k] = 0.0
-        injected[i] -= rewound
-        retx[i] += lost
-        resent_total += lost
-        stall_until[i] = resume_ns + rtt_ns[i]
-    return dropped_total, resent_total
+            after += arr[i, k] + (back[i, k] if k < first else 0.0)
+        junk[i] += after
+        rewind[i] = lost + after
+        nack_at[i] = resume_ns + rtt_ns[i]
+    return dropped_total
 
 
 @numba.njit(**_JIT)
@@ -338,15 +340,15 @@ def serve_step(
     port_limit_bytes: float,
     switch_limit_bytes: float,
     n_switches: int,
-    injected: NDArray[np.float64],
-    retx: NDArray[np.float64],
-    stall_until: NDArray[np.float64],
+    junk: NDArray[np.float64],
+    rewind: NDArray[np.float64],
+    nack_at: NDArray[np.float64],
     rtt_ns: NDArray[np.float64],
     resume_ns: float,
     total: NDArray[np.float64],
     delivered: NDArray[np.float64],
     cell_drops: NDArray[np.float64],
-) -> tuple[float, float]:
+) -> float:
     """Serve every egress queue for one step, in passes: bytes served at one hop arrive at
     the next and may go on in the same step with the capacity left there (cut-through when
     uncongested; newly arrived bytes queue behind those already waiting). Under strict
@@ -355,7 +357,8 @@ def serve_step(
     step. Arrivals beyond the buffers are dropped (:func:`_drop`).
 
     ``cap`` (bytes each used link may send) is consumed; ``total`` (bytes sent per cell),
-    ``delivered`` (per member) and ``cell_drops`` accumulate. Returns (dropped, resent) bytes.
+    ``delivered`` (per member: every byte that reached its receiver, junk too) and
+    ``cell_drops`` accumulate. Returns the bytes dropped.
     """
     m, h = back.shape
     start = back.copy()
@@ -370,7 +373,6 @@ def serve_step(
     ports = np.zeros(cap.shape[0], np.int64)
     port_seen = np.zeros(cap.shape[0], np.bool_)
     dropped = 0.0
-    resent = 0.0
     # the buffers can only overflow if all bytes in the fabric exceed the smallest limit
     in_flight = 0.0
     for i in range(m):
@@ -393,11 +395,9 @@ def serve_step(
             if in_flight > limit and _overflows(back, arr, cidx, plen, cell_lossy, cell_switch,
                                                 port_limit_bytes, switch_limit_bytes,
                                                 n_switches):
-                d, r = _drop(back, arr, cidx, plen, at_switch, egress_switch, cell_lossy,
-                             port_limit_bytes, switch_limit_bytes, n_switches, injected, retx,
-                             stall_until, rtt_ns, resume_ns, cell_drops)
-                dropped += d
-                resent += r
+                dropped += _drop(back, arr, cidx, plen, at_switch, egress_switch, cell_lossy,
+                                 port_limit_bytes, switch_limit_bytes, n_switches, junk,
+                                 rewind, nack_at, rtt_ns, resume_ns, cell_drops)
             for i in range(m):
                 fresh[i, 0] = 0.0
                 for k in range(1, plen[i]):
@@ -409,7 +409,7 @@ def serve_step(
         for k in range(h):
             if back[i, k] < 0.0:
                 back[i, k] = 0.0
-    return dropped, resent
+    return dropped
 
 
 @numba.njit(**_JIT)

@@ -988,8 +988,8 @@ def test_an_announcement_replaces_the_call_declared_without_pairs(tmp_path: Path
     """A framework declares its job with one AllReduce of a guessed size and no pairs (the
     PyTorch hook: 25 MiB) and then announces its real buckets over the whole job: the
     first announcement replaces the guess (one call of the same pattern over the same
-    ranks), the next ones add calls. An announcement over part of the job, or of another
-    pattern, replaces nothing."""
+    ranks), the next ones add calls. Once the guess is gone, an announcement over part of
+    the job adds a call; one of another pattern replaces nothing."""
     app, _ = _service(tmp_path)
     with TestClient(app) as c:
         body = {"task_id": "ddp", "gpus": [0, 1, 64, 65], "calls": [
@@ -1013,6 +1013,37 @@ def test_an_announcement_replaces_the_call_declared_without_pairs(tmp_path: Path
         announce(100, 2, [0, 64])  # (part of the job: added)
         assert sizes() == [("allreduce", 100), ("allreduce", 512), ("allreduce", 4096),
                            ("alltoall", 1 << 20)]
+
+
+def test_a_process_groups_announcement_replaces_the_guess_over_the_whole_job(
+        tmp_path: Path) -> None:
+    """DDP over two process groups (data parallelism across two hosts, one group per rail:
+    {0, 64} and {1, 65}): the job is declared with the hook's 25 MiB AllReduce guess over
+    all four GPUs, an AllReduce no group runs (its ring would cross the rails). The first
+    group's announcement replaces it; the second group's adds its own call. The plan then
+    holds the two groups' rail pairs only: 0 <-> 64 and 1 <-> 65, no pair across the
+    rails, where the guess had 0 -> 1 and 64 -> 65 (NVLink) too."""
+    app, svc = _service(tmp_path)
+    with TestClient(app) as c:
+        body = {"task_id": "tp-dp", "gpus": [0, 1, 64, 65], "calls": [
+            {"pattern": "allreduce", "size_bytes": 25 << 20, "sla_us": 1000.0}]}
+        assert c.put("/api/v1/jobs/tp-dp", json=body, headers=_auth(ACME)).status_code == 201
+
+        def announce(ranks: list[int]) -> None:
+            r = c.post("/api/v1/jobs/tp-dp/calls", headers=_auth(ACME), json={
+                "pattern": "allreduce", "size_bytes": 4096, "ranks": ranks, "bucket": 0})
+            assert r.status_code == 200, r.text
+
+        announce([0, 64])
+        job = c.get("/api/v1/jobs/tp-dp", headers=_auth(ACME)).json()
+        assert [(x["size_bytes"], sorted(map(tuple, x["pairs"]))) for x in job["calls"]] == [
+            (4096, [(0, 64), (64, 0)])]
+        announce([1, 65])
+        job = c.get("/api/v1/jobs/tp-dp", headers=_auth(ACME)).json()
+        assert sorted(tuple(p) for x in job["calls"] for p in x["pairs"]) == [
+            (0, 64), (1, 65), (64, 0), (65, 1)]
+    planned = {k.split(":")[1] for k in svc.dp.installed if k.startswith("tp-dp:")}
+    assert planned == {"0->64", "64->0", "1->65", "65->1"}
 
 
 def test_announced_calls_stop_at_the_most_a_job_may_declare(tmp_path: Path) -> None:

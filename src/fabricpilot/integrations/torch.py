@@ -120,7 +120,9 @@ DEFAULT_SLA_US = 1_000.0
 """The SLA used when none is given (the service's default for announced calls)."""
 DEFAULT_DECLARED_SIZE_BYTES = 25 << 20
 """Size of the AllReduce declared before the first bucket is seen (DDP's default bucket
-cap, 25 MiB); the hook's announcements replace it with the real bucket sizes."""
+cap, 25 MiB, over all the job's GPUs); the hook's first announcement replaces it, over
+the whole job or over the hook's process group (the other groups' buckets add calls of
+their own), and the rest add the real bucket sizes."""
 
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

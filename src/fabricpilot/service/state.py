@@ -840,10 +840,12 @@ class FabricService:
             previous = announced.get(slot)
             same = previous == call and call in intent.calls
             replaced = previous if previous is not None and previous in intent.calls else None
-            if replaced is None and set(body.ranks) == set(intent.gpus):
+            if replaced is None:
                 # a call declared without pairs over the whole job, of this pattern, not
                 # announced: what the job said before its library told its calls (a
-                # framework's placeholder), replaced by the first announced
+                # framework's placeholder), replaced by the first announced, over the whole
+                # job or a group of its GPUs (DDP over a process group announces its
+                # groups' calls, never one over the whole job)
                 taken = set(announced.values())
                 replaced = next((c for c in intent.calls if c.pattern == call.pattern
                                  and not c.pairs and c.algorithm == call.algorithm

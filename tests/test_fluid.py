@@ -284,33 +284,37 @@ def test_a_nic_holds_one_step_over_all_its_members_however_they_are_sprayed() ->
 def test_go_back_n_keeps_what_was_queued_ahead_of_the_loss() -> None:
     """One sender: 100 B in its NIC, 500 B queued at the leaf, and 50 B / 200 B arriving
     there in a step; the leaf's lossy port holds 600 B, so half of the 200 B is dropped.
-    The 500 B queued at the leaf went ahead of the loss and are delivered. What was sent
-    after the loss goes on and is discarded by the receiver: the other 100 B arriving at
-    the drop hop, the 50 B arriving at the NIC's port and the 100 B in the NIC, 250 B of
-    junk. Once the NACK is back (one RTT, 3000 ns, after the NACK delay: at 13 000 ns) the
-    sender goes back to the loss: it sends the 100 B lost and the 250 B again, 350 B. A
-    second loss of 20 B while the junk is on its way is junk lost: nothing more is sent
-    again. (The 500 B were once thrown away with the rest: 8 senders into a port with PFC
-    off resent 8.4 MB of 32 MiB and finished in 1.19 ms; and the bytes sent after a loss
-    once left the fabric at once, loading no link on their way: a lossy incast finished
-    as if lossless.)"""
+    The 500 B queued at the leaf went ahead of the loss and are delivered. The other 100 B
+    arriving at the drop hop were sent after the loss: they go on and are discarded by the
+    receiver (junk). The NIC's 150 B were not on the wire yet: they go back to the sender
+    (un-injected), to be sent, as junk, until the NACK is back (one RTT, 3000 ns, after the
+    NACK delay: at 13 000 ns); then the sender goes back to the loss and sends the 100 B
+    lost and the 100 B of junk again, 200 B, and what it sent while waiting. A second loss
+    of 20 B while the junk is on its way is junk lost: nothing more is sent again. (The
+    500 B were once thrown away with the rest: 8 senders into a port with PFC off resent
+    8.4 MB of 32 MiB and finished in 1.19 ms; and the bytes sent after a loss once left
+    the fabric at once, loading no link on their way: a lossy incast finished as if
+    lossless.)"""
     from fabricpilot.dataplane import fluid_kernels as fk
 
     back = np.array([[100.0, 500.0]])
     arr = np.array([[50.0, 200.0]])
+    injected = np.array([1000.0])
     junk, rewind, nack_at, drops = np.zeros(1), np.zeros(1), np.full(1, -np.inf), np.zeros(2)
     args = (np.array([[0, 1]]), np.array([2]), np.array([[False, True]]), np.array([[0, 0]]),
-            np.array([False, True]), 600.0, 1e12, 1, junk, rewind, nack_at,
+            np.array([False, True]), 600.0, 1e12, 1, injected, junk, rewind, nack_at,
             np.array([3000.0]), 10_000.0, drops)
     dropped = fk._drop(back, arr, *args)
     assert dropped == 100.0
-    assert back.tolist() == [[100.0, 500.0]] and arr.tolist() == [[50.0, 100.0]]
-    assert junk.tolist() == [250.0] and rewind.tolist() == [350.0]
+    assert back.tolist() == [[0.0, 500.0]] and arr.tolist() == [[0.0, 100.0]]
+    assert injected.tolist() == [850.0]
+    assert junk.tolist() == [100.0] and rewind.tolist() == [200.0]
     assert nack_at.tolist() == [13_000.0] and drops.tolist() == [0.0, 100.0]
     # the next step: 560 B queued at the leaf, 60 B arriving: 20 over, a third of 60 B
     back, arr = np.array([[0.0, 560.0]]), np.array([[0.0, 60.0]])
     assert fk._drop(back, arr, *args) == pytest.approx(20.0)
-    assert junk.tolist() == [pytest.approx(230.0)] and rewind.tolist() == [350.0]
+    assert junk.tolist() == [pytest.approx(80.0)] and rewind.tolist() == [200.0]
+    assert injected.tolist() == [850.0]
 
 
 def test_a_lossy_incast_carries_what_it_sends_again_through_the_receivers_link(

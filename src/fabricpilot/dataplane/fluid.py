@@ -314,9 +314,9 @@ class FluidRateModel:
         # a NIC port holds about one base step of bytes over all its QPs; what it could not
         # send in this step stays with the QPs (back-pressure), however long the step
         fk.nic_hold(m.backlog, m.injected, sent, m.first_port, m.hold_bytes)
-        if before is not None:
+        if before is not None:  # (less if the NIC held back what they sent before)
             more = m.injected[waiting] - before
-            m.junk[waiting] += more
+            m.junk[waiting] = np.maximum(m.junk[waiting] + more, 0.0)
             m.rewind[waiting] += more
         self._pfc(m, dt)
         self._mark(m, served_lp, delivered, dt)
@@ -379,8 +379,9 @@ class FluidRateModel:
             m.backlog, m.cidx, m.plen, m.cell_col, cap, eligible,
             self.qos.scheduler == "strict", self._weights[m.uprios], width, m.at_switch,
             m.egress_switch, m.cell_lossy, m.cell_switch, float(self.fp.buffer_bytes_per_port),
-            float(self.fp.buffer_bytes_per_switch), self.ct.n_switches, m.junk, m.rewind,
-            m.nack_at, m.rtt, self.now + self.fp.nack_ns, total, delivered, cell_drops)
+            float(self.fp.buffer_bytes_per_switch), self.ct.n_switches, m.injected, m.junk,
+            m.rewind, m.nack_at, m.rtt, self.now + self.fp.nack_ns, total, delivered,
+            cell_drops)
         if dropped > 0:
             assert self.report.port_drops_bytes is not None
             self.report.port_drops_bytes[self._grid(m)] += cell_drops.reshape(-1, width)

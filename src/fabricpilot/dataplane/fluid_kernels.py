@@ -205,6 +205,7 @@ def _drop(
     port_limit_bytes: float,
     switch_limit_bytes: float,
     n_switches: int,
+    injected: NDArray[np.float64],
     junk: NDArray[np.float64],
     rewind: NDArray[np.float64],
     nack_at: NDArray[np.float64],
@@ -220,9 +221,11 @@ def _drop(
     arrived at the drop hop with the loss and its bytes upstream of that hop, and what it
     sends until the NACK is back, ``nack_at = resume_ns + rtt``); then it sends again from
     the loss on (``rewind``: the bytes lost and sent after). What was already queued at the
-    drop hop went ahead of the loss and is delivered. A loss while junk is in flight is
-    taken from the junk first (it is ahead of the rest); one while a NACK is awaited adds
-    to what will be sent again. Returns the bytes dropped; adds drops per cell."""
+    drop hop went ahead of the loss and is delivered. Bytes still in the sender's NIC were
+    not on the wire yet: they go back to the sender (un-injected), to be sent, as junk,
+    while it waits. A loss while junk is in flight is taken from the junk first (it is
+    ahead of the rest); one while a NACK is awaited adds to what will be sent again.
+    Returns the bytes dropped; adds drops per cell."""
     m = back.shape[0]
     n_cells = cell_lossy.shape[0]
     queued = np.zeros(n_cells)
@@ -286,7 +289,12 @@ def _drop(
             continue
         after = 0.0  # what was sent after the loss, still on its way
         for k in range(first + 1):
-            after += arr[i, k] + (back[i, k] if k < first else 0.0)
+            if at_switch[i, k]:
+                after += arr[i, k] + (back[i, k] if k < first else 0.0)
+            elif k < first:  # (the NIC's: back to the sender)
+                injected[i] -= back[i, k] + arr[i, k]
+                back[i, k] = 0.0
+                arr[i, k] = 0.0
         junk[i] += after
         rewind[i] = lost + after
         nack_at[i] = resume_ns + rtt_ns[i]
@@ -340,6 +348,7 @@ def serve_step(
     port_limit_bytes: float,
     switch_limit_bytes: float,
     n_switches: int,
+    injected: NDArray[np.float64],
     junk: NDArray[np.float64],
     rewind: NDArray[np.float64],
     nack_at: NDArray[np.float64],
@@ -396,8 +405,9 @@ def serve_step(
                                                 port_limit_bytes, switch_limit_bytes,
                                                 n_switches):
                 dropped += _drop(back, arr, cidx, plen, at_switch, egress_switch, cell_lossy,
-                                 port_limit_bytes, switch_limit_bytes, n_switches, junk,
-                                 rewind, nack_at, rtt_ns, resume_ns, cell_drops)
+                                 port_limit_bytes, switch_limit_bytes, n_switches,
+                                 injected, junk, rewind, nack_at, rtt_ns, resume_ns,
+                                 cell_drops)
             for i in range(m):
                 fresh[i, 0] = 0.0
                 for k in range(1, plen[i]):

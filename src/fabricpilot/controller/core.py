@@ -1411,16 +1411,6 @@ class Controller:
         fast = both & ((o_a < 0) | (o_a != o_b))
         n_last = max(len(lasts), 1)
         first_of, last_of = list(firsts), list(lasts)
-        sw_paths = self._sw_paths
-
-        def switch_paths(code: NDArray[np.int64]) -> list[tuple[tuple[int, ...], ...]]:
-            """The switch paths of each (first, last) switch pair ``code`` names."""
-            out = []
-            for c in code.tolist():
-                first, last = first_of[c // n_last], last_of[c % n_last]
-                mids = sw_paths.get((first, last))
-                out.append(mids if mids is not None else self._switch_paths(first, last))
-            return out
 
         def hop_counts(code: NDArray[np.int64]) -> NDArray[np.int64]:
             """The hops of the fewest-hop switch paths of each (first, last) switch pair
@@ -1429,7 +1419,7 @@ class Controller:
             return np.array([self._hop_count(first_of[c // n_last], last_of[c % n_last])
                              for c in uniq.tolist()], np.int64)[inv.ravel()]
 
-        # the switch paths of each (first, last) switch pair met
+        # the (first, last) switch pair of each pair
         code = g_sw[0, a] * n_last + g_sw[1, b]
         # pairs of one host (NVLink and NICs both reach): by the fewer hops, as _combos
         # chooses (the other way alone if one has no path; both, if alike: one by one)
@@ -1449,8 +1439,13 @@ class Controller:
             fast[other] = True
         else:
             other = np.zeros(0, np.int64)
+        # the switch paths of each (first, last) switch pair met
         uniq, inv = np.unique(code[fast], return_inverse=True)
-        mids_of = switch_paths(uniq)
+        mids_of = []
+        for c in uniq.tolist():
+            first, last = first_of[c // n_last], last_of[c % n_last]
+            mids = self._sw_paths.get((first, last))
+            mids_of.append(mids if mids is not None else self._switch_paths(first, last))
         nic_fixed = self._nic_gbps
         if nic_fixed is not None:
             nic = np.full(len(a_l), nic_fixed)

@@ -2182,6 +2182,37 @@ def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
     assert ctl._endpoints == ends
 
 
+def test_a_job_refused_on_a_strict_call_is_told_alike_however_its_pairs_are_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUs 0, 1 on leaf0 and 2, 3 on leaf1 (one GPU per host): an L1 AllGather (ring
+    1 -> 2 -> 0 -> 3 -> 1 crosses the spine), an L2 AllReduce on pair 0 -> 3 (also across)
+    and an L3 AlltoAll. No L1 or L2 path exists, so the job is refused; its AlltoAll's pairs
+    that the stricter calls use keep their scope, so the AlltoAll is not made all at once
+    as an L3 call: the job is refused for the same reason, keeps no endpoints and is not
+    counted among the rate-capped L3 jobs, whichever way its pairs are made."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2,
+                                     rail_optimized=False))
+    intent = Intent("j", "t", (1, 2, 0, 3), (
+        CommCall("allgather", 1 << 20, 30.0, 0), CommCall("allreduce", 1 << 20, 80.0, 0,
+                                                          pairs=((0, 3),)),
+        CommCall("alltoall", 1 << 24, 900.0, 0)))
+    seen = []
+    for one_by_one in (False, True):
+        if one_by_one:
+            monkeypatch.setattr(Controller, "_call_demands",
+                                lambda self, task, pairs, *a: [None] * len(pairs))
+        ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
+        ctl.declare(intent)
+        assert ctl.demands() == []
+        seen.append((dict(ctl._endpoints), dict(ctl.sla_unmet), ctl.capped_tasks))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == {} and seen[0][2] == frozenset() and "j" in seen[0][1]
+
+
 def _fault_run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 40) -> int:
     """:func:`test_the_plan_s_records_follow_its_sets_through_many_faults` with ``seed``;
     returns how often a dead share was placed on the path of a dead share of its pair

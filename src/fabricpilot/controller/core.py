@@ -1172,9 +1172,10 @@ class Controller:
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 level = call.level
                 prio = call.priority
-                # the common case, every pair at once (then only the others one by one)
+                # the common case, every pair at once (then only the others one by one;
+                # all of them if a stricter call gave some pair its scope already)
                 made = (self._call_demands(task, pairs, cap, heat, prio)
-                        if not (call.pairs or pending or avoid) and level == "L3"
+                        if not (call.pairs or pending or avoid or scope_of) and level == "L3"
                         and call.sla_us * 1000.0 >= self._slowest_path_ns else None)
                 if made is not None and all(made):  # (every pair: all at once)
                     keys = list(map(_KEY, made))

@@ -310,14 +310,14 @@ class FluidRateModel:
         waiting = m.rewind > 0.0  # (what these send until their NACK is back is junk)
         before = m.injected[waiting] if waiting.any() else None
         sent = self._inject(m, dt)
+        if before is not None:  # (junk before it is served: a loss of it eats junk)
+            before = self._junk_sent(m, waiting, before)
         served_lp, delivered = self._serve(m, dt)
         # a NIC port holds about one base step of bytes over all its QPs; what it could not
         # send in this step stays with the QPs (back-pressure), however long the step
         fk.nic_hold(m.backlog, m.injected, sent, m.first_port, m.hold_bytes)
-        if before is not None:  # (less if the NIC held back what they sent before)
-            more = m.injected[waiting] - before
-            m.junk[waiting] = np.maximum(m.junk[waiting] + more, 0.0)
-            m.rewind[waiting] += more
+        if before is not None:  # (what the NIC held back of it is junk no more)
+            self._junk_sent(m, waiting, before)
         self._pfc(m, dt)
         self._mark(m, served_lp, delivered, dt)
         if self.cc.enabled:
@@ -344,6 +344,21 @@ class FluidRateModel:
             self.report.retransmitted_bytes += float(back.sum())
             m.rewind[due] = 0.0
             m.nack_at[due] = -np.inf
+
+    @staticmethod
+    def _junk_sent(m: _Members, waiting: NDArray[np.bool_], before: NDArray[np.float64]
+                   ) -> NDArray[np.float64]:
+        """What members ``waiting`` for a NACK injected since ``before`` (their injected
+        bytes then; less than none if the NIC held some back) is junk, to be sent again
+        after the NACK. Returns their injected bytes now. (Junk never goes below zero: a
+        shortfall is sent again too, so that every byte counted as junk is also counted
+        as to be sent again, and a member never waits for bytes nobody sends.)"""
+        now = m.injected[waiting]
+        junk = m.junk[waiting] + (now - before)
+        short = np.maximum(-junk, 0.0)
+        m.junk[waiting] = junk + short
+        m.rewind[waiting] += now - before + short
+        return now
 
     def _inject(self, m: _Members, dt: float) -> NDArray[np.float64]:
         # coupled streams: the row's progress as of the end of the last step; a capped
@@ -519,17 +534,29 @@ class FluidRateModel:
         flat[list(ports)] = True
         stuck = m.valid & flat[np.where(m.valid, m.pidx, 0)] & (m.backlog > 0)
         rows = np.flatnonzero(stuck.any(axis=1))
-        lost = np.where(stuck, m.backlog, 0.0)
+        lost = np.where(stuck[rows], m.backlog[rows], 0.0).sum(axis=1)
         self.report.drops_bytes += float(lost.sum())
-        # go-back-N: resend from the dropped bytes on (they and everything upstream)
         first = np.argmax(stuck[rows], axis=1)
-        upstream = np.arange(m.backlog.shape[1])[None, :] <= first[:, None]
-        resend = np.where(upstream | stuck[rows], m.backlog[rows], 0.0).sum(axis=1)
-        m.backlog[rows] = np.where(upstream | stuck[rows], 0.0, m.backlog[rows])
-        m.injected[rows] -= resend
-        m.retx[rows] += resend
-        self.report.retransmitted_bytes += float(resend.sum())
-        m.stall_until[rows] = self.now + m.rtt[rows] + self.fp.nack_ns
+        m.backlog[rows] = np.where(stuck[rows], 0.0, m.backlog[rows])
+        # go-back-N, as for any loss (fluid_kernels._drop): junk lost is junk no more; a
+        # member awaiting a NACK will send the rest again too; the others now await one,
+        # what they sent after the loss crossing on as junk (the NIC's back to the sender)
+        eaten = np.minimum(lost, m.junk[rows])
+        m.junk[rows] -= eaten
+        rest = lost - eaten
+        more = (rest > 0) & (m.rewind[rows] > 0)
+        m.rewind[rows[more]] += rest[more]
+        new = (rest > 0) & ~more
+        r = rows[new]
+        up = np.arange(m.backlog.shape[1])[None, :] < first[new][:, None]
+        on_wire = up & m.at_switch[r]
+        in_nic = up & ~m.at_switch[r]
+        after = np.where(on_wire, m.backlog[r], 0.0).sum(axis=1)
+        m.injected[r] -= np.where(in_nic, m.backlog[r], 0.0).sum(axis=1)
+        m.backlog[r] = np.where(in_nic, 0.0, m.backlog[r])
+        m.junk[r] += after
+        m.rewind[r] = rest[new] + after
+        m.nack_at[r] = self.now + self.fp.nack_ns + m.rtt[r]
         idx = np.array(sorted(ports))
         links, prios = idx // P, idx % P
         self._rx_xoff[links, prios] = False
@@ -612,6 +639,8 @@ class FluidRateModel:
         if limit <= base or m.n == 0:
             return base
         if self._n_paused or self._n_xoff or np.isfinite(self._next_pending):
+            return base
+        if m.rewind.any():  # (a loss being recovered: the NACK comes back on time)
             return base
         cc = m.cc
         p_path = self._p_path if self._p_path is not None else np.zeros(m.n)

@@ -291,7 +291,7 @@ def _drop(
         for k in range(first + 1):
             if at_switch[i, k]:
                 after += arr[i, k] + (back[i, k] if k < first else 0.0)
-            elif k < first:  # (the NIC's: back to the sender)
+            elif k < first:  # (the NIC's, the one hop not at a switch: back to the sender)
                 injected[i] -= back[i, k] + arr[i, k]
                 back[i, k] = 0.0
                 arr[i, k] = 0.0

@@ -163,8 +163,10 @@ class FluidParams:
     ``buffer_bytes_per_port`` caps each lossy switch egress queue; ``buffer_bytes_per_switch``
     is a switch's shared buffer, which lossless queues may fill only if PFC headroom is
     exhausted (then they drop too).
-    Lost bytes are recovered by go-back-N: the sender resends everything after the loss, and
-    learns of it one NACK round trip (``nack_ns``) later. ``window_bytes`` bounds how far a
+    Lost bytes are recovered by go-back-N: the sender learns of a loss ``nack_ns`` and one
+    round trip later; until then what it sent after the loss, and goes on sending, crosses
+    the fabric and is discarded by the receiver; then it resends everything from the loss
+    on. ``window_bytes`` bounds how far a
     ring stream may run ahead of the slowest stream of its ring (NCCL's buffers).
 
     The clock: ``step_ns`` while PFC is acting (a pause in force or on its way, an ingress

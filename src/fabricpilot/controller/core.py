@@ -961,16 +961,22 @@ class Controller:
         if hit is None:
             if first == last:
                 hit = ((),)
-            elif self._component[first] != self._component[last]:
-                hit = ()
             else:
-                found = self._reach.get(first)
-                if found is None:
-                    found = self._expand(first)
-                rows = found.get(last)
+                rows = self._rows(first, last)
                 hit = () if rows is None else self._as_paths(key, *rows)
             self._sw_paths[key] = hit
         return hit
+
+    def _rows(self, first: str, last: str
+              ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None] | None:
+        """The fewest-hop switch paths between two different switches as rows of link ids
+        (with which avoid the mice's spines; see :meth:`_expand`), ``None`` if none."""
+        if self._component[first] != self._component[last]:
+            return None
+        found = self._reach.get(first)
+        if found is None:
+            found = self._expand(first)
+        return found.get(last)
 
     def _hop_count(self, first: str, last: str) -> int:
         """The links of the fewest-hop switch paths from ``first`` to ``last`` (those of
@@ -980,12 +986,7 @@ class Controller:
             return len(hit[0]) if hit else -1
         if first == last:
             return 0
-        if self._component[first] != self._component[last]:
-            return -1
-        found = self._reach.get(first)
-        if found is None:
-            found = self._expand(first)
-        rows = found.get(last)
+        rows = self._rows(first, last)
         return -1 if rows is None else int(rows[0].shape[1])
 
     def _as_paths(self, key: tuple[str, str], paths: NDArray[np.int64],

@@ -538,25 +538,8 @@ class FluidRateModel:
         self.report.drops_bytes += float(lost.sum())
         first = np.argmax(stuck[rows], axis=1)
         m.backlog[rows] = np.where(stuck[rows], 0.0, m.backlog[rows])
-        # go-back-N, as for any loss (fluid_kernels._drop): junk lost is junk no more; a
-        # member awaiting a NACK will send the rest again too; the others now await one,
-        # what they sent after the loss crossing on as junk (the NIC's back to the sender)
-        eaten = np.minimum(lost, m.junk[rows])
-        m.junk[rows] -= eaten
-        rest = lost - eaten
-        more = (rest > 0) & (m.rewind[rows] > 0)
-        m.rewind[rows[more]] += rest[more]
-        new = (rest > 0) & ~more
-        r = rows[new]
-        up = np.arange(m.backlog.shape[1])[None, :] < first[new][:, None]
-        on_wire = up & m.at_switch[r]
-        in_nic = up & ~m.at_switch[r]
-        after = np.where(on_wire, m.backlog[r], 0.0).sum(axis=1)
-        m.injected[r] -= np.where(in_nic, m.backlog[r], 0.0).sum(axis=1)
-        m.backlog[r] = np.where(in_nic, 0.0, m.backlog[r])
-        m.junk[r] += after
-        m.rewind[r] = rest[new] + after
-        m.nack_at[r] = self.now + self.fp.nack_ns + m.rtt[r]
+        fk.lose(rows, first.astype(np.int64), lost, m.backlog, m.at_switch, m.injected,
+                m.junk, m.rewind, m.nack_at, m.rtt, self.now + self.fp.nack_ns)
         idx = np.array(sorted(ports))
         links, prios = idx // P, idx % P
         self._rx_xoff[links, prios] = False

@@ -277,28 +277,56 @@ def _drop(
                 lost += d
                 if first < 0:
                     first = k
-        if first < 0:
-            continue
-        eaten = min(lost, junk[i])  # (junk lost: it would have been discarded anyway)
-        junk[i] -= eaten
-        lost -= eaten
-        if lost <= 0.0:
-            continue
-        if rewind[i] > 0.0:  # (a NACK is on its way: the sender goes back further)
-            rewind[i] += lost
-            continue
-        after = 0.0  # what was sent after the loss, still on its way
-        for k in range(first + 1):
-            if at_switch[i, k]:
-                after += arr[i, k] + (back[i, k] if k < first else 0.0)
-            elif k < first:  # (the NIC's, the one hop not at a switch: back to the sender)
-                injected[i] -= back[i, k] + arr[i, k]
-                back[i, k] = 0.0
-                arr[i, k] = 0.0
-        junk[i] += after
-        rewind[i] = lost + after
-        nack_at[i] = resume_ns + rtt_ns[i]
+        if first >= 0:
+            _lose(i, first, lost, back, arr, at_switch, injected, junk, rewind, nack_at,
+                  rtt_ns, resume_ns)
     return dropped_total
+
+
+@numba.njit(**_JIT)
+def _lose(i: int, first: int, lost: float, back: NDArray[np.float64], arr: NDArray[np.float64],
+          at_switch: NDArray[np.bool_], injected: NDArray[np.float64],
+          junk: NDArray[np.float64], rewind: NDArray[np.float64], nack_at: NDArray[np.float64],
+          rtt_ns: NDArray[np.float64], resume_ns: float) -> None:
+    """Member ``i`` lost ``lost`` bytes, first at hop ``first`` (``back``: its queued bytes,
+    ``arr``: those arriving this pass): go-back-N, as :func:`_drop` describes it. Junk lost
+    is junk no more; a member awaiting a NACK will send the rest again too; the others now
+    await one, what they sent after the loss crossing on as junk (the NIC's back to the
+    sender)."""
+    eaten = min(lost, junk[i])  # (junk lost: it would have been discarded anyway)
+    junk[i] -= eaten
+    lost -= eaten
+    if lost <= 0.0:
+        return
+    if rewind[i] > 0.0:  # (a NACK is on its way: the sender goes back further)
+        rewind[i] += lost
+        return
+    after = 0.0  # what was sent after the loss, still on its way
+    for k in range(first + 1):
+        if at_switch[i, k]:
+            after += arr[i, k] + (back[i, k] if k < first else 0.0)
+        elif k < first:  # (the NIC's, the one hop not at a switch: back to the sender)
+            injected[i] -= back[i, k] + arr[i, k]
+            back[i, k] = 0.0
+            arr[i, k] = 0.0
+    junk[i] += after
+    rewind[i] = lost + after
+    nack_at[i] = resume_ns + rtt_ns[i]
+
+
+@numba.njit(**_JIT)
+def lose(rows: NDArray[np.int64], first: NDArray[np.int64], lost: NDArray[np.float64],
+         back: NDArray[np.float64], at_switch: NDArray[np.bool_],
+         injected: NDArray[np.float64], junk: NDArray[np.float64],
+         rewind: NDArray[np.float64], nack_at: NDArray[np.float64],
+         rtt_ns: NDArray[np.float64], resume_ns: float) -> None:
+    """Members ``rows`` lost ``lost`` bytes of what they had queued, first at hops
+    ``first`` (a PFC watchdog emptying stuck queues): go-back-N as for any loss
+    (:func:`_lose`)."""
+    arr = np.zeros_like(back)
+    for j in range(rows.shape[0]):
+        _lose(rows[j], first[j], lost[j], back, arr, at_switch, injected, junk, rewind,
+              nack_at, rtt_ns, resume_ns)
 
 
 @numba.njit(**_JIT)

@@ -1235,8 +1235,10 @@ def test_a_pair_given_twice_carries_two_transfers(tmp_path: Path) -> None:
         assert c.post("/api/v1/jobs", json=job, headers=_auth(ACME)).status_code == 201
         got = c.get("/api/v1/jobs/acme-tree", headers=_auth(ACME)).json()
         assert got["calls"][0]["pairs"] == [[0, 64], [0, 65], [0, 64]]
-        svc.controller.plan()
-        rates = {k: d.rate_gbps for k, d in svc.controller._demand.items()}
+        # (the control loop hands the declaration to the controller and plans it)
+        wait_until(lambda: c.get("/api/v1/jobs/acme-tree", headers=_auth(ACME)).json()["planned"])
+        with svc.lock:
+            rates = {k: d.rate_gbps for k, d in svc.controller._demand.items()}
         assert rates == pytest.approx({"acme-tree:0->64": 400 * 2 / 3,
                                        "acme-tree:0->65": 400 / 3})
         again = {k: got[k] for k in ("task_id", "gpus", "calls")}

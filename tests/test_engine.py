@@ -187,7 +187,7 @@ def test_default_scenario_conserves_bytes_and_completes(default_runs) -> None:  
 
 
 def test_a_flows_alone_fct_is_that_of_its_nics_whatever_the_policy(default_runs) -> None:  # type: ignore[no-untyped-def]
-    """The README's metrics: slowdown = FCT / (propagation + wire bytes / bottleneck rate)
+    """The metrics of docs/model.md: slowdown = FCT / (propagation + wire bytes / bottleneck rate)
     alone on the empty fabric. llm-dp's AllReduce runs one ring per rail over its 8 hosts
     of 8 GPUs: 64 hops and 8 hand-overs each, 72 members, whose slowest alone is a hop
     between hosts, from and to a 400 Gb/s NIC (a GPU's NVLink port, 3600 Gb/s, carries

@@ -516,7 +516,7 @@ def test_a_shared_seed_relabels_next_hops_but_keeps_collisions() -> None:
     """CRC-32 is affine: ``crc(seed | t) ^ crc(seed' | t)`` is the same for every tuple
     ``t`` of one length, so with one seed for all switches a new seed XORs one constant
     onto every hash, and on a group of 16 next hops the flows that share a next hop stay
-    together (the README says so). Per-switch seeds (own bit window) regroup them."""
+    together (docs/model.md says so). Per-switch seeds (own bit window) regroup them."""
     rng = np.random.default_rng(0)
     n = 2000
     src = rng.integers(0, 1 << 32, n)

@@ -246,7 +246,7 @@ def test_the_report_has_the_fluid_tables_and_what_the_cli_says_under_them(
 
 def test_a_job_stopped_after_some_iterations_is_marked_so(tmp_path: Path) -> None:
     """examples/link_failure.yaml with 7 RDMA retries: under ECMP both jobs stop 32 ms
-    after the loss (7 x 4 ms timeouts, as the README says), the ring before it finished an
+    after the loss (7 x 4 ms timeouts, as docs/model.md says), the ring before it finished an
     iteration, the AlltoAll after one. The table shows the AlltoAll's figures "then
     stopped", the JSON why each stopped and no fraction of ideal for the ring (the table's
     "-"), and the busbw plot is written with both marked."""

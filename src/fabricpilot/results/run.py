@@ -1,6 +1,6 @@
 """Results of one run: per flow, per collective, per job, per link, and the JSON summary.
 
-Definitions (as the README's "Metrics" states them): FCT = last byte delivered - first byte
+Definitions (as docs/model.md's "Metrics" states them): FCT = last byte delivered - first byte
 sent; slowdown = FCT / FCT alone on the empty fabric (latency + wire bytes / the flow's
 alone rate), clamped at >= 1; algbw = S / t in GB/s (10^9 bytes/s); busbw = algbw * the
 nccl-tests factor.

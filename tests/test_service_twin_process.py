@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
 from fabricpilot.balancing.task_aware import job_intents
 from fabricpilot.controller.core import Controller
 from fabricpilot.controller.southbound import PathSet, PortDelta
@@ -36,7 +37,6 @@ def test_the_twin_process_is_the_twin_as_a_data_plane() -> None:
     try:
         t_ready0 = time.monotonic()
         tp.wait_ready()
-        t_ready = time.monotonic()
         # the fabric and the jobs are those of the in-process twin of the same scenario
         here = PacedTwin(twin_context(prep)).fabric()
         assert view_to_dict(tp.fabric()) == view_to_dict(here)
@@ -54,9 +54,14 @@ def test_the_twin_process_is_the_twin_as_a_data_plane() -> None:
         tp.remove(gone)
         assert {ps.key for ps in tp.rules()} == held.keys() - set(gone)
         time.sleep(1.5)
-        deltas = tp.telemetry()
+        deltas: list[PortDelta] = []
+
+        def crossed() -> bool:  # (the twin's process gets little CPU on a loaded machine:
+            deltas.extend(tp.telemetry())  # its fabric time may lag the wall clock's far)
+            return sum(d.tx_bytes for d in deltas) > 0
+
+        wait_until(crossed, timeout_s=60)  # the jobs' traffic crossed the fabric
         assert deltas and all(isinstance(d, PortDelta) for d in deltas)
-        assert sum(d.tx_bytes for d in deltas) > 0  # the jobs' traffic crossed the fabric
         st = tp.status()
         t_status = time.monotonic()
         assert st["running"] and st["error"] is None and st["time_scale"] == SCALE
@@ -64,7 +69,9 @@ def test_the_twin_process_is_the_twin_as_a_data_plane() -> None:
         # one adaptive round of slack), and it has advanced
         fabric_ms = st["fabric_time_ms"]
         assert 0 < fabric_ms <= (t_status - t_ready0) * SCALE * 1e3 + 1.0
-        assert fabric_ms >= 0.2 * (t_status - t_ready) * SCALE * 1e3  # not stalled
+        # not stalled: its fabric time goes on (how fast depends on the CPU the machine
+        # gives its process: a pace of 1/5 of the wall clock's was missed under load)
+        wait_until(lambda: tp.status()["fabric_time_ms"] > fabric_ms, timeout_s=60)
         # a congestion table and a QoS map are accepted
         tp.push_congestion_table({0: 0.5})
         tp.set_qos({26: 3})

@@ -2034,6 +2034,30 @@ def test_a_gray_link_is_restored_once_its_counters_stay_clean() -> None:
     assert cleared == [] and ctl.degraded == {lk, other}
 
 
+def test_a_link_reported_every_300_ms_is_confirmed_gray_after_three_bad_samples_in_a_row(
+        ) -> None:
+    """Switches that report their error counters every 300 ms (slower than the 500 ms window
+    allows three samples in): an error rate of 1e-4 (> 1e-6) in three samples in a row
+    confirms the link gray at the third (t = 600 ms), as three within the window would; a
+    link whose bad samples are each followed by a clean one never is (noise), nor is one
+    bad sample."""
+    dp = TelemetryPlane()
+    ctl = Controller(dp, ControllerParams(parts=1))  # (debounce: 3 within 500 ms)
+    fabric = [x for x in dp.view.links if dp.view.link(x).kind == "fabric"]
+    steady, noisy, once = fabric[:3]
+    bad = {"fec_corrected": 1e5, "rx_bits": 1e9}
+    good = {"fec_corrected": 0.0, "rx_bits": 1e9}
+    found = {}
+    for i in range(6):
+        dp.deltas = [PortDelta(steady, 300_000_000, **bad),
+                     PortDelta(noisy, 300_000_000, **(bad if i % 2 == 0 else good)),
+                     PortDelta(once, 300_000_000, **(bad if i == 0 else good))]
+        for lk in ctl.tick(i * 300e6).links_gray:
+            found[lk] = i * 300e6
+    assert found == {steady: 600e6}
+    assert ctl.degraded == {steady}
+
+
 def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The slot table (the whole plan's sets in columns) is a faster way to read the same

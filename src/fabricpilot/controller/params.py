@@ -18,8 +18,9 @@ class ControllerParams:
     QP it can neither steer nor pin, ``spill_port_tries`` ports, of which it takes the one
     whose hash path avoids dead and gray links and loads the fabric least), and how it
     detects gray links: FEC-corrected error rate above ``fec_threshold`` in ``debounce_count``
-    samples within ``debounce_window_ns``. A QP moved off a failed link goes whole to its
-    least loaded live path unless that would load a link more than ``heal_spread_over``
+    samples within ``debounce_window_ns``, or in as many samples in a row. A QP moved off a
+    failed link goes whole to its least loaded live path unless that would load a link more
+    than ``heal_spread_over``
     (utilisation) above the plan's lambda (at least 100 %); then it is spread over ``parts``
     QPs. After links go down or gray, the next control period weighs a whole plan; a link
     back up is weighed so only once it has stayed up ``link_up_holddown_ns`` (counted from

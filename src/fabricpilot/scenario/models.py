@@ -1150,7 +1150,8 @@ def _check_ber(cls: type[BaseModel], value: float | None) -> float | None:
 
 
 class DebounceSpec(_Model):
-    """Act on a link only after ``count`` detections of it within ``window_ns``."""
+    """Act on a link only after ``count`` detections of it within ``window_ns``, or
+    ``count`` in a row (its error counters reported less often than the window allows)."""
 
     count: Int = Field(
         default=_FAULTS.debounce_count, ge=1,
@@ -1158,7 +1159,7 @@ class DebounceSpec(_Model):
     )
     window_ns: int = Field(
         default=_FAULTS.debounce_window_ns, gt=0,
-        description="the detections must fall within this window",
+        description="the detections must fall within this window (or come in a row)",
     )
 
     _quantities = field_validator("window_ns", mode="before")(_convert_quantity)

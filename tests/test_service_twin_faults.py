@@ -117,6 +117,44 @@ def test_a_fault_drill_in_the_twin_is_healed_from_telemetry(tmp_path: Path) -> N
         assert r.status_code == 501 and "only the twin" in r.json()["detail"]
 
 
+def test_a_link_the_controller_knew_down_before_a_restart_comes_back_with_the_twin(
+        tmp_path: Path) -> None:
+    """The twin's ports say leaf2-spine3 is down (an open-ended drill) and the controller
+    logs the cable down from the telemetry. The service stops and starts again on the same
+    state directory with a fresh twin, where every link is up: no port says it changed, but
+    the twin's first report gives every port's state, so the controller brings the cable
+    back (logged up, from the telemetry) instead of keeping it out of service for good."""
+    from fabricpilot.scenario import default_scenario
+
+    tokens = TokenRegistry()
+    tokens.add(OPS, Principal("ops", "operator"))
+    state = tmp_path / "state"
+
+    def logged(c: httpx.Client) -> list[tuple[str, int]]:
+        return [(f["kind"], f["link_id"]) for f in c.get("/api/v1/faults").json()
+                if f["source"] == "telemetry"]
+
+    app, svc, _, _ = build(default_scenario(), "default", state, tokens=tokens, twin=True,
+                           time_scale=1e-3, tick_interval_s=0.05)
+    view = svc.view
+    cable = {view.link_between("leaf2", "spine3"), view.link_between("spine3", "leaf2")}
+    with served(app) as url, httpx.Client(base_url=url, timeout=20,
+                                          headers={"Authorization": f"Bearer {OPS}"}) as c:
+        r = c.post("/api/v1/twin/faults", json={"events": [
+            {"kind": "link_down", "link": "leaf2-spine3", "at_ns": 0}]})
+        assert r.status_code == 201, r.text
+        wait_until(lambda: {("down", lk) for lk in cable} <= set(logged(c)), 60, 0.02)
+    app2, svc2, _, _ = build(default_scenario(), "default", state, tokens=tokens, twin=True,
+                             time_scale=1e-3, tick_interval_s=0.05)
+    assert cable <= svc2.controller.down  # (as it was left)
+    with served(app2) as url, httpx.Client(base_url=url, timeout=20,
+                                           headers={"Authorization": f"Bearer {OPS}"}) as c:
+        wait_until(lambda: not cable & svc2.controller.down, 60, 0.02)
+        wait_until(lambda: {("up", lk) for lk in cable} <= set(logged(c)), 10, 0.02)
+        assert all(lk["down"] is False for lk in (
+            c.get(f"/api/v1/fabric/links/{lk}").json() for lk in cable))
+
+
 def test_a_drill_goes_on_in_the_next_runs_for_what_is_left_of_it(tmp_path: Path) -> None:
     """The twin's runs of the default scenario last ~20 ms of fabric time (routing
     converges around a dead link within 1 ms here, so that a run ends). A drill injected
@@ -184,7 +222,8 @@ def test_a_port_down_and_back_between_two_reads_is_still_reported() -> None:
     that goes down and comes back between two reads (a flap, a short drill, a twin
     catching up on its schedule) says it went down in the next report and that it is back
     in the one after, as switches report a link-down event however short; a port still
-    down says so in every report, and nothing is said once all is reported."""
+    down says so in every report, and nothing is said once all is reported. The first
+    report, and the first after a controller asks (``sync_ports``), gives every port."""
     import numpy as np
 
     from fabricpilot.balancing.base import LinkTelemetry
@@ -201,6 +240,11 @@ def test_a_port_down_and_back_between_two_reads_is_still_reported() -> None:
         clock[0] += 1_000.0
         return {d.link_id: d.oper_up for d in twin.telemetry() if d.oper_up is not None}
 
+    # the first report gives every port's state, as a telemetry subscription's first does
+    twin.on_links_changed(0.0, [3], [])
+    assert report() == {i: i != 3 for i in range(n)}
+    twin.on_links_changed(0.0, [], [3])
+    assert report() == {3: True}
     twin.on_links_changed(0.0, [5, 6], [])
     twin.on_links_changed(0.0, [], [5, 6])  # back before anyone read the ports
     twin.on_links_changed(0.0, [9], [])  # down and still down
@@ -209,6 +253,10 @@ def test_a_port_down_and_back_between_two_reads_is_still_reported() -> None:
     twin.on_links_changed(0.0, [], [9])
     assert report() == {9: True}
     assert report() == {}
+    twin.on_links_changed(0.0, [7], [])
+    twin.sync_ports()  # (a controller connecting asks for every port's state again)
+    assert report() == {i: i != 7 for i in range(n)}
+    assert report() == {7: False}
 
 
 def test_a_drill_asked_for_between_two_runs_waits_for_the_next() -> None:

@@ -333,3 +333,38 @@ def test_the_http_southbound_installs_and_withdraws_path_sets(
             assert remote.rules() == sets[1:]
         assert any(getattr(r, "fields", {}).get("key") == "'x:0->1'"
                    and "does not exist" in r.fields["error"] for r in caplog.records)
+
+
+def test_a_controller_connecting_over_http_reads_every_ports_state_first() -> None:
+    """A twin serving the southbound over HTTP outlives its controllers. The first read of a
+    controller that connects (``RemoteDataPlane``) asks for every port's state, so one that
+    restarted knowing a link down learns it is up again although no port changed; later
+    reads give the changes only (the port still down, in every report). ``sync`` other
+    than true / false is a 422."""
+    import threading
+
+    import numpy as np
+
+    from conftest import served
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.service.southbound_http import RemoteDataPlane, RuleTable, dataplane_app
+
+    twin = PacedTwin(twin_context(prepare(default_scenario(), "default")))
+    n = twin.ctx.topology.n_links
+    clock = [0.0]
+
+    def tel() -> LinkTelemetry:
+        clock[0] += 1_000.0
+        return LinkTelemetry(np.zeros(n), np.zeros(n), np.zeros(n), now_ns=clock[0])
+
+    twin.bind(tel)
+    twin.on_links_changed(0.0, [4], [])
+    first = twin.telemetry()  # (an earlier controller's read: every port, once)
+    assert len(first) == n
+    with served(dataplane_app(RuleTable(twin, threading.RLock()), token="t0k")) as url:
+        remote = RemoteDataPlane(url, token="t0k")
+        said = {d.link_id: d.oper_up for d in remote.telemetry()}
+        assert said == {i: i != 4 for i in range(n)}
+        assert {d.link_id: d.oper_up for d in remote.telemetry()} == {4: False}
+        r = remote.http.get("/telemetry", params={"sync": "yes"})
+        assert r.status_code == 422 and "sync: expected true or false" in r.text

@@ -156,7 +156,10 @@ class DataPlane(Protocol):
         """The current topology."""
 
     def telemetry(self) -> list[PortDelta]:
-        """Counter deltas since the last call."""
+        """Counter deltas since the last call. A port that is down says so in every report
+        and, once up again, says that in the next; the first report after the controller
+        connects gives every port's state, as a telemetry subscription's first report does
+        (a controller that restarted knowing links down learns which are up again)."""
 
     def install(self, rules: list[PathSet]) -> None:
         """Install weighted path sets (and the senders' rate caps they carry); they take

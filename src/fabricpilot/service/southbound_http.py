@@ -254,8 +254,15 @@ def dataplane_app(table: RuleTable, *, token: str | None = None,
 
     @app.get(f"{PREFIX}/telemetry")
     def telemetry(request: Request) -> list[dict[str, Any]]:
+        """Counter deltas since the last read; with ``?sync=true`` (a controller that has
+        just connected) every port's state too, not only the changes."""
         check(request)
+        sync = request.query_params.get("sync", "false")
+        if sync not in ("true", "false"):
+            raise HTTPException(422, f"sync: expected true or false, got {sync!r}")
         with lock:
+            if sync == "true" and hasattr(dp, "sync_ports"):
+                dp.sync_ports()
             return [asdict(d) for d in dp.telemetry()]
 
     @app.get(f"{PREFIX}/rules")
@@ -367,6 +374,7 @@ class RemoteDataPlane:
         self.http = httpx.Client(base_url=self.url + PREFIX, headers=headers,
                                  timeout=timeout_s)
         self.telemetry_failures = 0
+        self._synced = False  # (the first read asks for every port's state)
         try:
             r = self.http.get("/fabric")
             r.raise_for_status()
@@ -379,13 +387,18 @@ class RemoteDataPlane:
         return self.view
 
     def telemetry(self) -> list[PortDelta]:
+        """Counter deltas since the last read; the first read (the switches may have held
+        their state since before this controller started) gives every port's state."""
         try:
-            r = self.http.get("/telemetry")
+            r = self.http.get("/telemetry", params={"sync": "false" if self._synced
+                                                    else "true"})
             r.raise_for_status()
         except httpx.HTTPError:
             self.telemetry_failures += 1
             return []
-        return [PortDelta(**d) for d in r.json()]
+        deltas = [PortDelta(**d) for d in r.json()]
+        self._synced = self._synced or bool(deltas)
+        return deltas
 
     def install(self, rules: list[PathSet]) -> None:
         if not rules:

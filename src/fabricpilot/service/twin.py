@@ -181,6 +181,15 @@ class PacedTwin(TaskAware):
         self.pace: Callable[[float], None] | None = None
         self.last_tel: LinkTelemetry | None = None
         self._went_down: set[int] = set()  # ports gone down since the last report
+        # the next report gives every port's state, as a telemetry subscription's first
+        # report does: a controller that restarted knowing links down that are up again
+        # (this twin started afresh) learns so, as no port would say it changed
+        self._sync_ports = True
+
+    def sync_ports(self) -> None:
+        """Give every port's state (up or down) in the next report, not only changes (a
+        controller connecting asks so)."""
+        self._sync_ports = True
 
     def bind(self, telemetry: Callable[[], LinkTelemetry]) -> None:
         offset = self.offset_ns
@@ -215,7 +224,8 @@ class PacedTwin(TaskAware):
         says so even if it is back already, and that it is back in the next report, as a
         switch reports a link-down event however short: the service's controller learns of
         links from telemetry alone, and a flap or a short drill (or a twin catching up on
-        its schedule) must not slip between two reads."""
+        its schedule) must not slip between two reads. The first report (and the first
+        after :meth:`sync_ports`) gives every port's state."""
         went, self._went_down = self._went_down, set()
         flapped = went - self.ports_down
         if flapped:
@@ -229,6 +239,18 @@ class PacedTwin(TaskAware):
                 self._ports_back |= flapped
         if not out:  # (nothing reported: no time went by, or no fabric yet)
             self._went_down |= went
+            return out
+        if self._sync_ports:
+            self._sync_ports = False
+            said = {d.link_id for d in out if d.oper_up is not None}
+            interval = out[0].interval_ns
+            by_link = {d.link_id: d for d in out}
+            for i in range(self.ctx.topology.n_links):
+                if i not in said:
+                    d = by_link.get(i)
+                    by_link[i] = (PortDelta(i, interval, oper_up=True) if d is None
+                                  else replace(d, oper_up=True))
+            out = [by_link[i] for i in sorted(by_link)]
         return out
 
     def new_run(self) -> None:

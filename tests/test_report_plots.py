@@ -165,6 +165,18 @@ def test_the_report_lists_the_faults(tmp_path: Path) -> None:
     text = con.export_text()
     assert "…" not in text and text.count("x") == 6 * 30 and text.count("dp-ring") == 6, text
     assert max(map(len, text.splitlines())) <= 110
+    # an 80-column terminal has no room for every figure side by side: one line per policy
+    # and fault instead, each figure whole and named
+    con = Console(width=80, record=True, file=io.StringIO())
+    policies = ("ecmp", "adaptive-split", "task-aware")
+    con.print(fault_table([replace(slow, policy=p) for p in policies], width=80))
+    text = con.export_text()
+    assert "…" not in text and "┃" not in text and max(map(len, text.splitlines())) <= 80
+    flat = " ".join(text.split())
+    for p in policies:
+        assert (f"{p} #0: detected 0.100, rerouted 200.100, recovery 208.342, lost "
+                in flat), flat
+    assert "#0: link leaf0<->spine0 down at 200 us" in flat
 
 
 def test_the_report_carries_interference_and_the_controller_line(runs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -233,7 +233,7 @@ def run(
             con.print(f"above ideal: {escape(', '.join(above))}; {ABOVE_REFERENCE}",
                       highlight=False, soft_wrap=True)
         con.print(fabric_table(shown))
-        faults = fault_table(shown)
+        faults = fault_table(shown, width=con.width)
         if faults is not None:
             con.print(faults)
         for line in run_notes(shown):

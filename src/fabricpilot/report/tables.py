@@ -309,24 +309,49 @@ def fault_rows(results: Sequence[RunResult]) -> tuple[list[list[str]], dict[obje
     return rows, labels
 
 
-def fault_table(results: Sequence[RunResult]) -> RenderableType | None:
+def fault_table(results: Sequence[RunResult], width: int | None = None
+                ) -> RenderableType | None:
     """Per policy and fault: when it was detected, rerouted and recovered (ms after the
     fault, to the us), bytes lost into dead links and resent, the longest job stall, the
     GPU time lost and the jobs whose traffic it reached (those it cut off marked so); the
-    faults are listed under the table. ``None`` when no run had faults."""
+    faults are listed under the table. ``None`` when no run had faults. A console
+    ``width`` too narrow for every figure whole gets one line per policy and fault
+    instead (``figure value, ...``): a figure is never cut short."""
     if not any(r.faults for r in results):
         return None
+    rows, labels = fault_rows(results)
+    caption = "; ".join(f"#{k}: {v}" for k, v in labels.items())
     # (no padding at the table's edges: the room goes to the jobs' names, which fold onto
-    # the next line where they do not fit, never cut short)
+    # the next line where they do not fit; the figures never wrap)
     t = Table(title="faults (times in ms after the fault)", title_justify="left",
               pad_edge=False)
     for col in FAULT_COLUMNS:
-        t.add_column(col, justify="left" if col in ("policy", "fault", "jobs hit") else "right",
-                     no_wrap=col in ("policy", "fault", "lost", "resent"),
-                     overflow="fold" if col == "jobs hit" else "ellipsis")
-    rows, labels = fault_rows(results)
+        t.add_column(_FAULT_HEADERS.get(col, col),
+                     justify="left" if col in ("policy", "fault", "jobs hit") else "right",
+                     no_wrap=col != "jobs hit", overflow="fold")
     for cells in rows:
         t.add_row(*map(escape, cells))
-    t.caption = escape("; ".join(f"#{k}: {v}" for k, v in labels.items()))
+    t.caption = escape(caption)
     t.caption_justify = "left"
-    return t
+    if width is None or _min_width(t) <= width:
+        return t
+    lines = [f"{escape(r[0])} {escape(r[1])}: "
+             + ", ".join(f"{col} {escape(v)}" for col, v in zip(FAULT_COLUMNS[2:-1], r[2:-1],
+                                                                strict=True))
+             + f"; jobs hit: {escape(r[-1])}" for r in rows]
+    return Group("[b]faults[/b] (times in ms after the fault)", *lines, escape(caption))
+
+
+_FAULT_HEADERS = {"worst stall": "worst\nstall", "GPU-s lost": "GPU-s\nlost"}
+_JOBS_MIN_WIDTH = 8  # (the jobs' names fold, but not to a few letters a line)
+
+
+def _min_width(table: Table) -> int:
+    """The narrowest ``table`` (of columns that do not wrap but its last, which folds) can
+    be drawn without cutting a cell short."""
+    widths = []
+    for col in table.columns:
+        cells = [str(c) for c in col.cells] + str(col.header).split("\n")
+        widths.append(_JOBS_MIN_WIDTH if not col.no_wrap else max(map(len, cells)))
+    # each column padded by 1 on both sides but the outer two, and a border between all
+    return sum(widths) + 2 * len(widths) - 2 + len(widths) + 1

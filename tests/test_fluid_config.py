@@ -192,6 +192,20 @@ def test_flow_model_warns_that_fluid_settings_are_ignored() -> None:
     assert config_warnings(sc, prepare(sc)) == []
 
 
+def test_a_job_of_one_gpu_is_warned_of() -> None:
+    """A one-GPU job's collectives move no data (nccl-tests' bus factor of one rank is 0):
+    it runs, with a warning naming it, and its collectives take no time."""
+    data = tiny(model="flow")
+    data["jobs"][0]["gpus"] = 3
+    data["jobs"].append({**copy.deepcopy(data["jobs"][0]), "name": "solo", "gpus": 1})
+    sc = scenario_from_dict(data)
+    prep = prepare(sc)
+    assert config_warnings(sc, prep) == [
+        "jobs[1]: solo: one GPU: its collectives move no data over the fabric "
+        "(time 0, busbw 0)"]
+    assert all(not s.transfers for c in prep.jobs[1].collectives for s in c.stages)
+
+
 def test_validate_warns_of_a_qos_mismatch(tmp_path: Path) -> None:
     path = write(tmp_path, tiny(qos={"switch_overrides": {"leaf1": {26: 0}}}))
     res = subprocess.run([sys.executable, "-m", "fabricpilot", "validate", str(path)],

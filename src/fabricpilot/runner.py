@@ -271,8 +271,11 @@ FLUID_ONLY_SETTINGS = ("ecn", "dcqcn", "pfc", "fluid", "qos")
 def config_warnings(scenario: Scenario, prep: Prepared) -> list[str]:
     """Problems that do not stop a run, as ``FIELD: MESSAGE`` lines: QoS mapping mismatches
     between switches, fluid-model settings given to the flow model (which ignores them),
-    a ``link_up`` fault that finds its link up and a ``link_down`` that finds it down."""
+    a ``link_up`` fault that finds its link up and a ``link_down`` that finds it down, a job
+    of one GPU (its collectives move no data: nccl-tests' busbw of one rank is 0)."""
     lines = [f"fabric.qos: {m}" for m in qos_warnings(prep)]
+    lines += [f"jobs[{i}]: {j.name}: one GPU: its collectives move no data over the fabric "
+              f"(time 0, busbw 0)" for i, j in enumerate(prep.jobs) if j.n_gpus == 1]
     if prep.faults is not None:
         lines += [f"faults.events: {f.label}: nothing holds the link down then, so it changes "
                   f"nothing" for f in prep.faults.idle_link_ups()]

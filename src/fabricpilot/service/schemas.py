@@ -258,7 +258,8 @@ class TwinFaultsIn(_Strict):
 
 
 class FaultIn(_Strict):
-    """A fault report: a link (by id, or by its two end nodes) went ``down``, came back
+    """A fault report: a link (by id, or by its two end nodes: the link from the first to
+    the second; a link is one direction, so a cable is two reports) went ``down``, came back
     ``up`` or is ``gray`` (it corrupts packets but stays up)."""
 
     kind: Literal["down", "up", "gray"]

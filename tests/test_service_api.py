@@ -477,6 +477,13 @@ def test_a_verdict_is_given_once_a_plan_has_checked_the_intent(client: httpx.Cli
     text = c.get("/metrics", headers=_auth(OPS)).text
     assert 'fabricpilot_job_sla_met{job="acme-far"' in text
     assert 'job="acme-off"' not in text
+    # the per-job series name jobs and tenants: an operator's; without a token (a scrape, a
+    # probe) or with a tenant's, the fabric's and the service's alone
+    for headers in ({}, _auth(ACME)):
+        r = c.get("/metrics", headers=headers)
+        assert r.status_code == 200 and "fabricpilot_plans_total" in r.text
+        assert "fabricpilot_job_sla_met" not in r.text and "acme" not in r.text
+    assert c.get("/metrics", headers=_auth("no-such-token")).status_code == 401
 
 
 def test_a_job_whose_new_intent_cannot_be_met_keeps_no_path_sets(client: httpx.Client) -> None:

@@ -489,8 +489,13 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         return await call("health")  # type: ignore[no-any-return]
 
     @app.get("/metrics", tags=["service"], response_class=Response)
-    async def metrics() -> Response:
-        text = await call("metrics_text") + generate_latest(registry).decode()
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics. The per-job series (jobs' names and tenants) only with an
+        operator's token, as the rest of the API shows a job to its tenant and the
+        operators alone; the fabric's and the service's without one (a scrape or a probe
+        need none)."""
+        jobs = "authorization" in request.headers and caller(request).is_operator
+        text = await call("metrics_text", jobs) + generate_latest(registry).decode()
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     # (probes that send HEAD: the GET's status and headers, no body)

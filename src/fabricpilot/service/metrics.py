@@ -23,6 +23,25 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                      2.5, 5.0, 10.0)
 
 
+JOB_METRICS = frozenset({"fabricpilot_job_busbw_gbytes_per_second", "fabricpilot_job_sla_met"})
+"""The per-job series: they name jobs and tenants (for operators only)."""
+
+
+def metric_of_line(line: str) -> str:
+    """The metric a line of the text exposition format is about (its ``# HELP`` / ``# TYPE``
+    comment too).
+
+    >>> metric_of_line('fabricpilot_job_sla_met{job="a",tenant="t",level="L3"} 1.0')
+    'fabricpilot_job_sla_met'
+    >>> metric_of_line("# HELP fabricpilot_plans_total Whole plans")
+    'fabricpilot_plans_total'
+    """
+    if line.startswith("#"):
+        parts = line.split(" ", 3)
+        return parts[2] if len(parts) > 2 else ""
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
 class ServiceCollector(Collector):
     """Collects a :class:`FabricService`'s state when Prometheus scrapes."""
 

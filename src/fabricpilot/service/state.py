@@ -53,7 +53,7 @@ from fabricpilot.controller.patterns import pattern_transfers
 from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal
-from fabricpilot.service.metrics import service_registry
+from fabricpilot.service.metrics import JOB_METRICS, metric_of_line, service_registry
 from fabricpilot.service.schemas import (
     MAX_CALLS_PER_JOB,
     AnnounceIn,
@@ -1106,9 +1106,14 @@ class FabricService:
             out.append(e)
         return out
 
-    def metrics_text(self) -> str:
-        """The service's Prometheus metrics, in the text exposition format."""
-        return generate_latest(self.registry).decode()
+    def metrics_text(self, jobs: bool = True) -> str:
+        """The service's Prometheus metrics, in the text exposition format (without the
+        per-job series, :data:`JOB_METRICS`, unless ``jobs``)."""
+        text = generate_latest(self.registry).decode()
+        if jobs:
+            return text
+        return "".join(line for line in text.splitlines(keepends=True)
+                       if metric_of_line(line) not in JOB_METRICS)
 
     # ------------------------------------------------------------ fabric
     def topology(self) -> dict[str, Any]:

@@ -812,6 +812,9 @@ def test_a_jobs_paths_come_in_pair_order_encoded_as_read(tmp_path: Path) -> None
         both = c.get("/api/v1/jobs/a2a/paths?src=2&dst=66", headers=_auth(OPS)).json()
         assert [(x["src"], x["dst"]) for x in both["pairs"]] == [(2, 66)]
         assert c.get("/api/v1/jobs/nope/paths", headers=_auth(OPS)).status_code == 404
+        r = c.get("/api/v1/jobs/a2a/paths?src=2&dst=999", headers=_auth(OPS))
+        assert r.status_code == 422 and r.json()["detail"] == (
+            "dst: GPU 999 is not one of a2a's GPUs")
 
 
 def test_openapi_lists_every_resource(client: httpx.Client) -> None:

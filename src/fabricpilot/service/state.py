@@ -932,8 +932,12 @@ class FabricService:
 
     def _job_pairs(self, p: Principal, task_id: str, src: int | None, dst: int | None
                    ) -> tuple[int, Iterator[dict[str, Any]]]:
-        """The plan epoch and (lazily) the pair records of :meth:`paths`."""
-        self._owned(p, task_id)
+        """The plan epoch and (lazily) the pair records of :meth:`paths`; a ``src`` or
+        ``dst`` not one of the job's GPUs is a 422 naming it."""
+        intent = self._owned(p, task_id)
+        for name, g in (("src", src), ("dst", dst)):
+            if g is not None and g not in intent.gpus:
+                raise ServiceError(422, f"{name}: GPU {g} is not one of {task_id}'s GPUs")
         mine = dict(self.dp.by_task.get(task_id, {}))  # (a copy: read off the lock)
         pairs = sorted((self._ends(k), k) for k in mine)
         if src is not None or dst is not None:

@@ -337,6 +337,12 @@ def test_nccl_test_bad_flags_fail_with_one_line(args: list[str], flag: str) -> N
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), res.stderr
 
 
+def test_nccl_test_a_gpu_count_out_of_range_is_given_back_in_digits() -> None:
+    res = cli("nccl-test", "--gpus", "999999999")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "error: --gpus: must be >= 2 and <= 131072, got 999999999")
+
+
 def test_nccl_test_gpus_that_do_not_fill_hosts_say_what_would() -> None:
     res = cli("nccl-test", "--gpus", "4")
     assert res.returncode == 2 and res.stderr.strip() == (

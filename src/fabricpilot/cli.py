@@ -704,7 +704,8 @@ def _number(value: float, flag: str, *, low: float, high: float, low_ok: bool = 
     """Fail with one line unless ``low < value <= high`` (``low <= value`` if ``low_ok``)."""
     above = value >= low if low_ok else value > low
     if not (math.isfinite(value) and above and value <= high):
-        _fail(f"{flag}: must be {'>=' if low_ok else '>'} {low:g} and <= {high:g}, got {value:g}")
+        got = str(value) if isinstance(value, int) else f"{value:g}"  # (an int: its digits)
+        _fail(f"{flag}: must be {'>=' if low_ok else '>'} {low:g} and <= {high:g}, got {got}")
 
 
 @app.command("nccl-test")

@@ -20,10 +20,10 @@ class ControllerParams:
     detects gray links: FEC-corrected error rate above ``fec_threshold`` in ``debounce_count``
     samples within ``debounce_window_ns``, or in as many samples in a row. A QP moved off a
     failed link goes whole to its least loaded live path unless that would load a link more
-    than ``heal_spread_over``
-    (utilisation) above the plan's lambda (at least 100 %); then it is spread over ``parts``
-    QPs. After links go down or gray, the next control period weighs a whole plan; a link
-    back up is weighed so only once it has stayed up ``link_up_holddown_ns`` (counted from
+    than ``heal_spread_over`` (utilisation) above the plan's lambda (at least 100 %); then
+    it is spread over ``parts`` QPs. After links go down or gray, the next control period
+    weighs a whole plan; a link back up is weighed so only once it has stayed up
+    ``link_up_holddown_ns`` (counted from
     when the data plane saw it back, else from the first control period that sees it up: a
     flapping link does not pull traffic back between its flaps). A whole plan weighed and
     not installed is not weighed again while the plan, the jobs and the links stay as they

@@ -294,6 +294,11 @@ def test_validation_and_limits(tmp_path: Path) -> None:
                 r = c.post(path, content=body.encode(),
                            headers={**auth, "content-type": "application/json"})
                 assert r.status_code == 401, (path, auth, r.text)
+            # nor for a tenant on a route for operators: it is told the route is not its own
+            if path != "/api/v1/jobs":
+                r = c.post(path, content=body.encode(),
+                           headers={**_auth(ACME), "content-type": "application/json"})
+                assert r.status_code == 403 and r.json()["detail"] == "operators only", r.text
         assert c.get("/api/v1/jobs", headers=_auth(OPS)).json() == []
         assert c.get("/api/v1/faults", headers=_auth(OPS)).json() == []
 

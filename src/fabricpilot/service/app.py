@@ -151,12 +151,17 @@ class NoDuplicateKeys:
     """ASGI middleware: a JSON request body that gives a key twice in one object gets 422
     naming the key (JSON parsers keep the last one silently: ``{"gpus": [0], "gpus": [1]}``
     would be read as ``[1]``). Other bodies, well-formed or not, go on to their route. With
-    ``known`` (a bearer token -> whether it is one), only the bodies of requests that carry
-    a known token are parsed here: the others go on unread to their route's 401."""
+    ``known`` (a bearer token -> whether it is one, and whether an operator's), only the
+    bodies of requests that carry a known token are parsed here, and of the paths
+    ``operators_only`` those of operators: the others go on unread to their route's 401 or
+    403 (a tenant is told the route is not theirs, not what is wrong with its body)."""
 
-    def __init__(self, app: ASGIApp, known: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, app: ASGIApp,
+                 known: Callable[[str], tuple[bool, bool]] | None = None,
+                 operators_only: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.known = known
+        self.operators_only = operators_only
 
     def _authorized(self, scope: Scope) -> bool:
         if self.known is None:
@@ -164,7 +169,10 @@ class NoDuplicateKeys:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, token = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and bool(token) and self.known(token)
+                if scheme.lower() != "bearer" or not token:
+                    return False
+                known, operator = self.known(token)
+                return known and (operator or scope.get("path") not in self.operators_only)
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -643,8 +651,13 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
                              _FastRoute(f"{v1}/jobs/{{task_id}}", update, methods=["PUT"]),
                              _FastRoute(f"{v1}/jobs", declare, methods=["POST"])]
     _with_schemas(app, [IntentIn, TelemetryIn, AnnounceIn, FaultIn, TwinFaultsIn])
+    def known(token: str) -> tuple[bool, bool]:
+        p = tokens.resolve(token)
+        return p is not None, p is not None and p.is_operator
+
     # (inside BodyLimit: reads what it lets through; of callers with a known token only)
-    app.add_middleware(NoDuplicateKeys, known=lambda token: tokens.resolve(token) is not None)
+    app.add_middleware(NoDuplicateKeys, known=known, operators_only=frozenset(
+        f"{v1}/{path}" for path in ("telemetry", "faults", "twin/faults", "control/tick")))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # (inside Observe: logged)
     app.add_middleware(Observe, latency=api_latency)
     return app

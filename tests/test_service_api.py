@@ -1138,9 +1138,12 @@ def test_a_body_that_is_not_json_is_not_echoed(client: httpx.Client) -> None:
 
 
 def test_telemetry_that_no_port_can_count_is_refused(tmp_path: Path) -> None:
-    """Bytes a link cannot carry in the interval, or a pause longer than the interval: 422
-    naming the delta's field, and the congestion map as it was. A port at its line rate
-    (the link's Gb/s x the interval's ns / 8 bytes) is accepted."""
+    """Bytes a link cannot carry in the interval, a pause longer than the interval, more
+    ECN-marked packets than twice the smallest frames (64 B + 20 B of preamble and gap) the
+    line rate sends, more corrected bit errors than bits received, more uncorrectable
+    frames than 64-byte frames in them: 422 naming the delta's field, and the congestion
+    map as it was. A port at its line rate (the link's Gb/s x the interval's ns / 8 bytes)
+    is accepted."""
     app, svc = _service(tmp_path)
     gbps = svc.view.links[1].capacity_gbps
     line_rate_bytes = gbps * 1000 / 8  # in 1 000 ns
@@ -1149,7 +1152,14 @@ def test_telemetry_that_no_port_can_count_is_refused(tmp_path: Path) -> None:
         for delta, field in (({"tx_bytes": 2.01 * line_rate_bytes}, "deltas.0.tx_bytes"),
                              ({"rx_bits": 2.01 * 8 * line_rate_bytes}, "deltas.0.rx_bits"),
                              ({"pause_ns": 1001}, "deltas.0.pause_ns"),
-                             ({"tx_bytes": 1e21, "pause_ns": 1e21}, "deltas.0.pause_ns")):
+                             ({"tx_bytes": 1e21, "pause_ns": 1e21}, "deltas.0.pause_ns"),
+                             ({"ecn_marks": 2.01 * line_rate_bytes / 84},
+                              "deltas.0.ecn_marks"),
+                             ({"rx_bits": 1e5, "fec_corrected": 1.01e5},
+                              "deltas.0.fec_corrected"),
+                             ({"fec_uncorrected": 1e20}, "deltas.0.fec_uncorrected"),
+                             ({"rx_bits": 512e3, "fec_uncorrected": 1001},
+                              "deltas.0.fec_uncorrected")):
             r = c.post("/api/v1/telemetry", headers=h, json={"deltas": [
                 {"link_id": 1, "interval_ns": 1000, **delta}]})
             assert r.status_code == 422, (delta, r.text)
@@ -1158,7 +1168,8 @@ def test_telemetry_that_no_port_can_count_is_refused(tmp_path: Path) -> None:
         assert max(svc.controller.map.utilization().values()) == 0.0
         r = c.post("/api/v1/telemetry", headers=h, json={"deltas": [
             {"link_id": 1, "interval_ns": 1000, "tx_bytes": line_rate_bytes,
-             "pause_ns": 1000}]})
+             "pause_ns": 1000, "ecn_marks": line_rate_bytes / 84, "rx_bits": 512e3,
+             "fec_corrected": 512e3, "fec_uncorrected": 1000}]})
         assert r.status_code == 202, r.text
 
 

@@ -88,6 +88,12 @@ PERIOD_YIELDS_MAX = 3
 one weighs its plan to the end (see :meth:`FabricService.run_tick`)."""
 
 
+_MIN_FRAME_BITS = 64 * 8
+"""The smallest Ethernet frame, in bits."""
+_MIN_WIRE_FRAME_BITS = (64 + 20) * 8
+"""The smallest Ethernet frame on the wire (with its preamble and inter-frame gap), bits."""
+
+
 class ServiceError(Exception):
     """An API-level refusal: HTTP ``status`` and a one-line ``detail``."""
 
@@ -955,7 +961,9 @@ class FabricService:
     def ingest(self, deltas: list[PortDeltaIn]) -> int:
         """Fold port deltas into the next control period (422 naming the first delta that
         names no link or counts more than its port can: pause longer than the interval,
-        more bytes or bits than twice the line rate carries in it)."""
+        more bytes or bits than twice the line rate carries in it, more ECN-marked packets
+        than twice as many minimum-size frames, more corrected bit errors than bits
+        received or more uncorrectable frames than 64-byte frames in them)."""
         links = self.view.links
         n = len(links)
         for i, d in enumerate(deltas):
@@ -973,6 +981,19 @@ class FabricService:
                 raise ServiceError(
                     422, f"deltas.{i}.{field}: {bits:g} bits in {d.interval_ns} ns is more "
                     f"than twice link {d.link_id}'s {links[d.link_id].capacity_gbps:g} Gb/s")
+            if d.ecn_marks * _MIN_WIRE_FRAME_BITS > most_bits:
+                raise ServiceError(
+                    422, f"deltas.{i}.ecn_marks: {d.ecn_marks:g} marked packets in "
+                    f"{d.interval_ns} ns is more than twice link {d.link_id}'s "
+                    f"{links[d.link_id].capacity_gbps:g} Gb/s sends of its smallest frames")
+            if d.fec_corrected > d.rx_bits:
+                raise ServiceError(
+                    422, f"deltas.{i}.fec_corrected: {d.fec_corrected:g} bit errors corrected "
+                    f"in {d.rx_bits:g} bits received")
+            if d.fec_uncorrected * _MIN_FRAME_BITS > d.rx_bits:
+                raise ServiceError(
+                    422, f"deltas.{i}.fec_uncorrected: {d.fec_uncorrected:g} frames lost in "
+                    f"{d.rx_bits:g} bits received (a frame is at least 64 bytes)")
         # a PortDeltaIn has every field of a PortDelta under the same name, and the
         # controller only reads those: handed over as they are (no copy per delta)
         self.dp.post(cast("list[PortDelta]", deltas))

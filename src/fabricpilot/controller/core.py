@@ -312,7 +312,7 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
     n = len(n_per_key)
     if parts is None or len(parts.demands) != n or not n or not parts.plain.any():
         return table.intern(paths, dst)
-    srt, new = parts.slot_starts()
+    srt, new = parts.slot_starts
     if not np.array_equal(new.sum(axis=1), n_per_key):
         return table.intern(paths, dst)
     cand = srt[new]  # (row by row: each demand's candidates in order, as its paths)

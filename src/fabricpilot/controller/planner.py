@@ -159,19 +159,18 @@ class PartChoice:
     rate: NDArray[np.float64]
     weight: NDArray[np.float64]
 
+    @functools.cached_property
     def slot_starts(self) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
         """Each demand's part choices sorted (a row per demand), and which of them start a
-        slot (a distinct candidate: the demand's paths, in order, are those candidates).
+        slot (a distinct candidate: the demand's paths, in order, are those candidates);
+        made once (the choices of a plan do not change).
 
         >>> z = np.zeros(1)
         >>> pc = PartChoice([], z, z, [], z, z, z, np.array([[2, 0, 2]]), (), z, z, z)
-        >>> srt, new = pc.slot_starts()
+        >>> srt, new = pc.slot_starts
         >>> srt.tolist(), new.tolist()
         ([[0, 2, 2]], [[True, True, False]])
         """
-        hit: tuple[NDArray[np.int64], NDArray[np.bool_]] | None = self.__dict__.get("_starts")
-        if hit is not None:  # (made once: the choices of a plan do not change)
-            return hit
         n = len(self.choice)
         srt = self.choice.reshape(n, self.choice.shape[1] if n else 1)
         # (most demands are whole, all parts on one candidate: only the others sorted)
@@ -181,7 +180,6 @@ class PartChoice:
             srt[mixed] = np.sort(srt[mixed], axis=1)
         new = np.ones(srt.shape, np.bool_)
         new[:, 1:] = srt[:, 1:] != srt[:, :-1]
-        object.__setattr__(self, "_starts", (srt, new))
         return srt, new
 
 

@@ -108,7 +108,7 @@ class SlotTable:
             return None
         if keys is None:
             keys = [d.key for d in dem]
-        srt, new = parts.slot_starts()
+        srt, new = parts.slot_starts
         split = srt.shape[1]
         at = np.flatnonzero(new.ravel())  # each slot's first part (flat)
         row_end = (at // split + 1) * split

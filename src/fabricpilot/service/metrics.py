@@ -23,25 +23,6 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                      2.5, 5.0, 10.0)
 
 
-JOB_METRICS = frozenset({"fabricpilot_job_busbw_gbytes_per_second", "fabricpilot_job_sla_met"})
-"""The per-job series: they name jobs and tenants (for operators only)."""
-
-
-def metric_of_line(line: str) -> str:
-    """The metric a line of the text exposition format is about (its ``# HELP`` / ``# TYPE``
-    comment too).
-
-    >>> metric_of_line('fabricpilot_job_sla_met{job="a",tenant="t",level="L3"} 1.0')
-    'fabricpilot_job_sla_met'
-    >>> metric_of_line("# HELP fabricpilot_plans_total Whole plans")
-    'fabricpilot_plans_total'
-    """
-    if line.startswith("#"):
-        parts = line.split(" ", 3)
-        return parts[2] if len(parts) > 2 else ""
-    return line.split("{", 1)[0].split(" ", 1)[0]
-
-
 class ServiceCollector(Collector):
     """Collects a :class:`FabricService`'s state when Prometheus scrapes."""
 
@@ -76,26 +57,11 @@ class ServiceCollector(Collector):
             down.add_metric(lv, 1.0 if st["down"] else 2.0 if st["gray"] else 0.0)
         yield from (util, queue, pause, drops, weight, down)
 
-        busbw = GaugeMetricFamily("fabricpilot_job_busbw_gbytes_per_second",
-                                  "Bus bandwidth of a job's last collective (GB/s)",
-                                  labels=["job"])
-        sla = GaugeMetricFamily("fabricpilot_job_sla_met",
-                                "1 if every path the job needs can meet its SLA",
-                                labels=["job", "tenant", "level"])
         with svc.lock:
             ctl = svc.controller
-            for name, v in sorted(svc.busbw_GBps.items()):
-                busbw.add_metric([name], v)
-            for tid, intent in sorted(ctl.intents.items()):
-                if not intent.opt_in:  # (not planned by the controller: never checked)
-                    continue
-                met = tid not in ctl.sla_unmet and tid not in ctl.partitioned
-                sla.add_metric([tid, intent.tenant, intent.strictest_level], 1.0 if met else 0.0)
             violations = len(set(ctl.sla_unmet) | set(ctl.partitioned))
             n_jobs = len(ctl.intents)
             n_sets = len(svc.dp.installed)
-        yield busbw
-        yield sla
         yield GaugeMetricFamily("fabricpilot_sla_violations",
                                 "Jobs whose SLA no path can meet (or that a failure "
                                 "partitioned)", value=violations)
@@ -119,6 +85,41 @@ class ServiceCollector(Collector):
                 ("twin_restarts", "Times the twin's process died and was started again",
                  c.twin_restarts)):
             yield CounterMetricFamily(f"fabricpilot_{name}", doc, value=v)
+
+
+class JobCollector(Collector):
+    """Collects a :class:`FabricService`'s per-job series: they name jobs and tenants (for
+    operators only, apart from the rest: :func:`job_registry`)."""
+
+    def __init__(self, service: FabricService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self.service
+        busbw = GaugeMetricFamily("fabricpilot_job_busbw_gbytes_per_second",
+                                  "Bus bandwidth of a job's last collective (GB/s)",
+                                  labels=["job"])
+        sla = GaugeMetricFamily("fabricpilot_job_sla_met",
+                                "1 if every path the job needs can meet its SLA",
+                                labels=["job", "tenant", "level"])
+        with svc.lock:
+            ctl = svc.controller
+            for name, v in sorted(svc.busbw_GBps.items()):
+                busbw.add_metric([name], v)
+            for tid, intent in sorted(ctl.intents.items()):
+                if not intent.opt_in:  # (not planned by the controller: never checked)
+                    continue
+                met = tid not in ctl.sla_unmet and tid not in ctl.partitioned
+                sla.add_metric([tid, intent.tenant, intent.strictest_level], 1.0 if met else 0.0)
+        yield busbw
+        yield sla
+
+
+def job_registry(service: FabricService) -> CollectorRegistry:
+    """A registry of one service's per-job series (:class:`JobCollector`)."""
+    reg = CollectorRegistry()
+    reg.register(JobCollector(service))
+    return reg
 
 
 def service_registry(service: FabricService) -> CollectorRegistry:

@@ -53,7 +53,7 @@ from fabricpilot.controller.patterns import pattern_transfers
 from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
 from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal
-from fabricpilot.service.metrics import JOB_METRICS, metric_of_line, service_registry
+from fabricpilot.service.metrics import job_registry, service_registry
 from fabricpilot.service.schemas import (
     MAX_CALLS_PER_JOB,
     AnnounceIn,
@@ -257,6 +257,7 @@ class FabricService:
             self.runner = TwinRunner(prep, policy, self.lock, time_scale=time_scale,
                                      on_collective=self._on_collective)
         self.registry = service_registry(self)
+        self.job_registry = job_registry(self)  # (operators only: see metrics_text)
         self.intents = dict(self.controller.intents)
         self._gpu_tenants: dict[int, Counter[str]] = {}  # GPU -> jobs using it per tenant
         for intent in self.intents.values():
@@ -1132,13 +1133,10 @@ class FabricService:
         return out
 
     def metrics_text(self, jobs: bool = True) -> str:
-        """The service's Prometheus metrics, in the text exposition format (without the
-        per-job series, :data:`JOB_METRICS`, unless ``jobs``)."""
+        """The service's Prometheus metrics, in the text exposition format (with the
+        per-job series, :class:`~fabricpilot.service.metrics.JobCollector`, if ``jobs``)."""
         text = generate_latest(self.registry).decode()
-        if jobs:
-            return text
-        return "".join(line for line in text.splitlines(keepends=True)
-                       if metric_of_line(line) not in JOB_METRICS)
+        return text + generate_latest(self.job_registry).decode() if jobs else text
 
     # ------------------------------------------------------------ fabric
     def topology(self) -> dict[str, Any]:

@@ -154,6 +154,34 @@ def test_a_replan_of_the_same_jobs_on_the_same_links_reuses_their_demands() -> N
                for p in d.full_candidates)
 
 
+def test_the_route_tables_are_made_as_the_fabric_is_read_not_in_a_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the switch paths from every switch a GPU sends into (2 leaves, 2 NVSwitches: 4
+    # searches) are found at construction; plans and a heal afterwards search no more
+    from fabricpilot.controller import core
+
+    searches: list[int] = []
+    search = core.fewest_hop_paths_from
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        searches.append(args[0])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(core, "fewest_hop_paths_from", counted)
+    dp = FakeDataPlane(hosts=True)
+    ctl = Controller(dp)
+    assert len(searches) == 4 and len(set(searches)) == 4
+    ctl.declare(Intent("a", "t", (0, 1, 2, 3), (CommCall("alltoall", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    up = next(lk for lk, info in dp.view.links.items()
+              if (info.src, info.dst) == ("leaf0", "spine0"))
+    ctl.on_links_changed([up], [])
+    ctl.plan()
+    assert len(searches) == 4
+    assert ctl.current is not None and all(
+        up not in p for shares in ctl.current.paths.values() for p, _ in shares)
+
+
 def test_opted_out_jobs_and_same_node_pairs_get_no_rules() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

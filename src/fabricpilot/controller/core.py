@@ -872,6 +872,25 @@ class Controller:
         # the compiled kernels, once per process: not in the first plan or re-plan
         planner.warm_up()
         entropy.warm_up()
+        self._prepare_routes()
+
+    def _prepare_routes(self) -> None:
+        """The fabric's route tables, made once as the controller reads the topology (as a
+        controller computes its routes when it learns the fabric, not in the first plan or
+        heal that needs them): every GPU's ends by switch component (:meth:`_end_info`) and
+        the fewest-hop switch paths from every switch a GPU sends into (:meth:`_expand`).
+        The view is fixed for the controller's life; links down or gray are avoided per
+        demand, not by changing these."""
+        firsts: dict[str, None] = {}
+        for node in self.view.gpu_node.values():
+            if node in self._ends_out:
+                continue
+            self._end_info(node, False)
+            for by_comp in self._end_info(node, True)[1].values():
+                firsts.update((sw, None) for sw, _, _ in by_comp)
+        for sw in firsts:
+            if sw not in self._reach:
+                self._expand(sw)
 
     # --------------------------------------------------------------- intents
     @functools.cached_property

@@ -822,6 +822,7 @@ class Controller:
         self._ends_in: dict[str, _EndInfo] = {}
         self._steering: SteeringTable | None = None
         self._cap_cache: dict[int, float] | None = None
+        self._cap_values: LinkValues | None = None  # the same as arrays (_link_values)
         self._cap_array: NDArray[np.float64] | None = None  # capacity by link id (dense)
         self._fabric_cap: NDArray[np.float64] | None = None  # the same, inf if not fabric
         # the plan's load by link id (dense), kept equal to ``current.link_load_gbps``
@@ -877,20 +878,29 @@ class Controller:
     def _prepare_routes(self) -> None:
         """The fabric's route tables, made once as the controller reads the topology (as a
         controller computes its routes when it learns the fabric, not in the first plan or
-        heal that needs them): every GPU's ends by switch component (:meth:`_end_info`) and
-        the fewest-hop switch paths from every switch a GPU sends into (:meth:`_expand`).
-        The view is fixed for the controller's life; links down or gray are avoided per
-        demand, not by changing these."""
+        heal that needs them): every GPU's NIC rate, its ends by switch component
+        (:meth:`_end_info`), and the fewest-hop switch paths from every switch a GPU sends
+        into (:meth:`_expand`) with their hop counts. The view is fixed for the controller's
+        life; links down or gray are avoided per demand, not by changing these."""
+        gpus = self.view.gpu_node
+        # every GPU's NIC rate, by GPU id (NaN: no GPU has the id, or it sends on no link)
+        self._nic_rates: NDArray[np.float64] = np.full(max(gpus, default=-1) + 1, np.nan)
+        sends = [g for g, node in gpus.items() if self.view.graph.succ[node]]
+        self._nic_rates[sends] = [self._nic(g) for g in sends]
         firsts: dict[str, None] = {}
-        for node in self.view.gpu_node.values():
-            if node in self._ends_out:
-                continue
+        for node in gpus.values():
             self._end_info(node, False)
             for by_comp in self._end_info(node, True)[1].values():
                 firsts.update((sw, None) for sw, _, _ in by_comp)
         for sw in firsts:
             if sw not in self._reach:
                 self._expand(sw)
+        # the hops of the fewest-hop switch paths from each of them to every switch it
+        # reaches (and 0 to itself)
+        self._hops: dict[tuple[str, str], int] = {
+            (first, last): int(rows.shape[1])
+            for first in firsts for last, (rows, _) in self._reach[first].items()}
+        self._hops.update(((sw, sw), 0) for sw in firsts)
 
     # --------------------------------------------------------------- intents
     @functools.cached_property
@@ -1400,10 +1410,10 @@ class Controller:
         g_sw = np.zeros((2, n_g), np.int64)
         # (out, in): the switch of its one end in the other component, if it has one
         g_osw = np.full((2, n_g), -1, np.int64)
-        heads: dict[int, tuple[int, ...]] = {}
-        tails: dict[int, tuple[int, ...]] = {}
-        o_heads: dict[int, tuple[int, ...]] = {}
-        o_tails: dict[int, tuple[int, ...]] = {}
+        # per GPU, the (1-tuple of the) link it leaves by and is entered by, and those of its
+        # ends in the other component (object arrays: gathered per pair in C)
+        heads, tails = np.empty(n_g, object), np.empty(n_g, object)
+        o_heads, o_tails = np.empty(n_g, object), np.empty(n_g, object)
         for i, g in enumerate(gpus):
             g_node[g] = node_ix.setdefault(gpu_node[g], len(node_ix))
             ends_f, others = [], []
@@ -1433,12 +1443,15 @@ class Controller:
         n_last = max(len(lasts), 1)
         first_of, last_of = list(firsts), list(lasts)
 
+        hops = self._hops
+
         def hop_counts(code: NDArray[np.int64]) -> NDArray[np.int64]:
             """The hops of the fewest-hop switch paths of each (first, last) switch pair
             ``code`` names (-1: none)."""
             uniq, inv = np.unique(code, return_inverse=True)
-            return np.array([self._hop_count(first_of[c // n_last], last_of[c % n_last])
-                             for c in uniq.tolist()], np.int64)[inv.ravel()]
+            pairs = [(first_of[c // n_last], last_of[c % n_last]) for c in uniq.tolist()]
+            return np.array([hops[p] if p in hops else self._hop_count(*p) for p in pairs],
+                            np.int64)[inv.ravel()]
 
         # the (first, last) switch pair of each pair
         code = g_sw[0, a] * n_last + g_sw[1, b]
@@ -1454,9 +1467,6 @@ class Controller:
             fast[i_near[way == 0]] = True  # (through the NICs)
             other = i_near[way == 1]  # (through the other component: NVLink)
             code[other] = o_code[way == 1]
-            for i in other.tolist():
-                heads[-1 - i] = o_heads[a_l[i]]
-                tails[-1 - i] = o_tails[b_l[i]]
             fast[other] = True
         else:
             other = np.zeros(0, np.int64)
@@ -1468,12 +1478,7 @@ class Controller:
             mids = self._sw_paths.get((first, last))
             mids_of.append(mids if mids is not None else self._switch_paths(first, last))
         nic_fixed = self._nic_gbps
-        if nic_fixed is not None:
-            nic = np.full(len(a_l), nic_fixed)
-        else:
-            g_nic = np.zeros(n_g)
-            g_nic[gpus] = [self._nic(g) for g in gpus]
-            nic = g_nic[a]
+        nic = np.full(len(a_l), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
         share = np.array(share_l, np.float64)
         rates = nic * share * rate_cap
         qps = pair_qps(share, self.parts)
@@ -1482,12 +1487,13 @@ class Controller:
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         idx, inv = idx[ok], inv.ravel()[ok]
         fa, fb = a[idx].tolist(), b[idx].tolist()
-        # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those
-        # filed under -1 - its index)
-        ha, tb = a[idx], b[idx]
+        # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those of
+        # its GPUs' ends there)
+        ha, tb = heads[a[idx]], tails[b[idx]]
         if len(other):
             by_nvl = np.isin(idx, other)
-            ha, tb = np.where(by_nvl, -1 - idx, ha), np.where(by_nvl, -1 - idx, tb)
+            ha[by_nvl] = o_heads[a[idx[by_nvl]]]
+            tb[by_nvl] = o_tails[b[idx[by_nvl]]]
         q_idx = qps[idx]
         if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
             q_list = itertools.repeat(int(q_idx[0]))  # rule)
@@ -1498,8 +1504,7 @@ class Controller:
         made = list(map(_demand_of, zip(keys, rates[idx].tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),
                                         itertools.repeat(heat),
-                                        map(heads.__getitem__, ha.tolist()),
-                                        map(tails.__getitem__, tb.tolist()), wholes,
+                                        ha.tolist(), tb.tolist(), wholes,
                                         itertools.repeat(priority), q_list, strict=False)))
         if len(made) == len(out):  # (every pair, as a rule)
             return made  # type: ignore[return-value]
@@ -1516,6 +1521,15 @@ class Controller:
         if self._cap_cache is None:
             self._cap_cache = {lid: li.capacity_gbps for lid, li in self.view.links.items()}
         return self._cap_cache
+
+    def _link_values(self) -> LinkValues:
+        """Capacity (Gb/s) of every link of the view as arrays, by ascending link id (as the
+        planner reads it; cached)."""
+        if self._cap_values is None:
+            cap = self._link_capacity()
+            ids = np.array(sorted(cap), np.int64)
+            self._cap_values = LinkValues(ids, np.array([float(cap[lk]) for lk in ids.tolist()]))
+        return self._cap_values
 
     def _capacity_of(self, ids: NDArray[np.int64], ids_l: list[int]) -> NDArray[np.float64]:
         """Capacities (Gb/s) of the links ``ids`` (``ids_l`` as a list), as floats."""
@@ -1859,7 +1873,7 @@ class Controller:
         pinned (full rule tables), plan again with those demands restricted to the paths
         entropy reaches, which frees rules for the others, and keep whichever of the two
         loads the fabric less once every path is the one its QP really takes."""
-        cap = self._link_capacity()
+        cap = self._link_values()
         # (made now for the re-plans of a failure, not on their clock)
         if len(self._dense_capacity()):
             self._fabric_caps()

@@ -585,9 +585,10 @@ class _Commodities:
         if (cap_arrays is not None and isinstance(background, LinkValues)
                 and background.ids is cap_arrays.ids):
             self.bg = background.values.astype(np.float64)
+        elif not background:
+            self.bg = np.zeros(n_links)
         else:
-            bg = background or {}
-            self.bg = np.array([float(bg.get(lk, 0.0)) for lk in self.links.tolist()])
+            self.bg = np.array([float(background.get(lk, 0.0)) for lk in self.links.tolist()])
         self.rate = np.array(rates, np.float64)
         self.weight = np.array(weights, np.float64)
         self.whole = np.fromiter(wholes, np.bool_, n)

@@ -879,8 +879,9 @@ class Controller:
         """The fabric's route tables, made once as the controller reads the topology (as a
         controller computes its routes when it learns the fabric, not in the first plan or
         heal that needs them): every GPU's NIC rate, its ends by switch component
-        (:meth:`_end_info`), and the fewest-hop switch paths from every switch a GPU sends
-        into (:meth:`_expand`) with their hop counts. The view is fixed for the controller's
+        (:meth:`_end_info`), the fewest-hop switch paths from every switch a GPU sends into
+        (:meth:`_expand`) with their hop counts, the links' capacities and the ECMP groups
+        the entropy steering reads. The view is fixed for the controller's
         life; links down or gray are avoided per demand, not by changing these."""
         gpus = self.view.gpu_node
         # every GPU's NIC rate, by GPU id (NaN: no GPU has the id, or it sends on no link)
@@ -901,6 +902,13 @@ class Controller:
             (first, last): int(rows.shape[1])
             for first in firsts for last, (rows, _) in self._reach[first].items()}
         self._hops.update(((sw, sw), 0) for sw in firsts)
+        # the links' capacities as the planner and the heals read them, and the fabric's
+        # ECMP groups as the entropy steering reads them
+        self._link_values()
+        if len(self._dense_capacity()):
+            self._fabric_caps()
+        if self.view.ecmp is not None:
+            self._steering_table().compile()
 
     # --------------------------------------------------------------- intents
     @functools.cached_property
@@ -1874,9 +1882,6 @@ class Controller:
         entropy reaches, which frees rules for the others, and keep whichever of the two
         loads the fabric less once every path is the one its QP really takes."""
         cap = self._link_values()
-        # (made now for the re-plans of a failure, not on their clock)
-        if len(self._dense_capacity()):
-            self._fabric_caps()
         check = self._check
         stop = self.interrupt.flag if self._may_yield else None
         plan = plan_greedy(demands, cap, background=background, split=self.parts,

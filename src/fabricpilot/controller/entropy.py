@@ -351,7 +351,7 @@ def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link
     return count, out_sw[:q], out_size[:q], out_want[:q]
 
 
-def _path_rows(paths: list[tuple[int, ...]], dst: list[int], compiled: tuple[NDArray, ...]
+def _path_rows(paths: list[tuple[int, ...]], dst: NDArray[np.int64], compiled: tuple[NDArray, ...]
                ) -> tuple[NDArray, NDArray, NDArray] | None:
     """The links of ``paths`` (flat, with offsets) and each one's destination leaf, as
     :func:`_path_constraints` reads them; ``None`` if a link or GPU is not in the compiled
@@ -410,6 +410,10 @@ class SteeringTable:
         self._c_sw = _Growing(np.int64)
         self._compiled: tuple[NDArray, ...] | None = None  # (made at first use; () if not)
 
+    def compile(self) -> None:
+        """Make the arrays of the view that steering reads (done at first use otherwise)."""
+        self._compiled_view()
+
     def _compiled_view(self) -> tuple[NDArray, ...] | None:
         """The view as arrays for :func:`_path_constraints` (link -> switch, (switch, leaf)
         -> group, group members) and GPU -> leaf; ``None`` if link or GPU ids are not small
@@ -451,16 +455,17 @@ class SteeringTable:
         if len(ids_of) > n0:  # the new ones' constraints, from their first requests
             rows = np.flatnonzero(ids >= n0)
             _, first = np.unique(ids[rows], return_index=True)
-            firsts = rows[first].tolist()
+            firsts = rows[first]
             try:
-                self._add([paths[r] for r in firsts], [int(dst[r]) for r in firsts])
+                self._add([paths[r] for r in firsts.tolist()],
+                          np.asarray(dst, np.int64)[firsts])
             except BaseException:
                 for m in list(itertools.islice(ids_of, n0, None)):
                     del ids_of[m]
                 raise
         return ids
 
-    def _add(self, paths: list[tuple[int, ...]], dst: list[int]) -> None:
+    def _add(self, paths: list[tuple[int, ...]], dst: NDArray[np.int64]) -> None:
         """Append the constraints of new switch paths (one request each, in id order)."""
         compiled = self._compiled_view() if self.cache is None else None
         rows = _path_rows(paths, dst, compiled) if compiled is not None else None
@@ -470,7 +475,7 @@ class SteeringTable:
         else:  # path by path, through ``cache`` if given
             cache, sw_ix = self.cache, self._sw_ix
             count_l, sw_l, size_l, want_l = [], [], [], []
-            for p, d in zip(paths, dst, strict=True):
+            for p, d in zip(paths, dst.tolist(), strict=True):
                 cons = cache.get(p[1:-1]) if cache is not None else None
                 if cons is None:
                     cons = constraints(self.view, d, p)

@@ -288,13 +288,20 @@ class TaskAware(Adaptive):
         if not all(map(held.__contains__, keys)):
             self._planned_codes = None
         if not self._ahead:  # (before the run no stream is on the way yet)
-            changed = [r.key for r in rules if r.key not in held or held[r.key][0] != r]
+            changed = keys
+            if held:
+                changed = []
+                for r in rules:
+                    was = held.get(r.key)
+                    if was is None:
+                        changed.append(r.key)
+                        continue
+                    if was[0] != r:
+                        changed.append(r.key)
+                    # until a new set takes effect the switches forward by the one they have
+                    if was[1] <= now < at:
+                        self._before[r.key] = was[0]
             self._new_rules.update(zip(changed, itertools.repeat(at)))
-            # until a new set takes effect the switches forward by the one they have
-            for r in rules:
-                was = held.get(r.key)
-                if was is not None and was[1] <= now and at > now:
-                    self._before[r.key] = was[0]
         held.update(zip(keys, zip(rules, itertools.repeat(at), strict=False), strict=True))
         for pending in (self._forwarded, self._removing):  # (superseded by the new sets)
             if pending:

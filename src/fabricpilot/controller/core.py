@@ -173,6 +173,8 @@ def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]) -> 
     ...                                PathSet("a", ((2,),), (1.0,))], {"a": old})]
     ['b', 'a']
     """
+    if not installed:
+        return list(sets)
     return [r for r in sets if installed.get(r.key) != r]
 
 
@@ -1935,8 +1937,9 @@ class Controller:
         changed = _changed_sets(sets, installed)
         # the sets of pairs this plan no longer has (jobs gone or not planned now) are
         # withdrawn first: their rules free room for the new ones
-        planned = {r.key for r in sets}
-        self._forgotten.extend(k for k in installed if k not in planned)
+        if installed:
+            planned = {r.key for r in sets}
+            self._forgotten.extend(k for k in installed if k not in planned)
         self._withdraw_forgotten()
         self.dp.install(changed)
         # (the plan's own link arrays index the sets, if every path is the plan's: no path

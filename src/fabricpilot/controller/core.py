@@ -126,6 +126,18 @@ def _picker(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     return operator.itemgetter(*at)  # type: ignore[return-value]
 
 
+def _singles(items: Sequence[Any]) -> Iterable[tuple[Any]]:
+    """Each item as a 1-tuple; where all items are one value (as the weight of every
+    one-path set, or its rules, none), one 1-tuple for all (tuples are immutable).
+
+    >>> list(_singles([1.0, 1.0])), list(_singles([(), (("s", 1),)]))
+    ([(1.0,), (1.0,)], [((),), ((('s', 1),),)])
+    """
+    if items and items.count(items[0]) == len(items):
+        return itertools.repeat((items[0],), len(items))
+    return zip(items)
+
+
 def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[int, ...]],
                weights: Sequence[float], ports: Sequence[int],
                rules: Sequence[tuple[tuple[str, int], ...]], caps: list[float],
@@ -142,8 +154,8 @@ def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[
     n = len(keys)
     count = np.diff(first)
     if (count == 1).all():
-        return list(map(_path_set_of, zip(keys, zip(paths), zip(weights), zip(ports),
-                                          zip(rules), caps, strict=True)))
+        return list(map(_path_set_of, zip(keys, zip(paths), _singles(weights), zip(ports),
+                                          _singles(rules), caps, strict=True)))
     out = np.empty(n, object)
     one = np.flatnonzero(count == 1)
     if len(one):
@@ -151,8 +163,8 @@ def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[
         at_rows = _picker(rows)
         at_keys = _picker(one_l)
         out[one] = list(map(_path_set_of, zip(at_keys(keys), zip(at_rows(paths)),
-                                              zip(at_rows(weights)), zip(at_rows(ports)),
-                                              zip(at_rows(rules)), at_keys(caps),
+                                              _singles(at_rows(weights)), zip(at_rows(ports)),
+                                              _singles(at_rows(rules)), at_keys(caps),
                                               strict=True)))
     t_paths, t_weights, t_ports, t_rules = tuple(paths), tuple(weights), tuple(ports), tuple(rules)
     bounds = first.tolist()

@@ -390,10 +390,10 @@ def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
     assert len(table.ids) == n and (10**6,) not in table.ids
 
 
-def test_a_plan_interns_one_path_per_candidate_of_its_tuples(monkeypatch) -> None:
-    """Steering a whole plan interns one path per candidate of a candidate tuple (the
-    others share its switch path), not every path; yet every path gets the id of its own
-    switch path, as interning it alone would give."""
+def test_a_plan_interns_the_switch_paths_of_its_tuples_once(monkeypatch) -> None:
+    """Steering a whole plan interns each switch path its pairs take once (the pairs of a
+    leaf pair share them), not every path, and a re-plan none; yet every path gets the id
+    of its own switch path, as interning it alone would give."""
     from fabricpilot.controller import core
     from fabricpilot.controller.entropy import SteeringTable
 
@@ -401,27 +401,32 @@ def test_a_plan_interns_one_path_per_candidate_of_its_tuples(monkeypatch) -> Non
     _, ctl = _alltoall_controller(ctx)
     seen: dict = {}
     interned: list[int] = []
-    real_ids, real_intern = core._switch_path_ids, SteeringTable.intern
+    real_ids, real_intern = core._switch_path_ids, SteeringTable._intern
 
     def spy_ids(table, parts, paths, dst, n_per_key):  # type: ignore[no-untyped-def]
         ids = real_ids(table, parts, paths, dst, n_per_key)
         seen.update(table=table, parts=parts, paths=list(paths), ids=ids)
         return ids
 
-    def spy_intern(self, paths, dst):  # type: ignore[no-untyped-def]
-        interned.append(len(paths))
-        return real_intern(self, paths, dst)
+    def spy_intern(self, switch_paths, n, path_of, dst):  # type: ignore[no-untyped-def]
+        interned.append(n)
+        return real_intern(self, switch_paths, n, path_of, dst)
 
     monkeypatch.setattr(core, "_switch_path_ids", spy_ids)
-    monkeypatch.setattr(SteeringTable, "intern", spy_intern)
+    monkeypatch.setattr(SteeringTable, "_intern", spy_intern)
     ctl.plan()
     paths, ids = seen["paths"], seen["ids"].tolist()
-    assert seen["parts"] is not None and seen["parts"].plain.all()
+    parts = seen["parts"]
+    assert parts is not None and parts.plain.all()
     by_id = {i: sw for sw, i in seen["table"].ids.items()}
     assert [by_id[i] for i in ids] == [p[1:-1] for p in paths]
-    # 64 GPUs: 4032 pairs, one QP each (an AlltoAll); each switch path interned once
+    # 64 GPUs: 4032 pairs, one QP each (an AlltoAll); each switch path a pair takes
+    # interned once (fewer than the paths), no candidate no pair takes
     assert len({p[:1] + p[-1:] for p in paths}) == len(paths) == 64 * 63
     assert sum(interned) == len({p[1:-1] for p in paths}) < len(paths)
+    interned.clear()
+    ctl.plan(background={})  # (the same jobs again)
+    assert interned == [] and seen["ids"].tolist() == ids
 
 
 def test_qps_left_to_their_hash_leave_a_failed_link_and_are_counted() -> None:

@@ -321,8 +321,10 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
     """The steering table's switch-path id of every path of a plan (``paths``: each
     demand's in turn, ``n_per_key`` of them; ``dst``: their destination GPUs). For the
     demands whose part choices say what their paths are (:attr:`PartChoice.plain`: path
-    ``head + tuples[tup][c] + tail`` for each candidate ``c`` chosen, in order), one path per
-    candidate of a tuple is interned, not each path: the others share its switch path."""
+    ``head + tuples[tup][c] + tail`` for each candidate ``c`` chosen, in order), the ids
+    are those of their candidates' switch paths, kept per candidate tuple (each interned
+    once for the controller's life: :meth:`SteeringTable.intern_candidates`), not found
+    path by path."""
     n = len(n_per_key)
     if parts is None or len(parts.demands) != n or not n or not parts.plain.any():
         return table.intern(paths, dst)
@@ -332,11 +334,10 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
     cand = srt[new]  # (row by row: each demand's candidates in order, as its paths)
     row = np.repeat(np.arange(n, dtype=np.int64), n_per_key)
     plain = np.flatnonzero(parts.plain[row])
-    code = parts.tup[row[plain]] * (int(cand.max()) + 1) + cand[plain]
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    of = row[plain]  # (the demand of each such path)
     ids = np.empty(len(paths), np.int64)
-    reps = plain[first]
-    ids[plain] = table.intern([paths[r] for r in reps.tolist()], dst[reps])[inv.ravel()]
+    ids[plain] = table.intern_candidates(parts.tuples, parts.tup[of], cand[plain],
+                                         parts.head[of], parts.tail[of], dst[plain])
     other = np.flatnonzero(~parts.plain[row])
     if len(other):
         ids[other] = table.intern([paths[r] for r in other.tolist()], dst[other])

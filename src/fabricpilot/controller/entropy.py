@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -91,6 +91,11 @@ def constraints(view: FabricView, dst: int, path: tuple[int, ...]
             continue
         out.append((sw, group, group.index(link) if link in group else -1))
     return out
+
+
+# candidate tuples a steering table keeps the ids of (by identity, holding the tuple): past
+# this many it starts again (tuples of demands long gone would pile up)
+_TUPLE_MEMO_MAX = 1 << 16
 
 
 @numba.njit(cache=True, nogil=True)
@@ -408,6 +413,8 @@ class SteeringTable:
                                                    np.int64))
         self._arrays[0].extend([0])
         self._c_sw = _Growing(np.int64)
+        # candidate tuple (by identity) -> the tuple and its switch paths' ids (-1: not yet)
+        self._by_tuple: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64]]] = {}
         self._compiled: tuple[NDArray, ...] | None = None  # (made at first use; () if not)
 
     def compile(self) -> None:
@@ -448,16 +455,84 @@ class SteeringTable:
     def intern(self, paths: list[tuple[int, ...]], dst: list[int] | NDArray[np.int64],
                ) -> NDArray[np.int64]:
         """The switch-path id of every path (``dst``: each path's destination GPU)."""
+        return self._intern((p[1:-1] for p in paths), len(paths), paths.__getitem__, dst)
+
+    def intern_candidates(self, tuples: Sequence[tuple[tuple[int, ...], ...]],
+                          tup: NDArray[np.int64], cand: NDArray[np.int64],
+                          heads: NDArray[np.int64], tails: NDArray[np.int64],
+                          dst: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The switch-path id of each request ``r``: candidate ``cand[r]`` of candidate tuple
+        ``tuples[tup[r]]`` (a tuple of switch paths: the links between a path's first and
+        last link), on a path from head link ``heads[r]`` to tail link ``tails[r]`` towards
+        GPU ``dst[r]``. The ids are kept per tuple by identity as they are found (a
+        controller's candidate tuples live across plans: a re-plan interns no path again),
+        and only the candidates some request takes are interned.
+
+        >>> from fabricpilot.controller.southbound import EcmpSpec, LinkInfo
+        >>> links = [LinkInfo(0, "g0", "l0", 100, 1), LinkInfo(1, "l0", "s0", 100, 1),
+        ...          LinkInfo(2, "l0", "s1", 100, 1), LinkInfo(3, "s0", "l1", 100, 1),
+        ...          LinkInfo(4, "s1", "l1", 100, 1), LinkInfo(5, "l1", "g1", 100, 1)]
+        >>> spec = EcmpSpec(0, False, True, {"l0": 0, "s0": 1, "s1": 2},
+        ...                 {("l0", "l1"): (1, 2)}, {0: "l0", 1: "l1"})
+        >>> v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu"}, {},
+        ...                           {0: "g0", 1: "g1"}, ecmp=spec)
+        >>> table, spines = SteeringTable(v), ((1, 3), (2, 4))
+        >>> def ask(c): return table.intern_candidates(
+        ...     [spines], np.zeros(len(c), np.int64), np.array(c), *(np.full(len(c), x)
+        ...                                                    for x in (0, 5, 1)))
+        >>> ask([1, 1]).tolist(), len(table.ids)  # (one candidate taken: one interned)
+        ([0, 0], 1)
+        >>> ask([0, 1]).tolist(), table.intern([(0, 1, 3, 5)], [1]).tolist()
+        ([1, 0], [1])
+        """
+        memo = self._by_tuple
+        used, at_used = np.unique(tup, return_inverse=True)
+        known = []
+        for u in used.tolist():
+            t = tuples[u]
+            hit = memo.get(id(t))
+            if hit is None or hit[0] is not t:
+                if len(memo) >= _TUPLE_MEMO_MAX:
+                    memo.clear()
+                hit = memo[id(t)] = (t, np.full(len(t), -1, np.int64))
+            known.append(hit[1])
+        at = _offsets(np.fromiter(map(len, known), np.int64, len(known)))
+        flat = np.concatenate(known) if known else np.zeros(0, np.int64)
+        pos = at[at_used.ravel()] + cand
+        ids = flat[pos]
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            new_pos, rep = np.unique(pos[missing], return_index=True)
+            reqs = missing[rep]
+            r_tup, r_cand = tup[reqs].tolist(), cand[reqs].tolist()
+            sw = [tuples[t][c] for t, c in zip(r_tup, r_cand, strict=True)]
+            head, tail = heads[reqs].tolist(), tails[reqs].tolist()
+            got = self._intern(iter(sw), len(sw), lambda r: (head[r], *sw[r], tail[r]),
+                               dst[reqs])
+            flat[new_pos] = got
+            ids = flat[pos]
+            owner = np.searchsorted(at, new_pos, side="right") - 1
+            for j, p, i in zip(owner.tolist(), (new_pos - at[owner]).tolist(), got.tolist(),
+                               strict=True):
+                known[j][p] = i
+        return ids
+
+    def _intern(self, switch_paths: Iterator[tuple[int, ...]], n: int,
+                path_of: Callable[[int], tuple[int, ...]], dst: list[int] | NDArray[np.int64],
+                ) -> NDArray[np.int64]:
+        """The id of each of the ``n`` switch paths, new ones added with the constraints of
+        their first request (``path_of(r)``: request ``r``'s whole path; ``dst[r]``: its
+        destination GPU)."""
         ids_of = self.ids
         n0 = len(ids_of)
         add = ids_of.setdefault  # (a new switch path gets the next id)
-        ids = np.fromiter((add(p[1:-1], len(ids_of)) for p in paths), np.int64, len(paths))
+        ids = np.fromiter((add(p, len(ids_of)) for p in switch_paths), np.int64, n)
         if len(ids_of) > n0:  # the new ones' constraints, from their first requests
             rows = np.flatnonzero(ids >= n0)
             _, first = np.unique(ids[rows], return_index=True)
             firsts = rows[first]
             try:
-                self._add([paths[r] for r in firsts.tolist()],
+                self._add([path_of(r) for r in firsts.tolist()],
                           np.asarray(dst, np.int64)[firsts])
             except BaseException:
                 for m in list(itertools.islice(ids_of, n0, None)):

@@ -895,9 +895,10 @@ class Controller:
         controller computes its routes when it learns the fabric, not in the first plan or
         heal that needs them): every GPU's NIC rate, its ends by switch component
         (:meth:`_end_info`), the fewest-hop switch paths from every switch a GPU sends into
-        (:meth:`_expand`) with their hop counts, the links' capacities and the ECMP groups
-        the entropy steering reads. The view is fixed for the controller's
-        life; links down or gray are avoided per demand, not by changing these."""
+        (:meth:`_expand`) with their hop counts, the hosts (:attr:`host_of`), the links'
+        capacities and the ECMP groups the entropy steering reads. The view is fixed for the
+        controller's life; links down or gray are avoided per demand, not by changing
+        these."""
         gpus = self.view.gpu_node
         # every GPU's NIC rate, by GPU id (NaN: no GPU has the id, or it sends on no link)
         self._nic_rates: NDArray[np.float64] = np.full(max(gpus, default=-1) + 1, np.nan)
@@ -924,6 +925,7 @@ class Controller:
             self._fabric_caps()
         if self.view.ecmp is not None:
             self._steering_table().compile()
+        self.host_of  # noqa: B018 (the hosts, as the patterns of every call read them)
 
     # --------------------------------------------------------------- intents
     @functools.cached_property

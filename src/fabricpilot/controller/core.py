@@ -353,6 +353,28 @@ _STALE_SLACK = 1024  # endpoints of pairs no longer planned kept beyond twice th
 
 
 @dataclass
+class _GpuEnds:
+    """Per GPU id, its ends as a call whose GPUs all have ends in one switch component
+    reads them: ``node`` (the index of its node), ``ok`` (one end each way in the
+    component and at most one other component each way), ``sw[0]`` / ``sw[1]`` its first
+    and last switch there (codes of ``switches``), ``heads`` / ``tails`` the 1-tuples of
+    the links it leaves by and is entered by, and each way its other component's bit
+    (``other``, -1: none) with the switch and link of its one end there (``osw``, -1:
+    none; ``o_heads``, ``o_tails``)."""
+
+    node: NDArray[np.int64]
+    ok: NDArray[np.bool_]
+    other: NDArray[np.int64]
+    sw: NDArray[np.int64]
+    osw: NDArray[np.int64]
+    heads: NDArray[np.object_]
+    tails: NDArray[np.object_]
+    o_heads: NDArray[np.object_]
+    o_tails: NDArray[np.object_]
+    switches: list[str]
+
+
+@dataclass
 class _SetEdits:
     """What a heal changes in the moving keys' sets (see ``Controller._edit_sets``)."""
 
@@ -895,7 +917,8 @@ class Controller:
         controller computes its routes when it learns the fabric, not in the first plan or
         heal that needs them): every GPU's NIC rate, its ends by switch component
         (:meth:`_end_info`), the fewest-hop switch paths from every switch a GPU sends into
-        (:meth:`_expand`) with their hop counts, the hosts (:attr:`host_of`), the links'
+        (:meth:`_expand`) with their hop counts, every GPU's ends in the component all GPUs
+        reach (:meth:`_gpu_ends`), the hosts (:attr:`host_of`), the links'
         capacities and the ECMP groups the entropy steering reads. The view is fixed for the
         controller's life; links down or gray are avoided per demand, not by changing
         these."""
@@ -905,13 +928,22 @@ class Controller:
         sends = [g for g, node in gpus.items() if self.view.graph.succ[node]]
         self._nic_rates[sends] = [self._nic(g) for g in sends]
         firsts: dict[str, None] = {}
-        for node in gpus.values():
-            self._end_info(node, False)
-            for by_comp in self._end_info(node, True)[1].values():
+        # every GPU's switch components with ends both ways, as a bit mask
+        self._gpu_masks: dict[int, int] = {}
+        self._gpu_ends_of: dict[int, _GpuEnds] = {}  # (made per component: _gpu_ends)
+        for g, node in gpus.items():
+            into = self._end_info(node, False)
+            out = self._end_info(node, True)
+            self._gpu_masks[g] = out[0] & into[0]
+            for by_comp in out[1].values():
                 firsts.update((sw, None) for sw, _, _ in by_comp)
         for sw in firsts:
             if sw not in self._reach:
                 self._expand(sw)
+        # every GPU's ends in the component all GPUs reach (a fabric's leaves and spines)
+        common = functools.reduce(operator.and_, self._gpu_masks.values(), -1)
+        if common > 0 and not common & (common - 1):
+            self._gpu_ends(common)
         # the hops of the fewest-hop switch paths from each of them to every switch it
         # reaches (and 0 to itself)
         self._hops: dict[tuple[str, str], int] = {
@@ -1135,6 +1167,46 @@ class Controller:
                 by_bit.setdefault(bit, []).append((sw, lk, (lk,)))
             hit = cache[node] = (mask, {bit: tuple(e) for bit, e in by_bit.items()})
         return hit
+
+    def _gpu_ends(self, fabric: int) -> _GpuEnds:
+        """The ends of every GPU as :meth:`_call_demands` reads them for a call whose GPUs
+        all have ends in switch component ``fabric`` (a one-bit mask; made once per
+        component)."""
+        hit = self._gpu_ends_of.get(fabric)
+        if hit is not None:
+            return hit
+        gpus = self.view.gpu_node
+        n_g = max(gpus, default=-1) + 1
+        switches: dict[str, int] = {}
+        nodes: dict[str, int] = {}
+        t = _GpuEnds(np.full(n_g, -1, np.int64), np.zeros(n_g, np.bool_),
+                     np.full((2, n_g), -1, np.int64), np.zeros((2, n_g), np.int64),
+                     np.full((2, n_g), -1, np.int64), np.empty(n_g, object),
+                     np.empty(n_g, object), np.empty(n_g, object), np.empty(n_g, object), [])
+        for g, node in gpus.items():
+            t.node[g] = nodes.setdefault(node, len(nodes))
+            infos = self._end_info(node, True), self._end_info(node, False)
+            if not all(mask & fabric for mask, _ in infos):
+                continue  # (no end in the component: its pairs one by one)
+            ends_f = [by_comp[fabric] for _, by_comp in infos]
+            others = [mask ^ fabric for mask, _ in infos]
+            if any(len(e) != 1 for e in ends_f) or any(o & (o - 1) for o in others):
+                continue  # (its pairs: one by one)
+            t.ok[g] = True
+            (first, _, t.heads[g]), = ends_f[0]
+            (last, _, t.tails[g]), = ends_f[1]
+            t.sw[0, g] = switches.setdefault(first, len(switches))
+            t.sw[1, g] = switches.setdefault(last, len(switches))
+            t.other[0, g], t.other[1, g] = (o.bit_length() - 1 for o in others)
+            o_ends = [infos[side][1].get(others[side], ()) for side in (0, 1)]
+            if len(o_ends[0]) == 1 and len(o_ends[1]) == 1:
+                (o_first, _, t.o_heads[g]), = o_ends[0]
+                (o_last, _, t.o_tails[g]), = o_ends[1]
+                t.osw[0, g] = switches.setdefault(o_first, len(switches))
+                t.osw[1, g] = switches.setdefault(o_last, len(switches))
+        t.switches.extend(switches)
+        self._gpu_ends_of[fabric] = t
+        return t
 
     def demands(self, only: set[str] | None = None) -> list[Demand]:
         """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat
@@ -1407,66 +1479,24 @@ class Controller:
         out: list[Demand | None] = [None] * len(pairs)
         if not pairs:
             return out
-        gpu_node = self.view.gpu_node
         a_l, b_l, share_l = (list(c) for c in zip(*pairs, strict=True))
-        gpus = list(dict.fromkeys(a_l + b_l))
-        # per GPU: its node; its ends' components (all GPUs share one: ``fabric``), its one
-        # out end there (first switch, head) and in end (last switch, tail), and its other
-        # component on each side, if one
-        infos = []
-        fabric = -1
-        for g in gpus:
-            node = gpu_node[g]
-            for ends, is_out in ((self._ends_out, True), (self._ends_in, False)):
-                info = ends.get(node)
-                if info is None:
-                    info = self._end_info(node, is_out)
-                fabric &= info[0]
-                infos.append(info)
+        # the component of switches all the call's GPUs have ends in (``fabric``: one)
+        masks = self._gpu_masks
+        try:
+            fabric = functools.reduce(operator.and_, map(masks.__getitem__, a_l + b_l))
+        except KeyError:  # (a GPU the fabric lacks: one by one, which says so)
+            return out
         if not fabric or fabric & (fabric - 1):
             return out
-        node_ix: dict[str, int] = {}
-        firsts: dict[str, int] = {}
-        lasts: dict[str, int] = {}
-        n_g = max(gpus) + 1
-        g_node = np.full(n_g, -1, np.int64)
-        g_ok = np.zeros(n_g, np.bool_)
-        g_other = np.full((2, n_g), -1, np.int64)  # (out, in): the other component
-        g_sw = np.zeros((2, n_g), np.int64)
-        # (out, in): the switch of its one end in the other component, if it has one
-        g_osw = np.full((2, n_g), -1, np.int64)
-        # per GPU, the (1-tuple of the) link it leaves by and is entered by, and those of its
-        # ends in the other component (object arrays: gathered per pair in C)
-        heads, tails = np.empty(n_g, object), np.empty(n_g, object)
-        o_heads, o_tails = np.empty(n_g, object), np.empty(n_g, object)
-        for i, g in enumerate(gpus):
-            g_node[g] = node_ix.setdefault(gpu_node[g], len(node_ix))
-            ends_f, others = [], []
-            for side in (0, 1):
-                mask, by_comp = infos[2 * i + side]
-                ends_f.append(by_comp[fabric])
-                others.append(mask ^ fabric)
-            if any(len(e) != 1 for e in ends_f) or any(o & (o - 1) for o in others):
-                continue  # (its pairs: one by one)
-            g_ok[g] = True
-            (first, _, head), = ends_f[0]
-            (last, _, tail), = ends_f[1]
-            g_sw[0, g] = firsts.setdefault(first, len(firsts))
-            g_sw[1, g] = lasts.setdefault(last, len(lasts))
-            heads[g], tails[g] = head, tail
-            g_other[0, g], g_other[1, g] = (o.bit_length() - 1 for o in others)
-            o_ends = [infos[2 * i + side][1].get(others[side], ()) for side in (0, 1)]
-            if len(o_ends[0]) == 1 and len(o_ends[1]) == 1:
-                (o_first, _, o_heads[g]), = o_ends[0]
-                (o_last, _, o_tails[g]), = o_ends[1]
-                g_osw[0, g] = firsts.setdefault(o_first, len(firsts))
-                g_osw[1, g] = lasts.setdefault(o_last, len(lasts))
+        t = self._gpu_ends(fabric)
+        g_node, g_ok, g_other, g_sw, g_osw = t.node, t.ok, t.other, t.sw, t.osw
+        heads, tails, o_heads, o_tails = t.heads, t.tails, t.o_heads, t.o_tails
+        first_of = last_of = t.switches
         a, b = np.array(a_l, np.int64), np.array(b_l, np.int64)
         o_a, o_b = g_other[0, a], g_other[1, b]
         both = g_ok[a] & g_ok[b] & (g_node[a] != g_node[b])
         fast = both & ((o_a < 0) | (o_a != o_b))
-        n_last = max(len(lasts), 1)
-        first_of, last_of = list(firsts), list(lasts)
+        n_last = max(len(last_of), 1)
 
         hops = self._hops
 

@@ -1276,6 +1276,7 @@ class Controller:
                     out.update(pending)
                 continue
             pending: dict[str, Demand] = {}
+            ends_made: list[tuple[int, int]] | None = None
             heat = intent.heat  # the same for every demand of the job
             calls = intent.calls
             levels = {c.level for c in calls}
@@ -1307,7 +1308,8 @@ class Controller:
                 if made is not None and all(made):  # (every pair: all at once)
                     keys = list(map(_KEY, made))
                     pending.update(zip(keys, made, strict=True))  # type: ignore[arg-type]
-                    endpoints.update(zip(keys, map(_ENDS, pairs), strict=True))
+                    ends_made = list(map(_ENDS, pairs))
+                    endpoints.update(zip(keys, ends_made, strict=True))
                     continue
                 for i, (a, b, share) in enumerate(pairs):
                     if made is not None:
@@ -1431,9 +1433,12 @@ class Controller:
             only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
             if only_l3:
                 self._capped_keys[task] = only_l3
-            made_before[task] = _Made(intent, (strict, avoid, parts), pending,
-                                      list(map(endpoints.__getitem__, pending)), unmet, cut,
-                                      only_l3)
+            # (the ends of the pairs made all at once, if no other call added any: a key
+            # names its pair, so a pair made again by another call keeps its ends)
+            if ends_made is None or len(ends_made) != len(pending):
+                ends_made = list(map(endpoints.__getitem__, pending))
+            made_before[task] = _Made(intent, (strict, avoid, parts), pending, ends_made,
+                                      unmet, cut, only_l3)
             if unmet is None and cut is None:
                 out.update(pending)
         # (the L3-only jobs after them change no L1/L2 job's verdict)

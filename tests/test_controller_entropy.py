@@ -408,9 +408,9 @@ def test_a_plan_interns_the_switch_paths_of_its_tuples_once(monkeypatch) -> None
         seen.update(table=table, parts=parts, paths=list(paths), ids=ids)
         return ids
 
-    def spy_intern(self, switch_paths, n, path_of, dst):  # type: ignore[no-untyped-def]
+    def spy_intern(self, switch_paths, n, *args):  # type: ignore[no-untyped-def]
         interned.append(n)
-        return real_intern(self, switch_paths, n, path_of, dst)
+        return real_intern(self, switch_paths, n, *args)
 
     monkeypatch.setattr(core, "_switch_path_ids", spy_ids)
     monkeypatch.setattr(SteeringTable, "_intern", spy_intern)

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.controller.planner import _offsets
+from fabricpilot.controller.planner import _offsets, _ranges
 from fabricpilot.controller.southbound import FabricView
 from fabricpilot.net.hashing import (
     CRC32_TABLE,
@@ -356,14 +356,43 @@ def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link
     return count, out_sw[:q], out_size[:q], out_want[:q]
 
 
-def _path_rows(paths: list[tuple[int, ...]], dst: NDArray[np.int64], compiled: tuple[NDArray, ...]
-               ) -> tuple[NDArray, NDArray, NDArray] | None:
-    """The links of ``paths`` (flat, with offsets) and each one's destination leaf, as
-    :func:`_path_constraints` reads them; ``None`` if a link or GPU is not in the compiled
-    view (``compiled``, see :meth:`SteeringTable._compiled_view`)."""
-    link_sw, _, _, _, gpu_leaf = compiled
+def _path_links(paths: list[tuple[int, ...]]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Each path's number of links, and all their links in turn.
+
+    >>> [a.tolist() for a in _path_links([(1, 2), (3,)])]
+    [[2, 1], [1, 2, 3]]
+    """
     per = np.fromiter(map(len, paths), np.int64, len(paths))
-    flat = np.fromiter(itertools.chain.from_iterable(paths), np.int64, int(per.sum()))
+    return per, np.fromiter(itertools.chain.from_iterable(paths), np.int64, int(per.sum()))
+
+
+def _wrapped_links(heads: NDArray[np.int64], mids: list[tuple[int, ...]],
+                   tails: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """:func:`_path_links` of the paths ``(heads[i], *mids[i], tails[i])``, without making
+    them.
+
+    >>> [a.tolist() for a in _wrapped_links(np.array([1, 5]), [(2, 3), ()], np.array([4, 6]))]
+    [[4, 2], [1, 2, 3, 4, 5, 6]]
+    """
+    m_len, m_flat = _path_links(mids)
+    per = m_len + 2
+    start = _offsets(per)[:-1]
+    flat = np.empty(int(per.sum()), np.int64)
+    flat[start] = heads
+    flat[start + per - 1] = tails
+    flat[_ranges(start + 1, m_len)] = m_flat
+    return per, flat
+
+
+def _path_rows(paths: list[tuple[int, ...]], dst: NDArray[np.int64], compiled: tuple[NDArray, ...],
+               links: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
+               ) -> tuple[NDArray, NDArray, NDArray] | None:
+    """The links of ``paths`` (flat, with offsets; ``links``: :func:`_path_links` of them,
+    if made already) and each one's destination leaf, as :func:`_path_constraints` reads
+    them; ``None`` if a link or GPU is not in the compiled view (``compiled``, see
+    :meth:`SteeringTable._compiled_view`)."""
+    link_sw, _, _, _, gpu_leaf = compiled
+    per, flat = _path_links(paths) if links is None else links
     to = np.array(dst, np.int64)
     if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= len(link_sw)):
         return None
@@ -486,7 +515,10 @@ class SteeringTable:
         ([1, 0], [1])
         """
         memo = self._by_tuple
-        used, at_used = np.unique(tup, return_inverse=True)
+        # (the tuples used, ascending, and each request's among them: by counting, not sorting)
+        seen = np.bincount(tup, minlength=len(tuples)) > 0
+        used = np.flatnonzero(seen)
+        at_used = (np.cumsum(seen) - 1)[tup]
         known = []
         for u in used.tolist():
             t = tuples[u]
@@ -498,7 +530,7 @@ class SteeringTable:
             known.append(hit[1])
         at = _offsets(np.fromiter(map(len, known), np.int64, len(known)))
         flat = np.concatenate(known) if known else np.zeros(0, np.int64)
-        pos = at[at_used.ravel()] + cand
+        pos = at[at_used] + cand
         ids = flat[pos]
         missing = np.flatnonzero(ids < 0)
         if len(missing):
@@ -506,23 +538,27 @@ class SteeringTable:
             reqs = missing[rep]
             r_tup, r_cand = tup[reqs].tolist(), cand[reqs].tolist()
             sw = [tuples[t][c] for t, c in zip(r_tup, r_cand, strict=True)]
-            head, tail = heads[reqs].tolist(), tails[reqs].tolist()
-            got = self._intern(iter(sw), len(sw), lambda r: (head[r], *sw[r], tail[r]),
-                               dst[reqs])
+            r_head, r_tail = heads[reqs], tails[reqs]
+            head, tail = r_head.tolist(), r_tail.tolist()
+            got = self._intern(
+                iter(sw), len(sw), lambda r: (head[r], *sw[r], tail[r]), dst[reqs],
+                lambda rs: _wrapped_links(r_head[rs], [sw[r] for r in rs.tolist()],
+                                          r_tail[rs]))
             flat[new_pos] = got
             ids = flat[pos]
-            owner = np.searchsorted(at, new_pos, side="right") - 1
-            for j, p, i in zip(owner.tolist(), (new_pos - at[owner]).tolist(), got.tolist(),
-                               strict=True):
-                known[j][p] = i
+            for j in np.unique(np.searchsorted(at, new_pos, side="right") - 1).tolist():
+                known[j][:] = flat[at[j]:at[j + 1]]  # (the tuple's ids, in its memo)
         return ids
 
     def _intern(self, switch_paths: Iterator[tuple[int, ...]], n: int,
                 path_of: Callable[[int], tuple[int, ...]], dst: list[int] | NDArray[np.int64],
+                links_of: Callable[[NDArray[np.int64]], tuple[NDArray[np.int64],
+                                                              NDArray[np.int64]]] | None = None,
                 ) -> NDArray[np.int64]:
         """The id of each of the ``n`` switch paths, new ones added with the constraints of
         their first request (``path_of(r)``: request ``r``'s whole path; ``dst[r]``: its
-        destination GPU)."""
+        destination GPU; ``links_of(rs)``, if given: :func:`_path_links` of requests
+        ``rs``' paths, made without the paths)."""
         ids_of = self.ids
         n0 = len(ids_of)
         add = ids_of.setdefault  # (a new switch path gets the next id)
@@ -532,18 +568,29 @@ class SteeringTable:
             _, first = np.unique(ids[rows], return_index=True)
             firsts = rows[first]
             try:
-                self._add([path_of(r) for r in firsts.tolist()],
-                          np.asarray(dst, np.int64)[firsts])
+                self._add(lambda: [path_of(r) for r in firsts.tolist()],
+                          np.asarray(dst, np.int64)[firsts],
+                          None if links_of is None else lambda: links_of(firsts))
             except BaseException:
                 for m in list(itertools.islice(ids_of, n0, None)):
                     del ids_of[m]
                 raise
         return ids
 
-    def _add(self, paths: list[tuple[int, ...]], dst: NDArray[np.int64]) -> None:
-        """Append the constraints of new switch paths (one request each, in id order)."""
+    def _add(self, paths_of: Callable[[], list[tuple[int, ...]]], dst: NDArray[np.int64],
+             links_of: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]] | None = None,
+             ) -> None:
+        """Append the constraints of new switch paths (one request each, in id order: the
+        whole paths ``paths_of()``, or their links ``links_of()`` where those do)."""
         compiled = self._compiled_view() if self.cache is None else None
-        rows = _path_rows(paths, dst, compiled) if compiled is not None else None
+        paths: list[tuple[int, ...]] = []
+        if compiled is not None and links_of is not None:
+            rows = _path_rows(paths, dst, compiled, links_of())
+        else:
+            paths = paths_of()
+            rows = _path_rows(paths, dst, compiled) if compiled is not None else None
+        if rows is None and not paths:
+            paths = paths_of()
         if compiled is not None and rows is not None:
             link_sw, grp, g_ptr, g_links, _ = compiled
             count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links)

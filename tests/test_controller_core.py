@@ -154,6 +154,57 @@ def test_a_replan_of_the_same_jobs_on_the_same_links_reuses_their_demands() -> N
                for p in d.full_candidates)
 
 
+def test_the_columns_handed_to_the_planner_are_those_of_the_demands(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a whole plan's demands go to the planner with their fields as columns, made with them
+    # from arrays (a job of one call made at once) or read from them (the others): field by
+    # field what reading every demand gives, and the plan the same as without them
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller import core
+    from fabricpilot.controller.planner import DemandColumns
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8,
+                                     rail_optimized=True))
+    order = np.random.default_rng(5).permutation(64).tolist()
+    intents = [Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 2),)),
+               Intent("b", "t", tuple(order[32:48]), (CommCall("allreduce", 1 << 24, 900.0, 0),
+                                                      CommCall("alltoall", 1 << 20, 900.0, 1))),
+               Intent("c", "t", tuple(order[48:]), (CommCall("allgather", 1 << 22, 900.0, 0),))]
+    seen: list[object] = []
+    plan_greedy = core.plan_greedy
+
+    def spy(demands, *args, columns=None, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(columns)
+        return plan_greedy(demands, *args, columns=columns, **kwargs)
+
+    monkeypatch.setattr(core, "plan_greedy", spy)
+    plans = []
+    for with_columns in (True, False):
+        ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
+        for i in intents:
+            ctl.declare(i)
+        demands = ctl.demands()
+        made = ctl._demand_cols
+        assert made is not None and made[0] is demands
+        cols, read = made[1], DemandColumns.of(demands)
+        assert read is not None and cols.keys == read.keys == [d.key for d in demands]
+        for f in ("rate", "weight", "whole", "parts", "priority", "head", "tail"):
+            assert np.array_equal(getattr(cols, f), getattr(read, f)), f
+        assert all(cols.tuples[t] is d.candidates
+                   for t, d in zip(cols.tup.tolist(), demands, strict=True))
+        assert len(cols.tuples) < len(demands)  # (the pairs of a leaf pair share a tuple)
+        if not with_columns:
+            ctl._demand_cols = None
+            monkeypatch.setattr(ctl, "demands", lambda made=demands: made)
+        seen.clear()
+        ctl.plan()
+        assert (seen[0] is not None) == with_columns
+        plans.append({k: tuple(v) for k, v in ctl._installed.items()})
+    assert plans[0] == plans[1]
+
+
 def test_the_route_tables_are_made_as_the_fabric_is_read_not_in_a_plan(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # the switch paths from every switch a GPU sends into (2 leaves, 2 NVSwitches: 4

@@ -44,6 +44,7 @@ from fabricpilot.controller.patterns import pair_qps, pair_shares, pattern_pairs
 from fabricpilot.controller.planner import (
     Columns,
     Demand,
+    DemandColumns,
     KeyLinks,
     LinkValues,
     PartChoice,
@@ -73,6 +74,8 @@ class _Made(NamedTuple):
     unmet: str | None  # why the job is not planned, if so: its SLA cannot be met
     cut: str | None  # ... or it is cut off
     only_l3: frozenset[str]  # its pairs held to l3_rate_cap though it has L1/L2 calls
+    # its demands' fields as columns, in order (None: not made, or not expressible so)
+    columns: DemandColumns | None = None
 
 
 class _Weights(Mapping[str, float]):
@@ -352,6 +355,14 @@ _MEMO_MAX = 1 << 16
 _STALE_SLACK = 1024  # endpoints of pairs no longer planned kept beyond twice those planned
 
 
+class _CallDemands(list):  # type: ignore[type-arg]
+    """The demands of a call's pairs made all at once, with their :attr:`columns`."""
+
+    def __init__(self, made: list[Demand], columns: DemandColumns) -> None:
+        super().__init__(made)
+        self.columns = columns
+
+
 @dataclass
 class _GpuEnds:
     """Per GPU id, its ends as a call whose GPUs all have ends in one switch component
@@ -372,6 +383,8 @@ class _GpuEnds:
     o_heads: NDArray[np.object_]
     o_tails: NDArray[np.object_]
     switches: list[str]
+    links: NDArray[np.int64]  # (out, in): the ids of the links of ``heads``, ``tails``
+    o_links: NDArray[np.int64]  # (out, in): those of ``o_heads``, ``o_tails`` (-1: none)
 
 
 @dataclass
@@ -899,6 +912,8 @@ class Controller:
         # per job, its demands as demands() last made them and for what (a re-plan of the
         # same jobs on the same links reuses them)
         self._made: dict[str, _Made] = {}
+        # the last whole demands() made: its list and their fields as columns (see _solve)
+        self._demand_cols: tuple[list[Demand], DemandColumns] | None = None
         # no candidate path is slower than this (ns): an SLA at least this long needs no
         # path's delay checked. A fewest-hop path climbs to the top tier and back, with an
         # NVLink hop at each end at most: 2 x tiers + 4 links, a switch between two
@@ -1182,7 +1197,8 @@ class Controller:
         t = _GpuEnds(np.full(n_g, -1, np.int64), np.zeros(n_g, np.bool_),
                      np.full((2, n_g), -1, np.int64), np.zeros((2, n_g), np.int64),
                      np.full((2, n_g), -1, np.int64), np.empty(n_g, object),
-                     np.empty(n_g, object), np.empty(n_g, object), np.empty(n_g, object), [])
+                     np.empty(n_g, object), np.empty(n_g, object), np.empty(n_g, object), [],
+                     np.full((2, n_g), -1, np.int64), np.full((2, n_g), -1, np.int64))
         for g, node in gpus.items():
             t.node[g] = nodes.setdefault(node, len(nodes))
             infos = self._end_info(node, True), self._end_info(node, False)
@@ -1193,15 +1209,15 @@ class Controller:
             if any(len(e) != 1 for e in ends_f) or any(o & (o - 1) for o in others):
                 continue  # (its pairs: one by one)
             t.ok[g] = True
-            (first, _, t.heads[g]), = ends_f[0]
-            (last, _, t.tails[g]), = ends_f[1]
+            (first, t.links[0, g], t.heads[g]), = ends_f[0]
+            (last, t.links[1, g], t.tails[g]), = ends_f[1]
             t.sw[0, g] = switches.setdefault(first, len(switches))
             t.sw[1, g] = switches.setdefault(last, len(switches))
             t.other[0, g], t.other[1, g] = (o.bit_length() - 1 for o in others)
             o_ends = [infos[side][1].get(others[side], ()) for side in (0, 1)]
             if len(o_ends[0]) == 1 and len(o_ends[1]) == 1:
-                (o_first, _, t.o_heads[g]), = o_ends[0]
-                (o_last, _, t.o_tails[g]), = o_ends[1]
+                (o_first, t.o_links[0, g], t.o_heads[g]), = o_ends[0]
+                (o_last, t.o_links[1, g], t.o_tails[g]), = o_ends[1]
                 t.osw[0, g] = switches.setdefault(o_first, len(switches))
                 t.osw[1, g] = switches.setdefault(o_last, len(switches))
         t.switches.extend(switches)
@@ -1220,6 +1236,7 @@ class Controller:
         rest of every link to the stricter jobs; an L1/L2 job no path serves holds no one.
         """
         out: dict[str, Demand] = {}
+        col_parts: list[DemandColumns | None] = []  # (per job in ``out``: its columns)
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         # (both are found again below: a job is cut off only while its links are down)
@@ -1274,9 +1291,11 @@ class Controller:
                     partitioned[task] = cut
                 if unmet is None and cut is None:
                     out.update(pending)
+                    col_parts.append(was.columns)
                 continue
             pending: dict[str, Demand] = {}
             ends_made: list[tuple[int, int]] | None = None
+            cols_made: DemandColumns | None = None
             heat = intent.heat  # the same for every demand of the job
             calls = intent.calls
             levels = {c.level for c in calls}
@@ -1310,6 +1329,8 @@ class Controller:
                     pending.update(zip(keys, made, strict=True))  # type: ignore[arg-type]
                     ends_made = list(map(_ENDS, pairs))
                     endpoints.update(zip(keys, ends_made, strict=True))
+                    if isinstance(made, _CallDemands) and len(calls) == 1:
+                        cols_made = made.columns  # (the job's demands are the call's)
                     continue
                 for i, (a, b, share) in enumerate(pairs):
                     if made is not None:
@@ -1437,10 +1458,14 @@ class Controller:
             # names its pair, so a pair made again by another call keeps its ends)
             if ends_made is None or len(ends_made) != len(pending):
                 ends_made = list(map(endpoints.__getitem__, pending))
+            if unmet is None and cut is None and (cols_made is None
+                                                  or len(cols_made.keys) != len(pending)):
+                cols_made = DemandColumns.of(list(pending.values()))
             made_before[task] = _Made(intent, (strict, avoid, parts), pending, ends_made,
-                                      unmet, cut, only_l3)
+                                      unmet, cut, only_l3, cols_made)
             if unmet is None and cut is None:
                 out.update(pending)
+                col_parts.append(cols_made)
         # (the L3-only jobs after them change no L1/L2 job's verdict)
         self._strict_tasks = (self._strict_met(sla_unmet, partitioned) if strict_tasks is None
                               else strict_tasks)
@@ -1450,13 +1475,20 @@ class Controller:
             i.task_id for i in self.intents.values()
             if i.opt_in and all(c.level == "L3" for c in i.calls)) if strict else frozenset()
         self.sla_unmet, self.partitioned = sla_unmet, partitioned
+        made_list = list(out.values())
+        self._demand_cols = None
         if only is None:
             self._demand = out  # (not changed here after)
+            # (the demands' fields as columns, for the planner: if every job's are known)
+            if col_parts and all(c is not None for c in col_parts):
+                cols = DemandColumns.join(col_parts)  # type: ignore[arg-type]
+                if len(cols.keys) == len(made_list):
+                    self._demand_cols = (made_list, cols)
         else:
             self._demand.update(out)
             if self._slots is not None:  # (their demands changed)
                 self._slots.mark_stale(out)
-        return list(out.values())
+        return made_list
 
     @property
     def _strict_planned(self) -> bool:
@@ -1549,11 +1581,15 @@ class Controller:
         fa, fb = a[idx].tolist(), b[idx].tolist()
         # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those of
         # its GPUs' ends there)
-        ha, tb = heads[a[idx]], tails[b[idx]]
+        ia, ib = a[idx], b[idx]
+        ha, tb = heads[ia], tails[ib]
+        h_link, t_link = t.links[0, ia], t.links[1, ib]
         if len(other):
             by_nvl = np.isin(idx, other)
-            ha[by_nvl] = o_heads[a[idx[by_nvl]]]
-            tb[by_nvl] = o_tails[b[idx[by_nvl]]]
+            ha[by_nvl] = o_heads[ia[by_nvl]]
+            tb[by_nvl] = o_tails[ib[by_nvl]]
+            h_link[by_nvl] = t.o_links[0, ia[by_nvl]]
+            t_link[by_nvl] = t.o_links[1, ib[by_nvl]]
         q_idx = qps[idx]
         if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
             q_list = itertools.repeat(int(q_idx[0]))  # rule)
@@ -1561,13 +1597,18 @@ class Controller:
         else:
             q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
         keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
-        made = list(map(_demand_of, zip(keys, rates[idx].tolist(),
+        r_idx = rates[idx]
+        made = list(map(_demand_of, zip(keys, r_idx.tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),
                                         itertools.repeat(heat),
                                         ha.tolist(), tb.tolist(), wholes,
                                         itertools.repeat(priority), q_list, strict=False)))
-        if len(made) == len(out):  # (every pair, as a rule)
-            return made  # type: ignore[return-value]
+        if len(made) == len(out):  # (every pair, as a rule: with their columns)
+            n = len(made)
+            return _CallDemands(made, DemandColumns(
+                keys, r_idx, np.full(n, float(heat)), q_idx == 1, q_idx.astype(np.int64),
+                np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
+                t_link))
         for i, d in zip(idx.tolist(), made, strict=True):
             out[i] = d
         return out
@@ -1936,8 +1977,11 @@ class Controller:
         cap = self._link_values()
         check = self._check
         stop = self.interrupt.flag if self._may_yield else None
+        made = self._demand_cols
+        self._demand_cols = None
         plan = plan_greedy(demands, cap, background=background, split=self.parts,
-                           checkpoint=check, stop=stop)
+                           checkpoint=check, stop=stop,
+                           columns=made[1] if made is not None and made[0] is demands else None)
         sets, report = self.steer_plan(plan, self._weight)
         check()
         if not report.spilled:

@@ -103,6 +103,66 @@ class Demand(_DemandFields):
         return tuple(self.head + c + self.tail for c in self.candidates)
 
 
+@dataclass(frozen=True)
+class DemandColumns:
+    """The fields of a list of demands as columns, for a caller that has them so (the
+    planner then reads them rather than every demand): ``keys``, ``rate``, ``weight``,
+    ``whole``, ``parts`` and ``priority`` per demand; each demand's candidates
+    ``tuples[tup[i]]`` (the very tuple object of the demand); its head and tail link, -1
+    where it has none (a demand with more than one has no columns).
+
+    >>> ds = [Demand("a", 100, ((5,), (6,)), 2.0, (1,), (2,)), Demand("b", 50, ((7,),))]
+    >>> c = DemandColumns.of(ds)
+    >>> c.rate.tolist(), c.tup.tolist(), c.head.tolist(), c.tail.tolist()
+    ([100.0, 50.0], [0, 1], [1, -1], [2, -1])
+    >>> DemandColumns.join([c, c]).tup.tolist()
+    [0, 1, 2, 3]
+    """
+
+    keys: list[str]
+    rate: NDArray[np.float64]
+    weight: NDArray[np.float64]
+    whole: NDArray[np.bool_]
+    parts: NDArray[np.int64]
+    priority: NDArray[np.int64]
+    tuples: list[tuple[tuple[int, ...], ...]]
+    tup: NDArray[np.int64]
+    head: NDArray[np.int64]
+    tail: NDArray[np.int64]
+
+    @classmethod
+    def of(cls, demands: Sequence[Demand]) -> DemandColumns | None:
+        """The columns of ``demands`` (``None`` if one has more than one head or tail link)."""
+        n = len(demands)
+        if not n:
+            return cls([], *(np.zeros(0, t) for t in (np.float64, np.float64, np.bool_,
+                                                        np.int64, np.int64)), [],
+                       np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        (keys, rates, cands, weights, heads, tails, wholes, prios, parts) = zip(
+            *demands, strict=True)
+        ends = []
+        for side in (heads, tails):
+            if any(len(e) > 1 for e in side):
+                return None
+            ends.append(np.fromiter((e[0] if e else -1 for e in side), np.int64, n))
+        return cls(list(keys), np.array(rates, np.float64), np.array(weights, np.float64),
+                   np.fromiter(wholes, np.bool_, n), np.fromiter(parts, np.int64, n),
+                   np.fromiter(prios, np.int64, n), list(cands), np.arange(n, dtype=np.int64),
+                   ends[0], ends[1])
+
+    @classmethod
+    def join(cls, parts: Sequence[DemandColumns]) -> DemandColumns:
+        """The columns of the demands of ``parts`` in turn."""
+        at = _offsets(np.fromiter((len(p.tuples) for p in parts), np.int64, len(parts)))
+        cat = np.concatenate
+        return cls(list(_chain(p.keys for p in parts)), cat([p.rate for p in parts]),
+                   cat([p.weight for p in parts]), cat([p.whole for p in parts]),
+                   cat([p.parts for p in parts]), cat([p.priority for p in parts]),
+                   list(_chain(p.tuples for p in parts)),
+                   cat([p.tup + at[i] for i, p in enumerate(parts)]),
+                   cat([p.head for p in parts]), cat([p.tail for p in parts]))
+
+
 @dataclass
 class Plan:
     """Each demand's paths and shares, the resulting load per link and ``lambda``."""
@@ -544,7 +604,8 @@ class _Commodities:
     """
 
     def __init__(self, demands: Sequence[Demand], capacity: Mapping[int, float],
-                 background: Mapping[int, float] | None, aggregate: bool = True) -> None:
+                 background: Mapping[int, float] | None, aggregate: bool = True,
+                 columns: DemandColumns | None = None) -> None:
         self.demands = list(demands)
         n = len(self.demands)
         # capacity (and background) as arrays over the links, read as they are if given so
@@ -552,21 +613,33 @@ class _Commodities:
         self.links = (cap_arrays.ids.astype(np.int64) if cap_arrays is not None
                       else np.array(sorted(capacity), np.int64))
         n_links = len(self.links)
-        # the demands' fields as columns (a demand is a tuple: one transposition, in C)
-        (keys, rates, cands, weights, heads, tails, wholes, prios, parts_l) = (
-            zip(*self.demands, strict=True) if n else ((),) * len(Demand._fields))
-        # unique candidate tuples (by identity: demands may share one)
-        if aggregate:
-            u_of, uobj = _unique_objects(cands)
+        if columns is not None and aggregate:  # the demands' fields as the caller had them
+            keys: Sequence[str] = columns.keys
+            rates, weights = columns.rate, columns.weight
+            wholes, prios, parts_l = columns.whole, columns.priority, columns.parts
+            # unique candidate tuples (by identity: demands may share one)
+            u_tup, uobj = _unique_objects(columns.tuples)
+            u_of = u_tup[columns.tup] if n else np.zeros(0, np.int64)
+            hl, tl = (columns.head >= 0).astype(np.int64), (columns.tail >= 0).astype(np.int64)
+            end_links = np.concatenate((columns.head[columns.head >= 0],
+                                        columns.tail[columns.tail >= 0]))
         else:
-            u_of, uobj = np.arange(n, dtype=np.int64), cands
+            # the demands' fields as columns (a demand is a tuple: one transposition, in C)
+            (keys, rates, cands, weights, heads, tails, wholes, prios, parts_l) = (
+                zip(*self.demands, strict=True) if n else ((),) * len(Demand._fields))
+            # unique candidate tuples (by identity: demands may share one)
+            if aggregate:
+                u_of, uobj = _unique_objects(cands)
+            else:
+                u_of, uobj = np.arange(n, dtype=np.int64), cands
+            hl = np.fromiter(map(len, heads), np.int64, n)
+            tl = np.fromiter(map(len, tails), np.int64, n)
+            end_links = np.fromiter(itertools.chain(_chain(heads), _chain(tails)), np.int64,
+                                    int(hl.sum() + tl.sum()))
         n_u = len(uobj)
         ku, plen, flat = _flat_tuples(uobj)
-        hl = np.fromiter(map(len, heads), np.int64, n)
-        tl = np.fromiter(map(len, tails), np.int64, n)
-        n_c, n_h, n_t = int(plen.sum()), int(hl.sum()), int(tl.sum())
-        ids = np.concatenate((flat, np.fromiter(itertools.chain(_chain(heads), _chain(tails)),
-                                                np.int64, n_h + n_t)))
+        n_c, n_h = int(plen.sum()), int(hl.sum())
+        ids = np.concatenate((flat, end_links))
         del flat
         rows = _link_rows(ids, self.links)
         # each demand's head and tail link when it has exactly one (-1 otherwise)
@@ -591,10 +664,10 @@ class _Commodities:
             self.bg = np.array([float(background.get(lk, 0.0)) for lk in self.links.tolist()])
         self.rate = np.array(rates, np.float64)
         self.weight = np.array(weights, np.float64)
-        self.whole = np.fromiter(wholes, np.bool_, n)
-        self.parts = np.fromiter(parts_l, np.int64, n)
-        self.priority = np.fromiter(prios, np.int64, n)
-        self.keys: tuple[str, ...] = keys
+        self.whole = np.array(wholes, np.bool_)
+        self.parts = np.array(parts_l, np.int64)
+        self.priority = np.array(prios, np.int64)
+        self.keys: Sequence[str] = keys
         del rates, weights, wholes, prios, parts_l
         crow = rows[:n_c]
         hrow = rows[n_c:n_c + n_h].astype(np.int64)
@@ -865,7 +938,8 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 background: Mapping[int, float] | None = None, split: int = 1,
                 sweeps: int = 2, max_moves: int | None = None, restarts: int | None = None,
                 aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
-                stop: NDArray[np.bool_] | None = None) -> Plan:
+                stop: NDArray[np.bool_] | None = None,
+                columns: DemandColumns | None = None) -> Plan:
     """Place every demand (in ``split`` equal parts, or its own ``parts``) on its candidates,
     heaviest first, each part on the candidate whose most loaded link stays lowest
     (counting only the links that differ between its candidates; ties by the sum of
@@ -888,6 +962,10 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     and read once, and its parts are still every demand's own parts, each no bigger than
     ``rate / split`` and placed in the same order, so the plan is the same as without
     aggregation; the paths are given per demand.
+
+    ``columns``, if given, are the demands' fields as columns (:class:`DemandColumns`, in
+    the order of ``demands``): a caller that made the demands from arrays saves the planner
+    reading every demand again.
 
     ``checkpoint``, if given, is called between the stages (compiled candidates,
     placement, local search): it may raise to abandon the plan. ``stop``, if given, is a
@@ -931,10 +1009,14 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
         raise ValueError("split must be >= 1")
     if restarts is not None and restarts < 0:
         raise ValueError("restarts must be >= 0")
+    if columns is not None and (len(columns.keys) != len(demands) or any(
+            c != d.key for c, d in zip(columns.keys[:1] + columns.keys[-1:],
+                                       demands[:1] + demands[-1:], strict=True))):
+        raise ValueError("columns: not those of the demands")
     with _gc_paused():  # no reference cycles are made: spare the collector's passes
         return _plan_greedy(demands, capacity, background, split, sweeps, max_moves,
                             _RESTARTS if restarts is None else restarts, aggregate,
-                            checkpoint or _go_on, _NEVER if stop is None else stop)
+                            checkpoint or _go_on, _NEVER if stop is None else stop, columns)
 
 
 class PlanStopped(RuntimeError):
@@ -951,9 +1033,10 @@ _NEVER = np.zeros(1, np.bool_)  # a stop flag never set
 def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, split: int, sweeps: int,
                  max_moves: int | None, restarts: int, aggregate: bool,
-                 checkpoint: Callable[[], None], stop: NDArray[np.bool_]) -> Plan:
+                 checkpoint: Callable[[], None], stop: NDArray[np.bool_],
+                 columns: DemandColumns | None = None) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
-    com = _Commodities(demands, capacity, background, aggregate)
+    com = _Commodities(demands, capacity, background, aggregate, columns)
     nparts = com.n_parts(split)
     checkpoint()
     n = len(com.demands)
@@ -982,7 +1065,8 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     prio = com.priority
     multi = bool(n) and bool((prio != prio[0]).any())
     tiers = np.unique(prio)[::-1] if multi else prio[:1]
-    choice = np.full((n, split), -1, np.int64)
+    # (one tier: the placement's own choices, every demand's row; several: each tier's rows)
+    choice = np.full((n, split), -1, np.int64) if multi else np.zeros((0, split), np.int64)
     moves = 0
     carried = []  # (several priorities) per tier, the links it put traffic on
     for i, tier in enumerate(tiers.tolist()):  # highest first, each around those above it
@@ -992,8 +1076,12 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         rounds = _sweeps_within(com, sub, nparts, sweeps)
         got = _place_in(com, sub, nparts, load, split, rounds, *link_groups(rounds), stop,
                         limit, i > 0)
-        choice[sub] = got[sub]
-        if int(choice[sub].min()) < 0:  # (stopped part way: parts left unplaced)
+        if multi:
+            choice[sub] = got[sub]
+        else:
+            choice = got
+        placed = choice[sub] if multi else choice
+        if int(placed.min()) < 0:  # (stopped part way: parts left unplaced)
             checkpoint()
             raise PlanStopped("the placement was stopped")
         checkpoint()

@@ -690,3 +690,33 @@ def test_a_misspelt_key_is_named_before_the_key_it_leaves_missing(tmp_path: Path
     err = load_error(write(tmp_path, "name: x\ntopolgy: {kind: leaf_spine, hosts: 4}\n"
                                      "jobs: []\n"))
     assert err.field == "topolgy" and "did you mean 'topology'?" in err.problem
+
+
+@pytest.mark.parametrize(("job", "field", "cause"), [
+    # 1 MiB at 400 Gb/s takes microseconds: the start is the run
+    ({"start_ns": 999_999_999_999_999}, "jobs[0].start_ns", "its start"),
+    # 10^6 iterations of 1 s compute: 1e15 ns of gaps before any byte moves
+    ({"iterations": 1_000_000, "compute_ns": "1s"}, "jobs[0].compute_ns",
+     "its compute gaps"),
+    # 1 PiB through a 1 Gb/s NIC: 2 x (n - 1) / n x 2^50 x 8 / 1 ns = 1.35e16 ns for 4 GPUs
+    ({"collectives": [{"op": "allreduce", "size_bytes": "1PiB"}]}, "jobs[0]",
+     "its transfers; rates too low"),
+])
+def test_a_run_beyond_the_twin_s_horizon_blames_its_largest_part(
+        tmp_path: Path, job: dict[str, Any], field: str, cause: str) -> None:
+    from fabricpilot.runner import prepare
+
+    rate = 1 if "collectives" in job else 400
+    data = {"topology": {"kind": "leaf_spine", "hosts": 4, "gpus_per_host": 1,
+                         "nics_per_leaf": 2, "rail_optimized": False,
+                         "nic_rate_gbps": rate, "fabric_rate_gbps": rate},
+            "jobs": [{"name": "a", "gpus": 4,
+                      "collectives": [{"op": "allreduce", "size_bytes": "1MiB"}]} | job]}
+    path = write(tmp_path, data, "s.yaml")
+    with pytest.raises(ScenarioError) as info:
+        prepare(load_scenario(path), str(path))
+    err = info.value
+    assert err.field == field and "\n" not in str(err)
+    assert f"most of it {cause}" in err.problem and "beyond the twin's 1e15 ns" in err.problem
+    if field == "jobs[0]":
+        assert "1.35e+16 ns)" in err.problem

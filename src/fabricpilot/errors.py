@@ -36,7 +36,9 @@ class ScenarioError(FabricpilotError):
         super().__init__(f"{where}: {problem}")
 
 
-_LONG_QUOTE = re.compile(r"'([^'\n]{61,})'")
+# a quoted value: an apostrophe no letter or digit precedes, up to one none follows (the
+# apostrophes of "the GPUs' rates" or "the twin's" quote nothing)
+_LONG_QUOTE = re.compile(r"(?<!\w)'([^'\n]{61,})'(?!\w)")
 
 
 def _shorten_quoted(problem: str) -> str:
@@ -45,6 +47,9 @@ def _shorten_quoted(problem: str) -> str:
 
     >>> _shorten_quoted("expected a size, got '" + "9" * 5000 + "'")
     "expected a size, got '9999999999999999999999999999999999999999...' (5000 characters)"
+    >>> text = "at its GPUs' fastest rates" + "," * 60 + " beyond the twin's limit"
+    >>> _shorten_quoted(text) == text
+    True
     """
     return _LONG_QUOTE.sub(lambda m: f"'{m.group(1)[:40]}...' ({len(m.group(1))} characters)",
                            problem)

@@ -77,15 +77,31 @@ def least_run_ns(job: JobSpec, ct: CompiledTopology) -> float:
     >>> least_run_ns(job, ct)  # 2 x (1 us + half the 1 MiB to the peer at 400 Gb/s)
     22971.52
     """
+    return sum(least_run_parts_ns(job, ct))
+
+
+def least_run_parts_ns(job: JobSpec, ct: CompiledTopology) -> tuple[float, float, float]:
+    """:func:`least_run_ns` in its three parts: the start, the compute gaps of all
+    iterations, and the transfers of all iterations.
+
+    >>> from fabricpilot.topology import compile_topology, leaf_spine
+    >>> from fabricpilot.workload import build_collective
+    >>> ct = compile_topology(leaf_spine(hosts=2, gpus_per_host=1, nics_per_leaf=2))
+    >>> plan = build_collective("alltoall", np.array([0, 1]), 1 << 20)
+    >>> least_run_parts_ns(JobSpec("a", (0, 1), (plan,), start_ns=5, iterations=2,
+    ...                            compute_ns=1000), ct)
+    (5.0, 2000.0, 20971.52)
+    """
     fastest = ct.rate_gbps[ct.gpu_up].astype(np.float64)
     nv = ct.gpu_nv_up >= 0
     fastest[nv] = np.maximum(fastest[nv], ct.rate_gbps[ct.gpu_nv_up[nv]])
-    per_iteration = float(job.compute_ns)
+    transfer = 0.0
     for plan in job.collectives:
         for st in plan.stages:
             if len(st.src):
-                per_iteration += float((st.size_bytes * 8.0 / fastest[st.src]).max())
-    return float(job.start_ns) + job.iterations * per_iteration
+                transfer += float((st.size_bytes * 8.0 / fastest[st.src]).max())
+    return (float(job.start_ns), job.iterations * float(job.compute_ns),
+            job.iterations * transfer)
 
 
 def link_costs(ct: CompiledTopology, fabric: FabricParams) -> LinkCosts:
@@ -229,12 +245,20 @@ def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
                             compute_ns=job.compute_ns, traffic_class=job.traffic_class,
                             declare_intent=job.declare_intent, sla_us=job.sla_us,
                             priority=job.priority))
-        least = least_run_ns(jobs[-1], ct)
+        start, compute, transfer = least_run_parts_ns(jobs[-1], ct)
+        least = start + compute + transfer
         if least > MAX_SIM_NS:
-            raise ScenarioError(source, f"jobs[{i}]", (
-                f"needs at least {least / 1e9 / 86400:.3g} days of simulated time (its bytes "
-                f"at its GPUs' fastest link rates, alone on the fabric), beyond the twin's "
-                f"1e15 ns (11.6 days): rates too low for the bytes they carry"))
+            # (the field named is the largest part: the start, the compute gaps, or the
+            # transfers, whose cause is the rates or the bytes)
+            field, cause = max((start, "start_ns", "its start"),
+                               (compute, "compute_ns", "its compute gaps"),
+                               (transfer, "", "its transfers"))[1:]
+            raise ScenarioError(source, f"jobs[{i}]{'.' + field if field else ''}", (
+                f"needs at least {least / 1e9 / 86400:.3g} days of simulated time (start "
+                f"{start:.3g} ns + compute gaps {compute:.3g} ns + its bytes at its GPUs' "
+                f"fastest link rates, alone on the fabric, {transfer:.3g} ns), beyond the "
+                f"twin's 1e15 ns (11.6 days): most of it {cause}"
+                + ("; rates too low for the bytes they carry" if not field else "")))
 
     mice = None
     if scenario.mice is not None:

@@ -534,6 +534,17 @@ def test_a_policy_setting_the_fabric_cannot_meet_names_file_and_field(tmp_path: 
             assert line.startswith(f"error: {path}: {start}")
 
 
+def test_a_topology_exported_to_dash_goes_to_stdout(tmp_path: Path) -> None:
+    # `-` is standard output, as for `run --json -`: the JSON alone, no file named "-"
+    res = subprocess.run([sys.executable, "-m", "fabricpilot", "topology", "export", "-"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0 and res.stderr == ""
+    assert not (tmp_path / "-").exists()
+    out = tmp_path / "topo.json"
+    assert cli("topology", "export", str(out)).returncode == 0
+    assert json.loads(res.stdout) == json.loads(out.read_text())
+
+
 def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
     out = tmp_path / "topo.json"
     assert cli("topology", "export", str(out)).returncode == 0

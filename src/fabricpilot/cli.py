@@ -840,14 +840,25 @@ def topology_show(
 @topology_app.command("export")
 def topology_export(
     path: Annotated[Path, typer.Argument(parser=_output_path, metavar="PATH",
-                                         help="Output JSON file.")],
+                                         help="Output JSON file ('-': standard output).")],
     scenario: Annotated[Path | None, typer.Option(help="Scenario YAML (default built-in).")]
     = None,
 ) -> None:
     """Export a scenario's topology as JSON (re-importable with topology.kind: file)."""
-    from fabricpilot.runner import build_scenario_topology
-    from fabricpilot.topology.io import save_topology_json
+    import json
 
+    from fabricpilot.runner import build_scenario_topology
+    from fabricpilot.topology.io import save_topology_json, topology_to_dict
+
+    if str(path) == "-":  # (for a pipe: the JSON alone on stdout)
+        try:
+            sc, source = _load(scenario)
+            text = json.dumps(topology_to_dict(build_scenario_topology(sc, source)), indent=1)
+        except FabricpilotError as e:
+            _fail(str(e))
+            return
+        _print(text, flush=True)
+        return
     _check_outputs(path, None, "topology export")
     try:
         sc, source = _load(scenario)

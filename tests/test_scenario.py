@@ -720,3 +720,18 @@ def test_a_run_beyond_the_twin_s_horizon_blames_its_largest_part(
     assert f"most of it {cause}" in err.problem and "beyond the twin's 1e15 ns" in err.problem
     if field == "jobs[0]":
         assert "1.35e+16 ns)" in err.problem
+
+
+@pytest.mark.parametrize(("value", "us"), [("50us", 50.0), ("0.1ms", 100.0), ("50", 50.0),
+                                           (75, 75.0), ("2500ns", 2.5)])
+def test_a_job_s_sla_takes_a_time_unit_as_other_keys_do(value: object, us: float) -> None:
+    data = base()
+    data["jobs"][0]["sla_us"] = value
+    assert scenario_from_dict(data, "t.yaml").jobs[0].sla_us == us
+
+
+def test_a_job_s_sla_in_another_dimension_is_refused(tmp_path: Path) -> None:
+    data = base()
+    data["jobs"][0]["sla_us"] = "50Gbps"
+    err = load_error(write(tmp_path, data))
+    assert err.field == "jobs[0].sla_us" and "wrong unit 'Gbps' for a time" in err.problem

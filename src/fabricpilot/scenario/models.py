@@ -138,6 +138,21 @@ def _convert_quantity(cls: type[BaseModel], value: Any, info: ValidationInfo) ->
     return number if dimension == "rate" else round(number)
 
 
+def _convert_us(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """A time in microseconds (``sla_us``): a number, or a number as text, is microseconds;
+    text with a time unit is read in that unit (``"50us"``, ``"0.1ms"``: 50 and 100).
+
+    >>> _convert_us(None, "0.1ms", None), _convert_us(None, "50", None), _convert_us(None, 7, None)
+    (100.0, 50.0, 7)
+    """
+    if not isinstance(value, str):
+        return value  # (a number, or what the field's own checks refuse)
+    try:
+        return float(value)
+    except ValueError:
+        return parse_quantity(value.strip(), "time") / 1000.0
+
+
 # the largest quantities a scenario takes (fabric times, sizes and rates far beyond any
 # cluster's, and within the engine's 64-bit integers and float precision)
 _SMALLEST_RATE_GBPS = MIN_RATE_GBPS  # (1 PiB at 1 Mb/s still ends within the ns clock)
@@ -1010,8 +1025,8 @@ class JobSpec(_Model):
     )
     sla_us: Float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
-        description="latency SLA of its calls in microseconds (L1 < 50, L2 <= 100, L3 above; "
-        "none: L3)",
+        description="latency SLA of its calls in microseconds, or text with its own time unit "
+        "(50us, 0.1ms) (L1 < 50, L2 <= 100, L3 above; none: L3)",
     )
     priority: Int = Field(
         default=0, ge=0, le=7,
@@ -1026,6 +1041,7 @@ class JobSpec(_Model):
     )
 
     _quantities = field_validator("start_ns", "compute_ns", mode="before")(_convert_quantity)
+    _sla = field_validator("sla_us", mode="before")(_convert_us)
 
     @model_validator(mode="after")
     def _check_job(self) -> JobSpec:

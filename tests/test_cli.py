@@ -519,19 +519,27 @@ def test_text_in_square_brackets_is_printed_as_given(where: str, tmp_path: Path)
 
 def test_a_policy_setting_the_fabric_cannot_meet_names_file_and_field(tmp_path: Path) -> None:
     """Found by ``validate``, and by ``run`` before any policy runs (not when the one that
-    uses it starts, the others' results lost)."""
-    for setting, policy, start in (
+    uses it starts, the others' results lost). A setting of ``adaptive-split`` alone stops
+    only a run of it: elsewhere it is a warning (the controller's serves the service too)."""
+    for setting, policy, start, stops in (
             ({"adaptive": {"reserved_spines": 100}}, "adaptive-split",
-             "adaptive.reserved_spines: 100 of the fabric's 4 "),
+             "adaptive.reserved_spines: 100 of the fabric's 4 ", False),
             ({"controller": {"mice_spines": 4}}, "task-aware",
-             "controller.mice_spines: 4 of the fabric's 4 ")):
+             "controller.mice_spines: 4 of the fabric's 4 ", True)):
         path = write(tmp_path, small_scenario(tmp_path, **setting))
-        for args in (("validate", str(path)), ("run", str(path), "-p", "ecmp", "-p", policy)):
+        for args in (("validate", str(path)), ("run", str(path), "-p", "ecmp"),
+                     ("run", str(path), "-p", "ecmp", "-p", policy)):
             res = cli(*args)
-            assert res.returncode == 2 and "Traceback" not in res.stderr
-            assert res.stdout == "", res.stdout  # (nothing ran)
-            (line,) = res.stderr.strip().splitlines()
-            assert line.startswith(f"error: {path}: {start}")
+            assert "Traceback" not in res.stderr
+            if stops or policy in args:
+                assert res.returncode == 2
+                assert res.stdout == "", res.stdout  # (nothing ran)
+                (line,) = res.stderr.strip().splitlines()
+                assert line.startswith(f"error: {path}: {start}")
+            else:
+                assert res.returncode == 0, res.stderr
+                assert res.stderr.startswith(f"warning: {path}: {start}")
+                assert "adaptive-split refuses it (at most 3)" in res.stderr
 
 
 def test_a_topology_exported_to_dash_goes_to_stdout(tmp_path: Path) -> None:

@@ -185,7 +185,7 @@ def run(
         _check_collisions(json_path, out_dir, policies, _inputs(scenario, sc))
         if out_dir is not None:
             _check_out_layout(out_dir, policies)
-        prep = prepare(sc, source)
+        prep = prepare(sc, source, runs)
         _warn(source, config_warnings(sc, prep))
         con.print(f"[bold]{escape(sc.name)}[/]: {escape(prep.topology.topo.summary())}; "
                   f"{_count(len(prep.jobs), 'job')}"

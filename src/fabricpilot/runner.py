@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -140,10 +140,11 @@ def build_scenario_topology(scenario: Scenario, source: str) -> Topology:
         raise ScenarioError(source, "topology", str(err)) from None
 
 
-def _check_kept_spines(scenario: Scenario, ct: CompiledTopology, source: str) -> None:
+def _check_kept_spines(scenario: Scenario, ct: CompiledTopology, source: str,
+                       policies: Sequence[str]) -> None:
     """A :class:`ScenarioError` if the top-tier switches kept for mice (by the controller,
-    by ``adaptive-split``) would leave the other traffic none: found before any policy runs,
-    not when the one that keeps them starts."""
+    by ``adaptive-split`` if among ``policies``, those to run) would leave the other
+    traffic none: found before any policy runs, not when the one that keeps them starts."""
     top = int(ct.switch_tier.max()) if len(ct.switch_tier) else 0
     n_top = int((ct.switch_tier == top).sum())
     noun = "switch" if n_top == 1 else "switches"
@@ -153,7 +154,7 @@ def _check_kept_spines(scenario: Scenario, ct: CompiledTopology, source: str) ->
                             f"{mice} of the fabric's {n_top} top-tier {noun} would leave none "
                             f"for planned traffic (at most {n_top - 1})")
     reserved = scenario.adaptive.reserved_spines
-    if n_top > 1 and reserved >= n_top:
+    if n_top > 1 and reserved >= n_top and "adaptive-split" in policies:
         raise ScenarioError(source, "adaptive.reserved_spines",
                             f"{reserved} of the fabric's {n_top} top-tier switches would leave "
                             f"none for the elephants (at most {n_top - 1})")
@@ -176,15 +177,18 @@ def _check_dcqcn_floor(scenario: Scenario, ct: CompiledTopology, source: str) ->
                             f"control, set fabric.dcqcn.enabled: false)")
 
 
-def prepare(scenario: Scenario, source: str = "<scenario>") -> Prepared:
-    """Build the topology and the workload of ``scenario`` (independent of the policy)."""
+def prepare(scenario: Scenario, source: str = "<scenario>",
+            policies: Sequence[str] | None = None) -> Prepared:
+    """Build the topology and the workload of ``scenario`` (independent of the policy), and
+    check the settings of the policies to run (``policies``; default the scenario's)."""
     topo = build_scenario_topology(scenario, source)
     try:
         ct = compile_topology(topo)
     except TopologyError as err:
         raise ScenarioError(source, "topology", str(err)) from None
     check_gpu_count(scenario, ct.n_gpus, source)
-    _check_kept_spines(scenario, ct, source)
+    _check_kept_spines(scenario, ct, source,
+                       scenario.policies if policies is None else policies)
     _check_dcqcn_floor(scenario, ct, source)
     for i, name in enumerate(scenario.policies):
         if name not in POLICIES:
@@ -296,8 +300,17 @@ def config_warnings(scenario: Scenario, prep: Prepared) -> list[str]:
     """Problems that do not stop a run, as ``FIELD: MESSAGE`` lines: QoS mapping mismatches
     between switches, fluid-model settings given to the flow model (which ignores them),
     a ``link_up`` fault that finds its link up and a ``link_down`` that finds it down, a job
-    of one GPU (its collectives move no data: nccl-tests' busbw of one rank is 0)."""
+    of one GPU (its collectives move no data: nccl-tests' busbw of one rank is 0), an
+    ``adaptive.reserved_spines`` that ``adaptive-split`` would refuse (where it is not run:
+    where it is, :func:`prepare` refuses it)."""
     lines = [f"fabric.qos: {m}" for m in qos_warnings(prep)]
+    ct = prep.topology
+    n_top = int((ct.switch_tier == ct.switch_tier.max()).sum()) if len(ct.switch_tier) else 0
+    reserved = scenario.adaptive.reserved_spines
+    if n_top > 1 and reserved >= n_top:
+        lines.append(f"adaptive.reserved_spines: {reserved} of the fabric's {n_top} top-tier "
+                     f"switches would leave none for the elephants: adaptive-split refuses "
+                     f"it (at most {n_top - 1})")
     lines += [f"jobs[{i}]: {j.name}: one GPU: its collectives move no data over the fabric "
               f"(time 0, busbw 0)" for i, j in enumerate(prep.jobs) if j.n_gpus == 1]
     if prep.faults is not None:

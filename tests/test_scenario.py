@@ -413,6 +413,12 @@ def test_yaml_syntax_error(tmp_path: Path) -> None:
     assert "invalid YAML at line" in err.problem
 
 
+def test_a_json_scenario_s_syntax_errors_name_json(tmp_path: Path) -> None:
+    # (JSON is read as YAML; the error names the file's own language)
+    path = write(tmp_path, '{"name": "x", "seed": 1, "seed": 2}', "s.json")
+    assert load_error(path).problem == "invalid JSON at line 1, column 26: duplicate key 'seed'"
+
+
 def test_yaml_duplicate_key(tmp_path: Path) -> None:
     err = load_error(write(tmp_path, "name: x\nseed: 1\nseed: 2\n"))
     assert "duplicate key 'seed'" in err.problem and "line 3" in err.problem
@@ -735,3 +741,12 @@ def test_a_job_s_sla_in_another_dimension_is_refused(tmp_path: Path) -> None:
     data["jobs"][0]["sla_us"] = "50Gbps"
     err = load_error(write(tmp_path, data))
     assert err.field == "jobs[0].sla_us" and "wrong unit 'Gbps' for a time" in err.problem
+
+
+def test_counts_in_topology_errors_agree_with_their_nouns() -> None:
+    data = base()
+    data["topology"] = {"kind": "leaf_spine", "hosts": 1, "gpus_per_host": 8,
+                        "nics_per_leaf": 16}
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(data, "t.yaml")
+    assert info.value.problem.endswith("(1 host, 16 NICs per leaf)")

@@ -800,7 +800,9 @@ def test_json_missing_and_wrong_format(tmp_path: Path) -> None:
     assert err.field == "format"
     assert "required" in err.problem.lower()
     doc["format"] = "fabricpilot-topology/2"
-    assert json_error(tmp_path, doc).field == "format"
+    err = json_error(tmp_path, doc)
+    assert (err.field, err.problem) == (
+        "format", "must be 'fabricpilot-topology/1' (got 'fabricpilot-topology/2')")
 
 
 def test_json_syntax_error(tmp_path: Path) -> None:
@@ -812,7 +814,8 @@ def test_json_syntax_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("mutate", "field", "needle"), [
     (lambda d: d["nodes"].append(copy.deepcopy(d["nodes"][0])), "nodes[{last}].id", "duplicate"),
-    (lambda d: d["nodes"][0].update(kind="router"), "nodes[0].kind", ""),
+    (lambda d: d["nodes"][0].update(kind="router"), "nodes[0].kind",
+     "must be 'gpu', 'nvswitch' or 'switch' (got 'router')"),
     (lambda d: d["links"][0].update(colour="red"), "links[0].colour", ""),
     (lambda d: d["links"][0].update(kind="copper"), "links[0].kind", ""),
     (lambda d: d.update(gpus_per_host=0), "gpus_per_host", ""),
@@ -827,15 +830,25 @@ def test_json_bad_fields(tmp_path: Path, mutate: Any, field: str, needle: str) -
 
 
 def test_json_topology_invariants(tmp_path: Path) -> None:
+    # each named by the node that breaks it
     doc = small_doc()
+    at = [n["id"] for n in doc["nodes"]].index
     doc["links"] = [x for x in doc["links"] if {x["a"], x["b"]} != {"gpu0", "leaf0"}]
     err = json_error(tmp_path, doc)
-    assert "gpu0" in err.problem and "NIC" in err.problem
+    assert err.field == f"nodes[{at('gpu0')}]"
+    assert err.problem == "GPU 'gpu0' has 0 NIC links; a GPU has one, to its leaf"
     doc = small_doc()
     doc["nodes"] = [n for n in doc["nodes"] if n["id"] != "gpu3"]
     doc["links"] = [x for x in doc["links"] if "gpu3" not in (x["a"], x["b"])]
-    doc["nodes"][[n["id"] for n in doc["nodes"]].index("gpu2")]["gpu"] = 5
-    assert "without gaps" in json_error(tmp_path, doc).problem
+    doc["nodes"][at("gpu2")]["gpu"] = 5
+    err = json_error(tmp_path, doc)
+    assert err.field == f"nodes[{at('gpu2')}].gpu"
+    assert err.problem == "5, but the 3 GPUs are numbered 0..2 without gaps"
+    doc = small_doc()
+    doc["nodes"][at("gpu2")]["gpu"] = 1
+    err = json_error(tmp_path, doc)
+    assert (err.field, err.problem) == (f"nodes[{at('gpu2')}].gpu",
+                                        f"GPU id 1 again (nodes[{at('gpu1')}] has it)")
 
 
 def test_json_not_an_object_and_missing_file(tmp_path: Path) -> None:

@@ -37,16 +37,6 @@ topology_app = typer.Typer(no_args_is_help=True, help="Inspect and export topolo
 app.add_typer(topology_app, name="topology")
 
 
-
-
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless one.
-
-    >>> _count(1, "link"), _count(3, "path set")
-    ('1 link', '3 path sets')
-    """
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
 def _stdout_gone() -> None:
     """The reader of stdout left (``fabricpilot run | head``): what is still printed goes
     nowhere and the command goes on, so that the files it was asked for are still written

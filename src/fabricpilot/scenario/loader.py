@@ -197,14 +197,15 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     return _yaml_problem(err)
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """One line describing a YAML error, with its (1-based) line and column."""
+def _yaml_problem(err: yaml.YAMLError, language: str = "YAML") -> str:
+    """One line describing a YAML error, with its (1-based) line and column (``language``:
+    what the file is named as, ``JSON`` for a ``.json`` file: JSON is read as YAML)."""
     if isinstance(err, yaml.MarkedYAMLError):
         what = err.problem or err.context or "syntax error"
         mark = err.problem_mark or err.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return f"invalid YAML{where}: {' '.join(str(what).split())}"
-    return f"invalid YAML: {' '.join(str(err).split())}"
+        return f"invalid {language}{where}: {' '.join(str(what).split())}"
+    return f"invalid {language}: {' '.join(str(err).split())}"
 
 
 # --- validation errors ----------------------------------------------------------------------
@@ -412,7 +413,8 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         data = load_strict_yaml(text)
     except yaml.YAMLError as exc:
-        raise ScenarioError(source, "", _yaml_problem(exc)) from None
+        raise ScenarioError(source, "", _yaml_problem(
+            exc, "JSON" if file.suffix.lower() == ".json" else "YAML")) from None
     except RecursionError:
         raise ScenarioError(source, "", "nested too deeply to read") from None
     except ValueError as exc:  # (e.g. an integer of more digits than Python converts)

@@ -164,6 +164,15 @@ _LARGEST: dict[str, tuple[float, str]] = {
 }
 
 
+def _n(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one.
+
+    >>> _n(1, "host"), _n(16, "NIC")
+    ('1 host', '16 NICs')
+    """
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
 def _reject_bool(value: Any) -> Any:
     """Refuse ``true``/``false`` where a number is expected (pydantic would read them as 1/0)."""
     if isinstance(value, bool):
@@ -287,20 +296,20 @@ class TopologySpec(_Model):
                 raise FieldProblem(
                     "hosts",
                     f"a rail-optimised leaf-spine needs hosts to be a multiple of "
-                    f"nics_per_leaf ({hosts} hosts, {per_leaf} NICs per leaf)",
+                    f"nics_per_leaf ({_n(hosts, 'host')}, {_n(per_leaf, 'NIC')} per leaf)",
                 )
         else:
             if per_leaf % per_host:
                 raise FieldProblem(
                     "nics_per_leaf",
                     f"must be a multiple of gpus_per_host so whole hosts fit under a leaf "
-                    f"({per_leaf} NICs per leaf, {per_host} GPUs per host)",
+                    f"({_n(per_leaf, 'NIC')} per leaf, {_n(per_host, 'GPU')} per host)",
                 )
             if (hosts * per_host) % per_leaf:
                 raise FieldProblem(
                     "hosts",
-                    f"{hosts} hosts x {per_host} GPUs = {hosts * per_host} NICs do not fill "
-                    f"whole leaves of {per_leaf}",
+                    f"{_n(hosts, 'host')} x {_n(per_host, 'GPU')} = {hosts * per_host} NICs "
+                    f"do not fill whole leaves of {per_leaf}",
                 )
         # (as written: 16 ports at 1.6 : 1 make 10 uplinks, though 16 / 1.6 is not 10.0)
         over = decimal_fraction(self.oversubscription)
@@ -314,7 +323,7 @@ class TopologySpec(_Model):
                 f"must be a whole number (>= 1) of spine uplinks",
             )
         if hosts * per_host > MAX_GPUS:
-            raise FieldProblem("hosts", f"{hosts} hosts x {per_host} GPUs = "
+            raise FieldProblem("hosts", f"{_n(hosts, 'host')} x {_n(per_host, 'GPU')} = "
                                         f"{hosts * per_host} GPUs; at most {MAX_GPUS}")
         n_spines = float(n_spines_q)
         if n_spines_q.denominator != 1 or n_spines_q < 1:

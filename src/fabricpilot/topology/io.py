@@ -137,7 +137,12 @@ def _problem(error: Any) -> str:
     >>> _problem({"type": "float_type", "msg": "Input should be a valid number",
     ...           "input": "400Gbps"})
     "must be a number (got '400Gbps'; a topology file gives rates in Gb/s, delays in ns)"
+    >>> _problem({"type": "literal_error", "input": "v2",
+    ...           "ctx": {"expected": "'fabricpilot-topology/1'"}})
+    "must be 'fabricpilot-topology/1' (got 'v2')"
     """
+    if error["type"] in ("literal_error", "enum"):
+        return f"must be {error['ctx']['expected']} (got {error['input']!r:.60})"
     kind = str(error["type"]).removesuffix("_type").removesuffix("_parsing")
     if kind in _TYPE_WANTED and str(error["type"]).endswith(("_type", "_parsing")):
         hint = ("; a topology file gives rates in Gb/s, delays in ns"
@@ -207,6 +212,24 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
             raise ScenarioError(source, f"nodes[{i}].tier",
                                 f"{tier}, but switch {node.id!r} has no link to a tier-"
                                 f"{tier - 1} switch below it")
+    # GPU ids 0..n-1, each once, and one NIC link per GPU (named by node, not found later)
+    gpus = [(i, node) for i, node in enumerate(parsed.nodes) if node.kind == NodeKind.GPU]
+    holder: dict[int, int] = {}
+    for i, node in gpus:
+        assert node.gpu is not None  # (a GPU node has its id: _Node)
+        if node.gpu in holder:
+            raise ScenarioError(source, f"nodes[{i}].gpu", f"GPU id {node.gpu} again (nodes"
+                                                           f"[{holder[node.gpu]}] has it)")
+        if node.gpu >= len(gpus):
+            raise ScenarioError(source, f"nodes[{i}].gpu",
+                                f"{node.gpu}, but the {len(gpus)} GPUs are numbered "
+                                f"0..{len(gpus) - 1} without gaps")
+        holder[node.gpu] = i
+    for i, node in gpus:
+        nics = sum(1 for v in g[node.id] if g.edges[node.id, v]["kind"] == LinkKind.NIC)
+        if nics != 1:
+            raise ScenarioError(source, f"nodes[{i}]", f"GPU {node.id!r} has {nics} NIC "
+                                                       f"links; a GPU has one, to its leaf")
     per_host = Counter(node.host for node in parsed.nodes if node.kind == NodeKind.GPU)
     most = max(per_host.values(), default=parsed.gpus_per_host)
     if most != parsed.gpus_per_host:

@@ -369,9 +369,9 @@ class _GpuEnds:
     reads them: ``node`` (the index of its node), ``ok`` (one end each way in the
     component and at most one other component each way), ``sw[0]`` / ``sw[1]`` its first
     and last switch there (codes of ``switches``), ``heads`` / ``tails`` the 1-tuples of
-    the links it leaves by and is entered by, and each way its other component's bit
-    (``other``, -1: none) with the switch and link of its one end there (``osw``, -1:
-    none; ``o_heads``, ``o_tails``)."""
+    the links it leaves by and is entered by (their ids: ``links``), and each way its other
+    component's bit (``other``, -1: none) with the switch and link of its one end there
+    (``osw``, -1: none; ``o_heads``, ``o_tails``; ``o_links``)."""
 
     node: NDArray[np.int64]
     ok: NDArray[np.bool_]
@@ -383,8 +383,8 @@ class _GpuEnds:
     o_heads: NDArray[np.object_]
     o_tails: NDArray[np.object_]
     switches: list[str]
-    links: NDArray[np.int64]  # (out, in): the ids of the links of ``heads``, ``tails``
-    o_links: NDArray[np.int64]  # (out, in): those of ``o_heads``, ``o_tails`` (-1: none)
+    links: NDArray[np.int64]  # (out, in)
+    o_links: NDArray[np.int64]  # (out, in; -1: none)
 
 
 @dataclass
@@ -933,10 +933,9 @@ class Controller:
         heal that needs them): every GPU's NIC rate, its ends by switch component
         (:meth:`_end_info`), the fewest-hop switch paths from every switch a GPU sends into
         (:meth:`_expand`) with their hop counts, every GPU's ends in the component all GPUs
-        reach (:meth:`_gpu_ends`), the hosts (:attr:`host_of`), the links'
-        capacities and the ECMP groups the entropy steering reads. The view is fixed for the
-        controller's life; links down or gray are avoided per demand, not by changing
-        these."""
+        reach (:meth:`_gpu_ends`), the hosts (:attr:`host_of`), the links' capacities and
+        the ECMP groups the entropy steering reads. The view is fixed for the controller's
+        life; links down or gray are avoided per demand, not by changing these."""
         gpus = self.view.gpu_node
         # every GPU's NIC rate, by GPU id (NaN: no GPU has the id, or it sends on no link)
         self._nic_rates: NDArray[np.float64] = np.full(max(gpus, default=-1) + 1, np.nan)
@@ -955,16 +954,16 @@ class Controller:
         for sw in firsts:
             if sw not in self._reach:
                 self._expand(sw)
-        # every GPU's ends in the component all GPUs reach (a fabric's leaves and spines)
-        common = functools.reduce(operator.and_, self._gpu_masks.values(), -1)
-        if common > 0 and not common & (common - 1):
-            self._gpu_ends(common)
         # the hops of the fewest-hop switch paths from each of them to every switch it
         # reaches (and 0 to itself)
         self._hops: dict[tuple[str, str], int] = {
             (first, last): int(rows.shape[1])
             for first in firsts for last, (rows, _) in self._reach[first].items()}
         self._hops.update(((sw, sw), 0) for sw in firsts)
+        # every GPU's ends in the component all GPUs reach (a fabric's leaves and spines)
+        common = functools.reduce(operator.and_, self._gpu_masks.values(), -1)
+        if common > 0 and not common & (common - 1):
+            self._gpu_ends(common)
         # the links' capacities as the planner and the heals read them, and the fabric's
         # ECMP groups as the entropy steering reads them
         self._link_values()

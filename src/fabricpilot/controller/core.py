@@ -1518,8 +1518,10 @@ class Controller:
         a_l, b_l, share_l = (list(c) for c in zip(*pairs, strict=True))
         # the component of switches all the call's GPUs have ends in (``fabric``: one)
         masks = self._gpu_masks
+        gpus = set(a_l)
+        gpus.update(b_l)
         try:
-            fabric = functools.reduce(operator.and_, map(masks.__getitem__, a_l + b_l))
+            fabric = functools.reduce(operator.and_, map(masks.__getitem__, gpus))
         except KeyError:  # (a GPU the fabric lacks: one by one, which says so)
             return out
         if not fabric or fabric & (fabric - 1):

@@ -41,3 +41,19 @@ def test_the_controller_benchmark_refuses_a_bad_run_count() -> None:
     assert res.returncode == 2
     assert "--runs must be at least 1" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_the_failure_benchmark_places_jobs_both_ways() -> None:
+    failure = BENCH.with_name("run_failure_bench.py")
+    res = subprocess.run([sys.executable, str(failure), "--runs", "1", "--repeat", "2",
+                          "--placement", "both"], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    # the same 1024-GPU cases as the planner's (pairs counted in the test above)
+    for where, pairs in (("scattered GPUs", 65536), ("whole hosts", 12288)):
+        assert re.search(rf"^failure 1024 GPUs / 8 jobs on {where}: plan [\d.]+ s \({pairs} "
+                         r"demands\); the hottest cable fails .* median of 2 failures [\d.]+ ms "
+                         r".*\(target <= 10 ms\)$", res.stdout, re.M), res.stdout
+    bad = subprocess.run([sys.executable, str(failure), "--placement", "racks"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "invalid choice: 'racks'" in bad.stderr

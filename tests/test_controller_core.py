@@ -233,6 +233,21 @@ def test_the_route_tables_are_made_as_the_fabric_is_read_not_in_a_plan(
         up not in p for shares in ctl.current.paths.values() for p, _ in shares)
 
 
+def test_a_gpu_the_view_names_without_a_node_does_not_stop_the_controller() -> None:
+    # (a host being cabled: the view lists its GPU, the graph has no node for it yet) the
+    # route tables are made for the GPUs it has, and a job on those is planned as before
+    dp = FakeDataPlane()
+    v = dp.view
+    kind = {n: d["kind"] for n, d in v.graph.nodes(data=True)}
+    tier = {n: d["tier"] for n, d in v.graph.nodes(data=True) if "tier" in d}
+    dp.view = FabricView.from_links(list(v.links.values()), kind, tier,
+                                    {**v.gpu_node, 4: "gpu4"})
+    ctl = Controller(dp)
+    ctl.declare(Intent("a", "t", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
+    ctl.plan()
+    assert sorted(ctl._installed) == ["a:0->2", "a:2->0"]
+
+
 def test_opted_out_jobs_and_same_node_pairs_get_no_rules() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)

@@ -936,10 +936,13 @@ class Controller:
         reach (:meth:`_gpu_ends`), the hosts (:attr:`host_of`), the links' capacities and
         the ECMP groups the entropy steering reads. The view is fixed for the controller's
         life; links down or gray are avoided per demand, not by changing these."""
-        gpus = self.view.gpu_node
+        graph = self.view.graph
+        # (a GPU the view names but the graph lacks has no ends: its pairs fail as they did)
+        gpus = {g: node for g, node in self.view.gpu_node.items() if node in graph}
         # every GPU's NIC rate, by GPU id (NaN: no GPU has the id, or it sends on no link)
-        self._nic_rates: NDArray[np.float64] = np.full(max(gpus, default=-1) + 1, np.nan)
-        sends = [g for g, node in gpus.items() if self.view.graph.succ[node]]
+        self._nic_rates: NDArray[np.float64] = np.full(
+            max(self.view.gpu_node, default=-1) + 1, np.nan)
+        sends = [g for g, node in gpus.items() if graph.succ[node]]
         self._nic_rates[sends] = [self._nic(g) for g in sends]
         firsts: dict[str, None] = {}
         # every GPU's switch components with ends both ways, as a bit mask
@@ -1191,6 +1194,7 @@ class Controller:
             return hit
         gpus = self.view.gpu_node
         n_g = max(gpus, default=-1) + 1
+        graph = self.view.graph
         switches: dict[str, int] = {}
         nodes: dict[str, int] = {}
         t = _GpuEnds(np.full(n_g, -1, np.int64), np.zeros(n_g, np.bool_),
@@ -1200,6 +1204,8 @@ class Controller:
                      np.full((2, n_g), -1, np.int64), np.full((2, n_g), -1, np.int64))
         for g, node in gpus.items():
             t.node[g] = nodes.setdefault(node, len(nodes))
+            if node not in graph:
+                continue  # (no ends: its pairs one by one)
             infos = self._end_info(node, True), self._end_info(node, False)
             if not all(mask & fabric for mask, _ in infos):
                 continue  # (no end in the component: its pairs one by one)
@@ -1455,7 +1461,7 @@ class Controller:
                 self._capped_keys[task] = only_l3
             # (the ends of the pairs made all at once, if no other call added any: a key
             # names its pair, so a pair made again by another call keeps its ends)
-            if ends_made is None or len(ends_made) != len(pending):
+            if ends_made is None or len(ends_made) != len(pending) or len(calls) != 1:
                 ends_made = list(map(endpoints.__getitem__, pending))
             if unmet is None and cut is None and (cols_made is None
                                                   or len(cols_made.keys) != len(pending)):

@@ -385,6 +385,10 @@ class _GpuEnds:
     switches: list[str]
     links: NDArray[np.int64]  # (out, in)
     o_links: NDArray[np.int64]  # (out, in; -1: none)
+    # the fewest-hop switch paths of each (first, last) switch pair met, by its code
+    # (``first * len(switches) + last``): those of ``Controller._switch_paths``
+    mids: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)  # (each GPU id as text, for rule keys)
 
 
 @dataclass
@@ -1226,6 +1230,7 @@ class Controller:
                 t.osw[0, g] = switches.setdefault(o_first, len(switches))
                 t.osw[1, g] = switches.setdefault(o_last, len(switches))
         t.switches.extend(switches)
+        t.names.extend(map(str, range(n_g)))
         self._gpu_ends_of[fabric] = t
         return t
 
@@ -1571,11 +1576,13 @@ class Controller:
             other = np.zeros(0, np.int64)
         # the switch paths of each (first, last) switch pair met
         uniq, inv = np.unique(code[fast], return_inverse=True)
-        mids_of = []
-        for c in uniq.tolist():
-            first, last = first_of[c // n_last], last_of[c % n_last]
-            mids = self._sw_paths.get((first, last))
-            mids_of.append(mids if mids is not None else self._switch_paths(first, last))
+        memo = t.mids
+        uniq_l = uniq.tolist()
+        mids_of = list(map(memo.get, uniq_l))
+        for i, c in enumerate(uniq_l):
+            if mids_of[i] is None:
+                mids_of[i] = memo[c] = self._switch_paths(first_of[c // n_last],
+                                                          last_of[c % n_last])
         nic_fixed = self._nic_gbps
         nic = np.full(len(a_l), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
         share = np.array(share_l, np.float64)
@@ -1603,7 +1610,8 @@ class Controller:
             wholes = itertools.repeat(bool(q_idx[0] == 1))
         else:
             q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
-        keys = [f"{task}:{x}->{y}" for x, y in zip(fa, fb, strict=True)]  # rule_key
+        name, task_at = t.names, f"{task}:"
+        keys = [f"{task_at}{name[x]}->{name[y]}" for x, y in zip(fa, fb, strict=True)]  # rule_key
         r_idx = rates[idx]
         made = list(map(_demand_of, zip(keys, r_idx.tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),

@@ -195,6 +195,11 @@ def test_the_columns_handed_to_the_planner_are_those_of_the_demands(
         assert all(cols.tuples[t] is d.candidates
                    for t, d in zip(cols.tup.tolist(), demands, strict=True))
         assert len(cols.tuples) < len(demands)  # (the pairs of a leaf pair share a tuple)
+        # each pair's GPUs as rows, in the columns' order: those the key names
+        rows = made[2]
+        assert rows is not None and rows.shape == (len(demands), 2)
+        assert rows.tolist() == [[int(x) for x in k.split(":")[1].split("->")]
+                                 for k in cols.keys]
         if not with_columns:
             ctl._demand_cols = None
             monkeypatch.setattr(ctl, "demands", lambda made=demands: made)
@@ -203,6 +208,16 @@ def test_the_columns_handed_to_the_planner_are_those_of_the_demands(
         assert (seen[0] is not None) == with_columns
         plans.append({k: tuple(v) for k, v in ctl._installed.items()})
     assert plans[0] == plans[1]
+    # steering reads the rows where they name the plan's keys in order, else it looks each
+    # key's GPUs up (here gone: a lookup fails)
+    plan, weight = ctl.current, ctl._weight
+    assert plan is not None
+    keys = list(plan.paths)
+    looked_up = ctl.steer_plan(plan, weight)[0]
+    monkeypatch.setattr(ctl, "_endpoints", {})
+    assert ctl.steer_plan(plan, weight, ends=(cols.keys, rows))[0] == looked_up
+    with pytest.raises(KeyError):
+        ctl.steer_plan(plan, weight, ends=(keys[::-1], rows[::-1]))
 
 
 def test_the_route_tables_are_made_as_the_fabric_is_read_not_in_a_plan(

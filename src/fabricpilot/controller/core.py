@@ -76,6 +76,7 @@ class _Made(NamedTuple):
     only_l3: frozenset[str]  # its pairs held to l3_rate_cap though it has L1/L2 calls
     # its demands' fields as columns, in order (None: not made, or not expressible so)
     columns: DemandColumns | None = None
+    ends_array: NDArray[np.int64] | None = None  # (``ends`` as rows, with ``columns``)
 
 
 class _Weights(Mapping[str, float]):
@@ -356,11 +357,14 @@ _STALE_SLACK = 1024  # endpoints of pairs no longer planned kept beyond twice th
 
 
 class _CallDemands(list):  # type: ignore[type-arg]
-    """The demands of a call's pairs made all at once, with their :attr:`columns`."""
+    """The demands of a call's pairs made all at once, with their :attr:`columns` and their
+    pairs' GPUs as rows (:attr:`ends`: source, destination)."""
 
-    def __init__(self, made: list[Demand], columns: DemandColumns) -> None:
+    def __init__(self, made: list[Demand], columns: DemandColumns,
+                 ends: NDArray[np.int64]) -> None:
         super().__init__(made)
         self.columns = columns
+        self.ends = ends
 
 
 @dataclass
@@ -917,7 +921,9 @@ class Controller:
         # same jobs on the same links reuses them)
         self._made: dict[str, _Made] = {}
         # the last whole demands() made: its list and their fields as columns (see _solve)
-        self._demand_cols: tuple[list[Demand], DemandColumns] | None = None
+        # (the last demands' columns and their pairs' GPUs as rows, if known: for the plan)
+        self._demand_cols: tuple[list[Demand], DemandColumns,
+                                 NDArray[np.int64] | None] | None = None
         # no candidate path is slower than this (ns): an SLA at least this long needs no
         # path's delay checked. A fewest-hop path climbs to the top tier and back, with an
         # NVLink hop at each end at most: 2 x tiers + 4 links, a switch between two
@@ -1247,6 +1253,7 @@ class Controller:
         """
         out: dict[str, Demand] = {}
         col_parts: list[DemandColumns | None] = []  # (per job in ``out``: its columns)
+        end_parts: list[NDArray[np.int64]] = []  # (and its pairs' GPUs, with columns)
         gpu_node = self.view.gpu_node
         opted = [i for i in self.intents.values() if i.opt_in]
         # (both are found again below: a job is cut off only while its links are down)
@@ -1302,10 +1309,13 @@ class Controller:
                 if unmet is None and cut is None:
                     out.update(pending)
                     col_parts.append(was.columns)
+                    if was.ends_array is not None:
+                        end_parts.append(was.ends_array)
                 continue
             pending: dict[str, Demand] = {}
             ends_made: list[tuple[int, int]] | None = None
             cols_made: DemandColumns | None = None
+            ends_rows: NDArray[np.int64] | None = None
             heat = intent.heat  # the same for every demand of the job
             calls = intent.calls
             levels = {c.level for c in calls}
@@ -1341,6 +1351,7 @@ class Controller:
                     endpoints.update(zip(keys, ends_made, strict=True))
                     if isinstance(made, _CallDemands) and len(calls) == 1:
                         cols_made = made.columns  # (the job's demands are the call's)
+                        ends_rows = made.ends
                     continue
                 for i, (a, b, share) in enumerate(pairs):
                     if made is not None:
@@ -1468,14 +1479,20 @@ class Controller:
             # names its pair, so a pair made again by another call keeps its ends)
             if ends_made is None or len(ends_made) != len(pending) or len(calls) != 1:
                 ends_made = list(map(endpoints.__getitem__, pending))
+                ends_rows = None
             if unmet is None and cut is None and (cols_made is None
                                                   or len(cols_made.keys) != len(pending)):
                 cols_made = DemandColumns.of(list(pending.values()))
+                ends_rows = None
+            if cols_made is not None and ends_rows is None:
+                ends_rows = np.array(ends_made, np.int64).reshape(-1, 2)
             made_before[task] = _Made(intent, (strict, avoid, parts), pending, ends_made,
-                                      unmet, cut, only_l3, cols_made)
+                                      unmet, cut, only_l3, cols_made, ends_rows)
             if unmet is None and cut is None:
                 out.update(pending)
                 col_parts.append(cols_made)
+                if ends_rows is not None:
+                    end_parts.append(ends_rows)
         # (the L3-only jobs after them change no L1/L2 job's verdict)
         self._strict_tasks = (self._strict_met(sla_unmet, partitioned) if strict_tasks is None
                               else strict_tasks)
@@ -1493,7 +1510,8 @@ class Controller:
             if col_parts and all(c is not None for c in col_parts):
                 cols = DemandColumns.join(col_parts)  # type: ignore[arg-type]
                 if len(cols.keys) == len(made_list):
-                    self._demand_cols = (made_list, cols)
+                    self._demand_cols = (made_list, cols, np.concatenate(end_parts)
+                                         if len(end_parts) == len(col_parts) else None)
         else:
             self._demand.update(out)
             if self._slots is not None:  # (their demands changed)
@@ -1623,7 +1641,7 @@ class Controller:
             return _CallDemands(made, DemandColumns(
                 keys, r_idx, np.full(n, float(heat)), q_idx == 1, q_idx.astype(np.int64),
                 np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
-                t_link))
+                t_link), np.column_stack((a[idx], b[idx])))
         for i, d in zip(idx.tolist(), made, strict=True):
             out[i] = d
         return out
@@ -1994,10 +2012,14 @@ class Controller:
         stop = self.interrupt.flag if self._may_yield else None
         made = self._demand_cols
         self._demand_cols = None
+        if made is not None and made[0] is not demands:
+            made = None
         plan = plan_greedy(demands, cap, background=background, split=self.parts,
                            checkpoint=check, stop=stop,
-                           columns=made[1] if made is not None and made[0] is demands else None)
-        sets, report = self.steer_plan(plan, self._weight)
+                           columns=made[1] if made is not None else None)
+        sets, report = self.steer_plan(plan, self._weight,
+                                       ends=(made[1].keys, made[2]) if made is not None
+                                       and made[2] is not None else None)
         check()
         if not report.spilled:
             return plan, sets, report
@@ -3183,13 +3205,17 @@ class Controller:
 
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
+                   ends: tuple[list[str], NDArray[np.int64]] | None = None,
                    ) -> tuple[list[PathSet], PlanReport]:
         """Path sets for a plan, each path steered by a QP source port
         (:mod:`~fabricpilot.controller.entropy`) and pinned by explicit rules where the hash
         cannot reach it. Rules go to the heaviest demands first while every switch on the
         way has room (``switch_rule_capacity``); a path that does not fit follows the hash
         of its port, and the path set says so (it carries the path actually taken). With
-        ``reuse``, a path a key already has keeps its port (only new paths are steered)."""
+        ``reuse``, a path a key already has keeps its port (only new paths are steered).
+        ``ends``, if given, is a list of keys and their pairs' GPUs as rows (source,
+        destination), read where it names the plan's keys in order (else they are looked
+        up key by key)."""
         self._check()
         keys = list(plan.paths)
         caps = self._rate_caps(keys, plan.paths.values())
@@ -3204,12 +3230,14 @@ class Controller:
         all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
         paths = list(all_paths)
         n_req = len(paths)
-        endpoints = self._endpoints
-        ends = np.fromiter(_chain(map(endpoints.__getitem__, keys)), np.int64,
-                           2 * len(keys)).reshape(len(keys), 2)
-        self._steered_ends = (weakref.ref(plan), ends)
-        src = np.repeat(ends[:, 0], n_per_key)
-        dst = np.repeat(ends[:, 1], n_per_key)
+        if ends is not None and len(ends[1]) == len(keys) and ends[0] == keys:
+            rows = ends[1]
+        else:
+            rows = np.fromiter(_chain(map(self._endpoints.__getitem__, keys)), np.int64,
+                               2 * len(keys)).reshape(len(keys), 2)
+        self._steered_ends = (weakref.ref(plan), rows)
+        src = np.repeat(rows[:, 0], n_per_key)
+        dst = np.repeat(rows[:, 1], n_per_key)
         first = _offsets(n_per_key)
         # where each QP's port search starts: spread, and the same in every run
         start = ((src * 1_000_003 + dst) * 64

@@ -21,7 +21,12 @@ from fabricpilot.controller.core import (
 )
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
-from fabricpilot.controller.patterns import pair_shares, pattern_pairs, pattern_transfers
+from fabricpilot.controller.patterns import (
+    alltoall_pairs,
+    pair_shares,
+    pattern_pairs,
+    pattern_transfers,
+)
 from fabricpilot.controller.southbound import FabricView, LinkInfo, PathSet, PortDelta
 
 
@@ -288,6 +293,25 @@ def test_pattern_pairs() -> None:
         CommCall("allreduce", 1, 1.0, 0, algorithm="flat")
     with pytest.raises(ValueError, match="unknown algorithm 'nvls'"):
         CommCall("allreduce", 1, 1.0, 0, algorithm="nvls")
+
+
+def test_alltoall_pairs_share_each_link_among_the_peers_behind_it() -> None:
+    # GPUs 2, 0, 1 on host 0 and 8 on host 1, flat (PXN off): each GPU of host 0 shares its
+    # NVLink with the 2 others of its host (1/2 each) and its NIC with the 1 GPU elsewhere
+    # (all of it); GPU 8 shares its NIC with 3 peers (1/3 each); in the job's order
+    a, b, share = alltoall_pairs((2, 0, 1, 8), {0: 0, 1: 0, 2: 0, 8: 1}, "flat")
+    assert list(zip(a.tolist(), b.tolist(), share.tolist(), strict=True)) == [
+        (2, 0, 0.5), (2, 1, 0.5), (2, 8, 1.0), (0, 2, 0.5), (0, 1, 0.5), (0, 8, 1.0),
+        (1, 2, 0.5), (1, 0, 0.5), (1, 8, 1.0), (8, 2, 1 / 3), (8, 0, 1 / 3), (8, 1, 1 / 3)]
+    # two hosts of three GPUs, PXN: 3 x 2 NVLink pairs per host (1/2 each), then along each
+    # rail to the one other host (all of the NIC): 12 + 6 pairs
+    a, b, share = alltoall_pairs((0, 1, 2, 8, 9, 10), {g: g // 8 for g in (0, 1, 2, 8, 9, 10)})
+    pairs = list(zip(a.tolist(), b.tolist(), share.tolist(), strict=True))
+    assert pairs[:2] == [(0, 1, 0.5), (0, 2, 0.5)] and len(pairs) == 18
+    assert pairs[12:] == [(0, 8, 1.0), (1, 9, 1.0), (2, 10, 1.0),
+                          (8, 0, 1.0), (9, 1, 1.0), (10, 2, 1.0)]
+    assert pairs == pattern_pairs("alltoall", (0, 1, 2, 8, 9, 10), {g: g // 8 for g in range(11)})
+    assert all(len(c) == 0 for c in alltoall_pairs((5,)))
 
 
 def test_a_tree_declared_by_pattern_is_planned_as_its_transfers() -> None:

@@ -40,7 +40,12 @@ from fabricpilot.controller.entropy import (
 from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import LEVELS, CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
-from fabricpilot.controller.patterns import pair_qps, pair_shares, pattern_pairs
+from fabricpilot.controller.patterns import (
+    alltoall_pairs,
+    pair_qps,
+    pair_shares,
+    pattern_pairs,
+)
 from fabricpilot.controller.planner import (
     Columns,
     Demand,
@@ -108,7 +113,6 @@ _KEY = operator.attrgetter("key")
 _PATHS = operator.attrgetter("paths")
 _RULES = operator.attrgetter("rules")
 _HEAD, _TAIL, _CANDIDATES = (operator.attrgetter(f) for f in ("head", "tail", "candidates"))
-_ENDS = operator.itemgetter(0, 1)  # (a, b) of a pair (a, b, share)
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
 _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
@@ -354,6 +358,19 @@ _RETIRED_MAX = 64  # heals whose replaced records wait for a control period to b
 # in a controller that runs for weeks (a memo of tuples that are alive refills as used)
 _MEMO_MAX = 1 << 16
 _STALE_SLACK = 1024  # endpoints of pairs no longer planned kept beyond twice those planned
+
+
+def _pair_columns(pairs: list[tuple[int, int, float]]
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+    """GPU pairs ``(source, destination, share)`` as columns.
+
+    >>> [c.tolist() for c in _pair_columns([(0, 1, 0.5), (1, 0, 1.0)])]
+    [[0, 1], [1, 0], [0.5, 1.0]]
+    """
+    if not pairs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    a, b, share = zip(*pairs, strict=True)
+    return np.array(a, np.int64), np.array(b, np.int64), np.array(share, np.float64)
 
 
 class _CallDemands(list):  # type: ignore[type-arg]
@@ -1329,30 +1346,38 @@ class Controller:
                 calls = tuple(sorted(calls, key=lambda c: LEVELS.index(c.level)))
                 scope_of = {}
             for call in calls:
+                cols = None  # (the call's pairs as columns, where made so)
+                pairs: list[tuple[int, int, float]] | None
                 if call.pairs:
                     pairs = pair_shares(call.pairs, self.host_of)
+                elif call.pattern == "alltoall" and not mixed:  # (its many pairs: at once)
+                    cols, pairs = alltoall_pairs(intent.gpus, self.host_of, call.algorithm), None
                 else:
                     pairs = pattern_pairs(call.pattern, intent.gpus, self.host_of,
                                           call.algorithm)
-                if mixed:
+                if mixed and pairs is not None:
                     by_kind[call.level != "L3"].update(rule_key(task, a, b) for a, b, _ in pairs)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
                 level = call.level
                 prio = call.priority
                 # the common case, every pair at once (then only the others one by one;
                 # all of them if a stricter call gave some pair its scope already)
-                made = (self._call_demands(task, pairs, cap, heat, prio)
-                        if not (call.pairs or pending or avoid or scope_of) and level == "L3"
-                        and call.sla_us * 1000.0 >= self._slowest_path_ns else None)
-                if made is not None and all(made):  # (every pair: all at once)
+                made = None
+                if (not (call.pairs or pending or avoid or scope_of) and level == "L3"
+                        and call.sla_us * 1000.0 >= self._slowest_path_ns):
+                    made = self._call_demands(task, cols if cols is not None
+                                              else _pair_columns(pairs or []), cap, heat, prio)
+                if isinstance(made, _CallDemands):  # (every pair: all at once)
                     keys = list(map(_KEY, made))
-                    pending.update(zip(keys, made, strict=True))  # type: ignore[arg-type]
-                    ends_made = list(map(_ENDS, pairs))
+                    pending.update(zip(keys, made, strict=True))
+                    ends_made = list(map(tuple, made.ends.tolist()))
                     endpoints.update(zip(keys, ends_made, strict=True))
-                    if isinstance(made, _CallDemands) and len(calls) == 1:
+                    if len(calls) == 1:
                         cols_made = made.columns  # (the job's demands are the call's)
                         ends_rows = made.ends
                     continue
+                if pairs is None:
+                    pairs = list(zip(*(c.tolist() for c in cols or ()), strict=True))
                 for i, (a, b, share) in enumerate(pairs):
                     if made is not None:
                         d = made[i]
@@ -1532,23 +1557,23 @@ class Controller:
                          and i.task_id not in partitioned
                          and any(c.level != "L3" for c in i.calls))
 
-    def _call_demands(self, task: str, pairs: list[tuple[int, int, float]], rate_cap: float,
-                      heat: float, priority: int = 0) -> list[Demand | None]:
-        """The demands of a call's GPU pairs (``(source, destination, share of the source's
-        NIC)``, each pair once) at ``rate_cap`` of their rate, weight ``heat`` and
+    def _call_demands(self, task: str, pairs: tuple[NDArray[np.int64], NDArray[np.int64],
+                                                    NDArray[np.float64]],
+                      rate_cap: float, heat: float, priority: int = 0) -> list[Demand | None]:
+        """The demands of a call's GPU pairs (as columns: sources, destinations, shares of
+        the source's NIC; each pair once) at ``rate_cap`` of their rate, weight ``heat`` and
         ``priority``, made together, of the pairs that are :meth:`demands`'s common case: two
         GPUs of different hosts with one NIC each (one end in the component of switches all
         the call's GPUs reach, and at most one other component, as an NVLink domain, which
         the two do not share), a fewest-hop path between their switches, and no link avoided
         (level L3: no scope). Per pair, in order: its demand, or ``None`` (it is made by itself)."""
-        out: list[Demand | None] = [None] * len(pairs)
-        if not pairs:
+        a, b, share = pairs
+        out: list[Demand | None] = [None] * len(a)
+        if not len(a):
             return out
-        a_l, b_l, share_l = (list(c) for c in zip(*pairs, strict=True))
         # the component of switches all the call's GPUs have ends in (``fabric``: one)
         masks = self._gpu_masks
-        gpus = set(a_l)
-        gpus.update(b_l)
+        gpus = np.unique(np.concatenate((a, b))).tolist()
         try:
             fabric = functools.reduce(operator.and_, map(masks.__getitem__, gpus))
         except KeyError:  # (a GPU the fabric lacks: one by one, which says so)
@@ -1559,7 +1584,6 @@ class Controller:
         g_node, g_ok, g_other, g_sw, g_osw = t.node, t.ok, t.other, t.sw, t.osw
         heads, tails, o_heads, o_tails = t.heads, t.tails, t.o_heads, t.o_tails
         first_of = last_of = t.switches
-        a, b = np.array(a_l, np.int64), np.array(b_l, np.int64)
         o_a, o_b = g_other[0, a], g_other[1, b]
         both = g_ok[a] & g_ok[b] & (g_node[a] != g_node[b])
         fast = both & ((o_a < 0) | (o_a != o_b))
@@ -1602,8 +1626,7 @@ class Controller:
                 mids_of[i] = memo[c] = self._switch_paths(first_of[c // n_last],
                                                           last_of[c % n_last])
         nic_fixed = self._nic_gbps
-        nic = np.full(len(a_l), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
-        share = np.array(share_l, np.float64)
+        nic = np.full(len(a), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
         rates = nic * share * rate_cap
         qps = pair_qps(share, self.parts)
         idx = np.flatnonzero(fast)

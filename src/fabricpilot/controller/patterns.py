@@ -9,12 +9,12 @@ GPU ids: the controller turns their pairs into demands.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 
 def pattern_pairs(pattern: str, gpus: tuple[int, ...],
@@ -72,28 +72,8 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     if algorithm == "tree" and pattern == "allreduce":
         return pair_shares(_tree_transfers(gpus, host_of), host_of)
     if pattern == "alltoall":
-        rows = _host_rows(gpus, host_of) if host_of and algorithm != "flat" else None
-        if rows is not None:  # (NCCL's PXN: within the hosts, then along the rails)
-            # (as pair_shares gives them: NVLink shared by g - 1 peers, the NIC by h - 1)
-            g, h = len(rows[0]), len(rows)
-            nvl, nic = 1.0 / (g - 1), 1.0 / (h - 1)
-            near = [(row[i], row[j], nvl) for row in rows for i in range(g) for j in range(g)
-                    if i != j]
-            rail = [(rows[a][k], rows[b][k], nic) for a in range(h) for k in range(g)
-                    for b in range(h) if b != a]
-            return near + rail
-        if not host_of:
-            return [(a, b, 1.0 / (n - 1)) for a, b in itertools.permutations(gpus, 2)]
-        # (pair_shares's, per GPU: its host's other GPUs share its NVLink, the rest its NIC)
-        hosts = [host_of.get(g, -1 - g) for g in gpus]
-        on_host = Counter(hosts)
-        out: list[tuple[int, int, float]] = []
-        for a, ha in zip(gpus, hosts, strict=True):
-            c = on_host[ha]
-            near, far = 1.0 / max(c - 1, 1), 1.0 / max(n - c, 1)
-            out.extend([(a, b, near if hb == ha else far)
-                        for b, hb in zip(gpus, hosts, strict=True) if b != a])
-        return out
+        a, b, share = alltoall_pairs(gpus, host_of, algorithm)
+        return list(zip(a.tolist(), b.tolist(), share.tolist(), strict=True))
     rows = _host_rows(gpus, host_of) if host_of is not None else None
     if rows is None:
         return [(gpus[i], gpus[(i + 1) % n], 1.0) for i in range(n)]
@@ -101,6 +81,49 @@ def pattern_pairs(pattern: str, gpus: tuple[int, ...],
     intra = [(row[k], row[(k + 1) % g], 1.0) for row in rows for k in range(g)]
     rails = [(rows[a][k], rows[(a + 1) % h][k], 1.0) for a in range(h) for k in range(g)]
     return intra + rails
+
+
+def alltoall_pairs(gpus: tuple[int, ...], host_of: Mapping[int, int] | None = None,
+                   algorithm: str = "") -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                                 NDArray[np.float64]]:
+    """The pairs of an AlltoAll over ``gpus`` as :func:`pattern_pairs` gives them, in its
+    order, as arrays: senders, receivers and the share of the sender's NIC (or NVLink) each
+    pair uses (a job's AlltoAll has tens of thousands of pairs: made at once).
+
+    >>> a, b, share = alltoall_pairs((0, 1, 8, 9), {0: 0, 1: 0, 8: 1, 9: 1}, "flat")
+    >>> a.tolist()[:3], b.tolist()[:3], share.tolist()[:3]  # (NVLink its own, NIC shared)
+    ([0, 0, 0], [1, 8, 9], [1.0, 0.5, 0.5])
+    """
+    g_arr = np.asarray(gpus, np.int64)
+    n = len(g_arr)
+    if n < 2:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, np.zeros(0, np.float64)
+    rows = _host_rows(gpus, host_of) if host_of and algorithm != "flat" else None
+    if rows is not None:  # (NCCL's PXN: within the hosts, then along the rails)
+        # (as pair_shares gives them: NVLink shared by g - 1 peers, the NIC by h - 1)
+        grid = np.array(rows, np.int64)
+        h, g = grid.shape
+        i, j = np.nonzero(~np.eye(g, dtype=np.bool_))  # (each row: i, then j != i)
+        # (along the rails: sender host, position, then receiver host)
+        sa, k, sb = np.nonzero(np.broadcast_to(~np.eye(h, dtype=np.bool_)[:, None, :],
+                                               (h, g, h)))
+        a = np.concatenate((grid[:, i].ravel(), grid[sa, k]))
+        b = np.concatenate((grid[:, j].ravel(), grid[sb, k]))
+        share = np.concatenate((np.full(h * len(i), 1.0 / (g - 1)),
+                                np.full(len(sa), 1.0 / (h - 1))))
+        return a, b, share
+    # every ordered pair: each GPU to every other, in the job's order
+    i, j = np.nonzero(~np.eye(n, dtype=np.bool_))
+    a, b = g_arr[i], g_arr[j]
+    if not host_of:
+        return a, b, np.full(len(a), 1.0 / (n - 1))
+    # (pair_shares's, per GPU: its host's other GPUs share its NVLink, the rest its NIC)
+    hosts = np.array([host_of.get(x, -1 - x) for x in gpus], np.int64)
+    _, at, count = np.unique(hosts, return_inverse=True, return_counts=True)
+    c = count[at.ravel()]
+    near, far = 1.0 / np.maximum(c - 1, 1), 1.0 / np.maximum(n - c, 1)
+    return a, b, np.where(hosts[i] == hosts[j], near[i], far[i])
 
 
 def pattern_transfers(pattern: str, gpus: tuple[int, ...],

@@ -90,11 +90,11 @@ def ecmp_spec(ctx: PolicyContext) -> EcmpSpec:
     names = list(ct.node_names)
     sw_name = [names[int(n)] for n in ct.switch_node]
     leaf_of_slot = {int(ct.leaf_slot[s]): sw_name[s] for s in np.flatnonzero(ct.leaf_slot >= 0)}
-    groups = {}
-    for s, t in zip(*np.nonzero(ct.nh_count > 0), strict=True):
-        count = int(ct.nh_count[s, t])
-        groups[(sw_name[s], leaf_of_slot[int(t)])] = tuple(int(x) for x in
-                                                            ct.nh_link[s, t, :count])
+    # (each group's members: its row of next-hop links, as long as its count; read at once)
+    at_s, at_t = np.nonzero(ct.nh_count > 0)
+    rows = ct.nh_link[at_s, at_t].tolist()
+    groups = {(sw_name[s], leaf_of_slot[t]): tuple(row[:count]) for s, t, row, count in zip(
+        at_s.tolist(), at_t.tolist(), rows, ct.nh_count[at_s, at_t].tolist(), strict=True)}
     return EcmpSpec(ctx.seed, ctx.ecmp.per_switch_seed, ctx.ecmp.source_port_entropy,
                     {n: i for i, n in enumerate(sw_name)}, groups,
                     {g: sw_name[int(ct.gpu_leaf[g])] for g in range(len(ct.gpu_leaf))})

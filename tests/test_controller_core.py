@@ -708,6 +708,23 @@ def _util(link: int, u: float) -> PortDelta:
     return PortDelta(link, 1000, tx_bytes=u * 400.0 * 1000 / 8)
 
 
+def test_the_background_is_the_measured_load_beyond_the_plan_above_the_floor() -> None:
+    # gpu0 -> gpu2's uplink at 35 % (140 Gb/s, of which the plan has 100: 40 beyond it),
+    # the other uplink at 50 % (200, of which the plan has 100: 100 beyond it); both above
+    # the floor of 5 % of 400 Gb/s (20)
+    _, ctl, used, other = _two_pair_job()
+    ctl.map.update([_util(used, 0.35), _util(other, 0.5)])
+    assert ctl.background_gbps() == {used: pytest.approx(40.0), other: pytest.approx(100.0)}
+    # a floor of 10 % (40 Gb/s): 40 beyond the plan is not above it, 100 is
+    assert ctl.background_gbps(floor=0.1) == {other: pytest.approx(100.0)}
+    # a floor below zero: every fabric link whose extra load is above it, idle ones too
+    # (0 measured, up to 100 planned: at least -100 > -0.5 x 400); no NIC link
+    below = ctl.background_gbps(floor=-0.5)
+    fabric = {lk for lk, li in ctl.view.links.items() if li.kind == "fabric"}
+    assert set(below) == fabric and below[used] == pytest.approx(40.0)
+    assert all(below[lk] in (0.0, -100.0) for lk in fabric - {used, other})
+
+
 def test_a_replan_moves_a_job_off_a_link_loaded_by_undeclared_traffic() -> None:
     dp, ctl, used, other = _two_pair_job()
     n_installed = len(dp.installed)

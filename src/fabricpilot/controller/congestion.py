@@ -178,6 +178,21 @@ class CongestionMap:
         """Smoothed utilization of every link of the view, by link id."""
         return dict(zip(self._capacity_gbps, self._arr[:, 0].tolist(), strict=True))
 
+    def utilization_array(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """The links of the view (ids, in its order) and their smoothed utilization, as
+        arrays (copies): :meth:`utilization` for a caller that computes over all links.
+
+        >>> from fabricpilot.controller.southbound import FabricView, LinkInfo, PortDelta
+        >>> view = FabricView.from_links(
+        ...     [LinkInfo(3, "a", "b", 400, 100), LinkInfo(1, "b", "a", 400, 100)],
+        ...     node_kind={"a": "switch", "b": "switch"}, tier={}, gpu_node={})
+        >>> cm = CongestionMap(view)
+        >>> cm.update([PortDelta(1, 1_000_000, tx_bytes=25_000_000)])
+        >>> [a.tolist() for a in cm.utilization_array()]
+        [[3, 1], [0.0, 0.5]]
+        """
+        return self._ids.copy(), self._arr[:, 0].copy()
+
     def free_buffer_bytes(self, link_id: int, buffer_bytes: float) -> float:
         """Buffer left on ``link_id``'s egress port: ``max(buffer_bytes - queue_bytes, 0)``."""
         self._check_link(link_id)

@@ -873,6 +873,10 @@ class Controller:
         # was counted (the plan as of the control period before), which the measured load
         # is compared with; and the plan's load as of the last period (None: none yet)
         self._load_measured: dict[int, float] | None = None
+        # the congestion map's links (ids, in its order), whether each is a fabric link and
+        # its capacity (Gb/s): see _map_links
+        self._fabric_rows: tuple[NDArray[np.int64], NDArray[np.bool_],
+                                 NDArray[np.float64]] | None = None
         self._load_at_tick: dict[int, float] | None = None
         self._up_since: dict[int, float | None] = {}
         # the last operational state each port's switch reported (PortDelta.oper_up)
@@ -999,6 +1003,7 @@ class Controller:
         self._link_values()
         if len(self._dense_capacity()):
             self._fabric_caps()
+        self._map_links(self.map.utilization_array()[0])  # (and as background_gbps reads them)
         if self.view.ecmp is not None:
             self._steering_table().compile()
         self.host_of  # noqa: B018 (the hosts, as the patterns of every call read them)
@@ -2282,15 +2287,26 @@ class Controller:
         """
         planned = (self._load_measured if self._load_measured is not None else
                    self.current.link_load_gbps if self.current else {})
-        out = {}
-        for lid, u in self.map.utilization().items():
-            li = self.view.links[lid]
-            if li.kind != "fabric":
-                continue
-            extra = u * li.capacity_gbps - planned.get(lid, 0.0)
-            if extra > floor * li.capacity_gbps:
-                out[lid] = extra
-        return out
+        ids, util = self.map.utilization_array()
+        fabric, cap = self._map_links(ids)
+        # (an idle link has no load beyond the plan's, if the floor is not below zero)
+        at = np.flatnonzero(fabric & (util > 0.0) if floor >= 0 else fabric)
+        at_l = ids[at].tolist()
+        extra = util[at] * cap[at] - np.fromiter(map(planned.get, at_l, itertools.repeat(0.0)),
+                                                 np.float64, len(at_l))
+        keep = np.flatnonzero(extra > floor * cap[at])
+        return dict(zip(ids[at[keep]].tolist(), extra[keep].tolist(), strict=True))
+
+    def _map_links(self, ids: NDArray[np.int64]) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
+        """Of the congestion map's links ``ids`` (in its order), which are fabric links and
+        their capacities (Gb/s) (made once)."""
+        if self._fabric_rows is None or not np.array_equal(self._fabric_rows[0], ids):
+            links, ids_l = self.view.links, ids.tolist()
+            self._fabric_rows = (ids, np.array([links[lk].kind == "fabric" for lk in ids_l],
+                                               np.bool_),
+                                 np.array([float(links[lk].capacity_gbps) for lk in ids_l],
+                                          np.float64))
+        return self._fabric_rows[1], self._fabric_rows[2]
 
     def _fabric_caps(self) -> NDArray[np.float64]:
         """Capacity (Gb/s) by link id, infinite for links that are not fabric links (made

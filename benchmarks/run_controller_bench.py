@@ -3,6 +3,7 @@
     python benchmarks/run_controller_bench.py            # planner 1024 GPUs / 8 jobs, ranking
     python benchmarks/run_controller_bench.py --large    # also 8192 GPUs / 32 jobs
     python benchmarks/run_controller_bench.py --runs 5   # 1024 GPUs planned by 5 fresh controllers
+    python benchmarks/run_controller_bench.py --large --large-runs 3   # 8192 GPUs: 3 as well
 
 Planner cases: a rail-optimised 400G leaf-spine (8 GPUs per host), jobs of equal size, half
 ring AllReduce and half AlltoAll, all declared to the controller, which plans them together
@@ -170,10 +171,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true", help="also 8192 GPUs / 32 jobs")
     parser.add_argument("--runs", type=int, default=3,
-                        help="fresh controllers per case up to 1024 GPUs (8192: one)")
+                        help="fresh controllers per case up to 1024 GPUs")
+    parser.add_argument("--large-runs", type=int, default=1,
+                        help="fresh controllers per 8192-GPU case (each takes 10-30 s)")
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
+    for flag, n in (("--runs", args.runs), ("--large-runs", args.large_runs)):
+        if n < 1:
+            parser.error(f"{flag} must be at least 1")
     cases = [(1024, 8, "hosts"), (1024, 8, "gpus")]
     if args.large:
         cases += [(8192, 32, "hosts"), (8192, 32, "gpus")]
@@ -182,7 +186,7 @@ def main() -> None:
     for gpus, jobs, placement in cases:
         plans, replans = [], []
         print(f"jobs on {'whole hosts' if placement == 'hosts' else 'scattered GPUs'}:")
-        for _ in range(args.runs if gpus <= 1024 else 1):
+        for _ in range(args.runs if gpus <= 1024 else args.large_runs):
             r = planner_case(gpus, jobs, placement=placement)
             plans.append(r["plan_s"])
             replans.append(r["replan_s"])

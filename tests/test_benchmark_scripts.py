@@ -41,6 +41,9 @@ def test_the_controller_benchmark_refuses_a_bad_run_count() -> None:
     assert res.returncode == 2
     assert "--runs must be at least 1" in res.stderr
     assert "Traceback" not in res.stderr
+    res = subprocess.run([sys.executable, str(BENCH), "--large-runs", "0"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "--large-runs must be at least 1" in res.stderr
 
 
 def test_the_failure_benchmark_places_jobs_both_ways() -> None:

@@ -941,8 +941,8 @@ class Controller:
         # per job, its demands as demands() last made them and for what (a re-plan of the
         # same jobs on the same links reuses them)
         self._made: dict[str, _Made] = {}
-        # the last whole demands() made: its list and their fields as columns (see _solve)
-        # (the last demands' columns and their pairs' GPUs as rows, if known: for the plan)
+        # the last whole demands() made: its list, their fields as columns and their pairs'
+        # GPUs as rows (None: not known), for the plan (see _solve)
         self._demand_cols: tuple[list[Demand], DemandColumns,
                                  NDArray[np.int64] | None] | None = None
         # no candidate path is slower than this (ns): an SLA at least this long needs no
@@ -964,8 +964,9 @@ class Controller:
         heal that needs them): every GPU's NIC rate, its ends by switch component
         (:meth:`_end_info`), the fewest-hop switch paths from every switch a GPU sends into
         (:meth:`_expand`) with their hop counts, every GPU's ends in the component all GPUs
-        reach (:meth:`_gpu_ends`), the hosts (:attr:`host_of`), the links' capacities and
-        the ECMP groups the entropy steering reads. The view is fixed for the controller's
+        reach (:meth:`_gpu_ends`), the hosts (:attr:`host_of`), the links' capacities (also
+        in the congestion map's order: :meth:`_map_links`) and the ECMP groups the entropy
+        steering reads. The view is fixed for the controller's
         life; links down or gray are avoided per demand, not by changing these."""
         graph = self.view.graph
         # (a GPU the view names but the graph lacks has no ends: its pairs fail as they did)
@@ -1373,7 +1374,7 @@ class Controller:
                     made = self._call_demands(task, cols if cols is not None
                                               else _pair_columns(pairs or []), cap, heat, prio)
                 if isinstance(made, _CallDemands):  # (every pair: all at once)
-                    keys = list(map(_KEY, made))
+                    keys = made.columns.keys
                     pending.update(zip(keys, made, strict=True))
                     ends_made = list(map(tuple, made.ends.tolist()))
                     endpoints.update(zip(keys, ends_made, strict=True))

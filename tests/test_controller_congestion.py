@@ -75,6 +75,38 @@ def test_link_without_delta_keeps_state() -> None:
     assert cm.state(0).utilization == pytest.approx(0.35)
 
 
+def test_a_link_left_out_fades_towards_its_last_sample() -> None:
+    # switches send only changes: link 1 at 50 % (queue 1000) goes idle, reports its zeros
+    # once and then nothing, while link 0 keeps reporting 100 %; each batch is an interval
+    cm = CongestionMap(make_view(), alpha=0.3)
+    cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES),
+               PortDelta(1, INTERVAL_NS, tx_bytes=FULL_BYTES // 2, queue_bytes=1000)])
+    cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES), PortDelta(1, INTERVAL_NS)])
+    for _ in range(3):
+        cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES)])
+    # four steps towards 0 from 0.5 and 1000: 0.5 * 0.7 ** 4 = 0.12005, 1000 * 0.7 ** 4
+    assert cm.state(1).utilization == pytest.approx(0.12005, abs=1e-12)
+    assert cm.state(1).queue_bytes == pytest.approx(240.1, abs=1e-9)
+    assert cm.state(0).utilization == 1.0
+    # a link left out at a steady load stays there (its last sample is its state)
+    cm.update([PortDelta(1, INTERVAL_NS)])
+    assert cm.state(0).utilization == 1.0
+
+
+def test_an_empty_batch_moves_the_links_only_when_an_interval_went_by() -> None:
+    cm = CongestionMap(make_view(), alpha=0.5)
+    cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES)])
+    cm.update([PortDelta(0, INTERVAL_NS)])  # 0.5 * 0 + 0.5 * 1.0
+    cm.update([])  # (no interval: nothing moves)
+    assert cm.state(0).utilization == 0.5
+    cm.update([], elapsed=True)  # nothing changed in an interval that went by: 0.25
+    cm.update([], elapsed=True)
+    assert cm.state(0).utilization == 0.125
+    # deltas said to be of no new interval fold in, but leave the others where they are
+    cm.update([PortDelta(1, INTERVAL_NS, tx_bytes=FULL_BYTES)], elapsed=False)
+    assert cm.state(0).utilization == 0.125 and cm.state(1).utilization == 1.0
+
+
 def test_state_is_a_copy_and_default_zero() -> None:
     cm = CongestionMap(make_view())
     assert cm.state(1) == LinkState()

@@ -725,6 +725,28 @@ def test_the_background_is_the_measured_load_beyond_the_plan_above_the_floor() -
     assert all(below[lk] in (0.0, -100.0) for lk in fabric - {used, other})
 
 
+def test_a_link_gone_idle_fades_in_the_map_even_when_a_period_reports_nothing() -> None:
+    # the uplink at 90 %, then its zeros once, then nothing: each control period whose
+    # clock moved is an interval in which nothing changed (0.9 * 0.7 ** k); a period at the
+    # same time is none
+    dp, ctl, used, _ = _two_pair_job()
+    dp.deltas = [_util(used, 0.9)]
+    ctl.tick(1000.0)
+    dp.deltas = [_util(used, 0.0)]
+    ctl.tick(2000.0)
+    assert ctl.map.state(used).utilization == pytest.approx(0.63)
+    dp.deltas = []
+    ctl.tick(3000.0)
+    assert ctl.map.state(used).utilization == pytest.approx(0.441)
+    ctl.tick(3000.0)
+    assert ctl.map.state(used).utilization == pytest.approx(0.441)
+    for t in range(4, 14):
+        ctl.tick(t * 1000.0)
+    # 0.9 * 0.7 ** 12 = 0.0124: below the 5 % floor, so no background is left on it
+    assert ctl.map.state(used).utilization == pytest.approx(0.9 * 0.7 ** 12)
+    assert used not in ctl.background_gbps()
+
+
 def test_a_replan_moves_a_job_off_a_link_loaded_by_undeclared_traffic() -> None:
     dp, ctl, used, other = _two_pair_job()
     n_installed = len(dp.installed)

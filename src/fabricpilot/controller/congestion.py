@@ -2,7 +2,8 @@
 
 :class:`CongestionMap` turns :class:`~fabricpilot.controller.southbound.PortDelta` samples into
 smoothed per-link state (:class:`LinkState`: utilization, queue depth, drop / ECN rates, PFC
-pause fraction, FEC error rates) with an EWMA, flags hot links and derives the per-link weight
+pause fraction, FEC error rates) with an EWMA (a batch is one reporting interval; a link
+left out of it is unchanged since its last delta), flags hot links and derives the per-link weight
 table pushed to switches for local adaptive routing. It only uses the southbound interface and
 imports nothing from the simulator.
 
@@ -99,6 +100,7 @@ class CongestionMap:
         self._cap = np.fromiter(self._capacity_gbps.values(), np.float64, len(self._ids))
         self._arr = np.zeros((len(self._ids), len(_FIELDS)))
         self._seen = np.zeros(len(self._ids), bool)
+        self._last = np.zeros_like(self._arr)  # (each link's last sample, as reported)
 
     def _check_link(self, link_id: int) -> None:
         if link_id not in self._capacity_gbps:
@@ -142,16 +144,43 @@ class CongestionMap:
         out[:, 6] = np.where(has_rx, col("fec_uncorrected") / safe_rx, 0.0)
         return rows, out
 
-    def update(self, deltas: list[PortDelta]) -> None:
-        """Fold one batch of counter deltas into the smoothed state.
+    def update(self, deltas: list[PortDelta], elapsed: bool | None = None) -> None:
+        """Fold one batch of counter deltas, one reporting interval, into the smoothed state.
+
+        Switches send only what changed: a link left out of a batch is taken as unchanged
+        since its last delta, and its state takes one more step towards that sample (a link
+        that went idle reports its zeros once, and its state then fades to zero rather than
+        holding what it last had). ``elapsed`` says whether an interval went by (default:
+        whether there are deltas); an empty batch of an interval that went by (nothing
+        changed anywhere) still moves every link a step, and one with ``elapsed=False``
+        moves none. Links never reported stay at zero.
 
         All deltas are validated before any state changes: an unknown link id raises
         :class:`KeyError`, a non-positive ``interval_ns`` (or a link with non-positive
-        capacity) raises :class:`ValueError`; both name the link. Links without a delta in
-        the batch keep their state. Several deltas of one link in a batch are folded in
-        their order, as if they came one by one.
+        capacity) raises :class:`ValueError`; both name the link. Several deltas of one link
+        in a batch are folded in their order, as if they came one by one.
+
+        A link at 50 % reports 0 once, then nothing for two intervals:
+
+        >>> from fabricpilot.controller.southbound import FabricView, LinkInfo, PortDelta
+        >>> view = FabricView.from_links(
+        ...     [LinkInfo(0, "a", "b", 400, 100), LinkInfo(1, "b", "a", 400, 100)],
+        ...     node_kind={"a": "switch", "b": "switch"}, tier={}, gpu_node={})
+        >>> cm = CongestionMap(view)
+        >>> cm.update([PortDelta(0, 1_000_000, tx_bytes=25_000_000)])
+        >>> cm.update([PortDelta(0, 1_000_000)])  # 0.7 * 0.5
+        >>> cm.update([PortDelta(1, 1_000_000)]); round(cm.state(0).utilization, 6)
+        0.245
+        >>> cm.update([], elapsed=True); round(cm.state(0).utilization, 6)  # 0.7 ** 3 * 0.5
+        0.1715
+        >>> cm.update([]); round(cm.state(0).utilization, 6)  # (no interval went by)
+        0.1715
         """
+        if elapsed is None:
+            elapsed = bool(deltas)
         if not deltas:
+            if elapsed:
+                self._step_unreported(np.zeros(len(self._ids), bool))
             return
         rows, samples = self._samples(deltas)
         a = self.alpha
@@ -168,6 +197,19 @@ class CongestionMap:
             seen = self._seen[r]
             self._arr[r] = np.where(seen[:, None], a * x + (1.0 - a) * self._arr[r], x)
             self._seen[r] = True
+            self._last[r] = x
+        if elapsed:
+            reported = np.zeros(len(self._ids), bool)
+            reported[rows] = True
+            self._step_unreported(reported)
+
+    def _step_unreported(self, reported: NDArray[np.bool_]) -> None:
+        """One EWMA step of every link reported before but not in this batch (``reported``),
+        towards its last sample (unchanged since: only changes are sent)."""
+        rows = np.flatnonzero(self._seen & ~reported)
+        if len(rows):
+            a = self.alpha
+            self._arr[rows] = a * self._last[rows] + (1.0 - a) * self._arr[rows]
 
     def state(self, link_id: int) -> LinkState:
         """A copy of the smoothed state of ``link_id`` (all zero before its first sample)."""

@@ -878,6 +878,7 @@ class Controller:
         self._fabric_rows: tuple[NDArray[np.int64], NDArray[np.bool_],
                                  NDArray[np.float64]] | None = None
         self._load_at_tick: dict[int, float] | None = None
+        self._tick_ns: float | None = None  # (the time of the last control period given one)
         self._up_since: dict[int, float | None] = {}
         # the last operational state each port's switch reported (PortDelta.oper_up)
         self._port_up: dict[int, bool] = {}
@@ -3132,7 +3133,12 @@ class Controller:
     def _tick(self, now_ns: float | None) -> TickReport:
         """:meth:`tick`."""
         deltas = self.dp.telemetry()
-        self.map.update(deltas)
+        # (a period with nothing reported is an interval in which nothing changed, once the
+        # clock has moved: links left out fade towards what they last reported)
+        moved = now_ns is not None and (self._tick_ns is None or now_ns > self._tick_ns)
+        self.map.update(deltas, elapsed=bool(deltas) or moved)
+        if now_ns is not None:
+            self._tick_ns = now_ns
         if deltas:  # (counted under the plan in force since the period before)
             self._load_measured = self._load_at_tick
         # ports their switches report gone down or back: healed as a fault report would be

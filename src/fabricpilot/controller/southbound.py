@@ -156,7 +156,9 @@ class DataPlane(Protocol):
         """The current topology."""
 
     def telemetry(self) -> list[PortDelta]:
-        """Counter deltas since the last call. A port that is down says so in every report
+        """Counter deltas since the last call. Only changes need be sent: a port left out of
+        a report is taken as unchanged since its last delta (a port that went idle reports
+        its zeros once). A port that is down says so in every report
         and, once up again, says that in the next; the first report after the controller
         connects gives every port's state, as a telemetry subscription's first report does
         (a controller that restarted knowing links down learns which are up again)."""

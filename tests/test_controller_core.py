@@ -17,6 +17,7 @@ from fabricpilot.controller.core import (
     Controller,
     PlanInterrupted,
     mice_links,
+    pair_of_key,
     rule_key,
 )
 from fabricpilot.controller.intents import CommCall, Intent
@@ -219,9 +220,14 @@ def test_the_columns_handed_to_the_planner_are_those_of_the_demands(
     assert plan is not None
     keys = list(plan.paths)
     looked_up = ctl.steer_plan(plan, weight)[0]
-    monkeypatch.setattr(ctl, "_endpoints", {})
+    from fabricpilot.controller import core
+
+    def no_lookup(*args: object) -> None:
+        raise KeyError("the keys' GPUs were looked up")
+
+    monkeypatch.setattr(core, "_pair_rows", no_lookup)
     assert ctl.steer_plan(plan, weight, ends=(cols.keys, rows))[0] == looked_up
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="looked up"):
         ctl.steer_plan(plan, weight, ends=(keys[::-1], rows[::-1]))
 
 
@@ -1367,14 +1373,12 @@ def test_no_plan_or_heal_puts_traffic_on_a_link_in_its_hold_down() -> None:
 
 def test_a_long_running_controller_keeps_no_state_of_jobs_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Jobs come and go under whole plans and links fail and come back, with the slack of
-    stale endpoints and the identity memos' bound set to 0 and 2 (1024 and 65 536 by
-    default): the controller keeps the endpoints of at most twice the pairs it plans (it
-    kept every pair it ever planned) and at most 2 memoised tuples, and still heals right:
-    job a (gpu0 <-> gpu2) loses its spine and moves both pairs to the other one."""
+    """Jobs come and go under whole plans and links fail and come back, with the identity
+    memos' bound set to 2 (65 536 by default): the controller keeps the demands of the pairs
+    it plans only and at most 2 memoised tuples, and still heals right: job a (gpu0 <->
+    gpu2) loses its spine and moves both pairs to the other one."""
     from fabricpilot.controller import core
 
-    monkeypatch.setattr(core, "_STALE_SLACK", 0)
     monkeypatch.setattr(core, "_MEMO_MAX", 2)
     dp = FakeDataPlane()
     ctl = Controller(dp, ControllerParams(parts=1))
@@ -1391,9 +1395,9 @@ def test_a_long_running_controller_keeps_no_state_of_jobs_gone(
         ctl.tick(i * 1e7 + 3e6)
         ctl.withdraw(f"x{i}")
         ctl.plan()
-        assert len(ctl._endpoints) <= 2 * len(ctl._demand) == 4  # (job a's two pairs)
+        assert set(ctl._demand) == {rule_key("a", 0, 2), rule_key("a", 2, 0)}
+        assert set(ctl._made) == {"a"}
         assert len(ctl._links_cache) <= 2 and len(ctl._scoped_cache) <= 2
-    assert set(ctl._endpoints) == {rule_key("a", 0, 2), rule_key("a", 2, 0)}
     on = [sum(1 for ps in ctl._installed.values() if spine[s] & set(ps.paths[0]))
           for s in (0, 1)]
     assert sum(on) == 2
@@ -1494,7 +1498,7 @@ def test_demands_with_links_down_keep_the_shared_switch_paths(
     demands = ctl.demands()
     assert len(demands) == 48 * 47
     for d in demands:
-        a, b = ctl._endpoints[d.key]
+        a, b = pair_of_key(d.key)
         cands = ctl.candidates(a, b)
         if a == order[0]:  # (its NIC link gray: every candidate crosses it)
             general += 1
@@ -1630,7 +1634,7 @@ def test_the_link_index_follows_plans_and_heals() -> None:
     # demands on the fast path have exactly the pair's fewest-hop candidates (GPUs here
     # have two ends: their leaf and their host's NVSwitch)
     for d in ctl.demands():
-        a, b = ctl._endpoints[d.key]
+        a, b = pair_of_key(d.key)
         assert list(d.full_candidates) == ctl.candidates(a, b)
     for _ in range(2):
         want = _index_from_installed(ctl)
@@ -2346,7 +2350,7 @@ def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
 
     monkeypatch.setattr(Controller, "_call_demands", spy)
     fast = ctl.demands()
-    ends = dict(ctl._endpoints)
+    rows = {t: m.ends_array for t, m in ctl._made.items()}
     host = {g: ctl.view.gpu_node[g] for g in range(64)}
 
     def apart(a: int, b: int) -> bool:  # (8 GPUs per host, "gpu<i>")
@@ -2362,20 +2366,25 @@ def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
         assert made == [40 * 39 - same_host, ring_apart]
     kind = ctl.view.graph.nodes
     for d in fast:
-        a, b = ends[d.key]
+        a, b = pair_of_key(d.key)
         if apart(a, b):
             assert d.full_candidates == tuple(ctl.candidates(a, b))
             assert d.head == (ctl.view.link_between(host[a], ctl.view.links[d.head[0]].dst),)
         else:  # (NVLink alone, or NVLink and the leaf)
             first = {kind[ctl.view.links[c[0]].dst]["kind"] for c in d.full_candidates}
             assert first == ({"nvswitch"} if rails else {"nvswitch", "switch"})
+    # one by one (made again: the jobs' demands as made are forgotten)
     monkeypatch.setattr(Controller, "_call_demands",
-                        lambda self, task, pairs, *a: [None] * len(pairs))
-    ctl._endpoints.clear()
+                        lambda self, task, pairs, *a: [None] * len(pairs[0]))
+    ctl._made.clear()
     slow = ctl.demands()
     assert ([(d.key, d.rate_gbps, d.candidates, d.weight, d.head, d.tail) for d in fast]
             == [(d.key, d.rate_gbps, d.candidates, d.weight, d.head, d.tail) for d in slow])
-    assert ctl._endpoints == ends
+    # each job's pairs as rows, however made: the GPUs its keys name, in order
+    for task, m in ctl._made.items():
+        want = [list(pair_of_key(k)) for k in m.demands]
+        assert m.ends_array is not None and rows[task] is not None
+        assert m.ends_array.tolist() == rows[task].tolist() == want
 
 
 def test_a_job_refused_on_a_strict_call_is_told_alike_however_its_pairs_are_made(
@@ -2404,9 +2413,10 @@ def test_a_job_refused_on_a_strict_call_is_told_alike_however_its_pairs_are_made
         ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
         ctl.declare(intent)
         assert ctl.demands() == []
-        seen.append((dict(ctl._endpoints), dict(ctl.sla_unmet), ctl.capped_tasks))
+        made = ctl._made["j"]
+        seen.append((made.demands, made.ends_array, dict(ctl.sla_unmet), ctl.capped_tasks))
     assert seen[0] == seen[1]
-    assert seen[0][0] == {} and seen[0][2] == frozenset() and "j" in seen[0][1]
+    assert seen[0][:2] == ({}, None) and seen[0][3] == frozenset() and "j" in seen[0][2]
 
 
 def _fault_run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 40) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from fabricpilot.balancing import EcmpParams, PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware, fabric_view
-from fabricpilot.controller.core import Controller
+from fabricpilot.controller.core import Controller, pair_of_key
 from fabricpilot.controller.entropy import (
     PORT_LO,
     SteerRequest,
@@ -249,7 +249,7 @@ def test_spilled_demands_are_replanned_on_entropy_paths_only_if_that_loads_less(
     out = ctl._entropy_only(demands, {d.key})
     narrowed = out[0]
     assert out[1:] == demands[1:]  # (only the demands asked for)
-    a, b = ctl._endpoints[d.key]
+    a, b = pair_of_key(d.key)
     got = steer(fabric_view(ctx), [SteerRequest(a, b, p) for p in narrowed.full_candidates])
     assert all(not s.rules for s in got)
     assert set(narrowed.full_candidates) <= set(d.full_candidates)

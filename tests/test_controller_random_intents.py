@@ -29,7 +29,7 @@ import pytest
 
 from fabricpilot.balancing import PolicyContext
 from fabricpilot.balancing.task_aware import fabric_view
-from fabricpilot.controller.core import Controller, rule_key
+from fabricpilot.controller.core import Controller, pair_of_key, rule_key
 from fabricpilot.controller.intents import LEVELS, CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.patterns import pattern_pairs
@@ -134,6 +134,9 @@ def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> Non
             levels = [c.level for c in calls]
             strictest = min(levels, key=LEVELS.index)
             assert ctl._demand[key].priority == max(c.priority for c in calls)
+            a, b = pair_of_key(key)  # (each path runs from the key's source to its destination)
+            assert all(view.link(p[0]).src == view.gpu_node[a]
+                       and view.link(p[-1]).dst == view.gpu_node[b] for p in held.paths), key
             if task not in ctl.partitioned:
                 for path in held.paths:
                     nodes = [view.link(path[0]).src] + [view.link(lk).dst for lk in path]
@@ -141,7 +144,6 @@ def check(ctl: Controller, dp: RecordingDataPlane, intents: list[Intent]) -> Non
                 # off links down or gray wherever an in-scope path avoids them all
                 avoid = ctl.down | ctl.degraded
                 if avoid and not all(avoid.isdisjoint(p) for p in held.paths):
-                    a, b = ctl._endpoints[key]
                     clean = [p for p in ctl.candidates(a, b) if avoid.isdisjoint(p) and in_scope(
                         view, [view.link(p[0]).src] + [view.link(lk).dst for lk in p], strictest)]
                     assert not clean, (key, held.paths, clean, avoid)

@@ -75,13 +75,13 @@ class _Made(NamedTuple):
     intent: Intent
     made_for: tuple[bool, frozenset[int], int]  # (L1/L2 declared, links avoided, parts)
     demands: dict[str, Demand]
-    ends: list[tuple[int, int]]  # each demand's GPUs
     unmet: str | None  # why the job is not planned, if so: its SLA cannot be met
     cut: str | None  # ... or it is cut off
     only_l3: frozenset[str]  # its pairs held to l3_rate_cap though it has L1/L2 calls
     # its demands' fields as columns, in order (None: not made, or not expressible so)
     columns: DemandColumns | None = None
-    ends_array: NDArray[np.int64] | None = None  # (``ends`` as rows, with ``columns``)
+    # (with ``columns``: each demand's GPUs, source and destination, as rows)
+    ends_array: NDArray[np.int64] | None = None
 
 
 class _Weights(Mapping[str, float]):
@@ -357,7 +357,6 @@ _RETIRED_MAX = 64  # heals whose replaced records wait for a control period to b
 # starts again: each holds its tuple alive, and tuples of demands long gone would pile up
 # in a controller that runs for weeks (a memo of tuples that are alive refills as used)
 _MEMO_MAX = 1 << 16
-_STALE_SLACK = 1024  # endpoints of pairs no longer planned kept beyond twice those planned
 
 
 def _pair_columns(pairs: list[tuple[int, int, float]]
@@ -510,6 +509,25 @@ def fewest_hop_paths_from(source: int, indptr: NDArray[np.int64], head: NDArray[
 def rule_key(task_id: str, src: int, dst: int) -> str:
     """The match key of a planned pair: ``"<task>:<src>-><dst>"``."""
     return f"{task_id}:{src}->{dst}"
+
+
+def pair_of_key(key: str) -> tuple[int, int]:
+    """The GPU pair (source, destination) a :func:`rule_key` names.
+
+    >>> pair_of_key(rule_key("team:a", 12, 7))
+    (12, 7)
+    """
+    a, _, b = key.rpartition(":")[2].partition("->")
+    return int(a), int(b)
+
+
+def _pair_rows(keys: Iterable[str], n: int) -> NDArray[np.int64]:
+    """The GPU pairs of ``n`` rule keys as rows (source, destination).
+
+    >>> _pair_rows([rule_key("j", 1, 2), rule_key("j", 3, 0)], 2).tolist()
+    [[1, 2], [3, 0]]
+    """
+    return np.fromiter(_chain(map(pair_of_key, keys)), np.int64, 2 * n).reshape(n, 2)
 
 
 @dataclass
@@ -832,7 +850,6 @@ class Controller:
         self.view: FabricView = dataplane.fabric()
         self.params = params or ControllerParams()
         self.parts = self.params.parts
-        self._endpoints: dict[str, tuple[int, int]] = {}
         self.sla_unmet: dict[str, str] = {}  # task -> why its SLA cannot be met
         self.map = CongestionMap(self.view)
         self.down: set[int] = set()       # links reported down
@@ -1302,7 +1319,6 @@ class Controller:
         opted.sort(key=lambda i: all(c.level == "L3" for c in i.calls))
         n_strict = sum(1 for i in opted if any(c.level != "L3" for c in i.calls))
         strict = n_strict > 0
-        endpoints = self._endpoints
         ends_out, ends_in = self._ends_out, self._ends_in
         sw_paths = self._sw_paths
         nic_fixed = self._nic_gbps
@@ -1323,7 +1339,6 @@ class Controller:
                                                                               parts):
                 # the same intent on the same fabric: its demands as they were made
                 pending, unmet, cut, only_l3 = was.demands, was.unmet, was.cut, was.only_l3
-                endpoints.update(zip(pending, was.ends, strict=True))
                 if only_l3:
                     self._capped_keys[task] = only_l3
                 if unmet is not None:
@@ -1337,7 +1352,6 @@ class Controller:
                         end_parts.append(was.ends_array)
                 continue
             pending: dict[str, Demand] = {}
-            ends_made: list[tuple[int, int]] | None = None
             cols_made: DemandColumns | None = None
             ends_rows: NDArray[np.int64] | None = None
             heat = intent.heat  # the same for every demand of the job
@@ -1377,8 +1391,6 @@ class Controller:
                 if isinstance(made, _CallDemands):  # (every pair: all at once)
                     keys = made.columns.keys
                     pending.update(zip(keys, made, strict=True))
-                    ends_made = list(map(tuple, made.ends.tolist()))
-                    endpoints.update(zip(keys, ends_made, strict=True))
                     if len(calls) == 1:
                         cols_made = made.columns  # (the job's demands are the call's)
                         ends_rows = made.ends
@@ -1390,7 +1402,6 @@ class Controller:
                         d = made[i]
                         if d is not None:
                             pending[d.key] = d
-                            endpoints[d.key] = (a, b)
                             continue
                     na, nb = gpu_node[a], gpu_node[b]
                     if a == b or na == nb:
@@ -1456,7 +1467,6 @@ class Controller:
                                 _demand(key, rate, mids, heat, head, tail, whole, pp, qps)
                                 if rate >= 0 else
                                 Demand(key, rate, mids, heat, head, tail, whole, pp, qps))
-                            endpoints[key] = (a, b)
                             continue
                     elif common and not avoid:  # (none in common: no combination)
                         combos = self._combos(na, nb)
@@ -1466,7 +1476,6 @@ class Controller:
                             if mids:
                                 pending[key] = Demand(key, rate, mids, heat, (up,),
                                                       (down,), whole, pp, qps)
-                                endpoints[key] = (a, b)
                                 continue
                     cands = self.candidates(a, b)
                     if avoid:
@@ -1502,24 +1511,22 @@ class Controller:
                             break
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
                                           priority=pp, parts=qps)
-                    endpoints[key] = (a, b)
             unmet, cut = sla_unmet.get(task), partitioned.get(task)
             only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
             if only_l3:
                 self._capped_keys[task] = only_l3
-            # (the ends of the pairs made all at once, if no other call added any: a key
-            # names its pair, so a pair made again by another call keeps its ends)
-            if ends_made is None or len(ends_made) != len(pending) or len(calls) != 1:
-                ends_made = list(map(endpoints.__getitem__, pending))
+            # (the ends of the pairs made all at once, if no other call added any; else
+            # read from the keys, each of which names its pair)
+            if ends_rows is not None and (len(ends_rows) != len(pending) or len(calls) != 1):
                 ends_rows = None
             if unmet is None and cut is None and (cols_made is None
                                                   or len(cols_made.keys) != len(pending)):
                 cols_made = DemandColumns.of(list(pending.values()))
                 ends_rows = None
             if cols_made is not None and ends_rows is None:
-                ends_rows = np.array(ends_made, np.int64).reshape(-1, 2)
-            made_before[task] = _Made(intent, (strict, avoid, parts), pending, ends_made,
-                                      unmet, cut, only_l3, cols_made, ends_rows)
+                ends_rows = _pair_rows(pending, len(pending))
+            made_before[task] = _Made(intent, (strict, avoid, parts), pending, unmet, cut,
+                                      only_l3, cols_made, ends_rows)
             if unmet is None and cut is None:
                 out.update(pending)
                 col_parts.append(cols_made)
@@ -2018,7 +2025,7 @@ class Controller:
                 held.subtract(sw for pinned in old for sw, _ in pinned)
             flat, owner = _set_links(olds)
             self._on_link.defer(gone, flat, owner, False)
-        for table in (self._demand, self._endpoints, self._spilled):
+        for table in (self._demand, self._spilled):
             pop = table.pop
             for k in keys:
                 pop(k, None)
@@ -2073,7 +2080,7 @@ class Controller:
         fulls = []
         for i in todo:
             d = demands[i]
-            a, b = self._endpoints[d.key]
+            a, b = pair_of_key(d.key)
             fulls.append(full := d.full_candidates)
             requests.extend(SteerRequest(a, b, p, c) for c, p in enumerate(full))
         if not requests:
@@ -2118,13 +2125,6 @@ class Controller:
         self._links_changed = False
         self._spilled = dict(report.spilled)
         self._sync_load_rows()
-        ends = self._endpoints
-        if len(ends) > 2 * len(self._demand) + _STALE_SLACK:  # (amortised: rebuilt per doubling)
-            # the pairs of jobs gone since (a whole plan drops their sets, not their
-            # endpoints): kept, a controller running for weeks would hold every pair it
-            # ever planned. A job not planned now (its SLA unmet) gets its own back from
-            # its demands as made (:meth:`demands`).
-            self._endpoints = {k: e for k in self._demand if (e := ends.get(k)) is not None}
         report.demands = n_demands
         report.installed = len(changed)
         return report
@@ -2574,7 +2574,7 @@ class Controller:
         """The pair ``key`` has no live path left: out of the plan (its load is out
         already) and its job reported :attr:`partitioned`."""
         assert self.current is not None
-        a, b = self._endpoints[key]
+        a, b = pair_of_key(key)
         self.partitioned[key.split(":", 1)[0]] = (
             f"gpu{a} -> gpu{b}: every path crosses a link that is down")
         del self.current.paths[key]
@@ -2623,7 +2623,7 @@ class Controller:
         avoid = self._shunned()
         if not avoid or not self._spilled or self.view.ecmp is None:
             return []
-        installed, demand, endpoints = self._installed, self._demand, self._endpoints
+        installed, demand = self._installed, self._demand
         todo: list[tuple[str, int, float]] = []  # (key, QP, its Gb/s)
         for k in sorted(self._spilled):
             ps = installed.get(k)
@@ -2641,9 +2641,10 @@ class Controller:
             for lk in installed[k].paths[i]:
                 if lk in load:
                     load[lk] -= gbps
+        ends = [pair_of_key(k) for k, _, _ in todo]
         ports, paths = best_hashed_ports(
-            self.view, [endpoints[k][0] for k, _, _ in todo],
-            [endpoints[k][1] for k, _, _ in todo], [installed[k].ports[i] for k, i, _ in todo],
+            self.view, [a for a, _ in ends], [b for _, b in ends],
+            [installed[k].ports[i] for k, i, _ in todo],
             [g for _, _, g in todo], load, self._link_capacity(), avoid,
             tries=self.params.spill_port_tries)
         edits: dict[str, tuple[list[tuple[int, ...]], list[int]]] = {}
@@ -2788,8 +2789,8 @@ class Controller:
         moves). ``None`` if a key does not qualify (nothing is changed)."""
         avoid = frozenset(self._shunned())
         isdisjoint = avoid.isdisjoint
-        demand, find, installed, spilled, endpoints = (
-            self._demand, cols.tuple_of.get, self._installed, self._spilled, self._endpoints)
+        demand, find, installed, spilled = (
+            self._demand, cols.tuple_of.get, self._installed, self._spilled)
         slots = self._slots
         fresh: NDArray[np.int64] | None = None  # positions of the rows the table describes
         if t_rows is not None:
@@ -2826,7 +2827,7 @@ class Controller:
             # (a demand's paths are its head, a candidate and its tail: a share that moves
             # changes the load of its candidate's links only)
             rate, ws, g, u, nh, nt = d.rate_gbps, old.weights, hit[1], hit[2], len(head), len(tail)
-            a, b = endpoints[k]
+            a, b = pair_of_key(k)
             todo.append((i, (k, old, dead, g, head, tail, cands, rate, a, b, -1)))
             for j in dead:
                 p = ps[j]
@@ -3235,7 +3236,7 @@ class Controller:
         capped, some = self._capped_tasks, self._capped_keys
         if not capped and not some:
             return itertools.repeat(math.inf, len(keys))
-        demand, links, ends = self._demand, self.view.links, self._endpoints
+        demand, links = self._demand, self.view.links
         frac = self.params.l3_rate_cap
 
         def cap(k: str, planned: list[tuple[tuple[int, ...], float]]) -> float:
@@ -3245,7 +3246,7 @@ class Controller:
             if task not in capped and k not in some.get(task, ()):
                 return math.inf
             by_nic = any(links[p[0]].kind == "nic" for p, _ in planned)
-            return frac * self._nic(ends[k][0]) if by_nic else math.inf
+            return frac * self._nic(pair_of_key(k)[0]) if by_nic else math.inf
 
         return map(cap, keys, shares)
 
@@ -3279,8 +3280,7 @@ class Controller:
         if ends is not None and len(ends[1]) == len(keys) and ends[0] == keys:
             rows = ends[1]
         else:
-            rows = np.fromiter(_chain(map(self._endpoints.__getitem__, keys)), np.int64,
-                               2 * len(keys)).reshape(len(keys), 2)
+            rows = _pair_rows(keys, len(keys))
         self._steered_ends = (weakref.ref(plan), rows)
         src = np.repeat(rows[:, 0], n_per_key)
         dst = np.repeat(rows[:, 1], n_per_key)

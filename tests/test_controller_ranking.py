@@ -124,6 +124,9 @@ def test_intent_validation_and_properties() -> None:
         Intent("t1", "acme", (0,), ())
     with pytest.raises(ValueError, match="task_id"):
         Intent("", "acme", (0,), (a,))
+    # (a planned pair's key is "<task>:<src>-><dst>": the job's part must be unambiguous)
+    with pytest.raises(ValueError, match="task_id must not contain ':'"):
+        Intent("team:a", "acme", (0,), (a,))
 
 
 def test_topo_distance(view: FabricView) -> None:

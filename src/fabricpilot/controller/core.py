@@ -514,7 +514,7 @@ def rule_key(task_id: str, src: int, dst: int) -> str:
 def pair_of_key(key: str) -> tuple[int, int]:
     """The GPU pair (source, destination) a :func:`rule_key` names.
 
-    >>> pair_of_key(rule_key("team:a", 12, 7))
+    >>> pair_of_key(rule_key("job-a", 12, 7))
     (12, 7)
     """
     a, _, b = key.rpartition(":")[2].partition("->")

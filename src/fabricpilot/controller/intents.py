@@ -172,6 +172,8 @@ class Intent:
         object.__setattr__(self, "calls", tuple(self.calls))
         if not self.task_id:
             raise ValueError("task_id must be a non-empty string")
+        if ":" in self.task_id:  # (a planned pair's key is "<task>:<src>-><dst>")
+            raise ValueError(f"task_id must not contain ':' (task {self.task_id!r})")
         if not self.gpus:
             raise ValueError(f"gpus must be non-empty (task {self.task_id!r})")
         if len(set(self.gpus)) != len(self.gpus):

@@ -18,6 +18,7 @@ from fabricpilot.scenario import default_scenario
 from fabricpilot.service.auth import Principal, TokenRegistry
 from fabricpilot.service.schemas import IntentIn
 from fabricpilot.service.server import build
+from fabricpilot.service.state import event_moves
 
 OPS = "operator-token-0123456789"
 ACME = "acme-token-0123456789abc"
@@ -404,6 +405,25 @@ def test_a_tenant_reads_the_moved_pairs_of_its_own_jobs_only(client: httpx.Clien
 
     assert "acme-f:0->64" in moved(OPS) and "acme-f:0->64" in moved(ACME)
     assert moved(GLOBEX) == []
+    # nor how many another tenant's jobs had moved: each count is of the caller's own
+    counts = {who: [(e["path_sets"], e["by_task"]) for e in c.get(
+        "/api/v1/events", headers=_auth(token)).json() if "by_task" in e]
+        for who, token in (("ops", OPS), ("acme", ACME), ("globex", GLOBEX))}
+    acme_jobs = {j["task_id"] for j in c.get("/api/v1/jobs", headers=_auth(ACME)).json()}
+    assert counts["ops"] and len(counts["ops"]) == len(counts["acme"]) == len(counts["globex"])
+    for (n_ops, ops), (n_acme, acme), (n_globex, globex) in zip(
+            counts["ops"], counts["acme"], counts["globex"], strict=True):
+        assert n_ops == sum(ops.values())
+        assert acme == {t: n for t, n in ops.items() if t in acme_jobs}
+        assert n_acme == sum(acme.values()) and (n_globex, globex) == (0, {})
+    assert any(acme.get("acme-f", 0) >= 1 for _, acme in counts["acme"])
+
+
+def test_an_event_names_at_most_twenty_moved_pairs_per_job_and_counts_them_all() -> None:
+    keys = [f"a:{i}->{i + 1}" for i in range(25)] + ["b:0->1"]
+    ev = event_moves(keys)
+    assert ev["path_sets"] == 26 and ev["by_task"] == {"a": 25, "b": 1}
+    assert ev["keys"] == [*keys[:20], "b:0->1"]
 
 
 def test_an_operator_moves_a_job_to_another_tenant(client: httpx.Client) -> None:

@@ -170,6 +170,27 @@ def moved_sets(before: Mapping[str, PathSet], after: Mapping[str, PathSet]
             if (old := before.get(k)) is not None and old.paths != new.paths]
 
 
+_EVENT_KEYS_PER_JOB = 20  # moved pairs an event names per job (its count says how many moved)
+
+
+def event_moves(keys: Iterable[str]) -> dict[str, Any]:
+    """The fields of an event that moved the path sets ``keys``: how many (``path_sets``),
+    how many of each job (``by_task``), and the keys, the first
+    :data:`_EVENT_KEYS_PER_JOB` of each job (a tenant reads those of its own jobs).
+
+    >>> event_moves(["a:0->1", "b:2->3", "a:1->0"])
+    {'path_sets': 3, 'by_task': {'a': 2, 'b': 1}, 'keys': ['a:0->1', 'b:2->3', 'a:1->0']}
+    """
+    by_task: Counter[str] = Counter()
+    named = []
+    for k in keys:
+        task = k.split(":", 1)[0]
+        by_task[task] += 1
+        if by_task[task] <= _EVENT_KEYS_PER_JOB:
+            named.append(k)
+    return {"path_sets": sum(by_task.values()), "by_task": dict(by_task), "keys": named}
+
+
 class FabricService:
     """The controller, its data plane, the store and the control loop (module docstring).
 
@@ -396,7 +417,7 @@ class FabricService:
             self.remote_status = remote.status()
             self.counters.twin_restarts += 1
             self._event({"at_s": time.time(), "kind": "twin-restart", "why": why,
-                         "path_sets": len(sets), "keys": []})
+                         **event_moves(ps.key for ps in sets), "keys": []})
         log.warning("twin restarted", extra={"fields": {"why": why, "path_sets": len(sets)}})
         return True
 
@@ -506,11 +527,11 @@ class FabricService:
                 self.counters.faults += 1
                 li = self.view.links[lk]
                 onto = kind == "up"
-                n = sum(any(lk in p for p in (new if onto else old).paths)
-                        for old, new in moved) if heals else 0
+                off = [new.key for old, new in moved
+                       if any(lk in p for p in (new if onto else old).paths)] if heals else []
                 self._event({"at_s": time.time(), "kind": f"fault-{kind}",
                              "why": f"{li.src} -> {li.dst} ({detail}, from telemetry)",
-                             "path_sets": n, "keys": []})
+                             **event_moves(off), "keys": []})
             if links:
                 self.counters.heals += heals
                 said.append(f"{name} {links[:8]}")
@@ -522,8 +543,7 @@ class FabricService:
                                         if moved_now is None else moved_now)]
         if moved:
             self.counters.reroutes += len(moved)
-            self._event({"at_s": time.time(), "kind": kind, "why": why,
-                         "path_sets": len(moved), "keys": moved[:20]})
+            self._event({"at_s": time.time(), "kind": kind, "why": why, **event_moves(moved)})
             log.info("reroute", extra={"fields": {"kind": kind, "why": why,
                                                   "path_sets": len(moved)}})
 
@@ -1098,11 +1118,13 @@ class FabricService:
             self.counters.heals += 1
             li = self.view.links[lk]
             # (the operator's note apart, in "detail": a tenant reads events without it)
+            moved = moved_sets(before, self.dp.installed)
             self._event({"at_s": time.time(), "kind": f"fault-{f.kind}",
                          "why": f"{li.src} -> {li.dst} (reported by {p.name})",
-                         "detail": f.detail, "path_sets": rep.installed, "keys": []})
+                         "detail": f.detail, **event_moves(new.key for _, new in moved),
+                         "keys": []})
             self._note_reroutes(before, "heal", f"link {lk} {f.kind} (new paths sent after "
-                                                f"{rep.sent_s * 1e3:.2f} ms)")
+                                                f"{rep.sent_s * 1e3:.2f} ms)", moved)
             return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
                     "installed_path_sets": rep.installed, "replan_ms": rep.wall_s * 1e3,
                     "sent_ms": rep.sent_s * 1e3,
@@ -1116,8 +1138,9 @@ class FabricService:
 
     def events_list(self, p: Principal) -> list[dict[str, Any]]:
         """Recent reroutes, heals and faults, oldest first (a copy). A tenant sees the
-        fabric's events but, of the GPU pairs a reroute moved (``keys``), those of its own
-        jobs only, and no operator's note on a fault (``detail``: ``None``)."""
+        fabric's events but, of the path sets an event moved, those of its own jobs only
+        (``keys``, ``by_task`` and the count ``path_sets``), and no operator's note on a
+        fault (``detail``: ``None``)."""
         events = list(self.events)
         if p.is_operator:
             return events
@@ -1127,6 +1150,9 @@ class FabricService:
         for e in events:
             if "keys" in e:
                 e = {**e, "keys": [k for k in e["keys"] if k.split(":", 1)[0] in mine]}
+            if "by_task" in e:
+                own = {t: n for t, n in e["by_task"].items() if t in mine}
+                e = {**e, "by_task": own, "path_sets": sum(own.values())}
             if e.get("detail") is not None:
                 e = {**e, "detail": None}
             out.append(e)

@@ -105,6 +105,12 @@ def test_an_empty_batch_moves_the_links_only_when_an_interval_went_by() -> None:
     # deltas said to be of no new interval fold in, but leave the others where they are
     cm.update([PortDelta(1, INTERVAL_NS, tx_bytes=FULL_BYTES)], elapsed=False)
     assert cm.state(0).utilization == 0.125 and cm.state(1).utilization == 1.0
+    # within 1e-12 of its last sample a link takes it: 0.125 * 0.5 ** 37 = 9.1e-13
+    for _ in range(36):
+        cm.update([], elapsed=True)
+    assert cm.state(0).utilization == pytest.approx(0.125 * 0.5 ** 36, rel=1e-9)
+    cm.update([], elapsed=True)
+    assert cm.state(0).utilization == 0.0 and cm.state(1).utilization == 1.0
 
 
 def test_state_is_a_copy_and_default_zero() -> None:

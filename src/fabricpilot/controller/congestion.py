@@ -101,6 +101,8 @@ class CongestionMap:
         self._arr = np.zeros((len(self._ids), len(_FIELDS)))
         self._seen = np.zeros(len(self._ids), bool)
         self._last = np.zeros_like(self._arr)  # (each link's last sample, as reported)
+        # links whose state has not reached their last sample yet (the others stay put)
+        self._moving = np.zeros(len(self._ids), bool)
 
     def _check_link(self, link_id: int) -> None:
         if link_id not in self._capacity_gbps:
@@ -198,6 +200,7 @@ class CongestionMap:
             self._arr[r] = np.where(seen[:, None], a * x + (1.0 - a) * self._arr[r], x)
             self._seen[r] = True
             self._last[r] = x
+        self._moving[rows] = True
         if elapsed:
             reported = np.zeros(len(self._ids), bool)
             reported[rows] = True
@@ -205,11 +208,18 @@ class CongestionMap:
 
     def _step_unreported(self, reported: NDArray[np.bool_]) -> None:
         """One EWMA step of every link reported before but not in this batch (``reported``),
-        towards its last sample (unchanged since: only changes are sent)."""
-        rows = np.flatnonzero(self._seen & ~reported)
+        towards its last sample (unchanged since: only changes are sent). A link within
+        1e-12 of that sample (relative to it, or absolute below 1) takes it and is left
+        alone from then on, so a period costs only the links still on their way."""
+        rows = np.flatnonzero(self._moving & ~reported)
         if len(rows):
             a = self.alpha
-            self._arr[rows] = a * self._last[rows] + (1.0 - a) * self._arr[rows]
+            last = self._last[rows]
+            now = a * last + (1.0 - a) * self._arr[rows]
+            there = (np.abs(now - last) <= 1e-12 * np.maximum(np.abs(last), 1.0)).all(axis=1)
+            now[there] = last[there]
+            self._arr[rows] = now
+            self._moving[rows[there]] = False
 
     def state(self, link_id: int) -> LinkState:
         """A copy of the smoothed state of ``link_id`` (all zero before its first sample)."""

@@ -167,6 +167,39 @@ def ranking_case(requests: int = 200, seed: int = 2, passes: int = 3) -> dict[st
             "best_ms": min(per_ms)}
 
 
+def telemetry_case(gpus: int, periods: int = 20, seed: int = 3) -> dict[str, float]:
+    """The congestion map of ``default_cluster(gpus)``'s fabric, per control period
+    (medians over ``periods``, in ms): folding a report from every port (each at a random
+    load), and an idle period after it (nothing reported: every port fades one step towards
+    its last delta). The reports are made before the clock starts, as a southbound hands
+    them over."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import fabric_view
+    from fabricpilot.controller.congestion import CongestionMap
+    from fabricpilot.controller.southbound import PortDelta
+    from fabricpilot.nccltests import default_cluster
+
+    view = fabric_view(PolicyContext(default_cluster(gpus), seed, 600))
+    cm = CongestionMap(view)
+    interval_ns = 10_000
+    links = sorted(view.links)
+    cap = [view.links[lk].capacity_gbps for lk in links]
+    rng = np.random.default_rng(seed)
+    busy, idle = [], []
+    for _ in range(periods):
+        load = rng.random(len(links)).tolist()
+        report = [PortDelta(lk, interval_ns, tx_bytes=u * c * interval_ns / 8.0)
+                  for lk, u, c in zip(links, load, cap, strict=True)]
+        t = time.perf_counter()
+        cm.update(report)
+        busy.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        cm.update([], elapsed=True)
+        idle.append(time.perf_counter() - t)
+    return {"links": len(links), "busy_ms": statistics.median(busy) * 1e3,
+            "idle_ms": statistics.median(idle) * 1e3}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true", help="also 8192 GPUs / 32 jobs")
@@ -208,6 +241,11 @@ def main() -> None:
               f"target of "
               f"{PLAN_TARGET_S:g} s: {'met' if median <= PLAN_TARGET_S else 'missed'}",
               flush=True)
+    for gpus in (1024, 8192) if args.large else (1024,):
+        t = telemetry_case(gpus)
+        print(f"telemetry: {gpus} GPUs, {int(t['links'])} links: a control period with every "
+              f"port reporting folded into the congestion map in {t['busy_ms']:.2f} ms, an "
+              f"idle one (every port fading) in {t['idle_ms']:.2f} ms", flush=True)
     r = ranking_case()
     print(f"ranking: {int(r['nodes'])} switches and hosts, {r['per_request_ms']:.2f} ms per "
           f"request (k = 5; best of 3 passes {r['best_ms']:.2f} ms; target <= "

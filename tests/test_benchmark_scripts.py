@@ -28,6 +28,9 @@ def test_the_controller_benchmark_reports_each_target() -> None:
                          r"target of 1 s: (met|missed)", out), out
     assert re.search(r"one job changed: planned by itself \(2816 demands\)", out), out
     assert re.search(r"one job changed: planned by itself \(16256 demands\)", out), out
+    assert re.search(r"telemetry: 1024 GPUs, \d+ links: a control period with every port "
+                     r"reporting folded into the congestion map in [\d.]+ ms, an idle one "
+                     r"\(every port fading\) in [\d.]+ ms", out), out
     assert re.search(r"ranking: 196 switches and hosts, [\d.]+ ms per request .*target <= "
                      r"1 ms: (met|missed)\)", out), out
     # (the planner's gap to the LP optimum does not depend on the machine: within 5 %)

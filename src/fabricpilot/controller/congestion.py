@@ -26,6 +26,7 @@ imports nothing from the simulator.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass
 
@@ -112,7 +113,9 @@ class CongestionMap:
         """Rows of the deltas' links, and the instantaneous (unsmoothed) state each delta
         describes: one row per delta, one column per field of :class:`LinkState`."""
         n = len(deltas)
-        raw = np.array([_COUNTERS(d) for d in deltas], np.float64).reshape(n, len(_COUNTER_NAMES))
+        width = len(_COUNTER_NAMES)
+        raw = np.fromiter(itertools.chain.from_iterable(map(_COUNTERS, deltas)), np.float64,
+                          n * width).reshape(n, width)
 
         def col(name: str) -> NDArray[np.float64]:
             return raw[:, _COUNTER_NAMES.index(name)]

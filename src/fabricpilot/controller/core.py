@@ -511,6 +511,15 @@ def rule_key(task_id: str, src: int, dst: int) -> str:
     return f"{task_id}:{src}->{dst}"
 
 
+def task_of_key(key: str) -> str:
+    """The job a :func:`rule_key` belongs to (a task id has no ':').
+
+    >>> task_of_key(rule_key("job-a", 12, 7))
+    'job-a'
+    """
+    return key.partition(":")[0]
+
+
 def pair_of_key(key: str) -> tuple[int, int]:
     """The GPU pair (source, destination) a :func:`rule_key` names.
 
@@ -1893,7 +1902,7 @@ class Controller:
             avoid = self._shunned()
             covered: dict[str, bool] = {}
             for d in demands:
-                task = d.key.split(":", 1)[0]
+                task = task_of_key(d.key)
                 ps = held.get(d.key)
                 covered[task] = covered.get(task, True) and ps is not None and all(
                     avoid.isdisjoint(p) for p in ps.paths) and set(ps.paths) <= set(
@@ -1901,7 +1910,7 @@ class Controller:
             if not any(covered.values()):
                 return None
             rate = {d.key: d.rate_gbps for d in demands}
-            keys = [d.key for d in demands if covered[d.key.split(":", 1)[0]]]
+            keys = [d.key for d in demands if covered[task_of_key(d.key)]]
             sets = [held[k] for k in keys]
             paths = {ps.key: list(zip(ps.paths, ps.weights, strict=True)) for ps in sets}
             load: dict[int, float] = {}
@@ -2261,7 +2270,7 @@ class Controller:
             share = sum(w for p, w in zip(ps.paths, ps.weights, strict=True) if link in p)
             if not share:
                 continue
-            task = key.split(":", 1)[0]
+            task = task_of_key(key)
             acc = out.setdefault(task, [0, 0.0])
             acc[0] += 1
             acc[1] += share * (d.rate_gbps if d is not None else 0.0)
@@ -2575,7 +2584,7 @@ class Controller:
         already) and its job reported :attr:`partitioned`."""
         assert self.current is not None
         a, b = pair_of_key(key)
-        self.partitioned[key.split(":", 1)[0]] = (
+        self.partitioned[task_of_key(key)] = (
             f"gpu{a} -> gpu{b}: every path crosses a link that is down")
         del self.current.paths[key]
         self._forget(key)
@@ -3242,7 +3251,7 @@ class Controller:
         def cap(k: str, planned: list[tuple[tuple[int, ...], float]]) -> float:
             if k not in demand:
                 return math.inf
-            task = k.rsplit(":", 1)[0]
+            task = task_of_key(k)
             if task not in capped and k not in some.get(task, ()):
                 return math.inf
             by_nic = any(links[p[0]].kind == "nic" for p, _ in planned)

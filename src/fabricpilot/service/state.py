@@ -47,6 +47,7 @@ from fabricpilot.controller.core import (
     PlanInterrupted,
     TickReport,
     rule_key,
+    task_of_key,
 )
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
 from fabricpilot.controller.patterns import pattern_transfers
@@ -184,7 +185,7 @@ def event_moves(keys: Iterable[str]) -> dict[str, Any]:
     by_task: Counter[str] = Counter()
     named = []
     for k in keys:
-        task = k.split(":", 1)[0]
+        task = task_of_key(k)
         by_task[task] += 1
         if by_task[task] <= _EVENT_KEYS_PER_JOB:
             named.append(k)
@@ -554,7 +555,7 @@ class FabricService:
         self.store.add_event(event)
 
     def _persist_paths(self, sets: list[PathSet]) -> None:
-        self.store.put_paths([(ps.key, ps.key.split(":", 1)[0], pathset_to_dict(ps))
+        self.store.put_paths([(ps.key, task_of_key(ps.key), pathset_to_dict(ps))
                               for ps in sets])
 
     def _on_collective(self, job: str, busbw_GBps: float, time_us: float) -> None:
@@ -638,7 +639,7 @@ class FabricService:
                                 for j, lk in enumerate(p) if lk not in links)
             raise self._unfit("paths", f"key {ps.key!r}",
                               f"paths[{i}][{j}]: link {lk} does not exist")
-        kept = [ps for ps in stored if ps.key.split(":", 1)[0] in known]
+        kept = [ps for ps in stored if task_of_key(ps.key) in known]
         held: list[PathSet] = []
         if self.remote is not None:
             # the switches outlived us: what they hold is the truth; adopt it, and put back
@@ -1149,7 +1150,7 @@ class FabricService:
         out = []
         for e in events:
             if "keys" in e:
-                e = {**e, "keys": [k for k in e["keys"] if k.split(":", 1)[0] in mine]}
+                e = {**e, "keys": [k for k in e["keys"] if task_of_key(k) in mine]}
             if "by_task" in e:
                 own = {t: n for t, n in e["by_task"].items() if t in mine}
                 e = {**e, "by_task": own, "path_sets": sum(own.values())}

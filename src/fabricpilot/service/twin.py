@@ -35,6 +35,7 @@ from typing import Any
 
 from fabricpilot.balancing.base import ActiveMembers, LinkTelemetry, Moves, PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware
+from fabricpilot.controller.core import task_of_key
 from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
 from fabricpilot.dataplane import make_rate_model
 from fabricpilot.dataplane.engine import Engine
@@ -101,7 +102,7 @@ class ServiceDataPlane:
         touched: dict[str, dict[str, PathSet]] = {}
         for r in rules:
             installed[r.key] = r
-            task = r.key.split(":", 1)[0]
+            task = task_of_key(r.key)
             if task not in touched:
                 touched[task] = by_task[task] = dict(by_task.get(task, {}))
             touched[task][r.key] = r
@@ -114,7 +115,7 @@ class ServiceDataPlane:
         gone = set(keys) & self.installed.keys()
         if not gone:
             return
-        tasks = {k.split(":", 1)[0] for k in gone}
+        tasks = {task_of_key(k) for k in gone}
         self.installed = {k: v for k, v in self.installed.items() if k not in gone}
         self.by_task = {t: ({k: v for k, v in sets.items() if k not in gone}
                             if t in tasks else sets) for t, sets in self.by_task.items()}

@@ -370,6 +370,8 @@ def test_nccl_test_a_decimal_oversubscription_that_divides_the_ports() -> None:
 @pytest.mark.parametrize("args, flag", [
     (["serve", "--no-twin", "--max-body", "-1"], "--max-body"),
     (["serve", "--no-twin", "--tick-interval", "nan"], "--tick-interval"),
+    (["serve", "--no-twin", "--telemetry-interval", "0"], "--telemetry-interval"),
+    (["serve", "--telemetry-interval", "1"], "--telemetry-interval"),  # (the twin reports)
     (["serve", "--no-twin", "--port", "99999"], "--port"),
     (["serve", "--time-scale", "inf"], "--time-scale"),
     (["twin", "--time-scale", "nan"], "--time-scale"),

@@ -113,6 +113,24 @@ def test_an_empty_batch_moves_the_links_only_when_an_interval_went_by() -> None:
     assert cm.state(0).utilization == 0.0 and cm.state(1).utilization == 1.0
 
 
+def test_several_intervals_at_once_step_every_link_then_fold_the_batch() -> None:
+    cm = CongestionMap(make_view(), alpha=0.5)
+    cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES),
+               PortDelta(1, INTERVAL_NS, tx_bytes=FULL_BYTES // 2)])
+    cm.update([PortDelta(0, INTERVAL_NS), PortDelta(1, INTERVAL_NS)])  # 0.5 and 0.25
+    # three intervals, the last one's report from link 0 alone: link 0 first steps twice
+    # towards its last sample 0 (0.125), then folds 1.0 in (0.5 + 0.0625); link 1 steps
+    # three times (0.25 / 8)
+    cm.update([PortDelta(0, INTERVAL_NS, tx_bytes=FULL_BYTES)], elapsed=3)
+    assert cm.state(0).utilization == 0.5625 and cm.state(1).utilization == 0.03125
+    # a bad batch changes nothing, the steps of its intervals included
+    with pytest.raises(KeyError, match="unknown link id 9"):
+        cm.update([PortDelta(9, INTERVAL_NS)], elapsed=4)
+    assert cm.state(0).utilization == 0.5625 and cm.state(1).utilization == 0.03125
+    with pytest.raises(ValueError, match="at least 0 intervals, got -1"):
+        cm.update([], elapsed=-1)
+
+
 def test_state_is_a_copy_and_default_zero() -> None:
     cm = CongestionMap(make_view())
     assert cm.state(1) == LinkState()

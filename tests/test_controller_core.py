@@ -692,12 +692,14 @@ class TelemetryPlane(FakeDataPlane):
         self.tables.append(dict(weights))
 
 
-def _two_pair_job() -> tuple[TelemetryPlane, Controller, int, int]:
+def _two_pair_job(telemetry_interval_ns: float | None = None,
+                  ) -> tuple[TelemetryPlane, Controller, int, int]:
     """Job ``a`` sends 100 Gb/s gpu0 -> gpu2 and gpu1 -> gpu3 (one part each). Returns the
     data plane, the controller and the leaf0 uplinks of the spine gpu0 -> gpu2 was planned on
     and of the other spine."""
     dp = TelemetryPlane()
-    ctl = Controller(dp, ControllerParams(parts=1), nic_gbps=100.0)
+    ctl = Controller(dp, ControllerParams(parts=1, telemetry_interval_ns=telemetry_interval_ns),
+                     nic_gbps=100.0)
     ctl.declare(Intent("a", "t", (0, 1, 2, 3), (CommCall("broadcast", 1 << 30, 500.0, 0,
                                                          pairs=((0, 2), (1, 3))),)))
     ctl.plan()
@@ -751,6 +753,39 @@ def test_a_link_gone_idle_fades_in_the_map_even_when_a_period_reports_nothing() 
     # 0.9 * 0.7 ** 12 = 0.0124: below the 5 % floor, so no background is left on it
     assert ctl.map.state(used).utilization == pytest.approx(0.9 * 0.7 ** 12)
     assert used not in ctl.background_gbps()
+
+
+def test_with_a_telemetry_interval_the_map_steps_once_per_interval_not_per_period() -> None:
+    # the switches report every 1000 ns, the control periods come every 250 ns: the
+    # uplink's 90 %, then its zeros, fade a step per 1000 ns of clock (0.9 * 0.7 ** k)
+    dp, ctl, used, _ = _two_pair_job(telemetry_interval_ns=1000.0)
+    dp.deltas = [_util(used, 0.9)]
+    ctl.tick(1000.0)  # (the first period with a clock starts the intervals)
+    dp.deltas = [_util(used, 0.0)]
+    ctl.tick(2000.0)
+    assert ctl.map.state(used).utilization == pytest.approx(0.63)
+    dp.deltas = []
+    for t in (2250.0, 2500.0, 2750.0):  # within the interval: no step (per period: 0.3087)
+        ctl.tick(t)
+        assert ctl.map.state(used).utilization == pytest.approx(0.63)
+    ctl.tick(3000.0)
+    assert ctl.map.state(used).utilization == pytest.approx(0.441)
+    ctl.tick(5000.0)  # two intervals in one period: two steps, 0.441 * 0.49
+    assert ctl.map.state(used).utilization == pytest.approx(0.21609)
+    # a report in the middle of an interval is folded in (0.3 * 0.5 + 0.7 * 0.21609); the
+    # links it leaves out wait for the interval's end
+    dp.deltas = [_util(used, 0.5)]
+    ctl.tick(5500.0)
+    assert ctl.map.state(used).utilization == pytest.approx(0.301263)
+    dp.deltas = []
+    ctl.tick(7000.0)  # two steps towards 0.5: 0.5 - 0.49 * (0.5 - 0.301263)
+    assert ctl.map.state(used).utilization == pytest.approx(0.40261887)
+
+
+@pytest.mark.parametrize("bad", [0.0, -5.0, math.inf, math.nan])
+def test_a_telemetry_interval_must_be_a_positive_number(bad: float) -> None:
+    with pytest.raises(ValueError, match="telemetry_interval_ns must be a positive"):
+        Controller(TelemetryPlane(), ControllerParams(telemetry_interval_ns=bad))
 
 
 def test_a_replan_moves_a_job_off_a_link_loaded_by_undeclared_traffic() -> None:

@@ -590,6 +590,42 @@ def _service_with_a_ring(tmp_path: Path):  # type: ignore[no-untyped-def]
     return svc, ops, ring, hot
 
 
+def test_switches_reporting_less_often_than_the_control_period_are_smoothed_per_report(
+        tmp_path: Path) -> None:
+    """Switches report every second (``telemetry_interval_s``), control periods come every
+    0.2 s: a link the ring crosses reports 50 %, then its zeros once, then nothing; the map
+    steps it towards 0 once per second of the clock (0.5 * 0.7 ** k), not once per period."""
+    from fabricpilot.service.schemas import IntentIn, PortDeltaIn
+
+    _, svc = _service(tmp_path, telemetry_interval_s=1.0)
+    ops = Principal("ops", "operator")
+    ring = {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}
+    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[ring]), replace_ok=False)
+    svc.plan_pending("intents")
+    hot = next(lk for p in svc.dp.installed["ring:0->64"].paths for lk in p
+               if svc.view.links[lk].kind == "fabric")
+    clock = [1e9]
+    svc.now_ns = lambda: clock[0]  # type: ignore[method-assign]
+
+    def util() -> float:
+        return svc.controller.map.state(hot).utilization
+
+    second = 1_000_000_000
+    svc.ingest([PortDeltaIn(link_id=hot, interval_ns=second, tx_bytes=0.5 * 400 * second / 8)])
+    svc.run_tick()
+    clock[0] = 2e9
+    svc.ingest([PortDeltaIn(link_id=hot, interval_ns=second, tx_bytes=0.0)])
+    svc.run_tick()
+    assert util() == pytest.approx(0.35)
+    for t in (2.2e9, 2.4e9, 2.6e9, 2.8e9):  # (per period: 0.35 * 0.7 ** 4 = 0.084)
+        clock[0] = t
+        svc.run_tick()
+        assert util() == pytest.approx(0.35)
+    clock[0] = 3e9
+    svc.run_tick()
+    assert util() == pytest.approx(0.245)
+
+
 def test_a_change_declared_during_a_control_period_comes_first(tmp_path: Path) -> None:
     """Telemetry shows a link of a job at 95 % (undeclared traffic): a control period weighs
     a whole plan; a job declared while it does makes it give way (nothing installed): the

@@ -477,6 +477,10 @@ def serve(
         help="Fabric seconds per wall second of the twin (1e-3: 1 ms per second).")] = 1e-3,
     tick_interval: Annotated[float, typer.Option(
         help="Wall seconds between control periods.")] = 0.2,
+    telemetry_interval: Annotated[float | None, typer.Option(
+        help="Wall seconds between the switches' telemetry reports, if not one per control "
+             "period (--no-twin or --dataplane): the congestion map smooths once per "
+             "report interval.")] = None,
     plan_interval: Annotated[float, typer.Option(
         help="Wall seconds between plans of declared changes (changes arriving meanwhile "
              "are planned together).")] = 0.25,
@@ -507,6 +511,11 @@ def serve(
 
     _number(time_scale, "--time-scale", low=0, high=1e6)
     _number(tick_interval, "--tick-interval", low=0, high=86_400)
+    if telemetry_interval is not None:
+        _number(telemetry_interval, "--telemetry-interval", low=0, high=86_400)
+        if twin and dataplane is None:
+            _fail("--telemetry-interval: the twin reports every control period; the option "
+                  "is for switches' telemetry (--no-twin, or --dataplane)")
     _number(plan_interval, "--plan-interval", low=0, high=86_400, low_ok=True)
     _number(port, "--port", low=1, high=65_535, low_ok=True)
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -538,11 +547,12 @@ def serve(
                     sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
                     tick_interval_s=tick_interval, plan_interval_s=plan_interval,
                     max_body_bytes=max_body_bytes, dataplane_url=dataplane,
-                    dataplane_token=dp_token)
+                    dataplane_token=dp_token, telemetry_interval_s=telemetry_interval)
                 restored, n_gpus = service.restored, service.n_gpus
             else:
                 spec = ServiceSpec(sc, source, state_dir, twin=twin, time_scale=time_scale,
                                    tick_interval_s=tick_interval,
+                                   telemetry_interval_s=telemetry_interval,
                                    plan_interval_s=plan_interval, dataplane_url=dataplane,
                                    dataplane_token=dp_token, log_level=log_level.upper(),
                                    twin_process=True)

@@ -149,16 +149,19 @@ class CongestionMap:
         out[:, 6] = np.where(has_rx, col("fec_uncorrected") / safe_rx, 0.0)
         return rows, out
 
-    def update(self, deltas: list[PortDelta], elapsed: bool | None = None) -> None:
+    def update(self, deltas: list[PortDelta], elapsed: bool | int | None = None) -> None:
         """Fold one batch of counter deltas, one reporting interval, into the smoothed state.
 
         Switches send only what changed: a link left out of a batch is taken as unchanged
         since its last delta, and its state takes one more step towards that sample (a link
         that went idle reports its zeros once, and its state then fades to zero rather than
         holding what it last had). ``elapsed`` says whether an interval went by (default:
-        whether there are deltas); an empty batch of an interval that went by (nothing
-        changed anywhere) still moves every link a step, and one with ``elapsed=False``
-        moves none. Links never reported stay at zero.
+        whether there are deltas), or how many: an empty batch of an interval that went by
+        (nothing changed anywhere) still moves every link a step, and one with
+        ``elapsed=False`` (0) moves none. With ``k > 1`` intervals every link first takes
+        the ``k - 1`` steps of the intervals without news (towards a fixed sample, ``k``
+        steps leave ``(1 - alpha) ** k`` of the way, taken at once), then the batch is
+        folded in as one interval. Links never reported stay at zero.
 
         All deltas are validated before any state changes: an unknown link id raises
         :class:`KeyError`, a non-positive ``interval_ns`` (or a link with non-positive
@@ -180,14 +183,20 @@ class CongestionMap:
         0.1715
         >>> cm.update([]); round(cm.state(0).utilization, 6)  # (no interval went by)
         0.1715
+        >>> cm.update([], elapsed=2); round(cm.state(0).utilization, 6)  # 0.7 ** 5 * 0.5
+        0.084035
         """
-        if elapsed is None:
-            elapsed = bool(deltas)
+        steps = int(bool(deltas)) if elapsed is None else int(elapsed)
+        if steps < 0:
+            raise ValueError(f"elapsed must be at least 0 intervals, got {elapsed}")
+        nobody = np.zeros(len(self._ids), bool)
         if not deltas:
-            if elapsed:
-                self._step_unreported(np.zeros(len(self._ids), bool))
+            if steps:
+                self._step_unreported(nobody, steps)
             return
         rows, samples = self._samples(deltas)
+        if steps > 1:  # (the intervals before this batch, in which nothing changed)
+            self._step_unreported(nobody, steps - 1)
         a = self.alpha
         # k-th delta of its link in this batch: round k folds in every link's k-th delta
         order = np.argsort(rows, kind="stable")
@@ -204,19 +213,20 @@ class CongestionMap:
             self._seen[r] = True
             self._last[r] = x
         self._moving[rows] = True
-        if elapsed:
-            reported = np.zeros(len(self._ids), bool)
-            reported[rows] = True
-            self._step_unreported(reported)
+        if steps:
+            nobody[rows] = True
+            self._step_unreported(nobody)
 
-    def _step_unreported(self, reported: NDArray[np.bool_]) -> None:
-        """One EWMA step of every link reported before but not in this batch (``reported``),
-        towards its last sample (unchanged since: only changes are sent). A link within
-        1e-12 of that sample (relative to it, or absolute below 1) takes it and is left
-        alone from then on, so a period costs only the links still on their way."""
+    def _step_unreported(self, reported: NDArray[np.bool_], steps: int = 1) -> None:
+        """``steps`` EWMA steps (at once) of every link reported before but not in this
+        batch (``reported``), towards its last sample (unchanged since: only changes are
+        sent). A link within 1e-12 of that sample (relative to it, or absolute below 1)
+        takes it and is left alone from then on, so a period costs only the links still on
+        their way."""
         rows = np.flatnonzero(self._moving & ~reported)
         if len(rows):
-            a = self.alpha
+            # (the weight left on the state after the steps: one step's exactly as folding)
+            a = self.alpha if steps == 1 else 1.0 - (1.0 - self.alpha) ** steps
             last = self._last[rows]
             now = a * last + (1.0 - a) * self._arr[rows]
             there = (np.abs(now - last) <= 1e-12 * np.maximum(np.abs(last), 1.0)).all(axis=1)

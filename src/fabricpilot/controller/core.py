@@ -858,6 +858,10 @@ class Controller:
         self.dp = dataplane
         self.view: FabricView = dataplane.fabric()
         self.params = params or ControllerParams()
+        every = self.params.telemetry_interval_ns
+        if every is not None and not (math.isfinite(every) and every > 0):
+            raise ValueError(f"telemetry_interval_ns must be a positive number of ns, got "
+                             f"{every}")
         self.parts = self.params.parts
         self.sla_unmet: dict[str, str] = {}  # task -> why its SLA cannot be met
         self.map = CongestionMap(self.view)
@@ -905,6 +909,8 @@ class Controller:
                                  NDArray[np.float64]] | None = None
         self._load_at_tick: dict[int, float] | None = None
         self._tick_ns: float | None = None  # (the time of the last control period given one)
+        # with a telemetry interval: the end of the last interval the map has stepped through
+        self._interval_end_ns: float | None = None
         self._up_since: dict[int, float | None] = {}
         # the last operational state each port's switch reported (PortDelta.oper_up)
         self._port_up: dict[int, bool] = {}
@@ -3087,6 +3093,28 @@ class Controller:
                 self._load_at_tick = (dict(self.current.link_load_gbps)
                                       if self.current is not None else None)
 
+    def _intervals_gone(self, reported: bool, now_ns: float | None) -> int:
+        """How many reporting intervals the control period at ``now_ns`` ends (the links
+        the telemetry leaves out take a step towards their last delta per interval). Without
+        a ``telemetry_interval_ns`` a period is one interval when something was reported or
+        its clock has moved (a period with nothing reported is an interval in which nothing
+        changed); with one, the intervals of that length that ended since the last counted
+        (the first period with a clock starts them), so that switches reporting less or
+        more often than the control period smooth as often as they report."""
+        every = self.params.telemetry_interval_ns
+        if now_ns is None:
+            return int(reported)
+        if every is None:
+            return int(reported or self._tick_ns is None or now_ns > self._tick_ns)
+        end = self._interval_end_ns
+        if end is None:
+            self._interval_end_ns = now_ns
+            return 0
+        # (a period within a ppm of an interval's end ends it)
+        gone = max(math.floor((now_ns - end) / every + 1e-6), 0)
+        self._interval_end_ns = end + gone * every
+        return gone
+
     def _release(self) -> None:
         """Free what the heals since the last call replaced (:attr:`_retired`)."""
         self._retired.clear()
@@ -3143,10 +3171,7 @@ class Controller:
     def _tick(self, now_ns: float | None) -> TickReport:
         """:meth:`tick`."""
         deltas = self.dp.telemetry()
-        # (a period with nothing reported is an interval in which nothing changed, once the
-        # clock has moved: links left out fade towards what they last reported)
-        moved = now_ns is not None and (self._tick_ns is None or now_ns > self._tick_ns)
-        self.map.update(deltas, elapsed=bool(deltas) or moved)
+        self.map.update(deltas, elapsed=self._intervals_gone(bool(deltas), now_ns))
         if now_ns is not None:
             self._tick_ns = now_ns
         if deltas:  # (counted under the plan in force since the period before)

@@ -33,7 +33,9 @@ class ControllerParams:
     ``gray_clear_ns`` (infinite, the default: only an operator's report restores it). The
     first ``mice_spines`` top-tier switches are kept for mice: the plan keeps every planned
     path off them, and the switches route the transfers too small to be planned there
-    (0, the default: none)."""
+    (0, the default: none). ``telemetry_interval_ns`` is how often the data plane's ports
+    report: the congestion map steps the links a report leaves out once per such interval
+    (``None``, the default: once per control period, the twin's cadence)."""
 
     control_latency_ns: int = 10_000
     parts: int = 16
@@ -52,3 +54,4 @@ class ControllerParams:
     replan_background_tolerance: float = 0.05
     gray_clear_ns: float = float("inf")
     mice_spines: int = 0
+    telemetry_interval_ns: float | None = None

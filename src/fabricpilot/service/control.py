@@ -112,6 +112,7 @@ class ServiceSpec:
     twin: bool = True
     time_scale: float = 1e-3
     tick_interval_s: float = 0.2
+    telemetry_interval_s: float | None = None  # how often posted telemetry comes (None: per tick)
     plan_interval_s: float = 0.25
     dataplane_url: str | None = None
     dataplane_token: str | None = None

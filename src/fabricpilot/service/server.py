@@ -162,7 +162,8 @@ def _build_service(spec: ServiceSpec, twin_process: TwinProcess | None) -> Fabri
         remote = twin_process
     return FabricService(prep, store, twin=spec.twin, time_scale=spec.time_scale,
                          tick_interval_s=spec.tick_interval_s,
-                         plan_interval_s=spec.plan_interval_s, remote=remote)
+                         plan_interval_s=spec.plan_interval_s, remote=remote,
+                         telemetry_interval_s=spec.telemetry_interval_s)
 
 
 def _tokens(state_dir: Path, tokens: TokenRegistry | None
@@ -181,6 +182,7 @@ def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegi
           twin: bool = True, time_scale: float = 1e-3, tick_interval_s: float = 0.2,
           plan_interval_s: float = 0.25, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           dataplane_url: str | None = None, dataplane_token: str | None = None,
+          telemetry_interval_s: float | None = None,
           ) -> tuple[FastAPI, FabricService, TokenRegistry, Path | None]:
     """The app over a fresh service *in this process* whose durable state lives in
     ``state_dir`` (restored if it holds a database). Without ``tokens`` the state
@@ -189,7 +191,8 @@ def build(scenario: Scenario, source: str, state_dir: Path, *, tokens: TokenRegi
     service = build_service(ServiceSpec(
         scenario, source, state_dir, twin=twin, time_scale=time_scale,
         tick_interval_s=tick_interval_s, plan_interval_s=plan_interval_s,
-        dataplane_url=dataplane_url, dataplane_token=dataplane_token))
+        dataplane_url=dataplane_url, dataplane_token=dataplane_token,
+        telemetry_interval_s=telemetry_interval_s))
     app = create_app(LocalControl(service), tokens, max_body_bytes=max_body_bytes)
     return app, service, tokens, token_file
 

@@ -34,7 +34,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -201,12 +201,15 @@ class FabricService:
     in-process twin by a data plane in another process (the twin's process of ``serve``,
     ``fabricpilot twin``, or switches): its fabric, its running jobs and the rules it holds
     are read from it, and its status is the health's ``twin`` when it reports a fabric
-    time."""
+    time. ``telemetry_interval_s`` is how often the switches report (posted telemetry, or a
+    remote data plane's): the congestion map steps the ports a report leaves out once per
+    such interval of the control plane's clock (``None``: once per control period, as the
+    twin reports)."""
 
     def __init__(self, prep: Prepared, store: Store, *, twin: bool = True,
                  time_scale: float = 1e-3, tick_interval_s: float = 0.2,
-                 plan_interval_s: float = 0.25, remote: ExternalDataPlane | None = None
-                 ) -> None:
+                 plan_interval_s: float = 0.25, remote: ExternalDataPlane | None = None,
+                 telemetry_interval_s: float | None = None) -> None:
         self.prep = prep
         self.store = store
         self.lock = threading.RLock()
@@ -228,8 +231,12 @@ class FabricService:
         inner: DataPlane = remote if remote is not None else cast("PacedTwin", policy)
         self.dp = ServiceDataPlane(inner, on_install=self._persist_paths,
                                    on_remove=self.store.delete_paths)
-        # (gray-link detection as the scenario's faults section says, if it has one)
-        self.controller = Controller(self.dp, fault_setup(prep)[1])
+        # (gray-link detection as the scenario's faults section says, if it has one; the
+        # congestion map stepped per reporting interval of the switches, if given)
+        params = fault_setup(prep)[1]
+        if telemetry_interval_s is not None:
+            params = replace(params, telemetry_interval_ns=telemetry_interval_s * 1e9)
+        self.controller = Controller(self.dp, params)
         if policy is not None:
             policy.controller = self.controller
             policy.job_names = [j.name for j in prep.jobs]

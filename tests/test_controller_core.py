@@ -625,6 +625,7 @@ def test_jobs_that_do_not_declare_are_left_to_the_switches(tmp_path) -> None:  #
 
 
 def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:
+    # (a model that counts no bytes, as the fluid one: a link's rate now over the interval)
     from fabricpilot.balancing import PolicyContext, make_policy
     from fabricpilot.balancing.base import LinkTelemetry
     from fabricpilot.controller.congestion import CongestionMap
@@ -648,6 +649,71 @@ def test_twin_telemetry_reports_link_bytes_as_deltas() -> None:
     cmap.update(list(deltas.values()))
     assert cmap.state(3).utilization == pytest.approx(0.5)
     assert cmap.state(5).queue_bytes == 1000.0
+
+
+def test_twin_telemetry_reports_its_transmit_counters_deltas() -> None:
+    """Where the model counts each link's bytes, a report carries those sent in its
+    interval: a burst between two reports counts though the link is idle when they are
+    taken (a sample of the rate at that instant would miss it), and the bytes of
+    successive reports add up to the counter. A new run's counters start from zero."""
+    from fabricpilot.balancing import PolicyContext, make_policy
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    pol = make_policy("task-aware", PolicyContext(ct, 1, 600))
+    now = {"t": 0.0}
+    zero = np.zeros(ct.n_links)
+    sent = np.zeros(ct.n_links)
+
+    def tel() -> LinkTelemetry:
+        return LinkTelemetry(zero, zero, zero, now["t"], tx_bytes_total=sent.copy())
+
+    pol.bind(tel)  # type: ignore[attr-defined]
+
+    def report() -> dict[int, float]:
+        now["t"] += 1_000_000.0  # (1 ms intervals)
+        return {d.link_id: d.tx_bytes for d in pol.telemetry()}  # type: ignore[attr-defined]
+
+    sent[3] = 12.5e6  # a burst of 250 us at 400 Gb/s, over before the report is taken
+    assert report() == {3: 12.5e6}  # (a quarter of the link over the 1 ms)
+    sent[3] += 25e6
+    sent[4] = 5e6
+    assert report() == {3: 25e6, 4: 5e6}
+    assert report() == {3: 0.0, 4: 0.0}  # (idle: their zeros, once)
+    assert report() == {}
+    # a new run (its own engine): counting starts again from its zero
+    sent[:] = 0.0
+    sent[4] = 1e6
+    pol.bind(tel)  # type: ignore[attr-defined]
+    assert report() == {4: 1e6}
+
+
+def test_the_twin_reports_every_byte_its_links_carry() -> None:
+    """Over a whole run of the flow model, the bytes the twin's reports carry per link, with
+    one last report at the end, add up to the bytes the run says each link carried."""
+    from fabricpilot.runner import _simulate, prepare
+    from fabricpilot.scenario.loader import default_scenario
+
+    prep = prepare(default_scenario(), "default")
+    reported = np.zeros(prep.topology.n_links)
+    from fabricpilot.balancing import task_aware
+
+    telemetry = task_aware.TaskAware.telemetry
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        out = telemetry(self)
+        for d in out:
+            reported[d.link_id] += d.tx_bytes
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(task_aware.TaskAware, "telemetry", counting)
+        out, pol, _ = _simulate(prep, "task-aware")
+        assert len(pol.ticks) > 10  # type: ignore[attr-defined]
+        pol.telemetry()  # type: ignore[attr-defined]  # (the bytes since the last period)
+    assert reported.sum() > 0
+    np.testing.assert_allclose(reported, out.link_bytes, rtol=1e-9, atol=64.0)
 
 
 def test_twin_ports_report_their_state() -> None:

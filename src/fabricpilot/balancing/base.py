@@ -183,6 +183,10 @@ class LinkTelemetry:
     # post-FEC packet loss (gray links: the frames FEC could not correct), if known
     drop_probability: NDArray[np.float64] | None = None
     packet_wire_bytes: int = 4174  # a full frame on the wire (what a port counts frames of)
+    # bytes each link has carried since the start (its port's transmit counter), if the
+    # model counts them: a report's bytes are then those sent in its interval, not the
+    # rate of the instant it is taken times the interval
+    tx_bytes_total: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from fabricpilot.balancing.base import (
     Moves,
     PolicyContext,
     RoutedBatch,
+    TelemetryFn,
     TransferBatch,
     assemble,
     entity_of,
@@ -192,6 +193,7 @@ class TaskAware(Adaptive):
             self.mice_link[sorted(kept)] = True
         self._last_telemetry_ns = 0.0
         self._was_busy = np.zeros(ctx.topology.n_links, bool)
+        self._tx_counted: NDArray[np.float64] | None = None  # the counters at the last report
         self._last_tick_ns = -float("inf")
         self.ticks: list[TickReport] = []
         self.fuse_trips = 0
@@ -212,13 +214,19 @@ class TaskAware(Adaptive):
     def fabric(self) -> FabricView:
         return fabric_view(self.ctx)
 
+    def bind(self, telemetry: TelemetryFn) -> None:
+        """Read the fabric of a (new) run: its transmit counters start from zero."""
+        super().bind(telemetry)
+        self._tx_counted = None
+
     def telemetry(self) -> list[PortDelta]:
         """Counter deltas since the last call, as the switches would report them: each
-        link's bytes at its current rate over the interval, and its queue now. Links idle
-        now and at the previous report are left out (only changes are sent); a link that
-        went idle reports its zeros once. The port of a link its neighbours have seen go
-        down says so (``oper_up=False``) in every report, and once up again, says that in
-        the next."""
+        link's bytes sent in the interval (its transmit counter's delta; in a model that
+        does not count them, its current rate times the interval), and its queue now. Links
+        idle in the interval and at the previous report are left out (only changes are
+        sent); a link that went idle reports its zeros once. The port of a link its
+        neighbours have seen go down says so (``oper_up=False``) in every report, and once
+        up again, says that in the next."""
         if self._telemetry is None:
             return []
         tel = self._telemetry()
@@ -226,10 +234,17 @@ class TaskAware(Adaptive):
         if interval <= 0:
             return []
         self._last_telemetry_ns = tel.now_ns
-        busy = (tel.load_gbps > 0) | (tel.queue_bytes > 0)
+        if tel.tx_bytes_total is not None:  # the counters' deltas
+            counted = self._tx_counted if self._tx_counted is not None else \
+                np.zeros_like(tel.tx_bytes_total)
+            sent = np.maximum(tel.tx_bytes_total - counted, 0.0)
+            self._tx_counted = tel.tx_bytes_total.copy()
+        else:  # (a model without counters: the rate of this instant over the interval)
+            sent = tel.load_gbps * interval / 8.0
+        busy = (sent > 0) | (tel.queue_bytes > 0)
         report = busy | self._was_busy
         self._was_busy = busy
-        deltas = {i: PortDelta(i, interval, tx_bytes=float(tel.load_gbps[i]) * interval / 8.0,
+        deltas = {i: PortDelta(i, interval, tx_bytes=float(sent[i]),
                                queue_bytes=float(tel.queue_bytes[i]))
                   for i in np.flatnonzero(report).tolist()}
         fec_dt = tel.now_ns - self._last_fec_ns

@@ -689,13 +689,18 @@ def test_twin_telemetry_reports_its_transmit_counters_deltas() -> None:
     assert report() == {4: 1e6}
 
 
-def test_the_twin_reports_every_byte_its_links_carry() -> None:
-    """Over a whole run of the flow model, the bytes the twin's reports carry per link, with
-    one last report at the end, add up to the bytes the run says each link carried."""
+@pytest.mark.parametrize("model", ["flow", "fluid"])
+def test_the_twin_reports_every_byte_its_links_carry(model: str) -> None:
+    """Over a whole run, the bytes the twin's reports carry per link, with one last report
+    at the end, add up to the bytes the run says each link carried (the flow model's
+    integrated rates; the fluid model's bytes moved step by step)."""
     from fabricpilot.runner import _simulate, prepare
     from fabricpilot.scenario.loader import default_scenario
 
-    prep = prepare(default_scenario(), "default")
+    sc = default_scenario()
+    sc = sc.model_copy(update={"fabric": sc.fabric.model_copy(update={"model": model})})
+    prep = prepare(sc, "default")
+    assert prep.rate_model == model
     reported = np.zeros(prep.topology.n_links)
     from fabricpilot.balancing import task_aware
 

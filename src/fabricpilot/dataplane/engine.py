@@ -456,8 +456,12 @@ class Engine(FaultsMixin):
             per_nic = np.bincount(self._row_src, minlength=self.ct.n_gpus)
             row = self._row_demand / np.maximum(per_nic[self._row_src], 1)
             demand = (self._w.T @ row)[self._col] * self._link_share
-        # (the transmit counters, where the engine counts the bytes itself)
-        sent = None if self._stepping else self._link_bytes[self._col] * self._link_share
+        # the transmit counters: the bytes the engine integrated, and those a model that
+        # moves bytes itself counted
+        sent = self._link_bytes[self._col] * self._link_share
+        moved = self.model.link_bytes_now()
+        if moved is not None:
+            sent = sent + moved
         if self._timeline is None:
             return LinkTelemetry(load, queue, demand, float(self.now), tx_bytes_total=sent)
         return LinkTelemetry(load, queue, demand, float(self.now), self._ber, self._drop_p,

@@ -287,6 +287,15 @@ class FluidRateModel:
         out[found] = self._m.backlog[pos[found], 1:].sum(axis=1)
         return out
 
+    def link_bytes_now(self) -> NDArray[np.float64]:
+        """The bytes each link has carried so far: those folded in, and the current
+        members' grid accumulators (not folded: the samples stay as they are)."""
+        out = self._link_bytes_total.copy()
+        m = self._m
+        if len(self._grid_bytes) == len(m.ulinks) and len(m.ulinks):
+            out[m.ulinks] += self._grid_bytes
+        return out
+
     def link_state_now(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         load = np.zeros(self.n_links)
         queue = np.zeros(self.n_links)

@@ -98,6 +98,11 @@ class RateModel(Protocol):
         """For a model that moves bytes itself: each link's rate over the last step (Gb/s)
         and its egress queue (bytes) now; ``None`` if the engine derives loads from rates."""
 
+    def link_bytes_now(self) -> NDArray[np.float64] | None:
+        """For a model that moves bytes itself: the bytes each link has carried so far (its
+        transmit counter, read without changing what :meth:`link_usage` will count);
+        ``None`` if the engine integrates the rates."""
+
 
 class MaxMinRateModel:
     """Flow-level model: max-min fair rates, piecewise constant between flow events."""
@@ -117,6 +122,9 @@ class MaxMinRateModel:
         return None
 
     def link_state_now(self) -> None:
+        return None
+
+    def link_bytes_now(self) -> None:
         return None
 
     def on_change(self, flows: ActiveFlows) -> None:

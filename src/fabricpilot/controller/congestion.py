@@ -189,14 +189,14 @@ class CongestionMap:
         steps = int(bool(deltas)) if elapsed is None else int(elapsed)
         if steps < 0:
             raise ValueError(f"elapsed must be at least 0 intervals, got {elapsed}")
-        nobody = np.zeros(len(self._ids), bool)
+        reported = np.zeros(len(self._ids), bool)  # (the links this batch has a delta of)
         if not deltas:
             if steps:
-                self._step_unreported(nobody, steps)
+                self._step_unreported(reported, steps)
             return
         rows, samples = self._samples(deltas)
         if steps > 1:  # (the intervals before this batch, in which nothing changed)
-            self._step_unreported(nobody, steps - 1)
+            self._step_unreported(reported, steps - 1)
         a = self.alpha
         # k-th delta of its link in this batch: round k folds in every link's k-th delta
         order = np.argsort(rows, kind="stable")
@@ -214,8 +214,8 @@ class CongestionMap:
             self._last[r] = x
         self._moving[rows] = True
         if steps:
-            nobody[rows] = True
-            self._step_unreported(nobody)
+            reported[rows] = True
+            self._step_unreported(reported)
 
     def _step_unreported(self, reported: NDArray[np.bool_], steps: int = 1) -> None:
         """``steps`` EWMA steps (at once) of every link reported before but not in this

@@ -575,12 +575,12 @@ def test_a_fault_report_does_not_wait_for_a_whole_plan(tmp_path: Path) -> None:
     assert all(dead not in p for ps in svc.dp.installed.values() for p in ps.paths)
 
 
-def _service_with_a_ring(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A service (no twin) with one planned 2-GPU ring across the spines: the service, an
-    operator, the ring's call and a fabric link the ring crosses."""
+def _service_with_a_ring(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
+    """A service (no twin; ``kw`` for :func:`build`) with one planned 2-GPU ring across the
+    spines: the service, an operator, the ring's call and a fabric link the ring crosses."""
     from fabricpilot.service.schemas import IntentIn
 
-    _, svc = _service(tmp_path)
+    _, svc = _service(tmp_path, **kw)
     ops = Principal("ops", "operator")
     ring = {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}
     svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[ring]), replace_ok=False)
@@ -595,15 +595,9 @@ def test_switches_reporting_less_often_than_the_control_period_are_smoothed_per_
     """Switches report every second (``telemetry_interval_s``), control periods come every
     0.2 s: a link the ring crosses reports 50 %, then its zeros once, then nothing; the map
     steps it towards 0 once per second of the clock (0.5 * 0.7 ** k), not once per period."""
-    from fabricpilot.service.schemas import IntentIn, PortDeltaIn
+    from fabricpilot.service.schemas import PortDeltaIn
 
-    _, svc = _service(tmp_path, telemetry_interval_s=1.0)
-    ops = Principal("ops", "operator")
-    ring = {"pattern": "allreduce", "size_bytes": 64 << 20, "sla_us": 500.0}
-    svc.declare(ops, IntentIn(task_id="ring", gpus=[0, 64], calls=[ring]), replace_ok=False)
-    svc.plan_pending("intents")
-    hot = next(lk for p in svc.dp.installed["ring:0->64"].paths for lk in p
-               if svc.view.links[lk].kind == "fabric")
+    svc, _, _, hot = _service_with_a_ring(tmp_path, telemetry_interval_s=1.0)
     clock = [1e9]
     svc.now_ns = lambda: clock[0]  # type: ignore[method-assign]
 

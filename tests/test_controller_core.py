@@ -2700,3 +2700,45 @@ def test_switch_paths_are_every_fewest_hop_path_between_two_switches(mice_spines
     assert {counts[edges[0], b] for b in far} == {3 if mice_spines else 4}
     assert counts[edges[0], near[0]] == 2
     assert {counts[edges[0], c] for c in cores} == {1}
+
+
+def test_the_service_twin_counts_on_across_runs_of_its_scenario() -> None:
+    """The service's twin plays its scenario in a loop, each run on an engine whose counters
+    start from zero. The ports' counters run on across runs, as a switch's do: the bytes a
+    run sends after its last report come in the next run's first report, and every byte
+    sent is reported once."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.base import LinkTelemetry
+    from fabricpilot.service.twin import PacedTwin
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=4, gpus_per_host=1, nics_per_leaf=2))
+    twin = PacedTwin(PolicyContext(ct, 1, 600))
+    now = {"t": 0.0}
+    zero = np.zeros(ct.n_links)
+    sent = np.zeros(ct.n_links)
+
+    def tel() -> LinkTelemetry:
+        return LinkTelemetry(zero, zero, zero, now["t"], tx_bytes_total=sent.copy())
+
+    def report() -> dict[int, float]:
+        now["t"] += 1_000_000.0  # (1 ms intervals)
+        return {d.link_id: d.tx_bytes for d in twin.telemetry() if d.tx_bytes}
+
+    twin.bind(tel)
+    sent[3] = 10e6
+    assert report() == {3: 10e6}
+    sent[3] += 4e6  # sent after the run's last report, before it ends at 1.5 ms
+    now["t"] += 500_000.0
+    twin.end_run()
+    twin.offset_ns += now["t"]
+    # the next run: an engine of its own, its clock and counters from zero
+    now["t"], sent[:] = 0.0, 0.0
+    twin.bind(tel)
+    sent[3], sent[5] = 1e6, 2e6
+    now["t"] = 1_000_000.0
+    first = twin.telemetry()  # (at 1.5 + 1 ms: 1.5 ms since the last report, at 1 ms)
+    assert {d.link_id: d.tx_bytes for d in first if d.tx_bytes} == {3: 4e6 + 1e6, 5: 2e6}
+    assert all(d.interval_ns == 1_500_000 for d in first)
+    sent[5] += 3e6
+    assert report() == {5: 3e6}

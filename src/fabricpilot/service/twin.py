@@ -33,6 +33,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from fabricpilot.balancing.base import ActiveMembers, LinkTelemetry, Moves, PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware
 from fabricpilot.controller.core import task_of_key
@@ -186,6 +189,9 @@ class PacedTwin(TaskAware):
         # report does: a controller that restarted knowing links down that are up again
         # (this twin started afresh) learns so, as no port would say it changed
         self._sync_ports = True
+        # the transmit counters at the end of the runs before: a port's counter runs on
+        # across runs of the scenario, as a switch's does while the jobs start again
+        self._tx_base: NDArray[np.float64] | None = None
 
     def sync_ports(self) -> None:
         """Give every port's state (up or down) in the next report, not only changes (a
@@ -193,15 +199,28 @@ class PacedTwin(TaskAware):
         self._sync_ports = True
 
     def bind(self, telemetry: Callable[[], LinkTelemetry]) -> None:
-        offset = self.offset_ns
+        """Read a new run's fabric, on the clock of the runs before (``offset_ns``) and
+        with its transmit counters added to theirs (:meth:`end_run`), so that the next
+        report carries the bytes the last run sent after its last report."""
+        offset, base, counted = self.offset_ns, self._tx_base, self._tx_counted
 
         def shifted() -> LinkTelemetry:
             tel = telemetry()
-            tel = replace(tel, now_ns=tel.now_ns + offset)
+            total = tel.tx_bytes_total
+            if base is not None and total is not None:
+                total = total + base
+            tel = replace(tel, now_ns=tel.now_ns + offset, tx_bytes_total=total)
             self.last_tel = tel
             return tel
 
         super().bind(shifted)
+        if base is not None:  # (the counters go on: so does their count)
+            self._tx_counted = counted
+
+    def end_run(self) -> None:
+        """A run has ended: its counters as they stand are where the next run's start."""
+        if self._telemetry is not None:
+            self._tx_base = self._telemetry().tx_bytes_total
 
     def rebalance(self, members: ActiveMembers) -> Moves:
         moves = super().rebalance(members)
@@ -435,6 +454,7 @@ class TwinRunner:
                     finally:
                         self._running = False
                     self._report()
+                    self.twin.end_run()
                     self.twin.offset_ns += float(out.sim_time_ns)
                     self.runs += 1
                 if not prep.jobs or all(j.iterations == 0 for j in prep.jobs):

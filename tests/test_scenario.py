@@ -282,6 +282,14 @@ def _size_in_bits(d: dict[str, Any]) -> None:
     d["jobs"][0]["collectives"][0]["size_bytes"] = "64Mb"
 
 
+def _size_in_gibibits(d: dict[str, Any]) -> None:  # (Gib: 2^30 bits, an eighth of a GiB)
+    d["jobs"][0]["collectives"][0]["size_bytes"] = "16Gib"
+
+
+def _size_in_an_unknown_unit(d: dict[str, Any]) -> None:
+    d["jobs"][0]["collectives"][0]["size_bytes"] = "16XB"
+
+
 def _sla_a_boolean(d: dict[str, Any]) -> None:
     d["jobs"][0]["sla_us"] = True
 
@@ -376,6 +384,11 @@ BAD_CASES = [
      "expected a whole number of bytes, got '0.1KiB' (102.4 bytes)"),
     (_size_in_bits, "jobs[0].collectives[0].size_bytes",
      "'64Mb' is in bits (b); a size is in bytes: write MB (powers of ten) or MiB (of two)"),
+    (_size_in_gibibits, "jobs[0].collectives[0].size_bytes",
+     "'16Gib' is in bits (b); a size is in bytes: write GB (powers of ten) or GiB (of two)"),
+    (_size_in_an_unknown_unit, "jobs[0].collectives[0].size_bytes",
+     "wrong unit 'XB' for a size; use one of B; K, M, G, T, P (powers of two, as nccl-tests "
+     "reads them); KB, MB, GB, TB, PB (of ten); KiB, MiB, GiB, TiB, PiB (of two)"),
     (_sla_a_boolean, "jobs[0].sla_us", "expected a number, got a boolean (true)"),
     (_fuse_a_boolean, "controller.pressure_fuse", "expected a number, got a boolean (true)"),
     (_l3_cap_near_zero, "controller.l3_rate_cap", "must be >= 0.01 (got 1e-09)"),

@@ -34,6 +34,9 @@ SIZE_UNITS_BYTES: dict[str, int] = {
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
 }  # (up to P: the largest size a scenario may give is 1 PiB)
+SIZE_UNITS_WRITTEN = ("B; K, M, G, T, P (powers of two, as nccl-tests reads them); KB, MB, GB, "
+                      "TB, PB (of ten); KiB, MiB, GiB, TiB, PiB (of two)")
+"""The size units as a size is written (a lower-case b is a bit, a size is in bytes)."""
 
 _DIMENSIONS: dict[str, tuple[dict[str, float] | dict[str, int], str]] = {
     "rate": (RATE_UNITS_GBPS, "Gbps"),
@@ -65,6 +68,10 @@ def parse_quantity(value: object, dimension: str) -> float:
     Traceback (most recent call last):
     ...
     fabricpilot.units.UnitError: '1Mb' is in bits (b); a size is in bytes: write MB ...
+    >>> parse_quantity("1Gib", "size")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fabricpilot.units.UnitError: '1Gib' is in bits (b); ... write GB (powers of ten) or GiB (of two)
 
     A rate in bytes (a capital B, as NVLink's are quoted) is eight times the bits:
 
@@ -107,8 +114,8 @@ def parse_quantity(value: object, dimension: str) -> float:
                             f"{', '.join(sorted(k for k in table if k.isascii()))} (bits), "
                             f"or GB/s (bytes)")
         return 8 * number * table[bits.lower()]
-    if dimension == "size" and match.group(2).endswith("b") and not unit.endswith("ib"):
-        pre = match.group(2)[:-1].upper()  # ("1mb": write MB, not mB)
+    if dimension == "size" and match.group(2).endswith("b"):  # (Gb, Gib: giga-, gibibits)
+        pre = match.group(2)[:1].upper() if len(match.group(2)) > 1 else ""  # (mb: MB)
         write = f"{pre}B (powers of ten) or {pre}iB (of two)" if pre else "B"
         raise UnitError(f"{value!r} is in bits (b); a size is in bytes: write {write}")
     written = match.group(2)
@@ -123,10 +130,10 @@ def parse_quantity(value: object, dimension: str) -> float:
     if unit not in table:
         other = next((d for d, (t, _) in _DIMENSIONS.items() if unit in t), None)
         hint = f" (that is a {other} unit)" if other else ""
-        raise UnitError(
-            f"wrong unit {match.group(2)!r} for a {dimension}{hint}; "
-            f"use one of {', '.join(sorted({k for k in table if k.isascii()}))}"
-        )
+        units = SIZE_UNITS_WRITTEN if dimension == "size" else \
+            ", ".join(sorted({k for k in table if k.isascii()}))
+        raise UnitError(f"wrong unit {match.group(2)!r} for a {dimension}{hint}; "
+                        f"use one of {units}")
     return number * table[unit]
 
 

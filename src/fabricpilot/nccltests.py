@@ -31,6 +31,7 @@ from fabricpilot.balancing import EcmpParams
 from fabricpilot.dataplane import FabricParams
 from fabricpilot.errors import FabricpilotError, TopologyError
 from fabricpilot.runner import Prepared, link_costs, run_policy
+from fabricpilot.textfiles import written_whole
 from fabricpilot.topology import CompiledTopology, compile_topology, leaf_spine
 from fabricpilot.topology.builders import decimal_fraction
 from fabricpilot.units import format_bytes
@@ -259,7 +260,7 @@ def algorithm_ranges(rows: list[SweepRow]) -> str:
 
 def write_sweep_csv(rows: list[SweepRow], path: Path) -> None:
     """The sweep as CSV: one row per size under :data:`SWEEP_CSV_COLUMNS`."""
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(SWEEP_CSV_COLUMNS)
         for r in rows:

@@ -1,17 +1,23 @@
 """Reading the text files users give (scenarios, topologies, token files): a regular file of
-bounded size, in UTF-8, or one line saying why not.
+bounded size, in UTF-8, or one line saying why not; and writing the files results go to
+whole or not at all.
 
 A named pipe would block the reader, ``/dev/zero`` would fill the memory and a binary file
 would fail deep in a parser; each is refused here, before any of that, with the problem in
-words (:class:`UnreadableFile`), which the caller puts after the file's name.
+words (:class:`UnreadableFile`), which the caller puts after the file's name. A file written
+with :func:`written_whole` replaces the one at its path only once all of it is written: a
+disk that fills up leaves neither a truncated file nor an earlier good one destroyed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 MAX_TEXT_BYTES = 256 << 20
 """The largest text file read (256 MiB: a topology of a hundred thousand GPUs is some tens)."""
@@ -105,3 +111,71 @@ def kind_of(data: object) -> str:
         return "an empty file"
     name = type(data).__name__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _umask() -> int:
+    """The process's file-mode mask (read by setting it back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def written_whole(path: str | Path, mode: str = "w", **open_kw: Any) -> Iterator[IO[Any]]:
+    """Open ``path`` for writing (``mode`` ``"w"`` or ``"wb"``, ``open_kw`` as for
+    :func:`open`) so that it is replaced only once all is written: the data goes to a
+    temporary file beside it, renamed over ``path`` when the block ends without an error
+    (the new file takes the mode a new file gets). On an error the temporary file is
+    removed, ``path`` is as it was, and an ``OSError`` names ``path``. A symbolic link is
+    written through (the file it names is replaced); a path that is not a regular file
+    (``/dev/null``, a named pipe) is written to directly.
+
+    >>> import tempfile
+    >>> out = Path(tempfile.mkdtemp()) / "summary.json"
+    >>> _ = out.write_text("good")
+    >>> with written_whole(out) as fh:
+    ...     _ = fh.write("half")
+    ...     raise OSError(28, "No space left on device")
+    Traceback (most recent call last):
+    ...
+    OSError: [Errno 28] No space left on device: '...summary.json'
+    >>> out.read_text(), sorted(p.name for p in out.parent.iterdir())
+    ('good', ['summary.json'])
+    >>> with written_whole(out) as fh:
+    ...     _ = fh.write("new")
+    >>> out.read_text()
+    'new'
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        special = not stat.S_ISREG(os.stat(target).st_mode)
+    except FileNotFoundError:
+        special = False
+    except OSError as err:
+        err.filename = str(path)
+        raise
+    if special:
+        try:
+            with open(target, mode, **open_kw) as fh:
+                yield fh
+        except OSError as err:
+            err.filename = str(path)
+            raise
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
+                                   dir=target.parent)
+    except OSError as err:  # (a folder missing or read-only: said of the file)
+        err.filename = str(path)
+        raise
+    try:
+        with os.fdopen(fd, mode, **open_kw) as fh:
+            yield fh
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and (err.filename is None or err.filename == tmp):
+            err.filename = str(path)
+        raise

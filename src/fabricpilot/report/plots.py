@@ -35,6 +35,7 @@ from fabricpilot.report.tables import (
 )
 from fabricpilot.results import RunResult
 from fabricpilot.results.io import remove_stale
+from fabricpilot.textfiles import written_whole
 from fabricpilot.units import format_bytes
 
 if TYPE_CHECKING:
@@ -120,7 +121,8 @@ def _figure(width: float = 7.0, height: float = 3.6) -> tuple[Figure, Any]:
 
 def _save(fig: Figure, path: Path) -> Path:
     # (no metadata that changes between runs: equal results give equal files)
-    fig.savefig(path, format="png", metadata={"Software": None})
+    with written_whole(path, "wb") as fh:
+        fig.savefig(fh, format="png", metadata={"Software": None})
     return path
 
 
@@ -341,8 +343,8 @@ def write_report(results: Sequence[RunResult], reference: RunResult | None,
     images = [p for p in made if p is not None]
     remove_stale(plots, PLOT_FILES, images)  # (an earlier run's queues.png, say)
     page = out / "report.html"
-    page.write_text(_page(results, reference, images, out, include_wall_time),
-                    encoding="utf-8")
+    with written_whole(page, encoding="utf-8") as fh:
+        fh.write(_page(results, reference, images, out, include_wall_time))
     return [*images, page]
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from fabricpilot.dataplane.qos import N_PRIORITIES
 from fabricpilot.results.run import RunResult
+from fabricpilot.textfiles import written_whole
 
 FLOW_COLUMNS = [
     "owner", "iteration", "collective", "stage", "src", "dst", "members", "size_bytes",
@@ -41,7 +42,7 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     owner_names = {i: j.name for i, j in enumerate(result.jobs)} | {-1: "mice"}
 
     path = out / "flows.csv"
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["job" if c == "owner" else c for c in FLOW_COLUMNS])
         if result.flows:
@@ -59,7 +60,7 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     written.append(path)
 
     path = out / "collectives.csv"
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["job", "iteration", "index", "op", "algorithm", "n_ranks", "size_bytes",
                     "start_ns", "end_ns", "time_ns", "algbw_GBps", "busbw_GBps"])
@@ -70,7 +71,7 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
     written.append(path)
 
     path = out / "iterations.csv"
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["job", "iteration", "start_ns", "end_ns", "iteration_ns"])
         for i in sorted(result.iterations, key=lambda i: (i.job, i.iteration)):
@@ -79,7 +80,7 @@ def write_tables(result: RunResult, out_dir: str | Path) -> list[Path]:
 
     path = out / "links.csv"
     util = result.link_utilization()
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["link", "kind", "rate_gbps", "bytes", "mean_utilization", "peak_utilization"])
         for i in range(len(result.link_bytes)):  # (idle links too: where a policy left
@@ -121,7 +122,7 @@ def _write_interference(result: RunResult, path: Path) -> None:
     """One row per job with a measured interference ratio: its busbw in this run (shared),
     alone (ratio x shared) and the ratio; a job with no busbw in either run has no ratio
     (an empty cell), and its busbw alone is 0."""
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(INTERFERENCE_COLUMNS)
         for job in result.jobs:
@@ -142,7 +143,7 @@ def _write_timeseries(result: RunResult, path: Path) -> None:
     """One row per (sample time, active link) of the fluid model's samples."""
     assert result.model_report is not None
     cols = result.model_report.timeseries.columns()
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(TIMESERIES_COLUMNS)
         for t, link, queue, util, marks, paused in zip(
@@ -164,7 +165,7 @@ def _write_ports(result: RunResult, path: Path) -> None:
     pause_ns, frames = arr(rep.port_pause_ns), arr(rep.port_pause_frames)
     marks, drops = arr(rep.port_ecn_marks), arr(rep.port_drops_bytes)
     any_value = (pause_ns > 0) | (frames > 0) | (marks > 0) | (drops > 0)
-    with path.open("w", newline="") as fh:
+    with written_whole(path, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(PORT_COLUMNS)
         for link, prio in zip(*np.nonzero(any_value), strict=True):

@@ -29,7 +29,13 @@ from pydantic import (
 )
 
 from fabricpilot.errors import ScenarioError, TopologyError
-from fabricpilot.textfiles import DuplicateKey, UnreadableFile, no_duplicate_keys, read_text_file
+from fabricpilot.textfiles import (
+    DuplicateKey,
+    UnreadableFile,
+    no_duplicate_keys,
+    read_text_file,
+    written_whole,
+)
 from fabricpilot.topology.builders import MAX_GPUS
 from fabricpilot.topology.model import LinkKind, NodeKind, Topology, validate_topology
 from fabricpilot.units import MAX_RATE_GBPS, MIN_RATE_GBPS
@@ -245,7 +251,8 @@ def topology_from_dict(data: Any, source: str = "<topology>") -> Topology:
 
 
 def save_topology_json(topo: Topology, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(topology_to_dict(topo), indent=1) + "\n")
+    with written_whole(path) as fh:
+        fh.write(json.dumps(topology_to_dict(topo), indent=1) + "\n")
 
 
 def load_topology_json(path: str | Path) -> Topology:

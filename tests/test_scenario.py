@@ -298,6 +298,14 @@ def _fuse_a_boolean(d: dict[str, Any]) -> None:
     d["controller"] = {"pressure_fuse": True}
 
 
+def _scenario_name_of_two_lines(d: dict[str, Any]) -> None:
+    d["name"] = "a\nb"
+
+
+def _sla_beyond_any_time(d: dict[str, Any]) -> None:  # (1e15 ns: the longest time taken)
+    d["jobs"][0]["sla_us"] = "1e30s"
+
+
 def _l3_cap_near_zero(d: dict[str, Any]) -> None:
     d["controller"] = {"l3_rate_cap": 1e-9}
 
@@ -392,6 +400,8 @@ BAD_CASES = [
     (_sla_a_boolean, "jobs[0].sla_us", "expected a number, got a boolean (true)"),
     (_fuse_a_boolean, "controller.pressure_fuse", "expected a number, got a boolean (true)"),
     (_l3_cap_near_zero, "controller.l3_rate_cap", "must be >= 0.01 (got 1e-09)"),
+    (_scenario_name_of_two_lines, "name", "must not contain '\\n' (got 'a\\nb')"),
+    (_sla_beyond_any_time, "jobs[0].sla_us", "must be <= 1000000000000.0 (got 1e+36)"),
     (_blank_name, "jobs[0].name", "must not be blank"),
     (_name_with_colon, "jobs[0].name", "must not contain ':' (got 'a:b')"),
     (_name_of_the_mice, "jobs[0].name", "'mice' names the Poisson mice in the results"),
@@ -763,3 +773,14 @@ def test_counts_in_topology_errors_agree_with_their_nouns() -> None:
     with pytest.raises(ScenarioError) as info:
         scenario_from_dict(data, "t.yaml")
     assert info.value.problem.endswith("(1 host, 16 NICs per leaf)")
+
+
+def test_an_integer_past_pythons_digit_limit_is_placed_in_the_file(tmp_path: Path) -> None:
+    """Python reads at most 4300 digits of an integer; a longer one in a scenario is a
+    YAML problem at its line and column, not Python's advice to raise the limit."""
+    path = write(tmp_path, base())
+    path.write_text(path.read_text() + "seed: " + "9" * 5000 + "\n")
+    line = len(path.read_text().splitlines())
+    err = load_error(path)
+    assert str(err) == (f"{path}: invalid YAML at line {line}, column 7: an integer of 5000 "
+                        "digits (at most 4300)")

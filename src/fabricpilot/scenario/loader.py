@@ -69,6 +69,9 @@ _CORE_RESOLVERS: list[tuple[str, re.Pattern[str], list[str]]] = [  # (tag, regex
 _MERGE_TAG = "tag:yaml.org,2002:merge"  # (``<<: *base``: a merge key, as SafeLoader has it)
 
 
+_MOST_INT_DIGITS = 4300  # (Python's limit on reading an integer from text)
+
+
 class _StrictLoader(yaml.SafeLoader):
     """``SafeLoader`` that resolves plain scalars by the YAML 1.2 core schema and refuses
     duplicate keys in a mapping."""
@@ -148,6 +151,11 @@ class _StrictLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, f"{text!r} is not an integer", node.start_mark
             )
+        digits = len(text.lstrip("+-")) - (2 if text[:2] in ("0o", "0x") else 0)
+        if digits > _MOST_INT_DIGITS:  # (int() would refuse it in Python's own words)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {digits} digits (at most {_MOST_INT_DIGITS})",
+                node.start_mark)
         if text.startswith("0o"):
             return int(text[2:], 8)
         if text.startswith("0x"):
@@ -354,6 +362,9 @@ def scenario_from_dict(
     if not isinstance(data, dict):
         raise ScenarioError(source, "", f"the top level must be a mapping of keys (got "
                                         f"{kind_of(data)})")
+    if {"format", "nodes", "links"} <= data.keys() and "topology" not in data:
+        raise ScenarioError(source, "", "a topology file, not a scenario: a scenario names it "
+                                        "as topology: {kind: file, path: ...}")
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:

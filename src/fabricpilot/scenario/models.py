@@ -1033,7 +1033,7 @@ class JobSpec(_Model):
         default=True, description="the job declares its collectives to the controller"
     )
     sla_us: Float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
+        default=None, gt=0, le=1e12, allow_inf_nan=False,  # (the longest time a scenario takes)
         description="latency SLA of its calls in microseconds, or text with its own time unit "
         "(50us, 0.1ms) (L1 < 50, L2 <= 100, L3 above; none: L3)",
     )
@@ -1388,8 +1388,20 @@ class FaultsSpec(_Model):
 class Scenario(_Model):
     """A whole scenario file: one cluster, its jobs, and the policies to compare on it."""
 
-    name: str = Field(default="scenario", min_length=1, description="shown in reports")
+    name: str = Field(default="scenario", min_length=1, max_length=128,
+                      description="shown in reports")
     description: str = Field(default="", description="free text")
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, name: str) -> str:
+        # (a title line of the CLI and the report: a newline would break it in two)
+        if not name.strip():
+            raise ValueError("must not be blank")
+        bad = next((c for c in name if not c.isprintable()), None)
+        if bad is not None:
+            raise ValueError(f"must not contain {bad!r} (got {name!r})")
+        return name
     seed: Int = Field(default=1, ge=0, description="seed of every random choice")
     policies: list[str] = Field(
         default_factory=lambda: ["ecmp", "ideal"],

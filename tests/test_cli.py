@@ -369,11 +369,15 @@ def test_nccl_test_a_decimal_oversubscription_that_divides_the_ports() -> None:
 
 @pytest.mark.parametrize("args, flag", [
     (["serve", "--no-twin", "--max-body", "-1"], "--max-body"),
+    (["serve", "--no-twin", "--max-body", "1PB"], "--max-body"),
     (["serve", "--no-twin", "--tick-interval", "nan"], "--tick-interval"),
     (["serve", "--no-twin", "--telemetry-interval", "0"], "--telemetry-interval"),
     (["serve", "--telemetry-interval", "1"], "--telemetry-interval"),  # (the twin reports)
     (["serve", "--no-twin", "--port", "99999"], "--port"),
     (["serve", "--time-scale", "inf"], "--time-scale"),
+    (["serve", "--no-twin", "--time-scale", "5"], "--time-scale"),  # (no twin to pace)
+    (["serve", "--dataplane", "http://127.0.0.1:1", "--time-scale", "5"], "--time-scale"),
+    (["serve", "--no-twin", "--dataplane-token-file", "t.txt"], "--dataplane-token-file"),
     (["twin", "--time-scale", "nan"], "--time-scale"),
     (["twin", "--port", "-5"], "--port"),
 ])
@@ -383,6 +387,13 @@ def test_service_flags_are_checked_before_anything_starts(args: list[str], flag:
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]
     assert res.stderr.startswith(f"error: {flag}:"), res.stderr
+
+
+def test_a_state_dir_that_is_a_file_is_said_so(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("")
+    res = cli("serve", "--no-twin", "--state-dir", str(tmp_path / "state"))
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: {tmp_path / 'state'}: the state directory exists and is not a directory")
 
 
 def test_a_port_in_use_or_a_bad_host_is_one_line_before_anything_starts(
@@ -555,6 +566,16 @@ def test_a_topology_exported_to_dash_goes_to_stdout(tmp_path: Path) -> None:
     assert json.loads(res.stdout) == json.loads(out.read_text())
 
 
+def test_a_topology_file_given_as_a_scenario_says_how_a_scenario_names_it(
+        tmp_path: Path) -> None:
+    out = tmp_path / "topo.json"
+    assert cli("topology", "export", str(out)).returncode == 0
+    res = cli("validate", str(out))
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: {out}: a topology file, not a scenario: a scenario names it as topology: "
+        "{kind: file, path: ...}")
+
+
 def test_a_topology_file_is_checked_field_by_field(tmp_path: Path) -> None:
     out = tmp_path / "topo.json"
     assert cli("topology", "export", str(out)).returncode == 0
@@ -675,7 +696,9 @@ def test_files_that_are_not_regular_files_are_refused(tmp_path: Path) -> None:
 def test_a_token_file_refuses_a_key_given_twice_and_a_token_shared(tmp_path: Path) -> None:
     """YAML keeps the last of a repeated key: ``role: tenant ... role: operator`` made a
     tenant's token an operator's. And two entries with one token left one of them (the
-    last) its only principal. Both refused, naming the place."""
+    last) its only principal. Two callers of one name (logs and events could not tell
+    them apart) and an operator given a tenant (which it would not be held to) are as
+    wrong. Each refused, naming the place."""
     from fabricpilot.service.auth import AuthConfigError, TokenRegistry
 
     operator = "  - {name: o, role: operator, token: aaaaaaaaaaaaaaaaaaaa}\n"
@@ -685,7 +708,17 @@ def test_a_token_file_refuses_a_key_given_twice_and_a_token_shared(tmp_path: Pat
              r"dup.yaml: invalid YAML at line 2, column \d+: duplicate key 'role'"),
             ("shared.yaml", operator + "  - {name: t, role: tenant, tenant: a, "
                                        "token: aaaaaaaaaaaaaaaaaaaa}\n",
-             r"shared.yaml: tokens.1: gives the same token as 'o'")):
+             r"shared.yaml: tokens.1: gives the same token as 'o'"),
+            ("named.yaml", operator + "  - {name: o, role: tenant, tenant: a, "
+                                      "token: bbbbbbbbbbbbbbbbbbbb}\n",
+             r"named.yaml: tokens.1.name: 'o' is also tokens.0's name \(a name is one "
+             r"caller's\)"),
+            ("optenant.yaml", "  - {name: o, role: operator, tenant: a, "
+                              "token: aaaaaaaaaaaaaaaaaaaa}\n",
+             r"^[^ ]*optenant.yaml: tokens.0: an operator token takes no tenant: \(an "
+             r"operator acts for every tenant\)$"),
+            ("neither.yaml", "  - {name: o, role: operator}\n",
+             r"^[^ ]*neither.yaml: tokens.0: give exactly one of token or sha256$")):
         (tmp_path / name).write_text("tokens:\n" + entries)
         with pytest.raises(AuthConfigError, match=problem):
             TokenRegistry.from_file(tmp_path / name)
@@ -895,6 +928,36 @@ def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
     assert (out / "ecmp" / "flows.csv").exists() and (out / "report.html").exists()
 
 
+def test_a_policy_whose_run_cannot_go_on_loses_no_other_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that stops on the simulation's own terms (a livelock, a deadlock left alone)
+    is that policy's outcome: one line naming it, exit 2, and the other policies' JSON,
+    tables and report written."""
+    from typer.testing import CliRunner
+
+    from fabricpilot import runner
+    from fabricpilot.cli import app
+    from fabricpilot.errors import SimulationError
+
+    real = runner.run_policy
+
+    def stuck(prep, name, **kw):  # type: ignore[no-untyped-def]
+        if name == "adaptive":
+            raise SimulationError("flows are active but none can make progress")
+        return real(prep, name, **kw)
+
+    monkeypatch.setattr(runner, "run_policy", stuck)
+    path = write(tmp_path, small_scenario(tmp_path))
+    out, js = tmp_path / "o", tmp_path / "s.json"
+    res = CliRunner().invoke(app, ["run", str(path), "-p", "ecmp", "-p", "adaptive",
+                                   "--json", str(js), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == (
+        "error: policy adaptive: flows are active but none can make progress")
+    assert json.loads(js.read_text())["policy"] == "ecmp"
+    assert (out / "ecmp" / "flows.csv").exists() and (out / "report.html").exists()
+
+
 def test_nccl_test_runs_a_size_that_rounds_to_one_run_already_once(tmp_path: Path) -> None:
     """AllGather on 16 GPUs takes at least one element per rank (64 B): -b 1 -e 256 asks
     for 1, 2, 4 ... 256 B, of which 1-64 B all round to 64 B. Each size is a row once
@@ -965,6 +1028,27 @@ def test_out_into_a_used_folder_keeps_nothing_stale(tmp_path: Path) -> None:
     assert fourth.returncode == 0 and (out / "ideal" / "flows.csv").is_file()
     fifth = cli("run", str(path), "-p", "ideal", "--out", str(out))
     assert fifth.returncode == 0 and not (out / "ecmp").exists()
+
+
+def test_outputs_are_written_whole_through_links_and_with_the_usual_mode(
+        tmp_path: Path) -> None:
+    """A summary goes to a temporary file renamed over the old one once whole (so a disk
+    that fills up leaves the earlier summary, not half a new one): the rename leaves no
+    temporary file behind, writes through a symbolic link rather than replacing it, and
+    gives the file the mode any new file gets (not a temporary file's 0600)."""
+    path = write(tmp_path, small_scenario(tmp_path))
+    real = tmp_path / "results" / "summary.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    res = cli("run", str(path), "-p", "ecmp", "--json", str(link))
+    assert res.returncode == 0, res.stderr
+    assert link.is_symlink() and json.loads(real.read_text())["policy"] == "ecmp"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["summary.json"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert real.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

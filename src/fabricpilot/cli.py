@@ -23,7 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fabricpilot import __version__
 from fabricpilot.balancing import POLICIES
-from fabricpilot.errors import FabricpilotError
+from fabricpilot.errors import FabricpilotError, SimulationError
+from fabricpilot.textfiles import written_whole
 from fabricpilot.topology.builders import MAX_GPUS
 from fabricpilot.units import UnitError, parse_quantity
 
@@ -194,6 +195,8 @@ def run(
                     results.append(run_policy(
                         prep, name,
                         progress=lambda d, t, task=task: bar.update(task, completed=d)))
+                except SimulationError as e:  # (this policy's run could not go on)
+                    crashed.append(f"policy {name}: {e}")
                 except (FabricpilotError, OverflowError):
                     raise  # (bad input: one line, as always)
                 except Exception as e:  # (a defect: reported, the other policies go on)
@@ -243,8 +246,9 @@ def run(
         if json_path is not None:
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
-                json_path.write_text(summary_json(shown, include_wall_time=not reproducible,
-                                                  reference=reference))
+                with written_whole(json_path) as fh:
+                    fh.write(summary_json(shown, include_wall_time=not reproducible,
+                                          reference=reference))
                 con.print(f"summary written to {escape(str(json_path))}", highlight=False,
                           soft_wrap=True)
             except OSError as e:
@@ -453,6 +457,9 @@ def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str 
             _fail(f"{flag}: {path}: {at} is not writable ({err.strerror or err})")
 
 
+_MAX_BODY_BYTES = 1 << 30
+
+
 @app.command()
 def serve(
     scenario: Annotated[Path | None, typer.Argument(
@@ -473,8 +480,9 @@ def serve(
         metavar=_FLAG,
         help="Run the scenario's jobs on the twin in scaled real time (--no-twin: the "
              "fabric only; telemetry comes from POST /api/v1/telemetry).")] = True,
-    time_scale: Annotated[float, typer.Option(
-        help="Fabric seconds per wall second of the twin (1e-3: 1 ms per second).")] = 1e-3,
+    time_scale: Annotated[float | None, typer.Option(
+        help="Fabric seconds per wall second of the in-process twin (default 1e-3: 1 ms "
+             "per second).")] = None,
     tick_interval: Annotated[float, typer.Option(
         help="Wall seconds between control periods.")] = 0.2,
     telemetry_interval: Annotated[float | None, typer.Option(
@@ -484,7 +492,7 @@ def serve(
     plan_interval: Annotated[float, typer.Option(
         help="Wall seconds between plans of declared changes (changes arriving meanwhile "
              "are planned together).")] = 0.25,
-    max_body: Annotated[str, typer.Option(help="Largest request body.")] = "8MiB",
+    max_body: Annotated[str, typer.Option(help="Largest request body (at most 1GiB).")] = "8MiB",
     dataplane: Annotated[str | None, typer.Option(
         help="URL of a data plane in its own process (fabricpilot twin, or a switch agent) "
              "instead of the in-process twin.")] = None,
@@ -509,7 +517,16 @@ def serve(
         configure_logging,
     )
 
-    _number(time_scale, "--time-scale", low=0, high=1e6)
+    if time_scale is not None:
+        _number(time_scale, "--time-scale", low=0, high=1e6)
+        if not twin or dataplane is not None:
+            _fail("--time-scale: paces the in-process twin, which "
+                  + ("--no-twin" if not twin else "--dataplane") + " leaves out (a twin of "
+                  "its own process takes the option: fabricpilot twin --time-scale)")
+    else:
+        time_scale = 1e-3
+    if dataplane_token_file is not None and dataplane is None:
+        _fail("--dataplane-token-file: the token of a --dataplane, which is not given")
     _number(tick_interval, "--tick-interval", low=0, high=86_400)
     if telemetry_interval is not None:
         _number(telemetry_interval, "--telemetry-interval", low=0, high=86_400)
@@ -523,6 +540,8 @@ def serve(
     max_body_bytes = _size(max_body, "--max-body")
     if max_body_bytes < 1:
         _fail(f"--max-body: must be at least 1 byte, got {max_body!r}")
+    if max_body_bytes > _MAX_BODY_BYTES:  # (a limit in petabytes is none: each body is read)
+        _fail(f"--max-body: at most 1GiB, got {max_body!r}")
     listener = _listen(host, port)  # (before the state is read: a port in use fails first)
     # the control process dying under us: stop serving (a supervisor restarts serve, which
     # restores the state) rather than answer 503 forever

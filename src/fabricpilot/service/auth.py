@@ -81,6 +81,9 @@ class _TokenEntry(BaseModel):
             raise ValueError("give exactly one of token or sha256")
         if self.role == "tenant" and not self.tenant:
             raise ValueError("a tenant token needs tenant:")
+        if self.role == "operator" and self.tenant is not None:
+            raise ValueError("an operator token takes no tenant: (an operator acts for "
+                             "every tenant)")
         if self.gpus is not None:
             parse_id_ranges(self.gpus)
         return self
@@ -156,9 +159,15 @@ class TokenRegistry:
         except ValidationError as err:
             e = err.errors()[0]
             loc = ".".join(str(x) for x in e["loc"]) or "<root>"
-            raise AuthConfigError(f"{path}: {loc}: {e['msg']}") from None
+            msg = e["msg"].removeprefix("Value error, ")  # (pydantic's word for our checks)
+            raise AuthConfigError(f"{path}: {loc}: {msg}") from None
         reg = cls()
+        names: dict[str, int] = {}
         for i, e in enumerate(spec.tokens):
+            if e.name in names:  # (logs and events name callers: two would be one)
+                raise AuthConfigError(f"{path}: tokens.{i}.name: {e.name!r} is also "
+                                      f"tokens.{names[e.name]}'s name (a name is one caller's)")
+            names[e.name] = i
             gpus = frozenset(parse_id_ranges(e.gpus)) if e.gpus is not None else None
             p = Principal(e.name, e.role, e.tenant, gpus)
             key = e.sha256 or digest(e.token or "")

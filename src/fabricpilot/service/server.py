@@ -123,6 +123,8 @@ class StateDirLock:
 
 
 def _make_state_dir(state_dir: Path) -> None:
+    if state_dir.exists() and not state_dir.is_dir():
+        raise ServeError(f"{state_dir}: the state directory exists and is not a directory")
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -748,7 +748,8 @@ def nccl_test(
     rate_gbps: Annotated[float, typer.Option(help="NIC and fabric link rate.")] = 400.0,
     oversubscription: Annotated[float, typer.Option(help="Leaf down:up ratio.")] = 1.0,
     algorithm: Annotated[str, typer.Option(
-        help="auto, ring, rails, hierarchical, tree, flat")] = "auto",
+        help="auto, ring, rails, hierarchical (for AlltoAll: PXN, shown as pxn), tree, "
+             "flat")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the run (hash seeds, placement).")] = 1,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", parser=_output_path,

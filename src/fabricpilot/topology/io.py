@@ -14,6 +14,7 @@ Every field is validated on import; errors name the file, the field and the prob
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -272,5 +273,8 @@ def load_topology_json(path: str | Path) -> Topology:
     except RecursionError:
         raise ScenarioError(str(p), "", "invalid JSON: nested too deeply to read") from None
     except ValueError as err:  # (e.g. an integer of more digits than Python converts)
-        raise ScenarioError(str(p), "", f"invalid JSON: {err}") from None
+        digits = re.search(r"value has (\d+) digits", str(err))
+        what = (f"an integer of {digits.group(1)} digits (at most 4300)" if digits
+                else str(err))
+        raise ScenarioError(str(p), "", f"invalid JSON: {what}") from None
     return topology_from_dict(data, str(p))

@@ -956,6 +956,26 @@ def test_a_policy_whose_run_cannot_go_on_loses_no_other_result(
         "error: policy adaptive: flows are active but none can make progress")
     assert json.loads(js.read_text())["policy"] == "ecmp"
     assert (out / "ecmp" / "flows.csv").exists() and (out / "report.html").exists()
+    # the same in a job's run alone (--interference): the shared runs' results stand
+    real_alone = runner.interference
+
+    def stuck_alone(prep, name, shared, **kw):  # type: ignore[no-untyped-def]
+        if name == "adaptive":
+            raise SimulationError("flows are active but none can make progress")
+        return real_alone(prep, name, shared, **kw)
+
+    monkeypatch.setattr(runner, "run_policy", real)
+    monkeypatch.setattr(runner, "interference", stuck_alone)
+    js.unlink()
+    res = CliRunner().invoke(app, ["run", str(path), "-p", "ecmp", "-p", "adaptive",
+                                   "--interference", "--json", str(js)])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == (
+        "error: policy adaptive, a job alone: flows are active but none can make progress")
+    runs = {r["policy"]: r for r in json.loads(js.read_text())["runs"]}
+    assert set(runs) == {"ecmp", "adaptive"}
+    assert all("interference" in j for j in runs["ecmp"]["jobs"])
+    assert not any("interference" in j for j in runs["adaptive"]["jobs"])
 
 
 def test_nccl_test_runs_a_size_that_rounds_to_one_run_already_once(tmp_path: Path) -> None:

@@ -210,10 +210,13 @@ def run(
                 offset = {j.name: sum(units[:i]) for i, j in enumerate(prep.jobs)}
                 for r in shown:
                     task = bar.add_task(f"{r.policy} alone", total=total_units)
-                    r.interference = interference(
-                        prep, r.policy, r,
-                        progress=lambda job, d, t, task=task: bar.update(
-                            task, completed=offset[job] + d))
+                    try:
+                        r.interference = interference(
+                            prep, r.policy, r,
+                            progress=lambda job, d, t, task=task: bar.update(
+                                task, completed=offset[job] + d))
+                    except SimulationError as e:  # (its shared run's results stand)
+                        crashed.append(f"policy {r.policy}, a job alone: {e}")
         reference = next((r for r in results if r.policy == "ideal"), None)
         con.print(comparison_table(shown, reference))
         if reference is not None and "ideal" not in policies:  # (its figures, to check by)

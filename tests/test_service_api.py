@@ -1161,6 +1161,33 @@ def test_every_route_is_measured_by_its_template(client: httpx.Client) -> None:
     assert 'route="<unmatched>",status="201"' not in text
 
 
+def test_a_client_that_goes_before_its_body_is_whole_is_no_server_error(
+        client: httpx.Client) -> None:
+    """A client that closes its connection halfway through a body gets no answer (no one
+    is left to read it); the service logs and counts the request as 499, as proxies log
+    a request their client closed, not as a 500 with a traceback (operators' 5xx alerts
+    would fire for a client's hang-up). The service answers the next request as usual."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(str(client.base_url))
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(b"POST /api/v1/telemetry HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + OPS.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+                     b'{"deltas": [')
+    name = ('fabricpilot_api_request_seconds_count{method="POST",route="<unmatched>",'
+            'status="499"}')
+    deadline = time.monotonic() + 10
+    while name not in (text := client.get("/metrics").text):
+        assert time.monotonic() < deadline, text[-3000:]
+        time.sleep(0.05)
+    assert _metric(text, name) == 1.0
+    assert 'status="500"' not in text
+    assert client.post("/api/v1/telemetry", headers=_auth(OPS), json={
+        "deltas": [{"link_id": 1, "interval_ns": 1000}]}).status_code == 202
+
+
 def test_a_405_allows_every_method_of_its_path(client: httpx.Client) -> None:
     c = client
     for method, url, allow in (("PATCH", "/api/v1/jobs", "GET, POST"),

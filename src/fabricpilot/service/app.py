@@ -51,6 +51,7 @@ from fabricpilot.textfiles import DuplicateKey, no_duplicate_keys
 log = logging.getLogger("fabricpilot.service")
 M = TypeVar("M", bound=BaseModel)
 access_log = logging.getLogger("fabricpilot.access")
+CLIENT_CLOSED = 499  # the status logged of a request whose client went before it was whole
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 
@@ -81,7 +82,7 @@ class Observe:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        status = 500
+        status: int | None = None
 
         async def sent(msg: Message) -> None:
             nonlocal status
@@ -91,7 +92,13 @@ class Observe:
 
         try:
             await self.app(scope, receive, sent)
+        except BaseException:
+            status = status or 500
+            raise
         finally:
+            # (nothing sent and nothing raised: the client went before its request was
+            # whole; 499 as proxies log a request its client closed)
+            status = status or CLIENT_CLOSED
             dt = time.perf_counter() - t0
             route = getattr(scope.get("route"), "path", "<unmatched>")
             self.latency.labels(scope["method"], route, str(status)).observe(dt)
@@ -187,6 +194,8 @@ class NoDuplicateKeys:
             except HTTPException as exc:  # (too large: BodyLimit, outside the routes)
                 await JSONResponse({"detail": exc.detail},
                                    status_code=exc.status_code)(scope, receive, send)
+                return
+            if msg["type"] == "http.disconnect":  # (the client is gone: no one to answer)
                 return
             if msg["type"] != "http.request":
                 await self.app(scope, _replay([msg], receive), send)

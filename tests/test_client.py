@@ -161,12 +161,13 @@ def test_telemetry_congestion_tick_faults_events(live: Live) -> None:
         fp.declare_job("ops-ring", [2, 100], [_allreduce()])
         try:
             decision = fp.announce("ops-ring", "allreduce", 8 << 20, [2, 100])
-            hot_link = decision["pairs"][0]["paths"][0]["links"][1]  # a fabric link it uses
+            path = decision["pairs"][0]["paths"][0]
+            hot_link, switch = path["links"][1], path["nodes"][1]  # a fabric link it uses
 
             # 400 Gb/s for 1 ms carries 50 MB: 45 MB is 90 % load, above the hot threshold
             accepted = fp.post_telemetry([{"link_id": hot_link, "interval_ns": 1_000_000,
                                            "tx_bytes": 45_000_000, "queue_bytes": 1000}],
-                                         switch="leaf0")
+                                         switch=switch)
             assert accepted == 1
             tick = fp.tick()
             assert set(tick) == {"replanned", "plan_epoch", "links_down", "links_up",

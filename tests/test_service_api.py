@@ -1250,6 +1250,60 @@ def test_telemetry_that_no_port_can_count_is_refused(tmp_path: Path) -> None:
         assert r.status_code == 202, r.text
 
 
+def test_telemetry_drops_queues_and_switches_no_port_could_report_are_refused(
+        tmp_path: Path) -> None:
+    """A port drops at most what arrives at its switch: twice the smallest frames (64 B)
+    that all the switch's inbound links carry in the interval; a queue holds at most
+    64 GiB (beyond any switch's buffer); a batch that names its switch names a node of the
+    fabric, and each of its ports is a link leaving it. Each such delta once went in and
+    held its link hot until the next report (1e20 drops and a 1e20-byte queue)."""
+    app, svc = _service(tmp_path)
+    link = next(lk for lk in svc.view.links.values() if lk.kind == "fabric")
+    inbound_gbps = sum(c for _, _, c in svc.view.graph.in_edges(link.src,
+                                                                data="capacity_gbps"))
+    most_drops = 2 * inbound_gbps * 1000 / 512  # (in 1 000 ns)
+    h = _auth(OPS)
+    other = next(n for n in svc.view.graph if n != link.src)
+    with TestClient(app) as c:
+        for body, problem in (
+                ({"deltas": [{"drops": 1.01 * most_drops}]},
+                 f"deltas.0.drops: {1.01 * most_drops:g} packets dropped in 1000 ns is more "
+                 f"than twice the smallest frames the {inbound_gbps:g} Gb/s into {link.src} "
+                 "bring"),
+                ({"deltas": [{"queue_bytes": 1e20}]},
+                 "deltas.0.queue_bytes: 1e+20 bytes is more than any switch buffers (at most "
+                 "6.87195e+10)"),
+                ({"switch": "nosuchswitch", "deltas": [{}]},
+                 "switch: no node 'nosuchswitch' in the fabric"),
+                ({"switch": other, "deltas": [{}]},
+                 f"deltas.0.link_id: link {link.link_id} leaves {link.src}, not {other!r} "
+                 "(the batch's switch)"),
+                ({"switch": "x" * 100, "deltas": [{}]},
+                 f"switch: no node '{'x' * 40}...' (100 characters) in the fabric")):
+            body["deltas"] = [{"link_id": link.link_id, "interval_ns": 1000, **d}
+                              for d in body["deltas"]]
+            r = c.post("/api/v1/telemetry", headers=h, json=body)
+            assert r.status_code == 422, (body, r.text)
+            assert r.json()["detail"] == problem
+        assert c.post("/api/v1/control/tick", headers=h).status_code == 200
+        assert svc.controller.map.hot_links() == []
+        r = c.post("/api/v1/telemetry", headers=h, json={"switch": link.src, "deltas": [
+            {"link_id": link.link_id, "interval_ns": 1000, "drops": most_drops,
+             "queue_bytes": 2**36}]})
+        assert r.status_code == 202, r.text
+
+
+def test_a_long_value_refused_is_not_echoed_whole(tmp_path: Path) -> None:
+    """A refusal quotes what it refuses: a megabyte-long node name comes back as its first
+    40 characters and its length, not as a megabyte of answer."""
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        r = c.post("/api/v1/faults", headers=_auth(OPS), json={
+            "kind": "down", "endpoints": ["x" * 1_000_000, "leaf0"]})
+        assert r.status_code == 422, r.text[:300]
+        assert len(r.content) < 300 and "(1000000 characters)" in r.json()["detail"], r.text
+
+
 def test_a_withdrawn_twin_job_stays_withdrawn_after_a_restart(tmp_path: Path) -> None:
     """The twin's scenario jobs declare themselves at a start; one an operator withdrew
     does not, until it is declared again."""

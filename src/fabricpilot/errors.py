@@ -31,7 +31,7 @@ class ScenarioError(FabricpilotError):
     def __init__(self, source: str, field: str, problem: str) -> None:
         self.source = source
         self.field = field
-        self.problem = problem = _shorten_quoted(problem)
+        self.problem = problem = shorten_quoted(problem)
         where = f"{source}: {field}" if field else source
         super().__init__(f"{where}: {problem}")
 
@@ -41,14 +41,14 @@ class ScenarioError(FabricpilotError):
 _LONG_QUOTE = re.compile(r"(?<!\w)'([^'\n]{61,})'(?!\w)")
 
 
-def _shorten_quoted(problem: str) -> str:
+def shorten_quoted(problem: str) -> str:
     """``problem`` with every quoted value past 60 characters cut to its first 40 and its
     length: an error repeats what it refuses, not a whole 5 000-digit number.
 
-    >>> _shorten_quoted("expected a size, got '" + "9" * 5000 + "'")
+    >>> shorten_quoted("expected a size, got '" + "9" * 5000 + "'")
     "expected a size, got '9999999999999999999999999999999999999999...' (5000 characters)"
     >>> text = "at its GPUs' fastest rates" + "," * 60 + " beyond the twin's limit"
-    >>> _shorten_quoted(text) == text
+    >>> shorten_quoted(text) == text
     True
     """
     return _LONG_QUOTE.sub(lambda m: f"'{m.group(1)[:40]}...' ({len(m.group(1))} characters)",

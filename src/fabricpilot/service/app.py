@@ -600,7 +600,8 @@ def create_app(control: LocalControl | ControlProcess, tokens: TokenRegistry, *,
         """Port counter deltas from switches (folded in at the next control period)."""
         operator_of(request)
         body = await _parsed(request, TelemetryIn)
-        return JSONResponse({"accepted": await call("ingest", body.deltas)}, status_code=202)
+        return JSONResponse({"accepted": await call("ingest", body.deltas, switch=body.switch)},
+                            status_code=202)
 
     @app.post(f"{v1}/control/tick", tags=["telemetry"])
     async def tick(_: Operator) -> dict[str, Any]:

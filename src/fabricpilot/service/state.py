@@ -52,6 +52,7 @@ from fabricpilot.controller.core import (
 from fabricpilot.controller.intents import CommCall, Intent, sla_level
 from fabricpilot.controller.patterns import pattern_transfers
 from fabricpilot.controller.southbound import DataPlane, ExternalDataPlane, PathSet, PortDelta
+from fabricpilot.errors import shorten_quoted
 from fabricpilot.runner import Prepared, fault_setup
 from fabricpilot.service.auth import Principal
 from fabricpilot.service.metrics import job_registry, service_registry
@@ -89,6 +90,9 @@ PERIOD_YIELDS_MAX = 3
 one weighs its plan to the end (see :meth:`FabricService.run_tick`)."""
 
 
+MAX_QUEUE_BYTES = float(1 << 36)
+"""The deepest egress queue a port may report (64 GiB: beyond the HBM of deep-buffer
+switches)."""
 _MIN_FRAME_BITS = 64 * 8
 """The smallest Ethernet frame, in bits."""
 _MIN_WIRE_FRAME_BITS = (64 + 20) * 8
@@ -99,6 +103,7 @@ class ServiceError(Exception):
     """An API-level refusal: HTTP ``status`` and a one-line ``detail``."""
 
     def __init__(self, status: int, detail: str) -> None:
+        detail = shorten_quoted(detail)  # (a value refused is not echoed whole)
         super().__init__(detail)
         self.status = status
         self.detail = detail
@@ -242,6 +247,7 @@ class FabricService:
             policy.job_names = [j.name for j in prep.jobs]
         self.view = self.dp.view
         self.n_gpus = len(self.view.gpu_node)
+        self._inbound: dict[str, float] = {}  # node -> Gb/s of its inbound links
         # installed plans so far, counted on across restarts (a client comparing epochs
         # never sees one go back)
         self._plan_epoch = store.counter("plan_epoch")
@@ -987,18 +993,35 @@ class FabricService:
 
 
     # ------------------------------------------------------------ telemetry
-    def ingest(self, deltas: list[PortDeltaIn]) -> int:
+    def ingest(self, deltas: list[PortDeltaIn], switch: str | None = None) -> int:
         """Fold port deltas into the next control period (422 naming the first delta that
-        names no link or counts more than its port can: pause longer than the interval,
-        more bytes or bits than twice the line rate carries in it, more ECN-marked packets
-        than twice as many minimum-size frames, more corrected bit errors than bits
-        received or more uncorrectable frames than 64-byte frames in them)."""
+        names no link, a link that does not leave ``switch`` (the node the batch says it
+        is from, if it says), or counts more than its port can: pause longer than the
+        interval, more bytes or bits than twice the line rate carries in it, more
+        ECN-marked packets than twice as many minimum-size frames, more drops than twice
+        the minimum-size frames all the node's inbound links carry in it, a queue above
+        :data:`MAX_QUEUE_BYTES`, more corrected bit errors than bits received or more
+        uncorrectable frames than 64-byte frames in them)."""
         links = self.view.links
         n = len(links)
+        if switch is not None and switch not in self.view.graph:
+            raise ServiceError(422, f"switch: no node {switch!r} in the fabric")
         for i, d in enumerate(deltas):
             if d.link_id >= n:
                 raise ServiceError(422, f"deltas.{i}.link_id: link {d.link_id} does not exist "
                                    f"(the fabric has links 0-{n - 1})")
+            if switch is not None and links[d.link_id].src != switch:
+                raise ServiceError(422, f"deltas.{i}.link_id: link {d.link_id} leaves "
+                                   f"{links[d.link_id].src}, not {switch!r} (the batch's switch)")
+            if d.queue_bytes > MAX_QUEUE_BYTES:
+                raise ServiceError(422, f"deltas.{i}.queue_bytes: {d.queue_bytes:g} bytes is "
+                                   f"more than any switch buffers (at most {MAX_QUEUE_BYTES:g})")
+            inbound = self._inbound_gbps(links[d.link_id].src)
+            if d.drops * _MIN_FRAME_BITS > 2 * inbound * d.interval_ns:
+                raise ServiceError(
+                    422, f"deltas.{i}.drops: {d.drops:g} packets dropped in {d.interval_ns} ns "
+                    f"is more than twice the smallest frames the {inbound:g} Gb/s into "
+                    f"{links[d.link_id].src} bring")
             if d.pause_ns > d.interval_ns:
                 raise ServiceError(422, f"deltas.{i}.pause_ns: {d.pause_ns:g} ns paused in an "
                                    f"interval of {d.interval_ns} ns")
@@ -1037,10 +1060,18 @@ class FabricService:
                 self._changed.notify_all()
         return len(deltas)
 
-    def ingest_rows(self, rows: list[tuple[Any, ...]]) -> int:
+    def ingest_rows(self, rows: list[tuple[Any, ...]], switch: str | None = None) -> int:
         """:meth:`ingest` of deltas given as rows of values in :class:`PortDelta` field
         order (as the API's process sends them to a control process)."""
-        return self.ingest(cast("list[PortDeltaIn]", [PortDelta(*r) for r in rows]))
+        return self.ingest(cast("list[PortDeltaIn]", [PortDelta(*r) for r in rows]), switch)
+
+    def _inbound_gbps(self, node: str) -> float:
+        """The capacity of every link into ``node`` (what its ports can drop at most)."""
+        got = self._inbound.get(node)
+        if got is None:
+            got = self._inbound[node] = float(sum(
+                c for _, _, c in self.view.graph.in_edges(node, data="capacity_gbps")))
+        return got
 
     def tick_now(self) -> dict[str, Any]:
         """Run one control period now (operators; tests): whether it installed a new plan,

@@ -1092,6 +1092,42 @@ def test_an_announcement_replaces_the_call_declared_without_pairs(tmp_path: Path
                            ("alltoall", 1 << 20)]
 
 
+def test_an_announcement_without_an_sla_keeps_the_jobs_sla_and_priority(
+        tmp_path: Path) -> None:
+    """The PyTorch hook announces its buckets without an SLA or a priority. A bucket that
+    replaces the job's declared AllReduce takes that call's SLA (60 us: L2) and priority
+    (5), as do the buckets after it; one of a pattern the job never declared takes the
+    default (1 ms, L3) and priority 0; an SLA given is the SLA. (Every bucket once came
+    in at 1 ms and priority 0: the job's L2 SLA and priority lost at its first bucket.)"""
+    app, svc = _service(tmp_path)
+    with TestClient(app) as c:
+        body = {"task_id": "ddp", "gpus": [0, 1, 64, 65], "calls": [
+            {"pattern": "allreduce", "size_bytes": 25 << 20, "sla_us": 60.0,
+             "priority": 5}]}
+        assert c.put("/api/v1/jobs/ddp", json=body, headers=_auth(ACME)).status_code == 201
+        for pattern, size, bucket, sla, level in (("allreduce", 4096, 0, None, "L2"),
+                                                  ("allreduce", 512, 1, None, "L2"),
+                                                  ("allgather", 512, 0, None, "L3"),
+                                                  ("allreduce", 256, 2, 30.0, "L1")):
+            r = c.post("/api/v1/jobs/ddp/calls", headers=_auth(ACME), json={
+                "pattern": pattern, "size_bytes": size, "ranks": [0, 1, 64, 65],
+                "bucket": bucket, **({"sla_us": sla} if sla else {})})
+            assert r.status_code == 200, r.text
+            assert r.json()["sla_level"] == level, (pattern, bucket, r.text[:300])
+    calls = {(c.pattern, c.size_bytes): (c.sla_us, c.priority)
+             for c in svc.intents["ddp"].calls}
+    assert calls == {("allreduce", 4096): (60.0, 5), ("allreduce", 512): (60.0, 5),
+                     ("allgather", 512): (1000.0, 0), ("allreduce", 256): (30.0, 5)}
+    svc.store.close()
+    # restarted, the service knows which call is which bucket (priority included): the
+    # same bucket announced again changes nothing
+    app, _ = _service(tmp_path)
+    with TestClient(app) as c:
+        r = c.post("/api/v1/jobs/ddp/calls", headers=_auth(ACME), json={
+            "pattern": "allreduce", "size_bytes": 512, "ranks": [0, 1, 64, 65], "bucket": 1})
+        assert r.status_code == 200 and r.json()["changed_intent"] is False, r.text[:300]
+
+
 def test_a_process_groups_announcement_replaces_the_guess_over_the_whole_job(
         tmp_path: Path) -> None:
     """DDP over two process groups (data parallelism across two hosts, one group per rail:

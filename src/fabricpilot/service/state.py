@@ -590,7 +590,8 @@ class FabricService:
         pairs = tuple(pattern_transfers(rec["pattern"], tuple(rec["ranks"]),
                                         self.controller.host_of, rec.get("algorithm", "")))
         call = CommCall(rec["pattern"], rec["size_bytes"], rec["sla_us"],
-                        rec.get("period_ns", 0), 0, pairs, rec.get("algorithm", ""))
+                        rec.get("period_ns", 0), rec.get("priority", 0), pairs,
+                        rec.get("algorithm", ""))
         return (rec["pattern"], pairs, rec["bucket"]), call
 
     def _restore(self, running: list[str]) -> dict[str, int]:
@@ -869,17 +870,13 @@ class FabricService:
             if outside:
                 raise ServiceError(422, f"ranks: GPU {outside[0]} is not one of the GPUs "
                                    f"of job {task_id!r}")
-            sla = body.sla_us or DEFAULT_ANNOUNCE_SLA_US
             pairs = tuple(pattern_transfers(body.pattern, tuple(body.ranks),
                                             self.controller.host_of, body.algorithm))
-            call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns, 0, pairs,
-                            body.algorithm)
             # one call per (pattern, ranks, bucket): a bucket announced again replaces its
             # previous size; other buckets over the same ranks are calls of their own
             slot = (body.pattern, pairs, body.bucket)
             announced = self._announced.setdefault(task_id, {})
             previous = announced.get(slot)
-            same = previous == call and call in intent.calls
             replaced = previous if previous is not None and previous in intent.calls else None
             if replaced is None:
                 # a call declared without pairs over the whole job, of this pattern, not
@@ -888,9 +885,18 @@ class FabricService:
                 # job or a group of its GPUs (DDP over a process group announces its
                 # groups' calls, never one over the whole job)
                 taken = set(announced.values())
-                replaced = next((c for c in intent.calls if c.pattern == call.pattern
-                                 and not c.pairs and c.algorithm == call.algorithm
+                replaced = next((c for c in intent.calls if c.pattern == body.pattern
+                                 and not c.pairs and c.algorithm == body.algorithm
                                  and c not in taken), None)
+            # an announce that gives no SLA keeps the job's word for the call: the SLA and
+            # priority of the call it replaces, else of the job's calls of its pattern (the
+            # buckets announced before it, which kept them), else the default, priority 0
+            like = replaced or next((c for c in intent.calls if c.pattern == body.pattern),
+                                    None)
+            sla = body.sla_us or (like.sla_us if like is not None else DEFAULT_ANNOUNCE_SLA_US)
+            call = CommCall(body.pattern, body.size_bytes, sla, body.period_ns,
+                            like.priority if like is not None else 0, pairs, body.algorithm)
+            same = previous == call and call in intent.calls
             if (not same and replaced is None
                     and len(intent.calls) >= MAX_CALLS_PER_JOB):
                 raise ServiceError(409, f"job {task_id!r} has {len(intent.calls)} calls, the "
@@ -910,7 +916,7 @@ class FabricService:
             self.store.add_call(time.time(), task_id,
                                 {"pattern": body.pattern, "size_bytes": body.size_bytes,
                                  "ranks": body.ranks, "sla_us": sla, "bucket": body.bucket,
-                                 "period_ns": body.period_ns,
+                                 "period_ns": body.period_ns, "priority": call.priority,
                                  **({"algorithm": body.algorithm} if body.algorithm else {})})
         planned = self.wait_planned(epoch)
         keys = list(dict.fromkeys(rule_key(task_id, a, b) for a, b in pairs))

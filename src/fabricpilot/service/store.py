@@ -77,6 +77,9 @@ CREATE TABLE IF NOT EXISTS counters (
 EVENTS_KEPT = 10_000
 """Events kept in the store (older ones are dropped as new ones come)."""
 
+CALLS_KEPT = 10_000
+"""Announced calls kept per job (its newest: the most ``GET .../calls`` returns)."""
+
 FAULTS_KEPT = 100_000
 """Fault reports kept in the store, besides the last of each link (older ones are dropped
 as new ones come: a twin replaying its scenario's faults in a loop adds some every run)."""
@@ -93,10 +96,12 @@ class Store:
     that no request waits for a flush."""
 
     def __init__(self, path: str | Path, *, checkpoint_interval_s: float = 1.0,
-                 events_kept: int = EVENTS_KEPT, faults_kept: int = FAULTS_KEPT) -> None:
+                 events_kept: int = EVENTS_KEPT, faults_kept: int = FAULTS_KEPT,
+                 calls_kept: int = CALLS_KEPT) -> None:
         self.path = str(path)
         self.events_kept = events_kept
         self.faults_kept = faults_kept
+        self.calls_kept = calls_kept
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._stop = threading.Event()
@@ -289,8 +294,22 @@ class Store:
 
     # ------------------------------------------------------------------ calls
     def add_call(self, at_s: float, task_id: str, call: dict[str, Any]) -> None:
-        self._write("INSERT INTO calls (at_s, task_id, call) VALUES (?, ?, ?)",
-                    (at_s, task_id, json.dumps(call)))
+        """Log an announced call of ``task_id``; a job keeps its newest ``calls_kept``
+        (a tenant announcing without end fills no disk).
+
+        >>> s = Store(":memory:", calls_kept=2)
+        >>> for n in range(5): s.add_call(float(n), "a" if n < 4 else "b", {"n": n})
+        >>> [c["n"] for c in s.calls("a")], [c["n"] for c in s.calls("b")]
+        ([2, 3], [4])
+        """
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT INTO calls (at_s, task_id, call) VALUES (?, ?, ?)",
+                             (at_s, task_id, json.dumps(call)))
+            self._db.execute("DELETE FROM calls WHERE task_id = ? AND id <= (SELECT id FROM "
+                             "calls WHERE task_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                             (task_id, task_id, self.calls_kept))
+            self._db.execute("COMMIT")
 
     def keep_calls(self, task_id: str, keep: Callable[[Any], bool]) -> int:
         """Delete the announced calls of a job that ``keep`` (given each stored call)

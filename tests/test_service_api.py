@@ -457,19 +457,23 @@ def test_fault_heals_and_partitions(client: httpx.Client) -> None:
         assert _metric(metrics, f'fabricpilot_planner_seconds_count{{kind="{kind}"}}') == 1
     after = _planned_paths(c, "acme-f", ACME)
     assert all(dead not in p for paths in after.values() for p in paths)
-    # the fault log: a tenant reads what failed and when, not the operator's notes
+    # the fault log: a tenant reads what failed and when, not the operator's notes nor
+    # name (it once read "source": "ops")
     (mine,) = c.get("/api/v1/faults", headers=_auth(ACME)).json()
     (ops,) = c.get("/api/v1/faults", headers=_auth(OPS)).json()
     assert mine["link_id"] == ops["link_id"] == dead and ops["detail"] == "LOS"
-    assert mine == {**ops, "detail": None}
-    # nor in the events: the operator's note is the event's "detail", which a tenant
-    # reads as None (it once read it in the event's text)
+    assert ops["source"] == "ops"
+    assert mine == {**ops, "detail": None, "source": "operator"}
+    # nor in the events: the operator's note is the event's "detail" and its name "by",
+    # which a tenant reads as None (it once read both in the event's text)
     (ops_ev,) = [e for e in c.get("/api/v1/events", headers=_auth(OPS)).json()
                  if e["kind"] == "fault-down"]
     (my_ev,) = [e for e in c.get("/api/v1/events", headers=_auth(ACME)).json()
                 if e["kind"] == "fault-down"]
     assert ops_ev["detail"] == "LOS" and my_ev["detail"] is None
+    assert ops_ev["by"] == "ops" and my_ev["by"] is None
     assert "LOS" not in str(my_ev) and "LOS" not in ops_ev["why"]
+    assert "ops" not in str(my_ev).replace("operator", "")
     cong = {x["link_id"]: x for x in c.get("/api/v1/congestion", headers=_auth(OPS)).json()}
     assert cong[dead]["down"] and cong[dead]["weight"] == 0.0
     # gpu0's only NIC link down: its job is partitioned, and says so

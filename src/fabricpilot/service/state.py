@@ -1165,9 +1165,9 @@ class FabricService:
             # (the operator's note apart, in "detail": a tenant reads events without it)
             moved = moved_sets(before, self.dp.installed)
             self._event({"at_s": time.time(), "kind": f"fault-{f.kind}",
-                         "why": f"{li.src} -> {li.dst} (reported by {p.name})",
-                         "detail": f.detail, **event_moves(new.key for _, new in moved),
-                         "keys": []})
+                         "why": f"{li.src} -> {li.dst} (reported by an operator)",
+                         "by": p.name, "detail": f.detail,
+                         **event_moves(new.key for _, new in moved), "keys": []})
             self._note_reroutes(before, "heal", f"link {lk} {f.kind} (new paths sent after "
                                                 f"{rep.sent_s * 1e3:.2f} ms)", moved)
             return {"id": fid, "kind": f.kind, "link_id": lk, "affected_path_sets": rep.affected,
@@ -1177,15 +1177,20 @@ class FabricService:
 
     def faults(self, p: Principal, limit: int) -> list[dict[str, Any]]:
         """The fault log, oldest first: what went down, up or gray, when, and who reported
-        it; a tenant reads it without the operators' notes (``detail``: ``None``)."""
+        it; a tenant reads it without the operators' notes (``detail``: ``None``) and
+        names (an operator's report says ``operator``, the switches' ``telemetry``)."""
         rows = self.store.faults(limit)
-        return rows if p.is_operator else [{**r, "detail": None} for r in rows]
+        if p.is_operator:
+            return rows
+        return [{**r, "detail": None,
+                 "source": r["source"] if r["source"] == "telemetry" else "operator"}
+                for r in rows]
 
     def events_list(self, p: Principal) -> list[dict[str, Any]]:
         """Recent reroutes, heals and faults, oldest first (a copy). A tenant sees the
         fabric's events but, of the path sets an event moved, those of its own jobs only
         (``keys``, ``by_task`` and the count ``path_sets``), and no operator's note on a
-        fault (``detail``: ``None``)."""
+        fault or name (``detail``, ``by``: ``None``)."""
         events = list(self.events)
         if p.is_operator:
             return events
@@ -1198,8 +1203,8 @@ class FabricService:
             if "by_task" in e:
                 own = {t: n for t, n in e["by_task"].items() if t in mine}
                 e = {**e, "by_task": own, "path_sets": sum(own.values())}
-            if e.get("detail") is not None:
-                e = {**e, "detail": None}
+            if e.get("detail") is not None or e.get("by") is not None:
+                e = {**e, "detail": None, **({"by": None} if "by" in e else {})}
             out.append(e)
         return out
 

@@ -297,3 +297,31 @@ def test_a_drill_asked_for_between_two_runs_waits_for_the_next() -> None:
         runner.stop()
     with pytest.raises(ValueError, match="between two runs of its scenario"):
         runner.inject(drill)
+
+
+def test_a_twin_of_the_fluid_model_runs_and_refuses_drills(tmp_path: Path) -> None:
+    """A scenario of the fluid model (queues, ECN, PFC) serves with its twin: the twin's
+    runs play no faults (the fluid model has none), where they once played an empty fault
+    timeline that the fluid model refused, so the twin died before its first run. Its
+    jobs train and their telemetry reaches the congestion map; a fault drill is a 422
+    saying why."""
+    data = yaml.safe_load(default_scenario_path().read_text())
+    data.setdefault("fabric", {})["model"] = "fluid"
+    path = tmp_path / "fluid.yaml"
+    path.write_text(yaml.safe_dump(data))
+    tokens = TokenRegistry()
+    tokens.add(OPS, Principal("ops", "operator"))
+    app, svc, _, _ = build(load_scenario(path), str(path), tmp_path / "state", tokens=tokens,
+                           twin=True, time_scale=1e-3, tick_interval_s=0.05)
+    with served(app) as url, httpx.Client(base_url=url, timeout=20,
+                                          headers={"Authorization": f"Bearer {OPS}"}) as c:
+        wait_until(lambda: c.get("/health").json()["twin"]["fabric_time_ms"] > 0.5,
+                   timeout_s=60)
+        assert c.get("/health").json()["twin"]["error"] is None
+        wait_until(lambda: max(svc.controller.map.utilization().values()) > 0, timeout_s=60)
+        r = c.post("/api/v1/twin/faults", json={"events": [
+            {"kind": "link_down", "link": "leaf2-spine3", "at_ns": 0}]})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == (
+            "fault drill: the twin runs the fluid model, which plays no faults (they are "
+            "modelled by the flow-level model: fabric.model: flow)")

@@ -338,6 +338,12 @@ class TwinRunner:
         return self._t0_sim
 
     @property
+    def plays_faults(self) -> bool:
+        """Whether the twin's runs play faults (the scenario's and drills): the flow-level
+        model's do, the fluid model's do not."""
+        return self.prep.rate_model == "flow"
+
+    @property
     def behind_ms(self) -> float:
         """How far (fabric milliseconds) the twin is behind its schedule in the current run:
         0 while it keeps pace with ``time_scale``, growing when the machine cannot give it
@@ -355,8 +361,12 @@ class TwinRunner:
         then, one not started yet starts when due, and an open-ended one lasts to the end
         of the run it started in. Returns each fault's id (in the run) and label. Between
         two runs it waits up to :data:`DRILL_WAIT_S` for the next one to start.
-        ``ValueError``, one line naming the event's field, for a bad event, and when no run
-        is going by then."""
+        ``ValueError``, one line naming the event's field, for a bad event, when no run
+        is going by then, and in a twin of the fluid model (which plays no faults)."""
+        if not self.plays_faults:
+            raise ValueError("fault drill: the twin runs the fluid model, which plays no "
+                             "faults (they are modelled by the flow-level model: "
+                             "fabric.model: flow)")
         try:
             spec = fault_events(events, "fault drill")
             drill = resolve_faults(spec, self.prep.topology, self.prep.seed,
@@ -428,9 +438,11 @@ class TwinRunner:
 
     def _loop(self) -> None:
         prep = self.prep
-        # (a run plays faults even if the scenario has none: a drill may add some)
-        faults = fault_setup(prep)[0] or FaultTimeline([], [], prep.faults.params
-                                                       if prep.faults else FaultParams())
+        # (a run of the flow-level model plays faults even if the scenario has none: a
+        # drill may add some; the fluid model plays none)
+        faults = (fault_setup(prep)[0] or FaultTimeline([], [], prep.faults.params
+                                                        if prep.faults else FaultParams())
+                  ) if self.plays_faults else None
         try:
             while not self._stop.is_set():
                 with self.lock:
@@ -439,8 +451,9 @@ class TwinRunner:
                     self.twin.new_run()
                     # (what is left of the drills plays too, numbered after the scenario's)
                     carried = self._carried()
-                    run_faults = faults if carried is None else faults.merged(resolve_faults(
-                        carried, prep.topology, prep.seed, source="fault drill"))
+                    run_faults = faults if carried is None or faults is None else \
+                        faults.merged(resolve_faults(carried, prep.topology, prep.seed,
+                                                     source="fault drill"))
                     self._engine = Engine(prep.topology, self.twin, prep.jobs,
                                           fabric=prep.fabric, mice=prep.mice, rate_model=model,
                                           batch_rel_eps=prep.completion_tolerance,

@@ -460,7 +460,8 @@ def _check_outputs(json_path: Path | None, out_dir: Path | None, json_flag: str 
             _fail(f"{flag}: {path}: {at} is not writable ({err.strerror or err})")
 
 
-_MAX_BODY_BYTES = 1 << 30
+_MAX_BODY_BYTES = 1 << 30  # serve --max-body at most (a limit in petabytes is none)
+_TIME_SCALE = 1e-3  # the twin's fabric seconds per wall second unless given
 
 
 @app.command()
@@ -527,7 +528,7 @@ def serve(
                   + ("--no-twin" if not twin else "--dataplane") + " leaves out (a twin of "
                   "its own process takes the option: fabricpilot twin --time-scale)")
     else:
-        time_scale = 1e-3
+        time_scale = _TIME_SCALE
     if dataplane_token_file is not None and dataplane is None:
         _fail("--dataplane-token-file: the token of a --dataplane, which is not given")
     _number(tick_interval, "--tick-interval", low=0, high=86_400)
@@ -543,7 +544,7 @@ def serve(
     max_body_bytes = _size(max_body, "--max-body")
     if max_body_bytes < 1:
         _fail(f"--max-body: must be at least 1 byte, got {max_body!r}")
-    if max_body_bytes > _MAX_BODY_BYTES:  # (a limit in petabytes is none: each body is read)
+    if max_body_bytes > _MAX_BODY_BYTES:
         _fail(f"--max-body: at most 1GiB, got {max_body!r}")
     listener = _listen(host, port)  # (before the state is read: a port in use fails first)
     # the control process dying under us: stop serving (a supervisor restarts serve, which
@@ -636,7 +637,7 @@ def twin(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8766,
     time_scale: Annotated[float, typer.Option(
-        help="Fabric seconds per wall second (1e-3: 1 ms per second).")] = 1e-3,
+        help="Fabric seconds per wall second (1e-3: 1 ms per second).")] = _TIME_SCALE,
     token_file: Annotated[Path | None, typer.Option(
         help="File holding the bearer token a controller must present.")] = None,
 ) -> None:

@@ -147,27 +147,18 @@ def written_whole(path: str | Path, mode: str = "w", **open_kw: Any) -> Iterator
     'new'
     """
     target = Path(os.path.realpath(path))
-    try:
-        special = not stat.S_ISREG(os.stat(target).st_mode)
-    except FileNotFoundError:
-        special = False
-    except OSError as err:
-        err.filename = str(path)
-        raise
-    if special:
+    with _said_of(path):
         try:
-            with open(target, mode, **open_kw) as fh:
-                yield fh
-        except OSError as err:
-            err.filename = str(path)
-            raise
+            special = not stat.S_ISREG(os.stat(target).st_mode)
+        except FileNotFoundError:
+            special = False
+    if special:
+        with _said_of(path), open(target, mode, **open_kw) as fh:
+            yield fh
         return
-    try:
+    with _said_of(path):  # (a folder missing or read-only: said of the file)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
                                    dir=target.parent)
-    except OSError as err:  # (a folder missing or read-only: said of the file)
-        err.filename = str(path)
-        raise
     try:
         with os.fdopen(fd, mode, **open_kw) as fh:
             yield fh
@@ -178,4 +169,15 @@ def written_whole(path: str | Path, mode: str = "w", **open_kw: Any) -> Iterator
             os.unlink(tmp)
         if isinstance(err, OSError) and (err.filename is None or err.filename == tmp):
             err.filename = str(path)
+        raise
+
+
+@contextlib.contextmanager
+def _said_of(path: str | Path) -> Iterator[None]:
+    """An ``OSError`` raised in the block names ``path`` (the path a user gave, not the
+    file it resolves to)."""
+    try:
+        yield
+    except OSError as err:
+        err.filename = str(path)
         raise

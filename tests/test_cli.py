@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -897,11 +898,10 @@ def test_fractions_above_ideal_are_named() -> None:
     assert above_reference([ecmp], None) == []  # type: ignore[list-item]
 
 
-def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A policy that raises on a defect (not bad input) is reported in one line naming its
-    traceback's file, exit 2; the other policies' tables, JSON and report are still
-    written (a crash of one policy once lost every policy's results)."""
+def _ecmp_and_a_failing_adaptive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 error: Exception) -> tuple[Any, Path, Path]:
+    """``run -p ecmp -p adaptive --json --out`` in process, adaptive's run raising
+    ``error``: the result, the --out folder and the JSON file."""
     from typer.testing import CliRunner
 
     from fabricpilot import runner
@@ -909,16 +909,26 @@ def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
 
     real = runner.run_policy
 
-    def flaky(prep, name, **kw):  # type: ignore[no-untyped-def]
+    def failing(prep, name, **kw):  # type: ignore[no-untyped-def]
         if name == "adaptive":
-            raise ValueError("3 is not in list")
+            raise error
         return real(prep, name, **kw)
 
-    monkeypatch.setattr(runner, "run_policy", flaky)
+    monkeypatch.setattr(runner, "run_policy", failing)
     path = write(tmp_path, small_scenario(tmp_path))
     out, js = tmp_path / "o", tmp_path / "s.json"
     res = CliRunner().invoke(app, ["run", str(path), "-p", "ecmp", "-p", "adaptive",
                                    "--json", str(js), "--out", str(out)])
+    return res, out, js
+
+
+def test_a_policy_that_fails_on_a_defect_loses_no_other_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that raises on a defect (not bad input) is reported in one line naming its
+    traceback's file, exit 2; the other policies' tables, JSON and report are still
+    written (a crash of one policy once lost every policy's results)."""
+    res, out, js = _ecmp_and_a_failing_adaptive(tmp_path, monkeypatch,
+                                                ValueError("3 is not in list"))
     assert res.exit_code == 2, res.output
     trace = out / "adaptive" / "traceback.txt"
     assert (f"error: policy adaptive failed: ValueError: 3 is not in list (traceback in "
@@ -940,17 +950,8 @@ def test_a_policy_whose_run_cannot_go_on_loses_no_other_result(
     from fabricpilot.errors import SimulationError
 
     real = runner.run_policy
-
-    def stuck(prep, name, **kw):  # type: ignore[no-untyped-def]
-        if name == "adaptive":
-            raise SimulationError("flows are active but none can make progress")
-        return real(prep, name, **kw)
-
-    monkeypatch.setattr(runner, "run_policy", stuck)
-    path = write(tmp_path, small_scenario(tmp_path))
-    out, js = tmp_path / "o", tmp_path / "s.json"
-    res = CliRunner().invoke(app, ["run", str(path), "-p", "ecmp", "-p", "adaptive",
-                                   "--json", str(js), "--out", str(out)])
+    res, out, js = _ecmp_and_a_failing_adaptive(
+        tmp_path, monkeypatch, SimulationError("flows are active but none can make progress"))
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines()[-1] == (
         "error: policy adaptive: flows are active but none can make progress")
@@ -967,6 +968,7 @@ def test_a_policy_whose_run_cannot_go_on_loses_no_other_result(
     monkeypatch.setattr(runner, "run_policy", real)
     monkeypatch.setattr(runner, "interference", stuck_alone)
     js.unlink()
+    path = tmp_path / "s.yaml"  # (the helper's scenario)
     res = CliRunner().invoke(app, ["run", str(path), "-p", "ecmp", "-p", "adaptive",
                                    "--interference", "--json", str(js)])
     assert res.exit_code == 2, res.output

@@ -23,6 +23,19 @@ OPS = "operator-token-0123456789"
 TENANT = "tenant-token-0123456789abc"
 
 
+def _twin_service(tmp_path: Path, data: dict[str, Any]) -> tuple[Any, Any]:
+    """The service (its app and state) of scenario ``data``, written under ``tmp_path``,
+    with its twin at 1 ms of fabric time per second, 50 ms control periods and the
+    operator token ``OPS``."""
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data))
+    tokens = TokenRegistry()
+    tokens.add(OPS, Principal("ops", "operator"))
+    app, svc, _, _ = build(load_scenario(path), str(path), tmp_path / "state", tokens=tokens,
+                           twin=True, time_scale=1e-3, tick_interval_s=0.05)
+    return app, svc
+
+
 def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) -> None:
     data = yaml.safe_load(default_scenario_path().read_text())
     data["faults"] = {"events": [
@@ -30,12 +43,7 @@ def test_the_twin_plays_faults_and_the_controller_learns_them(tmp_path: Path) ->
         {"kind": "gray", "link": "leaf1-spine1", "at_ns": "200us", "until_ns": "5ms",
          "ber": 2e-5, "drop_probability": 1e-4}]}
     data.setdefault("controller", {})["gray_clear_ns"] = "2ms"
-    path = tmp_path / "faults.yaml"
-    path.write_text(yaml.safe_dump(data))
-    tokens = TokenRegistry()
-    tokens.add(OPS, Principal("ops", "operator"))
-    app, svc, _, _ = build(load_scenario(path), str(path), tmp_path / "state", tokens=tokens,
-                           twin=True, time_scale=1e-3, tick_interval_s=0.05)
+    app, svc = _twin_service(tmp_path, data)
     view = svc.view
     dead = {view.link_between("leaf0", "spine0"), view.link_between("spine0", "leaf0")}
     gray = {view.link_between("leaf1", "spine1"), view.link_between("spine1", "leaf1")}
@@ -307,12 +315,7 @@ def test_a_twin_of_the_fluid_model_runs_and_refuses_drills(tmp_path: Path) -> No
     saying why."""
     data = yaml.safe_load(default_scenario_path().read_text())
     data.setdefault("fabric", {})["model"] = "fluid"
-    path = tmp_path / "fluid.yaml"
-    path.write_text(yaml.safe_dump(data))
-    tokens = TokenRegistry()
-    tokens.add(OPS, Principal("ops", "operator"))
-    app, svc, _, _ = build(load_scenario(path), str(path), tmp_path / "state", tokens=tokens,
-                           twin=True, time_scale=1e-3, tick_interval_s=0.05)
+    app, svc = _twin_service(tmp_path, data)
     with served(app) as url, httpx.Client(base_url=url, timeout=20,
                                           headers={"Authorization": f"Bearer {OPS}"}) as c:
         wait_until(lambda: c.get("/health").json()["twin"]["fabric_time_ms"] > 0.5,

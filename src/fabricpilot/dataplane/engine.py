@@ -216,9 +216,6 @@ class Engine(FaultsMixin):
         self._ethernet_col[self._col[topology.link_kind != LINK_KIND_CODES[LinkKind.NVLINK]]] \
             = True
         self._route_cache: dict[tuple[int, int, int], RoutedBatch] = {}
-        bind = getattr(policy, "bind", None)
-        if bind is not None:
-            bind(self._telemetry)
         # policies that move flows mid-life (flow-level model): the engine keeps member paths
         # (a path-following model must be able to say when a stream's old path has drained)
         self._rebalancing = (
@@ -234,6 +231,10 @@ class Engine(FaultsMixin):
                                       "fabric.model: flow")
             self._track = True  # a fault needs every stream's path
         self._flows_done_hook = getattr(policy, "flows_done", None)
+        # (last: an engine refused above leaves no policy reading its telemetry)
+        bind = getattr(policy, "bind", None)
+        if bind is not None:
+            bind(self._telemetry)
 
     # ----------------------------------------------------------------- public
     def run(self) -> EngineOutput:

@@ -1793,45 +1793,49 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
     n = len(com.demands)
     if not n:
         return True
-    srt = np.sort(choice, axis=1)
-    one_path = srt[:, 0] == srt[:, -1]
+    # (a row of one candidate needs no sorting: only the others are sorted, below)
+    one_path = (choice[:, 1:] == choice[:, :1]).all(axis=1)
     whole = acc[split]
-    # the common case, all at once: one path, with one head and one tail link
-    out: list[list[tuple[tuple[int, ...], float]] | None] = [None] * n
+    # the common case, all at once: one path, with one head and one tail link; each
+    # demand's paths are ``[(path, whole)]``, listed per path length, then the others'
     fast = np.flatnonzero(one_path & (com.head1 >= 0) & (com.tail1 >= 0))
-    for idx, full in _single_paths(com, fast, srt[fast, 0]):
-        for i, p in zip(idx.tolist(), map(tuple, full.tolist()), strict=True):
-            out[i] = [(p, whole)]
+    made: list[list[tuple[tuple[int, ...], float]]] = []
+    order: list[NDArray[np.int64]] = []
+    for idx, full in _single_paths(com, fast, choice[fast, 0]):
+        order.append(idx)
+        made.extend(map(list, zip(zip(map(tuple, full.tolist()), itertools.repeat(whole)))))
     # the others one by one (their rows only: a plan's choice has n * split entries)
     rest = np.ones(n, np.bool_)
     rest[fast] = False
     rest_idx = np.flatnonzero(rest)
-    srt = srt[rest_idx]
+    order.append(rest_idx)
+    srt = np.sort(choice[rest_idx], axis=1)
     single = one_path[rest_idx].tolist()
     ordered = com.ordered[rest_idx]
     distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & ordered).tolist()
     rows, ordered_l, todo = srt.tolist(), ordered.tolist(), rest_idx.tolist()
     demands = com.demands
+    add = made.append
     for lo in range(0, len(todo), _FILL_CHUNK):
         if stop[0]:
             return False
         for j in range(lo, min(lo + _FILL_CHUNK, len(todo))):
-            i, one = todo[j], single[j]
-            dem = demands[i]
+            one = single[j]
+            dem = demands[todo[j]]
             cands, head, tail, row = dem.candidates, dem.head, dem.tail, rows[j]
             dist = distinct[j]
             if head or tail:  # full paths: head + candidate + tail
                 if one:
-                    out[i] = [(head + cands[row[0]] + tail, whole)]
+                    add([(head + cands[row[0]] + tail, whole)])
                     continue
                 if dist:
-                    out[i] = [(head + cands[c] + tail, inc) for c in row]
+                    add([(head + cands[c] + tail, inc) for c in row])
                     continue
                 cands = {c: head + cands[c] + tail for c in row}  # type: ignore[assignment]
             if one:
-                out[i] = [(cands[row[0]], whole)]
+                add([(cands[row[0]], whole)])
             elif dist:  # candidates in increasing order, parts on different ones
-                out[i] = [(cands[c], inc) for c in row]
+                add([(cands[c], inc) for c in row])
             elif ordered_l[j]:  # runs of the sorted row, in increasing path order
                 runs = []
                 prev, m = row[0], 1
@@ -1842,15 +1846,21 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                         runs.append((cands[prev], acc[m]))
                         prev, m = c, 1
                 runs.append((cands[prev], acc[m]))
-                out[i] = runs
+                add(runs)
             else:
                 shares: dict[tuple[int, ...], float] = {}
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
-                out[i] = sorted(shares.items())
+                add(sorted(shares.items()))
     if stop[0]:
         return False
-    paths.update(zip(com.keys, out, strict=True))  # type: ignore[arg-type]
+    # (back in the demands' order, unless they were made in it, as on a plan of one kind)
+    at = np.concatenate(order)
+    if not (at == np.arange(n)).all():
+        inv = np.empty(n, np.int64)
+        inv[at] = np.arange(n, dtype=np.int64)
+        made = list(map(made.__getitem__, inv.tolist()))
+    paths.update(zip(com.keys, made, strict=True))
     return True
 
 

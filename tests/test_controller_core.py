@@ -7,6 +7,7 @@ import itertools
 import math
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -1001,7 +1002,8 @@ def test_l3_demands_are_capped_while_an_l1_or_l2_job_shares_the_fabric() -> None
 
 def test_an_l1_job_no_path_serves_caps_no_one() -> None:
     """gpu1 (leaf0) and gpu3 (leaf1): every path between them crosses a spine, so an L1
-    job on them is told its SLA is unmet and is not planned; it holds no L3 job, whose
+    job on them is told its SLA is unmet and gets no path (its demands only keep room for
+    its traffic, at its NIC's rate: no cap); it holds no L3 job, whose
     pairs stay at their NIC's 400 Gb/s, uncapped. An L1 job within leaf0 is planned and
     does hold them (0.8 x 400 = 320). Declared by itself (plan_jobs), an L1 / L2 job
     may change every job's cap: that is left to a whole plan."""
@@ -1014,7 +1016,8 @@ def test_an_l1_job_no_path_serves_caps_no_one() -> None:
     ctl.plan()
     assert set(ctl.sla_unmet) == {"far"}
     assert {d.key: d.rate_gbps for d in ctl.demands()} == {
-        rule_key("bulk", 0, 2): 400.0, rule_key("bulk", 2, 0): 400.0}
+        rule_key("bulk", 0, 2): 400.0, rule_key("bulk", 2, 0): 400.0,
+        rule_key("far", 1, 3): 400.0, rule_key("far", 3, 1): 400.0}
     assert {r.key: r.rate_cap_gbps for r in ctl._installed.values()} == {
         rule_key("bulk", 0, 2): math.inf, rule_key("bulk", 2, 0): math.inf}
     ctl.declare(Intent("near", "t", (0, 1), (CommCall("allreduce", 1 << 16, 40.0, 0),)))
@@ -1190,6 +1193,55 @@ def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
     assert keys == {"near"}
     for r in dp.installed:  # L1: gpu -> leaf -> gpu only
         assert all(len(p) == 2 for p in r.paths)
+
+
+def test_a_job_whose_sla_is_unmet_gets_no_path_but_keeps_room_in_the_plan() -> None:
+    """``far`` (an L1 ring gpu0 <-> gpu2, across the leaves) is told no path meets its SLA
+    and gets none; its flows still cross the fabric (the switches route them), 400 Gb/s
+    each way. The plan keeps room for each whole (a flow takes one path): one spine each
+    way, and ``bulk`` (an L3 ring gpu1 <-> gpu3 in four parts, 400 Gb/s each way too) is
+    planned on the other, all four parts: every leaf-spine link in use carries 400 of 400
+    (lambda 1.0). Kept no room, ``bulk``'s parts would spread over both spines (0.5) and
+    every spine would meet ``far``'s flows."""
+    dp = TelemetryPlane()
+    ctl = Controller(dp, ControllerParams(parts=4))
+    ctl.declare(Intent("far", "t", (0, 2), (CommCall("allreduce", 1 << 20, 30.0, 0),)))
+    ctl.declare(Intent("bulk", "t", (1, 3), (CommCall("allreduce", 1 << 20, 500.0, 0),)))
+    report = ctl.plan()
+    assert set(ctl.sla_unmet) == {"far"}
+    far = {rule_key("far", 0, 2), rule_key("far", 2, 0)}
+    assert ctl.reserved_keys == far
+    assert {r.key for r in dp.installed} == {rule_key("bulk", 1, 3), rule_key("bulk", 3, 1)}
+    v = dp.view
+
+    def spines(paths: Iterable[tuple[int, ...]]) -> set[str]:
+        return {v.link(lk).dst for p in paths for lk in p if v.link(lk).dst.startswith("spine")}
+
+    for a, b in ((0, 2), (2, 0)):
+        shares = ctl.current.paths[rule_key("far", a, b)]
+        assert [w for _, w in shares] == [1.0]
+        (kept,) = spines(p for p, _ in shares)
+        bulk = ctl._installed[rule_key("bulk", a + 1, b + 1)]
+        assert spines(bulk.paths) == {"spine0", "spine1"} - {kept}
+    assert report.plan.max_utilization == pytest.approx(1.0)
+    assert ctl.current.link_load_gbps[v.link_between("leaf0", "spine0")] == pytest.approx(400)
+    assert ctl.current.link_load_gbps[v.link_between("leaf0", "spine1")] == pytest.approx(400)
+    # ``bulk`` planned again by itself is planned around the room kept, as before
+    assert ctl.plan_jobs({"bulk"}) is not None
+    assert not spines(ctl._installed[rule_key("bulk", 1, 3)].paths) & spines(
+        p for p, _ in ctl.current.paths[rule_key("far", 0, 2)])
+    assert ctl.reserved_keys == far and not far & set(ctl._installed)
+    # both uplinks measured at 90 % (360 Gb/s), each by its own job's flows: on the one
+    # kept for ``far``, its own load (400 kept) is not congestion, weight 1; on ``bulk``'s,
+    # 1 / (1 + 4 * (0.9 - 0.5)), as the map weighs any link
+    up = {rule_key("far", 0, 2): -1, rule_key("bulk", 1, 3): -1}
+    for key in up:
+        (up[key],) = [lk for p, _ in ctl.current.paths[key] for lk in p
+                      if v.link(lk).src == "leaf0"]
+    dp.deltas = [_util(lk, 0.9) for lk in up.values()]
+    ctl.tick()
+    assert dp.tables[-1][up[rule_key("far", 0, 2)]] == 1.0
+    assert dp.tables[-1][up[rule_key("bulk", 1, 3)]] == pytest.approx(1 / 2.6)
 
 
 def test_an_sla_shorter_than_every_paths_delay_is_told_as_the_ranking_tells_it() -> None:
@@ -2499,8 +2551,10 @@ def test_a_job_refused_on_a_strict_call_is_told_alike_however_its_pairs_are_made
     1 -> 2 -> 0 -> 3 -> 1 crosses the spine), an L2 AllReduce on pair 0 -> 3 (also across)
     and an L3 AlltoAll. No L1 or L2 path exists, so the job is refused; its AlltoAll's pairs
     that the stricter calls use keep their scope, so the AlltoAll is not made all at once
-    as an L3 call: the job is refused for the same reason, keeps no endpoints and is not
-    counted among the rate-capped L3 jobs, whichever way its pairs are made."""
+    as an L3 call: the job is refused for the same reason, keeps the same room in the plan
+    (each of its 12 pairs whole, at its largest demand: the AlltoAll's third of the NIC,
+    the AllReduce's whole NIC on 0 -> 3 and the AllGather ring's on its four hops) and is
+    not counted among the rate-capped L3 jobs, whichever way its pairs are made."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
     from fabricpilot.topology import compile_topology, leaf_spine
@@ -2515,14 +2569,20 @@ def test_a_job_refused_on_a_strict_call_is_told_alike_however_its_pairs_are_made
     for one_by_one in (False, True):
         if one_by_one:
             monkeypatch.setattr(Controller, "_call_demands",
-                                lambda self, task, pairs, *a: [None] * len(pairs))
+                                lambda self, task, pairs, *a: [None] * len(pairs[0]))
         ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
         ctl.declare(intent)
-        assert ctl.demands() == []
-        made = ctl._made["j"]
-        seen.append((made.demands, made.ends_array, dict(ctl.sla_unmet), ctl.capped_tasks))
+        kept = sorted((d.key, d.rate_gbps, d.full_candidates, d.whole, d.parts, d.priority)
+                      for d in ctl.demands())
+        seen.append((kept, dict(ctl.sla_unmet), ctl.capped_tasks, ctl.reserved_keys))
     assert seen[0] == seen[1]
-    assert seen[0][:2] == ({}, None) and seen[0][3] == frozenset() and "j" in seen[0][2]
+    kept, unmet, capped, reserved = seen[0]
+    assert "j" in unmet and capped == frozenset() and len(reserved) == 12
+    nic = 400.0
+    ring = {rule_key("j", a, b) for a, b in ((1, 2), (2, 0), (0, 3), (3, 1))}
+    assert {k: r for k, r, *_ in kept} == pytest.approx({
+        k: nic if k in ring else nic / 3 for k in reserved})
+    assert all(whole and parts == 1 for *_, whole, parts, _ in kept)
 
 
 def _fault_run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 40) -> int:

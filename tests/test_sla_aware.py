@@ -81,8 +81,11 @@ def test_the_cli_reports_unmet_slas(tmp_path) -> None:  # type: ignore[no-untype
 
 def test_the_sla_levels_example() -> None:
     # examples/sla_levels.yaml: the L1 ring at ideal; the L2 ring across two leaves told
-    # (every path between leaves crosses a spine) by both policies; the two L3 all-to-alls
-    # held to 80 % of their NICs while the L1 / L2 jobs run: 80 % of ideal's busbw
+    # (every path between leaves crosses a spine) by both policies, and near ideal all the
+    # same: a spine can carry it while the training jobs share the other three (its
+    # flows adapt under sla-aware; task-aware keeps that room for them in its plan); the
+    # two L3 all-to-alls held to 80 % of their NICs while the L1 / L2 jobs run: 80 % of
+    # ideal's busbw
     from pathlib import Path
 
     from fabricpilot.runner import prepare, run_policy
@@ -96,6 +99,7 @@ def test_the_sla_levels_example() -> None:
         ratio = {j.name: run.mean_busbw_GBps(j.name) / ideal.mean_busbw_GBps(j.name)
                  for j in prep.jobs}
         assert ratio["inference"] == pytest.approx(1.0, abs=0.002)
+        assert ratio["retrieval"] >= 0.95
         assert ratio["train-a"] == pytest.approx(0.8, abs=0.005)
         assert ratio["train-b"] == pytest.approx(0.8, abs=0.005)
         assert run.sla_unmet and all(line.startswith("retrieval: ") for line in run.sla_unmet)

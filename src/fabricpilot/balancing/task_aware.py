@@ -426,7 +426,7 @@ class TaskAware(Adaptive):
         }
 
     def report(self) -> list[str]:
-        """One line per declared job whose SLA no path can meet (it was not planned)."""
+        """One line per declared job whose SLA no path can meet (it was given no path)."""
         if self.controller is None:
             return []
         return [f"{job}: {why}" for job, why in sorted(self.controller.sla_unmet.items())]

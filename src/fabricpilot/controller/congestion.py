@@ -278,11 +278,24 @@ class CongestionMap:
                | (st[:, 4] >= self.hot_pause_fraction))
         return sorted(self._ids[hot].tolist())
 
-    def weight(self, link_id: int) -> float:
-        """Adaptive-routing weight of ``link_id`` (see :meth:`congestion_table`)."""
+    def weight(self, link_id: int, expected_gbps: float = 0.0) -> float:
+        """Adaptive-routing weight of ``link_id`` (see :meth:`congestion_table`); with
+        ``expected_gbps``, as if that much of its smoothed load were not there (load a plan
+        keeps room for: the weight must not steer that traffic away from its room).
+
+        >>> from fabricpilot.controller.southbound import FabricView, LinkInfo, PortDelta
+        >>> view = FabricView.from_links([LinkInfo(0, "a", "b", 400, 100)],
+        ...                              node_kind={"a": "switch", "b": "switch"}, tier={},
+        ...                              gpu_node={})
+        >>> cm = CongestionMap(view)
+        >>> cm.update([PortDelta(0, 1_000_000, tx_bytes=45_000_000)])  # (360 Gb/s: 0.9)
+        >>> round(cm.weight(0), 6), cm.weight(0, expected_gbps=300.0)  # 1 / (1 + 4 * 0.4)
+        (0.384615, 1.0)
+        """
         self._check_link(link_id)
         st = self._get(link_id)
-        penalty = (4.0 * max(st.utilization - 0.5, 0.0)
+        utilization = max(st.utilization - expected_gbps / self._capacity_gbps[link_id], 0.0)
+        penalty = (4.0 * max(utilization - 0.5, 0.0)
                    + st.queue_bytes / self.hot_queue_bytes
                    + 10.0 * st.pause_fraction)
         return 1.0 / (1.0 + penalty)

@@ -74,8 +74,8 @@ class _Made(NamedTuple):
 
     intent: Intent
     made_for: tuple[bool, frozenset[int], int]  # (L1/L2 declared, links avoided, parts)
-    demands: dict[str, Demand]
-    unmet: str | None  # why the job is not planned, if so: its SLA cannot be met
+    demands: dict[str, Demand]  # (of a job whose SLA is unmet: its reservations)
+    unmet: str | None  # why the job gets no path, if so: its SLA cannot be met
     cut: str | None  # ... or it is cut off
     only_l3: frozenset[str]  # its pairs held to l3_rate_cap though it has L1/L2 calls
     # its demands' fields as columns, in order (None: not made, or not expressible so)
@@ -886,6 +886,11 @@ class Controller:
         # and of the jobs with L3 and L1/L2 calls, the pairs only their L3 calls use
         self._capped_tasks: frozenset[str] = frozenset()
         self._capped_keys: dict[str, frozenset[str]] = {}
+        # per job whose SLA no path meets: the keys of the demands that keep room for its
+        # traffic in the plan (planned, never installed: see _reservations)
+        self._reserved: dict[str, frozenset[str]] = {}
+        # (their load per link, for the plan it was read from: see _room_gbps)
+        self._room: tuple[Plan, dict[str, frozenset[str]], dict[int, float]] | None = None
         self.replans = 0
         # set from another thread: a whole plan being computed gives way (see Interrupt);
         # checked only inside plans that may give way (``_yielding``)
@@ -1302,8 +1307,9 @@ class Controller:
 
         A pair's candidates are its fewest-hop paths within the scope of its call's SLA level
         (L1: one switch, L2: no spine; see :func:`~fabricpilot.controller.ranking.in_scope`);
-        a job with a pair that has none is not planned and is told why
-        (:attr:`sla_unmet`). While an L1/L2 job is planned (declared, its SLA met and its
+        a job with a pair that has none is told why (:attr:`sla_unmet`) and gets no path:
+        its demands only keep room for its traffic (:meth:`_reservations`). While an L1/L2
+        job is planned (declared, its SLA met and its
         GPUs reachable), L3 demands are planned at ``l3_rate_cap`` of their rate, leaving the
         rest of every link to the stricter jobs; an L1/L2 job no path serves holds no one.
         """
@@ -1317,13 +1323,15 @@ class Controller:
         # service's API, sees those of the last plan, not a half-made set)
         sla_unmet: dict[str, str]
         partitioned: dict[str, str]
+        reserved: dict[str, frozenset[str]]
         if only is None:
-            sla_unmet, partitioned = {}, {}
+            sla_unmet, partitioned, reserved = {}, {}, {}
             self._capped_keys = {}
         else:
             opted = [i for i in opted if i.task_id in only]
             self._capped_keys = dict(self._capped_keys)
             sla_unmet, partitioned = dict(self.sla_unmet), dict(self.partitioned)
+            reserved = {t: keys for t, keys in self._reserved.items() if t not in only}
             for task in only:
                 sla_unmet.pop(task, None)
                 partitioned.pop(task, None)
@@ -1358,9 +1366,11 @@ class Controller:
                     self._capped_keys[task] = only_l3
                 if unmet is not None:
                     sla_unmet[task] = unmet
+                    if cut is None:
+                        reserved[task] = frozenset(pending)
                 if cut is not None:
                     partitioned[task] = cut
-                if unmet is None and cut is None:
+                if cut is None:
                     out.update(pending)
                     col_parts.append(was.columns)
                     if was.ends_array is not None:
@@ -1527,6 +1537,10 @@ class Controller:
                     pending[key] = Demand(key, rate, tuple(cands), weight=heat, whole=whole,
                                           priority=pp, parts=qps)
             unmet, cut = sla_unmet.get(task), partitioned.get(task)
+            if unmet is not None and cut is None:  # (room kept for its traffic instead)
+                pending = self._reservations(intent, avoid)
+                cols_made = ends_rows = None
+                by_kind = (set(), set())
             only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
             if only_l3:
                 self._capped_keys[task] = only_l3
@@ -1534,15 +1548,16 @@ class Controller:
             # read from the keys, each of which names its pair)
             if ends_rows is not None and (len(ends_rows) != len(pending) or len(calls) != 1):
                 ends_rows = None
-            if unmet is None and cut is None and (cols_made is None
-                                                  or len(cols_made.keys) != len(pending)):
+            if cut is None and (cols_made is None or len(cols_made.keys) != len(pending)):
                 cols_made = DemandColumns.of(list(pending.values()))
                 ends_rows = None
             if cols_made is not None and ends_rows is None:
                 ends_rows = _pair_rows(pending, len(pending))
             made_before[task] = _Made(intent, (strict, avoid, parts), pending, unmet, cut,
                                       only_l3, cols_made, ends_rows)
-            if unmet is None and cut is None:
+            if cut is None:
+                if unmet is not None:
+                    reserved[task] = frozenset(pending)
                 out.update(pending)
                 col_parts.append(cols_made)
                 if ends_rows is not None:
@@ -1556,6 +1571,7 @@ class Controller:
             i.task_id for i in self.intents.values()
             if i.opt_in and all(c.level == "L3" for c in i.calls)) if strict else frozenset()
         self.sla_unmet, self.partitioned = sla_unmet, partitioned
+        self._reserved = reserved
         made_list = list(out.values())
         self._demand_cols = None
         if only is None:
@@ -1585,6 +1601,69 @@ class Controller:
                          if i.opt_in and i.task_id not in sla_unmet
                          and i.task_id not in partitioned
                          and any(c.level != "L3" for c in i.calls))
+
+    @property
+    def reserved_keys(self) -> frozenset[str]:
+        """The GPU pairs of the jobs whose SLA no path meets that the last plan kept room
+        for (:meth:`_reservations`): in the plan and its load, never installed."""
+        return frozenset().union(*self._reserved.values())
+
+    def _reservations(self, intent: Intent, avoid: frozenset[int]) -> dict[str, Demand]:
+        """Demands that keep room in the plan for the traffic of a job whose SLA no path
+        meets (:attr:`sla_unmet`). The job is told so and gets no path: its flows go where
+        the switches' own adaptive routing sends them, across the fabric all the same. So
+        each of its GPU pairs is planned as an L3 pair would be (any fewest-hop path that
+        avoids ``avoid``, if one does; not rate-capped: it is no L3 job), at the largest
+        demand and highest priority of the calls that use it, and whole: the switches'
+        routing puts a flow on one path, so room split over several would fit no flow. The
+        other jobs are planned around that load; the plan never installs these
+        (:meth:`steer_plan`), and switch-local adaptive routing finds the room they leave.
+        A pair with no path has no reservation.
+
+        >>> from fabricpilot.controller.southbound import LinkInfo
+        >>> class DP:
+        ...     def fabric(self): return FabricView.from_links(
+        ...         [LinkInfo(0, "g0", "a", 100, 1, "nic"), LinkInfo(1, "a", "s", 100, 1),
+        ...          LinkInfo(2, "s", "b", 100, 1), LinkInfo(3, "b", "g1", 100, 1, "nic")],
+        ...         {"g0": "gpu", "g1": "gpu", "a": "switch", "b": "switch", "s": "switch"},
+        ...         {}, {0: "g0", 1: "g1"})
+        >>> ctl = Controller(DP())
+        >>> far = Intent("far", "t", (0, 1), (CommCall("broadcast", 1 << 20, 8.0, 0,
+        ...                                             pairs=((0, 1),)),))
+        >>> [(d.key, d.rate_gbps, d.full_candidates, d.whole)
+        ...  for d in ctl._reservations(far, frozenset()).values()]
+        [('far:0->1', 100.0, ((0, 1, 2, 3),), True)]
+        """
+        task, heat = intent.task_id, intent.heat
+        gpu_node = self.view.gpu_node
+        out: dict[str, Demand] = {}
+        for call in intent.calls:
+            pairs = (pair_shares(call.pairs, self.host_of) if call.pairs else
+                     pattern_pairs(call.pattern, intent.gpus, self.host_of, call.algorithm))
+            # (the common case, every pair at once, as an L3 call's: nothing avoided)
+            made = (self._call_demands(task, _pair_columns(pairs), 1.0, heat, call.priority)
+                    if not avoid else None)
+            for i, (a, b, share) in enumerate(pairs):
+                d = made[i] if made is not None else None
+                if d is None:
+                    if a == b or gpu_node[a] == gpu_node[b]:
+                        continue
+                    cands = self.candidates(a, b)
+                    if avoid:
+                        cands = ([p for p in cands if avoid.isdisjoint(p)]
+                                 or [p for p in cands if self.down.isdisjoint(p)])
+                    if not cands:
+                        continue
+                    d = Demand(rule_key(task, a, b), self._nic(a) * share, tuple(cands),
+                               weight=heat, whole=True, priority=call.priority, parts=1)
+                elif not d.whole:
+                    d = d._replace(whole=True, parts=1)
+                prev = out.get(d.key)
+                if prev is not None:  # (the same pair in several calls)
+                    top = max(prev.priority, d.priority)
+                    d = (prev if prev.rate_gbps >= d.rate_gbps else d)._replace(priority=top)
+                out[d.key] = d
+        return out
 
     def _call_demands(self, task: str, pairs: tuple[NDArray[np.int64], NDArray[np.int64],
                                                     NDArray[np.float64]],
@@ -1800,12 +1879,12 @@ class Controller:
         """What computing a whole plan changes before it installs (see :meth:`_restore`):
         the demands the installed plan was made of and what they said."""
         return (self._demand, self._strict_tasks, self._capped_tasks, self._capped_keys,
-                self.sla_unmet, self.partitioned)
+                self.sla_unmet, self.partitioned, self._reserved)
 
     def _restore(self, kept: tuple[Any, ...]) -> None:
         """Back to ``kept`` (:meth:`_kept`): a whole plan computed was not installed."""
         (self._demand, self._strict_tasks, self._capped_tasks, self._capped_keys,
-         self.sla_unmet, self.partitioned) = kept
+         self.sla_unmet, self.partitioned, self._reserved) = kept
 
     @contextlib.contextmanager
     def _yielding(self, may_yield: bool = True) -> Iterator[None]:
@@ -2126,8 +2205,11 @@ class Controller:
         self._withdraw_forgotten()
         self.dp.install(changed)
         # (the plan's own link arrays index the sets, if every path is the plan's: no path
-        # was left to its hash; they are dropped then, being the plan's paths' only)
+        # was left to its hash, and every key of the plan has a set, none kept as room; they
+        # are dropped then, being the plan's paths' only)
         links, plan.key_links = plan.key_links, None
+        if len(sets) != len(plan.paths):
+            links = None
         self._record_all(sets, rules=report.pinned > 0,
                          links=links if not report.unpinned else None)
         parts, plan.parts = plan.parts, None  # (the table keeps what it needs of it)
@@ -2416,6 +2498,11 @@ class Controller:
         onto a flapping link either: the tables pushed after the hold-down give it)."""
         table = (self.map.congestion_table() if links is None
                  else {lk: self.map.weight(lk) for lk in links})
+        # (the room kept for jobs whose SLA is unmet: their own load does not count there,
+        # or the switches would route them out of it)
+        for lk, gbps in self._room_gbps().items():
+            if lk in table:
+                table[lk] = self.map.weight(lk, gbps)
         held = set(self._up_since)
         gray, dead = ((self.degraded, self.down | held) if links is None
                       else (self.degraded & links, (self.down | held) & links))
@@ -2424,6 +2511,27 @@ class Controller:
         for lk in dead:
             table[lk] = 0.0
         return table
+
+    def _room_gbps(self) -> dict[int, float]:
+        """Per link, the load (Gb/s) the current plan keeps room for on it for jobs whose
+        SLA is unmet (:meth:`_reservations`); made once per plan."""
+        plan = self.current
+        if not self._reserved or plan is None:
+            return {}
+        hit = self._room
+        if hit is not None and hit[0] is plan and hit[1] is self._reserved:
+            return hit[2]
+        room: dict[int, float] = {}
+        paths, demand = plan.paths, self._demand
+        for key in self.reserved_keys:
+            d, shares = demand.get(key), paths.get(key)
+            if d is None or shares is None:
+                continue
+            for path, w in shares:
+                for lk in path:
+                    room[lk] = room.get(lk, 0.0) + d.rate_gbps * w
+        self._room = (plan, self._reserved, room)
+        return room
 
     def _heal(self, cause: str, back: set[int] | frozenset[int] = frozenset()
               ) -> HealReport:
@@ -3299,13 +3407,18 @@ class Controller:
         up key by key)."""
         self._check()
         keys = list(plan.paths)
-        caps = self._rate_caps(keys, plan.paths.values())
+        shares_of = list(plan.paths.values())
+        if self._reserved:  # (room kept for jobs whose SLA is unmet: never installed)
+            reserved = self.reserved_keys
+            if not reserved.isdisjoint(keys):
+                keys = [k for k in keys if k not in reserved]
+                shares_of = list(map(plan.paths.__getitem__, keys))
+        caps = self._rate_caps(keys, shares_of)
         if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
             sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares),
                             rate_cap_gbps=limit)
-                    for key, shares, limit in zip(keys, plan.paths.values(), caps, strict=True)]
+                    for key, shares, limit in zip(keys, shares_of, caps, strict=True)]
             return sets, PlanReport(plan, len(sets), 0)
-        shares_of = list(plan.paths.values())
         n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
         pairs = list(_chain(shares_of))
         all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())

@@ -1202,7 +1202,8 @@ def test_a_job_whose_sla_is_unmet_gets_no_path_but_keeps_room_in_the_plan() -> N
     way, and ``bulk`` (an L3 ring gpu1 <-> gpu3 in four parts, 400 Gb/s each way too) is
     planned on the other, all four parts: every leaf-spine link in use carries 400 of 400
     (lambda 1.0). Kept no room, ``bulk``'s parts would spread over both spines (0.5) and
-    every spine would meet ``far``'s flows."""
+    every spine would meet ``far``'s flows. A link failure moves the room as a heal moves
+    path sets."""
     dp = TelemetryPlane()
     ctl = Controller(dp, ControllerParams(parts=4))
     ctl.declare(Intent("far", "t", (0, 2), (CommCall("allreduce", 1 << 20, 30.0, 0),)))
@@ -1242,6 +1243,19 @@ def test_a_job_whose_sla_is_unmet_gets_no_path_but_keeps_room_in_the_plan() -> N
     ctl.tick()
     assert dp.tables[-1][up[rule_key("far", 0, 2)]] == 1.0
     assert dp.tables[-1][up[rule_key("bulk", 1, 3)]] == pytest.approx(1 / 2.6)
+    # the uplink kept for ``far`` fails: the switches route its flow over the other spine,
+    # and its room moves there (beside ``bulk``, whose set stays): 800 Gb/s on that 400
+    # Gb/s uplink, lambda 2.0 (half the crossing is gone)
+    n_sets = len(dp.installed)
+    ctl.on_links_changed([up[rule_key("far", 0, 2)]], [])
+    shares = ctl.current.paths[rule_key("far", 0, 2)]
+    assert [w for _, w in shares] == [1.0]
+    assert spines(p for p, _ in shares) == spines(ctl._installed[rule_key("bulk", 1, 3)].paths)
+    assert up[rule_key("far", 0, 2)] not in shares[0][0]
+    assert ctl.current.link_load_gbps[up[rule_key("bulk", 1, 3)]] == pytest.approx(800.0)
+    assert ctl.current.link_load_gbps[up[rule_key("far", 0, 2)]] == pytest.approx(0.0)
+    assert ctl.current.max_utilization == pytest.approx(2.0)
+    assert len(dp.installed) == n_sets  # (nothing of ``bulk``'s crossed it; nothing sent)
 
 
 def test_an_sla_shorter_than_every_paths_delay_is_told_as_the_ranking_tells_it() -> None:

@@ -2455,6 +2455,7 @@ class Controller:
         # the links back: the switches may use them again (they excluded them while
         # down), in the heal's one table push
         report = self._heal("down" if down else "up", set(up) - self.down)
+        self._move_room()
         # jobs cut off may have a path again: plan them (those still cut stay reported)
         if (up and self.partitioned and self.current is not None
                 and self.plan_jobs(set(self.partitioned)) is None):
@@ -2466,7 +2467,9 @@ class Controller:
         usable for everything else, at a low congestion-table weight)."""
         self.degraded |= set(links)
         self._links_changed = True
-        return self._heal("gray")
+        report = self._heal("gray")
+        self._move_room()
+        return report
 
     def restore_links(self, down: set[int], degraded: set[int], *,
                       ports_down: set[int] | frozenset[int] = frozenset(),
@@ -2532,6 +2535,40 @@ class Controller:
                     room[lk] = room.get(lk, 0.0) + d.rate_gbps * w
         self._room = (plan, self._reserved, room)
         return room
+
+    def _move_room(self) -> None:
+        """After a heal: the room kept for jobs whose SLA is unmet (:meth:`_reservations`)
+        on links now dead or gray goes to live candidates, placed around the rest of the
+        plan as :meth:`plan_jobs` places a job, so that the plan's load says where that
+        traffic can go now (the switches route it off those links at once); a pair with
+        no live path keeps no room."""
+        plan = self.current
+        if not self._reserved or plan is None:
+            return
+        avoid = frozenset(self._shunned())
+        paths, load = plan.paths, plan.link_load_gbps
+        moving = sorted(k for k in self.reserved_keys if k in paths and any(
+            not avoid.isdisjoint(p) for p, _ in paths[k]))
+        if not moving:
+            return
+        fresh = []
+        for key in moving:
+            d = self._demand[key]
+            for path, w in paths.pop(key):
+                for lk in path:
+                    load[lk] -= d.rate_gbps * w
+            live = self._live(d, avoid)
+            if live is not None:
+                fresh.append(live)
+        if fresh:
+            used = set(_chain(map(_HEAD, fresh)))
+            used.update(_chain(map(_TAIL, fresh)))
+            for d in fresh:
+                used.update(self._links_in(d.candidates))
+            self._place_around(fresh, used)
+        plan.max_utilization = self._fabric_lambda(load, {})
+        self._room = None  # (the plan is the same object, its room elsewhere now)
+        self._sync_load_rows()
 
     def _heal(self, cause: str, back: set[int] | frozenset[int] = frozenset()
               ) -> HealReport:

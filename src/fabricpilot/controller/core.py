@@ -1948,12 +1948,7 @@ class Controller:
         if not fresh:
             report = PlanReport(plan, 0, 0)
         else:
-            # (each candidate tuple once: a job's pairs of one leaf pair share theirs)
-            used = set(_chain(map(_HEAD, fresh)))
-            used.update(_chain(map(_TAIL, fresh)))
-            for cands in {id(c): c for c in map(_CANDIDATES, fresh)}.values():
-                used.update(self._links_in(cands))
-            sets, report = self._place_around(fresh, used, measured=True)
+            sets, report = self._place_around(fresh, self._links_of(fresh), measured=True)
             installed = self._installed
             changed = _changed_sets(sets, installed)
             self.dp.install(changed)
@@ -2270,6 +2265,15 @@ class Controller:
             hit = self._live_cache[key] = (mids, live)
         return hit[1]
 
+    def _links_of(self, demands: list[Demand]) -> set[int]:
+        """The links the candidates of ``demands`` can take (each candidate tuple read once:
+        a job's pairs of one leaf pair share theirs)."""
+        used = set(_chain(map(_HEAD, demands)))
+        used.update(_chain(map(_TAIL, demands)))
+        for cands in {id(c): c for c in map(_CANDIDATES, demands)}.values():
+            used.update(self._links_in(cands))
+        return used
+
     def _links_in(self, paths: tuple[tuple[int, ...], ...]) -> set[int]:
         """The links of a tuple of paths (cached per tuple)."""
         hit = self._links_cache.get(id(paths))
@@ -2553,7 +2557,9 @@ class Controller:
             return
         fresh = []
         for key in moving:
-            d = self._demand[key]
+            d = self._demand.get(key)
+            if d is None:  # (not planned now: nothing of it to move)
+                continue
             for path, w in paths.pop(key):
                 for lk in path:
                     load[lk] -= d.rate_gbps * w
@@ -2561,11 +2567,7 @@ class Controller:
             if live is not None:
                 fresh.append(live)
         if fresh:
-            used = set(_chain(map(_HEAD, fresh)))
-            used.update(_chain(map(_TAIL, fresh)))
-            for d in fresh:
-                used.update(self._links_in(d.candidates))
-            self._place_around(fresh, used)
+            self._place_around(fresh, self._links_of(fresh))
         plan.max_utilization = self._fabric_lambda(load, {})
         self._room = None  # (the plan is the same object, its room elsewhere now)
         self._sync_load_rows()

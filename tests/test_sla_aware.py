@@ -103,6 +103,8 @@ def test_the_sla_levels_example() -> None:
         assert ratio["train-a"] == pytest.approx(0.8, abs=0.005)
         assert ratio["train-b"] == pytest.approx(0.8, abs=0.005)
         assert run.sla_unmet and all(line.startswith("retrieval: ") for line in run.sla_unmet)
+        if policy == "task-aware":  # (its ring's two pairs, gpu4 -> gpu8 and back)
+            assert run.controller is not None and run.controller["pairs_room_kept"] == 2
 
 
 def test_an_l3_sender_is_held_on_its_nic_not_on_nvlink() -> None:

@@ -394,7 +394,8 @@ class TaskAware(Adaptive):
         and their QPs steered by their source port alone, pinned by explicit rules or left
         to their hash (a full rule table; as the controller knows them: after heals and
         re-plans, not only the first plan's), the explicit rules per switch against the
-        capacity, control periods, re-plans and fuse trips."""
+        capacity, control periods, re-plans and fuse trips, the GPU pairs held to a rate and
+        those of jobs whose SLA is unmet the plan keeps room for."""
         sets = [r for r, _ in self._rules.values() if r.key not in self._removing]
         qps = sum(len(r.paths) for r in sets if r.ports)
         pinned = sum(1 for r in sets for rl in r.rules if rl)
@@ -414,6 +415,9 @@ class TaskAware(Adaptive):
             "fuse_trips": self.fuse_trips,
             "pairs_rate_capped": sum(1 for r, _ in self._rules.values()
                                      if math.isfinite(r.rate_cap_gbps)),
+            # (GPU pairs of jobs whose SLA is unmet: no path, room kept in the plan)
+            "pairs_room_kept": (len(self.controller.reserved_keys)
+                                if self.controller is not None else 0),
             "lambda_by_priority": _tier_lambdas(self.controller),
             "heals": len(self.controller.heals) if self.controller else 0,
             "heal_max_ms": round(max((h.wall_s for h in self.controller.heals), default=0.0)

@@ -229,6 +229,16 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
     on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
     trips; 12 GPU pairs rate-capped at their senders
 
+    Room kept in the plan for the flows of a job no path within its SLA serves:
+
+    >>> print(controller_line(SimpleNamespace(policy="task-aware",
+    ...                                       controller=c | {"pairs_room_kept": 2})))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    task-aware controller: 90 QPs steered by source port, 6 pinned by rules (at most 4 rules
+    on a switch, capacity 4096), 0 left to the hash; 12 control periods, 1 re-plan, 0 fuse
+    trips; room kept for 2 GPU pairs of jobs whose SLA is unmet (no path: the switches
+    route them)
+
     With jobs of several priorities, the plan's lambda per priority tier:
 
     >>> c |= {"lambda_by_priority": {7: 0.5, 0: 2.25}}
@@ -247,6 +257,10 @@ def controller_line(r: RunResult, wall_clock: bool = True) -> str:  # (or its fi
             f"{c['fuse_trips']} fuse trips")
     if c.get("pairs_rate_capped"):
         line += f"; {c['pairs_rate_capped']} GPU pairs rate-capped at their senders"
+    if c.get("pairs_room_kept"):
+        n = c["pairs_room_kept"]
+        line += (f"; room kept for {n} GPU pair{'' if n == 1 else 's'} of jobs whose SLA is "
+                 f"unmet (no path: the switches route them)")
     if c.get("lambda_by_priority"):
         line += "; planned lambda by priority " + ", ".join(
             f"{p}: {lam:.2f}" for p, lam in c["lambda_by_priority"].items())

@@ -1615,8 +1615,11 @@ class Controller:
         each of its GPU pairs is planned as an L3 pair would be (any fewest-hop path that
         avoids ``avoid``, if one does; not rate-capped: it is no L3 job), at the largest
         demand and highest priority of the calls that use it, and whole: the switches'
-        routing puts a flow on one path, so room split over several would fit no flow. The
-        other jobs are planned around that load; the plan never installs these
+        routing puts a flow on one path, so room split over several would fit no flow. Its
+        weight is 0, the lightest: the flows go into what the planned jobs leave, so the
+        room is placed after them, and the planner's sweeps then make it fit beside them
+        (placed first, on an empty fabric, it took paths the flows need not take and
+        the planned jobs gave those up). The plan never installs these
         (:meth:`steer_plan`), and switch-local adaptive routing finds the room they leave.
         A pair with no path has no reservation.
 
@@ -1630,9 +1633,9 @@ class Controller:
         >>> ctl = Controller(DP())
         >>> far = Intent("far", "t", (0, 1), (CommCall("broadcast", 1 << 20, 8.0, 0,
         ...                                             pairs=((0, 1),)),))
-        >>> [(d.key, d.rate_gbps, d.full_candidates, d.whole)
+        >>> [(d.key, d.rate_gbps, d.full_candidates, d.whole, d.weight)
         ...  for d in ctl._reservations(far, frozenset()).values()]
-        [('far:0->1', 100.0, ((0, 1, 2, 3),), True)]
+        [('far:0->1', 100.0, ((0, 1, 2, 3),), True, 0.0)]
         """
         task, heat = intent.task_id, intent.heat
         gpu_node = self.view.gpu_node
@@ -1655,9 +1658,9 @@ class Controller:
                     if not cands:
                         continue
                     d = Demand(rule_key(task, a, b), self._nic(a) * share, tuple(cands),
-                               weight=heat, whole=True, priority=call.priority, parts=1)
-                elif not d.whole:
-                    d = d._replace(whole=True, parts=1)
+                               weight=0.0, whole=True, priority=call.priority, parts=1)
+                else:
+                    d = d._replace(weight=0.0, whole=True, parts=1)
                 prev = out.get(d.key)
                 if prev is not None:  # (the same pair in several calls)
                     top = max(prev.priority, d.priority)

@@ -498,11 +498,15 @@ def test_a_verdict_is_given_once_a_plan_has_checked_the_intent(client: httpx.Cli
                      ["planned"] and j)
     assert job["sla_met"] is False
     assert "(L1): no path from gpu0 to gpu64 within one switch" in job["sla_problem"]
+    # no path of its own; the plan keeps room for its ring's two flows (0 -> 64, 64 -> 0)
+    assert job["path_sets"] == 0 and job["room_kept"] == 2
+    assert c.put("/api/v1/jobs/acme-far", json=job, headers=_auth(ACME)).status_code == 200
     body = {**_job("acme-off", [1, 65], sla_us=1.0), "opt_in": False}
     assert c.post("/api/v1/jobs", json=body, headers=_auth(ACME)).status_code == 201
     job = wait_until(lambda: (j := c.get("/api/v1/jobs/acme-off", headers=_auth(ACME)).json())
                      ["planned"] and j)
     assert job["sla_met"] is None and job["sla_problem"] is None and job["path_sets"] == 0
+    assert job["room_kept"] == 0
     text = c.get("/metrics", headers=_auth(OPS)).text
     assert 'fabricpilot_job_sla_met{job="acme-far"' in text
     assert 'job="acme-off"' not in text

@@ -1602,6 +1602,12 @@ class Controller:
                          and i.task_id not in partitioned
                          and any(c.level != "L3" for c in i.calls))
 
+    def room_kept(self, task: str) -> int:
+        """How many GPU pairs of job ``task`` the last plan kept room for: the job's SLA is
+        unmet (:attr:`sla_unmet`), so it has no path, and its flows go where the switches
+        route them (see :meth:`_reservations`); 0 for any other job."""
+        return len(self._reserved.get(task, ()))
+
     @property
     def reserved_keys(self) -> frozenset[str]:
         """The GPU pairs of the jobs whose SLA no path meets that the last plan kept room

@@ -140,7 +140,7 @@ class CallIn(_Strict):
 
 
 JOB_READ_ONLY = frozenset(("sla_level", "sla_met", "sla_problem", "rate_capped", "path_sets",
-                           "planned", "busbw_GBps", "last_collective_us"))
+                           "room_kept", "planned", "busbw_GBps", "last_collective_us"))
 """What a job read back (``GET``) has beside its intent: ignored in a body sent back."""
 
 

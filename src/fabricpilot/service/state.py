@@ -836,6 +836,7 @@ class FabricService:
             sla_problem=problem,
             rate_capped=any(math.isfinite(ps.rate_cap_gbps) for ps in sets.values()),
             path_sets=len(sets),
+            room_kept=self.controller.room_kept(tid) if checked else 0,
             planned=planned,
             busbw_GBps=self.busbw_GBps.get(tid),
             last_collective_us=self.collective_us.get(tid),

@@ -1181,7 +1181,7 @@ def test_a_calls_priority_is_its_pairs_and_the_highest_of_several_calls() -> Non
                    rule_key("b", 1, 3): (400.0, 5), rule_key("b", 1, 2): (200.0, 5)}
 
 
-def test_an_l1_job_across_leaves_is_told_and_not_planned() -> None:
+def test_an_l1_job_across_leaves_is_told_and_given_no_path() -> None:
     dp = FakeDataPlane()
     ctl = Controller(dp)
     ctl.declare(Intent("far", "t", (0, 2), (CommCall("allreduce", 1 << 16, 30.0, 0),)))

@@ -82,7 +82,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             fabric = c.get("/api/v1/fabric").json()
             twin = c.get("/api/v1/jobs").json()
             used = {g for j in twin for g in j["gpus"]}
-            free = [g for g in range(fabric["gpus"]) if g not in used][:3]
+            free_all = [g for g in range(fabric["gpus"]) if g not in used]
+            free = free_all[:3]
             r = c.post("/api/v1/jobs", json={
                 "task_id": PROBE, "tenant": "acme", "gpus": free[:2],
                 "calls": [{"pattern": "allreduce", "size_bytes": 1 << 20, "sla_us": 40.0}]})
@@ -91,6 +92,20 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             r = c.post("/api/v1/jobs", json={
                 "task_id": PROBE + "-b", "tenant": "acme", "gpus": [free[0], free[2]],
                 "calls": [{"pattern": "alltoall", "size_bytes": 1 << 20, "sla_us": 500.0}]})
+            assert r.status_code == 201, r.text
+            # an L1 job on two hosts of two leaves: no path meets its SLA (one switch), the
+            # plan keeps room for it
+            def ends(kind: str) -> dict[int, str]:
+                return {int(lk["src"][3:]): lk["dst"] for lk in fabric["links"]
+                        if lk["kind"] == kind and lk["src"].startswith("gpu")}
+
+            leaf, host = ends("nic"), ends("nvlink")
+            a = free_all[3]
+            far = [a, next(g for g in free_all[4:] if leaf[g] != leaf[a]
+                           and host.get(g, g) != host.get(a, a))]
+            r = c.post("/api/v1/jobs", json={
+                "task_id": PROBE + "-far", "tenant": "acme", "gpus": far,
+                "calls": [{"pattern": "allreduce", "size_bytes": 1 << 20, "sla_us": 40.0}]})
             assert r.status_code == 201, r.text
             # a down and a gray leaf-spine link, so the timeline and the markers have content
             uplinks = [lk for lk in fabric["links"] if lk["kind"] == "fabric"]
@@ -258,6 +273,7 @@ def test_dashboard_renders_fabric_jobs_and_events(live: Live, pages: Pages) -> N
     assert set(rows) == set(live.jobs)
     jobs_text = " ".join(doc.text.get("jobs", []))
     assert "acme" in jobs_text and "L1" in jobs_text
+    assert "room kept for 2 pairs" in jobs_text  # (the far probe's ring: both ways)
     # the GPUs in use: each once, however many jobs share it (the probes share one)
     listed = httpx.get(live.base + "/api/v1/jobs", headers={"Authorization": f"Bearer {OPS}"},
                        timeout=10).json()

@@ -16,7 +16,9 @@ Then random sequences of what happens to a running controller (links down and ba
 links gray and restored, a job withdrawn, a job declared, whole re-plans), checked after
 each step for the same and: no installed path crosses a link that is down or gray where an
 in-scope path avoids them all, none crosses a link that is down (unless its job is cut
-off), each path set's weights add up to 1, a withdrawn job has nothing installed.
+off), each path set's weights add up to 1, a withdrawn job has nothing installed; the room
+the plan keeps for jobs whose SLA is unmet is theirs only, never installed, each pair whole
+on one path, and off links that are down wherever a path avoids them.
 """
 
 from __future__ import annotations
@@ -187,6 +189,19 @@ def check_held(ctl: Controller, intents: list[Intent]) -> None:
         assert sum(held.weights) == pytest.approx(1.0)
         if task not in ctl.partitioned:
             assert all(ctl.down.isdisjoint(p) for p in held.paths), (key, ctl.down)
+    # the room kept for jobs whose SLA is unmet: theirs only, never installed, each pair
+    # whole on one path, off links down wherever a path avoids them
+    assert ctl.current is not None
+    for key in ctl.reserved_keys:
+        assert key.rsplit(":", 1)[0] in ctl.sla_unmet and key not in ctl._installed, key
+        shares = ctl.current.paths.get(key)
+        if shares is None:  # (no live path: no room)
+            continue
+        ((path, w),) = shares
+        assert w == pytest.approx(1.0)
+        a, b = pair_of_key(key)
+        if not ctl.down.isdisjoint(path):
+            assert all(not ctl.down.isdisjoint(p) for p in ctl.candidates(a, b)), (key, path)
 
 
 @pytest.mark.parametrize("seed", range(12))

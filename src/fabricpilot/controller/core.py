@@ -1392,15 +1392,8 @@ class Controller:
                 calls = tuple(sorted(calls, key=lambda c: LEVELS.index(c.level)))
                 scope_of = {}
             for call in calls:
-                cols = None  # (the call's pairs as columns, where made so)
-                pairs: list[tuple[int, int, float]] | None
-                if call.pairs:
-                    pairs = pair_shares(call.pairs, self.host_of)
-                elif call.pattern == "alltoall" and not mixed:  # (its many pairs: at once)
-                    cols, pairs = alltoall_pairs(intent.gpus, self.host_of, call.algorithm), None
-                else:
-                    pairs = pattern_pairs(call.pattern, intent.gpus, self.host_of,
-                                          call.algorithm)
+                # (the call's pairs, as columns where made so)
+                cols, pairs = self._call_pairs(intent, call, columns=not mixed)
                 if mixed and pairs is not None:
                     by_kind[call.level != "L3"].update(rule_key(task, a, b) for a, b, _ in pairs)
                 cap = self.params.l3_rate_cap if strict and call.level == "L3" else 1.0
@@ -1608,6 +1601,19 @@ class Controller:
         route them (see :meth:`_reservations`); 0 for any other job."""
         return len(self._reserved.get(task, ()))
 
+    def _call_pairs(self, intent: Intent, call: CommCall, columns: bool = True,
+                    ) -> tuple[tuple[NDArray[np.int64], NDArray[np.int64],
+                                     NDArray[np.float64]] | None,
+                               list[tuple[int, int, float]] | None]:
+        """The GPU pairs of a call of ``intent`` (source, destination, share of the
+        source's NIC): its explicit pairs, or those of its pattern; an AlltoAll's many pairs
+        as columns, if ``columns`` (then ``(columns, None)``, else ``(None, pairs)``)."""
+        if call.pairs:
+            return None, pair_shares(call.pairs, self.host_of)
+        if call.pattern == "alltoall" and columns:  # (its many pairs: at once)
+            return alltoall_pairs(intent.gpus, self.host_of, call.algorithm), None
+        return None, pattern_pairs(call.pattern, intent.gpus, self.host_of, call.algorithm)
+
     @property
     def reserved_keys(self) -> frozenset[str]:
         """The GPU pairs of the jobs whose SLA no path meets that the last plan kept room
@@ -1647,11 +1653,12 @@ class Controller:
         gpu_node = self.view.gpu_node
         out: dict[str, Demand] = {}
         for call in intent.calls:
-            pairs = (pair_shares(call.pairs, self.host_of) if call.pairs else
-                     pattern_pairs(call.pattern, intent.gpus, self.host_of, call.algorithm))
+            cols, pairs = self._call_pairs(intent, call, columns=not avoid)
             # (the common case, every pair at once, as an L3 call's: nothing avoided)
-            made = (self._call_demands(task, _pair_columns(pairs), 1.0, heat, call.priority)
-                    if not avoid else None)
+            made = (self._call_demands(task, cols if cols is not None else _pair_columns(
+                pairs or []), 1.0, heat, call.priority) if not avoid else None)
+            if pairs is None:
+                pairs = list(zip(*(c.tolist() for c in cols or ()), strict=True))
             for i, (a, b, share) in enumerate(pairs):
                 d = made[i] if made is not None else None
                 if d is None:
@@ -1942,13 +1949,8 @@ class Controller:
         """:meth:`plan_jobs` of ``tasks``, whose planned keys are ``old``."""
         plan = self.current
         assert plan is not None
-        load, paths = plan.link_load_gbps, plan.paths
-        for k in old:  # out with their old paths
-            rate = self._demand[k].rate_gbps
-            for p, w in paths.pop(k):
-                out = rate * w
-                for lk in p:
-                    load[lk] -= out
+        load = plan.link_load_gbps
+        self._take_out(old)  # out with their old paths
         fresh = self.demands(only=tasks)
         kept = set(map(_KEY, fresh))
         self._forget_all([k for k in old if k not in kept])
@@ -2274,6 +2276,18 @@ class Controller:
             hit = self._live_cache[key] = (mids, live)
         return hit[1]
 
+    def _take_out(self, keys: list[str]) -> None:
+        """Take the planned paths of ``keys`` (each with a demand) out of the current plan,
+        and their load out of its load."""
+        assert self.current is not None
+        load, paths, demand = self.current.link_load_gbps, self.current.paths, self._demand
+        for k in keys:
+            rate = demand[k].rate_gbps
+            for p, w in paths.pop(k):
+                out = rate * w
+                for lk in p:
+                    load[lk] -= out
+
     def _links_of(self, demands: list[Demand]) -> set[int]:
         """The links the candidates of ``demands`` can take (each candidate tuple read once:
         a job's pairs of one leaf pair share theirs)."""
@@ -2559,25 +2573,18 @@ class Controller:
         if not self._reserved or plan is None:
             return
         avoid = frozenset(self._shunned())
-        paths, load = plan.paths, plan.link_load_gbps
-        moving = sorted(k for k in self.reserved_keys if k in paths and any(
+        paths, demand = plan.paths, self._demand
+        # (a kept pair no longer planned has nothing to move)
+        moving = sorted(k for k in self.reserved_keys if k in paths and k in demand and any(
             not avoid.isdisjoint(p) for p, _ in paths[k]))
         if not moving:
             return
-        fresh = []
-        for key in moving:
-            d = self._demand.get(key)
-            if d is None:  # (not planned now: nothing of it to move)
-                continue
-            for path, w in paths.pop(key):
-                for lk in path:
-                    load[lk] -= d.rate_gbps * w
-            live = self._live(d, avoid)
-            if live is not None:
-                fresh.append(live)
+        self._take_out(moving)
+        fresh = [live for live in (self._live(demand[k], avoid) for k in moving)
+                 if live is not None]
         if fresh:
             self._place_around(fresh, self._links_of(fresh))
-        plan.max_utilization = self._fabric_lambda(load, {})
+        plan.max_utilization = self._fabric_lambda(plan.link_load_gbps, {})
         self._room = None  # (the plan is the same object, its room elsewhere now)
         self._sync_load_rows()
 

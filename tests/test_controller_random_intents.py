@@ -18,7 +18,8 @@ each step for the same and: no installed path crosses a link that is down or gra
 in-scope path avoids them all, none crosses a link that is down (unless its job is cut
 off), each path set's weights add up to 1, a withdrawn job has nothing installed; the room
 the plan keeps for jobs whose SLA is unmet is theirs only, never installed, each pair whole
-on one path, and off links that are down wherever a path avoids them.
+on one path, and off links that are down wherever a path avoids them; each job's keys in
+the plan are found from its demands as planned, as a scan of every key finds them.
 """
 
 from __future__ import annotations
@@ -192,6 +193,14 @@ def check_held(ctl: Controller, intents: list[Intent]) -> None:
     # the room kept for jobs whose SLA is unmet: theirs only, never installed, each pair
     # whole on one path, off links down wherever a path avoids them
     assert ctl.current is not None
+    # each job's keys in the plan as plan_jobs finds them (from its demands as planned, not
+    # by reading every key of the plan): those a scan of the plan finds
+    in_plan: dict[str, set[str]] = {}
+    for key in ctl.current.paths:
+        in_plan.setdefault(key.rsplit(":", 1)[0], set()).add(key)
+    for task in declared | set(in_plan) | set(ctl._planned):
+        found = ctl._planned_keys({task})
+        assert len(found) == len(set(found)) and set(found) == in_plan.get(task, set()), task
     for key in ctl.reserved_keys:
         assert key.rsplit(":", 1)[0] in ctl.sla_unmet and key not in ctl._installed, key
         shares = ctl.current.paths.get(key)

@@ -979,6 +979,11 @@ class Controller:
         # per job, its demands as demands() last made them and for what (a re-plan of the
         # same jobs on the same links reuses them)
         self._made: dict[str, _Made] = {}
+        # per job, its demands as the current plan placed them (keys in the plan's order;
+        # held by reference: made when it was planned, so a later demands() for a changed
+        # intent leaves them be): where plan_jobs finds a job's keys among the plan's
+        # without reading every key (a key a heal cut off is gone from the plan, not here)
+        self._planned: dict[str, Mapping[str, Demand]] = {}
         # the last whole demands() made: its list, their fields as columns and their pairs'
         # GPUs as rows (None: not known), for the plan (see _solve)
         self._demand_cols: tuple[list[Demand], DemandColumns,
@@ -1938,12 +1943,44 @@ class Controller:
                       for t in tasks if (i := self.intents.get(t)) is not None)
         if not others and (touched or self._strict_planned):
             return None
-        prefixes = tuple(f"{t}:" for t in tasks)
-        old = [k for k in self.current.paths if k.startswith(prefixes)]
+        old = self._planned_keys(tasks)
         if any(k not in self._demand for k in old):  # (a plan older than the demands)
             return None
         with _gc_paused(promote=True):
             return self._plan_jobs(tasks, old)
+
+    def _planned_keys(self, tasks: set[str]) -> list[str]:
+        """The keys of jobs ``tasks`` in the current plan (pairs it has paths or room for),
+        read from what each job's demands were when they were planned, not from every key
+        of the plan: the cost grows with those jobs' pairs."""
+        assert self.current is not None
+        paths = self.current.paths
+        return [k for t in sorted(tasks) for k in self._planned.get(t, ()) if k in paths]
+
+    def _ends_made(self, tasks: set[str]) -> tuple[list[str], NDArray[np.int64]] | None:
+        """The keys of the demands of job ``tasks`` (one job) and their pairs' GPUs as rows,
+        as :meth:`demands` made them at once (``None`` if it did not, or for several jobs):
+        steering reads the pairs' GPUs from them rather than from each key."""
+        if len(tasks) != 1:
+            return None
+        made = self._made.get(next(iter(tasks)))
+        if made is None or made.columns is None or made.ends_array is None:
+            return None
+        return made.columns.keys, made.ends_array
+
+    def _note_planned(self, tasks: Iterable[str] | None = None) -> None:
+        """Note the demands of ``tasks`` (all jobs, if ``None``) as the plan now has them:
+        as :meth:`demands` last made them."""
+        made = self._made
+        if tasks is None:
+            self._planned = {t: m.demands for t, m in made.items()}
+            return
+        for t in tasks:
+            m = made.get(t)
+            if m is None:
+                self._planned.pop(t, None)
+            else:
+                self._planned[t] = m.demands
 
     def _plan_jobs(self, tasks: set[str], old: list[str]) -> PlanReport:
         """:meth:`plan_jobs` of ``tasks``, whose planned keys are ``old``."""
@@ -1952,6 +1989,7 @@ class Controller:
         load = plan.link_load_gbps
         self._take_out(old)  # out with their old paths
         fresh = self.demands(only=tasks)
+        self._note_planned(tasks)
         kept = set(map(_KEY, fresh))
         self._forget_all([k for k in old if k not in kept])
         self._withdraw_forgotten()  # (before the new sets: their rules free room)
@@ -1959,7 +1997,8 @@ class Controller:
         if not fresh:
             report = PlanReport(plan, 0, 0)
         else:
-            sets, report = self._place_around(fresh, self._links_of(fresh), measured=True)
+            sets, report = self._place_around(fresh, self._links_of(fresh), measured=True,
+                                              ends=self._ends_made(tasks))
             installed = self._installed
             changed = _changed_sets(sets, installed)
             self.dp.install(changed)
@@ -2013,6 +2052,7 @@ class Controller:
             # (compiled as a plan would be: a failure under it is healed the same way)
             self.current = Plan(paths, load, self._fabric_lambda(load, {}), solver="resumed",
                                 columns=compile_columns(demands, self._link_capacity()))
+            self._note_planned()
             self._spilled = {}  # (the plan is the held sets' paths)
             self._sync_load_rows()
         rest = {t for t, ok in covered.items() if not ok}
@@ -2025,7 +2065,8 @@ class Controller:
                       merge: Callable[[dict[str, list[tuple[tuple[int, ...], float]]]],
                                       dict[str, list[tuple[tuple[int, ...], float]]]]
                       | None = None, placed: tuple[Plan, list[int], LinkValues] | None = None,
-                      measured: bool = False, **greedy: int
+                      measured: bool = False,
+                      ends: tuple[list[str], NDArray[np.int64]] | None = None, **greedy: int
                       ) -> tuple[list[PathSet], PlanReport]:
         """Place ``demands`` around the current plan's load, on the links ``used`` (those
         their candidates can take), steer them and add them to the plan (paths and load);
@@ -2033,7 +2074,8 @@ class Controller:
         paths into the plan's path sets (by default they are the same); ``greedy``: options
         of :func:`plan_greedy`. ``placed``: that placement, made already (its plan, and the
         links and load :meth:`_around` gave it). ``measured``: around the measured load the
-        plan does not account for too (:meth:`background_gbps`; not added to the plan)."""
+        plan does not account for too (:meth:`background_gbps`; not added to the plan).
+        ``ends``: keys and their pairs' GPUs as rows, for steering (see :meth:`steer_plan`)."""
         plan = self.current
         assert plan is not None
         load = plan.link_load_gbps
@@ -2052,7 +2094,7 @@ class Controller:
         before = bg.values
         if merge is not None:
             sub = replace(sub, paths=merge(sub.paths))
-        sets, report = self._steer_in(sub)
+        sets, report = self._steer_in(sub, ends)
         added = sub.link_load_gbps
         if len(added) == len(ids_l) and list(added) == ids_l:  # the plan's links, in order
             load.update(zip(ids_l, (before + np.fromiter(added.values(), np.float64,
@@ -2073,16 +2115,18 @@ class Controller:
         before = np.array([get(lk, 0.0) for lk in ids_l], np.float64)
         return ids_l, LinkValues(ids, self._capacity_of(ids, ids_l)), LinkValues(ids, before)
 
-    def _steer_in(self, sub: Plan) -> tuple[list[PathSet], PlanReport]:
-        """Steer the path sets of ``sub`` (a path a key already has keeps its port) and put
-        its paths in the current plan (its load is the caller's to add)."""
+    def _steer_in(self, sub: Plan, ends: tuple[list[str], NDArray[np.int64]] | None = None
+                  ) -> tuple[list[PathSet], PlanReport]:
+        """Steer the path sets of ``sub`` (a path a key already has keeps its port; ``ends``
+        as :meth:`steer_plan` reads them) and put its paths in the current plan (its load is
+        the caller's to add)."""
         plan = self.current
         assert plan is not None
         installed = self._installed
         held = self._rules_held - Counter(
             sw for k in sub.paths if k in installed
             for pinned in installed[k].rules for sw, _ in pinned)
-        sets, report = self.steer_plan(sub, self._weight, held, reuse=True)
+        sets, report = self.steer_plan(sub, self._weight, held, reuse=True, ends=ends)
         plan.paths.update(sub.paths)
         for k in sub.paths:
             self._spilled.pop(k, None)
@@ -2225,6 +2269,7 @@ class Controller:
             ends = steered[1]
             self._slots = SlotTable.of(parts, sets, ends[:, 0], ends[:, 1], keys=links.keys)
         self.current = plan
+        self._note_planned()
         self._links_changed = False
         self._spilled = dict(report.spilled)
         self._sync_load_rows()
@@ -2281,20 +2326,29 @@ class Controller:
         and their load out of its load."""
         assert self.current is not None
         load, paths, demand = self.current.link_load_gbps, self.current.paths, self._demand
-        for k in keys:
-            rate = demand[k].rate_gbps
-            for p, w in paths.pop(k):
-                out = rate * w
-                for lk in p:
-                    load[lk] -= out
+        if not keys:
+            return
+        shares = list(map(paths.pop, keys))
+        n_sh = np.fromiter(map(len, shares), np.int64, len(keys))
+        ps, ws = zip(*_chain(shares), strict=True) if int(n_sh.sum()) else ((), ())
+        plen = np.fromiter(map(len, ps), np.int64, len(ps))
+        links = np.fromiter(_chain(ps), np.int64, int(plen.sum()))
+        rate = np.fromiter((demand[k].rate_gbps for k in keys), np.float64, len(keys))
+        out = np.repeat(np.repeat(rate, n_sh) * np.array(ws, np.float64), plen)
+        ids, at = np.unique(links, return_inverse=True)
+        ids_l = ids.tolist()
+        now = np.array(list(map(load.__getitem__, ids_l)), np.float64)
+        np.subtract.at(now, at, out)  # (in order, as one link at a time: the same sums)
+        load.update(zip(ids_l, now.tolist(), strict=True))
 
     def _links_of(self, demands: list[Demand]) -> set[int]:
         """The links the candidates of ``demands`` can take (each candidate tuple read once:
         a job's pairs of one leaf pair share theirs)."""
         used = set(_chain(map(_HEAD, demands)))
         used.update(_chain(map(_TAIL, demands)))
-        for cands in {id(c): c for c in map(_CANDIDATES, demands)}.values():
-            used.update(self._links_in(cands))
+        tuples = list({id(c): c for c in map(_CANDIDATES, demands)}.values())
+        if tuples:  # (flattened as the planner flattens them, kept for it by identity)
+            used.update(distinct(planner._flat_tuples(tuples)[2]).tolist())
         return used
 
     def _links_in(self, paths: tuple[tuple[int, ...], ...]) -> set[int]:

@@ -2274,6 +2274,7 @@ def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -
     sent: list[PathSet] = []
     again = Controller(twin)
     again.dp = type("Spy", (), {"install": lambda self, sets: sent.extend(sets),
+                                "remove": lambda self, keys: None,
                                 "push_congestion_table": lambda self, w: None})()
     for job in jobs:
         again.declare(job)
@@ -2302,6 +2303,13 @@ def test_a_restarted_controller_resumes_the_held_path_sets_and_moves_nothing() -
     assert third.on_links_changed([hot], []).affected > 0
     assert not any(hot in p for r in third._installed.values() for p in r.paths)
     _check_consistent(third)
+    # a resumed job withdrawn leaves whole, as a job planned here would
+    again.withdraw("b")
+    report = again.plan_jobs({"b"})
+    assert report is not None and report.demands == 0
+    assert not any(k.startswith("b:") for k in again._installed)
+    assert not any(k.startswith("b:") for k in again.current.paths)
+    _check_consistent(again)
 
 
 def test_a_heal_skips_the_sets_of_a_job_no_longer_planned() -> None:

@@ -190,8 +190,6 @@ def check_held(ctl: Controller, intents: list[Intent]) -> None:
         assert sum(held.weights) == pytest.approx(1.0)
         if task not in ctl.partitioned:
             assert all(ctl.down.isdisjoint(p) for p in held.paths), (key, ctl.down)
-    # the room kept for jobs whose SLA is unmet: theirs only, never installed, each pair
-    # whole on one path, off links down wherever a path avoids them
     assert ctl.current is not None
     # each job's keys in the plan as plan_jobs finds them (from its demands as planned, not
     # by reading every key of the plan): those a scan of the plan finds
@@ -201,6 +199,8 @@ def check_held(ctl: Controller, intents: list[Intent]) -> None:
     for task in declared | set(in_plan) | set(ctl._planned):
         found = ctl._planned_keys({task})
         assert len(found) == len(set(found)) and set(found) == in_plan.get(task, set()), task
+    # the room kept for jobs whose SLA is unmet: theirs only, never installed, each pair
+    # whole on one path, off links down wherever a path avoids them
     for key in ctl.reserved_keys:
         assert key.rsplit(":", 1)[0] in ctl.sla_unmet and key not in ctl._installed, key
         shares = ctl.current.paths.get(key)

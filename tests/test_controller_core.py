@@ -1549,9 +1549,11 @@ def test_a_long_running_controller_keeps_no_state_of_jobs_gone(
     memos' bound set to 2 (65 536 by default): the controller keeps the demands of the pairs
     it plans only and at most 2 memoised tuples, and still heals right: job a (gpu0 <->
     gpu2) loses its spine and moves both pairs to the other one."""
-    from fabricpilot.controller import core
+    from fabricpilot.controller import core, planner
 
     monkeypatch.setattr(core, "_MEMO_MAX", 2)
+    monkeypatch.setattr(planner, "_FLAT_MAX", 2)
+    monkeypatch.setattr(planner, "_flat_memo", {})
     dp = FakeDataPlane()
     ctl = Controller(dp, ControllerParams(parts=1))
     ctl.declare(Intent("a", "t1", (0, 2), (CommCall("allreduce", 1 << 30, 500.0, 0),)))
@@ -1569,7 +1571,7 @@ def test_a_long_running_controller_keeps_no_state_of_jobs_gone(
         ctl.plan()
         assert set(ctl._demand) == {rule_key("a", 0, 2), rule_key("a", 2, 0)}
         assert set(ctl._made) == {"a"}
-        assert len(ctl._links_cache) <= 2 and len(ctl._scoped_cache) <= 2
+        assert len(planner._flat_memo) <= 2 and len(ctl._scoped_cache) <= 2
     on = [sum(1 for ps in ctl._installed.values() if spine[s] & set(ps.paths[0]))
           for s in (0, 1)]
     assert sum(on) == 2

@@ -879,7 +879,6 @@ class Controller:
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
         self._live_for: frozenset[int] = frozenset()  # the links the cache's filtering avoids
-        self._links_cache: dict[int, tuple[tuple, set[int]]] = {}
         # the L1/L2 jobs the last demands() planned (while there is one, L3 jobs are capped)
         self._strict_tasks: frozenset[str] = frozenset()
         # the jobs whose pairs' senders are held to the rate planned for them (l3_rate_cap),
@@ -2351,15 +2350,6 @@ class Controller:
             used.update(distinct(planner._flat_tuples(tuples)[2]).tolist())
         return used
 
-    def _links_in(self, paths: tuple[tuple[int, ...], ...]) -> set[int]:
-        """The links of a tuple of paths (cached per tuple)."""
-        hit = self._links_cache.get(id(paths))
-        if hit is None or hit[0] is not paths:
-            if len(self._links_cache) >= _MEMO_MAX:
-                self._links_cache.clear()
-            hit = self._links_cache[id(paths)] = (paths, set(_chain(paths)))
-        return hit[1]
-
     def _record(self, sets: list[PathSet]) -> None:
         """Remember installed path sets, indexed by link, with their explicit rules (the
         link index's edits deferred, in two batches: the links of the sets replaced out,
@@ -2690,9 +2680,8 @@ class Controller:
         parts: list[Demand] = []  # one per share of a path set on a dead path
         kept: dict[str, list[tuple[tuple[int, ...], float]]] = {}  # key -> its live shares
         moved: dict[str, list[float]] = {}  # key -> the weights of its dead shares, in order
-        used: set[int] = set()
+        movers: list[Demand] = []  # (the demands of the keys with a share moving)
         paths = plan.paths
-        seen: set[int] = set()  # candidate tuples whose links are in used
         live_cache = self._live_cache
         for k in affected:
             d = self._demand.get(k)
@@ -2733,12 +2722,10 @@ class Controller:
             for j, w in enumerate(dead):
                 parts.append(_demand(f"{k}\x1f{j}", rate * w, cands, d.weight, head, tail,
                                      priority=d.priority))
-            used.update(d.head, d.tail)
-            # the links of all its candidates (a superset of the live ones' links: those of
-            # a tuple are cached across failures, and a dead link in ``used`` is harmless)
-            if id(d.candidates) not in seen:
-                seen.add(id(d.candidates))
-                used.update(self._links_in(d.candidates))
+            movers.append(d)
+        # the links of all their candidates (a superset of the live ones' links: those of a
+        # tuple are kept across failures, and a dead link among them is harmless)
+        used = self._links_of(movers)
 
         # a share moves whole unless that would load a link well beyond the plan's lambda
         # (at least 100 %): then it goes as ``parts`` equal QPs (as the compiled way does)

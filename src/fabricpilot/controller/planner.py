@@ -1041,9 +1041,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     checkpoint()
     n = len(com.demands)
     load = com.bg.copy()
-    # (numpy's string order is Python's for keys without NUL characters, and sorts in C)
-    by_key = np.argsort(np.array(com.keys, dtype=str), kind="stable") if n else np.zeros(
-        0, np.int64)
+    # (the keys' order, as Python sorts them: no fixed-width copy of every key is made)
+    keys = com.keys
+    by_key = np.fromiter(sorted(range(n), key=keys.__getitem__), np.int64, n)
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
     made: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
@@ -1713,12 +1713,14 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     # the column of each run of equal slots in a row (a part's slots, or a whole demand's)
     run = np.ones(choice.shape, np.bool_)
     run[:, 1:] = choice[:, 1:] != choice[:, :-1]
-    cols = (com.g_col0[com.grp][:, None] + choice)[run]
+    # (no slot-by-slot copy of the choices: a plan's have rows of ``split`` slots)
+    runs = run.sum(axis=1)
+    cols = choice[run] + np.repeat(com.g_col0[com.grp], runs)
     c_len = com.c_ptr[cols + 1] - com.c_ptr[cols]
     rows = np.concatenate((com.fix_idx, com.c_idx[_ranges(com.c_ptr[cols], c_len)]))
     ids = np.arange(n, dtype=np.int64)
     owner = np.concatenate((np.repeat(ids, np.diff(com.fix_ptr)),
-                            np.repeat(np.repeat(ids, run.sum(axis=1)), c_len)))
+                            np.repeat(np.repeat(ids, runs), c_len)))
     return KeyLinks(list(com.keys), com.links[rows], owner)
 
 

@@ -13,7 +13,10 @@ scheduler places large training jobs; rings per rail, AlltoAll in NCCL's PXN sty
 pairs for 256 GPUs), and on GPUs drawn at random across the cluster (about one per host:
 every AlltoAll pair through the NICs, 65 280 for 256 GPUs, the most a job can have).
 Targets: <= 1 s each. The time of ``Controller.plan()`` is also split into the
-controller's ``demands()``, the planner and the rest (steering, install). Building the
+controller's ``demands()``, the planner and the rest (steering, install), and its CPU time
+(user, system) and page faults are given: most of a plan's memory is new (its path sets
+and records), so where first touching a page is slow (a virtual machine) the system time
+and faults say how much of a slow run is the machine's. Building the
 controller (reading the fabric and making its route tables, as a controller does when it
 learns the topology) is timed apart. Then one job
 changes (an AllReduce becomes an AlltoAll) and is planned by itself
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -41,6 +45,8 @@ from typing import Any
 import numpy as np
 
 PLAN_TARGET_S = 1.0  # planner wall time per case (the median over runs)
+# the unit of ``ru_maxrss``: kilobytes on Linux, bytes on macOS
+_MAXRSS_BYTES = 1 if sys.platform == "darwin" else 1024
 RANK_TARGET_MS = 1.0  # SLA-aware ranking per request
 GAP_TARGET = 0.05  # the planner's largest gap to the LP optimum
 
@@ -72,12 +78,17 @@ def planner_case(gpus: int, jobs: int, seed: int = 1, placement: str = "hosts"
     core.plan_greedy = _timed(parts, "greedy_s", greedy)  # type: ignore[assignment]
     ctl.demands = _timed(parts, "demands_s", ctl.demands)  # type: ignore[method-assign]
     try:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t1 = time.perf_counter()
         rep = ctl.plan()
         plan_s = time.perf_counter() - t1
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:
         core.plan_greedy = greedy  # type: ignore[assignment]
     out = {"setup_s": setup, "plan_s": plan_s, "demands": rep.demands,
+           "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
+           "faults": float(r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt),
+           "peak_gb": r1.ru_maxrss * _MAXRSS_BYTES / 1e9,
            "lambda": rep.plan.max_utilization, "demands_s": parts.get("demands_s", 0.0),
            "greedy_s": parts.get("greedy_s", 0.0),
            "rest_s": plan_s - parts.get("demands_s", 0.0) - parts.get("greedy_s", 0.0)}
@@ -228,6 +239,9 @@ def main() -> None:
                   f"{r['rest_s']:>13.2f}", flush=True)
             print(f"  controller built in {r['setup_s']:.2f} s (the fabric read, its route "
                   f"tables made; not in the plan)", flush=True)
+            print(f"  plan CPU: {r['user_s']:.2f} s user, {r['sys_s']:.2f} s system; "
+                  f"{int(r['faults'])} page faults (memory touched the first time); "
+                  f"process peak {r['peak_gb']:.2f} GB", flush=True)
             print(f"  re-planned (same jobs, same links): {r['replan_s']:.2f} s", flush=True)
             print(f"  one job changed: planned by itself ({int(r['job_demands'])} demands) in "
                   f"{r['job_plan_s'] * 1e3:.0f} ms, lambda {r['job_lambda']:.2f} (all jobs "

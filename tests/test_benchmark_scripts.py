@@ -27,6 +27,13 @@ def test_the_controller_benchmark_reports_each_target() -> None:
         assert re.search(rf"1024 GPUs / 8 jobs on {placement}: plan [\d.]+ s against the "
                          r"target of 1 s: (met|missed)", out), out
     assert re.search(r"one job changed: planned by itself \(2816 demands\)", out), out
+    # each plan's CPU time and the memory it touched first, a line per run of both cases
+    cpu = re.findall(r"^  plan CPU: ([\d.]+) s user, ([\d.]+) s system; (\d+) page faults "
+                     r"\(memory touched the first time\); process peak ([\d.]+) GB$", out, re.M)
+    assert len(cpu) == 2, out
+    for user, _, faults, peak in cpu:
+        # (a plan of 12 288 pairs or more makes megabytes of new objects: pages are touched)
+        assert float(user) > 0 and int(faults) > 0 and float(peak) > 0
     assert re.search(r"one job changed: planned by itself \(16256 demands\)", out), out
     assert re.search(r"telemetry: 1024 GPUs, \d+ links: a control period with every port "
                      r"reporting folded into the congestion map in [\d.]+ ms, an idle one "

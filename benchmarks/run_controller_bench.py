@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 PLAN_TARGET_S = 1.0  # planner wall time per case (the median over runs)
-# the unit of ``ru_maxrss``: kilobytes on Linux, bytes on macOS
-_MAXRSS_BYTES = 1 if sys.platform == "darwin" else 1024
 RANK_TARGET_MS = 1.0  # SLA-aware ranking per request
 GAP_TARGET = 0.05  # the planner's largest gap to the LP optimum
+# the unit of ``ru_maxrss``: kilobytes on Linux, bytes on macOS
+_MAXRSS_BYTES = 1 if sys.platform == "darwin" else 1024
 
 
 def _timed(into: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

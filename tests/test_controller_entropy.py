@@ -390,15 +390,49 @@ def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
     assert len(table.ids) == n and (10**6,) not in table.ids
 
 
+@pytest.mark.parametrize(("per_switch", "entropy", "rules"),
+                         [(True, True, 4096), (False, True, 32), (True, False, 20)])
+def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(
+        monkeypatch, per_switch: bool, entropy: bool, rules: int) -> None:
+    """A whole plan's hash decisions derived from its paths at once (no switch path
+    interned) give every QP the port and the rules that interning each switch path gives
+    (a view steering cannot read as arrays): with per-switch seeds, with one seed for every
+    switch (tiers polarised: rules fill the gap, 32 a switch) and without NIC entropy
+    (the hash path alone needs no rule, 20 a switch), where some paths do not fit the
+    rule budget and follow their hash; and in a re-plan of the same jobs."""
+    from fabricpilot.controller.entropy import SteeringTable
+
+    def installed(ctl: Controller) -> dict:
+        return {k: (s.paths, s.ports, s.rules) for k, s in ctl._installed.items()}
+
+    got = []
+    for arrays in (True, False):
+        if not arrays:
+            monkeypatch.setattr(SteeringTable, "steer_paths", lambda *a, **k: None)
+        _, ctl = _alltoall_controller(_ctx(per_switch, entropy, rules))
+        first = ctl.plan()
+        once = installed(ctl)
+        ctl.plan(background={})
+        got.append((once, installed(ctl), first.pinned, first.unpinned))
+    assert got[0] == got[1]
+    once, _, pinned, unpinned = got[0]
+    assert len(once) == 64 * 63
+    # the cases differ as described: with per-switch seeds and entropy, no rule and no
+    # path left to its hash; else some of each (the budgets are too small for all)
+    assert (pinned > 0) == (unpinned > 0) == (not per_switch or not entropy)
+
+
 def test_a_plan_interns_the_switch_paths_of_its_tuples_once(monkeypatch) -> None:
-    """Steering a whole plan interns each switch path its pairs take once (the pairs of a
-    leaf pair share them), not every path, and a re-plan none; yet every path gets the id
-    of its own switch path, as interning it alone would give."""
+    """On a view steering cannot read as arrays, steering a whole plan interns each switch
+    path its pairs take once (the pairs of a leaf pair share them), not every path, and a
+    re-plan none; yet every path gets the id of its own switch path, as interning it alone
+    would give."""
     from fabricpilot.controller import core
     from fabricpilot.controller.entropy import SteeringTable
 
     ctx = _ctx(per_switch=True)
     _, ctl = _alltoall_controller(ctx)
+    monkeypatch.setattr(SteeringTable, "steer_paths", lambda *a, **k: None)
     seen: dict = {}
     interned: list[int] = []
     real_ids, real_intern = core._switch_path_ids, SteeringTable._intern

@@ -3561,9 +3561,14 @@ class Controller:
                 ports[r] = port
                 rules[r] = rl
         else:
-            mids = _switch_path_ids(table, plan.parts, paths, dst, n_per_key)
-            self._check()
-            ports, got_rules = table.steer(src, dst, start, mids, paths, tries)
+            # (a whole plan's hash decisions derived from its paths at once; a view steering
+            # cannot read as arrays, path by path)
+            got = table.steer_paths(src, dst, start, paths, tries)
+            if got is None:
+                mids = _switch_path_ids(table, plan.parts, paths, dst, n_per_key)
+                self._check()
+                got = table.steer(src, dst, start, mids, paths, tries)
+            ports, got_rules = got
             self._check()
             for r, rl in got_rules.items():
                 rules[r] = rl

@@ -629,7 +629,53 @@ class SteeringTable:
         """Source ports that land requests (``src``, ``dst``, search ``start``, switch-path
         id ``mid`` from :meth:`intern`, full path) on their paths, and the rules still needed
         by the requests that need some (request -> ``(switch, link)`` rules)."""
-        ptr, term, rot, size, want = self._flat()
+        return self._search(src, dst, start, mid, paths, max_tries, self._flat(),
+                            self._c_sw.values)
+
+    def steer_paths(self, src: NDArray[np.int64], dst: NDArray[np.int64],
+                    start: NDArray[np.int64], paths: list[tuple[int, ...]], max_tries: int,
+                    ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]] | None:
+        """:meth:`steer` of requests whose hash decisions are derived from their own paths
+        at once (compiled, over the flattened paths), not looked up per switch path: no
+        switch path is interned, so a fresh table costs what a known one does (a whole
+        plan's paths, most of them new to a fresh controller). ``None`` if the view is not
+        compiled (see :meth:`_compiled_view`) or a path leaves it: :meth:`intern` and
+        :meth:`steer` do then.
+
+        >>> from fabricpilot.controller.southbound import EcmpSpec, LinkInfo
+        >>> links = [LinkInfo(0, "g0", "l0", 100, 1), LinkInfo(1, "l0", "s0", 100, 1),
+        ...          LinkInfo(2, "l0", "s1", 100, 1), LinkInfo(3, "s0", "l1", 100, 1),
+        ...          LinkInfo(4, "s1", "l1", 100, 1), LinkInfo(5, "l1", "g1", 100, 1)]
+        >>> spec = EcmpSpec(0, False, True, {"l0": 0, "s0": 1, "s1": 2},
+        ...                 {("l0", "l1"): (1, 2)}, {0: "l0", 1: "l1"})
+        >>> v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu"}, {},
+        ...                           {0: "g0", 1: "g1"}, ecmp=spec)
+        >>> paths = [(0, 1, 3, 5), (0, 2, 4, 5)]
+        >>> args = (np.zeros(2, np.int64), np.ones(2, np.int64), np.arange(2), paths, 64)
+        >>> SteeringTable(v).steer_paths(*args) == SteeringTable(v).steer(
+        ...     *args[:3], SteeringTable(v).intern(paths, [1, 1]), *args[3:])
+        True
+        """
+        compiled = self._compiled_view()
+        if compiled is None:
+            return None
+        rows = _path_rows(paths, dst, compiled)
+        if rows is None:
+            return None
+        link_sw, grp, g_ptr, g_links, _ = compiled
+        count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links)
+        arrays = (_offsets(count), self._sw_term[c_sw], self._sw_rot[c_sw], c_size, c_want)
+        return self._search(src, dst, start, np.arange(len(paths), dtype=np.int64), paths,
+                            max_tries, arrays, c_sw)
+
+    def _search(self, src: NDArray[np.int64], dst: NDArray[np.int64],
+                start: NDArray[np.int64], mid: NDArray[np.int64], paths: list[tuple[int, ...]],
+                max_tries: int, arrays: tuple[NDArray, ...], c_sw: NDArray[np.int64],
+                ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]]:
+        """:meth:`steer` over constraint arrays ``arrays`` (offsets per switch path ``mid``
+        indexes, switch term, rotation, group size, wanted member) and each constraint's
+        switch ``c_sw``."""
+        ptr, term, rot, size, want = arrays
         s_row, d_row, a_term, b_term = _gpu_rows(src, dst)
         best, n_miss = _search_terms(s_row, d_row, start, mid, ptr, term, rot, size, want,
                                      a_term, b_term, self.port_term, max_tries)
@@ -639,7 +685,7 @@ class SteeringTable:
         if len(rows):
             missed = _missed(rows, s_row, d_row, best, mid, ptr, term, rot, size, want,
                              a_term, b_term, self.port_term)
-            links, names, c_sw = self.view.links, self._sw_names, self._c_sw.values
+            links, names = self.view.links, self._sw_names
             ptr_l = ptr.tolist()
             q = 0
             for r, m in zip(rows.tolist(), mid[rows].tolist(), strict=True):

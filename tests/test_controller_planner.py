@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from fabricpilot.controller.planner import (
 )
 from fabricpilot.controller.planner import (
     Demand,
+    PartChoice,
     _pairwise_sum,
     _round9_key,
     gap,
@@ -799,3 +801,27 @@ def test_flattened_candidate_tuples_are_those_of_a_plain_pass(
         got = planner._flat_tuples(ts)
         assert [a.tolist() for a in got] == plain(ts)
         assert len(planner._flat_memo) <= 150
+
+
+@pytest.mark.parametrize("mixed_share", [0.0, 0.1, 1.0])
+def test_a_plans_slots_are_each_demands_distinct_choices_counted(mixed_share: float) -> None:
+    """Of part choices (a row of ``split`` per demand), the slots are each row's distinct
+    candidates in increasing order with how many of its choices are on each, as counting
+    them row by row gives: rows all on one candidate (whole demands), rows spread over
+    several, and both together."""
+    rng = np.random.default_rng(5)
+    split, n = 8, 300
+    choice = np.repeat(rng.integers(0, 6, n)[:, None], split, axis=1)
+    spread = rng.random(n) < mixed_share
+    choice[spread] = np.sort(rng.integers(0, 6, (int(spread.sum()), split)), axis=1)[
+        :, rng.permutation(split)]
+    z = np.zeros(n)
+    count, cand, runs = PartChoice([], z, z, [], z, z, z, choice, (), z, z, z).slot_runs
+    want = [sorted(collections.Counter(row).items()) for row in choice.tolist()]
+    assert count.tolist() == [len(w) for w in want]
+    assert cand.tolist() == [c for w in want for c, _ in w]
+    assert runs.tolist() == [m for w in want for _, m in w]
+    assert (count > 1).any() == bool(spread.any())
+    empty = PartChoice([], z[:0], z[:0], [], z[:0], z[:0], z[:0], choice[:0], (), z[:0],
+                       z[:0], z[:0]).slot_runs
+    assert [a.tolist() for a in empty] == [[], [], []]

@@ -336,10 +336,9 @@ def _switch_path_ids(table: SteeringTable, parts: PartChoice | None,
     n = len(n_per_key)
     if parts is None or len(parts.demands) != n or not n or not parts.plain.any():
         return table.intern(paths, dst)
-    srt, new = parts.slot_starts
-    if not np.array_equal(new.sum(axis=1), n_per_key):
+    count, cand, _ = parts.slot_runs  # (each demand's candidates in order, as its paths)
+    if not np.array_equal(count, n_per_key):
         return table.intern(paths, dst)
-    cand = srt[new]  # (row by row: each demand's candidates in order, as its paths)
     row = np.repeat(np.arange(n, dtype=np.int64), n_per_key)
     plain = np.flatnonzero(parts.plain[row])
     of = row[plain]  # (the demand of each such path)

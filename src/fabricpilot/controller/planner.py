@@ -220,27 +220,46 @@ class PartChoice:
     weight: NDArray[np.float64]
 
     @functools.cached_property
-    def slot_starts(self) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-        """Each demand's part choices sorted (a row per demand), and which of them start a
-        slot (a distinct candidate: the demand's paths, in order, are those candidates);
-        made once (the choices of a plan do not change).
+    def slot_runs(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Each demand's slots (the distinct candidates of its part choices, ascending: its
+        paths, in order): how many it has, and of every slot, demand by demand, its
+        candidate and how many of the demand's ``split`` choices are on it; made once (the
+        choices of a plan do not change). Only the demands with choices on several
+        candidates are sorted (most are whole: every choice on one).
 
         >>> z = np.zeros(1)
-        >>> pc = PartChoice([], z, z, [], z, z, z, np.array([[2, 0, 2]]), (), z, z, z)
-        >>> srt, new = pc.slot_starts
-        >>> srt.tolist(), new.tolist()
-        ([[0, 2, 2]], [[True, True, False]])
+        >>> pc = PartChoice([], z, z, [], z, z, z, np.array([[2, 0, 2], [1, 1, 1]]), (), z,
+        ...                 z, z)
+        >>> [a.tolist() for a in pc.slot_runs]
+        [[2, 1], [0, 2, 1], [1, 2, 3]]
         """
-        n = len(self.choice)
-        srt = self.choice.reshape(n, self.choice.shape[1] if n else 1)
-        # (most demands are whole, all parts on one candidate: only the others sorted)
-        mixed = np.flatnonzero((srt[:, 1:] != srt[:, :1]).any(axis=1))
-        if len(mixed):
-            srt = srt.copy()
-            srt[mixed] = np.sort(srt[mixed], axis=1)
+        choice = self.choice
+        n = len(choice)
+        if not n:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        split = choice.shape[1]
+        count = np.ones(n, np.int64)
+        mixed = np.flatnonzero((choice[:, 1:] != choice[:, :1]).any(axis=1))
+        if not len(mixed):
+            return count, choice[:, 0].astype(np.int64), np.full(n, split, np.int64)
+        srt = np.sort(choice[mixed], axis=1)
         new = np.ones(srt.shape, np.bool_)
         new[:, 1:] = srt[:, 1:] != srt[:, :-1]
-        return srt, new
+        count[mixed] = new.sum(axis=1)
+        first = _offsets(count)
+        cand = np.empty(int(first[-1]), np.int64)
+        runs = np.empty(int(first[-1]), np.int64)
+        whole = np.ones(n, np.bool_)
+        whole[mixed] = False
+        at_whole = first[:-1][whole]
+        cand[at_whole] = choice[whole, 0]
+        runs[at_whole] = split
+        at = np.flatnonzero(new.ravel())  # (each slot's first choice, in the sorted rows)
+        row_end = (at // split + 1) * split
+        at_mixed = _ranges(first[:-1][mixed], count[mixed])
+        cand[at_mixed] = srt.ravel()[at]
+        runs[at_mixed] = np.minimum(np.r_[at[1:], len(mixed) * split], row_end) - at
+        return count, cand, runs
 
 
 class LinkValues(Mapping[int, float]):

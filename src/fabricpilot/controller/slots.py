@@ -108,18 +108,12 @@ class SlotTable:
             return None
         if keys is None:
             keys = [d.key for d in dem]
-        srt, new = parts.slot_starts
-        split = srt.shape[1]
-        at = np.flatnonzero(new.ravel())  # each slot's first part (flat)
-        row_end = (at // split + 1) * split
-        runs = np.minimum(np.r_[at[1:], n * split], row_end) - at  # parts per slot
-        count = new.sum(axis=1).astype(np.int64)
+        count, cand, runs = parts.slot_runs  # (runs: the parts on each slot)
         first = np.zeros(n, np.int64)
         np.cumsum(count[:-1], out=first[1:])
         return cls(keys, dict(zip(keys, range(n), strict=True)), list(sets),
                    ~parts.plain, parts.rank, parts.grp, parts.tup, parts.tuples,
-                   parts.rate, parts.weight, src, dst, first, count,
-                   srt.ravel()[at].astype(np.int64),
+                   parts.rate, parts.weight, src, dst, first, count, cand,
                    np.asarray(parts.acc, np.float64)[runs])
 
     def slots(self, row: int) -> tuple[NDArray[np.int64], NDArray[np.float64]]:

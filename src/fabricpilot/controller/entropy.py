@@ -404,6 +404,25 @@ def _path_rows(paths: list[tuple[int, ...]], dst: NDArray[np.int64], compiled: t
     return flat, _offsets(per), leaf
 
 
+def _two_spine_view() -> FabricView:
+    """The fabric of the examples: GPU 0 on leaf ``l0`` (link 0), GPU 1 on leaf ``l1`` (link
+    5), two spines between them (``l0`` up by links 1 and 2, down to ``l1`` by 3 and 4),
+    one ECMP group (``l0``'s uplinks towards ``l1``) and one hash seed for every switch.
+
+    >>> [(lk.src, lk.dst) for lk in _two_spine_view().links.values()][1:3]
+    [('l0', 's0'), ('l0', 's1')]
+    """
+    from fabricpilot.controller.southbound import EcmpSpec, LinkInfo
+
+    links = [LinkInfo(0, "g0", "l0", 100, 1), LinkInfo(1, "l0", "s0", 100, 1),
+             LinkInfo(2, "l0", "s1", 100, 1), LinkInfo(3, "s0", "l1", 100, 1),
+             LinkInfo(4, "s1", "l1", 100, 1), LinkInfo(5, "l1", "g1", 100, 1)]
+    spec = EcmpSpec(0, False, True, {"l0": 0, "s0": 1, "s1": 2}, {("l0", "l1"): (1, 2)},
+                    {0: "l0", 1: "l1"})
+    return FabricView.from_links(links, {"g0": "gpu", "g1": "gpu"}, {}, {0: "g0", 1: "g1"},
+                                 ecmp=spec)
+
+
 class SteeringTable:
     """What steering needs of one fabric, kept across calls: the hash decisions
     (:func:`constraints`) of every switch path seen, interned (a switch path's id indexes
@@ -497,14 +516,7 @@ class SteeringTable:
         controller's candidate tuples live across plans: a re-plan interns no path again),
         and only the candidates some request takes are interned.
 
-        >>> from fabricpilot.controller.southbound import EcmpSpec, LinkInfo
-        >>> links = [LinkInfo(0, "g0", "l0", 100, 1), LinkInfo(1, "l0", "s0", 100, 1),
-        ...          LinkInfo(2, "l0", "s1", 100, 1), LinkInfo(3, "s0", "l1", 100, 1),
-        ...          LinkInfo(4, "s1", "l1", 100, 1), LinkInfo(5, "l1", "g1", 100, 1)]
-        >>> spec = EcmpSpec(0, False, True, {"l0": 0, "s0": 1, "s1": 2},
-        ...                 {("l0", "l1"): (1, 2)}, {0: "l0", 1: "l1"})
-        >>> v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu"}, {},
-        ...                           {0: "g0", 1: "g1"}, ecmp=spec)
+        >>> v = _two_spine_view()
         >>> table, spines = SteeringTable(v), ((1, 3), (2, 4))
         >>> def ask(c): return table.intern_candidates(
         ...     [spines], np.zeros(len(c), np.int64), np.array(c), *(np.full(len(c), x)
@@ -642,14 +654,7 @@ class SteeringTable:
         compiled (see :meth:`_compiled_view`) or a path leaves it: :meth:`intern` and
         :meth:`steer` do then.
 
-        >>> from fabricpilot.controller.southbound import EcmpSpec, LinkInfo
-        >>> links = [LinkInfo(0, "g0", "l0", 100, 1), LinkInfo(1, "l0", "s0", 100, 1),
-        ...          LinkInfo(2, "l0", "s1", 100, 1), LinkInfo(3, "s0", "l1", 100, 1),
-        ...          LinkInfo(4, "s1", "l1", 100, 1), LinkInfo(5, "l1", "g1", 100, 1)]
-        >>> spec = EcmpSpec(0, False, True, {"l0": 0, "s0": 1, "s1": 2},
-        ...                 {("l0", "l1"): (1, 2)}, {0: "l0", 1: "l1"})
-        >>> v = FabricView.from_links(links, {"g0": "gpu", "g1": "gpu"}, {},
-        ...                           {0: "g0", 1: "g1"}, ecmp=spec)
+        >>> v = _two_spine_view()
         >>> paths = [(0, 1, 3, 5), (0, 2, 4, 5)]
         >>> args = (np.zeros(2, np.int64), np.ones(2, np.int64), np.arange(2), paths, 64)
         >>> SteeringTable(v).steer_paths(*args) == SteeringTable(v).steer(

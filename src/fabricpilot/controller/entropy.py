@@ -433,7 +433,10 @@ class SteeringTable:
     last link): a switch path's are derived from the first request that uses it, all the new
     ones of a call at once (compiled, over arrays of the view's links and groups). If a
     ``cache`` (``{switch path: constraints}``, shared with :func:`steer`) is given, they are
-    taken from it and put in it instead, path by path."""
+    taken from it and put in it instead, path by path. A whole plan's paths, mostly new to
+    a fresh controller, are steered without interning (:meth:`steer_paths`): deriving the
+    constraints of all of them at once costs less than finding which switch paths are
+    new."""
 
     def __init__(self, view: FabricView,
                  cache: dict[tuple[int, ...], list[tuple[str, tuple[int, ...], int]]]

@@ -2329,8 +2329,7 @@ class Controller:
         shares = list(map(paths.pop, keys))
         n_sh = np.fromiter(map(len, shares), np.int64, len(keys))
         ps, ws = zip(*_chain(shares), strict=True) if int(n_sh.sum()) else ((), ())
-        plen = np.fromiter(map(len, ps), np.int64, len(ps))
-        links = np.fromiter(_chain(ps), np.int64, int(plen.sum()))
+        plen, links = flatten_paths([ps])[1:]
         rate = np.fromiter((demand[k].rate_gbps for k in keys), np.float64, len(keys))
         out = np.repeat(np.repeat(rate, n_sh) * np.array(ws, np.float64), plen)
         ids, at = np.unique(links, return_inverse=True)

@@ -4,6 +4,7 @@ only where the hash cannot reach, within each switch's rule budget."""
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import pairwise
 
 import numpy as np
@@ -420,6 +421,96 @@ def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(
     # the cases differ as described: with per-switch seeds and entropy, no rule and no
     # path left to its hash; else some of each (the budgets are too small for all)
     assert (pinned > 0) == (unpinned > 0) == (not per_switch or not entropy)
+
+
+@pytest.mark.parametrize(("per_switch", "entropy", "rules"),
+                         [(True, True, 4096), (False, True, 32), (True, False, 20)])
+def test_a_replan_steers_only_the_pairs_whose_paths_moved(
+        monkeypatch, per_switch: bool, entropy: bool, rules: int) -> None:
+    """A whole re-plan keeps the installed set of every pair whose planned paths it holds
+    as steering made it (no rule, none left to the hash; the same weights and rate cap):
+    the QPs keep their ports and nothing is sent for them. Only the other pairs are
+    steered, and the sets are those a controller planning from scratch with the same
+    background installs (ports, rules and all), in each of the three configurations."""
+    from fabricpilot.controller.entropy import SteeringTable
+
+    def installed(ctl: Controller) -> dict:
+        return {k: (s.paths, s.weights, s.ports, s.rules, s.rate_cap_gbps)
+                for k, s in ctl._installed.items()}
+
+    def fresh(background: dict[int, float]) -> dict:
+        _, other = _alltoall_controller(_ctx(per_switch, entropy, rules))
+        other.plan(background=background)
+        return installed(other)
+
+    steered: list[int] = []
+    real = SteeringTable.steer_paths
+
+    def spy(self, src, dst, start, paths, tries):  # type: ignore[no-untyped-def]
+        steered.append(len(paths))
+        return real(self, src, dst, start, paths, tries)
+
+    monkeypatch.setattr(SteeringTable, "steer_paths", spy)
+    _, ctl = _alltoall_controller(_ctx(per_switch, entropy, rules))
+    first = ctl.plan(background={})
+    before = dict(ctl._installed)
+    as_steered = {k for k, s in before.items() if not any(s.rules) and k not in first.spilled}
+    # (the configurations as described: rules and QPs left to the hash but with per-switch
+    # seeds and NIC entropy; some sets kept in every one)
+    assert (len(as_steered) == len(before)) == (per_switch and entropy) and as_steered
+    # the same jobs on the same links: every set as steering made it kept, none sent
+    steered.clear()
+    again = ctl.plan(background={})
+    assert again.installed == 0
+    assert all(ctl._installed[k] is before[k] for k in as_steered)
+    if per_switch and entropy:
+        assert steered == []  # (every set kept: nothing left to steer)
+    assert installed(ctl) == fresh({})
+    # a fabric link under undeclared load: the pairs on it move; the QPs of pairs whose
+    # paths did not change keep their sets, and the rest is as steering from scratch
+    on = Counter(lk for s in before.values() for p in s.paths for lk in p[1:-1])
+    hot = on.most_common(1)[0][0]
+    background = {hot: 0.9 * ctl.view.links[hot].capacity_gbps}
+    steered.clear()
+    ctl.plan(background=background)
+    moved = [k for k, s in ctl._installed.items() if s is not before.get(k)]
+    assert 0 < len(moved) < len(before)
+    if per_switch and entropy:  # (one steering pass: of the moved pairs' QPs alone)
+        assert steered == [sum(len(ctl._installed[k].paths) for k in moved)]
+    assert installed(ctl) == fresh(background)
+
+
+def test_a_replan_steers_again_the_sets_steering_did_not_make() -> None:
+    """A set installed since the last whole plan by other means (a heal keeps the ports of
+    the paths a pair still has, wherever they sit in its set) may hold a port that steering
+    would not give: here another port whose hash takes the same path. The next whole plan
+    keeps no such set: its sets are those of a controller planning from scratch, and a
+    heal after it leaves no path on the dead link."""
+
+    def installed(ctl: Controller) -> dict:
+        return {k: (s.paths, s.weights, s.ports, s.rules) for k, s in ctl._installed.items()}
+
+    ctx = _ctx(per_switch=True)
+    _, ctl = _alltoall_controller(ctx)
+    ctl.plan(background={})
+    scratch = installed(ctl)
+    key = next(k for k, s in ctl._installed.items() if len(s.paths[0]) == 6)
+    old = ctl._installed[key]
+    a, b = pair_of_key(key)
+    other = next(p for p in range(49152, 65536)
+                 if p != old.ports[0] and _twin_path(ctx, a, b, p) == old.paths[0])
+    ctl._record([old._replace(ports=(other,))])  # (as a heal that kept a QP's port)
+    again = ctl.plan(background={})
+    assert installed(ctl) == scratch and again.installed == 1  # (that set, re-steered)
+    # a heal, then a whole plan: again as from scratch with the link down
+    down = next(lk for lk in old.paths[0][1:-1])
+    assert ctl.on_links_changed([down], [])
+    ctl.plan(background={})
+    _, fresh = _alltoall_controller(ctx)
+    fresh.on_links_changed([down], [])
+    fresh.plan(background={})
+    assert installed(ctl) == installed(fresh)
+    assert all(down not in p for s in ctl._installed.values() for p in s.paths)
 
 
 def test_a_plan_interns_the_switch_paths_of_its_tuples_once(monkeypatch) -> None:

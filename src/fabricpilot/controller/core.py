@@ -19,7 +19,7 @@ import operator
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -181,6 +181,45 @@ def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[
         out[i] = PathSet(keys[i], t_paths[lo:hi], t_weights[lo:hi], t_ports[lo:hi],
                          t_rules[lo:hi], caps[i])
     return out.tolist()
+
+
+def _kept_sets(keys: Sequence[str],
+               shares_of: Sequence[Sequence[tuple[tuple[int, ...], float]]],
+               caps: Sequence[float], installed: Mapping[str, PathSet],
+               skip: Container[str] = (),
+               ) -> list[PathSet | None]:
+    """Per key, the installed set that already holds the planned ``shares_of`` (its paths and
+    weights in order, each path steered by its port alone: no rule) with the same rate cap,
+    else ``None`` (also for the keys ``skip``). Where the installed sets are as steering made
+    them (not a heal's, not left to the hash: ``skip``), steering the key again would give
+    such a set its ports once more: a re-plan keeps it (its QPs keep their ports, nothing
+    is sent) and steers only the others.
+
+    >>> held = {"a": PathSet("a", ((1, 2),), (1.0,), (7,), ((),)),
+    ...         "b": PathSet("b", ((3,),), (1.0,), (8,), ((("s1", 1),),))}
+    >>> got = _kept_sets(["a", "b", "c"], [[((1, 2), 1.0)], [((3,), 1.0)], [((4,), 1.0)]],
+    ...                  [math.inf] * 3, held)
+    >>> [got[0] is held["a"], got[1], got[2]]
+    [True, None, None]
+    >>> _kept_sets(["a"], [[((1, 2), 0.5), ((5,), 0.5)]], [math.inf], held)
+    [None]
+    """
+    out: list[PathSet | None] = list(map(installed.get, keys))
+    for i, (old, shares, cap) in enumerate(zip(out, shares_of, caps, strict=True)):
+        if old is None:
+            continue
+        _, paths, weights, ports, rules, old_cap = old
+        if old_cap != cap or len(ports) != len(shares):
+            out[i] = None
+        elif len(shares) == 1:  # (most keys: one path)
+            if shares[0] != (paths[0], weights[0]) or rules[0]:
+                out[i] = None
+        elif (any(rules) or len(paths) != len(shares)
+              or shares != list(zip(paths, weights, strict=True))):
+            out[i] = None
+    if skip:
+        out = [None if k in skip else s for k, s in zip(keys, out, strict=True)]
+    return out
 
 
 def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]) -> list[PathSet]:
@@ -944,6 +983,9 @@ class Controller:
         self._load_rows: NDArray[np.float64] | None = None
         # keys whose installed paths are not the plan's (a path left to its hash)
         self._spilled: dict[str, int] = {}  # key -> its QPs left to the hash
+        # every installed set is as a whole plan's steering made it (a heal, a job planned
+        # by itself or sets adopted since say no): a re-plan may keep them (steer_plan)
+        self._steered_whole = False
         # installed path sets forgotten since the data plane was last told (see _forget)
         self._forgotten: list[str] = []
         # what heals replaced in the records (old paths and path sets), one entry per heal:
@@ -1078,6 +1120,7 @@ class Controller:
         if self._slots is not None:
             self._slots.mark_stale(ps.key for ps in sets)
         self._installed.update({ps.key: ps for ps in sets})
+        self._steered_whole = False
 
     def withdraw(self, task_id: str) -> None:
         self.intents.pop(task_id, None)
@@ -2260,6 +2303,7 @@ class Controller:
             links = None
         self._record_all(sets, rules=report.pinned > 0,
                          links=links if not report.unpinned else None)
+        self._steered_whole = True
         parts, plan.parts = plan.parts, None  # (the table keeps what it needs of it)
         steered, self._steered_ends = self._steered_ends, None
         if (parts is not None and links is not None and not report.unpinned
@@ -2356,6 +2400,7 @@ class Controller:
         if self._slots is not None:
             self._slots.mark_stale(keys)
         installed = self._installed
+        self._steered_whole = False
         olds = list(map(installed.get, keys))
         held = self._rules_held
         # (a set without a rule changes no count)
@@ -2375,6 +2420,7 @@ class Controller:
         """:meth:`_record` of sets already installed whose links changed as ``moves`` say
         (key, links it no longer uses, links it now uses; in the order of ``sets``)."""
         installed, move = self._installed, self._on_link.move
+        self._steered_whole = False
         held = self._rules_held
         some_held = bool(+held)  # (none held: no old set has a rule)
         for r, (key, gone, taken) in zip(sets, moves, strict=True):
@@ -2394,6 +2440,7 @@ class Controller:
         ``rules=False`` says that no set has an explicit rule; ``links``, if given, are the
         links of the sets' paths (read from them otherwise)."""
         self._installed = dict(zip(map(_KEY, sets), sets, strict=True))
+        self._steered_whole = False  # (a whole plan's install says so after)
         self._slots = None  # (a whole plan's sets make one: see _install)
         self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
                             if rules else Counter())
@@ -3265,6 +3312,7 @@ class Controller:
                 if j < len(old.rules) and old.rules[j]:
                     held.subtract(sw for sw, _ in old.rules[j])
         self._installed.update(zip(whole.keys, whole_sets, strict=True))
+        self._steered_whole = False
 
     def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas
@@ -3513,16 +3561,33 @@ class Controller:
                             rate_cap_gbps=limit)
                     for key, shares, limit in zip(keys, shares_of, caps, strict=True)]
             return sets, PlanReport(plan, len(sets), 0)
-        n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
-        pairs = list(_chain(shares_of))
-        all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
-        paths = list(all_paths)
-        n_req = len(paths)
         if ends is not None and len(ends[1]) == len(keys) and ends[0] == keys:
             rows = ends[1]
         else:
             rows = _pair_rows(keys, len(keys))
         self._steered_ends = (weakref.ref(plan), rows)
+        # (a whole plan: the keys whose installed sets hold their planned paths keep them,
+        # steered as they are; the steering table is the one that steered them)
+        kept: list[PathSet | None] | None = None
+        n_kept = 0
+        if not reuse and self._steered_whole and self._steering is not None:
+            caps = list(caps)
+            kept = _kept_sets(keys, shares_of, caps, self._installed, self._spilled)
+            fresh_at = [i for i, s in enumerate(kept) if s is None]
+            n_kept = len(keys) - len(fresh_at)
+            if not n_kept:
+                kept = None
+            else:
+                n_kept = sum(len(s.paths) for s in kept if s is not None)
+                keys = [keys[i] for i in fresh_at]
+                shares_of = [shares_of[i] for i in fresh_at]
+                caps = [caps[i] for i in fresh_at]
+                rows = rows[np.array(fresh_at, np.int64)]
+        n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
+        pairs = list(_chain(shares_of))
+        all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
+        paths = list(all_paths)
+        n_req = len(paths)
         src = np.repeat(rows[:, 0], n_per_key)
         dst = np.repeat(rows[:, 1], n_per_key)
         first = _offsets(n_per_key)
@@ -3544,7 +3609,10 @@ class Controller:
         table = self._steering_table()
         tries = self.params.steer_tries
         rules: list[tuple[tuple[str, int], ...]] = [()] * n_req
-        if known:
+        got_rules: dict[int, tuple[tuple[str, int], ...]] = {}
+        if not n_req:
+            ports: list[int] = []
+        elif known:
             fresh = np.array([r for r in range(n_req) if r not in known], np.int64)
             f_paths = [paths[r] for r in fresh.tolist()]
             f_ports, f_rules = table.steer(src[fresh], dst[fresh], start[fresh],
@@ -3563,7 +3631,8 @@ class Controller:
             # cannot read as arrays, path by path)
             got = table.steer_paths(src, dst, start, paths, tries)
             if got is None:
-                mids = _switch_path_ids(table, plan.parts, paths, dst, n_per_key)
+                mids = (_switch_path_ids(table, plan.parts, paths, dst, n_per_key)
+                        if kept is None else table.intern(paths, dst))
                 self._check()
                 got = table.steer(src, dst, start, mids, paths, tries)
             ports, got_rules = got
@@ -3613,7 +3682,12 @@ class Controller:
                 paths[r] = p
         if unpinned:
             all_paths = tuple(paths)
-        sets = _path_sets(keys, first, all_paths, all_weights, ports, rules, list(caps))
+        sets: list[PathSet] = _path_sets(keys, first, all_paths, all_weights, ports, rules,
+                                         list(caps))
+        if kept is not None:  # (the kept sets and the new ones, in the plan's order)
+            for i, made in zip(fresh_at, sets, strict=True):
+                kept[i] = made
+            sets = kept  # type: ignore[assignment]
         pinned = len(needy) - unpinned
-        return sets, PlanReport(plan, len(sets), 0, n_req - pinned - unpinned, pinned,
+        return sets, PlanReport(plan, len(sets), 0, n_req + n_kept - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

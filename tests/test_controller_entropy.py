@@ -4,6 +4,7 @@ only where the hash cannot reach, within each switch's rule budget."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from itertools import pairwise
 
@@ -400,7 +401,8 @@ def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(
     (a view steering cannot read as arrays): with per-switch seeds, with one seed for every
     switch (tiers polarised: rules fill the gap, 32 a switch) and without NIC entropy
     (the hash path alone needs no rule, 20 a switch), where some paths do not fit the
-    rule budget and follow their hash; and in a re-plan of the same jobs."""
+    rule budget and follow their hash; in a re-plan of the same jobs, and when the job
+    changes and is planned by itself (the paths it keeps keep their ports)."""
     from fabricpilot.controller.entropy import SteeringTable
 
     def installed(ctl: Controller) -> dict:
@@ -414,6 +416,12 @@ def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(
         first = ctl.plan()
         once = installed(ctl)
         ctl.plan(background={})
+        # the job changed, planned by itself: the paths it keeps keep their ports, the
+        # others are steered as a plan's (from their paths at once, or interned)
+        job = ctl.intents["a2a"]
+        ctl.declare(dataclasses.replace(job, calls=(CommCall("alltoall", 96 << 20, 1000.0, 0),
+                                                   CommCall("allreduce", 1 << 30, 1000.0, 0))))
+        ctl.plan_jobs({"a2a"})
         got.append((once, installed(ctl), first.pinned, first.unpinned))
     assert got[0] == got[1]
     once, _, pinned, unpinned = got[0]

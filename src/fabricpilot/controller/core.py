@@ -3615,8 +3615,10 @@ class Controller:
         elif known:
             fresh = np.array([r for r in range(n_req) if r not in known], np.int64)
             f_paths = [paths[r] for r in fresh.tolist()]
-            f_ports, f_rules = table.steer(src[fresh], dst[fresh], start[fresh],
-                                           table.intern(f_paths, dst[fresh]), f_paths, tries)
+            f_src, f_dst, f_start = src[fresh], dst[fresh], start[fresh]
+            f_got = table.steer_paths(f_src, f_dst, f_start, f_paths, tries)
+            f_ports, f_rules = f_got if f_got is not None else table.steer(
+                f_src, f_dst, f_start, table.intern(f_paths, f_dst), f_paths, tries)
             ports = [0] * n_req
             for r, port in zip(fresh.tolist(), f_ports, strict=True):
                 ports[r] = port

@@ -614,6 +614,47 @@ def test_aggregated_factored_and_per_demand_plans_are_the_same() -> None:
     assert max(v / cap[lk] for lk, v in load.items()) == pytest.approx(shared.max_utilization)
 
 
+def test_head_and_tail_links_on_a_path_are_found_and_placed_as_whole_paths(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the check for a head or tail link repeated on a path is skipped only where none can
+    # be (no head / tail link on a switch path, one of each, not the same): the plan is
+    # the one the full check gives. Demands with a head link also on a column, the same
+    # link as head and tail, or two head links are found (the full check runs) and are
+    # placed as their whole paths are: the plan of the same demands given unfactored
+    from fabricpilot.controller import planner
+
+    seen: list[bool] = []
+    real = planner._ends_may_repeat
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        seen.append(bool(real(*args)))
+        return seen[-1]
+
+    def whole(ds: list[Demand]) -> list[Demand]:
+        return [d._replace(candidates=d.full_candidates, head=(), tail=()) for d in ds]
+
+    monkeypatch.setattr(planner, "_ends_may_repeat", spy)
+    demands, cap = rail_demands(5, n=200, factored=True)
+    plain = plan_greedy(demands, cap, split=4)
+    assert seen == [False]
+    monkeypatch.setattr(planner, "_ends_may_repeat", lambda *a: True)
+    full = plan_greedy(demands, cap, split=4)
+    assert (full.paths, full.link_load_gbps) == (plain.paths, plain.link_load_gbps)
+    d0 = demands[0]
+    up0 = d0.candidates[0][0]
+    other_nic = next(lk for d in demands for lk in d.head if lk != d0.head[0])
+    odd = [d0._replace(key="on a column", head=(up0,)),
+           d0._replace(key="head is tail", tail=d0.head),
+           d0._replace(key="two heads", head=(*d0.head, other_nic))]
+    monkeypatch.setattr(planner, "_ends_may_repeat", spy)
+    for extra in odd:
+        seen.clear()
+        got = plan_greedy([*demands, extra], cap, split=4)
+        assert seen == [True]
+        want = plan_greedy(whole([*demands, extra]), cap, split=4)
+        assert (got.paths, got.link_load_gbps) == (want.paths, want.link_load_gbps)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_no_link_over_capacity_when_a_feasible_plan_exists(seed: int) -> None:
     # ~16 demands on 6 leaf pairs; spine links of 60 Gb/s bind: the rates are scaled so

@@ -605,6 +605,73 @@ def _fill_fixed(crow: NDArray[np.int32], pstart: NDArray[np.int64], ustart: NDAr
                 q += 1
 
 
+@numba.njit(cache=True, nogil=True)
+def _fill_demand_fixed(ds: NDArray[np.int64], fix_ptr: NDArray[np.int64],
+                       hptr: NDArray[np.int64], hrow: NDArray[np.int64],
+                       u_of: NDArray[np.int64], ufix_ptr: NDArray[np.int64],
+                       ufix_idx: NDArray[np.int64], tptr: NDArray[np.int64],
+                       trow: NDArray[np.int64], out: NDArray[np.int64]) -> None:
+    """Write the fixed links of each demand ``ds[i]`` into ``out[fix_ptr[d]:]``: its head
+    links, the fixed links of its candidate tuple ``u_of[d]``, its tail links.
+
+    >>> out = np.zeros(4, np.int64)
+    >>> _fill_demand_fixed(np.array([0]), np.array([0, 4]), np.array([0, 1]), np.array([7]),
+    ...                    np.array([0]), np.array([0, 2]), np.array([3, 4]),
+    ...                    np.array([0, 1]), np.array([8]), out)
+    >>> out.tolist()
+    [7, 3, 4, 8]
+    """
+    for i in range(ds.shape[0]):
+        d = ds[i]
+        q = fix_ptr[d]
+        for x in range(hptr[d], hptr[d + 1]):
+            out[q] = hrow[x]
+            q += 1
+        u = u_of[d]
+        for x in range(ufix_ptr[u], ufix_ptr[u + 1]):
+            out[q] = ufix_idx[x]
+            q += 1
+        for x in range(tptr[d], tptr[d + 1]):
+            out[q] = trow[x]
+            q += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _ends_may_repeat(factored: NDArray[np.int64], hptr: NDArray[np.int64],
+                     hrow: NDArray[np.int64], tptr: NDArray[np.int64], trow: NDArray[np.int64],
+                     c_idx: NDArray[np.int64], ufix_idx: NDArray[np.int64],
+                     n_links: int) -> bool:
+    """Whether a head or tail link of the demands ``factored`` may be repeated on one of
+    their paths (:func:`_repeated_links` says which): some head or tail link is also on a
+    column or among a tuple's fixed links, or a demand has more than one head or tail link
+    or the same link as both. False is exact (none is); a leaf-spine's NIC links are never
+    on a switch path.
+
+    >>> one, two = np.array([0]), np.array([0, 1])
+    >>> _ends_may_repeat(one, two, np.array([7]), two, np.array([8]), np.array([1, 2]),
+    ...                  np.zeros(0, np.int64), 10)
+    False
+    >>> _ends_may_repeat(one, two, np.array([7]), two, np.array([8]), np.array([1, 7]),
+    ...                  np.zeros(0, np.int64), 10)
+    True
+    """
+    on_path = np.zeros(n_links, np.bool_)
+    for q in range(c_idx.shape[0]):
+        on_path[c_idx[q]] = True
+    for q in range(ufix_idx.shape[0]):
+        on_path[ufix_idx[q]] = True
+    for i in range(factored.shape[0]):
+        d = factored[i]
+        h0, h1, t0, t1 = hptr[d], hptr[d + 1], tptr[d], tptr[d + 1]
+        if h1 - h0 > 1 or t1 - t0 > 1:
+            return True
+        if h1 > h0 and on_path[hrow[h0]]:
+            return True
+        if t1 > t0 and (on_path[trow[t0]] or (h1 > h0 and hrow[h0] == trow[t0])):
+            return True
+    return False
+
+
 # ----------------------------------------------------------------------- the commodities
 class _Commodities:
     """Demands as compiled arrays, with the candidates of demands that differ only by the
@@ -745,7 +812,8 @@ class _Commodities:
         irregular = grp < 0
         hptr, tptr = _offsets(hl), _offsets(tl)
         factored = np.flatnonzero(((hl + tl) > 0) & ~irregular)
-        if len(factored):
+        if len(factored) and _ends_may_repeat(factored, hptr, hrow, tptr, trow, c_idx,
+                                              ufix_idx, n_links):
             by_grp = np.argsort(grp[factored], kind="stable")  # (numpy's sort is the faster)
             irregular[factored[_repeated_links(factored, by_grp, grp, hptr, hrow, tptr, trow,
                                                u_of, ufix_ptr, ufix_idx, g_col0, g_ncand,
@@ -793,19 +861,15 @@ class _Commodities:
         self.grp = grp.astype(np.int64)
         self.fix_ptr = _offsets(flen)
         self.fix_idx = np.zeros(int(self.fix_ptr[-1]), np.int64)
-        start = self.fix_ptr[reg]
-        self.fix_idx[_ranges(start, hl[reg])] = hrow[_ranges(hptr[reg], hl[reg])]
-        ul = ufix_len[u_of[reg]]
-        self.fix_idx[_ranges(start + hl[reg], ul)] = ufix_idx[_ranges(ufix_ptr[u_of[reg]], ul)]
-        self.fix_idx[_ranges(start + hl[reg] + ul, tl[reg])] = \
-            trow[_ranges(tptr[reg], tl[reg])]
+        _fill_demand_fixed(reg, self.fix_ptr, hptr, hrow, u_of, ufix_ptr, ufix_idx, tptr, trow,
+                           self.fix_idx)
         for d, fixed_d in zip(irr, irr_fixed, strict=True):
             self.fix_idx[self.fix_ptr[d]:self.fix_ptr[d + 1]] = fixed_d
         self.g_ncand = g_ncand.astype(np.int64)
         self.g_col0 = g_col0.astype(np.int64)
         self.g_disjoint = g_disjoint.astype(np.bool_)
         self.c_ptr = c_ptr
-        self.c_idx = c_idx.astype(np.int64)
+        self.c_idx = c_idx.astype(np.int64, copy=False)
         self.n_groups = n_groups
 
     def n_parts(self, split: int) -> NDArray[np.int64]:

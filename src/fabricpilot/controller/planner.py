@@ -1792,19 +1792,54 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     """The links of every demand's paths under ``choice``: its fixed links once, and the
     links of the column of each of its parts (a path is its fixed links and its column's,
     as a set)."""
-    n = choice.shape[0]
-    # the column of each run of equal slots in a row (a part's slots, or a whole demand's)
-    run = np.ones(choice.shape, np.bool_)
-    run[:, 1:] = choice[:, 1:] != choice[:, :-1]
-    # (no slot-by-slot copy of the choices: a plan's have rows of ``split`` slots)
-    runs = run.sum(axis=1)
-    cols = choice[run] + np.repeat(com.g_col0[com.grp], runs)
-    c_len = com.c_ptr[cols + 1] - com.c_ptr[cols]
-    rows = np.concatenate((com.fix_idx, com.c_idx[_ranges(com.c_ptr[cols], c_len)]))
-    ids = np.arange(n, dtype=np.int64)
-    owner = np.concatenate((np.repeat(ids, np.diff(com.fix_ptr)),
-                            np.repeat(np.repeat(ids, runs), c_len)))
+    rows, owner = _key_link_rows(choice, com.grp, com.g_col0, com.c_ptr, com.c_idx,
+                                 com.fix_ptr, com.fix_idx)
     return KeyLinks(list(com.keys), com.links[rows], owner)
+
+
+@numba.njit(cache=True, nogil=True)
+def _key_link_rows(choice: NDArray[np.int64], grp: NDArray[np.int64],
+                   g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64],
+                   c_idx: NDArray[np.int64], fix_ptr: NDArray[np.int64],
+                   fix_idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The link rows of :func:`_key_links` and their demands: every demand's fixed links
+    (``fix_idx``, demand by demand), then, demand by demand, the links of the column of
+    each run of equal slots in its row of ``choice`` (a part's slots, or a whole demand's).
+
+    Demand 0 (fixed link 9) has parts on columns 0, 1 and 0 again; demand 1 (none) on 1:
+
+    >>> rows, owner = _key_link_rows(np.array([[0, 0, 1, 0], [1, 1, 1, 1]]),
+    ...                              np.array([0, 0]), np.array([0]), np.array([0, 1, 3]),
+    ...                              np.array([5, 6, 7]), np.array([0, 1, 1]), np.array([9]))
+    >>> rows.tolist(), owner.tolist()
+    ([9, 5, 6, 7, 5, 6, 7], [0, 0, 0, 0, 0, 1, 1])
+    """
+    n, split = choice.shape
+    total = fix_idx.shape[0]
+    for d in range(n):
+        col0 = g_col0[grp[d]]
+        for k in range(split):
+            if k == 0 or choice[d, k] != choice[d, k - 1]:
+                col = col0 + choice[d, k]
+                total += c_ptr[col + 1] - c_ptr[col]
+    rows = np.empty(total, np.int64)
+    owner = np.empty(total, np.int64)
+    q = 0
+    for d in range(n):
+        for x in range(fix_ptr[d], fix_ptr[d + 1]):
+            rows[q] = fix_idx[x]
+            owner[q] = d
+            q += 1
+    for d in range(n):
+        col0 = g_col0[grp[d]]
+        for k in range(split):
+            if k == 0 or choice[d, k] != choice[d, k - 1]:
+                col = col0 + choice[d, k]
+                for x in range(c_ptr[col], c_ptr[col + 1]):
+                    rows[q] = c_idx[x]
+                    owner[q] = d
+                    q += 1
+    return rows, owner
 
 
 # link loads the re-insertion sweeps of one placement may score, in all (some 0.08 s): where

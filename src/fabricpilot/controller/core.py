@@ -184,7 +184,7 @@ def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[
 
 
 def _kept_sets(keys: Sequence[str],
-               shares_of: Sequence[Sequence[tuple[tuple[int, ...], float]]],
+               shares_of: Sequence[list[tuple[tuple[int, ...], float]]],
                caps: Sequence[float], installed: Mapping[str, PathSet],
                skip: Container[str] = (),
                ) -> list[PathSet | None]:
@@ -202,6 +202,8 @@ def _kept_sets(keys: Sequence[str],
     >>> [got[0] is held["a"], got[1], got[2]]
     [True, None, None]
     >>> _kept_sets(["a"], [[((1, 2), 0.5), ((5,), 0.5)]], [math.inf], held)
+    [None]
+    >>> _kept_sets(["a"], [[((1, 2), 1.0)]], [math.inf], held, skip={"a"})
     [None]
     """
     out: list[PathSet | None] = list(map(installed.get, keys))

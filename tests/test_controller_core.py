@@ -950,11 +950,12 @@ def test_a_hot_link_no_plan_relieves_is_weighed_once_until_something_changes() -
     period). The background moving by more than 5 % of a link (20 Gb/s) is weighed again,
     as is a job declared again, and a change below the tolerance is not."""
     dp, ctl, used, other = _two_pair_job()
-    solves = _count_solves(ctl)
+    solves, steers = _count_solves(ctl), _count_steers(ctl)
     dp.deltas = [_util(used, 0.95), _util(other, 0.95)]
     rep = ctl.tick()
     assert rep.lambda_before == pytest.approx(0.95) and rep.lambda_after == pytest.approx(0.95)
     assert not rep.replanned and not rep.skipped and solves == [1]
+    assert steers == []  # (weighed on its planned paths: not steered, as not installed)
     for _ in range(3):
         rep = ctl.tick()
         assert rep.skipped and not rep.replanned and rep.lambda_after == pytest.approx(0.95)
@@ -1425,8 +1426,17 @@ def _squeezed_pairs() -> tuple[TelemetryPlane, Controller, int]:
 def _count_solves(ctl: Controller) -> list[int]:
     """A list that gets an item at every whole plan the controller computes."""
     calls: list[int] = []
-    solve = ctl._solve
-    ctl._solve = lambda *a: calls.append(1) or solve(*a)  # type: ignore[method-assign]
+    solve = ctl._plan_whole
+    ctl._plan_whole = lambda *a: calls.append(1) or solve(*a)  # type: ignore[method-assign]
+    return calls
+
+
+def _count_steers(ctl: Controller) -> list[int]:
+    """A list that gets an item at every plan the controller steers."""
+    calls: list[int] = []
+    steer = ctl.steer_plan
+    ctl.steer_plan = (  # type: ignore[method-assign]
+        lambda *a, **k: calls.append(1) or steer(*a, **k))
     return calls
 
 
@@ -1490,7 +1500,7 @@ def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:
     dp, ctl, used = _squeezed_pairs()
     assert ctl.params.link_up_holddown_ns == 1e6
     ctl.tick(0.0)  # (the failure's own period: nothing better with the link down)
-    solves = _count_solves(ctl)
+    solves, steers = _count_solves(ctl), _count_steers(ctl)
     n = len(dp.installed)
     ctl.on_links_changed([], [used])
     for t in (0.0, 0.5e6):
@@ -1502,8 +1512,10 @@ def test_a_flapping_link_gets_traffic_back_only_after_the_hold_down() -> None:
     for t in (1.2e6, 2.1e6):
         assert not ctl.tick(t).replanned
     assert solves == [1] and len(dp.installed) == n
+    assert steers == []  # (the plan weighed at 0.55 ms, not installed, was not steered)
     rep = ctl.tick(2.2e6)
     assert rep.replanned and solves == [1, 1] and rep.lambda_after == pytest.approx(1.0)
+    assert steers == [1]
     (moved,) = dp.installed[n:]
     assert used in moved.paths[0]
 

@@ -2227,20 +2227,34 @@ class Controller:
 
     def _solve(self, demands: list[Demand], background: dict[int, float] | None
                ) -> tuple[Plan, list[PathSet], PlanReport]:
-        """Plan and steer. If some planned paths could be neither reached by entropy nor
-        pinned (full rule tables), plan again with those demands restricted to the paths
-        entropy reaches, which frees rules for the others, and keep whichever of the two
-        loads the fabric less once every path is the one its QP really takes."""
-        cap = self._link_values()
-        check = self._check
-        stop = self.interrupt.flag if self._may_yield else None
+        """Plan and steer (:meth:`_plan_whole`, then :meth:`_steer_whole`)."""
+        return self._steer_whole(*self._plan_whole(demands, background), demands, background)
+
+    def _plan_whole(self, demands: list[Demand], background: dict[int, float] | None,
+                    ) -> tuple[Plan, tuple[Any, ...] | None]:
+        """The planner's plan of ``demands`` (every opted-in job's), and the demand columns
+        :meth:`demands` made them with, if it did (for :meth:`_steer_whole`)."""
         made = self._demand_cols
         self._demand_cols = None
         if made is not None and made[0] is not demands:
             made = None
-        plan = plan_greedy(demands, cap, background=background, split=self.parts,
-                           checkpoint=check, stop=stop,
+        plan = plan_greedy(demands, self._link_values(), background=background,
+                           split=self.parts, checkpoint=self._check,
+                           stop=self.interrupt.flag if self._may_yield else None,
                            columns=made[1] if made is not None else None)
+        return plan, made
+
+    def _steer_whole(self, plan: Plan, made: tuple[Any, ...] | None, demands: list[Demand],
+                     background: dict[int, float] | None,
+                     ) -> tuple[Plan, list[PathSet], PlanReport]:
+        """Steer a whole plan (:meth:`_plan_whole`). If some planned paths could be neither
+        reached by entropy nor pinned (full rule tables), plan again with those demands
+        restricted to the paths entropy reaches, which frees rules for the others, and keep
+        whichever of the two loads the fabric less once every path is the one its QP really
+        takes."""
+        cap = self._link_values()
+        check = self._check
+        stop = self.interrupt.flag if self._may_yield else None
         sets, report = self.steer_plan(plan, self._weight,
                                        ends=(made[1].keys, made[2]) if made is not None
                                        and made[2] is not None else None)
@@ -3328,7 +3342,8 @@ class Controller:
         some fabric link, with the plan's load and the background, reaches the map's hot
         utilisation (80 %); it is installed only if it
         lowers the largest fabric-link utilisation (background included) by at least
-        ``replan_gain`` of the current one, and only the
+        ``replan_gain`` of the current one (weighed on its planned paths first: a plan that
+        does not is not steered; then on the paths steering kept), and only the
         path sets that changed are sent: small fluctuations never move traffic, and a plan
         never flaps back, since it is compared against itself at the next tick. A plan
         weighed and not installed is not computed again while the plan, the jobs and the
@@ -3466,16 +3481,23 @@ class Controller:
         # (the demands the installed plan was made of stay, unless the new plan is installed:
         # a failure under it is healed on them)
         kept = self._kept()
+        gain = (1.0 - self.params.replan_gain) * before
         try:
             with self._yielding():  # (urgent work waiting: weighed again next period)
                 demands = self.demands()
-                plan, sets, report = self._solve(demands, bg)
+                plan, made = self._plan_whole(demands, bg)
+                # (weighed on the planned paths first: a plan that does not gain enough
+                # is not steered)
+                after = self._fabric_lambda(plan.link_load_gbps, bg)
+                if after <= gain:
+                    plan, sets, report = self._steer_whole(plan, made, demands, bg)
         except PlanInterrupted:
             self._restore(kept)
             self._links_changed |= changed
             return TickReport(False, hot, bg, before, interrupted=True)
-        after = self._fabric_lambda(plan.link_load_gbps, bg)
-        if after > (1.0 - self.params.replan_gain) * before:
+        if after <= gain:  # (the plan steering kept, if it planned again)
+            after = self._fabric_lambda(plan.link_load_gbps, bg)
+        if after > gain:
             self._restore(kept)
             self._weighed = (self.current, dict(self.intents), bg, after)
             return TickReport(False, hot, bg, before, after)

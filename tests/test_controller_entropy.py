@@ -488,6 +488,47 @@ def test_a_replan_steers_only_the_pairs_whose_paths_moved(
     assert installed(ctl) == fresh(background)
 
 
+def test_a_replan_that_keeps_sets_still_withdraws_the_pairs_it_drops(monkeypatch) -> None:
+    """A job withdrawn, then a whole re-plan: the withdrawn job's pairs are withdrawn from
+    the data plane and the controller's records, the other job's sets are kept where its
+    paths stay (only the others are sent), and the sets are those of a controller that
+    planned that job alone from scratch; the job declared again, those of one that planned
+    both."""
+
+    def installed(ctl: Controller) -> dict:
+        return {k: (s.paths, s.weights, s.ports, s.rules) for k, s in ctl._installed.items()}
+
+    def fresh(*intents: Intent) -> dict:
+        _, other = _alltoall_controller(ctx)
+        for i in intents:
+            other.declare(i)
+        other.plan(background={})
+        return installed(other)
+
+    ctx = _ctx(per_switch=True)
+    twin, ctl = _alltoall_controller(ctx)
+    ring = Intent("ring", "t", tuple(range(1, 128, 8)),
+                  (CommCall("allreduce", 256 << 20, 1000.0, 0),))
+    ctl.declare(ring)
+    ctl.plan(background={})
+    before = dict(ctl._installed)
+    ring_keys = sorted(k for k in before if k.startswith("ring:"))
+    assert len(ring_keys) == 16
+    removed: list[str] = []
+    real = twin.remove
+    monkeypatch.setattr(twin, "remove", lambda keys: removed.extend(keys) or real(keys))
+    ctl.withdraw("ring")
+    rep = ctl.plan(background={})
+    assert sorted(removed) == ring_keys
+    assert installed(ctl) == fresh()
+    same = [k for k, s in ctl._installed.items() if s is before[k]]
+    assert 0 < len(same) < len(ctl._installed)
+    assert rep.installed == len(ctl._installed) - len(same)
+    ctl.declare(ring)
+    ctl.plan(background={})
+    assert installed(ctl) == fresh(ring)
+
+
 def test_a_replan_steers_again_the_sets_steering_did_not_make() -> None:
     """A set installed since the last whole plan by other means (a heal keeps the ports of
     the paths a pair still has, wherever they sit in its set) may hold a port that steering

@@ -988,6 +988,9 @@ class Controller:
         # every installed set is as a whole plan's steering made it (a heal, a job planned
         # by itself or sets adopted since say no): a re-plan may keep them (steer_plan)
         self._steered_whole = False
+        # the last plan steered with kept sets, and the places of the sets made anew in its
+        # list (the others are the installed sets themselves)
+        self._made_at: tuple[weakref.ref[Plan], list[int]] | None = None
         # installed path sets forgotten since the data plane was last told (see _forget)
         self._forgotten: list[str] = []
         # what heals replaced in the records (old paths and path sets), one entry per heal:
@@ -2303,10 +2306,19 @@ class Controller:
         plan.extra["lambda_all_links"] = plan.max_utilization
         plan.max_utilization = self._fabric_lambda(plan.link_load_gbps, background or {})
         installed = self._installed
-        changed = _changed_sets(sets, installed)
+        made_at, self._made_at = self._made_at, None
+        if made_at is not None and made_at[0]() is plan:
+            # (steering kept the other sets: the installed ones themselves, unchanged)
+            made = [sets[i] for i in made_at[1]]
+            changed = _changed_sets(made, installed)
+            # (every installed key planned: the kept ones, and the made ones installed before)
+            whole = len(sets) - len(made) + sum(1 for r in made if r.key in installed)
+        else:
+            changed = _changed_sets(sets, installed)
+            whole = -1
         # the sets of pairs this plan no longer has (jobs gone or not planned now) are
         # withdrawn first: their rules free room for the new ones
-        if installed:
+        if installed and whole != len(installed):
             planned = {r.key for r in sets}
             self._forgotten.extend(k for k in installed if k not in planned)
         self._withdraw_forgotten()
@@ -3710,10 +3722,12 @@ class Controller:
             all_paths = tuple(paths)
         sets: list[PathSet] = _path_sets(keys, first, all_paths, all_weights, ports, rules,
                                          list(caps))
+        self._made_at = None
         if kept is not None:  # (the kept sets and the new ones, in the plan's order)
             for i, made in zip(fresh_at, sets, strict=True):
                 kept[i] = made
             sets = kept  # type: ignore[assignment]
+            self._made_at = (weakref.ref(plan), fresh_at)
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req + n_kept - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

@@ -890,6 +890,11 @@ class _KeysByLink(Mapping[int, set[str]]):
         self._edits.setdefault(link, {})[key] = False
 
 
+# the demands of a whole plan as demands() made them: the list, their columns and each
+# one's GPUs as rows (source, destination), if made so
+_MadeColumns = tuple[list[Demand], DemandColumns, NDArray[np.int64] | None]
+
+
 class Controller:
     """Plans paths for declared jobs and installs them through a data plane."""
 
@@ -1031,8 +1036,7 @@ class Controller:
         self._planned: dict[str, Mapping[str, Demand]] = {}
         # the last whole demands() made: its list, their fields as columns and their pairs'
         # GPUs as rows (None: not known), for the plan (see _solve)
-        self._demand_cols: tuple[list[Demand], DemandColumns,
-                                 NDArray[np.int64] | None] | None = None
+        self._demand_cols: _MadeColumns | None = None
         # no candidate path is slower than this (ns): an SLA at least this long needs no
         # path's delay checked. A fewest-hop path climbs to the top tier and back, with an
         # NVLink hop at each end at most: 2 x tiers + 4 links, a switch between two
@@ -2234,7 +2238,7 @@ class Controller:
         return self._steer_whole(*self._plan_whole(demands, background), demands, background)
 
     def _plan_whole(self, demands: list[Demand], background: dict[int, float] | None,
-                    ) -> tuple[Plan, tuple[Any, ...] | None]:
+                    ) -> tuple[Plan, _MadeColumns | None]:
         """The planner's plan of ``demands`` (every opted-in job's), and the demand columns
         :meth:`demands` made them with, if it did (for :meth:`_steer_whole`)."""
         made = self._demand_cols
@@ -2247,7 +2251,7 @@ class Controller:
                            columns=made[1] if made is not None else None)
         return plan, made
 
-    def _steer_whole(self, plan: Plan, made: tuple[Any, ...] | None, demands: list[Demand],
+    def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: list[Demand],
                      background: dict[int, float] | None,
                      ) -> tuple[Plan, list[PathSet], PlanReport]:
         """Steer a whole plan (:meth:`_plan_whole`). If some planned paths could be neither
@@ -3584,6 +3588,7 @@ class Controller:
         destination), read where it names the plan's keys in order (else they are looked
         up key by key)."""
         self._check()
+        self._made_at = None
         keys = list(plan.paths)
         shares_of = list(plan.paths.values())
         if self._reserved:  # (room kept for jobs whose SLA is unmet: never installed)
@@ -3722,7 +3727,6 @@ class Controller:
             all_paths = tuple(paths)
         sets: list[PathSet] = _path_sets(keys, first, all_paths, all_weights, ports, rules,
                                          list(caps))
-        self._made_at = None
         if kept is not None:  # (the kept sets and the new ones, in the plan's order)
             for i, made in zip(fresh_at, sets, strict=True):
                 kept[i] = made

@@ -2315,14 +2315,15 @@ class Controller:
             # (steering kept the other sets: the installed ones themselves, unchanged)
             made = [sets[i] for i in made_at[1]]
             changed = _changed_sets(made, installed)
-            # (every installed key planned: the kept ones, and the made ones installed before)
-            whole = len(sets) - len(made) + sum(1 for r in made if r.key in installed)
+            # (the installed keys the plan has: the kept ones, and the made ones installed
+            # before; all of them, if as many as the installed keys)
+            held = len(sets) - len(made) + sum(1 for r in made if r.key in installed)
         else:
             changed = _changed_sets(sets, installed)
-            whole = -1
+            held = -1
         # the sets of pairs this plan no longer has (jobs gone or not planned now) are
         # withdrawn first: their rules free room for the new ones
-        if installed and whole != len(installed):
+        if installed and held != len(installed):
             planned = {r.key for r in sets}
             self._forgotten.extend(k for k in installed if k not in planned)
         self._withdraw_forgotten()
@@ -3501,9 +3502,10 @@ class Controller:
         try:
             with self._yielding():  # (urgent work waiting: weighed again next period)
                 demands = self.demands()
-                plan, made = self._plan_whole(demands, bg)
+                planned, made = self._plan_whole(demands, bg)
                 # (weighed on the planned paths first: a plan that does not gain enough
                 # is not steered)
+                plan = planned
                 after = self._fabric_lambda(plan.link_load_gbps, bg)
                 if after <= gain:
                     plan, sets, report = self._steer_whole(plan, made, demands, bg)
@@ -3511,7 +3513,7 @@ class Controller:
             self._restore(kept)
             self._links_changed |= changed
             return TickReport(False, hot, bg, before, interrupted=True)
-        if after <= gain:  # (the plan steering kept, if it planned again)
+        if plan is not planned:  # (steering planned again around full rule tables)
             after = self._fabric_lambda(plan.link_load_gbps, bg)
         if after > gain:
             self._restore(kept)
@@ -3615,11 +3617,10 @@ class Controller:
             caps = list(caps)
             kept = _kept_sets(keys, shares_of, caps, self._installed, self._spilled)
             fresh_at = [i for i, s in enumerate(kept) if s is None]
-            n_kept = len(keys) - len(fresh_at)
-            if not n_kept:
+            if len(fresh_at) == len(keys):  # (none kept)
                 kept = None
             else:
-                n_kept = sum(len(s.paths) for s in kept if s is not None)
+                n_kept = sum(len(s.paths) for s in kept if s is not None)  # (their QPs)
                 keys = [keys[i] for i in fresh_at]
                 shares_of = [shares_of[i] for i in fresh_at]
                 caps = [caps[i] for i in fresh_at]

@@ -18,6 +18,7 @@ import itertools
 import math
 import operator
 from collections import Counter
+from collections.abc import MutableMapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -49,11 +50,14 @@ from fabricpilot.controller.core import (
 )
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.southbound import (
+    BatchMap,
     EcmpSpec,
     FabricView,
     LinkInfo,
     PathSet,
+    PathSetBatch,
     PortDelta,
+    get_all,
 )
 from fabricpilot.errors import FabricpilotError
 from fabricpilot.net.hashing import gpu_ip, qp_source_port, switch_hash
@@ -154,6 +158,31 @@ def _pair_code(key: str, job_index: dict[str, int], n_gpus: int) -> int | None:
     return (j * n_gpus + int(a)) * n_gpus + int(b)
 
 
+def _due_keys(new: dict[str, float], batches: list[tuple[list[str], float]], now: float
+              ) -> tuple[list[str], list[tuple[list[str], float]]]:
+    """The keys whose new path set takes effect by ``now``: those of ``new`` (key -> when),
+    which are taken out of it, and those of the ``batches`` due (keys given at once, with
+    when), but for the keys ``new`` has (given again since: they go by that time); and the
+    batches not yet due.
+
+    >>> new = {"b": 9.0, "c": 4.0}
+    >>> _due_keys(new, [(["a", "b"], 5.0), (["d"], 7.0)], 5.0), new
+    ((['c', 'a'], [(['d'], 7.0)]), {'b': 9.0})
+    """
+    due = [k for k, at in new.items() if at <= now]
+    later = []
+    for keys, at in batches:
+        if at > now:
+            later.append((keys, at))
+        elif new:
+            due.extend(k for k in keys if k not in new)
+        else:
+            due.extend(keys)
+    for k in due:
+        new.pop(k, None)
+    return due, later
+
+
 class TaskAware(Adaptive):
     """Controller-planned path sets with switch-local adaptation (see the module docstring)."""
 
@@ -162,7 +191,8 @@ class TaskAware(Adaptive):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        self._rules: dict[str, tuple[PathSet, float]] = {}  # key -> (rule, effective at)
+        # key -> (rule, effective at); a whole plan's batch held as it came (BatchMap)
+        self._rules: MutableMapping[str, tuple[PathSet, float]] = {}
         # the (job, source, destination) codes of the keys with a path set, sorted (made
         # again when the rules or the job names change): which streams the plan placed
         self._planned_codes: NDArray[np.int64] | None = None
@@ -173,6 +203,9 @@ class TaskAware(Adaptive):
         # keys given a path set during the run -> when it takes effect: their streams
         # already sending move onto it then (see _onto_new_rules)
         self._new_rules: dict[str, float] = {}
+        # (and the keys of whole batches given so, each list with its time: a key of one
+        # that ``_new_rules`` has too was given again since, and goes by that)
+        self._new_batches: list[tuple[list[str], float]] = []
         # key -> the path set in effect while a newer one is on its way (control latency)
         self._before: dict[str, PathSet] = {}
         self._table: Counter[str] = Counter()  # explicit rules each switch holds
@@ -279,17 +312,21 @@ class TaskAware(Adaptive):
         self._ports_back.difference_update(down)
         self._ports_back.update(up)
 
-    def install(self, rules: list[PathSet]) -> None:
+    def install(self, rules: Sequence[PathSet]) -> None:
         """Take path sets (effective after the control-channel latency). A switch whose
-        rule table would overflow rejects the update, as an ASIC does."""
+        rule table would overflow rejects the update, as an ASIC does. A whole plan's batch
+        (:class:`~fabricpilot.controller.southbound.PathSetBatch`) given to empty tables is
+        held as it came: a pair's set is made when its traffic first asks."""
         now = self._telemetry().now_ns if self._telemetry is not None else 0.0
         held = self._rules
         removing = self._removing  # (their rules are freed already)
-        keys = list(map(_KEY, rules))
+        batch = rules if isinstance(rules, PathSetBatch) else None
+        keys = batch.keys if batch is not None else list(map(_KEY, rules))
         freed = Counter(sw for sw, _ in _chain(_chain(
             held[k][0].rules for k in keys if k in held and k not in removing))
         ) if self._table else Counter()
-        added = Counter(sw for sw, _ in _chain(_chain(map(_RULES, rules))))
+        added = Counter(batch.rule_switches() if batch is not None else
+                        (sw for sw, _ in _chain(_chain(map(_RULES, rules)))))
         if freed or added:  # (no rule in or out: the tables stay as they are)
             table = self._table - freed
             table.update(added)
@@ -306,8 +343,7 @@ class TaskAware(Adaptive):
             changed = keys
             if held:
                 changed = []
-                for r in rules:
-                    was = held.get(r.key)
+                for r, was in zip(rules, get_all(held, keys), strict=True):
                     if was is None:
                         changed.append(r.key)
                         continue
@@ -316,8 +352,14 @@ class TaskAware(Adaptive):
                     # until a new set takes effect the switches forward by the one they have
                     if was[1] <= now < at:
                         self._before[r.key] = was[0]
-            self._new_rules.update(zip(changed, itertools.repeat(at)))
-        held.update(zip(keys, zip(rules, itertools.repeat(at), strict=False), strict=True))
+            if batch is not None and not (held or self._new_rules or self._new_batches):
+                self._new_batches.append((keys, at))
+            else:
+                self._new_rules.update(zip(changed, itertools.repeat(at)))
+        if batch is not None and not held:
+            self._rules = BatchMap(batch, lambda r, b=batch, t=at: (b[r], t))
+        else:
+            held.update(zip(keys, zip(rules, itertools.repeat(at), strict=False), strict=True))
         for pending in (self._forwarded, self._removing):  # (superseded by the new sets)
             if pending:
                 for k in keys:
@@ -633,11 +675,9 @@ class TaskAware(Adaptive):
         one are delivered: nothing reorders). A heal's streams have moved already (the
         fault's reroute); a stream later moved by the switches stays where they put it
         until its pair's set changes again."""
-        due = [k for k, at in self._new_rules.items() if at <= now]
+        due, self._new_batches = _due_keys(self._new_rules, self._new_batches, now)
         if not due:
             return moves
-        for k in due:
-            del self._new_rules[k]
         if members.owner is None or members.stream is None or not len(members.path):
             return moves
         index = {name: i for i, name in enumerate(self.job_names)}

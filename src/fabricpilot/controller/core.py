@@ -19,7 +19,15 @@ import operator
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Container,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -66,7 +74,15 @@ from fabricpilot.controller.planner import (
 )
 from fabricpilot.controller.ranking import in_scope, path_delay_us
 from fabricpilot.controller.slots import DeadShares, SlotTable, WholeMoves
-from fabricpilot.controller.southbound import DataPlane, FabricView, PathSet, PortDelta
+from fabricpilot.controller.southbound import (
+    BatchMap,
+    DataPlane,
+    FabricView,
+    PathSet,
+    PathSetBatch,
+    PortDelta,
+    get_all,
+)
 
 
 class _Made(NamedTuple):
@@ -117,71 +133,6 @@ _HEAD, _TAIL, _CANDIDATES = (operator.attrgetter(f) for f in ("head", "tail", "c
 # (switch, link id, (link id,)))
 _EndInfo = tuple[int, dict[int, tuple[tuple[str, int, tuple[int]], ...]]]
 
-# a path set from its fields as one tuple, in C (``PathSet(...)`` is a Python call; a plan
-# makes one set per pair)
-_path_set_of = functools.partial(tuple.__new__, PathSet)
-
-
-def _picker(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """A function that picks the items ``at`` of a sequence, as a tuple (in one C call).
-
-    >>> _picker([2, 0])("abc"), _picker([1])("abc")
-    (('c', 'a'), ('b',))
-    """
-    if len(at) == 1:
-        i = at[0]
-        return lambda seq: (seq[i],)
-    return operator.itemgetter(*at)  # type: ignore[return-value]
-
-
-def _singles(items: Sequence[Any]) -> Iterable[tuple[Any]]:
-    """Each item as a 1-tuple; where all items are one value (as the weight of every
-    one-path set, or its rules, none), one 1-tuple for all (tuples are immutable).
-
-    >>> list(_singles([1.0, 1.0])), list(_singles([(), (("s", 1),)]))
-    ([(1.0,), (1.0,)], [((),), ((('s', 1),),)])
-    """
-    if items and items.count(items[0]) == len(items):
-        return itertools.repeat((items[0],), len(items))
-    return zip(items)
-
-
-def _path_sets(keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[int, ...]],
-               weights: Sequence[float], ports: Sequence[int],
-               rules: Sequence[tuple[tuple[str, int], ...]], caps: list[float],
-               ) -> list[PathSet]:
-    """The path set of every key: key ``i`` has the paths ``first[i]:first[i + 1]`` of
-    ``paths`` (with their weights, ports and rules) and rate cap ``caps[i]``; the keys of one
-    path (most) are made in one pass, their fields 1-tuples.
-
-    >>> s = _path_sets(["a", "b"], np.array([0, 1, 3]), [(1,), (2,), (3,)], [1.0, 0.5, 0.5],
-    ...                [7, 8, 9], [(), (), ()], [math.inf, 5.0])
-    >>> [(x.key, x.paths, x.weights, x.ports, x.rate_cap_gbps) for x in s]
-    [('a', ((1,),), (1.0,), (7,), inf), ('b', ((2,), (3,)), (0.5, 0.5), (8, 9), 5.0)]
-    """
-    n = len(keys)
-    count = np.diff(first)
-    if (count == 1).all():
-        return list(map(_path_set_of, zip(keys, zip(paths), _singles(weights), zip(ports),
-                                          _singles(rules), caps, strict=True)))
-    out = np.empty(n, object)
-    one = np.flatnonzero(count == 1)
-    if len(one):
-        rows, one_l = first[one].tolist(), one.tolist()
-        at_rows = _picker(rows)
-        at_keys = _picker(one_l)
-        out[one] = list(map(_path_set_of, zip(at_keys(keys), zip(at_rows(paths)),
-                                              _singles(at_rows(weights)), zip(at_rows(ports)),
-                                              _singles(at_rows(rules)), at_keys(caps),
-                                              strict=True)))
-    t_paths, t_weights, t_ports, t_rules = tuple(paths), tuple(weights), tuple(ports), tuple(rules)
-    bounds = first.tolist()
-    for i in np.flatnonzero(count != 1).tolist():
-        lo, hi = bounds[i], bounds[i + 1]
-        out[i] = PathSet(keys[i], t_paths[lo:hi], t_weights[lo:hi], t_ports[lo:hi],
-                         t_rules[lo:hi], caps[i])
-    return out.tolist()
-
 
 def _kept_sets(keys: Sequence[str],
                shares_of: Sequence[list[tuple[tuple[int, ...], float]]],
@@ -206,7 +157,7 @@ def _kept_sets(keys: Sequence[str],
     >>> _kept_sets(["a"], [[((1, 2), 1.0)]], [math.inf], held, skip={"a"})
     [None]
     """
-    out: list[PathSet | None] = list(map(installed.get, keys))
+    out: list[PathSet | None] = get_all(installed, keys)
     for i, (old, shares, cap) in enumerate(zip(out, shares_of, caps, strict=True)):
         if old is None:
             continue
@@ -224,7 +175,98 @@ def _kept_sets(keys: Sequence[str],
     return out
 
 
-def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]) -> list[PathSet]:
+def _kept_rows(keys: Sequence[str],
+               shares_of: Sequence[list[tuple[tuple[int, ...], float]]],
+               caps: Sequence[float], installed: BatchMap[PathSet],
+               skip: Container[str] = (),
+               ) -> NDArray[np.int64]:
+    """:func:`_kept_sets` of installed sets held as one batch (none set since: see
+    :class:`~fabricpilot.controller.southbound.BatchMap`), read from the batch's columns:
+    per key, the row of the batch whose set would be kept, -1 where none would (no set
+    is made).
+
+    >>> b = PathSetBatch(["a", "b"], np.array([0, 1, 2]), [(1, 2), (3,)], [1.0, 1.0],
+    ...                  [7, 8], [(), (("s1", 1),)], [math.inf] * 2)
+    >>> _kept_rows(["b", "a", "c"], [[((3,), 1.0)], [((1, 2), 1.0)], [((4,), 1.0)]],
+    ...            [math.inf] * 3, BatchMap(b, b.__getitem__)).tolist()
+    [-1, 0, -1]
+    """
+    batch = installed.batch
+    n = len(keys)
+    if len(batch.keys) == n and not installed.changed and batch.keys == keys:
+        at: list[int] = list(range(n))  # (the same keys in the same order: row i is key i)
+    else:
+        row = installed.row
+        at = [-1 if r is None else r for r in map(row, keys)]
+    bounds = batch.first.tolist()
+    paths, weights, rules, old_caps = batch.paths, batch.weights, batch.rules, batch.caps
+    out = np.full(n, -1, np.int64)
+    for i, (r, shares, cap) in enumerate(zip(at, shares_of, caps, strict=True)):
+        if r < 0 or old_caps[r] != cap:
+            continue
+        lo, hi = bounds[r], bounds[r + 1]
+        if hi - lo != len(shares):
+            continue
+        if hi - lo == 1:  # (most keys: one path)
+            if shares[0] != (paths[lo], weights[lo]) or rules[lo]:
+                continue
+        elif (any(rules[lo:hi])
+              or shares != list(zip(paths[lo:hi], weights[lo:hi], strict=True))):
+            continue
+        out[i] = r
+    if skip:
+        off = [i for i, k in enumerate(keys) if k in skip]
+        if off:
+            out[off] = -1
+    return out
+
+
+def _merged_batch(old: PathSetBatch, rows: NDArray[np.int64], fresh: PathSetBatch,
+                  keys: list[str], caps: list[float]) -> PathSetBatch:
+    """The batch of ``keys`` (rate caps ``caps``) whose key ``i`` has the set of row
+    ``rows[i]`` of ``old`` (kept: the same object, if made), or where that is -1, the next
+    set of ``fresh``, in order; ``old`` itself if it is that batch.
+
+    >>> old = PathSetBatch(["a", "b"], np.array([0, 1, 3]), [(1,), (2,), (3,)],
+    ...                    [1.0, 0.5, 0.5], [7, 8, 9], [(), (), ()], [math.inf] * 2)
+    >>> new = PathSetBatch(["c"], np.array([0, 1]), [(4,)], [1.0], [5], [()], [2.0])
+    >>> a = old[0]  # (made before: kept as it is)
+    >>> m = _merged_batch(old, np.array([1, -1, 0]), new, ["b", "c", "a"],
+    ...                   [math.inf, 2.0, math.inf])
+    >>> [(s.key, s.paths, s.ports, s.rate_cap_gbps) for s in m]
+    [('b', ((2,), (3,)), (8, 9), inf), ('c', ((4,),), (5,), 2.0), ('a', ((1,),), (7,), inf)]
+    >>> none = PathSetBatch([], np.zeros(1, np.int64), [], [], [], [], [])
+    >>> m[2] is a, _merged_batch(old, np.array([0, 1]), none, old.keys, old.caps) is old
+    (True, True)
+    """
+    n = len(keys)
+    if (not len(fresh) and len(rows) == len(old) and (rows == np.arange(n)).all()
+            and (keys is old.keys or keys == old.keys) and list(caps) == list(old.caps)):
+        return old
+    kept = rows >= 0
+    j = np.cumsum(~kept) - 1  # (each fresh key's place in ``fresh``)
+    o_count = np.diff(old.first)
+    f_count = np.diff(fresh.first)
+    count = np.where(kept, o_count[np.where(kept, rows, 0)] if len(old) else 0,
+                     f_count[np.where(kept, 0, j)] if len(fresh) else 0)
+    start = np.where(kept, old.first[:-1][np.where(kept, rows, 0)] if len(old) else 0,
+                     (fresh.first[:-1][np.where(kept, 0, j)] if len(fresh) else 0)
+                     + len(old.paths))
+    first = np.zeros(n + 1, np.int64)
+    np.cumsum(count, out=first[1:])
+    at = _ranges(start, count).tolist()
+    def pick(col_old, col_new):
+        return (list(map((*col_old, *col_new).__getitem__, at)))
+    made_old, made_new = old.made, fresh.made
+    made = [made_old[r] if r >= 0 else made_new[k]
+            for r, k in zip(rows.tolist(), j.tolist(), strict=True)]
+    return PathSetBatch(keys, first, pick(old.paths, fresh.paths),
+                        pick(old.weights, fresh.weights), pick(old.ports, fresh.ports),
+                        pick(old.rules, fresh.rules), caps, made)
+
+
+def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]
+                  ) -> Sequence[PathSet]:
     """The sets of ``sets`` that ``installed`` does not hold as they are (their key absent or
     held with another field).
 
@@ -234,9 +276,11 @@ def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]) -> 
     ...                                PathSet("a", ((2,),), (1.0,))], {"a": old})]
     ['b', 'a']
     """
-    if not installed:
-        return list(sets)
-    return [r for r in sets if installed.get(r.key) != r]
+    if not installed:  # (all of them; a batch stays one)
+        return sets if isinstance(sets, PathSetBatch) else list(sets)
+    sets = list(sets)
+    return [r for r, old in zip(sets, get_all(installed, map(_KEY, sets)), strict=True)
+            if old != r]
 
 
 def _merge_pieces(paths: Sequence[tuple[int, ...]], weights: Sequence[float],
@@ -312,7 +356,7 @@ def _merge_pieces(paths: Sequence[tuple[int, ...]], weights: Sequence[float],
     return ps, ws, pts, rls, fresh
 
 
-def _set_load(sets: list[PathSet], rate_gbps: dict[str, float]) -> dict[int, float]:
+def _set_load(sets: Sequence[PathSet], rate_gbps: dict[str, float]) -> dict[int, float]:
     """Load per link (Gb/s) of path sets whose keys carry ``rate_gbps``.
 
     >>> _set_load([PathSet("a", ((0, 1), (0, 2)), (0.5, 0.5))], {"a": 100.0})
@@ -919,7 +963,7 @@ class Controller:
         self.heals: list[HealReport] = []
         self._demand: dict[str, Demand] = {}
         self.current: Plan | None = None
-        self._installed: dict[str, PathSet] = {}
+        self._installed: MutableMapping[str, PathSet] = {}
         self._on_link = _KeysByLink()  # link -> keys of installed sets using it
         self._rules_held: Counter[str] = Counter()  # explicit rules per switch, installed
         self._live_cache: dict[tuple, tuple[tuple, tuple]] = {}
@@ -2172,10 +2216,10 @@ class Controller:
         the caller's to add)."""
         plan = self.current
         assert plan is not None
-        installed = self._installed
-        held = self._rules_held - Counter(
-            sw for k in sub.paths if k in installed
-            for pinned in installed[k].rules for sw, _ in pinned)
+        held = +self._rules_held  # (the rules held but those of the sets replaced)
+        if held:
+            held -= Counter(sw for old in get_all(self._installed, sub.paths) if old is not None
+                            for pinned in old.rules for sw, _ in pinned)
         sets, report = self.steer_plan(sub, self._weight, held, reuse=True, ends=ends)
         plan.paths.update(sub.paths)
         for k in sub.paths:
@@ -2210,7 +2254,8 @@ class Controller:
             self._slots.mark_stale(keys)
         installed = self._installed
         gone = [k for k in keys if k in installed]
-        olds = list(map(installed.pop, gone))
+        olds = (installed.pop_all(gone) if isinstance(installed, BatchMap)
+                else list(map(installed.pop, gone)))
         if gone:
             self._forgotten.extend(gone)  # (withdrawn from the data plane with the next
             # sets sent: see _withdraw_forgotten)
@@ -2233,7 +2278,7 @@ class Controller:
             self.dp.remove(keys)
 
     def _solve(self, demands: list[Demand], background: dict[int, float] | None
-               ) -> tuple[Plan, list[PathSet], PlanReport]:
+               ) -> tuple[Plan, Sequence[PathSet], PlanReport]:
         """Plan and steer (:meth:`_plan_whole`, then :meth:`_steer_whole`)."""
         return self._steer_whole(*self._plan_whole(demands, background), demands, background)
 
@@ -2253,7 +2298,7 @@ class Controller:
 
     def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: list[Demand],
                      background: dict[int, float] | None,
-                     ) -> tuple[Plan, list[PathSet], PlanReport]:
+                     ) -> tuple[Plan, Sequence[PathSet], PlanReport]:
         """Steer a whole plan (:meth:`_plan_whole`). If some planned paths could be neither
         reached by entropy nor pinned (full rule tables), plan again with those demands
         restricted to the paths entropy reaches, which frees rules for the others, and keep
@@ -2302,7 +2347,7 @@ class Controller:
                 out[i] = demands[i]._replace(candidates=free, head=(), tail=())
         return out
 
-    def _install(self, plan: Plan, sets: list[PathSet], report: PlanReport, n_demands: int,
+    def _install(self, plan: Plan, sets: Sequence[PathSet], report: PlanReport, n_demands: int,
                  background: dict[int, float] | None = None) -> PlanReport:
         """Install a whole plan's sets and make it the current plan, its lambda that of the
         fabric links (with ``background``), as heals and plans of single jobs give it (the
@@ -2324,7 +2369,7 @@ class Controller:
         # the sets of pairs this plan no longer has (jobs gone or not planned now) are
         # withdrawn first: their rules free room for the new ones
         if installed and held != len(installed):
-            planned = {r.key for r in sets}
+            planned = set(sets.keys if isinstance(sets, PathSetBatch) else map(_KEY, sets))
             self._forgotten.extend(k for k in installed if k not in planned)
         self._withdraw_forgotten()
         self.dp.install(changed)
@@ -2425,7 +2470,7 @@ class Controller:
             used.update(distinct(planner._flat_tuples(tuples)[2]).tolist())
         return used
 
-    def _record(self, sets: list[PathSet]) -> None:
+    def _record(self, sets: Sequence[PathSet]) -> None:
         """Remember installed path sets, indexed by link, with their explicit rules (the
         link index's edits deferred, in two batches: the links of the sets replaced out,
         then those of the new ones in)."""
@@ -2434,7 +2479,7 @@ class Controller:
             self._slots.mark_stale(keys)
         installed = self._installed
         self._steered_whole = False
-        olds = list(map(installed.get, keys))
+        olds = get_all(installed, keys)
         held = self._rules_held
         # (a set without a rule changes no count)
         for old in filter(any, map(_RULES, filter(None, olds))):
@@ -2466,17 +2511,21 @@ class Controller:
                 held.update(sw for pinned in r.rules for sw, _ in pinned)
             installed[key] = r
 
-    def _record_all(self, sets: list[PathSet], rules: bool = True,
+    def _record_all(self, sets: Sequence[PathSet], rules: bool = True,
                     links: KeyLinks | None = None) -> None:
         """Remember ``sets`` as all the installed path sets (forgetting the others), as
         :meth:`_record` does from empty, in bulk: the keys per link are indexed by one sort.
         ``rules=False`` says that no set has an explicit rule; ``links``, if given, are the
         links of the sets' paths (read from them otherwise)."""
-        self._installed = dict(zip(map(_KEY, sets), sets, strict=True))
+        if isinstance(sets, PathSetBatch):  # (held as the batch: its sets made as read)
+            self._installed = BatchMap(sets, sets.__getitem__)
+            self._rules_held = Counter(sets.rule_switches()) if rules else Counter()
+        else:
+            self._installed = dict(zip(map(_KEY, sets), sets, strict=True))
+            self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
+                                if rules else Counter())
         self._steered_whole = False  # (a whole plan's install says so after)
         self._slots = None  # (a whole plan's sets make one: see _install)
-        self._rules_held = (Counter(sw for sw, _ in _chain(_chain(r.rules for r in sets)))
-                            if rules else Counter())
         self._on_link = (_KeysByLink.of(sets) if links is None else
                          _KeysByLink.of_links(links.keys, links.links, links.owner))
 
@@ -3579,7 +3628,7 @@ class Controller:
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
                    ends: tuple[list[str], NDArray[np.int64]] | None = None,
-                   ) -> tuple[list[PathSet], PlanReport]:
+                   ) -> tuple[Sequence[PathSet], PlanReport]:
         """Path sets for a plan, each path steered by a QP source port
         (:mod:`~fabricpilot.controller.entropy`) and pinned by explicit rules where the hash
         cannot reach it. Rules go to the heaviest demands first while every switch on the
@@ -3612,15 +3661,26 @@ class Controller:
         # (a whole plan: the keys whose installed sets hold their planned paths keep them,
         # steered as they are; the steering table is the one that steered them)
         kept: list[PathSet | None] | None = None
+        # (or, where the installed sets are one batch: the rows of it kept, -1 where none)
+        kept_rows: NDArray[np.int64] | None = None
         n_kept = 0
+        all_keys, all_caps = keys, caps
         if not reuse and self._steered_whole and self._steering is not None:
-            caps = list(caps)
-            kept = _kept_sets(keys, shares_of, caps, self._installed, self._spilled)
-            fresh_at = [i for i, s in enumerate(kept) if s is None]
-            if len(fresh_at) == len(keys):  # (none kept)
-                kept = None
+            caps = all_caps = list(caps)
+            installed = self._installed
+            if isinstance(installed, BatchMap) and not installed.overlaid:
+                kept_rows = _kept_rows(keys, shares_of, caps, installed, self._spilled)
+                fresh_at = np.flatnonzero(kept_rows < 0).tolist()
+                batch = installed.batch
+                n_kept = int((batch.first[1:] - batch.first[:-1])[kept_rows[kept_rows >= 0]]
+                             .sum())  # (their QPs)
             else:
+                kept = _kept_sets(keys, shares_of, caps, installed, self._spilled)
+                fresh_at = [i for i, s in enumerate(kept) if s is None]
                 n_kept = sum(len(s.paths) for s in kept if s is not None)  # (their QPs)
+            if len(fresh_at) == len(keys):  # (none kept)
+                kept = kept_rows = None
+            else:
                 keys = [keys[i] for i in fresh_at]
                 shares_of = [shares_of[i] for i in fresh_at]
                 caps = [caps[i] for i in fresh_at]
@@ -3640,8 +3700,7 @@ class Controller:
         known: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
         if reuse:
             r = 0
-            for key, shares in zip(keys, shares_of, strict=True):
-                old = self._installed.get(key)
+            for old, shares in zip(get_all(self._installed, keys), shares_of, strict=True):
                 if old is not None and old.ports:
                     for i, (p, _) in enumerate(shares):
                         if p in old.paths:
@@ -3726,12 +3785,19 @@ class Controller:
                 paths[r] = p
         if unpinned:
             all_paths = tuple(paths)
-        sets: list[PathSet] = _path_sets(keys, first, all_paths, all_weights, ports, rules,
-                                         list(caps))
-        if kept is not None:  # (the kept sets and the new ones, in the plan's order)
+        sets: Sequence[PathSet] = PathSetBatch(keys, first, all_paths, all_weights, ports,
+                                               rules, list(caps))
+        if reuse:  # (a few keys: their sets made now)
+            sets = list(sets)
+        elif kept is not None:  # (the kept sets and the new ones, in the plan's order)
             for i, made in zip(fresh_at, sets, strict=True):
                 kept[i] = made
             sets = kept  # type: ignore[assignment]
+            self._made_at = (weakref.ref(plan), fresh_at)
+        elif kept_rows is not None:  # (the same, as one batch of the kept rows and new ones)
+            assert isinstance(self._installed, BatchMap)
+            sets = _merged_batch(self._installed.batch, kept_rows, sets,  # type: ignore[arg-type]
+                                 all_keys, all_caps)
             self._made_at = (weakref.ref(plan), fresh_at)
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req + n_kept - pinned - unpinned, pinned,

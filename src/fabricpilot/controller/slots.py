@@ -21,14 +21,14 @@ such a key the slow way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.controller.planner import Columns, PartChoice, _ranges
-from fabricpilot.controller.southbound import PathSet
+from fabricpilot.controller.southbound import PathSet, PathSetBatch
 
 
 @dataclass
@@ -49,6 +49,32 @@ class DeadShares:
     ptr: NDArray[np.int64]
 
 
+class RowSets:
+    """The path set of each row of a table: the plan's (a sequence not changed here: the
+    batch a data plane may hold too), or the one a row has had since (``rows[r] = s``).
+
+    >>> rows = RowSets([PathSet("a", ((1,),), (1.0,))])
+    >>> rows[0] = PathSet("a", ((2,),), (1.0,)); rows[0].paths, len(rows)
+    (((2,),), 1)
+    """
+
+    __slots__ = ("_plan", "_since")
+
+    def __init__(self, plan: Sequence[PathSet]) -> None:
+        self._plan = plan
+        self._since: dict[int, PathSet] = {}
+
+    def __getitem__(self, row: int) -> PathSet:
+        s = self._since.get(row)
+        return self._plan[row] if s is None else s
+
+    def __setitem__(self, row: int, s: PathSet) -> None:
+        self._since[row] = s
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+
 @dataclass
 class SlotTable:
     """Per row (an installed path set of a plan): its key, the set it describes, whether it
@@ -59,7 +85,7 @@ class SlotTable:
 
     keys: list[str]
     row_of: dict[str, int]
-    sets: list[PathSet]
+    sets: RowSets | list[PathSet]
     stale: NDArray[np.bool_]
     rank: NDArray[np.int64]
     grp: NDArray[np.int64]
@@ -75,7 +101,7 @@ class SlotTable:
     share: NDArray[np.float64]
 
     @classmethod
-    def of(cls, parts: PartChoice, sets: list[PathSet], src: NDArray[np.int64],
+    def of(cls, parts: PartChoice, sets: Sequence[PathSet], src: NDArray[np.int64],
            dst: NDArray[np.int64], keys: list[str] | None = None) -> SlotTable | None:
         """The table of a plan's path sets: ``sets[i]`` is the set of ``parts.demands[i]``
         (source GPU ``src[i]``, destination ``dst[i]``), with the plan's paths in the
@@ -102,16 +128,23 @@ class SlotTable:
         """
         dem = parts.demands
         n = len(dem)
-        if len(sets) != n or any(s.key != d.key for s, d in zip(sets[:1] + sets[-1:],
-                                                                 dem[:1] + dem[-1:],
-                                                                 strict=True)):
+        if len(sets) != n:
+            return None
+        if isinstance(sets, PathSetBatch):  # (read from the batch: no set made)
+            ends = [sets.keys[0], sets.keys[-1]] if n else []
+        else:
+            ends = [s.key for s in (*sets[:1], *sets[-1:])]
+        if ends != [d.key for d in (*dem[:1], *dem[-1:])]:
             return None
         if keys is None:
             keys = [d.key for d in dem]
         count, cand, runs = parts.slot_runs  # (runs: the parts on each slot)
         first = np.zeros(n, np.int64)
         np.cumsum(count[:-1], out=first[1:])
-        return cls(keys, dict(zip(keys, range(n), strict=True)), list(sets),
+        # (a batch of these keys in this order knows each one's row already)
+        row_of = (sets.row_of if isinstance(sets, PathSetBatch) and sets.keys == keys
+                  else dict(zip(keys, range(n), strict=True)))
+        return cls(keys, row_of, RowSets(sets),
                    ~parts.plain, parts.rank, parts.grp, parts.tup, parts.tuples,
                    parts.rate, parts.weight, src, dst, first, count, cand,
                    np.asarray(parts.acc, np.float64)[runs])

@@ -14,10 +14,14 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar, overload
 
 import networkx as nx
+import numpy as np
+from numpy.typing import NDArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,356 @@ class PathSet(NamedTuple):
     rate_cap_gbps: float = math.inf
 
 
+# a path set from its fields as one tuple, in C (``PathSet(...)`` is a Python call; a plan
+# makes one set per pair)
+_path_set_of = functools.partial(tuple.__new__, PathSet)
+_chain = itertools.chain.from_iterable
+
+
+def _picker(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A function that picks the items ``at`` of a sequence, as a tuple (in one C call).
+
+    >>> _picker([2, 0])("abc"), _picker([1])("abc")
+    (('c', 'a'), ('b',))
+    """
+    if len(at) == 1:
+        i = at[0]
+        return lambda seq: (seq[i],)
+    return operator.itemgetter(*at)  # type: ignore[return-value]
+
+
+def _singles(items: Sequence[Any]) -> Iterable[tuple[Any]]:
+    """Each item as a 1-tuple; where all items are one value (as the weight of every
+    one-path set, or its rules, none), one 1-tuple for all (tuples are immutable).
+
+    >>> list(_singles([1.0, 1.0])), list(_singles([(), (("s", 1),)]))
+    ([(1.0,), (1.0,)], [((),), ((('s', 1),),)])
+    """
+    if items and items.count(items[0]) == len(items):
+        return itertools.repeat((items[0],), len(items))
+    return zip(items)
+
+
+class PathSetBatch(Sequence[PathSet]):
+    """Path sets in columns, each made a :class:`PathSet` only when read (once: every read
+    gives the same object). Set ``i`` is key ``keys[i]`` with the paths
+    ``first[i]:first[i + 1]`` of ``paths``, their ``weights``, ``ports`` and ``rules``, and
+    rate cap ``caps[i]``.
+
+    A whole plan's sets go to the data plane so: one set per GPU pair is a million at
+    thousands of GPUs, and a data plane that takes the batch as it is (the twin) reads the
+    columns (which keys, which explicit rules) and makes a pair's set when its traffic
+    asks. Any other reads it as the sequence of sets it is.
+
+    >>> b = PathSetBatch(["a", "b"], np.array([0, 1, 3]), [(1,), (2,), (3,)],
+    ...                  [1.0, 0.5, 0.5], [7, 8, 9], [(), (), ()], [math.inf, 5.0])
+    >>> b[1]
+    PathSet(key='b', paths=((2,), (3,)), weights=(0.5, 0.5), ports=(8, 9), rules=((), ()), \
+rate_cap_gbps=5.0)
+    >>> b[1] is b[1], b.row_of["b"], len(b), [s.key for s in b], b == list(b)
+    (True, 1, 2, ['a', 'b'], True)
+    """
+
+    __slots__ = (
+        "_all_made",
+        "_made",
+        "_row_of",
+        "caps",
+        "first",
+        "keys",
+        "paths",
+        "ports",
+        "rules",
+        "weights",
+    )
+
+    def __init__(self, keys: list[str], first: NDArray[np.int64], paths: Sequence[tuple[int, ...]],
+                 weights: Sequence[float], ports: Sequence[int],
+                 rules: Sequence[tuple[tuple[str, int], ...]], caps: Sequence[float],
+                 made: list[PathSet | None] | None = None) -> None:
+        if len(first) != len(keys) + 1 or len(caps) != len(keys) or not (
+                len(paths) == len(weights) == len(ports) == len(rules) == int(first[-1])):
+            raise ValueError("a path set batch's columns disagree in length")
+        self.keys = keys
+        self.first = first
+        self.paths = paths
+        self.weights = weights
+        self.ports = ports
+        self.rules = rules
+        self.caps = caps
+        # the sets made so far (``made``: some made already, as a batch's own were)
+        self._made: list[PathSet | None] = [None] * len(keys) if made is None else made
+        self._all_made = False
+        self._row_of: dict[str, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @overload
+    def __getitem__(self, i: int) -> PathSet: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PathSet]: ...
+
+    def __getitem__(self, i: int | slice) -> PathSet | list[PathSet]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.keys)))]
+        made = self._made[i]
+        if made is None:
+            if i < 0:
+                i += len(self.keys)
+            lo, hi = int(self.first[i]), int(self.first[i + 1])
+            made = self._made[i] = _path_set_of((
+                self.keys[i], tuple(self.paths[lo:hi]), tuple(self.weights[lo:hi]),
+                tuple(self.ports[lo:hi]), tuple(self.rules[lo:hi]), self.caps[i]))
+        return made
+
+    def __iter__(self) -> Iterator[PathSet]:
+        if not self._all_made:  # (every set at once: most have one path, made in one pass)
+            fresh = self._columns_made()
+            self._made = [m if m is not None else s
+                          for m, s in zip(self._made, fresh, strict=True)]
+            self._all_made = True
+        return iter(self._made)  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=False))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PathSetBatch({len(self.keys)} sets)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its columns (the sets made and the rows found are not sent: the
+        other side makes its own as it reads).
+
+        >>> import pickle
+        >>> b = PathSetBatch(["a"], np.array([0, 1]), [(1,)], [1.0], [7], [()], [math.inf])
+        >>> _ = b[0], b.row_of
+        >>> c = pickle.loads(pickle.dumps(b)); made = list(c.made)
+        >>> made, c == b
+        ([None], True)
+        """
+        return (PathSetBatch, (self.keys, self.first, self.paths, self.weights, self.ports,
+                               self.rules, self.caps))
+
+    @property
+    def made(self) -> list[PathSet | None]:
+        """The sets made so far, by row (``None``: not yet)."""
+        return self._made
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        """Each key's place in the batch (made when first asked)."""
+        if self._row_of is None:
+            self._row_of = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        return self._row_of
+
+    def rule_switches(self) -> Iterator[str]:
+        """The switch of every explicit rule of the batch's sets (one per rule)."""
+        return (sw for sw, _ in _chain(filter(None, self.rules)))
+
+    def _columns_made(self) -> list[PathSet]:
+        """Every set, made from the columns in bulk (the keys of one path, most, in one
+        pass: their fields 1-tuples)."""
+        keys, first, caps = self.keys, self.first, self.caps
+        paths, weights, ports, rules = self.paths, self.weights, self.ports, self.rules
+        n = len(keys)
+        count = np.diff(first)
+        if (count == 1).all():
+            return list(map(_path_set_of, zip(keys, zip(paths), _singles(weights), zip(ports),
+                                              _singles(rules), caps, strict=True)))
+        out: list[Any] = [None] * n
+        one = np.flatnonzero(count == 1)
+        if len(one):
+            rows, one_l = first[one].tolist(), one.tolist()
+            at_rows = _picker(rows)
+            made = map(_path_set_of, zip(_picker(one_l)(keys), zip(at_rows(paths)),
+                                         _singles(at_rows(weights)), zip(at_rows(ports)),
+                                         _singles(at_rows(rules)), _picker(one_l)(caps),
+                                         strict=True))
+            for i, s in zip(one_l, made, strict=True):
+                out[i] = s
+        t_paths, t_weights = tuple(paths), tuple(weights)
+        t_ports, t_rules = tuple(ports), tuple(rules)
+        bounds = first.tolist()
+        for i in np.flatnonzero(count != 1).tolist():
+            lo, hi = bounds[i], bounds[i + 1]
+            out[i] = _path_set_of((keys[i], t_paths[lo:hi], t_weights[lo:hi], t_ports[lo:hi],
+                                   t_rules[lo:hi], caps[i]))
+        return out
+
+
+V = TypeVar("V")
+_ABSENT: Any = object()
+
+
+class BatchMap(MutableMapping[str, V]):
+    """A ``key -> value`` table whose bulk is one :class:`PathSetBatch` (the value of its
+    row ``r`` is ``value(r)``, made when read), with what changed since kept beside it: the
+    keys set since (``over``) and the batch's keys deleted (``gone``). A whole plan's
+    million pairs are so held without a million entries, and read, changed and iterated as
+    a dict would be: the batch's keys in its order (a key set again keeps its place), then
+    the keys added since, in the order they came.
+
+    >>> b = PathSetBatch(["a", "b"], np.array([0, 1, 2]), [(1,), (2,)], [1.0, 1.0], [7, 8],
+    ...                  [(), ()], [math.inf, math.inf])
+    >>> m = BatchMap(b, b.__getitem__)
+    >>> m["b"].ports, len(m), "a" in m
+    ((8,), 2, True)
+    >>> del m["a"]; m["c"] = b[0]; m["b"] = b[0]
+    >>> list(m), m["b"].key, len(m)
+    (['b', 'c'], 'a', 2)
+    """
+
+    __slots__ = ("_gone", "_len", "_over", "_rows", "_value", "batch")
+
+    def __init__(self, batch: PathSetBatch, value: Callable[[int], V]) -> None:
+        self.batch = batch
+        self._value = value
+        self._over: dict[str, V] = {}
+        self._gone: set[str] = set()
+        self._len = len(batch)
+        self._rows: dict[str, int] | None = None  # (the batch's rows, once read)
+
+    @property
+    def changed(self) -> bool:
+        """Whether any key was set or deleted since the batch."""
+        return bool(self._over or self._gone)
+
+    @property
+    def overlaid(self) -> bool:
+        """Whether any key was set since the batch (its value not the batch's)."""
+        return bool(self._over)
+
+    def _row_of(self) -> dict[str, int]:
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = self.batch.row_of
+        return rows
+
+    def row(self, key: str) -> int | None:
+        """The batch row that gives ``key``'s value (``None``: another, or none)."""
+        if key in self._over:
+            return None
+        r = (self._rows or self._row_of()).get(key)
+        if r is None or (self._gone and key in self._gone):
+            return None
+        return r
+
+    def __getitem__(self, key: str) -> V:
+        v = self._over.get(key, _ABSENT)
+        if v is not _ABSENT:
+            return v  # type: ignore[no-any-return]
+        r = (self._rows or self._row_of()).get(key)
+        if r is None or (self._gone and key in self._gone):
+            raise KeyError(key)
+        return self._value(r)
+
+    def get_all(self, keys: Iterable[str]) -> list[V | None]:
+        """Each key's value (``None`` where it has none), as ``map(self.get, keys)`` in one
+        pass."""
+        over, gone, value = self._over, self._gone, self._value
+        get = (self._rows or self._row_of()).get
+        if over:
+            return [over[k] if k in over else
+                    None if (r := get(k)) is None or k in gone else value(r) for k in keys]
+        if gone:
+            return [None if (r := get(k)) is None or k in gone else value(r) for k in keys]
+        return [None if r is None else value(r) for r in map(get, keys)]
+
+    def pop_all(self, keys: list[str]) -> list[V]:
+        """Delete ``keys`` (each held, each once) and give their values, in one pass."""
+        out = self.get_all(keys)
+        over, gone = self._over, self._gone
+        rows = self._rows or self._row_of()
+        for k in keys:
+            if k in over:
+                del over[k]
+                if k in rows and k not in gone:  # (the batch's key, set since: gone too)
+                    gone.add(k)
+            else:
+                gone.add(k)
+        self._len -= len(keys)
+        return out  # type: ignore[return-value]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self._over.get(key, _ABSENT)
+        if v is not _ABSENT:
+            return v
+        r = (self._rows or self._row_of()).get(key)
+        if r is None or (self._gone and key in self._gone):
+            return default
+        return self._value(r)
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._over:
+            return True
+        if key not in (self._rows or self._row_of()):
+            return False
+        return not (self._gone and key in self._gone)
+
+    def __setitem__(self, key: str, value: V) -> None:
+        over = self._over
+        if key not in over and (key not in (self._rows or self._row_of())
+                                or (self._gone and key in self._gone)):
+            self._len += 1
+        over[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        live = key in (self._rows or self._row_of()) and not (self._gone and key in self._gone)
+        if key in self._over:
+            del self._over[key]
+            if live:  # (the batch's key, set since: gone too)
+                self._gone.add(key)
+        elif live:
+            self._gone.add(key)
+        else:
+            raise KeyError(key)
+        self._len -= 1
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        gone, over = self._gone, self._over
+        keys = self.batch.keys
+        yield from (filter(lambda k: k not in gone, keys) if gone else keys)
+        if over:
+            rows = self._rows or self._row_of()
+            for k in list(over):
+                if k not in rows or k in gone:  # (added since, not set in place)
+                    yield k
+
+    def update(self, other: Any = (), /, **kw: V) -> None:
+        """As a dict's (a batch of keys at once: each looked up in one pass)."""
+        items = list(other.items() if hasattr(other, "items") else other)
+        items.extend(kw.items())
+        over, gone = self._over, self._gone
+        rows = self._rows or self._row_of()
+        # (the keys new to the table: neither set since nor a live key of the batch)
+        new = [k for k, _ in items if k not in over and (k not in rows or k in gone)]
+        if len(new) > 1:
+            new = list(dict.fromkeys(new))  # (a key given twice counts once)
+        over.update(items)
+        self._len += len(new)
+
+    def __repr__(self) -> str:
+        return f"BatchMap({dict(self.items())!r})"
+
+
+def get_all(table: Mapping[str, V], keys: Iterable[str]) -> list[V | None]:
+    """``list(map(table.get, keys))``, in one pass where ``table`` is a :class:`BatchMap`."""
+    if isinstance(table, BatchMap):
+        return table.get_all(keys)
+    return list(map(table.get, keys))
+
+
 class DataPlane(Protocol):
     """What the controller needs from a data plane (the twin, or real switches)."""
 
@@ -163,9 +517,10 @@ class DataPlane(Protocol):
         connects gives every port's state, as a telemetry subscription's first report does
         (a controller that restarted knowing links down learns which are up again)."""
 
-    def install(self, rules: list[PathSet]) -> None:
+    def install(self, rules: Sequence[PathSet]) -> None:
         """Install weighted path sets (and the senders' rate caps they carry); they take
-        effect after the control-channel latency."""
+        effect after the control-channel latency. A whole plan's come as a
+        :class:`PathSetBatch` (a sequence of them, made as read)."""
 
     def remove(self, keys: list[str]) -> None:
         """Withdraw the path sets of ``keys`` (a pair the plan no longer has: its job gone,

@@ -1,0 +1,246 @@
+"""A whole plan's path sets in columns: the batch, the table held over it, and the twin
+holding it as it came."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from fabricpilot.balancing import PolicyContext
+from fabricpilot.balancing.task_aware import TaskAware, _due_keys
+from fabricpilot.controller.core import (
+    Controller,
+    _kept_rows,
+    _kept_sets,
+    _merged_batch,
+)
+from fabricpilot.controller.intents import CommCall, Intent
+from fabricpilot.controller.southbound import BatchMap, PathSet, PathSetBatch, get_all
+
+
+def _columns(seed: int, n: int) -> tuple[list[str], np.ndarray, list, list, list, list, list]:
+    """Random columns of ``n`` sets: most of one path, some of two to four, a few with
+    explicit rules, a few rate-capped."""
+    rng = random.Random(seed)
+    keys = [f"j{seed}:{i}->{i + 1}" for i in range(n)]
+    count = [1 if rng.random() < 0.7 else rng.randint(2, 4) for _ in range(n)]
+    first = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
+    total = int(first[-1])
+    paths = [tuple(rng.randint(0, 50) for _ in range(rng.randint(1, 4))) for _ in range(total)]
+    weights = [rng.choice([1.0, 0.5, 0.25]) for _ in range(total)]
+    ports = [rng.randint(49152, 65535) for _ in range(total)]
+    rules = [((f"s{rng.randint(0, 3)}", rng.randint(0, 50)),) if rng.random() < 0.1 else ()
+             for _ in range(total)]
+    caps = [rng.choice([math.inf, 100.0, 320.0]) for _ in range(n)]
+    return keys, first, paths, weights, ports, rules, caps
+
+
+def _by_hand(cols: tuple) -> list[PathSet]:
+    """The sets the columns describe, made one by one with the constructor."""
+    keys, first, paths, weights, ports, rules, caps = cols
+    out = []
+    for i, k in enumerate(keys):
+        lo, hi = int(first[i]), int(first[i + 1])
+        out.append(PathSet(k, tuple(paths[lo:hi]), tuple(weights[lo:hi]), tuple(ports[lo:hi]),
+                           tuple(rules[lo:hi]), caps[i]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_reads_as_the_sets_its_columns_describe(seed: int) -> None:
+    """Set by set, sliced, iterated (some read before, which stay the objects they were) and
+    compared: the sets the constructor makes from the same fields; each key's row; every
+    explicit rule's switch once."""
+    cols = _columns(seed, 60)
+    want = _by_hand(cols)
+    batch = PathSetBatch(*cols)
+    assert len(batch) == 60 and all(s is None for s in batch.made)
+    early = {i: batch[i] for i in (0, 7, -1)}
+    assert early[-1] == want[-1] and batch[-1] is early[-1] and batch[59] is early[-1]
+    assert batch[3:9] == want[3:9]
+    assert list(batch) == want and batch == want and want == batch
+    assert all(batch[i] is s for i, s in early.items())
+    assert batch.row_of == {k: i for i, k in enumerate(cols[0])}
+    assert sorted(batch.rule_switches()) == sorted(sw for s in want for rl in s.rules
+                                                   for sw, _ in rl)
+    with pytest.raises(ValueError, match="disagree"):
+        PathSetBatch(cols[0][:-1], *cols[1:])
+
+
+def _ops(seed: int, keys: list[str], values: list[PathSet], n: int
+         ) -> list[tuple[str, object]]:
+    """A random sequence of dict operations over the batch's keys and some new ones."""
+    rng = random.Random(seed)
+    extra = [f"new:{i}" for i in range(10)]
+    out: list[tuple[str, object]] = []
+    for _ in range(n):
+        k = rng.choice(keys + extra)
+        v = rng.choice(values)
+        out.append(rng.choice([("set", (k, v)), ("del", k), ("pop", k), ("get", k),
+                               ("update", [(rng.choice(keys + extra), rng.choice(values))
+                                           for _ in range(rng.randint(1, 4))]),
+                               ("pop_all", list(dict.fromkeys(rng.sample(keys + extra, 3))))]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_map_reads_and_changes_as_a_dict_would(seed: int) -> None:
+    """The same random sets, deletes (a batch's key, one set since, one added), pops,
+    updates (a key twice in one) and reads on a dict made of the batch and on the map
+    over it: the same items in the same order, length, membership and values, after
+    every step."""
+    cols = _columns(100 + seed, 25)
+    batch = PathSetBatch(*cols)
+    d: dict[str, PathSet] = dict(zip(cols[0], _by_hand(cols), strict=True))
+    m = BatchMap(batch, batch.__getitem__)
+    values = _by_hand(_columns(200 + seed, 5))
+    for op, arg in _ops(seed, cols[0], values, 300):
+        if op == "set":
+            k, v = arg  # type: ignore[misc]
+            d[k] = m[k] = v  # type: ignore[assignment]
+        elif op in ("del", "pop"):
+            if arg in d:
+                if op == "del":
+                    del d[arg], m[arg]  # type: ignore[arg-type]
+                else:
+                    assert m.pop(arg) == d.pop(arg)  # type: ignore[arg-type]
+            else:
+                with pytest.raises(KeyError):
+                    del m[arg]  # type: ignore[arg-type]
+        elif op == "get":
+            assert m.get(arg) == d.get(arg) and (arg in m) == (arg in d)  # type: ignore[arg-type]
+        elif op == "update":
+            d.update(arg)  # type: ignore[arg-type]
+            m.update(arg)
+        else:
+            held = [k for k in arg if k in d]  # type: ignore[union-attr]
+            assert m.pop_all(held) == [d.pop(k) for k in held]
+        assert list(m) == list(d) and len(m) == len(d) and m == d
+        probe = [*cols[0][::3], "new:1", "nobody"]
+        assert get_all(m, probe) == get_all(d, probe) == [d.get(k) for k in probe]
+    assert m.changed
+
+
+def test_kept_rows_are_the_rows_of_the_sets_kept_sets_would_keep() -> None:
+    """Over random installed sets (some deleted since) and planned shares (some as held,
+    some moved, some with another cap, some with rules held, some skipped): the row
+    :func:`_kept_rows` finds holds exactly the set :func:`_kept_sets` keeps."""
+    rng = random.Random(5)
+    cols = _columns(7, 80)
+    batch = PathSetBatch(*cols)
+    held = BatchMap(batch, batch.__getitem__)
+    for k in rng.sample(cols[0], 6):
+        del held[k]
+    keys = list(cols[0])
+    rng.shuffle(keys)
+    keys += ["other:1->2"]
+    shares, caps = [], []
+    for k in keys:
+        r = batch.row_of.get(k)
+        s = batch[r] if r is not None else PathSet(k, ((1,),), (1.0,))
+        planned = list(zip(s.paths, s.weights, strict=True))
+        cap = s.rate_cap_gbps
+        roll = rng.random()
+        if roll < 0.15:
+            planned = [((99, *planned[0][0]), planned[0][1]), *planned[1:]]
+        elif roll < 0.25:
+            cap = 7.0
+        shares.append(planned)
+        caps.append(cap)
+    skip = set(rng.sample(keys, 5))
+    rows = _kept_rows(keys, shares, caps, held, skip)
+    sets = _kept_sets(keys, shares, caps, dict(held.items()), skip)
+    assert [None if r < 0 else batch[r] for r in rows.tolist()] == sets
+    assert 0 < sum(s is not None for s in sets) < len(keys)
+    # the same keys in the batch's order, none deleted: row i for every key kept
+    fresh = BatchMap(batch, batch.__getitem__)
+    same = [list(zip(s.paths, s.weights, strict=True)) for s in batch]
+    got = _kept_rows(batch.keys, same, list(batch.caps), fresh)
+    assert got.tolist() == [-1 if any(s.rules) else i for i, s in enumerate(batch)]
+
+
+def test_a_merged_batch_takes_the_kept_rows_and_the_new_sets_in_the_plans_order() -> None:
+    """Kept rows (read before: the same objects) and fresh sets interleaved in a new key
+    order read as the sets themselves, fields and caps; all rows kept in order gives the
+    batch back."""
+    old_cols = _columns(11, 30)
+    old = PathSetBatch(*old_cols)
+    new_cols = _columns(12, 10)
+    new = PathSetBatch(*new_cols)
+    early = old[4]
+    rng = random.Random(3)
+    kept = rng.sample(range(30), 20)
+    plan: list[tuple[str, int, PathSet]] = [(old.keys[r], r, old[r]) for r in kept]
+    plan += [(new.keys[j], -1, s) for j, s in enumerate(_by_hand(new_cols))]
+    order = list(range(len(plan)))
+    fresh_order = [i for i in order if plan[i][1] < 0]
+    rng.shuffle(order)
+    # (the fresh sets keep their order among themselves: the batch of them is in it)
+    it = iter(fresh_order)
+    order = [next(it) if plan[i][1] < 0 else i for i in order]
+    keys = [plan[i][0] for i in order]
+    rows = np.array([plan[i][1] for i in order], np.int64)
+    caps = [plan[i][2].rate_cap_gbps for i in order]
+    m = _merged_batch(old, rows, new, keys, caps)
+    assert list(m) == [plan[i][2] for i in order]
+    if 4 in kept:
+        assert m[keys.index(old.keys[4])] is early
+    none = PathSetBatch([], np.zeros(1, np.int64), [], [], [], [], [])
+    assert _merged_batch(old, np.arange(30), none, list(old.keys), list(old.caps)) is old
+
+
+def test_due_keys_go_by_the_last_time_each_key_was_given() -> None:
+    """A batch due gives its keys but those given again since (they wait for their own
+    time); keys given one by one are due at theirs, once; a batch not due waits."""
+    new = {"b": 10.0, "x": 3.0}
+    batches = [(["a", "b", "c"], 4.0), (["d"], 12.0)]
+    due, later = _due_keys(new, batches, 2.0)
+    assert due == [] and later == batches and new == {"b": 10.0, "x": 3.0}
+    due, later = _due_keys(new, later, 4.0)
+    assert due == ["x", "a", "c"] and later == [(["d"], 12.0)] and new == {"b": 10.0}
+    due, later = _due_keys(new, later, 12.0)
+    assert due == ["b", "d"] and later == [] and new == {}
+
+
+def _twin_controller() -> tuple[TaskAware, Controller]:
+    """A controller on the twin of a 64-GPU leaf-spine with two AlltoAll jobs declared."""
+    from fabricpilot.nccltests import default_cluster
+
+    ct = default_cluster(64)
+    twin = TaskAware(PolicyContext(ct, 1, 600))
+    ctl = Controller(twin)
+    for j, ranks in enumerate((range(0, 32, 2), range(1, 32, 2))):
+        ctl.declare(Intent(f"job{j}", "t", tuple(ranks),
+                           (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
+    return twin, ctl
+
+
+def test_a_whole_plan_is_held_as_one_batch_by_the_controller_and_the_twin() -> None:
+    """The first whole plan sends its sets as one batch, no set made: the controller and
+    the twin hold it as it came (and the twin gives each key the time it takes effect).
+    Read, they hold what the same sets given one by one to a fresh twin would, key for key
+    and in order; a job planned again by itself then changes only its own keys."""
+    twin, ctl = _twin_controller()
+    rep = ctl.plan()
+    held = ctl._installed
+    assert isinstance(held, BatchMap) and isinstance(twin._rules, BatchMap)
+    assert held.batch is twin._rules.batch and len(held) == rep.demands > 0
+    assert all(s is None for s in held.batch.made)  # (none made to install them)
+    other = TaskAware(PolicyContext(twin.ctx.topology, 1, 600))
+    other.install(list(held.values()))
+    assert list(twin._rules.items()) == list(other._rules.items())
+    assert twin._new_batches and not twin._new_rules  # (all due at one time)
+    before = dict(held)
+    ctl.declare(Intent("job0", "t", tuple(range(32, 64, 2)),
+                       (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
+    assert ctl.plan_jobs({"job0"}) is not None
+    job1 = [k for k in before if k.startswith("job1:")]
+    job0 = [k for k in held if k.startswith("job0:")]
+    assert ctl._installed is held and list(held) == job1 + job0  # (the new keys after)
+    assert all(held[k] is before[k] for k in job1)
+    assert job0 and not set(job0) & set(before)
+    assert {k: s for k, (s, _) in twin._rules.items() if k not in twin._removing} == dict(held)
+    assert set(twin._removing) == {k for k in before if k.startswith("job0:")}

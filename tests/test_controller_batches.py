@@ -13,12 +13,22 @@ from fabricpilot.balancing import PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware, _due_keys
 from fabricpilot.controller.core import (
     Controller,
+    _column_take,
+    _kept_columns,
     _kept_rows,
     _kept_sets,
     _merged_batch,
+    _qp_columns,
 )
 from fabricpilot.controller.intents import CommCall, Intent
-from fabricpilot.controller.southbound import BatchMap, PathSet, PathSetBatch, get_all
+from fabricpilot.controller.planner import Demand
+from fabricpilot.controller.southbound import (
+    BatchMap,
+    PathColumn,
+    PathSet,
+    PathSetBatch,
+    get_all,
+)
 
 
 def _columns(seed: int, n: int) -> tuple[list[str], np.ndarray, list, list, list, list, list]:
@@ -244,3 +254,134 @@ def test_a_whole_plan_is_held_as_one_batch_by_the_controller_and_the_twin() -> N
     assert job0 and not set(job0) & set(before)
     assert {k: s for k, (s, _) in twin._rules.items() if k not in twin._removing} == dict(held)
     assert set(twin._removing) == {k for k in before if k.startswith("job0:")}
+
+
+def test_a_path_column_reads_as_the_tuples_it_holds() -> None:
+    """Read one by one (from either end), in slices, whole, after some paths are set, and
+    taken apart: the tuples the column's links make, path by path."""
+    rng = random.Random(9)
+    paths = [tuple(rng.randint(0, 99) for _ in range(rng.randint(1, 5))) for _ in range(40)]
+    off = np.concatenate(([0], np.cumsum([len(p) for p in paths]))).astype(np.int64)
+    col = PathColumn(np.fromiter((lk for p in paths for lk in p), np.int64), off)
+    assert list(col) == paths and len(col) == 40
+    assert [col[i] for i in range(-40, 40)] == paths + paths
+    assert col[5:9] == tuple(paths[5:9]) and col[7:3] == () and col[::7] == tuple(paths[::7])
+    with pytest.raises(IndexError):
+        col[40]
+    at = np.array([3, 0, 39, 3])
+    assert list(_column_take(col, at)) == [paths[i] for i in at.tolist()]
+    assert col.lengths().tolist() == [len(p) for p in paths] and not col.overlaid
+    col[2] = (5,)
+    col[-1] = (6, 7)
+    assert col.overlaid and list(col) == [*paths[:2], (5,), *paths[3:39], (6, 7)]
+    assert col[1:4] == (paths[1], (5,), paths[3])
+
+
+def _mixed_demands(seed: int) -> tuple[list[Demand], dict[int, float]]:
+    """Demands on a 4-leaf, 4-spine fabric, each with its own NIC links (head and tail) or
+    none, of one part or several: every way the planner lists paths."""
+    rng = random.Random(seed)
+    up = {(lf, s): lf * 4 + s for lf in range(4) for s in range(4)}
+    down = {(s, lf): 16 + s * 4 + lf for s in range(4) for lf in range(4)}
+    cap = {lk: 400.0 for lk in range(32)}
+    demands = []
+    for i in range(60):
+        a, b = rng.sample(range(4), 2)
+        cands = tuple((up[(a, s)], down[(s, b)]) for s in range(4))
+        nic = rng.random() < 0.8
+        head, tail = ((100 + i,), (200 + i,)) if nic else ((), ())
+        if nic:
+            cap[100 + i] = cap[200 + i] = 400.0
+        parts = rng.choice([1, 1, 1, 2, 4])
+        demands.append(Demand(f"d{i:02d}", float(rng.choice([25, 50, 100])), cands,
+                              float(rng.randint(1, 3)), head, tail, parts == 1, 0, parts))
+    return demands, cap
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_plans_paths_kept_in_columns_read_as_the_paths_the_planner_lists(seed: int) -> None:
+    """The same demands planned with the paths listed per demand and kept in columns: the
+    same keys in the same order, each with the same paths and shares; the columns' QPs are
+    the listed paths one after the other, with their shares."""
+    from fabricpilot.controller.planner import PathRows, plan_greedy
+
+    demands, cap = _mixed_demands(seed)
+    listed = plan_greedy(demands, cap, split=4)
+    kept = plan_greedy(demands, cap, split=4, columnar=True)
+    assert isinstance(kept.paths, BatchMap) and isinstance(kept.paths.batch, PathRows)
+    assert list(kept.paths.items()) == list(listed.paths.items())
+    assert kept.link_load_gbps == listed.link_load_gbps
+    n, col, w = _qp_columns(kept.paths.batch)
+    assert n.tolist() == [len(v) for v in listed.paths.values()]
+    assert list(col) == [p for v in listed.paths.values() for p, _ in v]
+    assert w.tolist() == [s for v in listed.paths.values() for _, s in v]
+    assert 0 < len(kept.paths.batch.rest) < len(demands)  # (both kinds of demand)
+
+
+def _installed_in_columns(seed: int) -> tuple[PathSetBatch, list]:
+    """A batch whose paths are a column, and its sets' shares as a plan lists them."""
+    keys, first, paths, weights, ports, rules, caps = _columns(seed, 50)
+    off = np.concatenate(([0], np.cumsum([len(p) for p in paths]))).astype(np.int64)
+    col = PathColumn(np.fromiter((lk for p in paths for lk in p), np.int64), off)
+    batch = PathSetBatch(keys, first, col, weights, ports, rules, caps)
+    shares = [list(zip(s.paths, s.weights, strict=True)) for s in _by_hand(
+        (keys, first, paths, weights, ports, rules, caps))]
+    return batch, shares
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_columns_are_the_rows_kept_rows_finds(seed: int) -> None:
+    """A plan in columns against installed sets in columns, the same keys in order, some
+    pairs changed (a link of a path, a share, a path more, the rate cap), some with rules,
+    some skipped: :func:`_kept_columns` keeps exactly the rows :func:`_kept_rows` keeps
+    reading the sets; keys in another order are not compared in columns."""
+    rng = random.Random(seed)
+    batch, shares = _installed_in_columns(20 + seed)
+    planned = [list(s) for s in shares]
+    caps = list(batch.caps)
+    for i in range(len(planned)):
+        roll = rng.random()
+        if roll < 0.1:
+            p, w = planned[i][0]
+            planned[i][0] = ((*p[:-1], p[-1] + 1), w)
+        elif roll < 0.2:
+            planned[i][-1] = (planned[i][-1][0], planned[i][-1][1] / 2)
+        elif roll < 0.3:
+            planned[i].append(((3, 4), 0.5))
+        elif roll < 0.35:
+            caps[i] = 1.0
+    n = np.array([len(s) for s in planned], np.int64)
+    flat = [p for s in planned for p, _ in s]
+    off = np.concatenate(([0], np.cumsum([len(p) for p in flat]))).astype(np.int64)
+    col = PathColumn(np.fromiter((lk for p in flat for lk in p), np.int64), off)
+    w = np.array([x for s in planned for _, x in s])
+    held = BatchMap(batch, batch.__getitem__)
+    skip = set(rng.sample(batch.keys, 4))
+    got = _kept_columns(batch.keys, n, col, w, caps, held, skip)
+    want = _kept_rows(batch.keys, planned, caps, held, skip)
+    assert got is not None and got.tolist() == want.tolist()
+    assert 0 < int((got >= 0).sum()) < len(planned)
+    assert _kept_columns(batch.keys[::-1], n, col, w, caps, held, skip) is None
+
+
+def test_a_merged_batch_of_columns_reads_as_one_of_tuples() -> None:
+    """Kept rows of a batch in columns and new sets in columns, merged: the same sets as
+    when the paths are tuples, their paths still a column."""
+    old, _ = _installed_in_columns(31)
+    new, _ = _installed_in_columns(32)
+    rows = np.array([4, -1, 0, -1, 49, 10, -1], np.int64)
+    keys = [f"k{i}" for i in range(len(rows))]
+    fresh = PathSetBatch(new.keys[:3], new.first[:4], new.paths[:int(new.first[3])],
+                         new.weights[:int(new.first[3])], new.ports[:int(new.first[3])],
+                         new.rules[:int(new.first[3])], new.caps[:3])
+    sub = PathColumn(new.paths.flat[:int(new.paths.off[int(new.first[3])])],
+                     new.paths.off[:int(new.first[3]) + 1])
+    in_cols = PathSetBatch(fresh.keys, fresh.first, sub, fresh.weights, fresh.ports,
+                           fresh.rules, fresh.caps)
+    caps = [1.0] * len(rows)
+    as_tuples = _merged_batch(PathSetBatch(old.keys, old.first, list(old.paths), old.weights,
+                                           old.ports, old.rules, old.caps),
+                              rows, fresh, keys, caps)
+    merged = _merged_batch(old, rows, in_cols, keys, caps)
+    assert isinstance(merged.paths, PathColumn) and list(merged) == list(as_tuples)
+    assert [s.key for s in merged] == keys

@@ -1624,14 +1624,15 @@ def test_a_whole_plan_gives_way_to_urgent_work_and_is_weighed_again(
     elif stage == "placement":  # (set just before the compiled placement reads the flag)
         monkeypatch.setattr(core.planner, "_link_groups",
                             interrupting(core.planner._link_groups))
-    elif stage == "paths":  # (set just before the paths are written: they stop at once)
-        fill = core.planner._fill_paths
+    elif stage == "paths":  # (set just before the paths are written: they stop at once;
+        # a whole plan writes them in columns)
+        fill = core.planner._path_rows
 
         def fill_interrupted(*a, **k):  # type: ignore[no-untyped-def]
             ctl.interrupt.set()
             return fill(*a, **k)
 
-        monkeypatch.setattr(core.planner, "_fill_paths", fill_interrupted)
+        monkeypatch.setattr(core.planner, "_path_rows", fill_interrupted)
     else:
         monkeypatch.setattr(ctl, "steer_plan", interrupting(ctl.steer_plan))
     rep = ctl.tick()

@@ -61,6 +61,7 @@ from fabricpilot.controller.planner import (
     KeyLinks,
     LinkValues,
     PartChoice,
+    PathRows,
     Plan,
     _demand,
     _demand_of,
@@ -78,6 +79,7 @@ from fabricpilot.controller.southbound import (
     BatchMap,
     DataPlane,
     FabricView,
+    PathColumn,
     PathSet,
     PathSetBatch,
     PortDelta,
@@ -221,6 +223,112 @@ def _kept_rows(keys: Sequence[str],
     return out
 
 
+def _qp_columns(rows: PathRows) -> tuple[NDArray[np.int64], PathColumn, NDArray[np.float64]]:
+    """A plan's paths in columns (:class:`~fabricpilot.controller.planner.PathRows`) as its
+    QPs' (a key's paths in its order, a QP each): each key's number of QPs, the QPs' paths
+    and their shares.
+
+    >>> rows = planner.PathRows(["a", "b", "c"], np.array([7, 1, 9, 8, 2]),
+    ...                         np.array([0, 3, 3, 5]), 1.0, {1: [((2,), 0.5), ((3, 4), 0.5)]})
+    >>> n, col, w = _qp_columns(rows)
+    >>> n.tolist(), list(col), w.tolist()
+    ([1, 2, 1], [(7, 1, 9), (2,), (3, 4), (8, 2)], [1.0, 0.5, 0.5, 1.0])
+    """
+    n = len(rows.keys)
+    n_per_key = np.ones(n, np.int64)
+    rest = rows.rest
+    r_rows = sorted(rest)
+    if not r_rows:  # (every key one path: the rows' own links)
+        return n_per_key, PathColumn(rows.flat, rows.off), np.full(n, float(rows.whole))
+    r_at = np.array(r_rows, np.int64)
+    n_per_key[r_at] = [len(rest[r]) for r in r_rows]
+    first = _offsets(n_per_key)
+    q_len = np.empty(int(first[-1]), np.int64)
+    weights = np.full(len(q_len), float(rows.whole))
+    one = np.ones(n, np.bool_)
+    one[r_at] = False
+    one_at = np.flatnonzero(one)
+    one_len = (rows.off[1:] - rows.off[:-1])[one_at]
+    q_len[first[one_at]] = one_len
+    r_q = _ranges(first[r_at], n_per_key[r_at])
+    r_paths = [p for r in r_rows for p, _ in rest[r]]
+    r_len = np.fromiter(map(len, r_paths), np.int64, len(r_paths))
+    q_len[r_q] = r_len
+    weights[r_q] = [w for r in r_rows for _, w in rest[r]]
+    q_off = _offsets(q_len)
+    flat = np.empty(int(q_off[-1]), np.int64)
+    flat[_ranges(q_off[first[one_at]], one_len)] = rows.flat[_ranges(rows.off[one_at], one_len)]
+    flat[_ranges(q_off[r_q], r_len)] = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
+    return n_per_key, PathColumn(flat, q_off), weights
+
+
+def _column_take(col: PathColumn, at: NDArray[np.int64]) -> PathColumn:
+    """The paths ``at`` of ``col`` (none set since), as a column of their own.
+
+    >>> col = PathColumn(np.array([1, 2, 3, 4, 5]), np.array([0, 2, 3, 5]))
+    >>> list(_column_take(col, np.array([2, 0])))
+    [(4, 5), (1, 2)]
+    """
+    lens = (col.off[1:] - col.off[:-1])[at]
+    return PathColumn(col.flat[_ranges(col.off[:-1][at], lens)], _offsets(lens))
+
+
+def _kept_columns(keys: list[str], n_per_key: NDArray[np.int64], col: PathColumn,
+                  weights: NDArray[np.float64], caps: Sequence[float],
+                  installed: BatchMap[PathSet], skip: Container[str]) -> NDArray[np.int64] | None:
+    """:func:`_kept_rows` of a plan in columns (each key's QP count, the QPs' paths and
+    shares, in the order of the keys) whose keys are those of the installed batch, in its
+    order, none changed since (else ``None``): compared column to column, no set or
+    path made.
+
+    >>> b = PathSetBatch(["a", "b", "c"], np.array([0, 1, 2, 3]),
+    ...                  PathColumn(np.array([1, 2, 3, 4]), np.array([0, 2, 3, 4])),
+    ...                  [1.0, 1.0, 1.0], [7, 8, 9], [(), (("s", 3),), ()], [math.inf] * 3)
+    >>> new = PathColumn(np.array([1, 2, 3, 5]), np.array([0, 2, 3, 4]))
+    >>> _kept_columns(["a", "b", "c"], np.ones(3, np.int64), new, np.ones(3), [math.inf] * 3,
+    ...               BatchMap(b, b.__getitem__), ()).tolist()
+    [0, -1, -1]
+    """
+    batch = installed.batch
+    if (not isinstance(batch, PathSetBatch) or installed.changed
+            or not (batch.keys is keys or batch.keys == keys)):
+        return None
+    old = batch.paths
+    if (not isinstance(old, PathColumn) or old.overlaid or col.overlaid
+            or len(batch.first) != len(n_per_key) + 1):
+        return None
+    n = len(n_per_key)
+    o_count = np.diff(batch.first)
+    ok = (o_count == n_per_key) & (np.array(batch.caps, np.float64)
+                                   == np.array(caps, np.float64))
+    first = _offsets(n_per_key)
+    cand = np.flatnonzero(ok)
+    cnt = n_per_key[cand]
+    oq, nq = _ranges(batch.first[cand], cnt), _ranges(first[cand], cnt)
+    owner = np.repeat(np.arange(len(cand), dtype=np.int64), cnt)
+    o_len, n_len = np.diff(old.off)[oq], np.diff(col.off)[nq]
+    w_old = np.array(batch.weights, np.float64)[oq]
+    rules = batch.rules
+    ruled = np.fromiter(map(bool, rules), np.bool_, len(rules))[oq]
+    same = (o_len == n_len) & (w_old == weights[nq]) & ~ruled
+    at = np.flatnonzero(same)
+    diff = old.flat[_ranges(old.off[oq[at]], o_len[at])] != col.flat[
+        _ranges(col.off[nq[at]], o_len[at])]
+    bad = np.zeros(len(oq), np.bool_)
+    bad[~same] = True
+    bad[at[np.flatnonzero(np.bincount(np.repeat(np.arange(len(at)), o_len[at]),
+                                      weights=diff, minlength=len(at)))]] = True
+    off_keys = np.zeros(len(cand), np.bool_)
+    off_keys[owner[bad]] = True
+    keep = np.zeros(n, np.bool_)
+    keep[cand[~off_keys]] = True
+    if skip:
+        off = [i for i, k in enumerate(batch.keys) if k in skip]
+        if off:
+            keep[off] = False
+    return np.where(keep, np.arange(n, dtype=np.int64), -1)
+
+
 def _merged_batch(old: PathSetBatch, rows: NDArray[np.int64], fresh: PathSetBatch,
                   keys: list[str], caps: list[float]) -> PathSetBatch:
     """The batch of ``keys`` (rate caps ``caps``) whose key ``i`` has the set of row
@@ -254,15 +362,28 @@ def _merged_batch(old: PathSetBatch, rows: NDArray[np.int64], fresh: PathSetBatc
                      + len(old.paths))
     first = np.zeros(n + 1, np.int64)
     np.cumsum(count, out=first[1:])
-    at = _ranges(start, count).tolist()
-    def pick(col_old, col_new):
-        return (list(map((*col_old, *col_new).__getitem__, at)))
+    at_arr = _ranges(start, count)
+    at = at_arr.tolist()
+
+    def pick(col_old: Sequence[Any], col_new: Sequence[Any]) -> list[Any]:
+        """The entries ``at`` of the two columns one after the other."""
+        return list(map((*col_old, *col_new).__getitem__, at))
+
+    paths: Sequence[tuple[int, ...]]
+    if (isinstance(old.paths, PathColumn) and isinstance(fresh.paths, PathColumn)
+            and not old.paths.overlaid and not fresh.paths.overlaid):
+        # (both in columns: the links of the QPs taken, one after the other)
+        both = PathColumn(np.concatenate((old.paths.flat, fresh.paths.flat)),
+                          np.concatenate((old.paths.off[:-1],
+                                          fresh.paths.off + len(old.paths.flat))))
+        paths = _column_take(both, at_arr)
+    else:
+        paths = pick(old.paths, fresh.paths)
     made_old, made_new = old.made, fresh.made
     made = [made_old[r] if r >= 0 else made_new[k]
             for r, k in zip(rows.tolist(), j.tolist(), strict=True)]
-    return PathSetBatch(keys, first, pick(old.paths, fresh.paths),
-                        pick(old.weights, fresh.weights), pick(old.ports, fresh.ports),
-                        pick(old.rules, fresh.rules), caps, made)
+    return PathSetBatch(keys, first, paths, pick(old.weights, fresh.weights),
+                        pick(old.ports, fresh.ports), pick(old.rules, fresh.rules), caps, made)
 
 
 def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]
@@ -2293,7 +2414,7 @@ class Controller:
         plan = plan_greedy(demands, self._link_values(), background=background,
                            split=self.parts, checkpoint=self._check,
                            stop=self.interrupt.flag if self._may_yield else None,
-                           columns=made[1] if made is not None else None)
+                           columns=made[1] if made is not None else None, columnar=True)
         return plan, made
 
     def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: list[Demand],
@@ -2388,6 +2509,10 @@ class Controller:
                 and steered is not None and steered[0]() is plan):
             ends = steered[1]
             self._slots = SlotTable.of(parts, sets, ends[:, 0], ends[:, 1], keys=links.keys)
+        rows = plan.paths.batch if isinstance(plan.paths, BatchMap) else None
+        if isinstance(rows, PathRows) and isinstance(sets, PathSetBatch) and (
+                rows.keys is sets.keys or rows.keys == sets.keys):
+            rows.share_rows(sets)  # (the plan's keys are the batch's: one row index)
         self.current = plan
         self._note_planned()
         self._links_changed = False
@@ -2448,7 +2573,8 @@ class Controller:
         load, paths, demand = self.current.link_load_gbps, self.current.paths, self._demand
         if not keys:
             return
-        shares = list(map(paths.pop, keys))
+        shares = (paths.pop_all(keys) if isinstance(paths, BatchMap)
+                  else list(map(paths.pop, keys)))
         n_sh = np.fromiter(map(len, shares), np.int64, len(keys))
         ps, ws = zip(*_chain(shares), strict=True) if int(n_sh.sum()) else ((), ())
         plen, links = flatten_paths([ps])[1:]
@@ -3625,6 +3751,23 @@ class Controller:
 
         return map(cap, keys, shares)
 
+    def _plan_columns(self, plan: Plan, reuse: bool
+                      ) -> tuple[NDArray[np.int64], PathColumn, NDArray[np.float64]] | None:
+        """A whole plan's QPs in columns (:func:`_qp_columns`), where its paths are kept so
+        (:class:`~fabricpilot.controller.planner.PathRows`, none changed) and every key is
+        steered as it is: no pair capped (no L1 / L2 job), none of room kept, hashes
+        exposed; else ``None``."""
+        paths = plan.paths
+        if reuse or not isinstance(paths, BatchMap) or paths.changed:
+            return None
+        rows = paths.batch
+        if (not isinstance(rows, PathRows) or self.view.ecmp is None or self._capped_tasks
+                or self._capped_keys):
+            return None
+        if self._reserved and not self.reserved_keys.isdisjoint(rows.keys):
+            return None
+        return _qp_columns(rows)
+
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
                    ends: tuple[list[str], NDArray[np.int64]] | None = None,
@@ -3640,19 +3783,28 @@ class Controller:
         up key by key)."""
         self._check()
         self._made_at = None
-        keys = list(plan.paths)
-        shares_of = list(plan.paths.values())
-        if self._reserved:  # (room kept for jobs whose SLA is unmet: never installed)
-            reserved = self.reserved_keys
-            if not reserved.isdisjoint(keys):
-                keys = [k for k in keys if k not in reserved]
-                shares_of = list(map(plan.paths.__getitem__, keys))
-        caps = self._rate_caps(keys, shares_of)
-        if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
-            sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares),
-                            rate_cap_gbps=limit)
-                    for key, shares, limit in zip(keys, shares_of, caps, strict=True)]
-            return sets, PlanReport(plan, len(sets), 0)
+        # (a whole plan in columns: its QPs read from them, no path made)
+        cols = self._plan_columns(plan, reuse)
+        shares_of: list[list[tuple[tuple[int, ...], float]]] | None = None
+        caps: Iterable[float]
+        if cols is not None:
+            keys = plan.paths.batch.keys  # type: ignore[attr-defined]
+            n_per_key, col, q_weights = cols
+            caps = itertools.repeat(math.inf, len(keys))  # (no pair is capped)
+        else:
+            keys = list(plan.paths)
+            shares_of = list(plan.paths.values())
+            if self._reserved:  # (room kept for jobs whose SLA is unmet: never installed)
+                reserved = self.reserved_keys
+                if not reserved.isdisjoint(keys):
+                    keys = [k for k in keys if k not in reserved]
+                    shares_of = list(map(plan.paths.__getitem__, keys))
+            caps = self._rate_caps(keys, shares_of)
+            if self.view.ecmp is None:  # a data plane that forwards path sets by rules alone
+                sets = [PathSet(key, tuple(p for p, _ in shares), tuple(w for _, w in shares),
+                                rate_cap_gbps=limit)
+                        for key, shares, limit in zip(keys, shares_of, caps, strict=True)]
+                return sets, PlanReport(plan, len(sets), 0)
         if ends is not None and len(ends[1]) == len(keys) and ends[0] == keys:
             rows = ends[1]
         else:
@@ -3668,27 +3820,49 @@ class Controller:
         if not reuse and self._steered_whole and self._steering is not None:
             caps = all_caps = list(caps)
             installed = self._installed
-            if isinstance(installed, BatchMap) and not installed.overlaid:
-                kept_rows = _kept_rows(keys, shares_of, caps, installed, self._spilled)
+            if (isinstance(installed, BatchMap) and isinstance(installed.batch, PathSetBatch)
+                    and not installed.overlaid):
+                found = (_kept_columns(keys, n_per_key, col, q_weights, caps, installed,
+                                       self._spilled) if cols is not None else None)
+                if found is None:
+                    if shares_of is None:
+                        shares_of = list(plan.paths.values())
+                    found = _kept_rows(keys, shares_of, caps, installed, self._spilled)
+                kept_rows = found
                 fresh_at = np.flatnonzero(kept_rows < 0).tolist()
                 batch = installed.batch
                 n_kept = int((batch.first[1:] - batch.first[:-1])[kept_rows[kept_rows >= 0]]
                              .sum())  # (their QPs)
             else:
+                if shares_of is None:
+                    shares_of = list(plan.paths.values())
                 kept = _kept_sets(keys, shares_of, caps, installed, self._spilled)
                 fresh_at = [i for i, s in enumerate(kept) if s is None]
                 n_kept = sum(len(s.paths) for s in kept if s is not None)  # (their QPs)
             if len(fresh_at) == len(keys):  # (none kept)
                 kept = kept_rows = None
             else:
+                fresh_rows = np.array(fresh_at, np.int64)
                 keys = [keys[i] for i in fresh_at]
-                shares_of = [shares_of[i] for i in fresh_at]
+                if cols is not None:
+                    q_at = _ranges(_offsets(n_per_key)[fresh_rows], n_per_key[fresh_rows])
+                    col, q_weights = _column_take(col, q_at), q_weights[q_at]
+                    n_per_key = n_per_key[fresh_rows]
+                else:
+                    assert shares_of is not None
+                    shares_of = [shares_of[i] for i in fresh_at]
                 caps = [caps[i] for i in fresh_at]
-                rows = rows[np.array(fresh_at, np.int64)]
-        n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
-        pairs = list(_chain(shares_of))
-        all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
-        paths = list(all_paths)
+                rows = rows[fresh_rows]
+        paths: Sequence[tuple[int, ...]]
+        if cols is not None:  # (the QPs' paths stay in their column)
+            paths = all_paths = col
+            all_weights = q_weights.tolist()
+        else:
+            assert shares_of is not None
+            n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
+            pairs = list(_chain(shares_of))
+            all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
+            paths = list(all_paths)
         n_req = len(paths)
         src = np.repeat(rows[:, 0], n_per_key)
         dst = np.repeat(rows[:, 1], n_per_key)
@@ -3783,7 +3957,7 @@ class Controller:
             for r, port, p in zip(hashed, new_ports, new_paths, strict=True):
                 ports[r] = port
                 paths[r] = p
-        if unpinned:
+        if unpinned and not isinstance(paths, PathColumn):
             all_paths = tuple(paths)
         sets: Sequence[PathSet] = PathSetBatch(keys, first, all_paths, all_weights, ports,
                                                rules, list(caps))

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.controller.planner import _offsets, _ranges
-from fabricpilot.controller.southbound import FabricView
+from fabricpilot.controller.southbound import FabricView, PathColumn
 from fabricpilot.net.hashing import (
     CRC32_TABLE,
     ROCE_UDP_PORT,
@@ -384,7 +384,8 @@ def _wrapped_links(heads: NDArray[np.int64], mids: list[tuple[int, ...]],
     return per, flat
 
 
-def _path_rows(paths: list[tuple[int, ...]], dst: NDArray[np.int64], compiled: tuple[NDArray, ...],
+def _path_rows(paths: Sequence[tuple[int, ...]], dst: NDArray[np.int64],
+               compiled: tuple[NDArray, ...],
                links: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
                ) -> tuple[NDArray, NDArray, NDArray] | None:
     """The links of ``paths`` (flat, with offsets; ``links``: :func:`_path_links` of them,
@@ -648,7 +649,7 @@ class SteeringTable:
                             self._c_sw.values)
 
     def steer_paths(self, src: NDArray[np.int64], dst: NDArray[np.int64],
-                    start: NDArray[np.int64], paths: list[tuple[int, ...]], max_tries: int,
+                    start: NDArray[np.int64], paths: Sequence[tuple[int, ...]], max_tries: int,
                     ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]] | None:
         """:meth:`steer` of requests whose hash decisions are derived from their own paths
         at once (compiled, over the flattened paths), not looked up per switch path: no
@@ -667,7 +668,11 @@ class SteeringTable:
         compiled = self._compiled_view()
         if compiled is None:
             return None
-        rows = _path_rows(paths, dst, compiled)
+        # (paths in a column: their links read as they are)
+        links = ((paths.lengths(), paths.flat) if isinstance(paths, PathColumn)
+                 and not paths.overlaid and int(paths.off[0]) == 0
+                 and int(paths.off[-1]) == len(paths.flat) else None)
+        rows = _path_rows(paths, dst, compiled, links)
         if rows is None:
             return None
         link_sw, grp, g_ptr, g_links, _ = compiled
@@ -677,7 +682,8 @@ class SteeringTable:
                             max_tries, arrays, c_sw)
 
     def _search(self, src: NDArray[np.int64], dst: NDArray[np.int64],
-                start: NDArray[np.int64], mid: NDArray[np.int64], paths: list[tuple[int, ...]],
+                start: NDArray[np.int64], mid: NDArray[np.int64],
+                paths: Sequence[tuple[int, ...]],
                 max_tries: int, arrays: tuple[NDArray, ...], c_sw: NDArray[np.int64],
                 ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]]:
         """:meth:`steer` over constraint arrays ``arrays`` (offsets per switch path ``mid``

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,6 +37,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from fabricpilot.arrays import distinct
 from fabricpilot.collector import paused as _gc_paused
+from fabricpilot.controller.southbound import BatchMap, KeyRows
 
 _chain = itertools.chain.from_iterable
 
@@ -167,7 +168,8 @@ class DemandColumns:
 class Plan:
     """Each demand's paths and shares, the resulting load per link and ``lambda``."""
 
-    paths: dict[str, list[tuple[tuple[int, ...], float]]]
+    # (a mapping: a whole plan's may keep them in columns, see :class:`PathRows`)
+    paths: MutableMapping[str, list[tuple[tuple[int, ...], float]]]
     link_load_gbps: dict[int, float]
     max_utilization: float
     solver: str = "greedy"
@@ -1022,7 +1024,7 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 sweeps: int = 2, max_moves: int | None = None, restarts: int | None = None,
                 aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
                 stop: NDArray[np.bool_] | None = None,
-                columns: DemandColumns | None = None) -> Plan:
+                columns: DemandColumns | None = None, columnar: bool = False) -> Plan:
     """Place every demand (in ``split`` equal parts, or its own ``parts``) on its candidates,
     heaviest first, each part on the candidate whose most loaded link stays lowest
     (counting only the links that differ between its candidates; ties by the sum of
@@ -1099,7 +1101,8 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     with _gc_paused():  # no reference cycles are made: spare the collector's passes
         return _plan_greedy(demands, capacity, background, split, sweeps, max_moves,
                             _RESTARTS if restarts is None else restarts, aggregate,
-                            checkpoint or _go_on, _NEVER if stop is None else stop, columns)
+                            checkpoint or _go_on, _NEVER if stop is None else stop, columns,
+                            columnar)
 
 
 class PlanStopped(RuntimeError):
@@ -1117,7 +1120,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, split: int, sweeps: int,
                  max_moves: int | None, restarts: int, aggregate: bool,
                  checkpoint: Callable[[], None], stop: NDArray[np.bool_],
-                 columns: DemandColumns | None = None) -> Plan:
+                 columns: DemandColumns | None = None, columnar: bool = False) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
     com = _Commodities(demands, capacity, background, aggregate, columns)
     nparts = com.n_parts(split)
@@ -1178,7 +1181,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                                                                     sweeps)),
                                         stop, no_limit, checkpoint, (choice, load, moves))
     checkpoint()
-    plan = _package(com, choice, load, "greedy", moves, stop)
+    plan = _package(com, choice, load, "greedy", moves, stop, columnar)
     if plan is None:  # (stopped while writing the paths)
         checkpoint()
         raise PlanStopped("the plan was stopped")
@@ -1759,15 +1762,24 @@ def _local_search_kernel(order: NDArray[np.int64], choice: NDArray[np.int64],
 
 
 def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.float64],
-             solver: str, moves: int, stop: NDArray[np.bool_] = _NEVER) -> Plan | None:
+             solver: str, moves: int, stop: NDArray[np.bool_] = _NEVER,
+             columnar: bool = False) -> Plan | None:
     """The plan: every demand's full paths with their shares (parts on the same path add
     up, in path order), the load per link (background excluded) and ``lambda``; ``None`` if
-    ``stop[0]`` was set meanwhile."""
+    ``stop[0]`` was set meanwhile. ``columnar``: the paths kept in columns (:class:`PathRows`,
+    read as a mapping), not made per demand."""
     split = choice.shape[1]
     acc = _shares(split)
-    paths: dict[str, list[tuple[tuple[int, ...], float]]] = {}
-    if not _fill_paths(com, choice, paths, acc, stop):
-        return None
+    paths: MutableMapping[str, list[tuple[tuple[int, ...], float]]]
+    if columnar:
+        rows = _path_rows(com, choice, acc, stop)
+        if rows is None:
+            return None
+        paths = BatchMap(rows, rows.value)
+    else:
+        paths = {}
+        if not _fill_paths(com, choice, paths, acc, stop):
+            return None
     util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
@@ -1909,7 +1921,6 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
     ``stop[0]`` was set meanwhile (read every few thousand demands; ``paths`` then
     incomplete)."""
     split = choice.shape[1]
-    inc = acc[1]
     n = len(com.demands)
     if not n:
         return True
@@ -1929,6 +1940,107 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
     rest[fast] = False
     rest_idx = np.flatnonzero(rest)
     order.append(rest_idx)
+    if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
+        return False
+    # (back in the demands' order, unless they were made in it, as on a plan of one kind)
+    at = np.concatenate(order)
+    if not (at == np.arange(n)).all():
+        inv = np.empty(n, np.int64)
+        inv[at] = np.arange(n, dtype=np.int64)
+        made = list(map(made.__getitem__, inv.tolist()))
+    paths.update(zip(com.keys, made, strict=True))
+    return True
+
+
+class PathRows:
+    """A plan's paths in columns, demand by demand in the plan's order (``keys``): a demand
+    of one path with one head and one tail link (most) has its path as the links
+    ``flat[off[i]:off[i + 1]]``, with share ``whole``; the others' paths and shares are
+    listed in ``rest`` (by row; their rows have no links in ``flat``). A plan reads them
+    through a :class:`~fabricpilot.controller.southbound.BatchMap` (:attr:`Plan.paths`), a
+    demand's list made when read.
+
+    >>> rows = PathRows(["a", "b"], np.array([7, 1, 9]), np.array([0, 3, 3]), 1.0,
+    ...                 {1: [((2,), 0.5), ((3,), 0.5)]})
+    >>> rows.value(0), rows.value(1), rows.row_of["b"], len(rows), rows.value(0) is rows.value(0)
+    ([((7, 1, 9), 1.0)], [((2,), 0.5), ((3,), 0.5)], 1, 2, True)
+    """
+
+    __slots__ = ("_made", "_row_of", "flat", "keys", "off", "rest", "whole")
+
+    def __init__(self, keys: list[str], flat: NDArray[np.int64], off: NDArray[np.int64],
+                 whole: float, rest: dict[int, list[tuple[tuple[int, ...], float]]]) -> None:
+        self.keys = keys
+        self.flat = flat
+        self.off = off
+        self.whole = whole
+        self.rest = rest
+        self._row_of: dict[str, int] | None = None
+        self._made: list[list[tuple[tuple[int, ...], float]] | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        """Each key's row (made when first asked)."""
+        if self._row_of is None:
+            self._row_of = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        return self._row_of
+
+    def share_rows(self, other: KeyRows) -> None:
+        """Take the row index of ``other``, whose keys are these, in this order."""
+        self._row_of = other.row_of
+
+    def value(self, row: int) -> list[tuple[tuple[int, ...], float]]:
+        """Demand ``row``'s paths and shares (made once: every read gives the same list)."""
+        got = self.rest.get(row)
+        if got is None:
+            made = self._made
+            if made is None:
+                made = self._made = [None] * len(self.keys)
+            got = made[row]
+            if got is None:
+                got = made[row] = [(tuple(self.flat[int(self.off[row]):int(self.off[row + 1])]
+                                          .tolist()), self.whole)]
+        return got
+
+
+def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
+               stop: NDArray[np.bool_] = _NEVER) -> PathRows | None:
+    """:func:`_fill_paths` in columns: the paths of the demands of one path (with one head
+    and one tail link) as link rows, no tuple made; the others' as lists. ``None`` if
+    ``stop[0]`` was set meanwhile."""
+    split = choice.shape[1]
+    n = len(com.demands)
+    one_path = (choice[:, 1:] == choice[:, :1]).all(axis=1)
+    fast = np.flatnonzero(one_path & (com.head1 >= 0) & (com.tail1 >= 0))
+    groups = list(_single_paths(com, fast, choice[fast, 0]))
+    width = np.zeros(n, np.int64)
+    for idx, full in groups:
+        width[idx] = full.shape[1]
+    off = _offsets(width)
+    flat = np.empty(int(off[-1]), np.int64)
+    for idx, full in groups:
+        flat[off[idx][:, None] + np.arange(full.shape[1])] = full
+    rest = np.ones(n, np.bool_)
+    rest[fast] = False
+    rest_idx = np.flatnonzero(rest)
+    made: list[list[tuple[tuple[int, ...], float]]] = []
+    if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
+        return None
+    return PathRows(list(com.keys), flat, off, acc[split],
+                    dict(zip(rest_idx.tolist(), made, strict=True)))
+
+
+def _rest_paths(com: _Commodities, choice: NDArray[np.int64], rest_idx: NDArray[np.int64],
+                one_path: NDArray[np.bool_], acc: list[float], stop: NDArray[np.bool_],
+                made: list[list[tuple[tuple[int, ...], float]]]) -> bool:
+    """The paths and shares of demands ``rest_idx`` (not of one path with one head and one
+    tail link), appended to ``made`` in that order; ``False`` if ``stop[0]`` was set
+    meanwhile."""
+    inc = acc[1]
+    whole = acc[choice.shape[1]]
     srt = np.sort(choice[rest_idx], axis=1)
     single = one_path[rest_idx].tolist()
     ordered = com.ordered[rest_idx]
@@ -1972,16 +2084,7 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
                 for c in row:
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
                 add(sorted(shares.items()))
-    if stop[0]:
-        return False
-    # (back in the demands' order, unless they were made in it, as on a plan of one kind)
-    at = np.concatenate(order)
-    if not (at == np.arange(n)).all():
-        inv = np.empty(n, np.int64)
-        inv[at] = np.arange(n, dtype=np.int64)
-        made = list(map(made.__getitem__, inv.tolist()))
-    paths.update(zip(com.keys, made, strict=True))
-    return True
+    return not stop[0]
 
 
 def _single_paths(com: _Commodities, idx: NDArray[np.int64], cand: NDArray[np.int64],

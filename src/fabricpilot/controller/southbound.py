@@ -183,6 +183,79 @@ def _singles(items: Sequence[Any]) -> Iterable[tuple[Any]]:
     return zip(items)
 
 
+class PathColumn(Sequence[tuple[int, ...]]):
+    """Paths as link ids in one flat array: path ``i`` is ``flat[off[i]:off[i + 1]]``, made a
+    tuple when read (a path set keeps the tuples it is made with). A path set since
+    (``col[i] = p``) reads as set.
+
+    >>> col = PathColumn(np.array([0, 1, 3, 5, 0, 2, 4, 5]), np.array([0, 4, 8]))
+    >>> col[1], len(col), col[0:2] == ((0, 1, 3, 5), (0, 2, 4, 5))
+    ((0, 2, 4, 5), 2, True)
+    >>> col[0] = (7,); list(col)
+    [(7,), (0, 2, 4, 5)]
+    """
+
+    __slots__ = ("_set", "flat", "off")
+
+    def __init__(self, flat: NDArray[np.int64], off: NDArray[np.int64]) -> None:
+        self.flat = flat
+        self.off = off
+        self._set: dict[int, tuple[int, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.off) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, ...]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[tuple[int, ...], ...]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[int, ...] | tuple[tuple[int, ...], ...]:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self))
+            if step == 1 and not self._set:
+                return self._tuples(lo, hi)
+            return tuple(self[j] for j in range(lo, hi, step))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("path column index out of range")
+        if self._set:
+            p = self._set.get(i)
+            if p is not None:
+                return p
+        return tuple(self.flat[int(self.off[i]):int(self.off[i + 1])].tolist())
+
+    def _tuples(self, lo: int, hi: int) -> tuple[tuple[int, ...], ...]:
+        """Paths ``lo:hi`` (none set since; ``0 <= lo <= hi <= len``) as tuples."""
+        if hi <= lo:
+            return ()
+        bounds = self.off[lo:hi + 1].tolist()
+        links = self.flat[bounds[0]:bounds[-1]].tolist()
+        b0 = bounds[0]
+        return tuple(tuple(links[a - b0:b - b0]) for a, b in itertools.pairwise(bounds))
+
+    def __setitem__(self, i: int, path: tuple[int, ...]) -> None:
+        self._set[i if i >= 0 else i + len(self)] = path
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        out = self._tuples(0, len(self))
+        if self._set:
+            return (self._set.get(i, p) for i, p in enumerate(out))
+        return iter(out)
+
+    def lengths(self) -> NDArray[np.int64]:
+        """Each path's number of links (of the column's own paths: none set since)."""
+        return np.diff(self.off)
+
+    @property
+    def overlaid(self) -> bool:
+        """Whether any path was set since."""
+        return bool(self._set)
+
+
 class PathSetBatch(Sequence[PathSet]):
     """Path sets in columns, each made a :class:`PathSet` only when read (once: every read
     gives the same object). Set ``i`` is key ``keys[i]`` with the paths
@@ -312,6 +385,8 @@ rate_cap_gbps=5.0)
         pass: their fields 1-tuples)."""
         keys, first, caps = self.keys, self.first, self.caps
         paths, weights, ports, rules = self.paths, self.weights, self.ports, self.rules
+        if isinstance(paths, PathColumn):  # (its tuples made in one pass)
+            paths = tuple(paths)
         n = len(keys)
         count = np.diff(first)
         if (count == 1).all():
@@ -342,9 +417,22 @@ V = TypeVar("V")
 _ABSENT: Any = object()
 
 
+class KeyRows(Protocol):
+    """Keys in rows, as a :class:`BatchMap` reads its bulk: the keys in order, each one's
+    row, and how many."""
+
+    keys: list[str]
+
+    @property
+    def row_of(self) -> dict[str, int]: ...
+
+    def __len__(self) -> int: ...
+
+
 class BatchMap(MutableMapping[str, V]):
-    """A ``key -> value`` table whose bulk is one :class:`PathSetBatch` (the value of its
-    row ``r`` is ``value(r)``, made when read), with what changed since kept beside it: the
+    """A ``key -> value`` table whose bulk is one batch of keys in rows, as a
+    :class:`PathSetBatch` (:class:`KeyRows`; the value of row ``r`` is ``value(r)``, made
+    when read), with what changed since kept beside it: the
     keys set since (``over``) and the batch's keys deleted (``gone``). A whole plan's
     million pairs are so held without a million entries, and read, changed and iterated as
     a dict would be: the batch's keys in its order (a key set again keeps its place), then
@@ -362,7 +450,7 @@ class BatchMap(MutableMapping[str, V]):
 
     __slots__ = ("_gone", "_len", "_over", "_rows", "_value", "batch")
 
-    def __init__(self, batch: PathSetBatch, value: Callable[[int], V]) -> None:
+    def __init__(self, batch: KeyRows, value: Callable[[int], V]) -> None:
         self.batch = batch
         self._value = value
         self._over: dict[str, V] = {}

@@ -279,7 +279,8 @@ def test_a_path_column_reads_as_the_tuples_it_holds() -> None:
 
 def _mixed_demands(seed: int) -> tuple[list[Demand], dict[int, float]]:
     """Demands on a 4-leaf, 4-spine fabric, each with its own NIC links (head and tail) or
-    none, of one part or several: every way the planner lists paths."""
+    none, of one part or several, some with shorter paths: every way the planner lists
+    paths."""
     rng = random.Random(seed)
     up = {(lf, s): lf * 4 + s for lf in range(4) for s in range(4)}
     down = {(s, lf): 16 + s * 4 + lf for s in range(4) for lf in range(4)}
@@ -288,6 +289,8 @@ def _mixed_demands(seed: int) -> tuple[list[Demand], dict[int, float]]:
     for i in range(60):
         a, b = rng.sample(range(4), 2)
         cands = tuple((up[(a, s)], down[(s, b)]) for s in range(4))
+        if rng.random() < 0.2:  # (paths of another length: through one switch)
+            cands = tuple((up[(a, s)],) for s in range(4))
         nic = rng.random() < 0.8
         head, tail = ((100 + i,), (200 + i,)) if nic else ((), ())
         if nic:
@@ -316,6 +319,10 @@ def test_a_plans_paths_kept_in_columns_read_as_the_paths_the_planner_lists(seed:
     assert list(col) == [p for v in listed.paths.values() for p, _ in v]
     assert w.tolist() == [s for v in listed.paths.values() for _, s in v]
     assert 0 < len(kept.paths.batch.rest) < len(demands)  # (both kinds of demand)
+    assert len({len(v[0][0]) for k, v in listed.paths.items()}) > 1  # (paths of two lengths)
+    one = [d for d in demands if len(d.candidates[0]) == 2]  # (and of one length)
+    assert list(plan_greedy(one, cap, split=4, columnar=True).paths.items()) == list(
+        plan_greedy(one, cap, split=4).paths.items())
 
 
 def _installed_in_columns(seed: int) -> tuple[PathSetBatch, list]:

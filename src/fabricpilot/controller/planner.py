@@ -2020,9 +2020,12 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     for idx, full in groups:
         width[idx] = full.shape[1]
     off = _offsets(width)
-    flat = np.empty(int(off[-1]), np.int64)
-    for idx, full in groups:
-        flat[off[idx][:, None] + np.arange(full.shape[1])] = full
+    if len(groups) == 1:  # (one path length: the rows in the demands' order already)
+        flat = groups[0][1].ravel()
+    else:
+        flat = np.empty(int(off[-1]), np.int64)
+        for idx, full in groups:
+            flat[off[idx][:, None] + np.arange(full.shape[1])] = full
     rest = np.ones(n, np.bool_)
     rest[fast] = False
     rest_idx = np.flatnonzero(rest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -392,3 +393,69 @@ def test_a_merged_batch_of_columns_reads_as_one_of_tuples() -> None:
     merged = _merged_batch(old, rows, in_cols, keys, caps)
     assert isinstance(merged.paths, PathColumn) and list(merged) == list(as_tuples)
     assert [s.key for s in merged] == keys
+
+
+@pytest.mark.parametrize(("per_switch", "entropy", "rules"),
+                         [(True, True, 4096), (False, True, 32), (True, False, 20)])
+def test_a_whole_plan_in_columns_installs_what_one_listed_pair_by_pair_does(
+        monkeypatch: pytest.MonkeyPatch, per_switch: bool, entropy: bool, rules: int) -> None:
+    """On a fat tree, with the rule tables ample, tight, and with NIC entropy off (rules
+    and QPs left to their hash): a plan, a re-plan under a hot link and a job planned by
+    itself give the same plan paths, path sets (ports, rules, caps), rules per switch and
+    link loads whether the whole plans keep their paths in columns or list them per pair,
+    as a controller that never keeps columns does."""
+    from fabricpilot.balancing import EcmpParams
+    from fabricpilot.controller import core
+    from fabricpilot.controller.params import ControllerParams
+    from fabricpilot.topology import compile_topology
+    from fabricpilot.topology.builders import fat_tree
+
+    def run(columns: bool) -> list[object]:
+        ctx = PolicyContext(compile_topology(fat_tree(k=8)), 7, 600,
+                            EcmpParams(1, entropy, per_switch),
+                            controller=ControllerParams(parts=4, switch_rule_capacity=rules))
+        twin = TaskAware(ctx)
+        ctl = Controller(twin, ctx.controller)
+        ctl.declare(Intent("a2a", "t", tuple(range(0, 128, 2)),
+                           (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
+        ctl.declare(Intent("ring", "t", tuple(range(1, 128, 4)),
+                           (CommCall("allreduce", 64 << 20, 1000.0, 0),)))
+        in_columns: list[bool] = []
+        with monkeypatch.context() as m:
+            if not columns:  # (the plans listed pair by pair, as the planner lists a job's)
+                m.setattr(core.Controller, "_plan_columns", lambda self, plan, reuse: None)
+                real = core.plan_greedy
+                m.setattr(core, "plan_greedy",
+                          lambda *a, **k: real(*a, **{**k, "columnar": False}))
+            else:
+                seen = core.Controller._plan_columns
+
+                def spy(self, plan, reuse):  # type: ignore[no-untyped-def]
+                    got = seen(self, plan, reuse)
+                    in_columns.append(got is not None)
+                    return got
+
+                m.setattr(core.Controller, "_plan_columns", spy)
+            out: list[object] = []
+            for step in range(3):
+                if step == 0:
+                    rep = ctl.plan(background={})
+                elif step == 1:
+                    on = Counter(lk for s in ctl._installed.values() for p in s.paths
+                                 for lk in p[1:-1])
+                    hot = on.most_common(1)[0][0]
+                    rep = ctl.plan(background={hot: 0.9 * ctl.view.links[hot].capacity_gbps})
+                else:
+                    ctl.declare(Intent("ring", "t", tuple(range(3, 128, 4)),
+                                       (CommCall("allreduce", 64 << 20, 1000.0, 0),)))
+                    rep = ctl.plan_jobs({"ring"})
+                assert rep is not None
+                out.append((list(ctl.current.paths.items()),
+                            sorted((k, tuple(s)) for k, s in ctl._installed.items()),
+                            sorted(ctl.current.link_load_gbps.items()),
+                            dict(twin.switch_rules()), rep.installed, rep.pinned,
+                            rep.unpinned))
+            assert not columns or sum(in_columns) >= 2  # (both whole plans, at least)
+            return out
+
+    assert run(True) == run(False)

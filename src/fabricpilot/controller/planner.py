@@ -37,7 +37,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from fabricpilot.arrays import distinct
 from fabricpilot.collector import paused as _gc_paused
-from fabricpilot.controller.southbound import BatchMap, KeyRows
+from fabricpilot.controller.southbound import BatchMap, KeyRows, key_rows
 
 _chain = itertools.chain.from_iterable
 
@@ -1985,7 +1985,7 @@ class PathRows:
     def row_of(self) -> dict[str, int]:
         """Each key's row (made when first asked)."""
         if self._row_of is None:
-            self._row_of = dict(zip(self.keys, range(len(self.keys)), strict=True))
+            self._row_of = key_rows(self.keys)
         return self._row_of
 
     def share_rows(self, other: KeyRows) -> None:

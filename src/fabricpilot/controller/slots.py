@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.controller.planner import Columns, PartChoice, _ranges
-from fabricpilot.controller.southbound import PathSet, PathSetBatch
+from fabricpilot.controller.southbound import PathSet, PathSetBatch, key_rows
 
 
 @dataclass
@@ -143,7 +143,7 @@ class SlotTable:
         np.cumsum(count[:-1], out=first[1:])
         # (a batch of these keys in this order knows each one's row already)
         row_of = (sets.row_of if isinstance(sets, PathSetBatch) and sets.keys == keys
-                  else dict(zip(keys, range(n), strict=True)))
+                  else key_rows(keys))
         return cls(keys, row_of, RowSets(sets),
                    ~parts.plain, parts.rank, parts.grp, parts.tup, parts.tuples,
                    parts.rate, parts.weight, src, dst, first, count, cand,

@@ -7,6 +7,12 @@ for a job / flow / traffic class (and withdraw it), push a congestion table for 
 adaptive routing, set the QoS mapping. The digital twin implements :class:`DataPlane`; a real
 southbound (gNMI / P4Runtime / OpenFlow) can implement it later. Rule updates take effect
 after the data plane's control-channel latency, never instantly.
+
+A whole plan sets a path set for every GPU pair, a million at thousands of GPUs. Those go
+as one :class:`PathSetBatch`: the sets' fields in columns (the paths a :class:`PathColumn`
+of link ids), each set made only when read. :class:`BatchMap` holds such a batch as a
+``key -> value`` table, with what changed since beside it, as the controller and the twin
+keep the sets installed.
 """
 
 from __future__ import annotations
@@ -181,6 +187,15 @@ def _singles(items: Sequence[Any]) -> Iterable[tuple[Any]]:
     if items and items.count(items[0]) == len(items):
         return itertools.repeat((items[0],), len(items))
     return zip(items)
+
+
+def key_rows(keys: list[str]) -> dict[str, int]:
+    """Each key's row (its place in ``keys``).
+
+    >>> key_rows(["a", "b"])
+    {'a': 0, 'b': 1}
+    """
+    return dict(zip(keys, range(len(keys)), strict=True))
 
 
 class PathColumn(Sequence[tuple[int, ...]]):
@@ -373,7 +388,7 @@ rate_cap_gbps=5.0)
     def row_of(self) -> dict[str, int]:
         """Each key's place in the batch (made when first asked)."""
         if self._row_of is None:
-            self._row_of = dict(zip(self.keys, range(len(self.keys)), strict=True))
+            self._row_of = key_rows(self.keys)
         return self._row_of
 
     def rule_switches(self) -> Iterator[str]:

@@ -1924,21 +1924,16 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
     n = len(com.demands)
     if not n:
         return True
-    # (a row of one candidate needs no sorting: only the others are sorted, below)
-    one_path = (choice[:, 1:] == choice[:, :1]).all(axis=1)
     whole = acc[split]
     # the common case, all at once: one path, with one head and one tail link; each
     # demand's paths are ``[(path, whole)]``, listed per path length, then the others'
-    fast = np.flatnonzero(one_path & (com.head1 >= 0) & (com.tail1 >= 0))
+    one_path, fast, rest_idx = _path_kinds(com, choice)
     made: list[list[tuple[tuple[int, ...], float]]] = []
     order: list[NDArray[np.int64]] = []
     for idx, full in _single_paths(com, fast, choice[fast, 0]):
         order.append(idx)
         made.extend(map(list, zip(zip(map(tuple, full.tolist()), itertools.repeat(whole)))))
     # the others one by one (their rows only: a plan's choice has n * split entries)
-    rest = np.ones(n, np.bool_)
-    rest[fast] = False
-    rest_idx = np.flatnonzero(rest)
     order.append(rest_idx)
     if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
         return False
@@ -1950,6 +1945,21 @@ def _fill_paths(com: _Commodities, choice: NDArray[np.int64],
         made = list(map(made.__getitem__, inv.tolist()))
     paths.update(zip(com.keys, made, strict=True))
     return True
+
+
+def _path_kinds(com: _Commodities, choice: NDArray[np.int64]
+                ) -> tuple[NDArray[np.bool_], NDArray[np.int64], NDArray[np.int64]]:
+    """Which demands have all their parts on one candidate; those of them with one head
+    and one tail link (each one path, made all at once: the common case); and the others
+    (listed one by one; a row of one candidate needs no sorting there).
+
+    >>> com = type("C", (), {"head1": np.array([4, 5, -1]), "tail1": np.array([6, 7, 8])})
+    >>> [a.tolist() for a in _path_kinds(com, np.array([[0, 0], [0, 1], [1, 1]]))]
+    [[True, False, True], [0], [1, 2]]
+    """
+    one_path = (choice[:, 1:] == choice[:, :1]).all(axis=1)
+    fast = one_path & (com.head1 >= 0) & (com.tail1 >= 0)
+    return one_path, np.flatnonzero(fast), np.flatnonzero(~fast)
 
 
 class PathRows:
@@ -2013,8 +2023,7 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     ``stop[0]`` was set meanwhile."""
     split = choice.shape[1]
     n = len(com.demands)
-    one_path = (choice[:, 1:] == choice[:, :1]).all(axis=1)
-    fast = np.flatnonzero(one_path & (com.head1 >= 0) & (com.tail1 >= 0))
+    one_path, fast, rest_idx = _path_kinds(com, choice)
     groups = list(_single_paths(com, fast, choice[fast, 0]))
     width = np.zeros(n, np.int64)
     for idx, full in groups:
@@ -2026,9 +2035,6 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
         flat = np.empty(int(off[-1]), np.int64)
         for idx, full in groups:
             flat[off[idx][:, None] + np.arange(full.shape[1])] = full
-    rest = np.ones(n, np.bool_)
-    rest[fast] = False
-    rest_idx = np.flatnonzero(rest)
     made: list[list[tuple[tuple[int, ...], float]]] = []
     if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
         return None

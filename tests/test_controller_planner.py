@@ -483,6 +483,43 @@ def test_later_sweeps_that_skip_untouched_demands_plan_as_full_sweeps(seed: int)
     assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
 
 
+@pytest.mark.parametrize(("seed", "split", "sweeps"), [(1, 1, 0), (2, 2, 2), (3, 4, 5)])
+def test_runs_of_equal_demands_on_one_leaf_pair_plan_as_in_the_reference(
+        seed: int, split: int, sweeps: int) -> None:
+    # demands of one rate and weight named so that those of a leaf pair come one after the
+    # other: the compiled placement keeps their candidates' costs from one demand to the
+    # next and costs again only the candidates whose links the last part changed; the
+    # plain-Python reference costs every candidate for every part. Same paths and loads,
+    # also with whole demands among them (another part rate: the kept costs are dropped)
+    demands, cap = rail_demands(seed, leaves=6, spines=4, gpus_per_leaf=4, n=500,
+                                factored=True, whole_every=7)
+    leaf_pair = {id(t): i for i, t in enumerate(dict.fromkeys(
+        d.candidates for d in demands))}
+    demands.sort(key=lambda d: leaf_pair[id(d.candidates)])
+    demands = [d._replace(key=f"d{i:04d}", rate_gbps=20.0, weight=1.0)
+               for i, d in enumerate(demands)]
+    runs = sum(1 for a, b in itertools.pairwise(demands)
+               if a.candidates is b.candidates and a.whole == b.whole)
+    assert runs > len(demands) // 2
+    paths, load, lam, _ = reference_plan_greedy(demands, cap, split=split, sweeps=sweeps)
+    plan = plan_greedy(demands, cap, split=split, sweeps=sweeps)
+    assert plan.paths == paths and plan.max_utilization == lam
+    assert [plan.link_load_gbps[lk] for lk in sorted(cap)] == load.tolist()
+
+
+def test_cheapest_candidate_by_excess_then_peak_then_squares() -> None:
+    # the compiled placement's choice among costed candidates, each level within 1e-12
+    from fabricpilot.controller.planner import _cheapest
+
+    def cheapest(mx: list[float], sq: list[float], ex: list[float]) -> int:
+        return int(_cheapest(len(mx), np.array(mx), np.array(sq), np.array(ex)))
+
+    assert cheapest([0.5, 0.4, 0.4], [1.0, 0.3, 0.2], [0.0] * 3) == 2
+    assert cheapest([0.5, 0.4, 0.4], [1.0, 0.2, 0.2 + 1e-13], [0.0] * 3) == 1  # (a tie: first)
+    assert cheapest([0.9, 0.4], [0.9, 0.2], [0.0, 0.1]) == 0  # (less above a limit first)
+    assert cheapest([0.4 + 1e-13, 0.4], [0.1, 0.2], [0.0] * 2) == 0  # (peaks tie: squares)
+
+
 def test_sweeps_run_only_as_far_as_their_budget_of_scored_link_loads(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # a sweep scores every part on every candidate: per part, the links of each candidate

@@ -903,3 +903,42 @@ def test_a_plans_slots_are_each_demands_distinct_choices_counted(mixed_share: fl
     empty = PartChoice([], z[:0], z[:0], [], z[:0], z[:0], z[:0], choice[:0], (), z[:0],
                        z[:0], z[:0]).slot_runs
     assert [a.tolist() for a in empty] == [[], [], []]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> None:
+    # the compiled writer of the one-path demands' paths: demand d's path (head link, its
+    # candidate's links, tail link) at flat[off[d]:off[d + 1]], as the path-length groups
+    # of _single_paths give them; nothing for the others
+    from fabricpilot.controller.planner import (
+        _Commodities,
+        _path_kinds,
+        _single_paths,
+        _single_rows,
+    )
+
+    demands, cap = rail_demands(seed, n=400, factored=True, odd=True)
+    com = _Commodities(demands, cap, None)
+    rng = np.random.default_rng(seed)
+    choice = np.repeat(rng.integers(0, com.g_ncand[com.grp])[:, None], 2, axis=1)
+    _, fast, _ = _path_kinds(com, choice)
+    flat, off = _single_rows(len(demands), fast, choice[fast, 0], com.ustart, com.u_of,
+                             com.plen, com.pstart, com.crow, com.links, com.head1, com.tail1)
+    want = {int(d): row.tolist() for idx, rows in _single_paths(com, fast, choice[fast, 0])
+            for d, row in zip(idx, rows, strict=True)}
+    assert 0 < len(want) < len(demands)
+    assert {d: flat[off[d]:off[d + 1]].tolist() for d in range(len(demands))
+            if off[d + 1] > off[d]} == want
+    assert off[0] == 0 and off[-1] == len(flat)
+    # by hand: paths of two lengths, and a demand of no head link (not written)
+    demands = [Demand("a", 10, ((10, 11), (12, 13)), head=(1,), tail=(2,)),
+               Demand("b", 10, ((20,), (21,)), head=(3,), tail=(4,)),
+               Demand("c", 10, ((30, 31),))]
+    com = _Commodities(demands, dict.fromkeys((1, 2, 3, 4, 10, 11, 12, 13, 20, 21, 30, 31),
+                                              100.0), None)
+    choice = np.array([[1, 1], [0, 0], [0, 0]])
+    _, fast, _ = _path_kinds(com, choice)
+    flat, off = _single_rows(3, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
+                             com.pstart, com.crow, com.links, com.head1, com.tail1)
+    assert fast.tolist() == [0, 1]
+    assert flat.tolist() == [1, 12, 13, 2, 3, 20, 4] and off.tolist() == [0, 4, 7, 7]

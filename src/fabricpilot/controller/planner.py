@@ -2063,17 +2063,8 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     split = choice.shape[1]
     n = len(com.demands)
     one_path, fast, rest_idx = _path_kinds(com, choice)
-    groups = list(_single_paths(com, fast, choice[fast, 0]))
-    width = np.zeros(n, np.int64)
-    for idx, full in groups:
-        width[idx] = full.shape[1]
-    off = _offsets(width)
-    if len(groups) == 1:  # (one path length: the rows in the demands' order already)
-        flat = groups[0][1].ravel()
-    else:
-        flat = np.empty(int(off[-1]), np.int64)
-        for idx, full in groups:
-            flat[off[idx][:, None] + np.arange(full.shape[1])] = full
+    flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
+                             com.pstart, com.crow, com.links, com.head1, com.tail1)
     made: list[list[tuple[tuple[int, ...], float]]] = []
     if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
         return None
@@ -2133,6 +2124,36 @@ def _rest_paths(com: _Commodities, choice: NDArray[np.int64], rest_idx: NDArray[
                     shares[cands[c]] = shares.get(cands[c], 0.0) + inc
                 add(sorted(shares.items()))
     return not stop[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
+                 ustart: NDArray[np.int64], u_of: NDArray[np.int64], plen: NDArray[np.int64],
+                 pstart: NDArray[np.int64], crow: NDArray[np.int32], links: NDArray[np.int64],
+                 head1: NDArray[np.int64], tail1: NDArray[np.int64],
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The paths of :func:`_single_paths` written one after the other in demand order:
+    ``flat[off[d]:off[d + 1]]`` is demand ``d``'s path (head link, candidate ``cand[i]``'s
+    links, tail link) for ``d = idx[i]``, empty for the ``n`` demands not in ``idx``."""
+    path = np.empty(len(idx), np.int64)
+    off = np.zeros(n + 1, np.int64)
+    for i in range(len(idx)):
+        d = idx[i]
+        path[i] = ustart[u_of[d]] + cand[i]
+        off[d + 1] = plen[path[i]] + 2
+    for d in range(n):
+        off[d + 1] += off[d]
+    flat = np.empty(off[n], np.int64)
+    for i in range(len(idx)):
+        d = idx[i]
+        p = path[i]
+        o = off[d]
+        k = plen[p]
+        flat[o] = head1[d]
+        for j in range(k):
+            flat[o + 1 + j] = links[crow[pstart[p] + j]]
+        flat[o + 1 + k] = tail1[d]
+    return flat, off
 
 
 def _single_paths(com: _Commodities, idx: NDArray[np.int64], cand: NDArray[np.int64],

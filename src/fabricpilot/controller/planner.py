@@ -331,11 +331,23 @@ def _ranges(starts: NDArray[np.int64], lens: NDArray[np.int64]) -> NDArray[np.in
     >>> _ranges(np.array([5, 0, 10]), np.array([2, 0, 3])).tolist()
     [5, 6, 10, 11, 12]
     """
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    ends = np.cumsum(lens)
-    return (np.repeat(starts - (ends - lens), lens) + np.arange(total)).astype(np.int64)
+    return _ranges_of(np.asarray(starts, np.int64), np.asarray(lens, np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _ranges_of(starts: NDArray[np.int64], lens: NDArray[np.int64]) -> NDArray[np.int64]:
+    """:func:`_ranges` (int64 arguments), written in one pass."""
+    total = 0
+    for i in range(len(lens)):
+        total += lens[i]
+    out = np.empty(total, np.int64)
+    k = 0
+    for i in range(len(lens)):
+        s = starts[i]
+        for j in range(lens[i]):
+            out[k] = s + j
+            k += 1
+    return out
 
 
 def _offsets(lens: NDArray[np.int64]) -> NDArray[np.int64]:

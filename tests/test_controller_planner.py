@@ -942,3 +942,30 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
                              com.pstart, com.crow, com.links, com.head1, com.tail1)
     assert fast.tolist() == [0, 1]
     assert flat.tolist() == [1, 12, 13, 2, 3, 20, 4] and off.tolist() == [0, 4, 7, 7]
+
+
+def test_copy_ranges_copies_as_the_index_arrays_would() -> None:
+    # random ranges between two arrays against numpy's fancy indexing with the ranges'
+    # index arrays; a range past either end is refused before anything is copied
+    from fabricpilot.controller.planner import _ranges, copy_ranges
+
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 1000, 5000)
+    lens = rng.integers(0, 6, 400)
+    dst_starts = _offsets_of(lens) + rng.integers(0, 3)
+    src_starts = rng.integers(0, len(src) - 6, len(lens))
+    want = np.zeros(int(dst_starts[-1] + lens[-1]) + 3, np.int64)
+    want[_ranges(dst_starts, lens)] = src[_ranges(src_starts, lens)]
+    got = np.zeros_like(want)
+    copy_ranges(got, dst_starts, src, src_starts, lens)
+    assert np.array_equal(got, want) and got.any()
+    with pytest.raises(IndexError):
+        copy_ranges(got, np.array([len(got) - 1]), src, np.array([0]), np.array([2]))
+    with pytest.raises(IndexError):
+        copy_ranges(got, np.array([0]), src, np.array([len(src) - 1]), np.array([2]))
+    assert np.array_equal(got, want)
+
+
+def _offsets_of(lens: np.ndarray) -> np.ndarray:
+    """Start of each of consecutive ranges of lengths ``lens``."""
+    return np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)

@@ -257,7 +257,7 @@ def _qp_columns(rows: PathRows) -> tuple[NDArray[np.int64], PathColumn, NDArray[
     weights[r_q] = [w for r in r_rows for _, w in rest[r]]
     q_off = _offsets(q_len)
     flat = np.empty(int(q_off[-1]), np.int64)
-    flat[_ranges(q_off[first[one_at]], one_len)] = rows.flat[_ranges(rows.off[one_at], one_len)]
+    planner.copy_ranges(flat, q_off[first[one_at]], rows.flat, rows.off[one_at], one_len)
     flat[_ranges(q_off[r_q], r_len)] = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
     return n_per_key, PathColumn(flat, q_off), weights
 
@@ -1394,6 +1394,8 @@ class Controller:
             if 0 < n_off < len(hit):
                 self._sw_paths_all[key] = hit
                 hit = tuple(p for p, o in zip(hit, off.tolist(), strict=True) if o)
+                paths = paths[off]
+        planner.remember_flat(hit, paths)  # (a plan reads them as arrays)
         return hit
 
     def _expand(self, first: str) -> dict[str, tuple[NDArray[np.int64], NDArray[np.bool_] | None]]:

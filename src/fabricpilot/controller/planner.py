@@ -350,6 +350,39 @@ def _ranges_of(starts: NDArray[np.int64], lens: NDArray[np.int64]) -> NDArray[np
     return out
 
 
+def copy_ranges(dst: NDArray[np.int64], dst_starts: NDArray[np.int64],
+                src: NDArray[np.int64], src_starts: NDArray[np.int64],
+                lens: NDArray[np.int64]) -> None:
+    """``dst[_ranges(dst_starts, lens)] = src[_ranges(src_starts, lens)]`` without the index
+    arrays: each range copied as it is (``IndexError`` if one reaches past either end).
+
+    >>> dst = np.zeros(5, np.int64)
+    >>> copy_ranges(dst, np.array([3, 0]), np.array([7, 8, 9]), np.array([0, 1]),
+    ...             np.array([2, 2]))
+    >>> dst.tolist()
+    [8, 9, 0, 7, 8]
+    """
+    dst_starts, src_starts, lens = (np.asarray(a, np.int64) for a in (dst_starts, src_starts,
+                                                                      lens))
+    if len(lens) and (int(lens.min()) < 0 or int((dst_starts + lens).max()) > len(dst)
+                      or int((src_starts + lens).max()) > len(src)
+                      or int(dst_starts.min()) < 0 or int(src_starts.min()) < 0):
+        raise IndexError("a range reaches past the end of its array")
+    _copy_ranges(dst, dst_starts, src, src_starts, lens)
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_ranges(dst: NDArray[np.int64], dst_starts: NDArray[np.int64],
+                 src: NDArray[np.int64], src_starts: NDArray[np.int64],
+                 lens: NDArray[np.int64]) -> None:
+    """:func:`copy_ranges` (arguments checked)."""
+    for i in range(len(lens)):
+        a = dst_starts[i]
+        b = src_starts[i]
+        for j in range(lens[i]):
+            dst[a + j] = src[b + j]
+
+
 def _offsets(lens: NDArray[np.int64]) -> NDArray[np.int64]:
     """Start offsets of consecutive segments of the given lengths, and the total at the end.
 
@@ -917,6 +950,27 @@ def flatten_paths(tuples: Sequence[tuple[tuple[int, ...], ...]],
     ku = np.fromiter(map(len, tuples), np.int64, len(tuples))
     plen = np.fromiter(map(len, _chain(tuples)), np.int64, int(ku.sum()))
     return ku, plen, np.fromiter(_chain(_chain(tuples)), np.int64, int(plen.sum()))
+
+
+def remember_flat(paths: tuple[tuple[int, ...], ...], rows: NDArray[np.int64]) -> None:
+    """Keep ``rows`` (one row of link ids per path, all of one length) as the flattened
+    links of the tuple ``paths`` made from them, so that no plan flattens the tuple again
+    (:func:`_flat_tuples`). ``ValueError`` if they do not match.
+
+    >>> rows = np.array([[1, 2], [3, 4]])
+    >>> t = tuple(map(tuple, rows.tolist()))
+    >>> remember_flat(t, rows)
+    >>> [a.tolist() for a in _flat_tuples([t])]
+    [[2], [2, 2], [1, 2, 3, 4]]
+    """
+    if rows.ndim != 2 or len(rows) != len(paths) or (
+            len(paths) and len(paths[0]) != rows.shape[1]):
+        raise ValueError("the rows are not the paths' links")
+    memo = _flat_memo
+    if len(memo) >= _FLAT_MAX:
+        memo.clear()
+    memo[id(paths)] = (paths, np.full(len(paths), rows.shape[1], np.int64),
+                       rows.astype(np.int64).ravel())
 
 
 def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],

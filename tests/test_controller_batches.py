@@ -25,7 +25,6 @@ from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.planner import Demand
 from fabricpilot.controller.southbound import (
     BatchMap,
-    LazyRows,
     PathColumn,
     PathSet,
     PathSetBatch,
@@ -80,20 +79,6 @@ def test_a_batch_reads_as_the_sets_its_columns_describe(seed: int) -> None:
                                                    for sw, _ in rl)
     with pytest.raises(ValueError, match="disagree"):
         PathSetBatch(cols[0][:-1], *cols[1:])
-
-
-def test_lazy_rows_make_the_batchs_row_index_when_first_read() -> None:
-    """A key index over a batch makes nothing until a key is looked up; then it is the
-    batch's own index (made once, shared), and the same as the keys' places."""
-    cols = _columns(1, 40)
-    batch = PathSetBatch(*cols)
-    rows = LazyRows(batch.keys, batch)
-    assert batch._row_of is None
-    assert rows.get(cols[0][17]) == 17 and rows.get("no such key") is None
-    assert batch._row_of is not None and rows._rows() is batch.row_of
-    assert dict(rows) == {k: i for i, k in enumerate(cols[0])} and len(rows) == 40
-    alone = LazyRows(["x", "y"])
-    assert alone["y"] == 1 and "x" in alone and "z" not in alone
 
 
 def _ops(seed: int, keys: list[str], values: list[PathSet], n: int

@@ -2081,7 +2081,7 @@ class PathRows:
     ([((7, 1, 9), 1.0)], [((2,), 0.5), ((3,), 0.5)], 1, 2, True)
     """
 
-    __slots__ = ("_made", "_row_of", "_rows_from", "flat", "keys", "off", "rest", "whole")
+    __slots__ = ("_made", "_row_of", "flat", "keys", "off", "rest", "whole")
 
     def __init__(self, keys: list[str], flat: NDArray[np.int64], off: NDArray[np.int64],
                  whole: float, rest: dict[int, list[tuple[tuple[int, ...], float]]]) -> None:
@@ -2091,7 +2091,6 @@ class PathRows:
         self.whole = whole
         self.rest = rest
         self._row_of: dict[str, int] | None = None
-        self._rows_from: KeyRows | None = None
         self._made: list[list[tuple[tuple[int, ...], float]] | None] | None = None
 
     def __len__(self) -> int:
@@ -2101,14 +2100,12 @@ class PathRows:
     def row_of(self) -> dict[str, int]:
         """Each key's row (made when first asked)."""
         if self._row_of is None:
-            self._row_of = (self._rows_from.row_of if self._rows_from is not None
-                            else key_rows(self.keys))
+            self._row_of = key_rows(self.keys)
         return self._row_of
 
     def share_rows(self, other: KeyRows) -> None:
-        """Take the row index of ``other``, whose keys are these, in this order (when
-        first asked: neither makes it before)."""
-        self._rows_from = other
+        """Take the row index of ``other``, whose keys are these, in this order."""
+        self._row_of = other.row_of
 
     def value(self, row: int) -> list[tuple[tuple[int, ...], float]]:
         """Demand ``row``'s paths and shares (made once: every read gives the same list)."""

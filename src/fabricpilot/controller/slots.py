@@ -21,14 +21,14 @@ such a key the slow way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fabricpilot.controller.planner import Columns, PartChoice, _ranges
-from fabricpilot.controller.southbound import LazyRows, PathSet, PathSetBatch
+from fabricpilot.controller.southbound import PathSet, PathSetBatch, key_rows
 
 
 @dataclass
@@ -84,7 +84,7 @@ class SlotTable:
     candidate (index in the demand's candidates) and share."""
 
     keys: list[str]
-    row_of: Mapping[str, int]
+    row_of: dict[str, int]
     sets: RowSets | list[PathSet]
     stale: NDArray[np.bool_]
     rank: NDArray[np.int64]
@@ -141,10 +141,9 @@ class SlotTable:
         count, cand, runs = parts.slot_runs  # (runs: the parts on each slot)
         first = np.zeros(n, np.int64)
         np.cumsum(count[:-1], out=first[1:])
-        # (a batch of these keys in this order has each one's row, or makes it when asked:
-        # the table looks keys up only when a link fails or demands change)
-        row_of = LazyRows(keys, sets if isinstance(sets, PathSetBatch) and sets.keys == keys
-                          else None)
+        # (a batch of these keys in this order knows each one's row already)
+        row_of = (sets.row_of if isinstance(sets, PathSetBatch) and sets.keys == keys
+                  else key_rows(keys))
         return cls(keys, row_of, RowSets(sets),
                    ~parts.plain, parts.rank, parts.grp, parts.tup, parts.tuples,
                    parts.rate, parts.weight, src, dst, first, count, cand,

@@ -444,46 +444,6 @@ class KeyRows(Protocol):
     def __len__(self) -> int: ...
 
 
-class LazyRows(Mapping[str, int]):
-    """Each key's row, as :func:`key_rows`, or as ``source`` (:class:`KeyRows` of these keys
-    in this order) has it: made when first read, so that a plan that looks no key up makes
-    no index of its million keys.
-
-    >>> rows = LazyRows(["a", "b"])
-    >>> rows.get("b"), "c" in rows, len(rows), list(rows)
-    (1, False, 2, ['a', 'b'])
-    """
-
-    __slots__ = ("_index", "_keys", "_source")
-
-    def __init__(self, keys: list[str], source: KeyRows | None = None) -> None:
-        self._keys = keys
-        self._source = source
-        self._index: dict[str, int] | None = None
-
-    def _rows(self) -> dict[str, int]:
-        index = self._index
-        if index is None:
-            index = self._index = (self._source.row_of if self._source is not None
-                                   else key_rows(self._keys))
-        return index
-
-    def __getitem__(self, key: str) -> int:
-        return self._rows()[key]
-
-    def get(self, key: str, default: int | None = None) -> int | None:  # type: ignore[override]
-        return self._rows().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._rows()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._rows())
-
-    def __len__(self) -> int:
-        return len(self._rows())
-
-
 class BatchMap(MutableMapping[str, V]):
     """A ``key -> value`` table whose bulk is one batch of keys in rows, as a
     :class:`PathSetBatch` (:class:`KeyRows`; the value of row ``r`` is ``value(r)``, made

@@ -551,8 +551,12 @@ def test_a_plan_lists_the_links_of_each_demands_paths(factored: bool, odd: bool,
     kl = plan.key_links
     assert kl is not None and sorted(kl.keys) == sorted(plan.paths)
     got: dict[str, set[int]] = {k: set() for k in kl.keys}
-    for lk, i in zip(kl.links.tolist(), kl.owner.tolist(), strict=True):
-        got[kl.keys[i]].add(lk)
+    assert kl.links.tolist() == sorted(set(kl.links.tolist()))
+    assert kl.ptr[0] == 0 and kl.ptr[-1] == len(kl.owner) and (np.diff(kl.ptr) > 0).all()
+    for lk, lo, hi in zip(kl.links.tolist(), kl.ptr[:-1].tolist(), kl.ptr[1:].tolist(),
+                          strict=True):
+        for i in kl.owner[lo:hi].tolist():
+            got[kl.keys[i]].add(lk)
     assert got == {k: {lk for p, _ in shares for lk in p} for k, shares in plan.paths.items()}
 
 

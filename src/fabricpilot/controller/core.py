@@ -2655,7 +2655,7 @@ class Controller:
         self._steered_whole = False  # (a whole plan's install says so after)
         self._slots = None  # (a whole plan's sets make one: see _install)
         self._on_link = (_KeysByLink.of(sets) if links is None else
-                         _KeysByLink.of_links(links.keys, links.links, links.owner))
+                         _KeysByLink(links.links, links.ptr, links.owner, links.keys))
 
     def link_users(self, link: int) -> dict[str, tuple[int, float]]:
         """Who the installed plan puts on ``link``: per job, the GPU pairs with a path

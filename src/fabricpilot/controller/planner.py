@@ -188,12 +188,14 @@ class Plan:
 
 @dataclass(frozen=True)
 class KeyLinks:
-    """The links of every demand's paths in a plan, flattened: demand ``keys[owner[i]]``
-    has link ``links[i]`` on one of its paths (as many times as it has paths through it, or
-    fewer; every link of its paths at least once)."""
+    """The demands on every link of a plan's paths, by link: link ``links[i]`` (ascending;
+    the links of no path left out) is on a path of demand ``keys[j]`` for each ``j`` in
+    ``owner[ptr[i]:ptr[i + 1]]`` (once or more: as many times as it has paths through it,
+    or fewer; every link of its paths at least once)."""
 
     keys: list[str]
     links: NDArray[np.int64]
+    ptr: NDArray[np.int64]
     owner: NDArray[np.int64]
 
 
@@ -1906,57 +1908,65 @@ def _shares(split: int) -> list[float]:
 
 
 def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
-    """The links of every demand's paths under ``choice``: its fixed links once, and the
-    links of the column of each of its parts (a path is its fixed links and its column's,
-    as a set)."""
-    rows, owner = _key_link_rows(choice, com.grp, com.g_col0, com.c_ptr, com.c_idx,
-                                 com.fix_ptr, com.fix_idx)
-    return KeyLinks(list(com.keys), com.links[rows], owner)
+    """The demands on every link of their paths under ``choice`` (a path is the demand's
+    fixed links and its part's column's, as a set), by link.
+
+    Demand 0 (fixed link 9) has parts on columns 0 (link 5), 1 (links 6, 7) and 0 again;
+    demand 1 (no fixed link) on column 1:
+
+    >>> com = _Commodities([Demand("a", 1.0, ((9, 5), (9, 6, 7))),
+    ...                     Demand("b", 1.0, ((5,), (6, 7)))], dict.fromkeys(range(5, 10), 1.0),
+    ...                    None)
+    >>> kl = _key_links(com, np.array([[0, 0, 1, 0], [1, 1, 1, 1]]))
+    >>> kl.links.tolist(), kl.ptr.tolist(), kl.owner.tolist()
+    ([5, 6, 7, 9], [0, 2, 4, 6, 7], [0, 0, 0, 1, 0, 1, 0])
+    """
+    ptr, owner = _key_link_csr(choice, com.grp, com.g_col0, com.c_ptr, com.c_idx,
+                               com.fix_ptr, com.fix_idx, len(com.links))
+    used = np.flatnonzero(ptr[1:] > ptr[:-1])
+    return KeyLinks(list(com.keys), com.links[used], np.r_[ptr[used], ptr[-1]], owner)
 
 
 @numba.njit(cache=True, nogil=True)
-def _key_link_rows(choice: NDArray[np.int64], grp: NDArray[np.int64],
-                   g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64],
-                   c_idx: NDArray[np.int64], fix_ptr: NDArray[np.int64],
-                   fix_idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """The link rows of :func:`_key_links` and their demands: every demand's fixed links
-    (``fix_idx``, demand by demand), then, demand by demand, the links of the column of
-    each run of equal slots in its row of ``choice`` (a part's slots, or a whole demand's).
-
-    Demand 0 (fixed link 9) has parts on columns 0, 1 and 0 again; demand 1 (none) on 1:
-
-    >>> rows, owner = _key_link_rows(np.array([[0, 0, 1, 0], [1, 1, 1, 1]]),
-    ...                              np.array([0, 0]), np.array([0]), np.array([0, 1, 3]),
-    ...                              np.array([5, 6, 7]), np.array([0, 1, 1]), np.array([9]))
-    >>> rows.tolist(), owner.tolist()
-    ([9, 5, 6, 7, 5, 6, 7], [0, 0, 0, 0, 0, 1, 1])
-    """
+def _key_link_csr(choice: NDArray[np.int64], grp: NDArray[np.int64],
+                  g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64],
+                  c_idx: NDArray[np.int64], fix_ptr: NDArray[np.int64],
+                  fix_idx: NDArray[np.int64], n_rows: int,
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """:func:`_key_links` by link row (a counting sort): the demands on row ``r`` are
+    ``owner[ptr[r]:ptr[r + 1]]``, in this order: every demand on it by a fixed link
+    (``fix_idx``), demand by demand, then, demand by demand, each on it by the column of a
+    run of equal slots in its row of ``choice`` (a part's slots, or a whole demand's)."""
     n, split = choice.shape
-    total = fix_idx.shape[0]
-    for d in range(n):
-        col0 = g_col0[grp[d]]
-        for k in range(split):
-            if k == 0 or choice[d, k] != choice[d, k - 1]:
-                col = col0 + choice[d, k]
-                total += c_ptr[col + 1] - c_ptr[col]
-    rows = np.empty(total, np.int64)
-    owner = np.empty(total, np.int64)
-    q = 0
-    for d in range(n):
-        for x in range(fix_ptr[d], fix_ptr[d + 1]):
-            rows[q] = fix_idx[x]
-            owner[q] = d
-            q += 1
+    ptr = np.zeros(n_rows + 1, np.int64)
+    for x in range(fix_idx.shape[0]):
+        ptr[fix_idx[x] + 1] += 1
     for d in range(n):
         col0 = g_col0[grp[d]]
         for k in range(split):
             if k == 0 or choice[d, k] != choice[d, k - 1]:
                 col = col0 + choice[d, k]
                 for x in range(c_ptr[col], c_ptr[col + 1]):
-                    rows[q] = c_idx[x]
-                    owner[q] = d
-                    q += 1
-    return rows, owner
+                    ptr[c_idx[x] + 1] += 1
+    for r in range(n_rows):
+        ptr[r + 1] += ptr[r]
+    at = ptr[:-1].copy()
+    owner = np.empty(ptr[n_rows], np.int64)
+    for d in range(n):
+        for x in range(fix_ptr[d], fix_ptr[d + 1]):
+            r = fix_idx[x]
+            owner[at[r]] = d
+            at[r] += 1
+    for d in range(n):
+        col0 = g_col0[grp[d]]
+        for k in range(split):
+            if k == 0 or choice[d, k] != choice[d, k - 1]:
+                col = col0 + choice[d, k]
+                for x in range(c_ptr[col], c_ptr[col + 1]):
+                    r = c_idx[x]
+                    owner[at[r]] = d
+                    at[r] += 1
+    return ptr, owner
 
 
 # link loads the re-insertion sweeps of one placement may score, in all (some 0.08 s): where

@@ -636,3 +636,49 @@ def test_qps_left_to_their_hash_leave_a_failed_link_and_are_counted() -> None:
     assert stats["qps_pinned"] == pinned
     assert stats["qps_unpinned"] == sum(ctl.left_to_hash.values()) > 0
     assert stats["qps_steered"] + stats["qps_pinned"] + stats["qps_unpinned"] == total
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_indexed_port_search_finds_the_ports_the_scan_finds(seed: int) -> None:
+    # random requests over random constraints (several per switch path, rotated or not,
+    # group sizes powers of two or not, some wanted members out of range, few or many
+    # tries, starts past the port range): the search through the ports indexed by hash
+    # value gives the port and misses the port-by-port scan gives, request by request
+    from fabricpilot.controller import entropy
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n_ports = int(rng.choice([1, 2, 7, 64, 300, 1024]))
+        p_term = rng.integers(0, 2**32, n_ports, dtype=np.uint64).astype(np.uint32)
+        n_c = rng.integers(0, 4, int(rng.integers(1, 6)))
+        ptr = np.concatenate(([0], np.cumsum(n_c))).astype(np.int64)
+        size = rng.choice([1, 2, 3, 4, 8, 6, 16, 64, 5000, 8192], int(ptr[-1])).astype(np.int64)
+        rot = rng.choice([0, 0, 3, 17, 31], len(size)).astype(np.int64)
+        want = np.array([int(rng.integers(-1, s + 1)) if rng.random() < 0.2
+                         else int(rng.integers(0, s)) for s in size.tolist()], np.int64)
+        term = rng.integers(0, 2**32, len(size), dtype=np.uint64).astype(np.uint32)
+        a_term, b_term = (rng.integers(0, 2**32, 5, dtype=np.uint64).astype(np.uint32)
+                          for _ in range(2))
+        src, dst = rng.integers(0, 5, 200), rng.integers(0, 5, 200)
+        start = rng.integers(0, 5 * n_ports, 200)
+        mid = rng.integers(0, len(n_c), 200)
+        tries = int(rng.choice([1, 3, 50, 4096]))
+        args = (src, dst, start, mid, ptr, term, rot, size, want, a_term, b_term, p_term, tries)
+        holder = type("Ports", (), {})()
+        holder.port_term, holder._port_index = p_term, {}
+        tables = entropy.SteeringTable._port_tables(holder, rot, size)  # type: ignore[arg-type]
+        scan = entropy._search_terms(*args)
+        indexed = entropy._search_indexed(*args, *tables)
+        assert scan[0].tolist() == indexed[0].tolist()
+        assert scan[1].tolist() == indexed[1].tolist()
+
+
+def test_the_port_index_lists_each_hash_value_s_ports_in_order() -> None:
+    # by hand: terms 5, 2, 7, 4 at a group of 4 (no rotation): values 1, 2, 3, 0; rotated
+    # by one bit, term 2 (0b10) gives 1 and term 4 (0b100) gives 2 (the low bits after)
+    from fabricpilot.controller.entropy import _port_index
+
+    order, start = _port_index(np.array([5, 2, 7, 4], np.uint32), 0, 4)
+    assert [order[start[v]:start[v + 1]].tolist() for v in range(4)] == [[3], [0], [1], [2]]
+    order, start = _port_index(np.array([2, 4], np.uint32), 1, 4)
+    assert [order[start[v]:start[v + 1]].tolist() for v in range(4)] == [[], [0], [1], []]

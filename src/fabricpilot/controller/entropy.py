@@ -201,6 +201,11 @@ def _gpu_rows(src: NDArray[np.int64], dst: NDArray[np.int64]
     return inv[:len(src)], inv[len(src):], a, b
 
 
+# the largest ECMP group whose members' ports the entropy search indexes by hash value (a
+# table of this many values per rotation and size; larger groups: port by port)
+_INDEX_MAX_SIZE = 4096
+
+
 @numba.njit(cache=True, nogil=True)
 def _search_terms(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_ptr: NDArray,
                   c_term: NDArray, c_rot: NDArray, c_size: NDArray, c_want: NDArray,
@@ -213,42 +218,140 @@ def _search_terms(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_pt
     a_term[src] ^ b_term[dst] ^ p_term[i]``, then rotated by ``c_rot[c]`` as
     :func:`_switch_hash` does (in 64 bits)."""
     n = start.shape[0]
+    best = np.empty(n, np.int64)
+    n_miss = np.zeros(n, np.int64)
+    for r in range(n):
+        best[r], n_miss[r] = _scan_ports(r, src, dst, start, mid, c_ptr, c_term, c_rot, c_size,
+                                         c_want, a_term, b_term, p_term, max_tries)
+    return best, n_miss
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scan_ports(r: int, src: NDArray, dst: NDArray, start: NDArray, mid: NDArray,
+                c_ptr: NDArray, c_term: NDArray, c_rot: NDArray, c_size: NDArray,
+                c_want: NDArray, a_term: NDArray, b_term: NDArray, p_term: NDArray,
+                max_tries: int) -> tuple[int, int]:  # pragma: no cover - compiled
+    """Request ``r`` of :func:`_search_terms`: its port row and misses, port by port."""
+    n_ports = p_term.shape[0]
+    tries = min(max_tries, n_ports)
+    lo, hi = c_ptr[mid[r]], c_ptr[mid[r] + 1]
+    best = start[r] % n_ports
+    if hi == lo:
+        return best, 0
+    ab = np.uint64(a_term[src[r]] ^ b_term[dst[r]])
+    best_miss = hi - lo + 1
+    for t in range(tries):
+        i = (start[r] + t) % n_ports
+        pt = ab ^ np.uint64(p_term[i])
+        miss = 0
+        for c in range(lo, hi):
+            if c_want[c] < 0:
+                miss += 1
+                continue
+            h = np.uint64(c_term[c]) ^ pt
+            rot = c_rot[c]
+            if rot:
+                h = (h >> np.uint64(rot)) | (h << np.uint64(32 - rot))
+            size = c_size[c]
+            if size & (size - 1) == 0:  # a power of two: the remainder is the low bits
+                if h & np.uint64(size - 1) != np.uint64(c_want[c]):
+                    miss += 1
+            elif h % np.uint64(size) != np.uint64(c_want[c]):
+                miss += 1
+        if miss < best_miss:
+            best_miss = miss
+            best = i
+            if miss == 0:
+                break
+    return best, best_miss
+
+
+@numba.njit(cache=True, nogil=True)
+def _search_indexed(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_ptr: NDArray,
+                    c_term: NDArray, c_rot: NDArray, c_size: NDArray, c_want: NDArray,
+                    a_term: NDArray, b_term: NDArray, p_term: NDArray, max_tries: int,
+                    c_tab: NDArray, t_order: NDArray, t_start: NDArray,
+                    ) -> tuple[NDArray, NDArray]:  # pragma: no cover - compiled
+    """:func:`_search_terms`, the same ports, with the ports indexed by hash: a 32-bit hash
+    rotated and cut to a power of two (the low bits) is linear in the XOR of its terms, so
+    the ports that meet a request's first constraint are those whose own term gives one
+    value, ``want ^ g(c_term ^ a_term ^ b_term)``. Table ``c_tab[c]`` (of the constraint's
+    rotation and size; -1: none) lists the port rows by that value: value ``v``'s rows,
+    ascending, are ``t_order[t, t_start[t, v]:t_start[t, v + 1]]``. The first of them from
+    ``start`` on (cyclically, within the tries) that meets the other constraints too is the
+    port the scan would stop at; a request with no such port, or a constraint without a
+    table, is scanned port by port."""
+    n = start.shape[0]
     n_ports = p_term.shape[0]
     tries = min(max_tries, n_ports)
     best = np.empty(n, np.int64)
     n_miss = np.zeros(n, np.int64)
     for r in range(n):
         lo, hi = c_ptr[mid[r]], c_ptr[mid[r] + 1]
-        best[r] = start[r] % n_ports
+        s0 = start[r] % n_ports
+        best[r] = s0
         if hi == lo:
             continue
-        ab = np.uint64(a_term[src[r]] ^ b_term[dst[r]])
-        best_miss = hi - lo + 1
-        for t in range(tries):
-            i = (start[r] + t) % n_ports
-            pt = ab ^ np.uint64(p_term[i])
-            miss = 0
-            for c in range(lo, hi):
-                if c_want[c] < 0:
-                    miss += 1
-                    continue
-                h = np.uint64(c_term[c]) ^ pt
-                rot = c_rot[c]
-                if rot:
-                    h = (h >> np.uint64(rot)) | (h << np.uint64(32 - rot))
-                size = c_size[c]
-                if size & (size - 1) == 0:  # a power of two: the remainder is the low bits
-                    if h & np.uint64(size - 1) != np.uint64(c_want[c]):
-                        miss += 1
-                elif h % np.uint64(size) != np.uint64(c_want[c]):
-                    miss += 1
-            if miss < best_miss:
-                best_miss = miss
-                best[r] = i
-                if miss == 0:
+        found = -1
+        indexed = True
+        for c in range(lo, hi):
+            if c_tab[c] < 0 or c_want[c] < 0 or c_want[c] >= c_size[c]:
+                indexed = False
+        if indexed:
+            ab = np.uint64(a_term[src[r]] ^ b_term[dst[r]])
+            t = c_tab[lo]
+            h = np.uint64(c_term[lo]) ^ ab
+            rot = c_rot[lo]
+            if rot:
+                h = (h >> np.uint64(rot)) | (h << np.uint64(32 - rot))
+            v = np.int64(h & np.uint64(c_size[lo] - 1)) ^ c_want[lo]
+            p0, p1 = t_start[t, v], t_start[t, v + 1]
+            k = p0 + np.searchsorted(t_order[t, p0:p1], s0)
+            for m in range(p1 - p0):
+                q = k + m
+                if q >= p1:
+                    q -= p1 - p0
+                i = t_order[t, q]
+                if (i - s0) % n_ports >= tries:
                     break
-        n_miss[r] = best_miss
+                pt = ab ^ np.uint64(p_term[i])
+                ok = True
+                for c in range(lo + 1, hi):
+                    hc = np.uint64(c_term[c]) ^ pt
+                    rc = c_rot[c]
+                    if rc:
+                        hc = (hc >> np.uint64(rc)) | (hc << np.uint64(32 - rc))
+                    if hc & np.uint64(c_size[c] - 1) != np.uint64(c_want[c]):
+                        ok = False
+                        break
+                if ok:
+                    found = i
+                    break
+        if found >= 0:
+            best[r] = found
+        else:
+            best[r], n_miss[r] = _scan_ports(r, src, dst, start, mid, c_ptr, c_term, c_rot,
+                                             c_size, c_want, a_term, b_term, p_term,
+                                             max_tries)
     return best, n_miss
+
+
+def _port_index(p_term: NDArray[np.uint32], rot: int, size: int,
+                ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The port rows by the value their term gives at a constraint of rotation ``rot`` and
+    size ``size`` (a power of two): ``order[start[v]:start[v + 1]]`` are the rows of value
+    ``v``, ascending (:func:`_search_indexed`).
+
+    >>> order, start = _port_index(np.array([5, 2, 7, 4], np.uint32), 0, 4)
+    >>> [order[start[v]:start[v + 1]].tolist() for v in range(4)]
+    [[3], [0], [1], [2]]
+    """
+    h = p_term.astype(np.uint64)
+    if rot:
+        h = (h >> np.uint64(rot)) | (h << np.uint64(32 - rot))
+    value = (h & np.uint64(size - 1)).astype(np.int64)
+    order = np.argsort(value, kind="stable").astype(np.int64)
+    return order, np.searchsorted(value[order], np.arange(size + 1)).astype(np.int64)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -468,6 +571,8 @@ class SteeringTable:
         # candidate tuple (by identity) -> the tuple and its switch paths' ids (-1: not yet)
         self._by_tuple: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64]]] = {}
         self._compiled: tuple[NDArray, ...] | None = None  # (made at first use; () if not)
+        # (rotation, group size) -> the ports by the value their term gives there
+        self._port_index: dict[tuple[int, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
 
     def compile(self) -> None:
         """Make the arrays of the view that steering reads (done at first use otherwise)."""
@@ -681,6 +786,34 @@ class SteeringTable:
         return self._search(src, dst, start, np.arange(len(paths), dtype=np.int64), paths,
                             max_tries, arrays, c_sw)
 
+    def _port_tables(self, rot: NDArray[np.int64], size: NDArray[np.int64],
+                     ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """The port index tables of :func:`_search_indexed` for constraints of these
+        rotations and group sizes: each constraint's table (-1 for a size that is not a
+        power of two up to :data:`_INDEX_MAX_SIZE`), and the tables (each made once per
+        rotation and size, kept)."""
+        pow2 = (size > 0) & ((size & (size - 1)) == 0) & (size <= _INDEX_MAX_SIZE)
+        c_tab = np.full(len(size), -1, np.int64)
+        n_ports = len(self.port_term)
+        if not pow2.any():
+            return c_tab, np.zeros((0, n_ports), np.int64), np.zeros((0, 2), np.int64)
+        code = rot[pow2] * (_INDEX_MAX_SIZE + 1) + size[pow2]
+        combos, inv = np.unique(code, return_inverse=True)
+        c_tab[pow2] = inv.reshape(-1)
+        tables = []
+        for cd in combos.tolist():
+            key = divmod(cd, _INDEX_MAX_SIZE + 1)
+            got = self._port_index.get(key)
+            if got is None:
+                got = self._port_index[key] = _port_index(self.port_term, *key)
+            tables.append(got)
+        width = max(len(st) for _, st in tables)
+        t_start = np.empty((len(tables), width), np.int64)
+        for t, (_, st) in enumerate(tables):
+            t_start[t, :len(st)] = st
+            t_start[t, len(st):] = st[-1]
+        return c_tab, np.stack([o for o, _ in tables]), t_start
+
     def _search(self, src: NDArray[np.int64], dst: NDArray[np.int64],
                 start: NDArray[np.int64], mid: NDArray[np.int64],
                 paths: Sequence[tuple[int, ...]],
@@ -691,8 +824,10 @@ class SteeringTable:
         switch ``c_sw``."""
         ptr, term, rot, size, want = arrays
         s_row, d_row, a_term, b_term = _gpu_rows(src, dst)
-        best, n_miss = _search_terms(s_row, d_row, start, mid, ptr, term, rot, size, want,
-                                     a_term, b_term, self.port_term, max_tries)
+        c_tab, t_order, t_start = self._port_tables(rot, size)
+        best, n_miss = _search_indexed(s_row, d_row, start, mid, ptr, term, rot, size, want,
+                                       a_term, b_term, self.port_term, max_tries, c_tab,
+                                       t_order, t_start)
         ports = self.ports[best].tolist()
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         rows = np.flatnonzero(n_miss)
@@ -732,6 +867,9 @@ def warm_up() -> None:
     ptr = np.array([0, 1], np.int64)
     best, _ = _search_terms(one, one, one, one, ptr, term, one, one + 2, one, a_term, b_term,
                             port_term, 1)
+    order, start = _port_index(port_term, 0, 2)
+    _search_indexed(one, one, one, one, ptr, term, one, one + 2, one, a_term, b_term, port_term,
+                    1, one, order[None, :], start[None, :])
     _missed(one, one, one, best, one, ptr, term, one, one + 2, one, a_term, b_term, port_term)
     _path_constraints(one, ptr, one * 0, one * 0, np.zeros((1, 1), np.int64), ptr, one)
     _WARM.append(True)

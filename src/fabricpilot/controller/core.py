@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from fabricpilot.arrays import distinct
 from fabricpilot.controller import entropy, planner
 from fabricpilot.controller.congestion import CongestionMap
+from fabricpilot.controller.demand_rows import DemandRows, DemandTable, JobDemands
 from fabricpilot.controller.entropy import (
     SteeringTable,
     SteerRequest,
@@ -92,7 +93,7 @@ class _Made(NamedTuple):
 
     intent: Intent
     made_for: tuple[bool, frozenset[int], int]  # (L1/L2 declared, links avoided, parts)
-    demands: dict[str, Demand]  # (of a job whose SLA is unmet: its reservations)
+    demands: Mapping[str, Demand]  # (of a job whose SLA is unmet: its reservations)
     unmet: str | None  # why the job gets no path, if so: its SLA cannot be met
     cut: str | None  # ... or it is cut off
     only_l3: frozenset[str]  # its pairs held to l3_rate_cap though it has L1/L2 calls
@@ -577,15 +578,14 @@ def _pair_columns(pairs: list[tuple[int, int, float]]
     return np.array(a, np.int64), np.array(b, np.int64), np.array(share, np.float64)
 
 
-class _CallDemands(list):  # type: ignore[type-arg]
-    """The demands of a call's pairs made all at once, with their :attr:`columns` and their
-    pairs' GPUs as rows (:attr:`ends`: source, destination)."""
+class _CallDemands(NamedTuple):
+    """The demands of a call's pairs made all at once: their :attr:`rows` (each made when
+    read) of their :attr:`columns`, and their pairs' GPUs as rows (:attr:`ends`: source,
+    destination)."""
 
-    def __init__(self, made: list[Demand], columns: DemandColumns,
-                 ends: NDArray[np.int64]) -> None:
-        super().__init__(made)
-        self.columns = columns
-        self.ends = ends
+    rows: DemandRows
+    columns: DemandColumns
+    ends: NDArray[np.int64]
 
 
 @dataclass
@@ -1082,7 +1082,7 @@ class Controller:
                                  Debouncer(self.params.debounce_count,
                                            self.params.debounce_window_ns))
         self.heals: list[HealReport] = []
-        self._demand: dict[str, Demand] = {}
+        self._demand: MutableMapping[str, Demand] = {}
         self.current: Plan | None = None
         self._installed: MutableMapping[str, PathSet] = {}
         self._on_link = _KeysByLink()  # link -> keys of installed sets using it
@@ -1523,7 +1523,7 @@ class Controller:
         self._gpu_ends_of[fabric] = t
         return t
 
-    def demands(self, only: set[str] | None = None) -> list[Demand]:
+    def demands(self, only: set[str] | None = None) -> Sequence[Demand]:
         """One demand per (job, GPU pair) of the opted-in jobs, weighted by the job's heat
         (of the jobs ``only``, if given: the other jobs' demands are kept as they were).
 
@@ -1535,7 +1535,11 @@ class Controller:
         GPUs reachable), L3 demands are planned at ``l3_rate_cap`` of their rate, leaving the
         rest of every link to the stricter jobs; an L1/L2 job no path serves holds no one.
         """
-        out: dict[str, Demand] = {}
+        # (every job's demands, by key: as tables of jobs for a whole plan, each job's demands
+        # made when read; as a dict of them for a plan of some jobs)
+        out: MutableMapping[str, Demand] = JobDemands() if only is None else {}
+        add_job: Callable[[str, Mapping[str, Demand]], None] = (
+            out.add_job if isinstance(out, JobDemands) else lambda _, d: out.update(d))
         col_parts: list[DemandColumns | None] = []  # (per job in ``out``: its columns)
         end_parts: list[NDArray[np.int64]] = []  # (and its pairs' GPUs, with columns)
         gpu_node = self.view.gpu_node
@@ -1593,7 +1597,7 @@ class Controller:
                 if cut is not None:
                     partitioned[task] = cut
                 if cut is None:
-                    out.update(pending)
+                    add_job(task, pending)
                     col_parts.append(was.columns)
                     if was.ends_array is not None:
                         end_parts.append(was.ends_array)
@@ -1629,11 +1633,12 @@ class Controller:
                     made = self._call_demands(task, cols if cols is not None
                                               else _pair_columns(pairs or []), cap, heat, prio)
                 if isinstance(made, _CallDemands):  # (every pair: all at once)
-                    keys = made.columns.keys
-                    pending.update(zip(keys, made, strict=True))
-                    if len(calls) == 1:
-                        cols_made = made.columns  # (the job's demands are the call's)
+                    if len(calls) == 1:  # (the job's demands are the call's: by key, each
+                        pending = DemandTable(made.rows)  # made when read)
+                        cols_made = made.columns
                         ends_rows = made.ends
+                    else:
+                        pending.update(zip(made.columns.keys, made.rows.all(), strict=True))
                     continue
                 if pairs is None:
                     pairs = list(zip(*(c.tolist() for c in cols or ()), strict=True))
@@ -1773,7 +1778,7 @@ class Controller:
             if cut is None:
                 if unmet is not None:
                     reserved[task] = frozenset(pending)
-                out.update(pending)
+                add_job(task, pending)
                 col_parts.append(cols_made)
                 if ends_rows is not None:
                     end_parts.append(ends_rows)
@@ -1787,7 +1792,8 @@ class Controller:
             if i.opt_in and all(c.level == "L3" for c in i.calls)) if strict else frozenset()
         self.sla_unmet, self.partitioned = sla_unmet, partitioned
         self._reserved = reserved
-        made_list = list(out.values())
+        made_list: Sequence[Demand] = (out.values() if isinstance(out, JobDemands)
+                                       else list(out.values()))
         self._demand_cols = None
         if only is None:
             self._demand = out  # (not changed here after)
@@ -1877,8 +1883,9 @@ class Controller:
         for call in intent.calls:
             cols, pairs = self._call_pairs(intent, call, columns=not avoid)
             # (the common case, every pair at once, as an L3 call's: nothing avoided)
-            made = (self._call_demands(task, cols if cols is not None else _pair_columns(
+            called = (self._call_demands(task, cols if cols is not None else _pair_columns(
                 pairs or []), 1.0, heat, call.priority) if not avoid else None)
+            made = called.rows if isinstance(called, _CallDemands) else called
             if pairs is None:
                 pairs = list(zip(*(c.tolist() for c in cols or ()), strict=True))
             for i, (a, b, share) in enumerate(pairs):
@@ -2000,17 +2007,18 @@ class Controller:
         name, task_at = t.names, f"{task}:"
         keys = [f"{task_at}{name[x]}->{name[y]}" for x, y in zip(fa, fb, strict=True)]  # rule_key
         r_idx = rates[idx]
+        if len(idx) == len(out):  # (every pair, as a rule: their columns, each demand made
+            n = len(idx)          # when read)
+            cols = DemandColumns(
+                keys, r_idx, np.full(n, float(heat)), q_idx == 1, q_idx.astype(np.int64),
+                np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
+                t_link)
+            return _CallDemands(DemandRows(cols, ha, tb), cols, np.column_stack((a[idx], b[idx])))
         made = list(map(_demand_of, zip(keys, r_idx.tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),
                                         itertools.repeat(heat),
                                         ha.tolist(), tb.tolist(), wholes,
                                         itertools.repeat(priority), q_list, strict=False)))
-        if len(made) == len(out):  # (every pair, as a rule: with their columns)
-            n = len(made)
-            return _CallDemands(made, DemandColumns(
-                keys, r_idx, np.full(n, float(heat)), q_idx == 1, q_idx.astype(np.int64),
-                np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
-                t_link), np.column_stack((a[idx], b[idx])))
         for i, d in zip(idx.tolist(), made, strict=True):
             out[i] = d
         return out

@@ -210,7 +210,7 @@ class PartChoice:
     the plan adds them up); ``rank[i]`` is the demand's place in key order; ``rate`` and
     ``weight``: the demands' rates and weights."""
 
-    demands: list[Demand]
+    demands: Sequence[Demand]
     grp: NDArray[np.int64]
     tup: NDArray[np.int64]
     tuples: list[tuple[tuple[int, ...], ...]]
@@ -741,7 +741,11 @@ class _Commodities:
     def __init__(self, demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, aggregate: bool = True,
                  columns: DemandColumns | None = None) -> None:
-        self.demands = list(demands)
+        # (with columns, the demands are read only one by one: a sequence that makes each
+        # when read is kept as it is)
+        self.demands: Sequence[Demand] = (
+            demands if columns is not None and aggregate and isinstance(demands, Sequence)
+            and len(demands) == len(columns.keys) else list(demands))
         n = len(self.demands)
         # capacity (and background) as arrays over the links, read as they are if given so
         cap_arrays = capacity if isinstance(capacity, LinkValues) else None

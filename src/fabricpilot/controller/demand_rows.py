@@ -1,0 +1,285 @@
+"""A plan's demands held in columns: each made a :class:`~fabricpilot.controller.planner.Demand`
+only when read.
+
+A job's AlltoAll over GPUs scattered across a large fabric has tens of thousands of GPU pairs,
+and a plan of every job a million. The controller makes their fields as columns
+(:class:`~fabricpilot.controller.planner.DemandColumns`), which is all the planner reads; the
+containers here give the same demands as a ``key -> demand`` table and as a list, making
+each demand the first time it is read:
+
+- :class:`DemandRows`: the demands of a call's pairs, in order (a sequence);
+- :class:`DemandTable`: those demands by key (a job's demands, as the controller keeps them);
+- :class:`JobDemands`: every job's demands by key (a dict of them would be a million entries
+  more), with what was set or deleted since kept beside them;
+- :class:`ChainedDemands`: every job's demands, job after job, as one sequence.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any, overload
+
+from fabricpilot.controller.planner import Demand, DemandColumns, _demand_of
+
+_ABSENT = object()
+
+
+class DemandRows(Sequence[Demand]):
+    """The demands of ``columns`` (a call's pairs, made at once), demand ``i`` with head
+    link tuple ``heads[i]`` and tail ``tails[i]``, each made when first read (and kept: a
+    demand read twice is the same object).
+
+    >>> cols = DemandColumns.of([Demand("j:0->1", 100.0, ((5,), (6,)), 2.0, (1,), (2,))])
+    >>> rows = DemandRows(cols, [(1,)], [(2,)])
+    >>> rows[0] == Demand("j:0->1", 100.0, ((5,), (6,)), 2.0, (1,), (2,)), rows[0] is rows[0]
+    (True, True)
+    """
+
+    __slots__ = ("_all", "_made", "columns", "heads", "tails")
+
+    def __init__(self, columns: DemandColumns, heads: Sequence[tuple[int, ...]],
+                 tails: Sequence[tuple[int, ...]]) -> None:
+        if not len(heads) == len(tails) == len(columns.keys):
+            raise ValueError("a demand's head and tail links for each of its columns' rows")
+        self.columns = columns
+        self.heads = heads
+        self.tails = tails
+        self._made: dict[int, Demand] = {}
+        self._all: list[Demand] | None = None
+
+    def __len__(self) -> int:
+        return len(self.columns.keys)
+
+    @overload
+    def __getitem__(self, i: int) -> Demand: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Demand]: ...
+
+    def __getitem__(self, i: int | slice) -> Demand | list[Demand]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if self._all is not None:
+            return self._all[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("demand row out of range")
+        i %= n
+        d = self._made.get(i)
+        if d is None:
+            c = self.columns
+            d = self._made[i] = _demand_of((
+                c.keys[i], float(c.rate[i]), c.tuples[int(c.tup[i])], float(c.weight[i]),
+                self.heads[i], self.tails[i], bool(c.whole[i]), int(c.priority[i]),
+                int(c.parts[i])))
+        return d
+
+    def __iter__(self) -> Iterator[Demand]:
+        return iter(self.all())
+
+    def all(self) -> list[Demand]:
+        """Every demand, in order (made in one pass the first time; those read before are
+        kept)."""
+        if self._all is None:
+            c = self.columns
+            made = list(map(_demand_of, zip(
+                c.keys, c.rate.tolist(), map(c.tuples.__getitem__, c.tup.tolist()),
+                c.weight.tolist(), self.heads, self.tails, c.whole.tolist(),
+                c.priority.tolist(), c.parts.tolist(), strict=True)))
+            for i, d in self._made.items():
+                made[i] = d
+            self._all = made
+            self._made = {}
+        return self._all
+
+
+class DemandTable(Mapping[str, Demand]):
+    """The demands ``rows`` by key: key ``keys[i]`` is ``rows[i]``'s (``row_of``: each key's
+    row). Read as the dict of them would be; ``values()`` is ``rows`` itself.
+
+    >>> cols = DemandColumns.of([Demand("j:0->1", 1.0, ((5,),)), Demand("j:1->0", 2.0, ((6,),))])
+    >>> t = DemandTable(DemandRows(cols, [(), ()], [(), ()]))
+    >>> t["j:1->0"].rate_gbps, "j:0->2" in t, list(t), len(t.values())
+    (2.0, False, ['j:0->1', 'j:1->0'], 2)
+    """
+
+    __slots__ = ("keys_", "row_of", "rows")
+
+    def __init__(self, rows: DemandRows) -> None:
+        self.rows = rows
+        self.keys_ = rows.columns.keys
+        self.row_of = dict(zip(self.keys_, range(len(self.keys_)), strict=True))
+
+    def __getitem__(self, key: str) -> Demand:
+        return self.rows[self.row_of[key]]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        r = self.row_of.get(key)
+        return default if r is None else self.rows[r]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.row_of
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+    def values(self) -> DemandRows:  # type: ignore[override]
+        return self.rows
+
+
+def _task(key: str) -> str:
+    """The job of a demand's key (``task:source->destination``)."""
+    return key.partition(":")[0]
+
+
+class JobDemands(MutableMapping[str, Demand]):
+    """Every job's demands by key: per job, its table (its keys all ``task:...``), in the
+    order the jobs were added, with the keys set or deleted since kept beside them (``over``,
+    ``gone``). Read, changed and iterated as the dict of every job's demands would be: the
+    jobs' keys in order (a key set again keeps its place), then the keys added since.
+
+    >>> m = JobDemands()
+    >>> m.add_job("a", {"a:0->1": Demand("a:0->1", 1.0, ((5,),))})
+    >>> m.add_job("b", {"b:0->1": Demand("b:0->1", 2.0, ((5,),))})
+    >>> m["b:0->1"].rate_gbps, len(m), "a:1->0" in m
+    (2.0, 2, False)
+    >>> del m["a:0->1"]; m["c:0->1"] = m["b:0->1"]; m["b:0->1"] = m["c:0->1"]._replace(weight=3)
+    >>> list(m), m["b:0->1"].weight, len(m)
+    (['b:0->1', 'c:0->1'], 3, 2)
+    """
+
+    __slots__ = ("_gone", "_len", "_over", "tables")
+
+    def __init__(self) -> None:
+        self.tables: dict[str, Mapping[str, Demand]] = {}
+        self._over: dict[str, Demand] = {}
+        self._gone: set[str] = set()
+        self._len = 0
+
+    def add_job(self, task: str, demands: Mapping[str, Demand]) -> None:
+        """Add job ``task``'s demands (none added before, none set since: a plan's bulk)."""
+        if task in self.tables or self._over or self._gone:
+            raise ValueError(f"job {task!r}: its demands are added once, before any change")
+        self.tables[task] = demands
+        self._len += len(demands)
+
+    def _base(self, key: str) -> Any:
+        table = self.tables.get(_task(key))
+        if table is None:
+            return _ABSENT
+        d = table.get(key, _ABSENT)
+        if d is _ABSENT or (self._gone and key in self._gone):
+            return _ABSENT
+        return d
+
+    def _in_base(self, key: str) -> bool:
+        table = self.tables.get(_task(key))
+        return table is not None and key in table
+
+    def __getitem__(self, key: str) -> Demand:
+        d = self._over.get(key, _ABSENT)
+        if d is _ABSENT:
+            d = self._base(key)
+            if d is _ABSENT:
+                raise KeyError(key)
+        return d  # type: ignore[return-value]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        d = self._over.get(key, _ABSENT)
+        if d is _ABSENT:
+            d = self._base(key)
+        return default if d is _ABSENT else d
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._over:
+            return True
+        return isinstance(key, str) and self._base(key) is not _ABSENT
+
+    def __setitem__(self, key: str, value: Demand) -> None:
+        over = self._over
+        if key not in over and (not self._in_base(key) or key in self._gone):
+            self._len += 1
+        over[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        live = self._in_base(key) and key not in self._gone
+        if key in self._over:
+            del self._over[key]
+            if live:  # (a job's key, set since: gone too)
+                self._gone.add(key)
+        elif live:
+            self._gone.add(key)
+        else:
+            raise KeyError(key)
+        self._len -= 1
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        gone, over = self._gone, self._over
+        for table in list(self.tables.values()):
+            yield from (filter(lambda k: k not in gone, table) if gone else table)
+        for k in list(over):
+            if not self._in_base(k) or k in gone:  # (added since, not set in place)
+                yield k
+
+    def values(self) -> Any:  # (a view of every value, in key order)
+        if self._over or self._gone:
+            return super().values()
+        return ChainedDemands([t.values() for t in self.tables.values()])
+
+    def update(self, other: Any = (), /, **kw: Demand) -> None:
+        """As a dict's."""
+        items: Iterable[tuple[str, Demand]] = (other.items() if hasattr(other, "items")
+                                               else other)
+        for k, v in itertools.chain(items, kw.items()):
+            self[k] = v
+
+    def __repr__(self) -> str:
+        return f"JobDemands({len(self)} demands of {len(self.tables)} jobs)"
+
+
+class ChainedDemands(Sequence[Demand]):
+    """Sequences of demands, one after the other, as one (none copied; a demand read is
+    read from its own sequence).
+
+    >>> c = ChainedDemands([[Demand("a", 1.0, ((5,),))], [], [Demand("b", 2.0, ((5,),))]])
+    >>> len(c), c[1].key, c[-1].key, [d.key for d in c], [d.key for d in c[:1]]
+    (2, 'b', 'b', ['a', 'b'], ['a'])
+    """
+
+    __slots__ = ("_off", "parts")
+
+    def __init__(self, parts: Iterable[Sequence[Demand] | Iterable[Demand]]) -> None:
+        self.parts: list[Sequence[Demand]] = [
+            p if isinstance(p, Sequence) else list(p) for p in parts]
+        self._off = [0, *itertools.accumulate(map(len, self.parts))]
+
+    def __len__(self) -> int:
+        return self._off[-1]
+
+    @overload
+    def __getitem__(self, i: int) -> Demand: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Demand]: ...
+
+    def __getitem__(self, i: int | slice) -> Demand | list[Demand]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("demand out of range")
+        i %= n
+        p = bisect.bisect_right(self._off, i) - 1
+        return self.parts[p][i - self._off[p]]
+
+    def __iter__(self) -> Iterator[Demand]:
+        return itertools.chain.from_iterable(self.parts)
+

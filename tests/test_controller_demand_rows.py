@@ -1,0 +1,120 @@
+"""A plan's demands held in columns (fabricpilot.controller.demand_rows): made when read, and
+read, changed and iterated as the list and the dict of them would be."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from fabricpilot.controller.demand_rows import ChainedDemands, DemandRows, DemandTable, JobDemands
+from fabricpilot.controller.planner import Demand, DemandColumns
+
+
+def _demands(task: str, n: int, seed: int) -> list[Demand]:
+    """``n`` demands of job ``task`` as a call's pairs are made: one shared candidate tuple
+    per leaf pair, one head and one tail link each, rates and parts that vary."""
+    rng = random.Random(seed)
+    tuples = [((10 + t, 20 + t), (11 + t, 21 + t)) for t in range(3)]
+    return [Demand(f"{task}:{i}->{i + 1}", rng.choice([12.5, 50.0, 100.0]),
+                   tuples[rng.randrange(3)], 1.5, (rng.randrange(5),), (5 + rng.randrange(5),),
+                   rng.random() < 0.3, rng.randrange(2), rng.choice([1, 2, 4]))
+            for i in range(n)]
+
+
+def _rows(ds: list[Demand]) -> DemandRows:
+    cols = DemandColumns.of(ds)
+    assert cols is not None
+    return DemandRows(cols, [d.head for d in ds], [d.tail for d in ds])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rows_make_the_demands_their_columns_describe(seed: int) -> None:
+    """Read one by one (from either end, some twice: the same object), sliced and iterated:
+    the demands the columns were made of, field by field."""
+    ds = _demands("j", 40, seed)
+    rows = _rows(ds)
+    early = {i: rows[i] for i in (0, 7, -1)}
+    assert rows[-1] is rows[39] is early[-1] and early[7] == ds[7]
+    assert rows[3:9] == ds[3:9] and len(rows) == 40
+    assert list(rows) == ds and all(rows[i] is d for i, d in early.items())
+    assert [type(x) for x in rows[5]] == [type(x) for x in ds[5]]
+    with pytest.raises(IndexError):
+        rows[40]
+    with pytest.raises(ValueError, match="head and tail"):
+        DemandRows(DemandColumns.of(ds), [d.head for d in ds[1:]], [d.tail for d in ds])
+
+
+def test_a_table_reads_as_the_dict_of_its_rows() -> None:
+    ds = _demands("j", 25, 4)
+    table = DemandTable(_rows(ds))
+    want = {d.key: d for d in ds}
+    assert dict(table) == want and list(table) == list(want) and len(table) == 25
+    assert table.get("j:3->4") == want["j:3->4"] and table.get("j:99->0", 7) == 7
+    assert "j:0->1" in table and "k:0->1" not in table
+    assert list(table.values()) == ds and set(table.items()) == set(want.items())
+
+
+def _ops(seed: int, base: dict[str, Demand], n: int) -> list[tuple[str, str, Demand | None]]:
+    rng = random.Random(seed)
+    keys = list(base) + [f"x:{i}->0" for i in range(8)]
+    vals = list(base.values())
+    out: list[tuple[str, str, Demand | None]] = []
+    for _ in range(n):
+        op = rng.choice(["set", "del", "pop", "get", "in", "update"])
+        out.append((op, rng.choice(keys), rng.choice(vals)._replace(weight=rng.random())))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_job_demands_read_and_change_as_a_dict_would(seed: int) -> None:
+    """Every job's demands as tables (one a plain dict), through random sets, deletions,
+    pops, reads and updates, against a dict of them put through the same: the same
+    contents, order, length and answers after every step."""
+    jobs = {"a": DemandTable(_rows(_demands("a", 12, seed))),
+            "b": {d.key: d for d in _demands("b", 5, seed + 1)},
+            "c": DemandTable(_rows(_demands("c", 9, seed + 2)))}
+    m = JobDemands()
+    d: dict[str, Demand] = {}
+    for task, table in jobs.items():
+        m.add_job(task, table)
+        d.update(table)
+    assert list(m.values()) == list(d.values())
+    for op, key, val in _ops(seed, d, 150):
+        assert val is not None
+        if op == "set":
+            m[key] = d[key] = val
+        elif op == "del":
+            if key in d:
+                del m[key], d[key]
+            else:
+                with pytest.raises(KeyError):
+                    del m[key]
+        elif op == "pop":
+            assert m.pop(key, None) == d.pop(key, None)
+        elif op == "get":
+            assert m.get(key) == d.get(key)
+        elif op == "in":
+            assert (key in m) == (key in d)
+        else:
+            m.update({key: val})
+            d.update({key: val})
+        assert len(m) == len(d) and list(m) == list(d)
+    assert list(m.values()) == list(d.values()) and dict(m.items()) == d
+    with pytest.raises(ValueError, match="once"):
+        m.add_job("z", {})
+
+
+def test_chained_demands_read_as_one_list() -> None:
+    parts = [_demands("a", 4, 1), [], list(_demands("b", 3, 2))]
+    chained = ChainedDemands([parts[0], iter(parts[1]), _rows(parts[2])])
+    flat = [d for p in parts for d in p]
+    assert len(chained) == 7 and list(chained) == flat
+    assert [chained[i] for i in range(-7, 7)] == flat + flat
+    assert chained[2:6] == flat[2:6]
+    with pytest.raises(IndexError):
+        chained[7]
+    rng = np.random.default_rng(0)
+    for i in rng.integers(0, 7, 10).tolist():
+        assert chained[i] == flat[i]

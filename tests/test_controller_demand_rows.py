@@ -118,3 +118,31 @@ def test_chained_demands_read_as_one_list() -> None:
     rng = np.random.default_rng(0)
     for i in rng.integers(0, 7, 10).tolist():
         assert chained[i] == flat[i]
+
+
+def test_a_whole_plans_demands_know_their_key_order_as_sorted_gives_it() -> None:
+    """Jobs whose task ids sort apart from their keys' text ("job-1" before "job:" ...),
+    whose GPU ids have different numbers of digits (gpu 9 after 10 as text), on a fat tree:
+    the key order the demands are made with is the order ``sorted`` gives their keys, and
+    the demands made when read are those the one-by-one way makes."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller.core import Controller
+    from fabricpilot.controller.intents import CommCall, Intent
+    from fabricpilot.topology import compile_topology, fat_tree
+
+    twin = TaskAware(PolicyContext(compile_topology(fat_tree(k=4, gpus_per_host=1)), 1, 600))
+    ctl = Controller(twin)
+    gpus = list(range(16))
+    random.Random(2).shuffle(gpus)
+    for task, ranks in (("job", gpus[:7]), ("job-1", gpus[7:12]), ("a", gpus[12:])):
+        ctl.declare(Intent(task, "t", tuple(ranks), (CommCall("alltoall", 64 << 20, 1000.0, 0),)))
+    made = ctl.demands()
+    cols_made = ctl._demand_cols
+    assert cols_made is not None and cols_made[0] is made
+    cols = cols_made[1]
+    assert cols.by_key is not None
+    assert cols.by_key.tolist() == sorted(range(len(cols.keys)), key=cols.keys.__getitem__)
+    assert [d.key for d in made] == cols.keys and len(made) == 7 * 6 + 5 * 4 + 4 * 3
+    assert isinstance(ctl._demand, JobDemands)
+    assert all(ctl._demand[d.key] is d for d in made)

@@ -614,6 +614,31 @@ class _GpuEnds:
     # (``first * len(switches) + last``): those of ``Controller._switch_paths``
     mids: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)  # (each GPU id as text, for rule keys)
+    _name_rank: NDArray[np.int64] | None = None
+
+    def pair_order(self, a: NDArray[np.int64], b: NDArray[np.int64]
+                   ) -> NDArray[np.int64] | None:
+        """The order in which the keys ``f"{task}:{names[a[i]]}->{names[b[i]]}"`` of GPU
+        pairs (each pair once) sort, as :func:`sorted` orders the strings: by source name,
+        then destination name, when no name has a character before ``-`` (``None`` if one
+        has). A name that is another's beginning then sorts first in both.
+
+        >>> t = _GpuEnds(*(np.zeros(0),) * 9, [], np.zeros(0), np.zeros(0),
+        ...              names=["0", "1", "10", "2"])
+        >>> a, b = np.array([3, 2, 1, 1]), np.array([0, 1, 2, 3])
+        >>> keys = [f"j:{t.names[x]}->{t.names[y]}" for x, y in zip(a, b)]
+        >>> t.pair_order(a, b).tolist() == sorted(range(4), key=keys.__getitem__)
+        True
+        """
+        names = self.names
+        if self._name_rank is None:
+            if any(not nm or min(nm) <= "-" for nm in names):
+                return None
+            rank = np.empty(len(names), np.int64)
+            rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+            self._name_rank = rank
+        rank = self._name_rank
+        return np.argsort(rank[a] * max(len(names), 1) + rank[b], kind="stable").astype(np.int64)
 
 
 @dataclass
@@ -2012,7 +2037,7 @@ class Controller:
             cols = DemandColumns(
                 keys, r_idx, np.full(n, float(heat)), q_idx == 1, q_idx.astype(np.int64),
                 np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
-                t_link)
+                t_link, t.pair_order(ia, ib))
             return _CallDemands(DemandRows(cols, ha, tb), cols, np.column_stack((a[idx], b[idx])))
         made = list(map(_demand_of, zip(keys, r_idx.tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),

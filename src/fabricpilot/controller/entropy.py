@@ -797,9 +797,12 @@ class SteeringTable:
         n_ports = len(self.port_term)
         if not pow2.any():
             return c_tab, np.zeros((0, n_ports), np.int64), np.zeros((0, 2), np.int64)
+        # (the rotations and sizes met, each a code below 32 * 4097: counted, not sorted)
         code = rot[pow2] * (_INDEX_MAX_SIZE + 1) + size[pow2]
-        combos, inv = np.unique(code, return_inverse=True)
-        c_tab[pow2] = inv.reshape(-1)
+        combos = np.flatnonzero(np.bincount(code))
+        lut = np.empty(int(combos[-1]) + 1, np.int64)
+        lut[combos] = np.arange(len(combos))
+        c_tab[pow2] = lut[code]
         tables = []
         for cd in combos.tolist():
             key = divmod(cd, _INDEX_MAX_SIZE + 1)

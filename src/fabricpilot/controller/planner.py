@@ -110,12 +110,13 @@ class DemandColumns:
     planner then reads them rather than every demand): ``keys``, ``rate``, ``weight``,
     ``whole``, ``parts`` and ``priority`` per demand; each demand's candidates
     ``tuples[tup[i]]`` (the very tuple object of the demand); its head and tail link, -1
-    where it has none (a demand with more than one has no columns).
+    where it has none (a demand with more than one has no columns). ``by_key``, if known:
+    the rows in the order of their keys (as ``sorted`` orders the strings).
 
     >>> ds = [Demand("a", 100, ((5,), (6,)), 2.0, (1,), (2,)), Demand("b", 50, ((7,),))]
     >>> c = DemandColumns.of(ds)
-    >>> c.rate.tolist(), c.tup.tolist(), c.head.tolist(), c.tail.tolist()
-    ([100.0, 50.0], [0, 1], [1, -1], [2, -1])
+    >>> c.rate.tolist(), c.tup.tolist(), c.head.tolist(), c.tail.tolist(), c.by_key.tolist()
+    ([100.0, 50.0], [0, 1], [1, -1], [2, -1], [0, 1])
     >>> DemandColumns.join([c, c]).tup.tolist()
     [0, 1, 2, 3]
     """
@@ -130,6 +131,7 @@ class DemandColumns:
     tup: NDArray[np.int64]
     head: NDArray[np.int64]
     tail: NDArray[np.int64]
+    by_key: NDArray[np.int64] | None = None
 
     @classmethod
     def of(cls, demands: Sequence[Demand]) -> DemandColumns | None:
@@ -149,11 +151,19 @@ class DemandColumns:
         return cls(list(keys), np.array(rates, np.float64), np.array(weights, np.float64),
                    np.fromiter(wholes, np.bool_, n), np.fromiter(parts, np.int64, n),
                    np.fromiter(prios, np.int64, n), list(cands), np.arange(n, dtype=np.int64),
-                   ends[0], ends[1])
+                   ends[0], ends[1], _key_order(keys))
 
     @classmethod
     def join(cls, parts: Sequence[DemandColumns]) -> DemandColumns:
-        """The columns of the demands of ``parts`` in turn."""
+        """The columns of the demands of ``parts`` in turn (in key order if each part knows
+        its own and no two parts' keys interleave: then the parts' orders, one after the
+        other, are the order of all).
+
+        >>> a, b = (DemandColumns.of([Demand(k, 1.0, ((5,),)) for k in ks])
+        ...         for ks in (["y:2", "y:1"], ["x:9", "x:0"]))
+        >>> DemandColumns.join([a, b]).by_key.tolist(), DemandColumns.join([a, a]).by_key
+        ([3, 2, 1, 0], None)
+        """
         at = _offsets(np.fromiter((len(p.tuples) for p in parts), np.int64, len(parts)))
         cat = np.concatenate
         return cls(list(_chain(p.keys for p in parts)), cat([p.rate for p in parts]),
@@ -161,7 +171,33 @@ class DemandColumns:
                    cat([p.parts for p in parts]), cat([p.priority for p in parts]),
                    list(_chain(p.tuples for p in parts)),
                    cat([p.tup + at[i] for i, p in enumerate(parts)]),
-                   cat([p.head for p in parts]), cat([p.tail for p in parts]))
+                   cat([p.head for p in parts]), cat([p.tail for p in parts]),
+                   _joined_order(parts))
+
+
+def _key_order(keys: Sequence[str]) -> NDArray[np.int64]:
+    """The positions of ``keys`` in the order ``sorted`` puts them."""
+    return np.fromiter(sorted(range(len(keys)), key=keys.__getitem__), np.int64, len(keys))
+
+
+def _joined_order(parts: Sequence[DemandColumns]) -> NDArray[np.int64] | None:
+    """The key order of the demands of ``parts`` in turn, from each part's own (``None``
+    if one has none, or the keys of two parts interleave)."""
+    spans = []
+    start = 0
+    for p in parts:
+        n = len(p.keys)
+        if p.by_key is None or len(p.by_key) != n:
+            return None
+        if n:
+            spans.append((p.keys[int(p.by_key[0])], p.keys[int(p.by_key[-1])], start, p.by_key))
+        start += n
+    spans.sort(key=lambda sp: sp[0])
+    if any(lo[1] >= hi[0] for lo, hi in itertools.pairwise(spans)):
+        return None
+    if not spans:
+        return np.zeros(0, np.int64)
+    return np.concatenate([order + at for _, _, at, order in spans]).astype(np.int64)
 
 
 @dataclass
@@ -752,6 +788,8 @@ class _Commodities:
         self.links = (cap_arrays.ids.astype(np.int64) if cap_arrays is not None
                       else np.array(sorted(capacity), np.int64))
         n_links = len(self.links)
+        # (the demands in key order, if the caller knows it)
+        self.by_key = columns.by_key if columns is not None and aggregate else None
         if columns is not None and aggregate:  # the demands' fields as the caller had them
             keys: Sequence[str] = columns.keys
             rates, weights = columns.rate, columns.weight
@@ -1201,7 +1239,8 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     load = com.bg.copy()
     # (the keys' order, as Python sorts them: no fixed-width copy of every key is made)
     keys = com.keys
-    by_key = np.fromiter(sorted(range(n), key=keys.__getitem__), np.int64, n)
+    by_key = (com.by_key if com.by_key is not None and len(com.by_key) == n
+              else _key_order(keys))
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
     made: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
@@ -1925,14 +1964,14 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     >>> kl.links.tolist(), kl.ptr.tolist(), kl.owner.tolist()
     ([5, 6, 7, 9], [0, 2, 4, 6, 7], [0, 0, 0, 1, 0, 1, 0])
     """
-    ptr, owner = _key_link_csr(choice, com.grp, com.g_col0, com.c_ptr, com.c_idx,
-                               com.fix_ptr, com.fix_idx, len(com.links))
+    ptr, owner = _key_link_csr(choice, com.n_parts(choice.shape[1]), com.grp, com.g_col0,
+                               com.c_ptr, com.c_idx, com.fix_ptr, com.fix_idx, len(com.links))
     used = np.flatnonzero(ptr[1:] > ptr[:-1])
     return KeyLinks(list(com.keys), com.links[used], np.r_[ptr[used], ptr[-1]], owner)
 
 
 @numba.njit(cache=True, nogil=True)
-def _key_link_csr(choice: NDArray[np.int64], grp: NDArray[np.int64],
+def _key_link_csr(choice: NDArray[np.int64], nparts: NDArray[np.int64], grp: NDArray[np.int64],
                   g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64],
                   c_idx: NDArray[np.int64], fix_ptr: NDArray[np.int64],
                   fix_idx: NDArray[np.int64], n_rows: int,
@@ -1940,15 +1979,18 @@ def _key_link_csr(choice: NDArray[np.int64], grp: NDArray[np.int64],
     """:func:`_key_links` by link row (a counting sort): the demands on row ``r`` are
     ``owner[ptr[r]:ptr[r + 1]]``, in this order: every demand on it by a fixed link
     (``fix_idx``), demand by demand, then, demand by demand, each on it by the column of a
-    run of equal slots in its row of ``choice`` (a part's slots, or a whole demand's)."""
+    run of equal slots in its row of ``choice`` (a part's slots, or a whole demand's; a
+    demand of ``nparts`` parts has its slots in that many blocks of equal slots, so only
+    the first slot of each block is read)."""
     n, split = choice.shape
     ptr = np.zeros(n_rows + 1, np.int64)
     for x in range(fix_idx.shape[0]):
         ptr[fix_idx[x] + 1] += 1
     for d in range(n):
         col0 = g_col0[grp[d]]
-        for k in range(split):
-            if k == 0 or choice[d, k] != choice[d, k - 1]:
+        blk = split // nparts[d]
+        for k in range(0, split, blk):
+            if k == 0 or choice[d, k] != choice[d, k - blk]:
                 col = col0 + choice[d, k]
                 for x in range(c_ptr[col], c_ptr[col + 1]):
                     ptr[c_idx[x] + 1] += 1
@@ -1963,8 +2005,9 @@ def _key_link_csr(choice: NDArray[np.int64], grp: NDArray[np.int64],
             at[r] += 1
     for d in range(n):
         col0 = g_col0[grp[d]]
-        for k in range(split):
-            if k == 0 or choice[d, k] != choice[d, k - 1]:
+        blk = split // nparts[d]
+        for k in range(0, split, blk):
+            if k == 0 or choice[d, k] != choice[d, k - blk]:
                 col = col0 + choice[d, k]
                 for x in range(c_ptr[col], c_ptr[col + 1]):
                     r = c_idx[x]

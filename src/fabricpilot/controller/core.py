@@ -1564,7 +1564,7 @@ class Controller:
         # made when read; as a dict of them for a plan of some jobs)
         out: MutableMapping[str, Demand] = JobDemands() if only is None else {}
         add_job: Callable[[str, Mapping[str, Demand]], None] = (
-            out.add_job if isinstance(out, JobDemands) else lambda _, d: out.update(d))
+            out.add_job if isinstance(out, JobDemands) else lambda _, d: out.update(d.items()))
         col_parts: list[DemandColumns | None] = []  # (per job in ``out``: its columns)
         end_parts: list[NDArray[np.int64]] = []  # (and its pairs' GPUs, with columns)
         gpu_node = self.view.gpu_node

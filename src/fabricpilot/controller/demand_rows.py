@@ -131,6 +131,10 @@ class DemandTable(Mapping[str, Demand]):
     def values(self) -> DemandRows:  # type: ignore[override]
         return self.rows
 
+    def items(self) -> Iterator[tuple[str, Demand]]:  # type: ignore[override]
+        """Each key and its demand, in order (every demand made in one pass)."""
+        return zip(self.keys_, self.rows.all(), strict=True)
+
 
 def _task(key: str) -> str:
     """The job of a demand's key (``task:source->destination``)."""
@@ -235,11 +239,17 @@ class JobDemands(MutableMapping[str, Demand]):
         return ChainedDemands([t.values() for t in self.tables.values()])
 
     def update(self, other: Any = (), /, **kw: Demand) -> None:
-        """As a dict's."""
-        items: Iterable[tuple[str, Demand]] = (other.items() if hasattr(other, "items")
+        """As a dict's (a job's demands at once: each key looked up once)."""
+        items: list[tuple[str, Demand]] = list(other.items() if hasattr(other, "items")
                                                else other)
-        for k, v in itertools.chain(items, kw.items()):
-            self[k] = v
+        items.extend(kw.items())
+        over, gone, in_base = self._over, self._gone, self._in_base
+        # (the keys new to the table: neither set since nor a live key of a job)
+        new = [k for k, _ in items if k not in over and (k in gone or not in_base(k))]
+        if len(new) > 1:
+            new = list(dict.fromkeys(new))  # (a key given twice counts once)
+        over.update(items)
+        self._len += len(new)
 
     def __repr__(self) -> str:
         return f"JobDemands({len(self)} demands of {len(self.tables)} jobs)"

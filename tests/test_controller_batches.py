@@ -370,6 +370,28 @@ def test_kept_columns_are_the_rows_kept_rows_finds(seed: int) -> None:
     assert got is not None and got.tolist() == want.tolist()
     assert 0 < int((got >= 0).sum()) < len(planned)
     assert _kept_columns(batch.keys[::-1], n, col, w, caps, held, skip) is None
+    # the plan's keys in another order, with a key the batch lacks; some of the batch's
+    # deleted or set since: compared in columns through each key's batch row (``at``, as
+    # the installed map finds it: -1 for a key deleted, set since or absent)
+    order = list(range(len(planned)))
+    rng.shuffle(order)
+    keys = [batch.keys[i] for i in order] + ["new:0->1"]
+    p2 = [planned[i] for i in order] + [[((9,), 1.0)]]
+    c2 = [caps[i] for i in order] + [math.inf]
+    for k in rng.sample(batch.keys, 3):
+        del held[k]
+    for k in rng.sample([k for k in batch.keys if k in held], 3):
+        held[k] = held[k]
+    n2 = np.array([len(x) for x in p2], np.int64)
+    flat2 = [q for x in p2 for q, _ in x]
+    off2 = np.concatenate(([0], np.cumsum([len(q) for q in flat2]))).astype(np.int64)
+    col2 = PathColumn(np.fromiter((lk for q in flat2 for lk in q), np.int64), off2)
+    w2 = np.array([x for y in p2 for _, x in y])
+    at = np.array([-1 if r is None else r for r in map(held.row, keys)], np.int64)
+    assert (at < 0).sum() == 7
+    got2 = _kept_columns(keys, n2, col2, w2, c2, held, skip, at)
+    want2 = _kept_rows(keys, p2, c2, held, skip)
+    assert got2 is not None and got2.tolist() == want2.tolist() and (got2 >= 0).any()
 
 
 def test_a_merged_batch_of_columns_reads_as_one_of_tuples() -> None:

@@ -146,3 +146,39 @@ def test_a_whole_plans_demands_know_their_key_order_as_sorted_gives_it() -> None
     assert [d.key for d in made] == cols.keys and len(made) == 7 * 6 + 5 * 4 + 4 * 3
     assert isinstance(ctl._demand, JobDemands)
     assert all(ctl._demand[d.key] is d for d in made)
+
+
+def test_a_plans_batch_rows_are_found_job_by_job_as_key_by_key() -> None:
+    """After a whole plan (its batch's rows found through the jobs' tables), one job left,
+    another changed and some keys deleted and set since: each planned key's row in the
+    installed batch, found a job's block at a time, is the one the installed map gives key
+    by key (-1 for a key deleted or set since, or new)."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller.core import Controller
+    from fabricpilot.controller.demand_rows import JobRows
+    from fabricpilot.controller.intents import CommCall, Intent
+    from fabricpilot.controller.southbound import BatchMap
+    from fabricpilot.topology import compile_topology, fat_tree
+
+    twin = TaskAware(PolicyContext(compile_topology(fat_tree(k=4, gpus_per_host=1)), 1, 600))
+    ctl = Controller(twin)
+    call = (CommCall("alltoall", 64 << 20, 1000.0, 0),)
+    for task, ranks in (("a", range(0, 5)), ("b", range(5, 10)), ("c", range(10, 16))):
+        ctl.declare(Intent(task, "t", tuple(ranks), call))
+    ctl.plan()
+    held = ctl._installed
+    assert isinstance(held, BatchMap) and isinstance(held.batch.row_of, JobRows)
+    ctl.withdraw("b")
+    ctl.declare(Intent("c", "t", tuple(range(9, 16)), call))
+    keys = [d.key for d in ctl.demands()]
+    gone = [k for k in held if k.startswith("a:")][:2]
+    for k in gone:
+        del held[k]
+    again = [k for k in held if k.startswith("c:")][:2]
+    for k in again:
+        held[k] = held[k]
+    at = ctl._batch_rows(keys, held)
+    want = [-1 if r is None else r for r in map(held.row, keys)]
+    assert at.tolist() == want
+    assert 0 < sum(r >= 0 for r in want) < len(keys) and any(r < 0 for r in want)

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from fabricpilot.arrays import distinct
 from fabricpilot.controller import entropy, planner
 from fabricpilot.controller.congestion import CongestionMap
-from fabricpilot.controller.demand_rows import DemandRows, DemandTable, JobDemands
+from fabricpilot.controller.demand_rows import DemandRows, DemandTable, JobDemands, JobRows
 from fabricpilot.controller.entropy import (
     SteeringTable,
     SteerRequest,
@@ -276,11 +276,13 @@ def _column_take(col: PathColumn, at: NDArray[np.int64]) -> PathColumn:
 
 def _kept_columns(keys: list[str], n_per_key: NDArray[np.int64], col: PathColumn,
                   weights: NDArray[np.float64], caps: Sequence[float],
-                  installed: BatchMap[PathSet], skip: Container[str]) -> NDArray[np.int64] | None:
+                  installed: BatchMap[PathSet], skip: Container[str],
+                  at: NDArray[np.int64] | None = None) -> NDArray[np.int64] | None:
     """:func:`_kept_rows` of a plan in columns (each key's QP count, the QPs' paths and
-    shares, in the order of the keys) whose keys are those of the installed batch, in its
-    order, none changed since (else ``None``): compared column to column, no set or
-    path made.
+    shares, in the order of the keys), compared column to column, no set or path made:
+    of keys whose installed sets are rows ``at`` of the installed batch (-1: a key set or
+    deleted since, or not installed), or, without ``at``, of keys that are those of the
+    installed batch, in its order, none changed since (else ``None``).
 
     >>> b = PathSetBatch(["a", "b", "c"], np.array([0, 1, 2, 3]),
     ...                  PathColumn(np.array([1, 2, 3, 4]), np.array([0, 2, 3, 4])),
@@ -291,43 +293,51 @@ def _kept_columns(keys: list[str], n_per_key: NDArray[np.int64], col: PathColumn
     [0, -1, -1]
     """
     batch = installed.batch
-    if (not isinstance(batch, PathSetBatch) or installed.changed
-            or not (batch.keys is keys or batch.keys == keys)):
+    n = len(n_per_key)
+    if not isinstance(batch, PathSetBatch) or (at is None and (
+            installed.changed or not (batch.keys is keys or batch.keys == keys)
+            or len(batch.first) != n + 1)):
         return None
     old = batch.paths
-    if (not isinstance(old, PathColumn) or old.overlaid or col.overlaid
-            or len(batch.first) != len(n_per_key) + 1):
+    if not isinstance(old, PathColumn) or old.overlaid or col.overlaid:
         return None
-    n = len(n_per_key)
-    o_count = np.diff(batch.first)
-    ok = (o_count == n_per_key) & (np.array(batch.caps, np.float64)
-                                   == np.array(caps, np.float64))
+    if at is None:
+        at = np.arange(n, dtype=np.int64)
+    elif len(at) != n:
+        return None
+    if not len(batch.keys):
+        return np.full(n, -1, np.int64)
+    has = at >= 0
+    src = np.where(has, at, 0)
+    o_count = np.diff(batch.first)[src]
+    ok = has & (o_count == n_per_key) & (np.array(batch.caps, np.float64)[src]
+                                         == np.array(caps, np.float64))
     first = _offsets(n_per_key)
     cand = np.flatnonzero(ok)
     cnt = n_per_key[cand]
-    oq, nq = _ranges(batch.first[cand], cnt), _ranges(first[cand], cnt)
+    oq, nq = _ranges(batch.first[at[cand]], cnt), _ranges(first[cand], cnt)
     owner = np.repeat(np.arange(len(cand), dtype=np.int64), cnt)
     o_len, n_len = np.diff(old.off)[oq], np.diff(col.off)[nq]
     w_old = np.array(batch.weights, np.float64)[oq]
     rules = batch.rules
     ruled = np.fromiter(map(bool, rules), np.bool_, len(rules))[oq]
     same = (o_len == n_len) & (w_old == weights[nq]) & ~ruled
-    at = np.flatnonzero(same)
-    diff = old.flat[_ranges(old.off[oq[at]], o_len[at])] != col.flat[
-        _ranges(col.off[nq[at]], o_len[at])]
+    alike = np.flatnonzero(same)
+    diff = old.flat[_ranges(old.off[oq[alike]], o_len[alike])] != col.flat[
+        _ranges(col.off[nq[alike]], o_len[alike])]
     bad = np.zeros(len(oq), np.bool_)
     bad[~same] = True
-    bad[at[np.flatnonzero(np.bincount(np.repeat(np.arange(len(at)), o_len[at]),
-                                      weights=diff, minlength=len(at)))]] = True
+    bad[alike[np.flatnonzero(np.bincount(np.repeat(np.arange(len(alike)), o_len[alike]),
+                                         weights=diff, minlength=len(alike)))]] = True
     off_keys = np.zeros(len(cand), np.bool_)
     off_keys[owner[bad]] = True
     keep = np.zeros(n, np.bool_)
     keep[cand[~off_keys]] = True
     if skip:
-        off = [i for i, k in enumerate(batch.keys) if k in skip]
+        off = [i for i, k in enumerate(keys) if k in skip]
         if off:
             keep[off] = False
-    return np.where(keep, np.arange(n, dtype=np.int64), -1)
+    return np.where(keep, at, -1)
 
 
 def _merged_batch(old: PathSetBatch, rows: NDArray[np.int64], fresh: PathSetBatch,
@@ -2543,6 +2553,12 @@ class Controller:
         if (parts is not None and links is not None and not report.unpinned
                 and steered is not None and steered[0]() is plan):
             ends = steered[1]
+            if isinstance(sets, PathSetBatch) and isinstance(self._demand, JobDemands):
+                # (the batch's keys are every job's, job after job, as a rule: each one's
+                # row found through its job's table, no index of a million keys made)
+                found = self._demand.rows_of(sets.keys)
+                if found is not None:
+                    sets.use_rows(found)
             self._slots = SlotTable.of(parts, sets, ends[:, 0], ends[:, 1], keys=links.keys)
         rows = plan.paths.batch if isinstance(plan.paths, BatchMap) else None
         if isinstance(rows, PathRows) and isinstance(sets, PathSetBatch) and (
@@ -3803,6 +3819,32 @@ class Controller:
             return None
         return _qp_columns(rows)
 
+    def _batch_rows(self, keys: list[str], installed: BatchMap[PathSet]) -> NDArray[np.int64]:
+        """Each key's row in the installed batch whose set it holds (-1: a key set or
+        deleted since, or not installed). Where both the batch's keys and ``keys`` are
+        the jobs' keys job after job (:class:`JobRows`), a job of the same demands has its
+        rows in one block; the others' keys are looked up one by one."""
+        batch = installed.batch
+        n = len(keys)
+        old = batch.row_of if isinstance(batch, PathSetBatch) else None
+        new = self._demand.rows_of(keys) if isinstance(self._demand, JobDemands) else None
+        if not isinstance(old, JobRows) or new is None:
+            row = installed.row
+            return np.fromiter((-1 if r is None else r for r in map(row, keys)), np.int64, n)
+        at = np.full(n, -1, np.int64)
+        get = old.get
+        for task, (off, table) in new.jobs.items():
+            hit = old.jobs.get(task)
+            m = len(table)
+            if hit is not None and hit[1] is table:  # (the same demands: the same keys)
+                at[off:off + m] = np.arange(hit[0], hit[0] + m, dtype=np.int64)
+            else:
+                at[off:off + m] = np.fromiter((get(k, -1) for k in table), np.int64, m)
+        # (the keys set or deleted since: their sets are not the batch's)
+        changed = [r for r in map(new.get, installed.changed_keys()) if r is not None]
+        at[changed] = -1
+        return at
+
     def steer_plan(self, plan: Plan, weight: Mapping[str, float],
                    installed_rules: Counter[str] | None = None, reuse: bool = False,
                    ends: tuple[list[str], NDArray[np.int64]] | None = None,
@@ -3855,10 +3897,16 @@ class Controller:
         if not reuse and self._steered_whole and self._steering is not None:
             caps = all_caps = list(caps)
             installed = self._installed
-            if (isinstance(installed, BatchMap) and isinstance(installed.batch, PathSetBatch)
-                    and not installed.overlaid):
+            if isinstance(installed, BatchMap) and isinstance(installed.batch, PathSetBatch):
+                # (keys other than the batch's, as when a job left or joined, each found in
+                # it; a key deleted or set since is steered again: its port is found again,
+                # and its set, if the same, is not sent)
+                same = not installed.changed and (installed.batch.keys is keys
+                                                  or installed.batch.keys == keys)
                 found = (_kept_columns(keys, n_per_key, col, q_weights, caps, installed,
-                                       self._spilled) if cols is not None else None)
+                                       self._spilled,
+                                       None if same else self._batch_rows(keys, installed))
+                         if cols is not None else None)
                 if found is None:
                     if shares_of is None:
                         shares_of = list(plan.paths.values())

@@ -254,6 +254,65 @@ class JobDemands(MutableMapping[str, Demand]):
     def __repr__(self) -> str:
         return f"JobDemands({len(self)} demands of {len(self.tables)} jobs)"
 
+    def rows_of(self, keys: list[str]) -> JobRows | None:
+        """Each of ``keys``'s row, found through the jobs' tables, if ``keys`` are the jobs'
+        keys one after the other (none set or deleted since, each job's a
+        :class:`DemandTable`); else ``None``."""
+        tables = self.tables
+        if (self._over or self._gone or len(keys) != self._len
+                or not all(isinstance(t, DemandTable) for t in tables.values())):
+            return None
+        if keys != list(itertools.chain.from_iterable(tables.values())):
+            return None
+        return JobRows(tables)  # type: ignore[arg-type]
+
+
+class JobRows(Mapping[str, int]):
+    """Each key's row in the keys of ``tables`` one after the other: its job's first row
+    plus its row in its job's table (no index of every key made).
+
+    >>> cols = DemandColumns.of([Demand(k, 1.0, ((5,),)) for k in ("a:1", "a:2", "b:1")])
+    >>> rows = DemandRows(cols, [()] * 3, [()] * 3)
+    >>> a, b = (DemandTable(DemandRows(DemandColumns.of(rows[s]), [()] * n, [()] * n))
+    ...         for s, n in ((slice(0, 2), 2), (slice(2, 3), 1)))
+    >>> r = JobRows({"a": a, "b": b})
+    >>> r["b:1"], r.get("a:2"), r.get("c:1"), "a:3" in r, list(r), len(r)
+    (2, 1, None, False, ['a:1', 'a:2', 'b:1'], 3)
+    """
+
+    __slots__ = ("_len", "jobs")
+
+    def __init__(self, tables: Mapping[str, DemandTable]) -> None:
+        # per job: its first row and its table
+        self.jobs: dict[str, tuple[int, DemandTable]] = {}
+        off = 0
+        for task, table in tables.items():
+            self.jobs[task] = (off, table)
+            off += len(table)
+        self._len = off
+
+    def get(self, key: str, default: Any = None) -> Any:
+        hit = self.jobs.get(_task(key))
+        if hit is None:
+            return default
+        r = hit[1].row_of.get(key)
+        return default if r is None else hit[0] + r
+
+    def __getitem__(self, key: str) -> int:
+        r = self.get(key)
+        if r is None:
+            raise KeyError(key)
+        return r  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain.from_iterable(t for _, t in self.jobs.values())
+
+    def __len__(self) -> int:
+        return self._len
+
 
 class ChainedDemands(Sequence[Demand]):
     """Sequences of demands, one after the other, as one (none copied; a demand read is

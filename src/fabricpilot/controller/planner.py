@@ -2147,14 +2147,14 @@ class PathRows:
         self.off = off
         self.whole = whole
         self.rest = rest
-        self._row_of: dict[str, int] | None = None
+        self._row_of: Mapping[str, int] | None = None
         self._made: list[list[tuple[tuple[int, ...], float]] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @property
-    def row_of(self) -> dict[str, int]:
+    def row_of(self) -> Mapping[str, int]:
         """Each key's row (made when first asked)."""
         if self._row_of is None:
             self._row_of = key_rows(self.keys)

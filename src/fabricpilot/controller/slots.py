@@ -21,7 +21,7 @@ such a key the slow way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +84,7 @@ class SlotTable:
     candidate (index in the demand's candidates) and share."""
 
     keys: list[str]
-    row_of: dict[str, int]
+    row_of: Mapping[str, int]
     sets: RowSets | list[PathSet]
     stale: NDArray[np.bool_]
     rank: NDArray[np.int64]

@@ -321,7 +321,7 @@ rate_cap_gbps=5.0)
         # the sets made so far (``made``: some made already, as a batch's own were)
         self._made: list[PathSet | None] = [None] * len(keys) if made is None else made
         self._all_made = False
-        self._row_of: dict[str, int] | None = None
+        self._row_of: Mapping[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -385,11 +385,20 @@ rate_cap_gbps=5.0)
         return self._made
 
     @property
-    def row_of(self) -> dict[str, int]:
-        """Each key's place in the batch (made when first asked)."""
+    def row_of(self) -> Mapping[str, int]:
+        """Each key's place in the batch (made when first asked, unless given: see
+        :meth:`use_rows`)."""
         if self._row_of is None:
             self._row_of = key_rows(self.keys)
         return self._row_of
+
+    def use_rows(self, rows: Mapping[str, int]) -> None:
+        """Take ``rows`` as each key's place in the batch (a caller that has them: the
+        batch makes no index of its own). ``ValueError`` if their count is not the
+        batch's."""
+        if len(rows) != len(self.keys):
+            raise ValueError(f"{len(rows)} rows for a batch of {len(self.keys)} keys")
+        self._row_of = rows
 
     def rule_switches(self) -> Iterator[str]:
         """The switch of every explicit rule of the batch's sets (one per rule)."""
@@ -439,7 +448,7 @@ class KeyRows(Protocol):
     keys: list[str]
 
     @property
-    def row_of(self) -> dict[str, int]: ...
+    def row_of(self) -> Mapping[str, int]: ...
 
     def __len__(self) -> int: ...
 
@@ -471,7 +480,7 @@ class BatchMap(MutableMapping[str, V]):
         self._over: dict[str, V] = {}
         self._gone: set[str] = set()
         self._len = len(batch)
-        self._rows: dict[str, int] | None = None  # (the batch's rows, once read)
+        self._rows: Mapping[str, int] | None = None  # (the batch's rows, once read)
 
     @property
     def changed(self) -> bool:
@@ -483,7 +492,12 @@ class BatchMap(MutableMapping[str, V]):
         """Whether any key was set since the batch (its value not the batch's)."""
         return bool(self._over)
 
-    def _row_of(self) -> dict[str, int]:
+    def changed_keys(self) -> Iterator[str]:
+        """The keys set or deleted since the batch (a key set and deleted: once or
+        twice)."""
+        return itertools.chain(self._over, self._gone)
+
+    def _row_of(self) -> Mapping[str, int]:
         rows = self._rows
         if rows is None:
             rows = self._rows = self.batch.row_of

@@ -593,8 +593,9 @@ def test_a_plan_stops_when_its_stop_flag_is_set() -> None:
     lg = _link_groups(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx, len(com.links))
     placed = _place(np.arange(len(com.demands)), com.grp, com.rate, com.whole, com.fix_ptr,
                     com.fix_idx, com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx,
-                    com.cap, load, 4, 2, *lg, stop, np.full(len(com.links), np.inf), False)
-    assert (placed == -1).all() and not load.any()
+                    com.cap, load, 4, 2, *lg, stop, np.full(len(com.links), np.inf), False,
+                    np.full((len(com.demands), 4), -1, com.choice_dtype))
+    assert (placed == -1).all() and not load.any() and placed.dtype == np.int8
     # writing the paths: stopped before the first chunk, none written
     paths: dict[str, list] = {}
     choice = np.zeros((len(com.demands), 2), np.int64)
@@ -973,3 +974,20 @@ def test_copy_ranges_copies_as_the_index_arrays_would() -> None:
 def _offsets_of(lens: np.ndarray) -> np.ndarray:
     """Start of each of consecutive ranges of lengths ``lens``."""
     return np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
+
+
+def test_demands_of_more_candidates_than_a_byte_holds_plan_as_in_the_reference() -> None:
+    # a plan's choices are held in the smallest integer type for its candidates: 130
+    # candidates take 16 bits; the plan is the plain-Python reference's: the 260 parts of
+    # 65 demands two on each link (lambda 20 / 100)
+    from fabricpilot.controller.planner import _Commodities
+
+    cands = tuple((lk,) for lk in range(130))
+    demands = [Demand(f"d{i:02d}", 40.0, cands) for i in range(65)]
+    cap = dict.fromkeys(range(130), 100.0)
+    assert _Commodities(demands, cap, None).choice_dtype == np.int16
+    paths, load, lam, moves = reference_plan_greedy(demands, cap, split=4)
+    plan = plan_greedy(demands, cap, split=4)
+    assert plan.paths == paths and (plan.max_utilization, plan.moves) == (lam, moves)
+    assert lam == pytest.approx(0.2) and sorted(load.tolist()) == [20.0] * 130
+    assert plan.parts is not None and plan.parts.choice.dtype == np.int16

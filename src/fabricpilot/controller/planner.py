@@ -253,7 +253,7 @@ class PartChoice:
     plain: NDArray[np.bool_]
     head: NDArray[np.int64]
     tail: NDArray[np.int64]
-    choice: NDArray[np.int64]
+    choice: NDArray[np.integer]
     acc: tuple[float, ...]
     rank: NDArray[np.int64]
     rate: NDArray[np.float64]
@@ -957,6 +957,11 @@ class _Commodities:
         for d, fixed_d in zip(irr, irr_fixed, strict=True):
             self.fix_idx[self.fix_ptr[d]:self.fix_ptr[d + 1]] = fixed_d
         self.g_ncand = g_ncand.astype(np.int64)
+        # the smallest integer type that holds every candidate index (and -1): a plan's
+        # choices are a row of slots per demand, read in passes over all of them
+        most = int(self.g_ncand.max()) if len(self.g_ncand) else 0
+        self.choice_dtype = next(t for t in (np.int8, np.int16, np.int32, np.int64)
+                                 if most <= np.iinfo(t).max)
         self.g_col0 = g_col0.astype(np.int64)
         self.g_disjoint = g_disjoint.astype(np.bool_)
         self.c_ptr = c_ptr
@@ -1263,7 +1268,7 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     multi = bool(n) and bool((prio != prio[0]).any())
     tiers = np.unique(prio)[::-1] if multi else prio[:1]
     # (one tier: the placement's own choices, every demand's row; several: each tier's rows)
-    choice = np.full((n, split), -1, np.int64) if multi else np.zeros((0, split), np.int64)
+    choice = np.full((n if multi else 0, split), -1, com.choice_dtype)
     moves = 0
     carried = []  # (several priorities) per tier, the links it put traffic on
     for i, tier in enumerate(tiers.tolist()):  # highest first, each around those above it
@@ -1318,7 +1323,8 @@ def _place_in(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[np.in
     """:func:`_place` of the demands ``order`` of ``com`` (``load`` updated in place)."""
     return _place(order, com.grp, com.rate, nparts, com.fix_ptr, com.fix_idx, com.g_col0,
                   com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                  sweeps, lg_ptr, lg_idx, stop, limit, protect)
+                  sweeps, lg_ptr, lg_idx, stop, limit, protect,
+                  np.full((len(com.grp), split), -1, com.choice_dtype))
 
 
 def _fixed_lambda(com: _Commodities) -> float:
@@ -1431,9 +1437,11 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
            c_idx: NDArray[np.int64], cap: NDArray[np.float64], load: NDArray[np.float64],
            split: int, sweeps: int, lg_ptr: NDArray[np.int64], lg_idx: NDArray[np.int64],
            stop: NDArray[np.bool_], limit: NDArray[np.float64], protect: bool,
-           ) -> NDArray[np.int64]:
+           choice: NDArray[np.integer],
+           ) -> NDArray[np.integer]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`) of the demands
-    ``order``; ``load`` is updated in place; returns every slot's candidate (within its
+    ``order``; ``load`` is updated in place; fills and returns ``choice`` (all -1, of an
+    integer type that holds the most candidates a demand has): every slot's candidate (within its
     demand: a demand of ``nparts`` parts has ``split / nparts`` slots in a row per part,
     which get the part's candidate; -1 for the demands not in ``order``).
 
@@ -1454,7 +1462,6 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
 
     ``stop[0]`` set (from another thread) ends the placement before the next demand, with
     the remaining parts unplaced (-1)."""
-    choice = np.full((grp.shape[0], split), -1, np.int64)
     # change tracking from the first sweep: a counter of moves, per group the count when
     # a part last moved on one of its columns, per demand the count when it was placed
     moves = 0

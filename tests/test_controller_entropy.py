@@ -682,3 +682,19 @@ def test_the_port_index_lists_each_hash_value_s_ports_in_order() -> None:
     assert [order[start[v]:start[v + 1]].tolist() for v in range(4)] == [[3], [0], [1], [2]]
     order, start = _port_index(np.array([2, 4], np.uint32), 1, 4)
     assert [order[start[v]:start[v + 1]].tolist() for v in range(4)] == [[], [0], [1], []]
+
+
+def test_each_constraint_finds_the_table_of_its_rotation_and_size() -> None:
+    # random rotations and group sizes against the codes sorted by numpy: tables numbered
+    # by code, -1 for a size that is not a power of two up to the largest indexed
+    from fabricpilot.controller.entropy import _INDEX_MAX_SIZE, _table_of
+
+    rng = np.random.default_rng(4)
+    rot = rng.integers(0, 32, 5000)
+    size = rng.choice([0, 1, 2, 3, 4, 6, 64, 4096, 8192, 100], 5000)
+    tab, combos = _table_of(rot, size, _INDEX_MAX_SIZE)
+    ok = (size > 0) & ((size & (size - 1)) == 0) & (size <= _INDEX_MAX_SIZE)
+    codes = rot * (_INDEX_MAX_SIZE + 1) + size
+    want_combos, inv = np.unique(codes[ok], return_inverse=True)
+    assert combos.tolist() == want_combos.tolist()
+    assert tab[ok].tolist() == inv.tolist() and (tab[~ok] == -1).all()

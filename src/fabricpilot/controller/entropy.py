@@ -336,6 +336,37 @@ def _search_indexed(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_
     return best, n_miss
 
 
+@numba.njit(cache=True, nogil=True)
+def _table_of(rot: NDArray[np.int64], size: NDArray[np.int64], max_size: int,
+              ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:  # pragma: no cover - compiled
+    """Per constraint (rotation ``rot``, group size ``size``), the number of its port index
+    table (-1: a size not a power of two up to ``max_size``, or a rotation outside 0-31),
+    the tables numbered by their codes ``rot * (max_size + 1) + size``, ascending; and those
+    codes (one pass: the codes met are marked, not sorted)."""
+    n_codes = 32 * (max_size + 1)
+    seen = np.zeros(n_codes, np.bool_)
+    code = np.full(len(size), -1, np.int64)
+    for c in range(len(size)):
+        sz = size[c]
+        if 0 < sz <= max_size and sz & (sz - 1) == 0 and 0 <= rot[c] < 32:
+            code[c] = rot[c] * (max_size + 1) + sz
+            seen[code[c]] = True
+    lut = np.full(n_codes, -1, np.int64)
+    n = 0
+    for k in range(n_codes):
+        if seen[k]:
+            lut[k] = n
+            n += 1
+    combos = np.empty(n, np.int64)
+    for k in range(n_codes):
+        if seen[k]:
+            combos[lut[k]] = k
+    for c in range(len(size)):
+        if code[c] >= 0:
+            code[c] = lut[code[c]]
+    return code, combos
+
+
 def _port_index(p_term: NDArray[np.uint32], rot: int, size: int,
                 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """The port rows by the value their term gives at a constraint of rotation ``rot`` and
@@ -792,17 +823,10 @@ class SteeringTable:
         rotations and group sizes: each constraint's table (-1 for a size that is not a
         power of two up to :data:`_INDEX_MAX_SIZE`), and the tables (each made once per
         rotation and size, kept)."""
-        pow2 = (size > 0) & ((size & (size - 1)) == 0) & (size <= _INDEX_MAX_SIZE)
-        c_tab = np.full(len(size), -1, np.int64)
+        c_tab, combos = _table_of(rot, size, _INDEX_MAX_SIZE)
         n_ports = len(self.port_term)
-        if not pow2.any():
+        if not len(combos):
             return c_tab, np.zeros((0, n_ports), np.int64), np.zeros((0, 2), np.int64)
-        # (the rotations and sizes met, each a code below 32 * 4097: counted, not sorted)
-        code = rot[pow2] * (_INDEX_MAX_SIZE + 1) + size[pow2]
-        combos = np.flatnonzero(np.bincount(code))
-        lut = np.empty(int(combos[-1]) + 1, np.int64)
-        lut[combos] = np.arange(len(combos))
-        c_tab[pow2] = lut[code]
         tables = []
         for cd in combos.tolist():
             key = divmod(cd, _INDEX_MAX_SIZE + 1)
@@ -871,6 +895,7 @@ def warm_up() -> None:
     best, _ = _search_terms(one, one, one, one, ptr, term, one, one + 2, one, a_term, b_term,
                             port_term, 1)
     order, start = _port_index(port_term, 0, 2)
+    _table_of(one, one + 2, _INDEX_MAX_SIZE)
     _search_indexed(one, one, one, one, ptr, term, one, one + 2, one, a_term, b_term, port_term,
                     1, one, order[None, :], start[None, :])
     _missed(one, one, one, best, one, ptr, term, one, one + 2, one, a_term, b_term, port_term)

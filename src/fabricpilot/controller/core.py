@@ -36,7 +36,7 @@ import networkx as nx
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.arrays import distinct
+from fabricpilot.arrays import distinct, distinct_ids, ids_inverse
 from fabricpilot.controller import entropy, planner
 from fabricpilot.controller.congestion import CongestionMap
 from fabricpilot.controller.demand_rows import DemandRows, DemandTable, JobDemands, JobRows
@@ -648,7 +648,8 @@ class _GpuEnds:
             rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
             self._name_rank = rank
         rank = self._name_rank
-        return np.argsort(rank[a] * max(len(names), 1) + rank[b], kind="stable").astype(np.int64)
+        # (each pair once: the codes are distinct, and any sort orders them alike)
+        return np.argsort(rank[a] * max(len(names), 1) + rank[b]).astype(np.int64)
 
 
 @dataclass
@@ -1796,7 +1797,8 @@ class Controller:
                 pending = self._reservations(intent, avoid)
                 cols_made = ends_rows = None
                 by_kind = (set(), set())
-            only_l3 = frozenset((by_kind[0] - by_kind[1]).intersection(pending))
+            only_l3 = (frozenset((by_kind[0] - by_kind[1]).intersection(pending))
+                       if by_kind[0] else frozenset())
             if only_l3:
                 self._capped_keys[task] = only_l3
             # (the ends of the pairs made all at once, if no other call added any; else
@@ -1961,7 +1963,7 @@ class Controller:
             return out
         # the component of switches all the call's GPUs have ends in (``fabric``: one)
         masks = self._gpu_masks
-        gpus = np.unique(np.concatenate((a, b))).tolist()
+        gpus = distinct_ids(np.concatenate((a, b))).tolist()
         try:
             fabric = functools.reduce(operator.and_, map(masks.__getitem__, gpus))
         except KeyError:  # (a GPU the fabric lacks: one by one, which says so)
@@ -2005,7 +2007,7 @@ class Controller:
         else:
             other = np.zeros(0, np.int64)
         # the switch paths of each (first, last) switch pair met
-        uniq, inv = np.unique(code[fast], return_inverse=True)
+        uniq, inv = ids_inverse(code[fast])
         memo = t.mids
         uniq_l = uniq.tolist()
         mids_of = list(map(memo.get, uniq_l))

@@ -1424,7 +1424,9 @@ class Controller:
         """The switch paths ``paths`` (rows of link ids, sorted) of the switch pair ``key``
         as tuples; where some of them (``off``) avoid the spines kept for mice, those alone
         (and all of them in ``_sw_paths_all``)."""
-        hit = tuple(map(tuple, paths.tolist()))
+        # (a column's ids zipped row by row: each path a tuple made once, no list between)
+        hit = (tuple(zip(*paths.T.tolist(), strict=True)) if paths.shape[1]
+               else tuple(map(tuple, paths.tolist())))
         if off is not None:
             n_off = int(off.sum())
             if 0 < n_off < len(hit):

@@ -18,15 +18,49 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from fabricpilot.controller.planner import Demand, DemandColumns, _demand_of
+from fabricpilot.controller.southbound import OverlayMap
 
 _ABSENT = object()
 
 
-class DemandRows(Sequence[Demand]):
+def _at(i: int, n: int) -> int:
+    """Place ``i`` of a sequence of ``n`` (a negative one from the end); ``IndexError``
+    outside.
+
+    >>> _at(-1, 3), _at(2, 3)
+    (2, 2)
+    """
+    if not -n <= i < n:
+        raise IndexError(f"demand {i} of {n}")
+    return i % n
+
+
+class _Demands(Sequence[Demand]):
+    """A sequence of demands read one at a time (:meth:`_item` of a place from 0); a slice
+    is a list of them."""
+
+    __slots__ = ()
+
+    def _item(self, i: int) -> Demand:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> Demand: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Demand]: ...
+
+    def __getitem__(self, i: int | slice) -> Demand | list[Demand]:
+        if isinstance(i, slice):
+            return [self._item(j) for j in range(*i.indices(len(self)))]
+        return self._item(_at(i, len(self)))
+
+
+class DemandRows(_Demands):
     """The demands of ``columns`` (a call's pairs, made at once), demand ``i`` with head
     link tuple ``heads[i]`` and tail ``tails[i]``, each made when first read (and kept: a
     demand read twice is the same object).
@@ -52,21 +86,9 @@ class DemandRows(Sequence[Demand]):
     def __len__(self) -> int:
         return len(self.columns.keys)
 
-    @overload
-    def __getitem__(self, i: int) -> Demand: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Demand]: ...
-
-    def __getitem__(self, i: int | slice) -> Demand | list[Demand]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def _item(self, i: int) -> Demand:
         if self._all is not None:
             return self._all[i]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError("demand row out of range")
-        i %= n
         d = self._made.get(i)
         if d is None:
             c = self.columns
@@ -141,11 +163,12 @@ def _task(key: str) -> str:
     return key.partition(":")[0]
 
 
-class JobDemands(MutableMapping[str, Demand]):
+class JobDemands(OverlayMap[Demand]):
     """Every job's demands by key: per job, its table (its keys all ``task:...``), in the
-    order the jobs were added, with the keys set or deleted since kept beside them (``over``,
-    ``gone``). Read, changed and iterated as the dict of every job's demands would be: the
-    jobs' keys in order (a key set again keeps its place), then the keys added since.
+    order the jobs were added, with the keys set or deleted since kept beside them (an
+    :class:`~fabricpilot.controller.southbound.OverlayMap`). Read, changed and iterated as
+    the dict of every job's demands would be: the jobs' keys in order (a key set again keeps
+    its place), then the keys added since.
 
     >>> m = JobDemands()
     >>> m.add_job("a", {"a:0->1": Demand("a:0->1", 1.0, ((5,),))})
@@ -157,13 +180,11 @@ class JobDemands(MutableMapping[str, Demand]):
     (['b:0->1', 'c:0->1'], 3, 2)
     """
 
-    __slots__ = ("_gone", "_len", "_over", "tables")
+    __slots__ = ("tables",)
 
     def __init__(self) -> None:
+        super().__init__(0)
         self.tables: dict[str, Mapping[str, Demand]] = {}
-        self._over: dict[str, Demand] = {}
-        self._gone: set[str] = set()
-        self._len = 0
 
     def add_job(self, task: str, demands: Mapping[str, Demand]) -> None:
         """Add job ``task``'s demands (none added before, none set since: a plan's bulk)."""
@@ -185,13 +206,16 @@ class JobDemands(MutableMapping[str, Demand]):
         table = self.tables.get(_task(key))
         return table is not None and key in table
 
+    def _base_keys(self) -> Iterable[str]:
+        return itertools.chain.from_iterable(list(self.tables.values()))
+
     def __getitem__(self, key: str) -> Demand:
         d = self._over.get(key, _ABSENT)
         if d is _ABSENT:
             d = self._base(key)
             if d is _ABSENT:
                 raise KeyError(key)
-        return d  # type: ignore[return-value]
+        return d  # type: ignore[no-any-return]
 
     def get(self, key: str, default: Any = None) -> Any:
         d = self._over.get(key, _ABSENT)
@@ -203,35 +227,6 @@ class JobDemands(MutableMapping[str, Demand]):
         if key in self._over:
             return True
         return isinstance(key, str) and self._base(key) is not _ABSENT
-
-    def __setitem__(self, key: str, value: Demand) -> None:
-        over = self._over
-        if key not in over and (not self._in_base(key) or key in self._gone):
-            self._len += 1
-        over[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        live = self._in_base(key) and key not in self._gone
-        if key in self._over:
-            del self._over[key]
-            if live:  # (a job's key, set since: gone too)
-                self._gone.add(key)
-        elif live:
-            self._gone.add(key)
-        else:
-            raise KeyError(key)
-        self._len -= 1
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[str]:
-        gone, over = self._gone, self._over
-        for table in list(self.tables.values()):
-            yield from (filter(lambda k: k not in gone, table) if gone else table)
-        for k in list(over):
-            if not self._in_base(k) or k in gone:  # (added since, not set in place)
-                yield k
 
     def values(self) -> Any:  # (a view of every value, in key order)
         if self._over or self._gone:
@@ -314,7 +309,7 @@ class JobRows(Mapping[str, int]):
         return self._len
 
 
-class ChainedDemands(Sequence[Demand]):
+class ChainedDemands(_Demands):
     """Sequences of demands, one after the other, as one (none copied; a demand read is
     read from its own sequence).
 
@@ -333,19 +328,7 @@ class ChainedDemands(Sequence[Demand]):
     def __len__(self) -> int:
         return self._off[-1]
 
-    @overload
-    def __getitem__(self, i: int) -> Demand: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Demand]: ...
-
-    def __getitem__(self, i: int | slice) -> Demand | list[Demand]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError("demand out of range")
-        i %= n
+    def _item(self, i: int) -> Demand:
         p = bisect.bisect_right(self._off, i) - 1
         return self.parts[p][i - self._off[p]]
 

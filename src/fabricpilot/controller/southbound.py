@@ -453,7 +453,76 @@ class KeyRows(Protocol):
     def __len__(self) -> int: ...
 
 
-class BatchMap(MutableMapping[str, V]):
+class OverlayMap(MutableMapping[str, V]):
+    """A ``key -> value`` table of a bulk of keys held elsewhere (a subclass says which keys
+    it has, :meth:`_in_base`, and in which order, :meth:`_base_keys`) and of what changed
+    since, kept beside it: the keys set since (``over``) and the bulk's keys deleted
+    (``gone``). Set, deleted, counted and iterated as a dict would be: the bulk's keys in
+    order (a key set again keeps its place), then the keys added since, in the order they
+    came. A subclass reads values (``__getitem__``) from the bulk where ``over`` has none.
+    """
+
+    __slots__ = ("_gone", "_len", "_over")
+
+    def __init__(self, n_base: int) -> None:
+        self._over: dict[str, V] = {}
+        self._gone: set[str] = set()
+        self._len = n_base
+
+    def _in_base(self, key: str) -> bool:
+        """Whether the bulk has ``key`` (deleted since or not)."""
+        raise NotImplementedError
+
+    def _base_keys(self) -> Iterable[str]:
+        """The bulk's keys, in order."""
+        raise NotImplementedError
+
+    @property
+    def changed(self) -> bool:
+        """Whether any key was set or deleted since the bulk."""
+        return bool(self._over or self._gone)
+
+    @property
+    def overlaid(self) -> bool:
+        """Whether any key was set since the bulk (its value not the bulk's)."""
+        return bool(self._over)
+
+    def changed_keys(self) -> Iterator[str]:
+        """The keys set or deleted since the bulk (a key set and deleted: once or
+        twice)."""
+        return itertools.chain(self._over, self._gone)
+
+    def __setitem__(self, key: str, value: V) -> None:
+        over = self._over
+        if key not in over and (not self._in_base(key) or key in self._gone):
+            self._len += 1
+        over[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        live = self._in_base(key) and key not in self._gone
+        if key in self._over:
+            del self._over[key]
+            if live:  # (the bulk's key, set since: gone too)
+                self._gone.add(key)
+        elif live:
+            self._gone.add(key)
+        else:
+            raise KeyError(key)
+        self._len -= 1
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        gone, over = self._gone, self._over
+        keys = self._base_keys()
+        yield from (filter(lambda k: k not in gone, keys) if gone else keys)
+        for k in list(over):
+            if not self._in_base(k) or k in gone:  # (added since, not set in place)
+                yield k
+
+
+class BatchMap(OverlayMap[V]):
     """A ``key -> value`` table whose bulk is one batch of keys in rows, as a
     :class:`PathSetBatch` (:class:`KeyRows`; the value of row ``r`` is ``value(r)``, made
     when read), with what changed since kept beside it: the
@@ -472,36 +541,25 @@ class BatchMap(MutableMapping[str, V]):
     (['b', 'c'], 'a', 2)
     """
 
-    __slots__ = ("_gone", "_len", "_over", "_rows", "_value", "batch")
+    __slots__ = ("_rows", "_value", "batch")
 
     def __init__(self, batch: KeyRows, value: Callable[[int], V]) -> None:
+        super().__init__(len(batch))
         self.batch = batch
         self._value = value
-        self._over: dict[str, V] = {}
-        self._gone: set[str] = set()
-        self._len = len(batch)
         self._rows: Mapping[str, int] | None = None  # (the batch's rows, once read)
-
-    @property
-    def changed(self) -> bool:
-        """Whether any key was set or deleted since the batch."""
-        return bool(self._over or self._gone)
-
-    @property
-    def overlaid(self) -> bool:
-        """Whether any key was set since the batch (its value not the batch's)."""
-        return bool(self._over)
-
-    def changed_keys(self) -> Iterator[str]:
-        """The keys set or deleted since the batch (a key set and deleted: once or
-        twice)."""
-        return itertools.chain(self._over, self._gone)
 
     def _row_of(self) -> Mapping[str, int]:
         rows = self._rows
         if rows is None:
             rows = self._rows = self.batch.row_of
         return rows
+
+    def _in_base(self, key: str) -> bool:
+        return key in (self._rows or self._row_of())
+
+    def _base_keys(self) -> Iterable[str]:
+        return self.batch.keys
 
     def row(self, key: str) -> int | None:
         """The batch row that gives ``key``'s value (``None``: another, or none)."""
@@ -563,38 +621,6 @@ class BatchMap(MutableMapping[str, V]):
         if key not in (self._rows or self._row_of()):
             return False
         return not (self._gone and key in self._gone)
-
-    def __setitem__(self, key: str, value: V) -> None:
-        over = self._over
-        if key not in over and (key not in (self._rows or self._row_of())
-                                or (self._gone and key in self._gone)):
-            self._len += 1
-        over[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        live = key in (self._rows or self._row_of()) and not (self._gone and key in self._gone)
-        if key in self._over:
-            del self._over[key]
-            if live:  # (the batch's key, set since: gone too)
-                self._gone.add(key)
-        elif live:
-            self._gone.add(key)
-        else:
-            raise KeyError(key)
-        self._len -= 1
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[str]:
-        gone, over = self._gone, self._over
-        keys = self.batch.keys
-        yield from (filter(lambda k: k not in gone, keys) if gone else keys)
-        if over:
-            rows = self._rows or self._row_of()
-            for k in list(over):
-                if k not in rows or k in gone:  # (added since, not set in place)
-                    yield k
 
     def update(self, other: Any = (), /, **kw: V) -> None:
         """As a dict's (a batch of keys at once: each looked up in one pass)."""

@@ -1093,7 +1093,7 @@ class _KeysByLink(Mapping[int, set[str]]):
 
 # the demands of a whole plan as demands() made them: the list, their columns and each
 # one's GPUs as rows (source, destination), if made so
-_MadeColumns = tuple[list[Demand], DemandColumns, NDArray[np.int64] | None]
+_MadeColumns = tuple[Sequence[Demand], DemandColumns, NDArray[np.int64] | None]
 
 
 class Controller:
@@ -2447,12 +2447,12 @@ class Controller:
             keys, self._forgotten = self._forgotten, []
             self.dp.remove(keys)
 
-    def _solve(self, demands: list[Demand], background: dict[int, float] | None
+    def _solve(self, demands: Sequence[Demand], background: dict[int, float] | None
                ) -> tuple[Plan, Sequence[PathSet], PlanReport]:
         """Plan and steer (:meth:`_plan_whole`, then :meth:`_steer_whole`)."""
         return self._steer_whole(*self._plan_whole(demands, background), demands, background)
 
-    def _plan_whole(self, demands: list[Demand], background: dict[int, float] | None,
+    def _plan_whole(self, demands: Sequence[Demand], background: dict[int, float] | None,
                     ) -> tuple[Plan, _MadeColumns | None]:
         """The planner's plan of ``demands`` (every opted-in job's), and the demand columns
         :meth:`demands` made them with, if it did (for :meth:`_steer_whole`)."""
@@ -2466,7 +2466,7 @@ class Controller:
                            columns=made[1] if made is not None else None, columnar=True)
         return plan, made
 
-    def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: list[Demand],
+    def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: Sequence[Demand],
                      background: dict[int, float] | None,
                      ) -> tuple[Plan, Sequence[PathSet], PlanReport]:
         """Steer a whole plan (:meth:`_plan_whole`). If some planned paths could be neither
@@ -2495,7 +2495,7 @@ class Controller:
             return plan2, sets2, report2
         return plan, sets, report
 
-    def _entropy_only(self, demands: list[Demand], keys: set[str]) -> list[Demand]:
+    def _entropy_only(self, demands: Sequence[Demand], keys: set[str]) -> Sequence[Demand]:
         """``demands``, those of ``keys`` with only the candidates some source port reaches
         without a rule (all of them if none is); their candidates are steered together."""
         todo = [i for i, d in enumerate(demands) if d.key in keys]

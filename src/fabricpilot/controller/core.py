@@ -590,11 +590,10 @@ def _pair_columns(pairs: list[tuple[int, int, float]]
 
 class _CallDemands(NamedTuple):
     """The demands of a call's pairs made all at once: their :attr:`rows` (each made when
-    read) of their :attr:`columns`, and their pairs' GPUs as rows (:attr:`ends`: source,
+    read from the rows' columns), and their pairs' GPUs as rows (:attr:`ends`: source,
     destination)."""
 
     rows: DemandRows
-    columns: DemandColumns
     ends: NDArray[np.int64]
 
 
@@ -1673,10 +1672,11 @@ class Controller:
                 if isinstance(made, _CallDemands):  # (every pair: all at once)
                     if len(calls) == 1:  # (the job's demands are the call's: by key, each
                         pending = DemandTable(made.rows)  # made when read)
-                        cols_made = made.columns
+                        cols_made = made.rows.columns
                         ends_rows = made.ends
                     else:
-                        pending.update(zip(made.columns.keys, made.rows.all(), strict=True))
+                        pending.update(zip(made.rows.columns.keys, made.rows.all(),
+                                           strict=True))
                     continue
                 if pairs is None:
                     pairs = list(zip(*(c.tolist() for c in cols or ()), strict=True))
@@ -2052,7 +2052,7 @@ class Controller:
                 keys, r_idx, np.full(n, float(heat)), q_idx == 1, q_idx.astype(np.int64),
                 np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
                 t_link, t.pair_order(ia, ib))
-            return _CallDemands(DemandRows(cols, ha, tb), cols, np.column_stack((a[idx], b[idx])))
+            return _CallDemands(DemandRows(cols, ha, tb), np.column_stack((a[idx], b[idx])))
         made = list(map(_demand_of, zip(keys, r_idx.tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),
                                         itertools.repeat(heat),

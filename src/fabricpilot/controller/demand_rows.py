@@ -127,12 +127,17 @@ class DemandTable(Mapping[str, Demand]):
     (2.0, False, ['j:0->1', 'j:1->0'], 2)
     """
 
-    __slots__ = ("keys_", "row_of", "rows")
+    __slots__ = ("row_of", "rows")
 
     def __init__(self, rows: DemandRows) -> None:
         self.rows = rows
-        self.keys_ = rows.columns.keys
-        self.row_of = dict(zip(self.keys_, range(len(self.keys_)), strict=True))
+        keys = rows.columns.keys
+        self.row_of = dict(zip(keys, range(len(keys)), strict=True))
+
+    @property
+    def keys_(self) -> list[str]:
+        """The keys, in the rows' order."""
+        return self.rows.columns.keys
 
     def __getitem__(self, key: str) -> Demand:
         return self.rows[self.row_of[key]]

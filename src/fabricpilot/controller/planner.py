@@ -6,7 +6,8 @@ picks one candidate per demand (``split = 1``; a demand may also be split into e
 several paths, unless it is ``whole``) so that no link is over-committed: the objective is
 the largest link utilisation ``lambda = max_l (background_l + load_l) / capacity_l``.
 
-* :func:`plan_greedy`: heaviest demands first, each on the candidate that keeps its own
+* :func:`plan_greedy`: heaviest demands first (those with the same candidate links, as the
+  pairs of one leaf pair, one after another), each on the candidate that keeps its own
   bottleneck lowest, then a local search that moves demands off the most loaded link while
   that lowers ``lambda`` (one at a time, or two together where no single move does).
   Compiled (numba) over parts and links; demands whose candidates
@@ -1141,7 +1142,9 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 stop: NDArray[np.bool_] | None = None,
                 columns: DemandColumns | None = None, columnar: bool = False) -> Plan:
     """Place every demand (in ``split`` equal parts, or its own ``parts``) on its candidates,
-    heaviest first, each part on the candidate whose most loaded link stays lowest
+    heaviest first (of one weight, those whose candidates differ by the same links, as the
+    pairs of one leaf pair, one after another: in the order their first comes in key order,
+    each in key order), each part on the candidate whose most loaded link stays lowest
     (counting only the links that differ between its candidates; ties by the sum of
     squared utilisations); then ``sweeps`` rounds that take every part out and put it back
     on its best candidate given all the others (stopping early once a round moves nothing;
@@ -1248,6 +1251,8 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
               else _key_order(keys))
     neg = -com.weight * com.rate
     order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
+    if n:  # (within a weight: the demands of one candidate structure together)
+        order = _class_runs(order, neg, _structure_classes(com)[com.grp])
     made: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
 
     def link_groups(rounds: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -1314,6 +1319,89 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                             com.head1, com.tail1, choice, tuple(_shares(split)), rank,
                             com.rate, com.weight)
     return plan
+
+
+def _structure_classes(com: _Commodities) -> NDArray[np.int64]:
+    """Per group of ``com``, a class shared by the groups whose columns hold the same links
+    in the same order (:func:`_group_hashes`): the candidates of one leaf pair, with or
+    without aggregation (without, every demand is a group of its own).
+
+    >>> com = _Commodities([Demand("a", 1, ((0, 1), (0, 2))), Demand("b", 1, ((3, 1), (3, 2))),
+    ...                     Demand("c", 1, ((0, 2), (0, 1)))], {k: 9 for k in range(4)},
+    ...                    None, aggregate=False)
+    >>> _structure_classes(com).tolist()
+    [0, 0, 1]
+    """
+    hashes = _group_hashes(com.g_col0, com.g_ncand, com.c_ptr, com.c_idx)
+    # (classes numbered by their first group: the same numbers whatever the hash values)
+    _, first, inv = np.unique(hashes, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first), dtype=np.int64)
+    return rank[inv.ravel()]
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_hashes(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
+                  c_ptr: NDArray[np.int64], c_idx: NDArray[np.int64]) -> NDArray[np.uint64]:
+    """A 64-bit FNV-1a hash of every group's columns: their number, and each column's
+    length and link rows in order."""
+    prime = np.uint64(1099511628211)
+    out = np.empty(g_ncand.shape[0], np.uint64)
+    for g in range(g_ncand.shape[0]):
+        h = np.uint64(14695981039346656037)
+        h = (h ^ np.uint64(g_ncand[g])) * prime
+        for col in range(g_col0[g], g_col0[g] + g_ncand[g]):
+            h = (h ^ np.uint64(c_ptr[col + 1] - c_ptr[col])) * prime
+            for q in range(c_ptr[col], c_ptr[col + 1]):
+                h = (h ^ np.uint64(c_idx[q])) * prime
+        out[g] = h
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _class_runs(order: NDArray[np.int64], neg: NDArray[np.float64],
+                cls: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``order`` with, within each run of equal ``neg`` (as the demands ``order`` lists
+    come, one run per weight), the demands of each class ``cls`` together: the classes in
+    the order they first come, each class's demands in their order.
+
+    >>> _class_runs(np.arange(6), np.array([-2.0, -2, -2, -2, -1, -1]),
+    ...             np.array([5, 3, 5, 3, 3, 5])).tolist()
+    [0, 2, 1, 3, 4, 5]
+    """
+    n = order.shape[0]
+    out = np.empty(n, np.int64)
+    n_cls = 0
+    for i in range(n):
+        n_cls = max(n_cls, cls[i] + 1)
+    stamp = np.full(n_cls, -1, np.int64)  # (the run in which a class last came)
+    slot = np.zeros(n_cls, np.int64)      # (its place among the classes of that run)
+    at = np.zeros(n_cls, np.int64)        # (per place: its count, then where it writes)
+    s = 0
+    while s < n:
+        e = s
+        while e < n and neg[order[e]] == neg[order[s]]:
+            e += 1
+        m = 0
+        for i in range(s, e):
+            c = cls[order[i]]
+            if stamp[c] != s:
+                stamp[c] = s
+                slot[c] = m
+                at[m] = 0
+                m += 1
+            at[slot[c]] += 1
+        acc = s
+        for j in range(m):
+            t = at[j]
+            at[j] = acc
+            acc += t
+        for i in range(s, e):
+            j = slot[cls[order[i]]]
+            out[at[j]] = order[i]
+            at[j] += 1
+        s = e
+    return out
 
 
 def _place_in(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[np.int64],

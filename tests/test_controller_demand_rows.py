@@ -56,6 +56,23 @@ def test_a_table_reads_as_the_dict_of_its_rows() -> None:
     assert list(table.values()) == ds and set(table.items()) == set(want.items())
 
 
+def test_a_tables_key_index_is_made_when_first_read_or_asked_for() -> None:
+    """A job's table makes its index of keys the first time a key is looked up, or when
+    the jobs' demands are asked to make theirs (as a plan does while its placement runs):
+    only the tables without one, each once."""
+    a, b = (DemandTable(_rows(_demands(t, 6, 1))) for t in ("a", "b"))
+    jobs = JobDemands()
+    jobs.add_job("a", a)
+    jobs.add_job("b", b)
+    assert jobs.unindexed() == [a, b]
+    assert jobs["b:2->3"] is b.rows[2]  # (a lookup makes b's index)
+    assert jobs.unindexed() == [a]
+    kept = b.row_of
+    jobs.index()
+    assert jobs.unindexed() == [] and b.row_of is kept
+    assert a.row_of == {f"a:{i}->{i + 1}": i for i in range(6)}
+
+
 def _ops(seed: int, base: dict[str, Demand], n: int) -> list[tuple[str, str, Demand | None]]:
     rng = random.Random(seed)
     keys = list(base) + [f"x:{i}->0" for i in range(8)]
@@ -146,6 +163,10 @@ def test_a_whole_plans_demands_know_their_key_order_as_sorted_gives_it() -> None
     assert [d.key for d in made] == cols.keys and len(made) == 7 * 6 + 5 * 4 + 4 * 3
     assert isinstance(ctl._demand, JobDemands)
     assert all(ctl._demand[d.key] is d for d in made)
+    # a plan makes the key indexes of the jobs while its placement runs
+    ctl.plan()
+    assert isinstance(ctl._demand, JobDemands) and len(ctl._demand.tables) == 3
+    assert ctl._demand.unindexed() == []
 
 
 def test_a_plans_batch_rows_are_found_job_by_job_as_key_by_key() -> None:

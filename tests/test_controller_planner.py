@@ -558,7 +558,7 @@ def test_a_plan_lists_the_links_of_each_demands_paths(factored: bool, odd: bool,
     # a link twice on a path or the same path twice
     demands, cap = rail_demands(5, n=200, factored=factored, odd=odd)
     plan = plan_greedy(demands, cap, split=split)
-    kl = plan.key_links
+    kl = plan.link_index()
     assert kl is not None and sorted(kl.keys) == sorted(plan.paths)
     got: dict[str, set[int]] = {k: set() for k in kl.keys}
     assert kl.links.tolist() == sorted(set(kl.links.tolist()))
@@ -568,6 +568,78 @@ def test_a_plan_lists_the_links_of_each_demands_paths(factored: bool, odd: bool,
         for i in kl.owner[lo:hi].tolist():
             got[kl.keys[i]].add(lk)
     assert got == {k: {lk for p, _ in shares for lk in p} for k, shares in plan.paths.items()}
+
+
+def test_work_meanwhile_runs_on_the_callers_thread_while_the_placement_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``meanwhile`` is called once, on the caller's thread, while the placement runs on
+    # the planner's worker thread (it waits here until ``meanwhile`` has started: were
+    # they run one after the other, it would time out); the plan is the one made without
+    import threading
+
+    demands, cap = rail_demands(3, n=300, factored=True)
+    want = plan_greedy(demands, cap, split=4)
+    started = threading.Event()
+    seen: dict[str, object] = {}
+    real = planner._place_in
+
+    def placing(*args):  # type: ignore[no-untyped-def]
+        seen["place"] = threading.get_ident()
+        seen["overlap"] = started.wait(10)
+        return real(*args)
+
+    def meanwhile() -> None:
+        seen["meanwhile"] = threading.get_ident()
+        seen["calls"] = int(seen.get("calls", 0)) + 1  # type: ignore[call-overload]
+        started.set()
+
+    monkeypatch.setattr(planner, "_place_in", placing)
+    got = plan_greedy(demands, cap, split=4, meanwhile=meanwhile)
+    assert seen["overlap"] is True and seen["calls"] == 1
+    assert seen["meanwhile"] == threading.get_ident() != seen["place"]
+    assert (got.paths, got.link_load_gbps, got.max_utilization) == (
+        want.paths, want.link_load_gbps, want.max_utilization)
+
+
+def test_an_error_meanwhile_is_raised_once_the_placement_is_done(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    done = threading.Event()
+    real = planner._place_in
+
+    def placing(*args):  # type: ignore[no-untyped-def]
+        out = real(*args)
+        done.set()
+        return out
+
+    def fails() -> None:
+        raise RuntimeError("meanwhile failed")
+
+    monkeypatch.setattr(planner, "_place_in", placing)
+    demands, cap = rail_demands(4, n=50)
+    with pytest.raises(RuntimeError, match="meanwhile failed"):
+        plan_greedy(demands, cap, meanwhile=fails)
+    assert done.is_set()
+
+
+def test_a_large_plans_link_index_made_on_the_worker_thread_is_the_one_made_inline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # plans of at least ``_BACKGROUND_ROWS`` demands make their link index on the worker
+    # thread; read, it is the index a smaller threshold's plan makes in line
+    from concurrent.futures import Future
+
+    demands, cap = rail_demands(6, n=400, factored=True)
+    inline = plan_greedy(demands, cap, split=4)
+    assert not isinstance(inline.key_links, Future)
+    monkeypatch.setattr(planner, "_BACKGROUND_ROWS", 10)
+    later = plan_greedy(demands, cap, split=4)
+    assert isinstance(later.key_links, Future)
+    a, b = inline.link_index(), later.link_index()
+    assert a is not None and b is not None and later.key_links is b
+    assert a.keys == b.keys
+    for x, y in ((a.links, b.links), (a.ptr, b.ptr), (a.owner, b.owner)):
+        assert x.tolist() == y.tolist()
 
 
 def test_a_plan_stops_when_its_stop_flag_is_set() -> None:

@@ -2353,7 +2353,7 @@ class Controller:
                 get = seen.get
                 around = LinkValues(bg.ids, bg.values + np.array([get(lk, 0.0)
                                                                   for lk in ids_l]))
-            sub = plan_greedy(demands, cap, background=around,
+            sub = plan_greedy(demands, cap, background=around, meanwhile=self._index_work(),
                               **{"split": self.parts, **greedy})
         before = bg.values
         if merge is not None:
@@ -2463,8 +2463,17 @@ class Controller:
         plan = plan_greedy(demands, self._link_values(), background=background,
                            split=self.parts, checkpoint=self._check,
                            stop=self.interrupt.flag if self._may_yield else None,
-                           columns=made[1] if made is not None else None, columnar=True)
+                           columns=made[1] if made is not None else None, columnar=True,
+                           meanwhile=self._index_work())
         return plan, made
+
+    def _index_work(self) -> Callable[[], None] | None:
+        """What to do while a placement runs on the planner's thread, if anything: make
+        the jobs' key indexes not made yet (a heal looks keys up in them)."""
+        table = self._demand
+        if isinstance(table, JobDemands) and table.unindexed():
+            return table.index
+        return None
 
     def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: Sequence[Demand],
                      background: dict[int, float] | None,
@@ -2546,7 +2555,7 @@ class Controller:
         # (the plan's own link arrays index the sets, if every path is the plan's: no path
         # was left to its hash, and every key of the plan has a set, none kept as room; they
         # are dropped then, being the plan's paths' only)
-        links, plan.key_links = plan.key_links, None
+        links, plan.key_links = plan.link_index(), None
         if len(sets) != len(plan.paths):
             links = None
         self._record_all(sets, rules=report.pinned > 0,

@@ -127,12 +127,20 @@ class DemandTable(Mapping[str, Demand]):
     (2.0, False, ['j:0->1', 'j:1->0'], 2)
     """
 
-    __slots__ = ("row_of", "rows")
+    __slots__ = ("_row_of", "rows")
 
     def __init__(self, rows: DemandRows) -> None:
         self.rows = rows
-        keys = rows.columns.keys
-        self.row_of = dict(zip(keys, range(len(keys)), strict=True))
+        self._row_of: dict[str, int] | None = None
+
+    @property
+    def row_of(self) -> dict[str, int]:
+        """Each key's row (made when first read: :meth:`JobDemands.index` makes them
+        while a plan's placement runs)."""
+        if self._row_of is None:
+            keys = self.rows.columns.keys
+            self._row_of = dict(zip(keys, range(len(keys)), strict=True))
+        return self._row_of
 
     @property
     def keys_(self) -> list[str]:
@@ -253,6 +261,17 @@ class JobDemands(OverlayMap[Demand]):
 
     def __repr__(self) -> str:
         return f"JobDemands({len(self)} demands of {len(self.tables)} jobs)"
+
+    def unindexed(self) -> list[DemandTable]:
+        """The jobs' tables whose index of their keys (:attr:`DemandTable.row_of`) is not
+        made yet."""
+        return [t for t in self.tables.values()
+                if isinstance(t, DemandTable) and t._row_of is None]
+
+    def index(self) -> None:
+        """Make every job's index of its keys (:attr:`DemandTable.row_of`) now."""
+        for table in self.unindexed():
+            table.row_of  # noqa: B018 (made when read)
 
     def rows_of(self, keys: list[str]) -> JobRows | None:
         """Each of ``keys``'s row, found through the jobs' tables, if ``keys`` are the jobs'

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -216,11 +217,19 @@ class Plan:
     # :func:`replace_parts`), if made by :func:`plan_greedy`
     columns: Columns | None = field(default=None, repr=False, compare=False)
     # the links of each demand's paths as arrays, if made by :func:`plan_greedy` (for
-    # indexing the plan by link without reading its paths; a user may drop it)
-    key_links: KeyLinks | None = field(default=None, repr=False, compare=False)
+    # indexing the plan by link without reading its paths; a user may drop it); a large
+    # plan's are still being made on the planner's worker thread: read by ``link_index``
+    key_links: KeyLinks | Future[KeyLinks] | None = field(default=None, repr=False,
+                                                          compare=False)
     # where each demand's parts went, if made by :func:`plan_greedy` (for keeping the
     # installed paths in columns; a user may drop it)
     parts: PartChoice | None = field(default=None, repr=False, compare=False)
+
+    def link_index(self) -> KeyLinks | None:
+        """``key_links``, waited for if it is still being made."""
+        if isinstance(self.key_links, Future):
+            self.key_links = self.key_links.result()
+        return self.key_links
 
 
 @dataclass(frozen=True)
@@ -1140,7 +1149,8 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 sweeps: int = 2, max_moves: int | None = None, restarts: int | None = None,
                 aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
                 stop: NDArray[np.bool_] | None = None,
-                columns: DemandColumns | None = None, columnar: bool = False) -> Plan:
+                columns: DemandColumns | None = None, columnar: bool = False,
+                meanwhile: Callable[[], None] | None = None) -> Plan:
     """Place every demand (in ``split`` equal parts, or its own ``parts``) on its candidates,
     heaviest first (of one weight, those whose candidates differ by the same links, as the
     pairs of one leaf pair, one after another: in the order their first comes in key order,
@@ -1169,6 +1179,11 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     ``columns``, if given, are the demands' fields as columns (:class:`DemandColumns`, in
     the order of ``demands``): a caller that made the demands from arrays saves the planner
     reading every demand again.
+
+    ``meanwhile``, if given, is called once on the caller's thread while the (first)
+    placement runs on the planner's worker thread: work of the caller's that does not need
+    the plan (the compiled placement holds no interpreter lock, so the two run at once on
+    two cores). Its exception, if any, is raised once the placement is done.
 
     ``checkpoint``, if given, is called between the stages (compiled candidates,
     placement, local search): it may raise to abandon the plan. ``stop``, if given, is a
@@ -1220,7 +1235,7 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
         return _plan_greedy(demands, capacity, background, split, sweeps, max_moves,
                             _RESTARTS if restarts is None else restarts, aggregate,
                             checkpoint or _go_on, _NEVER if stop is None else stop, columns,
-                            columnar)
+                            columnar, meanwhile)
 
 
 class PlanStopped(RuntimeError):
@@ -1238,7 +1253,8 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, split: int, sweeps: int,
                  max_moves: int | None, restarts: int, aggregate: bool,
                  checkpoint: Callable[[], None], stop: NDArray[np.bool_],
-                 columns: DemandColumns | None = None, columnar: bool = False) -> Plan:
+                 columns: DemandColumns | None = None, columnar: bool = False,
+                 meanwhile: Callable[[], None] | None = None) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
     com = _Commodities(demands, capacity, background, aggregate, columns)
     nparts = com.n_parts(split)
@@ -1281,8 +1297,16 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         limit = _tier_limits(load, com.bg, com.cap) if i else no_limit
         before = load.copy() if multi else load
         rounds = _sweeps_within(com, sub, nparts, sweeps)
-        got = _place_in(com, sub, nparts, load, split, rounds, *link_groups(rounds), stop,
-                        limit, i > 0)
+        args = (com, sub, nparts, load, split, rounds, *link_groups(rounds), stop, limit, i > 0)
+        if meanwhile is not None:  # (the placement on the worker thread, and it here)
+            placing = _WORKER.submit(_place_in, *args)
+            try:
+                meanwhile()
+            finally:
+                got = placing.result()
+            meanwhile = None
+        else:
+            got = _place_in(*args)
         if multi:
             choice[sub] = got[sub]
         else:
@@ -2026,9 +2050,13 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
         if not _fill_paths(com, choice, paths, acc, stop):
             return None
     util = load / com.cap
+    # (a large plan's link index is made by a compiled pass on the worker thread, while
+    # the caller goes on with the paths: steering them, as a rule)
+    key_links = (_WORKER.submit(_key_links, com, choice) if len(choice) >= _BACKGROUND_ROWS
+                 else _key_links(com, choice))
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
-                columns=Columns.of(com), key_links=_key_links(com, choice))
+                columns=Columns.of(com), key_links=key_links)
 
 
 def _shares(split: int) -> list[float]:
@@ -2117,6 +2145,11 @@ def _key_link_csr(choice: NDArray[np.int64], nparts: NDArray[np.int64], grp: NDA
 # the sum of squared utilisations by 3e-6 of it and neither lambda; 8192 GPUs: 135 M per
 # round, lambda 0.998 with or without them)
 _SWEEP_BUDGET = 8_000_000
+# plans of this many demands or more make their link index (:func:`_key_links`) on the
+# worker thread (a pass that takes tens of milliseconds there; below, the thread's
+# hand-over would cost more than it gives)
+_BACKGROUND_ROWS = 1 << 16
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabricpilot-planner")
 
 # trial link loads (links x trials) the local search may score in pairs, in all
 _PAIR_BUDGET = 5_000_000

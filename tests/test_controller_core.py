@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -2798,6 +2799,21 @@ def test_switch_paths_are_every_fewest_hop_path_between_two_switches(mice_spines
     assert {counts[edges[0], b] for b in far} == {3 if mice_spines else 4}
     assert counts[edges[0], near[0]] == 2
     assert {counts[edges[0], c] for c in cores} == {1}
+    # a call's switch pairs asked together (on a fresh controller, in a shuffled order,
+    # some twice, with a switch to itself): the same paths, a tuple per pair, kept for
+    # the next ask, and the links a plan reads of each the same as its tuple's
+    from fabricpilot.controller.planner import _flat_tuples, flatten_paths
+
+    fresh = Controller(twin, ControllerParams(mice_spines=mice_spines))
+    pairs = [(a, b) for a in switches for b in switches]
+    random.Random(3).shuffle(pairs)
+    pairs += pairs[:5]
+    got = fresh._switch_paths_of(pairs)
+    for (a, b), hit in zip(pairs, got, strict=True):
+        assert hit == ctl._switch_paths(a, b) and fresh._switch_paths(a, b) is hit
+    tuples = list({id(t): t for t in got if t and t[0]}.values())
+    assert [x.tolist() for x in _flat_tuples(tuples)] == [
+        x.tolist() for x in flatten_paths(tuples)]
 
 
 def test_the_service_twin_counts_on_across_runs_of_its_scenario() -> None:

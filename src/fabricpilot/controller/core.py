@@ -1396,6 +1396,43 @@ class Controller:
             self._sw_paths[key] = hit
         return hit
 
+    def _switch_paths_of(self, pairs: list[tuple[str, str]]
+                         ) -> list[tuple[tuple[int, ...], ...]]:
+        """:meth:`_switch_paths` of each (first, last) switch pair of ``pairs``; the pairs
+        met for the first time whose paths all avoid the mice's spines (or none are kept)
+        made together: one conversion of their link rows to tuples, per path length
+        (a call over scattered GPUs meets thousands of leaf pairs at once)."""
+        got = list(map(self._sw_paths.get, pairs))
+        by_len: dict[int, tuple[list[int], list[NDArray[np.int64]]]] = {}
+        first_at: dict[tuple[str, str], int] = {}  # (a pair asked twice: made once)
+        again: list[int] = []
+        for j, hit in enumerate(got):
+            if hit is not None:
+                continue
+            if first_at.setdefault(pairs[j], j) != j:
+                again.append(j)
+                continue
+            first, last = pairs[j]
+            rows = self._rows(first, last) if first != last else None
+            if rows is None or rows[1] is not None:  # (by itself: its own way)
+                got[j] = self._switch_paths(first, last)
+                continue
+            at, arrays = by_len.setdefault(rows[0].shape[1], ([], []))
+            at.append(j)
+            arrays.append(rows[0])
+        for at, arrays in by_len.values():
+            rows_all = np.concatenate(arrays)
+            flat = (list(zip(*rows_all.T.tolist(), strict=True)) if rows_all.shape[1]
+                    else list(map(tuple, rows_all.tolist())))
+            ends = _offsets(np.fromiter(map(len, arrays), np.int64, len(arrays))).tolist()
+            made = [tuple(flat[lo:hi]) for lo, hi in itertools.pairwise(ends)]
+            planner.remember_flat_rows(made, rows_all)  # (a plan reads them as arrays)
+            for j, hit in zip(at, made, strict=True):
+                got[j] = self._sw_paths[pairs[j]] = hit
+        for j in again:
+            got[j] = got[first_at[pairs[j]]]
+        return got  # type: ignore[return-value]
+
     def _rows(self, first: str, last: str
               ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None] | None:
         """The fewest-hop switch paths between two different switches as rows of link ids
@@ -2013,10 +2050,12 @@ class Controller:
         memo = t.mids
         uniq_l = uniq.tolist()
         mids_of = list(map(memo.get, uniq_l))
-        for i, c in enumerate(uniq_l):
-            if mids_of[i] is None:
-                mids_of[i] = memo[c] = self._switch_paths(first_of[c // n_last],
-                                                          last_of[c % n_last])
+        new = [i for i, m in enumerate(mids_of) if m is None]
+        if new:
+            made_mids = self._switch_paths_of([(first_of[uniq_l[i] // n_last],
+                                                last_of[uniq_l[i] % n_last]) for i in new])
+            for i, m in zip(new, made_mids, strict=True):
+                mids_of[i] = memo[uniq_l[i]] = m
         nic_fixed = self._nic_gbps
         nic = np.full(len(a), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
         rates = nic * share * rate_cap

@@ -1032,6 +1032,33 @@ def remember_flat(paths: tuple[tuple[int, ...], ...], rows: NDArray[np.int64]) -
                        rows.astype(np.int64).ravel())
 
 
+def remember_flat_rows(tuples: Sequence[tuple[tuple[int, ...], ...]],
+                       rows: NDArray[np.int64]) -> None:
+    """:func:`remember_flat` of several tuples at once: ``rows`` (all of one length) are
+    the paths of ``tuples`` one after the other (each tuple's its own number of them).
+    ``ValueError`` if they do not match.
+
+    >>> rows = np.array([[1, 2], [3, 4], [5, 6]])
+    >>> a, b = ((1, 2), (3, 4)), ((5, 6),)
+    >>> remember_flat_rows([a, b], rows)
+    >>> [x.tolist() for x in _flat_tuples([b, a])]
+    [[1, 2], [2, 2, 2], [5, 6, 1, 2, 3, 4]]
+    """
+    counts = np.fromiter(map(len, tuples), np.int64, len(tuples))
+    width = rows.shape[1] if rows.ndim == 2 else -1
+    if width < 0 or int(counts.sum()) != len(rows) or any(
+            len(t[0]) != width for t in tuples if t):
+        raise ValueError("the rows are not the paths' links")
+    memo = _flat_memo
+    if len(memo) + len(tuples) > _FLAT_MAX:
+        memo.clear()
+    flat = rows.astype(np.int64).ravel()
+    lens = np.full(int(counts.max()) if len(counts) else 0, width, np.int64)
+    at = _offsets(counts).tolist()
+    for t, lo, hi in zip(tuples, at, at[1:], strict=False):
+        memo[id(t)] = (t, lens[:hi - lo], flat[lo * width:hi * width])
+
+
 def _flat_tuples(tuples: list[tuple[tuple[int, ...], ...]],
                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """:func:`flatten_paths`, each tuple's lengths and links kept by identity (views of

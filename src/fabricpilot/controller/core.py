@@ -2061,7 +2061,7 @@ class Controller:
         rates = nic * share * rate_cap
         qps = pair_qps(share, self.parts)
         idx = np.flatnonzero(fast)
-        has = np.array([bool(m) for m in mids_of], np.bool_)[inv.ravel()]
+        has = np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         idx, inv = idx[ok], inv.ravel()[ok]
         fa, fb = a[idx].tolist(), b[idx].tolist()

@@ -830,11 +830,15 @@ class _Commodities:
         del flat
         rows = _link_rows(ids, self.links)
         # each demand's head and tail link when it has exactly one (-1 otherwise)
-        self.head1 = np.full(n, -1, np.int64)
-        self.tail1 = np.full(n, -1, np.int64)
-        one_h, one_t = np.flatnonzero(hl == 1), np.flatnonzero(tl == 1)
-        self.head1[one_h] = ids[n_c + _offsets(hl)[one_h]]
-        self.tail1[one_t] = ids[n_c + n_h + _offsets(tl)[one_t]]
+        if columns is not None and aggregate:  # (the columns': at most one each, -1 none)
+            self.head1 = columns.head.astype(np.int64)
+            self.tail1 = columns.tail.astype(np.int64)
+        else:
+            self.head1 = np.full(n, -1, np.int64)
+            self.tail1 = np.full(n, -1, np.int64)
+            one_h, one_t = np.flatnonzero(hl == 1), np.flatnonzero(tl == 1)
+            self.head1[one_h] = ids[n_c + _offsets(hl)[one_h]]
+            self.tail1[one_t] = ids[n_c + n_h + _offsets(tl)[one_t]]
         del ids
         if cap_arrays is not None:
             self.cap = cap_arrays.values.astype(np.float64)
@@ -920,8 +924,11 @@ class _Commodities:
                                                u_of, ufix_ptr, ufix_idx, g_col0, g_ncand,
                                                c_ptr, c_idx, n_links)]] = True
         reg = np.flatnonzero(~irregular)
-        flen = np.zeros(n, np.int64)
-        flen[reg] = hl[reg] + ufix_len[u_of[reg]] + tl[reg]
+        if len(reg) == n:  # (as a rule: every demand)
+            flen = hl + ufix_len[u_of] + tl if n else np.zeros(0, np.int64)
+        else:
+            flen = np.zeros(n, np.int64)
+            flen[reg] = hl[reg] + ufix_len[u_of[reg]] + tl[reg]
         self.ordered = (ordered[u_of] & ~irregular) if n else np.zeros(0, bool)
         # ---- irregular demands (paths of several lengths, a link twice on a path): sets
         irr = np.flatnonzero(irregular).tolist()

@@ -48,6 +48,8 @@ from fabricpilot.controller.entropy import (
 )
 from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import LEVELS, CommCall, Intent
+from fabricpilot.controller.keys import PairKeys, unmade
+from fabricpilot.controller.keys import made as made_keys
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.patterns import (
     alltoall_pairs,
@@ -2064,7 +2066,6 @@ class Controller:
         has = np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         idx, inv = idx[ok], inv.ravel()[ok]
-        fa, fb = a[idx].tolist(), b[idx].tolist()
         # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those of
         # its GPUs' ends there)
         ia, ib = a[idx], b[idx]
@@ -2082,8 +2083,9 @@ class Controller:
             wholes = itertools.repeat(bool(q_idx[0] == 1))
         else:
             q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
-        name, task_at = t.names, f"{task}:"
-        keys = [f"{task_at}{name[x]}->{name[y]}" for x, y in zip(fa, fb, strict=True)]  # rule_key
+        # (as rule_key writes them; made when read whole: a whole plan makes them while
+        # its placement runs)
+        keys = PairKeys(f"{task}:", t.names, ia, ib)
         r_idx = rates[idx]
         if len(idx) == len(out):  # (every pair, as a rule: their columns, each demand made
             n = len(idx)          # when read)
@@ -2503,16 +2505,26 @@ class Controller:
                            split=self.parts, checkpoint=self._check,
                            stop=self.interrupt.flag if self._may_yield else None,
                            columns=made[1] if made is not None else None, columnar=True,
-                           meanwhile=self._index_work())
+                           meanwhile=self._index_work(made[1].keys if made is not None
+                                                      else None))
         return plan, made
 
-    def _index_work(self) -> Callable[[], None] | None:
+    def _index_work(self, keys: Sequence[str] | None = None) -> Callable[[], None] | None:
         """What to do while a placement runs on the planner's thread, if anything: make
-        the jobs' key indexes not made yet (a heal looks keys up in them)."""
+        the demands' keys (``keys``, if not made yet: :mod:`~fabricpilot.controller.keys`)
+        and the jobs' key indexes not made yet (a heal looks keys up in them)."""
         table = self._demand
-        if isinstance(table, JobDemands) and table.unindexed():
-            return table.index
-        return None
+        tables = table.unindexed() if isinstance(table, JobDemands) else []
+        if not tables and not unmade(keys):
+            return None
+
+        def work() -> None:
+            if keys is not None:
+                made_keys(keys)
+            for t in tables:
+                t.row_of  # noqa: B018 (made when read)
+
+        return work
 
     def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: Sequence[Demand],
                      background: dict[int, float] | None,

@@ -39,6 +39,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from fabricpilot.arrays import distinct
 from fabricpilot.collector import paused as _gc_paused
+from fabricpilot.controller.keys import ChainedKeys, unmade
+from fabricpilot.controller.keys import made as made_keys
 from fabricpilot.controller.southbound import BatchMap, KeyRows, key_rows
 
 _chain = itertools.chain.from_iterable
@@ -123,7 +125,7 @@ class DemandColumns:
     [0, 1, 2, 3]
     """
 
-    keys: list[str]
+    keys: Sequence[str]  # (a list, or keys made when read: :mod:`..keys`)
     rate: NDArray[np.float64]
     weight: NDArray[np.float64]
     whole: NDArray[np.bool_]
@@ -168,7 +170,10 @@ class DemandColumns:
         """
         at = _offsets(np.fromiter((len(p.tuples) for p in parts), np.int64, len(parts)))
         cat = np.concatenate
-        return cls(list(_chain(p.keys for p in parts)), cat([p.rate for p in parts]),
+        # (keys not made yet stay so: a plan makes them while its placement runs)
+        keys = (ChainedKeys([p.keys for p in parts]) if any(unmade(p.keys) for p in parts)
+                else list(_chain(p.keys for p in parts)))
+        return cls(keys, cat([p.rate for p in parts]),
                    cat([p.weight for p in parts]), cat([p.whole for p in parts]),
                    cat([p.parts for p in parts]), cat([p.priority for p in parts]),
                    list(_chain(p.tuples for p in parts)),
@@ -1261,9 +1266,8 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
         raise ValueError("split must be >= 1")
     if restarts is not None and restarts < 0:
         raise ValueError("restarts must be >= 0")
-    if columns is not None and (len(columns.keys) != len(demands) or any(
-            c != d.key for c, d in zip(columns.keys[:1] + columns.keys[-1:],
-                                       demands[:1] + demands[-1:], strict=True))):
+    if columns is not None and (len(columns.keys) != len(demands) or (len(demands) and (
+            columns.keys[0] != demands[0].key or columns.keys[-1] != demands[-1].key))):
         raise ValueError("columns: not those of the demands")
     with _gc_paused():  # no reference cycles are made: spare the collector's passes
         return _plan_greedy(demands, capacity, background, split, sweeps, max_moves,
@@ -2073,6 +2077,7 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     read as a mapping), not made per demand."""
     split = choice.shape[1]
     acc = _shares(split)
+    com.keys = made_keys(com.keys)  # (here, before the worker thread reads them too)
     paths: MutableMapping[str, list[tuple[tuple[int, ...], float]]]
     if columnar:
         rows = _path_rows(com, choice, acc, stop)

@@ -1,0 +1,156 @@
+"""Demand keys made when first read whole: a call's ``task:source->destination`` keys of a
+million GPU pairs cost a tenth of a second of string making, which a plan does while its
+placement runs on another core (see :func:`~fabricpilot.controller.planner.plan_greedy`'s
+``meanwhile``) rather than before it.
+
+- :class:`PairKeys`: the keys of a call's GPU pairs, from the GPUs' names;
+- :class:`ChainedKeys`: sequences of keys one after the other.
+
+Both read as the list of their keys would (a key by its place, a slice, iteration,
+equality with a list); the list is made the first time they are read whole or iterated,
+and a key read by itself before that is made by itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class Keys(Sequence[str]):
+    """Keys made as a list when first read whole (:meth:`list`), one by one before."""
+
+    __slots__ = ("_list",)
+
+    def __init__(self) -> None:
+        self._list: list[str] | None = None
+
+    def _make(self) -> list[str]:
+        raise NotImplementedError
+
+    def _one(self, i: int) -> str:
+        raise NotImplementedError
+
+    def list(self) -> list[str]:
+        """Every key, in order (made the first time)."""
+        if self._list is None:
+            self._list = self._make()
+        return self._list
+
+    @property
+    def made(self) -> bool:
+        """Whether the list of keys is made."""
+        return self._list is not None
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if self._list is not None:
+            return self._list[i]
+        if isinstance(i, slice):
+            return self.list()[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"key {i} of {n}")
+        return self._one(i % n)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Keys):
+            return other is self or self.list() == other.list()
+        if isinstance(other, list):
+            return self.list() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # (equal to a list: unhashable as one)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} keys{'' if self.made else ', not made'})"
+
+
+class PairKeys(Keys):
+    """The keys ``f"{prefix}{names[src[i]]}->{names[dst[i]]}"`` of GPU pairs ``src[i]``,
+    ``dst[i]`` (a call's pairs: ``prefix`` is its task and a colon).
+
+    >>> k = PairKeys("j:", ["0", "1", "10"], np.array([0, 2]), np.array([2, 1]))
+    >>> k[1], len(k), k.made, k == ["j:0->10", "j:10->1"], k.made, k[-1]
+    ('j:10->1', 2, False, True, True, 'j:10->1')
+    """
+
+    __slots__ = ("_dst", "_names", "_prefix", "_src")
+
+    def __init__(self, prefix: str, names: Sequence[str], src: NDArray[np.int64],
+                 dst: NDArray[np.int64]) -> None:
+        super().__init__()
+        if len(src) != len(dst):
+            raise ValueError("a key's source and destination GPU for each pair")
+        self._prefix, self._names, self._src, self._dst = prefix, names, src, dst
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+    def _one(self, i: int) -> str:
+        name = self._names
+        return f"{self._prefix}{name[int(self._src[i])]}->{name[int(self._dst[i])]}"
+
+    def _make(self) -> list[str]:
+        name, pre = self._names, self._prefix
+        return [f"{pre}{name[x]}->{name[y]}"  # (as rule_key writes them)
+                for x, y in zip(self._src.tolist(), self._dst.tolist(), strict=True)]
+
+
+class ChainedKeys(Keys):
+    """The keys of ``parts`` (lists or :class:`Keys`) one after the other.
+
+    >>> a = PairKeys("j:", ["0", "1"], np.array([0]), np.array([1]))
+    >>> c = ChainedKeys([a, ["k:1->0"], []])
+    >>> len(c), c[1], c[0], a.made, list(c), a.made
+    (2, 'k:1->0', 'j:0->1', False, ['j:0->1', 'k:1->0'], True)
+    """
+
+    __slots__ = ("_off", "_parts")
+
+    def __init__(self, parts: Sequence[Sequence[str]]) -> None:
+        super().__init__()
+        self._parts = list(parts)
+        self._off = [0, *itertools.accumulate(map(len, self._parts))]
+
+    def __len__(self) -> int:
+        return self._off[-1]
+
+    def _one(self, i: int) -> str:
+        p = bisect.bisect_right(self._off, i) - 1
+        return self._parts[p][i - self._off[p]]
+
+    def _make(self) -> list[str]:
+        return list(itertools.chain.from_iterable(
+            p.list() if isinstance(p, Keys) else p for p in self._parts))
+
+
+def made(keys: Sequence[str]) -> Sequence[str]:
+    """``keys``, as the list of them if they are :class:`Keys` (made now if not yet).
+
+    >>> made(PairKeys("j:", ["0", "1"], np.array([1]), np.array([0])))
+    ['j:1->0']
+    """
+    return keys.list() if isinstance(keys, Keys) else keys
+
+
+def unmade(keys: Any) -> bool:
+    """Whether ``keys`` are :class:`Keys` whose list is not made yet.
+
+    >>> unmade(["a"]), unmade(ChainedKeys([["a"]]))
+    (False, True)
+    """
+    return isinstance(keys, Keys) and not keys.made

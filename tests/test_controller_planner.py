@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -621,6 +622,34 @@ def test_an_error_meanwhile_is_raised_once_the_placement_is_done(
     with pytest.raises(RuntimeError, match="meanwhile failed"):
         plan_greedy(demands, cap, meanwhile=fails)
     assert done.is_set()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_plans_with_a_worker_of_its_own() -> None:
+    # the parent's worker thread has run; a child forked then has no such thread, and its
+    # plans that use the worker still finish (a worker of its own), with the parent's plan
+    import time
+
+    demands, cap = rail_demands(8, n=120)
+    want = plan_greedy(demands, cap, meanwhile=lambda: None)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            got = plan_greedy(demands, cap, meanwhile=lambda: None)
+            os._exit(0 if got.paths == want.paths else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's plan did not finish")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_large_plans_link_index_made_on_the_worker_thread_is_the_one_made_inline(

@@ -2514,15 +2514,15 @@ class Controller:
         the demands' keys (``keys``, if not made yet: :mod:`~fabricpilot.controller.keys`)
         and the jobs' key indexes not made yet (a heal looks keys up in them)."""
         table = self._demand
-        tables = table.unindexed() if isinstance(table, JobDemands) else []
-        if not tables and not unmade(keys):
+        jobs = table if isinstance(table, JobDemands) and table.unindexed() else None
+        if jobs is None and not unmade(keys):
             return None
 
         def work() -> None:
             if keys is not None:
                 made_keys(keys)
-            for t in tables:
-                t.row_of  # noqa: B018 (made when read)
+            if jobs is not None:
+                jobs.index()
 
         return work
 

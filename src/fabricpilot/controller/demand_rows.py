@@ -135,15 +135,15 @@ class DemandTable(Mapping[str, Demand]):
 
     @property
     def row_of(self) -> dict[str, int]:
-        """Each key's row (made when first read: :meth:`JobDemands.index` makes them
-        while a plan's placement runs)."""
+        """Each key's row (made when first read, or by :meth:`JobDemands.index`: a whole
+        plan makes them while its placement runs)."""
         if self._row_of is None:
             keys = self.rows.columns.keys
             self._row_of = dict(zip(keys, range(len(keys)), strict=True))
         return self._row_of
 
     @property
-    def keys_(self) -> list[str]:
+    def keys_(self) -> Sequence[str]:
         """The keys, in the rows' order."""
         return self.rows.columns.keys
 

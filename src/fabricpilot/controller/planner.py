@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -2188,7 +2189,22 @@ _SWEEP_BUDGET = 8_000_000
 # worker thread (a pass that takes tens of milliseconds there; below, the thread's
 # hand-over would cost more than it gives)
 _BACKGROUND_ROWS = 1 << 16
-_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabricpilot-planner")
+
+
+def _new_worker() -> ThreadPoolExecutor:
+    """The planner's worker thread (started at its first task)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabricpilot-planner")
+
+
+def _worker_after_fork() -> None:
+    """A forked child has none of its parent's threads: it gets a worker of its own."""
+    global _WORKER
+    _WORKER = _new_worker()
+
+
+_WORKER = _new_worker()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_worker_after_fork)
 
 # trial link loads (links x trials) the local search may score in pairs, in all
 _PAIR_BUDGET = 5_000_000

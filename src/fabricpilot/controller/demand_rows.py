@@ -16,11 +16,11 @@ each demand the first time it is read:
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
+from fabricpilot.controller.keys import part_item, part_offsets
 from fabricpilot.controller.planner import Demand, DemandColumns, _demand_of
 from fabricpilot.controller.southbound import OverlayMap
 
@@ -347,14 +347,13 @@ class ChainedDemands(_Demands):
     def __init__(self, parts: Iterable[Sequence[Demand] | Iterable[Demand]]) -> None:
         self.parts: list[Sequence[Demand]] = [
             p if isinstance(p, Sequence) else list(p) for p in parts]
-        self._off = [0, *itertools.accumulate(map(len, self.parts))]
+        self._off = part_offsets(self.parts)
 
     def __len__(self) -> int:
         return self._off[-1]
 
     def _item(self, i: int) -> Demand:
-        p = bisect.bisect_right(self._off, i) - 1
-        return self.parts[p][i - self._off[p]]
+        return part_item(self.parts, self._off, i)
 
     def __iter__(self) -> Iterator[Demand]:
         return itertools.chain.from_iterable(self.parts)

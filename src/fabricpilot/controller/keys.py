@@ -15,11 +15,34 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Iterator, Sequence, Sized
+from typing import Any, TypeVar, overload
 
 import numpy as np
 from numpy.typing import NDArray
+
+T = TypeVar("T")
+
+
+def part_offsets(parts: Sequence[Sized]) -> list[int]:
+    """Where each of ``parts`` starts when they are read one after the other, and the
+    total at the end.
+
+    >>> part_offsets([[1, 2], [], [3]])
+    [0, 2, 2, 3]
+    """
+    return [0, *itertools.accumulate(map(len, parts))]
+
+
+def part_item(parts: Sequence[Sequence[T]], off: list[int], i: int) -> T:
+    """Item ``i`` (0 <= i < off[-1]) of ``parts`` read one after the other (``off``:
+    their :func:`part_offsets`).
+
+    >>> part_item([[1, 2], [], [3]], [0, 2, 2, 3], 2)
+    3
+    """
+    p = bisect.bisect_right(off, i) - 1
+    return parts[p][i - off[p]]
 
 
 class Keys(Sequence[str]):
@@ -124,14 +147,13 @@ class ChainedKeys(Keys):
     def __init__(self, parts: Sequence[Sequence[str]]) -> None:
         super().__init__()
         self._parts = list(parts)
-        self._off = [0, *itertools.accumulate(map(len, self._parts))]
+        self._off = part_offsets(self._parts)
 
     def __len__(self) -> int:
         return self._off[-1]
 
     def _one(self, i: int) -> str:
-        p = bisect.bisect_right(self._off, i) - 1
-        return self._parts[p][i - self._off[p]]
+        return part_item(self._parts, self._off, i)
 
     def _make(self) -> list[str]:
         return list(itertools.chain.from_iterable(

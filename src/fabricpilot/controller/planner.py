@@ -1035,14 +1035,7 @@ def remember_flat(paths: tuple[tuple[int, ...], ...], rows: NDArray[np.int64]) -
     >>> [a.tolist() for a in _flat_tuples([t])]
     [[2], [2, 2], [1, 2, 3, 4]]
     """
-    if rows.ndim != 2 or len(rows) != len(paths) or (
-            len(paths) and len(paths[0]) != rows.shape[1]):
-        raise ValueError("the rows are not the paths' links")
-    memo = _flat_memo
-    if len(memo) >= _FLAT_MAX:
-        memo.clear()
-    memo[id(paths)] = (paths, np.full(len(paths), rows.shape[1], np.int64),
-                       rows.astype(np.int64).ravel())
+    remember_flat_rows([paths], rows)
 
 
 def remember_flat_rows(tuples: Sequence[tuple[tuple[int, ...], ...]],

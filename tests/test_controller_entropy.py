@@ -392,6 +392,56 @@ def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
     assert len(table.ids) == n and (10**6,) not in table.ids
 
 
+def test_the_compiled_constraints_look_a_link_up_as_scanning_its_group_would() -> None:
+    """A link member of one group only is found at its place there without a scan: the
+    constraints of many paths are the same with the lookup and with every link scanned for
+    (a fat-tree's paths, a detour through a group that lacks the link among them)."""
+    from fabricpilot.controller.entropy import SteeringTable, _path_constraints, _path_rows
+
+    ctx = _ctx(per_switch=True)
+    view = fabric_view(ctx)
+    paths: list[tuple[int, ...]] = []
+    dst: list[int] = []
+    for g in range(0, 128, 5):
+        h = (g * 7 + 29) % 128
+        for p in _inter_pod_candidates(ctx, g, h)[:8]:
+            paths.append(p)
+            dst.append(h)
+    hops = ["gpu0", "edge0_0", "agg0_0", "core0", "agg0_0", "edge0_1", "gpu4"]
+    paths.append(tuple(view.link_between(a, b) for a, b in pairwise(hops)))
+    dst.append(4)
+    compiled = SteeringTable(view)._compiled_view()
+    assert compiled is not None
+    link_sw, grp, g_ptr, g_links, _, l_grp, l_pos = compiled
+    assert (l_grp >= 0).sum() > 0
+    for g in range(len(g_ptr) - 1):  # (the lookup names the link's place in its group)
+        members = g_links[g_ptr[g]:g_ptr[g + 1]]
+        for i, lk in enumerate(members.tolist()):
+            assert l_grp[lk] in (g, -1) and (l_grp[lk] == -1 or l_pos[lk] == i)
+    rows = _path_rows(paths, np.array(dst), compiled)
+    assert rows is not None
+    fast = _path_constraints(*rows, link_sw, grp, g_ptr, g_links, l_grp, l_pos)
+    scan = _path_constraints(*rows, link_sw, grp, g_ptr, g_links, np.full_like(l_grp, -1),
+                             l_pos)
+    assert all(a.tolist() == b.tolist() for a, b in zip(fast, scan, strict=True))
+    assert int(fast[0].sum()) > len(paths)
+
+
+def test_qp_search_starts_spread_each_keys_qps() -> None:
+    # QP i of a key of GPUs (a, b) starts its port search at (a * 1_000_003 + b) * 64 + i
+    from fabricpilot.controller.entropy import qp_search_starts
+
+    rng = np.random.default_rng(4)
+    pairs = rng.integers(0, 8192, (200, 2))
+    n_per_key = rng.integers(0, 17, 200)
+    src, dst, start = qp_search_starts(pairs, n_per_key)
+    want = [((int(a) * 1_000_003 + int(b)) * 64 + i, int(a), int(b))
+            for (a, b), n in zip(pairs, n_per_key, strict=True) for i in range(int(n))]
+    assert list(zip(start.tolist(), src.tolist(), dst.tolist(), strict=True)) == want
+    with pytest.raises(ValueError, match=r"one \(source, destination\) row per key"):
+        qp_search_starts(pairs[:3], n_per_key)
+
+
 @pytest.mark.parametrize(("per_switch", "entropy", "rules"),
                          [(True, True, 4096), (False, True, 32), (True, False, 20)])
 def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(

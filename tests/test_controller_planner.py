@@ -1060,6 +1060,86 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
     assert flat.tolist() == [1, 12, 13, 2, 3, 20, 4] and off.tolist() == [0, 4, 7, 7]
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int64])
+def test_path_kinds_are_the_rows_of_one_candidate_and_their_ends(dtype: type) -> None:
+    # the compiled pass against its definition: a row all on one candidate, and of those
+    # the ones with a head and a tail link (in order), the rest in order
+    from fabricpilot.controller.planner import _path_kinds
+
+    rng = np.random.default_rng(3)
+    choice = rng.integers(0, 3, (500, 4)).astype(dtype)
+    choice[::3] = choice[::3, :1]  # (a third all on one candidate)
+    com = type("C", (), {"head1": rng.integers(-1, 5, 500), "tail1": rng.integers(-1, 5, 500)})
+    one, fast, rest = _path_kinds(com, choice)
+    want_one = (choice == choice[:, :1]).all(axis=1)
+    want_fast = want_one & (com.head1 >= 0) & (com.tail1 >= 0)
+    assert one.tolist() == want_one.tolist()
+    assert fast.tolist() == np.flatnonzero(want_fast).tolist()
+    assert rest.tolist() == np.flatnonzero(~want_fast).tolist()
+    assert 0 < len(fast) < 500 and want_one.sum() > len(fast)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_paths_of_demands_read_from_columns_are_those_of_the_demands(seed: int) -> None:
+    # a plan's paths of demands of several paths, their ends read from the columns (no
+    # demand made) or from each demand: the same paths and shares, in the same order
+    from fabricpilot.controller.planner import DemandColumns, _Commodities, _path_rows, _shares
+
+    demands, cap = rail_demands(seed, n=300, factored=True, whole_every=5)
+    demands = [d._replace(head=()) if i % 7 == 0 else d for i, d in enumerate(demands)]
+    cols = DemandColumns.of(demands)
+    assert cols is not None
+    com = _Commodities(demands, cap, None, columns=cols)
+    assert com.ends_exact
+    rng = np.random.default_rng(seed)
+    choice = rng.integers(0, com.g_ncand[com.grp][:, None], (len(demands), 4))
+    choice[::4] = choice[::4, :1]
+    acc = _shares(4)
+    exact = _path_rows(com, choice, acc)
+    com.ends_exact = False
+    by_demand = _path_rows(com, choice, acc)
+    assert exact is not None and by_demand is not None
+    assert exact.rest == by_demand.rest and len(exact.rest) > 50
+    assert exact.flat.tolist() == by_demand.flat.tolist()
+    # a demand of no head link: its paths start at its candidate's first link
+    no_head = next(r for r in exact.rest if not demands[r].head)
+    first_links = {p[0] for p in demands[no_head].candidates}
+    assert all(p[0] in first_links for p, _ in exact.rest[no_head])
+
+
+def test_qp_paths_are_each_keys_paths_in_order() -> None:
+    # the compiled writer of a plan's QP column against a plain-Python one: keys of one
+    # path (from the rows) and keys of several (from their own list), empty paths included
+    from fabricpilot.controller.planner import fill_qp_paths
+
+    rng = np.random.default_rng(11)
+    n = 300
+    is_rest = rng.random(n) < 0.3
+    lens = np.where(is_rest, 0, rng.integers(0, 5, n))
+    off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+    flat = rng.integers(0, 1000, int(off[-1]))
+    n_per_key = np.where(is_rest, rng.integers(1, 4, n), 1)
+    r_paths = [tuple(rng.integers(0, 1000, int(rng.integers(0, 5))).tolist())
+               for _ in range(int(n_per_key[is_rest].sum()))]
+    r_w = rng.random(len(r_paths))
+    want_paths, want_w = [], []
+    it = iter(zip(r_paths, r_w.tolist(), strict=True))
+    for k in range(n):
+        if is_rest[k]:
+            for _ in range(int(n_per_key[k])):
+                p, w = next(it)
+                want_paths.append(p)
+                want_w.append(w)
+        else:
+            want_paths.append(tuple(flat[off[k]:off[k + 1]].tolist()))
+            want_w.append(0.25)
+    r_len = np.array([len(p) for p in r_paths], np.int64)
+    r_flat = np.array([x for p in r_paths for x in p], np.int64)
+    q_off, links, w = fill_qp_paths(off, flat, 0.25, n_per_key, is_rest, r_len, r_flat, r_w)
+    assert [tuple(links[q_off[q]:q_off[q + 1]].tolist()) for q in range(len(w))] == want_paths
+    assert w.tolist() == want_w and q_off[-1] == len(links)
+
+
 def test_copy_ranges_copies_as_the_index_arrays_would() -> None:
     # random ranges between two arrays against numpy's fancy indexing with the ranges'
     # index arrays; a range past either end is refused before anything is copied

@@ -245,23 +245,14 @@ def _qp_columns(rows: PathRows) -> tuple[NDArray[np.int64], PathColumn, NDArray[
         return n_per_key, PathColumn(rows.flat, rows.off), np.full(n, float(rows.whole))
     r_at = np.array(r_rows, np.int64)
     n_per_key[r_at] = [len(rest[r]) for r in r_rows]
-    first = _offsets(n_per_key)
-    q_len = np.empty(int(first[-1]), np.int64)
-    weights = np.full(len(q_len), float(rows.whole))
-    one = np.ones(n, np.bool_)
-    one[r_at] = False
-    one_at = np.flatnonzero(one)
-    one_len = (rows.off[1:] - rows.off[:-1])[one_at]
-    q_len[first[one_at]] = one_len
-    r_q = _ranges(first[r_at], n_per_key[r_at])
     r_paths = [p for r in r_rows for p, _ in rest[r]]
     r_len = np.fromiter(map(len, r_paths), np.int64, len(r_paths))
-    q_len[r_q] = r_len
-    weights[r_q] = [w for r in r_rows for _, w in rest[r]]
-    q_off = _offsets(q_len)
-    flat = np.empty(int(q_off[-1]), np.int64)
-    planner.copy_ranges(flat, q_off[first[one_at]], rows.flat, rows.off[one_at], one_len)
-    flat[_ranges(q_off[r_q], r_len)] = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
+    r_weights = np.array([w for r in r_rows for _, w in rest[r]], np.float64)
+    r_flat = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
+    is_rest = np.zeros(n, np.bool_)
+    is_rest[r_at] = True
+    q_off, flat, weights = planner.fill_qp_paths(rows.off, rows.flat, float(rows.whole),
+                                                 n_per_key, is_rest, r_len, r_flat, r_weights)
     return n_per_key, PathColumn(flat, q_off), weights
 
 
@@ -4011,12 +4002,9 @@ class Controller:
             all_paths, all_weights = zip(*pairs, strict=True) if pairs else ((), ())
             paths = list(all_paths)
         n_req = len(paths)
-        src = np.repeat(rows[:, 0], n_per_key)
-        dst = np.repeat(rows[:, 1], n_per_key)
         first = _offsets(n_per_key)
-        # where each QP's port search starts: spread, and the same in every run
-        start = ((src * 1_000_003 + dst) * 64
-                 + (np.arange(n_req, dtype=np.int64) - np.repeat(first[:-1], n_per_key)))
+        # (and where each QP's port search starts: spread, and the same in every run)
+        src, dst, start = entropy.qp_search_starts(rows, n_per_key)
         # request -> the (port, rules) its path already has
         known: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
         if reuse:

@@ -206,6 +206,45 @@ def _gpu_rows(src: NDArray[np.int64], dst: NDArray[np.int64]
 _INDEX_MAX_SIZE = 4096
 
 
+def qp_search_starts(pairs: NDArray[np.int64], n_per_key: NDArray[np.int64],
+                     ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Each QP's source and destination GPU and where its port search starts, for keys of
+    GPU ``pairs`` (rows: source, destination) with ``n_per_key`` QPs each, in order: QP
+    ``q`` of a key starts at ``(src * 1_000_003 + dst) * 64 + q`` (the keys' searches
+    spread, and the same in every run).
+
+    >>> src, dst, start = qp_search_starts(np.array([[1, 2], [3, 0]]), np.array([2, 1]))
+    >>> src.tolist(), dst.tolist(), start.tolist()
+    ([1, 1, 3], [2, 2, 0], [64000320, 64000321, 192000576])
+    """
+    if pairs.shape != (len(n_per_key), 2):
+        raise ValueError("one (source, destination) row per key")
+    return _qp_search_starts(np.ascontiguousarray(pairs, np.int64),
+                             np.ascontiguousarray(n_per_key, np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _qp_search_starts(pairs: NDArray[np.int64], n_per_key: NDArray[np.int64],
+                      ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """:func:`qp_search_starts` (arguments checked)."""
+    n_q = 0
+    for k in range(len(n_per_key)):
+        n_q += n_per_key[k]
+    src = np.empty(n_q, np.int64)
+    dst = np.empty(n_q, np.int64)
+    start = np.empty(n_q, np.int64)
+    q = 0
+    for k in range(len(n_per_key)):
+        a, b = pairs[k, 0], pairs[k, 1]
+        base = (a * 1_000_003 + b) * 64
+        for i in range(n_per_key[k]):
+            src[q] = a
+            dst[q] = b
+            start[q] = base + i
+            q += 1
+    return src, dst, start
+
+
 @numba.njit(cache=True, nogil=True)
 def _search_terms(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_ptr: NDArray,
                   c_term: NDArray, c_rot: NDArray, c_size: NDArray, c_want: NDArray,
@@ -450,13 +489,16 @@ class _Growing:
 
 @numba.njit(cache=True, nogil=True)
 def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link_sw: NDArray,
-                      grp: NDArray, g_ptr: NDArray, g_links: NDArray,
+                      grp: NDArray, g_ptr: NDArray, g_links: NDArray, link_grp: NDArray,
+                      link_pos: NDArray,
                       ) -> tuple[NDArray, NDArray, NDArray, NDArray]:  # pragma: no cover
     """:func:`constraints` of many paths at once, by index: path ``r`` is ``flat[path_ptr[r]:
     path_ptr[r + 1]]`` (link ids) towards leaf ``path_leaf[r]``; ``link_sw[link]`` is the
     switch a link leaves (-1: none with groups), ``grp[switch, leaf]`` its group (-1: none)
-    and group ``g``'s members are ``g_links[g_ptr[g]:g_ptr[g + 1]]``. Returns each path's
-    number of constraints, then per constraint its switch, group size and wanted member."""
+    and group ``g``'s members are ``g_links[g_ptr[g]:g_ptr[g + 1]]``; a link member of one
+    group only is its member ``link_pos[link]`` of group ``link_grp[link]`` (-1: of none or
+    several: looked for). Returns each path's number of constraints, then per constraint
+    its switch, group size and wanted member."""
     n = path_ptr.shape[0] - 1
     count = np.zeros(n, np.int64)
     out_sw = np.empty(flat.shape[0], np.int64)
@@ -476,10 +518,13 @@ def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link
                 continue
             lo, hi = g_ptr[g], g_ptr[g + 1]
             pos = -1
-            for m in range(lo, hi):
-                if g_links[m] == link:
-                    pos = m - lo
-                    break
+            if link_grp[link] == g:
+                pos = link_pos[link]
+            else:
+                for m in range(lo, hi):
+                    if g_links[m] == link:
+                        pos = m - lo
+                        break
             if hi - lo < 2 and pos >= 0:  # (no choice)
                 continue
             out_sw[q] = sw
@@ -488,6 +533,28 @@ def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link
             q += 1
         count[r] = q - start
     return count, out_sw[:q], out_size[:q], out_want[:q]
+
+
+def _link_members(g_ptr: NDArray[np.int64], g_links: NDArray[np.int64], n_links: int,
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Of every link id below ``n_links``, the one group it is a member of (group ``g``'s
+    members are ``g_links[g_ptr[g]:g_ptr[g + 1]]``) and its place there; -1 for both if it
+    is in none or in several.
+
+    >>> grp, pos = _link_members(np.array([0, 2, 3, 5]), np.array([4, 1, 2, 3, 4]), 6)
+    >>> grp.tolist(), pos.tolist()
+    ([-1, 0, 1, 2, -1, -1], [-1, 1, 0, 0, -1, -1])
+    """
+    sizes = g_ptr[1:] - g_ptr[:-1]
+    owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    place = np.arange(len(g_links), dtype=np.int64) - np.repeat(g_ptr[:-1], sizes)
+    times = np.bincount(g_links, minlength=n_links)[:n_links]
+    link_grp = np.full(n_links, -1, np.int64)
+    link_pos = np.full(n_links, -1, np.int64)
+    once = times[g_links] == 1
+    link_grp[g_links[once]] = owner[once]
+    link_pos[g_links[once]] = place[once]
+    return link_grp, link_pos
 
 
 def _path_links(paths: list[tuple[int, ...]]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -526,7 +593,7 @@ def _path_rows(paths: Sequence[tuple[int, ...]], dst: NDArray[np.int64],
     if made already) and each one's destination leaf, as :func:`_path_constraints` reads
     them; ``None`` if a link or GPU is not in the compiled view (``compiled``, see
     :meth:`SteeringTable._compiled_view`)."""
-    link_sw, _, _, _, gpu_leaf = compiled
+    link_sw, _, _, _, gpu_leaf, _, _ = compiled
     per, flat = _path_links(paths) if links is None else links
     to = np.array(dst, np.int64)
     if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= len(link_sw)):
@@ -637,7 +704,8 @@ class SteeringTable:
             g_ptr = _offsets(np.fromiter(map(len, members), np.int64, len(members)))
             g_links = np.fromiter(itertools.chain.from_iterable(members), np.int64,
                                   int(g_ptr[-1]))
-            self._compiled = (link_sw, grp, g_ptr, g_links, gpu_leaf)
+            self._compiled = (link_sw, grp, g_ptr, g_links, gpu_leaf,
+                              *_link_members(g_ptr, g_links, len(link_sw)))
         return self._compiled or None
 
     def intern(self, paths: list[tuple[int, ...]], dst: list[int] | NDArray[np.int64],
@@ -744,8 +812,9 @@ class SteeringTable:
         if rows is None and not paths:
             paths = paths_of()
         if compiled is not None and rows is not None:
-            link_sw, grp, g_ptr, g_links, _ = compiled
-            count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links)
+            link_sw, grp, g_ptr, g_links, _, l_grp, l_pos = compiled
+            count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links,
+                                                        l_grp, l_pos)
         else:  # path by path, through ``cache`` if given
             cache, sw_ix = self.cache, self._sw_ix
             count_l, sw_l, size_l, want_l = [], [], [], []
@@ -811,8 +880,9 @@ class SteeringTable:
         rows = _path_rows(paths, dst, compiled, links)
         if rows is None:
             return None
-        link_sw, grp, g_ptr, g_links, _ = compiled
-        count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links)
+        link_sw, grp, g_ptr, g_links, _, l_grp, l_pos = compiled
+        count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links,
+                                                        l_grp, l_pos)
         arrays = (_offsets(count), self._sw_term[c_sw], self._sw_rot[c_sw], c_size, c_want)
         return self._search(src, dst, start, np.arange(len(paths), dtype=np.int64), paths,
                             max_tries, arrays, c_sw)
@@ -899,7 +969,8 @@ def warm_up() -> None:
     _search_indexed(one, one, one, one, ptr, term, one, one + 2, one, a_term, b_term, port_term,
                     1, one, order[None, :], start[None, :])
     _missed(one, one, one, best, one, ptr, term, one, one + 2, one, a_term, b_term, port_term)
-    _path_constraints(one, ptr, one * 0, one * 0, np.zeros((1, 1), np.int64), ptr, one)
+    _path_constraints(one, ptr, one * 0, one * 0, np.zeros((1, 1), np.int64), ptr, one,
+                      one - 1, one)
     _WARM.append(True)
 
 

@@ -836,7 +836,11 @@ class _Commodities:
         del flat
         rows = _link_rows(ids, self.links)
         # each demand's head and tail link when it has exactly one (-1 otherwise)
-        if columns is not None and aggregate:  # (the columns': at most one each, -1 none)
+        # (whether they are all of its head and tail links: a demand's are then read from
+        # them, with its candidates, without making the demand)
+        self.ends_exact = columns is not None and aggregate
+        if self.ends_exact:  # (the columns': at most one each, -1 none)
+            assert columns is not None
             self.head1 = columns.head.astype(np.int64)
             self.tail1 = columns.tail.astype(np.int64)
         else:
@@ -2295,9 +2299,95 @@ def _path_kinds(com: _Commodities, choice: NDArray[np.int64]
     >>> [a.tolist() for a in _path_kinds(com, np.array([[0, 0], [0, 1], [1, 1]]))]
     [[True, False, True], [0], [1, 2]]
     """
-    one_path = (choice[:, 1:] == choice[:, :1]).all(axis=1)
-    fast = one_path & (com.head1 >= 0) & (com.tail1 >= 0)
-    return one_path, np.flatnonzero(fast), np.flatnonzero(~fast)
+    return _path_kinds_of(np.ascontiguousarray(choice), com.head1, com.tail1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _path_kinds_of(choice: NDArray[np.int64], head1: NDArray[np.int64],
+                   tail1: NDArray[np.int64],
+                   ) -> tuple[NDArray[np.bool_], NDArray[np.int64], NDArray[np.int64]]:
+    """:func:`_path_kinds` in one pass over the rows (a row's scan stops at its first
+    part on another candidate)."""
+    n, split = choice.shape
+    one_path = np.empty(n, np.bool_)
+    is_fast = np.empty(n, np.bool_)
+    n_fast = 0
+    for d in range(n):
+        c = choice[d, 0]
+        same = True
+        for j in range(1, split):
+            if choice[d, j] != c:
+                same = False
+                break
+        one_path[d] = same
+        is_fast[d] = same and head1[d] >= 0 and tail1[d] >= 0
+        n_fast += is_fast[d]
+    fast = np.empty(n_fast, np.int64)
+    rest = np.empty(n - n_fast, np.int64)
+    i = k = 0
+    for d in range(n):
+        if is_fast[d]:
+            fast[i] = d
+            i += 1
+        else:
+            rest[k] = d
+            k += 1
+    return one_path, fast, rest
+
+
+@numba.njit(cache=True, nogil=True)
+def fill_qp_paths(off: NDArray[np.int64], flat: NDArray[np.int64], whole: float,
+                  n_per_key: NDArray[np.int64], is_rest: NDArray[np.bool_],
+                  r_len: NDArray[np.int64], r_flat: NDArray[np.int64],
+                  r_weights: NDArray[np.float64],
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+    """A plan's paths by QP (as the controller steers them), key by key: a key not
+    ``is_rest`` has one QP, its path ``flat[off[k]:off[k + 1]]`` with share ``whole``; a
+    key ``is_rest`` has ``n_per_key[k]`` QPs, the next paths of ``r_flat`` (of lengths
+    ``r_len``, shares ``r_weights``). Returns the QPs' path offsets, links and shares.
+
+    >>> q_off, links, w = fill_qp_paths(
+    ...     np.array([0, 2, 2, 3]), np.array([7, 1, 8]), 1.0, np.array([1, 2, 1]),
+    ...     np.array([False, True, False]), np.array([1, 2]), np.array([3, 4, 5]),
+    ...     np.array([0.5, 0.5]))
+    >>> q_off.tolist(), links.tolist(), w.tolist()
+    ([0, 2, 3, 5, 6], [7, 1, 3, 4, 5, 8], [1.0, 0.5, 0.5, 1.0])
+    """
+    n = len(n_per_key)
+    n_q = 0
+    for k in range(n):
+        n_q += n_per_key[k]
+    q_off = np.empty(n_q + 1, np.int64)
+    weights = np.empty(n_q, np.float64)
+    q_off[0] = 0
+    q = r = 0
+    for k in range(n):
+        if is_rest[k]:
+            for _ in range(n_per_key[k]):
+                q_off[q + 1] = q_off[q] + r_len[r]
+                weights[q] = r_weights[r]
+                q += 1
+                r += 1
+        else:
+            q_off[q + 1] = q_off[q] + off[k + 1] - off[k]
+            weights[q] = whole
+            q += 1
+    out = np.empty(q_off[n_q], np.int64)
+    q = 0
+    r_at = 0
+    for k in range(n):
+        if is_rest[k]:
+            for _ in range(n_per_key[k]):
+                for j in range(q_off[q + 1] - q_off[q]):
+                    out[q_off[q] + j] = r_flat[r_at + j]
+                r_at += q_off[q + 1] - q_off[q]
+                q += 1
+        else:
+            lo = off[k]
+            for j in range(off[k + 1] - lo):
+                out[q_off[q] + j] = flat[lo + j]
+            q += 1
+    return q_off, out, weights
 
 
 class PathRows:
@@ -2385,14 +2475,25 @@ def _rest_paths(com: _Commodities, choice: NDArray[np.int64], rest_idx: NDArray[
     distinct = ((srt[:, 1:] != srt[:, :-1]).all(axis=1) & ordered).tolist()
     rows, ordered_l, todo = srt.tolist(), ordered.tolist(), rest_idx.tolist()
     demands = com.demands
+    exact = com.ends_exact
+    if exact:  # (each demand's fields from the columns: no demand made)
+        objs = com.u_obj
+        u_of = com.u_of[rest_idx].tolist()
+        h1, t1 = com.head1[rest_idx].tolist(), com.tail1[rest_idx].tolist()
     add = made.append
     for lo in range(0, len(todo), _FILL_CHUNK):
         if stop[0]:
             return False
         for j in range(lo, min(lo + _FILL_CHUNK, len(todo))):
             one = single[j]
-            dem = demands[todo[j]]
-            cands, head, tail, row = dem.candidates, dem.head, dem.tail, rows[j]
+            if exact:
+                cands, h, t = objs[u_of[j]], h1[j], t1[j]
+                head = (h,) if h >= 0 else ()
+                tail = (t,) if t >= 0 else ()
+            else:
+                dem = demands[todo[j]]
+                cands, head, tail = dem.candidates, dem.head, dem.tail
+            row = rows[j]
             dist = distinct[j]
             if head or tail:  # full paths: head + candidate + tail
                 if one:

@@ -997,18 +997,21 @@ def test_flattened_candidate_tuples_are_those_of_a_plain_pass(
         assert len(planner._flat_memo) <= 150
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int64])
 @pytest.mark.parametrize("mixed_share", [0.0, 0.1, 1.0])
-def test_a_plans_slots_are_each_demands_distinct_choices_counted(mixed_share: float) -> None:
-    """Of part choices (a row of ``split`` per demand), the slots are each row's distinct
-    candidates in increasing order with how many of its choices are on each, as counting
-    them row by row gives: rows all on one candidate (whole demands), rows spread over
-    several, and both together."""
+def test_a_plans_slots_are_each_demands_distinct_choices_counted(mixed_share: float,
+                                                                 dtype: type) -> None:
+    """Of part choices (a row of ``split`` per demand, of the integer type a plan holds
+    them in), the slots are each row's distinct candidates in increasing order with how
+    many of its choices are on each, as counting them row by row gives: rows all on one
+    candidate (whole demands), rows spread over several, and both together."""
     rng = np.random.default_rng(5)
     split, n = 8, 300
     choice = np.repeat(rng.integers(0, 6, n)[:, None], split, axis=1)
     spread = rng.random(n) < mixed_share
     choice[spread] = np.sort(rng.integers(0, 6, (int(spread.sum()), split)), axis=1)[
         :, rng.permutation(split)]
+    choice = choice.astype(dtype)
     z = np.zeros(n)
     count, cand, runs = PartChoice([], z, z, [], z, z, z, choice, (), z, z, z).slot_runs
     want = [sorted(collections.Counter(row).items()) for row in choice.tolist()]
@@ -1038,26 +1041,30 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
     rng = np.random.default_rng(seed)
     choice = np.repeat(rng.integers(0, com.g_ncand[com.grp])[:, None], 2, axis=1)
     _, fast, _ = _path_kinds(com, choice)
+    none = np.zeros(0, np.int64)
     flat, off = _single_rows(len(demands), fast, choice[fast, 0], com.ustart, com.u_of,
-                             com.plen, com.pstart, com.crow, com.links, com.head1, com.tail1)
+                             com.plen, com.pstart, com.crow, com.links, com.head1, com.tail1,
+                             none, none, none)
     want = {int(d): row.tolist() for idx, rows in _single_paths(com, fast, choice[fast, 0])
             for d, row in zip(idx, rows, strict=True)}
     assert 0 < len(want) < len(demands)
     assert {d: flat[off[d]:off[d + 1]].tolist() for d in range(len(demands))
             if off[d + 1] > off[d]} == want
     assert off[0] == 0 and off[-1] == len(flat)
-    # by hand: paths of two lengths, and a demand of no head link (not written)
+    # by hand: paths of two lengths, and a demand of no head link (its links given)
     demands = [Demand("a", 10, ((10, 11), (12, 13)), head=(1,), tail=(2,)),
                Demand("b", 10, ((20,), (21,)), head=(3,), tail=(4,)),
                Demand("c", 10, ((30, 31),))]
     com = _Commodities(demands, dict.fromkeys((1, 2, 3, 4, 10, 11, 12, 13, 20, 21, 30, 31),
                                               100.0), None)
     choice = np.array([[1, 1], [0, 0], [0, 0]])
-    _, fast, _ = _path_kinds(com, choice)
+    _, fast, rest = _path_kinds(com, choice)
     flat, off = _single_rows(3, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
-                             com.pstart, com.crow, com.links, com.head1, com.tail1)
-    assert fast.tolist() == [0, 1]
-    assert flat.tolist() == [1, 12, 13, 2, 3, 20, 4] and off.tolist() == [0, 4, 7, 7]
+                             com.pstart, com.crow, com.links, com.head1, com.tail1,
+                             rest, np.array([2]), np.array([30, 31]))
+    assert fast.tolist() == [0, 1] and rest.tolist() == [2]
+    assert flat.tolist() == [1, 12, 13, 2, 3, 20, 4, 30, 31]
+    assert off.tolist() == [0, 4, 7, 9]
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int64])
@@ -1107,37 +1114,41 @@ def test_paths_of_demands_read_from_columns_are_those_of_the_demands(seed: int) 
     assert all(p[0] in first_links for p, _ in exact.rest[no_head])
 
 
-def test_qp_paths_are_each_keys_paths_in_order() -> None:
-    # the compiled writer of a plan's QP column against a plain-Python one: keys of one
-    # path (from the rows) and keys of several (from their own list), empty paths included
-    from fabricpilot.controller.planner import fill_qp_paths
+def test_qp_offsets_are_each_keys_paths_in_order() -> None:
+    # the compiled QP offsets of a plan's rows against a plain-Python reading: keys of one
+    # path (their row) and keys of several (their row holds their paths one after the
+    # other), empty paths included; a row whose paths do not fill it is named
+    from fabricpilot.controller.planner import qp_offsets
 
     rng = np.random.default_rng(11)
     n = 300
     is_rest = rng.random(n) < 0.3
-    lens = np.where(is_rest, 0, rng.integers(0, 5, n))
-    off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-    flat = rng.integers(0, 1000, int(off[-1]))
     n_per_key = np.where(is_rest, rng.integers(1, 4, n), 1)
-    r_paths = [tuple(rng.integers(0, 1000, int(rng.integers(0, 5))).tolist())
-               for _ in range(int(n_per_key[is_rest].sum()))]
-    r_w = rng.random(len(r_paths))
-    want_paths, want_w = [], []
-    it = iter(zip(r_paths, r_w.tolist(), strict=True))
+    r_len = rng.integers(0, 5, int(n_per_key[is_rest].sum()))
+    r_w = rng.random(len(r_len))
+    row_len = np.where(is_rest, 0, rng.integers(0, 5, n))
+    row_len[is_rest] = np.add.reduceat(r_len, np.r_[0, np.cumsum(n_per_key[is_rest])[:-1]])
+    off = np.concatenate(([0], np.cumsum(row_len))).astype(np.int64)
+    want_bounds, want_w = [], []
+    it = iter(zip(r_len.tolist(), r_w.tolist(), strict=True))
     for k in range(n):
         if is_rest[k]:
+            at = int(off[k])
             for _ in range(int(n_per_key[k])):
-                p, w = next(it)
-                want_paths.append(p)
+                ln, w = next(it)
+                want_bounds.append((at, at + ln))
                 want_w.append(w)
+                at += ln
         else:
-            want_paths.append(tuple(flat[off[k]:off[k + 1]].tolist()))
+            want_bounds.append((int(off[k]), int(off[k + 1])))
             want_w.append(0.25)
-    r_len = np.array([len(p) for p in r_paths], np.int64)
-    r_flat = np.array([x for p in r_paths for x in p], np.int64)
-    q_off, links, w = fill_qp_paths(off, flat, 0.25, n_per_key, is_rest, r_len, r_flat, r_w)
-    assert [tuple(links[q_off[q]:q_off[q + 1]].tolist()) for q in range(len(w))] == want_paths
-    assert w.tolist() == want_w and q_off[-1] == len(links)
+    q_off, w, bad = qp_offsets(off, 0.25, n_per_key, is_rest, r_len, r_w)
+    assert list(itertools.pairwise(q_off.tolist())) == want_bounds
+    assert w.tolist() == want_w and bad == -1 and q_off[-1] == off[-1]
+    k = int(np.flatnonzero(is_rest)[5])
+    short = off.copy()
+    short[k + 1:] += 1  # (row k one link longer than its paths)
+    assert qp_offsets(short, 0.25, n_per_key, is_rest, r_len, r_w)[2] == k
 
 
 def test_copy_ranges_copies_as_the_index_arrays_would() -> None:

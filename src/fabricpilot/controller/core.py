@@ -231,8 +231,8 @@ def _qp_columns(rows: PathRows) -> tuple[NDArray[np.int64], PathColumn, NDArray[
     QPs' (a key's paths in its order, a QP each): each key's number of QPs, the QPs' paths
     and their shares.
 
-    >>> rows = planner.PathRows(["a", "b", "c"], np.array([7, 1, 9, 8, 2]),
-    ...                         np.array([0, 3, 3, 5]), 1.0, {1: [((2,), 0.5), ((3, 4), 0.5)]})
+    >>> rows = planner.PathRows(["a", "b", "c"], np.array([7, 1, 9, 2, 3, 4, 8, 2]),
+    ...                         np.array([0, 3, 6, 8]), 1.0, {1: [((2,), 0.5), ((3, 4), 0.5)]})
     >>> n, col, w = _qp_columns(rows)
     >>> n.tolist(), list(col), w.tolist()
     ([1, 2, 1], [(7, 1, 9), (2,), (3, 4), (8, 2)], [1.0, 0.5, 0.5, 1.0])
@@ -245,15 +245,16 @@ def _qp_columns(rows: PathRows) -> tuple[NDArray[np.int64], PathColumn, NDArray[
         return n_per_key, PathColumn(rows.flat, rows.off), np.full(n, float(rows.whole))
     r_at = np.array(r_rows, np.int64)
     n_per_key[r_at] = [len(rest[r]) for r in r_rows]
-    r_paths = [p for r in r_rows for p, _ in rest[r]]
-    r_len = np.fromiter(map(len, r_paths), np.int64, len(r_paths))
+    r_len = np.fromiter((len(p) for r in r_rows for p, _ in rest[r]), np.int64,
+                        int(n_per_key[r_at].sum()))
     r_weights = np.array([w for r in r_rows for _, w in rest[r]], np.float64)
-    r_flat = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
     is_rest = np.zeros(n, np.bool_)
     is_rest[r_at] = True
-    q_off, flat, weights = planner.fill_qp_paths(rows.off, rows.flat, float(rows.whole),
-                                                 n_per_key, is_rest, r_len, r_flat, r_weights)
-    return n_per_key, PathColumn(flat, q_off), weights
+    q_off, weights, bad = planner.qp_offsets(rows.off, float(rows.whole), n_per_key, is_rest,
+                                             r_len, r_weights)
+    if bad >= 0:
+        raise ValueError(f"row {bad} of the plan's paths: its links are not its paths'")
+    return n_per_key, PathColumn(rows.flat, q_off), weights
 
 
 def _column_take(col: PathColumn, at: NDArray[np.int64]) -> PathColumn:
@@ -2043,7 +2044,8 @@ class Controller:
         memo = t.mids
         uniq_l = uniq.tolist()
         mids_of = list(map(memo.get, uniq_l))
-        new = [i for i, m in enumerate(mids_of) if m is None]
+        new = list(itertools.compress(range(len(mids_of)),  # (those not met before)
+                                      map(operator.is_, mids_of, itertools.repeat(None))))
         if new:
             made_mids = self._switch_paths_of([(first_of[uniq_l[i] // n_last],
                                                 last_of[uniq_l[i] % n_last]) for i in new])

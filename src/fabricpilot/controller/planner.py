@@ -251,6 +251,66 @@ class KeyLinks:
     owner: NDArray[np.int64]
 
 
+@numba.njit(cache=True, nogil=True)
+def _slot_runs_of(choice: NDArray[np.int64],
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """:attr:`PartChoice.slot_runs` of the rows ``choice`` (at least one), row by row: a
+    row all on one candidate is one slot; another is sorted (a copy, by insertion: a row
+    is a few parts) and counted run by run."""
+    n, split = choice.shape
+    count = np.empty(n, np.int64)
+    row = np.empty(split, np.int64)
+    total = 0
+    for d in range(n):
+        c0 = choice[d, 0]
+        k = 1
+        for j in range(1, split):
+            if choice[d, j] != c0:
+                k = 0
+                break
+        if k == 0:
+            for j in range(split):  # (insertion sort of the row's choices)
+                v = np.int64(choice[d, j])
+                i = j
+                while i > 0 and row[i - 1] > v:
+                    row[i] = row[i - 1]
+                    i -= 1
+                row[i] = v
+            k = 1
+            for j in range(1, split):
+                if row[j] != row[j - 1]:
+                    k += 1
+        count[d] = k
+        total += k
+    cand = np.empty(total, np.int64)
+    runs = np.empty(total, np.int64)
+    at = 0
+    for d in range(n):
+        if count[d] == 1:
+            cand[at] = choice[d, 0]
+            runs[at] = split
+            at += 1
+            continue
+        for j in range(split):
+            v = np.int64(choice[d, j])
+            i = j
+            while i > 0 and row[i - 1] > v:
+                row[i] = row[i - 1]
+                i -= 1
+            row[i] = v
+        cand[at] = row[0]
+        runs[at] = 1
+        for j in range(1, split):
+            if row[j] == row[j - 1]:
+                runs[at] += 1
+            else:
+                at += 1
+                cand[at] = row[j]
+                runs[at] = 1
+        at += 1
+    return count, cand, runs
+
+
 @dataclass(frozen=True)
 class PartChoice:
     """Where a plan put every demand's parts, as the planner compiled them, in the plan's
@@ -290,32 +350,9 @@ class PartChoice:
         [[2, 1], [0, 2, 1], [1, 2, 3]]
         """
         choice = self.choice
-        n = len(choice)
-        if not n:
+        if not len(choice):
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        split = choice.shape[1]
-        count = np.ones(n, np.int64)
-        mixed = np.flatnonzero((choice[:, 1:] != choice[:, :1]).any(axis=1))
-        if not len(mixed):
-            return count, choice[:, 0].astype(np.int64), np.full(n, split, np.int64)
-        srt = np.sort(choice[mixed], axis=1)
-        new = np.ones(srt.shape, np.bool_)
-        new[:, 1:] = srt[:, 1:] != srt[:, :-1]
-        count[mixed] = new.sum(axis=1)
-        first = _offsets(count)
-        cand = np.empty(int(first[-1]), np.int64)
-        runs = np.empty(int(first[-1]), np.int64)
-        whole = np.ones(n, np.bool_)
-        whole[mixed] = False
-        at_whole = first[:-1][whole]
-        cand[at_whole] = choice[whole, 0]
-        runs[at_whole] = split
-        at = np.flatnonzero(new.ravel())  # (each slot's first choice, in the sorted rows)
-        row_end = (at // split + 1) * split
-        at_mixed = _ranges(first[:-1][mixed], count[mixed])
-        cand[at_mixed] = srt.ravel()[at]
-        runs[at_mixed] = np.minimum(np.r_[at[1:], len(mixed) * split], row_end) - at
-        return count, cand, runs
+        return _slot_runs_of(np.ascontiguousarray(choice))
 
 
 class LinkValues(Mapping[int, float]):
@@ -2336,22 +2373,22 @@ def _path_kinds_of(choice: NDArray[np.int64], head1: NDArray[np.int64],
 
 
 @numba.njit(cache=True, nogil=True)
-def fill_qp_paths(off: NDArray[np.int64], flat: NDArray[np.int64], whole: float,
-                  n_per_key: NDArray[np.int64], is_rest: NDArray[np.bool_],
-                  r_len: NDArray[np.int64], r_flat: NDArray[np.int64],
-                  r_weights: NDArray[np.float64],
-                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
-    """A plan's paths by QP (as the controller steers them), key by key: a key not
-    ``is_rest`` has one QP, its path ``flat[off[k]:off[k + 1]]`` with share ``whole``; a
-    key ``is_rest`` has ``n_per_key[k]`` QPs, the next paths of ``r_flat`` (of lengths
-    ``r_len``, shares ``r_weights``). Returns the QPs' path offsets, links and shares.
+def qp_offsets(off: NDArray[np.int64], whole: float, n_per_key: NDArray[np.int64],
+               is_rest: NDArray[np.bool_], r_len: NDArray[np.int64],
+               r_weights: NDArray[np.float64],
+               ) -> tuple[NDArray[np.int64], NDArray[np.float64], int]:
+    """Where each QP's path starts in the links of a plan's :class:`PathRows` (rows at
+    ``off``) and its share, key by key: a key not ``is_rest`` has one QP, its row, with
+    share ``whole``; a key ``is_rest`` has ``n_per_key[k]`` QPs, whose paths fill its row
+    one after the other, with the next lengths of ``r_len`` and shares of ``r_weights``.
+    Also the first key ``is_rest`` whose paths' lengths do not add up to its row's (-1:
+    none).
 
-    >>> q_off, links, w = fill_qp_paths(
-    ...     np.array([0, 2, 2, 3]), np.array([7, 1, 8]), 1.0, np.array([1, 2, 1]),
-    ...     np.array([False, True, False]), np.array([1, 2]), np.array([3, 4, 5]),
-    ...     np.array([0.5, 0.5]))
-    >>> q_off.tolist(), links.tolist(), w.tolist()
-    ([0, 2, 3, 5, 6], [7, 1, 3, 4, 5, 8], [1.0, 0.5, 0.5, 1.0])
+    >>> q_off, w, bad = qp_offsets(np.array([0, 2, 5, 6]), 1.0, np.array([1, 2, 1]),
+    ...                            np.array([False, True, False]), np.array([1, 2]),
+    ...                            np.array([0.5, 0.5]))
+    >>> q_off.tolist(), w.tolist(), bad
+    ([0, 2, 3, 5, 6], [1.0, 0.5, 0.5, 1.0], -1)
     """
     n = len(n_per_key)
     n_q = 0
@@ -2359,8 +2396,9 @@ def fill_qp_paths(off: NDArray[np.int64], flat: NDArray[np.int64], whole: float,
         n_q += n_per_key[k]
     q_off = np.empty(n_q + 1, np.int64)
     weights = np.empty(n_q, np.float64)
-    q_off[0] = 0
+    q_off[0] = off[0]
     q = r = 0
+    bad = -1
     for k in range(n):
         if is_rest[k]:
             for _ in range(n_per_key[k]):
@@ -2368,37 +2406,26 @@ def fill_qp_paths(off: NDArray[np.int64], flat: NDArray[np.int64], whole: float,
                 weights[q] = r_weights[r]
                 q += 1
                 r += 1
+            if q_off[q] != off[k + 1] and bad < 0:
+                bad = k
+                q_off[q] = off[k + 1]
         else:
-            q_off[q + 1] = q_off[q] + off[k + 1] - off[k]
+            q_off[q + 1] = off[k + 1]
             weights[q] = whole
             q += 1
-    out = np.empty(q_off[n_q], np.int64)
-    q = 0
-    r_at = 0
-    for k in range(n):
-        if is_rest[k]:
-            for _ in range(n_per_key[k]):
-                for j in range(q_off[q + 1] - q_off[q]):
-                    out[q_off[q] + j] = r_flat[r_at + j]
-                r_at += q_off[q + 1] - q_off[q]
-                q += 1
-        else:
-            lo = off[k]
-            for j in range(off[k + 1] - lo):
-                out[q_off[q] + j] = flat[lo + j]
-            q += 1
-    return q_off, out, weights
+    return q_off, weights, bad
 
 
 class PathRows:
     """A plan's paths in columns, demand by demand in the plan's order (``keys``): a demand
     of one path with one head and one tail link (most) has its path as the links
     ``flat[off[i]:off[i + 1]]``, with share ``whole``; the others' paths and shares are
-    listed in ``rest`` (by row; their rows have no links in ``flat``). A plan reads them
-    through a :class:`~fabricpilot.controller.southbound.BatchMap` (:attr:`Plan.paths`), a
-    demand's list made when read.
+    listed in ``rest`` (by row), and their rows of ``flat`` hold those paths' links one path
+    after the other (``flat`` is every QP's path, in order). A plan reads them through a
+    :class:`~fabricpilot.controller.southbound.BatchMap` (:attr:`Plan.paths`), a demand's
+    list made when read.
 
-    >>> rows = PathRows(["a", "b"], np.array([7, 1, 9]), np.array([0, 3, 3]), 1.0,
+    >>> rows = PathRows(["a", "b"], np.array([7, 1, 9, 2, 3]), np.array([0, 3, 5]), 1.0,
     ...                 {1: [((2,), 0.5), ((3,), 0.5)]})
     >>> rows.value(0), rows.value(1), rows.row_of["b"], len(rows), rows.value(0) is rows.value(0)
     ([((7, 1, 9), 1.0)], [((2,), 0.5), ((3,), 0.5)], 1, 2, True)
@@ -2452,11 +2479,17 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     split = choice.shape[1]
     n = len(com.demands)
     one_path, fast, rest_idx = _path_kinds(com, choice)
-    flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
-                             com.pstart, com.crow, com.links, com.head1, com.tail1)
     made: list[list[tuple[tuple[int, ...], float]]] = []
     if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
         return None
+    # (their paths' links too, in their rows: the QPs' paths read as they are)
+    r_paths = [p for m in made for p, _ in m]
+    r_len = np.fromiter(map(len, r_paths), np.int64, len(r_paths))
+    r_flat = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
+    row_len = np.fromiter((sum(len(p) for p, _ in m) for m in made), np.int64, len(made))
+    flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
+                             com.pstart, com.crow, com.links, com.head1, com.tail1,
+                             rest_idx, row_len, r_flat)
     return PathRows(list(com.keys), flat, off, acc[split],
                     dict(zip(rest_idx.tolist(), made, strict=True)))
 
@@ -2531,16 +2564,21 @@ def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
                  ustart: NDArray[np.int64], u_of: NDArray[np.int64], plen: NDArray[np.int64],
                  pstart: NDArray[np.int64], crow: NDArray[np.int32], links: NDArray[np.int64],
                  head1: NDArray[np.int64], tail1: NDArray[np.int64],
-                 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+                 rest_idx: NDArray[np.int64], rest_len: NDArray[np.int64],
+                 rest_flat: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """The paths of :func:`_single_paths` written one after the other in demand order:
     ``flat[off[d]:off[d + 1]]`` is demand ``d``'s path (head link, candidate ``cand[i]``'s
-    links, tail link) for ``d = idx[i]``, empty for the ``n`` demands not in ``idx``."""
+    links, tail link) for ``d = idx[i]``; for ``d = rest_idx[j]`` the next ``rest_len[j]``
+    links of ``rest_flat`` (its paths' links, one path after the other); empty for the
+    other demands of the ``n``."""
     path = np.empty(len(idx), np.int64)
     off = np.zeros(n + 1, np.int64)
     for i in range(len(idx)):
         d = idx[i]
         path[i] = ustart[u_of[d]] + cand[i]
         off[d + 1] = plen[path[i]] + 2
+    for j in range(len(rest_idx)):
+        off[rest_idx[j] + 1] = rest_len[j]
     for d in range(n):
         off[d + 1] += off[d]
     flat = np.empty(off[n], np.int64)
@@ -2553,6 +2591,12 @@ def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
         for j in range(k):
             flat[o + 1 + j] = links[crow[pstart[p] + j]]
         flat[o + 1 + k] = tail1[d]
+    at = 0
+    for j in range(len(rest_idx)):
+        o = off[rest_idx[j]]
+        for k in range(rest_len[j]):
+            flat[o + k] = rest_flat[at + k]
+        at += rest_len[j]
     return flat, off
 
 

@@ -481,6 +481,35 @@ def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(
     assert (pinned > 0) == (unpinned > 0) == (not per_switch or not entropy)
 
 
+@pytest.mark.parametrize(("per_switch", "rules"), [(True, 4096), (False, 32)])
+def test_a_plans_port_search_in_two_halves_finds_the_ports_of_one_pass(
+        monkeypatch, per_switch: bool, rules: int) -> None:
+    """A large plan's port search runs in two halves, one on the planner's worker thread:
+    the same ports, rules and paths as one pass (a plan past the threshold made small
+    here), with per-switch seeds and with one seed for every switch (some QPs missing
+    their path: rules and paths left to the hash)."""
+    from fabricpilot.controller import entropy, planner
+
+    halves = []
+
+    def counted(fn, n):  # type: ignore[no-untyped-def]
+        out = planner.in_halves(fn, n)
+        halves.append(out[1] is not None)
+        return out
+
+    monkeypatch.setattr(entropy, "in_halves", counted)
+    got = []
+    for rows in (1 << 30, 64):
+        monkeypatch.setattr(planner, "_BACKGROUND_ROWS", rows)
+        _, ctl = _alltoall_controller(_ctx(per_switch, True, rules))
+        report = ctl.plan()
+        got.append(({k: (s.paths, s.ports, s.rules) for k, s in ctl._installed.items()},
+                    report.pinned, report.unpinned))
+    assert got[0] == got[1] and len(got[0][0]) == 64 * 63
+    assert halves[0] is False and halves[-1] is True
+    assert (got[0][1] > 0) == (not per_switch)
+
+
 @pytest.mark.parametrize(("per_switch", "entropy", "rules"),
                          [(True, True, 4096), (False, True, 32), (True, False, 20)])
 def test_a_replan_steers_only_the_pairs_whose_paths_moved(

@@ -624,6 +624,51 @@ def test_an_error_meanwhile_is_raised_once_the_placement_is_done(
     assert done.is_set()
 
 
+def test_work_in_halves_is_shared_with_the_worker_or_done_here_if_it_is_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # rows 0:n in two halves: the second on the worker thread while the first runs here
+    # (it waits until the other has started: were they run one after the other, it would
+    # time out); with the worker busy, both here, never waiting for it; small n: one pass
+    import threading
+
+    from fabricpilot.controller.planner import in_halves
+
+    monkeypatch.setattr(planner, "_BACKGROUND_ROWS", 10)
+    started = threading.Event()
+    seen: dict[tuple[int, int], tuple[int, bool]] = {}
+
+    def rows(lo: int, hi: int) -> list[int]:
+        if lo:
+            started.set()
+        seen[(lo, hi)] = (threading.get_ident(), lo > 0 or started.wait(10))
+        return list(range(lo, hi))
+
+    first, second = in_halves(rows, 21)
+    assert first + second == list(range(21))
+    here = threading.get_ident()
+    assert seen[(0, 10)] == (here, True) and seen[(10, 21)][0] != here
+    # the worker busy until released: both halves here, and the worker's queue left empty
+    seen.clear()
+    release = threading.Event()
+    busy = planner._WORKER.submit(release.wait, 10)
+    try:
+        started.clear()
+        started.set()  # (the first half does not wait for the second now)
+        first, second = in_halves(rows, 21)
+    finally:
+        release.set()
+    busy.result()
+    assert first + second == list(range(21))
+    assert {t for t, _ in seen.values()} == {here}
+    assert in_halves(rows, 9) == (list(range(9)), None)
+
+    def fails(lo: int, hi: int) -> list[int]:
+        raise RuntimeError(f"rows {lo}:{hi} failed")
+
+    with pytest.raises(RuntimeError, match="rows 0:10 failed"):
+        in_halves(fails, 21)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_plans_with_a_worker_of_its_own() -> None:
     # the parent's worker thread has run; a child forked then has no such thread, and its

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.controller.planner import _offsets, _ranges
+from fabricpilot.controller.planner import _offsets, _ranges, in_halves
 from fabricpilot.controller.southbound import FabricView, PathColumn
 from fabricpilot.net.hashing import (
     CRC32_TABLE,
@@ -922,9 +922,16 @@ class SteeringTable:
         ptr, term, rot, size, want = arrays
         s_row, d_row, a_term, b_term = _gpu_rows(src, dst)
         c_tab, t_order, t_start = self._port_tables(rot, size)
-        best, n_miss = _search_indexed(s_row, d_row, start, mid, ptr, term, rot, size, want,
-                                       a_term, b_term, self.port_term, max_tries, c_tab,
-                                       t_order, t_start)
+
+        def rows(lo: int, hi: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+            return _search_indexed(s_row[lo:hi], d_row[lo:hi], start[lo:hi], mid[lo:hi], ptr,
+                                   term, rot, size, want, a_term, b_term, self.port_term,
+                                   max_tries, c_tab, t_order, t_start)
+
+        # (a whole plan's requests in two halves, one on the planner's worker thread)
+        first, second = in_halves(rows, len(start))
+        best, n_miss = first if second is None else (
+            np.concatenate((first[0], second[0])), np.concatenate((first[1], second[1])))
         ports = self.ports[best].tolist()
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         rows = np.flatnonzero(n_miss)

@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numba
 import numpy as np
@@ -44,6 +44,7 @@ from fabricpilot.controller.keys import ChainedKeys, unmade
 from fabricpilot.controller.keys import made as made_keys
 from fabricpilot.controller.southbound import BatchMap, KeyRows, key_rows
 
+T = TypeVar("T")
 _chain = itertools.chain.from_iterable
 
 
@@ -2239,6 +2240,33 @@ def _worker_after_fork() -> None:
 _WORKER = _new_worker()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_worker_after_fork)
+
+
+def in_halves(fn: Callable[[int, int], T], n: int) -> tuple[T, T | None]:
+    """``fn(0, n // 2)`` here and ``fn(n // 2, n)`` on the planner's worker thread at once
+    (``fn`` a compiled pass over rows ``lo:hi`` that holds no GIL), for ``n`` of at least
+    :data:`_BACKGROUND_ROWS`; if the worker has not started its half when this one is
+    done (busy with other work), the second half is done here too, so the two take no
+    longer than one pass would. Returns both halves' results, the second ``None`` when
+    ``n`` is smaller (the first is then ``fn(0, n)``).
+
+    >>> in_halves(lambda lo, hi: hi - lo, 10)
+    (10, None)
+    >>> in_halves(lambda lo, hi: (lo, hi), 1 << 17)
+    ((0, 65536), (65536, 131072))
+    """
+    if n < _BACKGROUND_ROWS:
+        return fn(0, n), None
+    h = n // 2
+    other = _WORKER.submit(fn, h, n)
+    try:
+        first = fn(0, h)
+    except BaseException:
+        other.cancel()
+        raise
+    if other.cancel():  # (the worker is still busy: the second half here as well)
+        return first, fn(h, n)
+    return first, other.result()
 
 # trial link loads (links x trials) the local search may score in pairs, in all
 _PAIR_BUDGET = 5_000_000

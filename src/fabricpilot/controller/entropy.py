@@ -548,10 +548,10 @@ def _link_members(g_ptr: NDArray[np.int64], g_links: NDArray[np.int64], n_links:
     sizes = g_ptr[1:] - g_ptr[:-1]
     owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     place = np.arange(len(g_links), dtype=np.int64) - np.repeat(g_ptr[:-1], sizes)
-    times = np.bincount(g_links, minlength=n_links)[:n_links]
+    times = np.bincount(g_links, minlength=n_links)
     link_grp = np.full(n_links, -1, np.int64)
     link_pos = np.full(n_links, -1, np.int64)
-    once = times[g_links] == 1
+    once = (times[g_links] == 1) & (g_links < n_links)  # (a link past them: looked for)
     link_grp[g_links[once]] = owner[once]
     link_pos[g_links[once]] = place[once]
     return link_grp, link_pos
@@ -923,13 +923,13 @@ class SteeringTable:
         s_row, d_row, a_term, b_term = _gpu_rows(src, dst)
         c_tab, t_order, t_start = self._port_tables(rot, size)
 
-        def rows(lo: int, hi: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        def search_rows(lo: int, hi: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
             return _search_indexed(s_row[lo:hi], d_row[lo:hi], start[lo:hi], mid[lo:hi], ptr,
                                    term, rot, size, want, a_term, b_term, self.port_term,
                                    max_tries, c_tab, t_order, t_start)
 
         # (a whole plan's requests in two halves, one on the planner's worker thread)
-        first, second = in_halves(rows, len(start))
+        first, second = in_halves(search_rows, len(start))
         best, n_miss = first if second is None else (
             np.concatenate((first[0], second[0])), np.concatenate((first[1], second[1])))
         ports = self.ports[best].tolist()

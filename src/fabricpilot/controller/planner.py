@@ -252,31 +252,44 @@ class KeyLinks:
     owner: NDArray[np.int64]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _on_one(choice: NDArray[np.int64], d: int) -> bool:
+    """Whether row ``d`` of ``choice`` is all on one candidate (the scan stops at the first
+    part on another)."""
+    c0, split = choice[d, 0], choice.shape[1]
+    j = 1
+    while j < split and choice[d, j] == c0:
+        j += 1
+    return j == split
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sorted_row(choice: NDArray[np.int64], d: int, row: NDArray[np.int64]) -> None:
+    """Row ``d`` of ``choice`` into ``row``, ascending (by insertion: a row is a few
+    parts)."""
+    for j in range(choice.shape[1]):
+        v = np.int64(choice[d, j])
+        i = j
+        while i > 0 and row[i - 1] > v:
+            row[i] = row[i - 1]
+            i -= 1
+        row[i] = v
+
+
 @numba.njit(cache=True, nogil=True)
 def _slot_runs_of(choice: NDArray[np.int64],
                   ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """:attr:`PartChoice.slot_runs` of the rows ``choice`` (at least one), row by row: a
-    row all on one candidate is one slot; another is sorted (a copy, by insertion: a row
-    is a few parts) and counted run by run."""
+    row all on one candidate is one slot; another is sorted (a copy) and counted run by
+    run."""
     n, split = choice.shape
     count = np.empty(n, np.int64)
     row = np.empty(split, np.int64)
     total = 0
     for d in range(n):
-        c0 = choice[d, 0]
         k = 1
-        for j in range(1, split):
-            if choice[d, j] != c0:
-                k = 0
-                break
-        if k == 0:
-            for j in range(split):  # (insertion sort of the row's choices)
-                v = np.int64(choice[d, j])
-                i = j
-                while i > 0 and row[i - 1] > v:
-                    row[i] = row[i - 1]
-                    i -= 1
-                row[i] = v
+        if not _on_one(choice, d):
+            _sorted_row(choice, d, row)
             k = 1
             for j in range(1, split):
                 if row[j] != row[j - 1]:
@@ -292,13 +305,7 @@ def _slot_runs_of(choice: NDArray[np.int64],
             runs[at] = split
             at += 1
             continue
-        for j in range(split):
-            v = np.int64(choice[d, j])
-            i = j
-            while i > 0 and row[i - 1] > v:
-                row[i] = row[i - 1]
-                i -= 1
-            row[i] = v
+        _sorted_row(choice, d, row)
         cand[at] = row[0]
         runs[at] = 1
         for j in range(1, split):
@@ -2373,17 +2380,12 @@ def _path_kinds_of(choice: NDArray[np.int64], head1: NDArray[np.int64],
                    ) -> tuple[NDArray[np.bool_], NDArray[np.int64], NDArray[np.int64]]:
     """:func:`_path_kinds` in one pass over the rows (a row's scan stops at its first
     part on another candidate)."""
-    n, split = choice.shape
+    n = choice.shape[0]
     one_path = np.empty(n, np.bool_)
     is_fast = np.empty(n, np.bool_)
     n_fast = 0
     for d in range(n):
-        c = choice[d, 0]
-        same = True
-        for j in range(1, split):
-            if choice[d, j] != c:
-                same = False
-                break
+        same = _on_one(choice, d)
         one_path[d] = same
         is_fast[d] = same and head1[d] >= 0 and tail1[d] >= 0
         n_fast += is_fast[d]

@@ -641,8 +641,10 @@ class _GpuEnds:
             rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
             self._name_rank = rank
         rank = self._name_rank
-        # (each pair once: the codes are distinct, and any sort orders them alike)
-        return np.argsort(rank[a] * max(len(names), 1) + rank[b]).astype(np.int64)
+        # (each pair once: the codes are distinct, and any sort orders them alike; the
+        # stable one merges the runs a call's pairs come in, a third of quicksort's time)
+        return np.argsort(rank[a] * max(len(names), 1) + rank[b], kind="stable").astype(
+            np.int64)
 
 
 @dataclass

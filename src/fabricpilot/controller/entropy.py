@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -585,15 +586,36 @@ def _wrapped_links(heads: NDArray[np.int64], mids: list[tuple[int, ...]],
     return per, flat
 
 
+class _CompiledView(NamedTuple):
+    """A view as the compiled constraint pass reads it (:meth:`SteeringTable._compiled_view`):
+    the switch each link leaves (-1: none with groups), each (switch, leaf)'s ECMP group
+    (-1: none), the groups' members (``g_links[g_ptr[g]:g_ptr[g + 1]]``), each GPU's leaf,
+    and each link's one group and place there (:func:`_link_members`)."""
+
+    link_sw: NDArray[np.int64]
+    grp: NDArray[np.int64]
+    g_ptr: NDArray[np.int64]
+    g_links: NDArray[np.int64]
+    gpu_leaf: NDArray[np.int64]
+    link_grp: NDArray[np.int64]
+    link_pos: NDArray[np.int64]
+
+    def constraints(self, rows: tuple[NDArray, NDArray, NDArray],
+                    ) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+        """:func:`_path_constraints` of paths as :func:`_path_rows` gives them."""
+        return _path_constraints(*rows, self.link_sw, self.grp, self.g_ptr, self.g_links,
+                                 self.link_grp, self.link_pos)
+
+
 def _path_rows(paths: Sequence[tuple[int, ...]], dst: NDArray[np.int64],
-               compiled: tuple[NDArray, ...],
+               compiled: _CompiledView,
                links: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
                ) -> tuple[NDArray, NDArray, NDArray] | None:
     """The links of ``paths`` (flat, with offsets; ``links``: :func:`_path_links` of them,
     if made already) and each one's destination leaf, as :func:`_path_constraints` reads
     them; ``None`` if a link or GPU is not in the compiled view (``compiled``, see
     :meth:`SteeringTable._compiled_view`)."""
-    link_sw, _, _, _, gpu_leaf, _, _ = compiled
+    link_sw, gpu_leaf = compiled.link_sw, compiled.gpu_leaf
     per, flat = _path_links(paths) if links is None else links
     to = np.array(dst, np.int64)
     if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= len(link_sw)):
@@ -668,7 +690,8 @@ class SteeringTable:
         self._c_sw = _Growing(np.int64)
         # candidate tuple (by identity) -> the tuple and its switch paths' ids (-1: not yet)
         self._by_tuple: dict[int, tuple[tuple[tuple[int, ...], ...], NDArray[np.int64]]] = {}
-        self._compiled: tuple[NDArray, ...] | None = None  # (made at first use; () if not)
+        # (made at first use; () if not compilable)
+        self._compiled: _CompiledView | tuple[()] | None = None
         # (rotation, group size) -> the ports by the value their term gives there
         self._port_index: dict[tuple[int, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = {}
 
@@ -676,7 +699,7 @@ class SteeringTable:
         """Make the arrays of the view that steering reads (done at first use otherwise)."""
         self._compiled_view()
 
-    def _compiled_view(self) -> tuple[NDArray, ...] | None:
+    def _compiled_view(self) -> _CompiledView | None:
         """The view as arrays for :func:`_path_constraints` (link -> switch, (switch, leaf)
         -> group, group members) and GPU -> leaf; ``None`` if link or GPU ids are not small
         non-negative integers (then constraints are derived path by path)."""
@@ -704,8 +727,8 @@ class SteeringTable:
             g_ptr = _offsets(np.fromiter(map(len, members), np.int64, len(members)))
             g_links = np.fromiter(itertools.chain.from_iterable(members), np.int64,
                                   int(g_ptr[-1]))
-            self._compiled = (link_sw, grp, g_ptr, g_links, gpu_leaf,
-                              *_link_members(g_ptr, g_links, len(link_sw)))
+            self._compiled = _CompiledView(link_sw, grp, g_ptr, g_links, gpu_leaf,
+                                           *_link_members(g_ptr, g_links, len(link_sw)))
         return self._compiled or None
 
     def intern(self, paths: list[tuple[int, ...]], dst: list[int] | NDArray[np.int64],
@@ -812,9 +835,7 @@ class SteeringTable:
         if rows is None and not paths:
             paths = paths_of()
         if compiled is not None and rows is not None:
-            link_sw, grp, g_ptr, g_links, _, l_grp, l_pos = compiled
-            count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links,
-                                                        l_grp, l_pos)
+            count, c_sw, c_size, c_want = compiled.constraints(rows)
         else:  # path by path, through ``cache`` if given
             cache, sw_ix = self.cache, self._sw_ix
             count_l, sw_l, size_l, want_l = [], [], [], []
@@ -880,9 +901,7 @@ class SteeringTable:
         rows = _path_rows(paths, dst, compiled, links)
         if rows is None:
             return None
-        link_sw, grp, g_ptr, g_links, _, l_grp, l_pos = compiled
-        count, c_sw, c_size, c_want = _path_constraints(*rows, link_sw, grp, g_ptr, g_links,
-                                                        l_grp, l_pos)
+        count, c_sw, c_size, c_want = compiled.constraints(rows)
         arrays = (_offsets(count), self._sw_term[c_sw], self._sw_rot[c_sw], c_size, c_want)
         return self._search(src, dst, start, np.arange(len(paths), dtype=np.int64), paths,
                             max_tries, arrays, c_sw)

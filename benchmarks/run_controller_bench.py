@@ -4,6 +4,7 @@
     python benchmarks/run_controller_bench.py --large    # also 8192 GPUs / 32 jobs
     python benchmarks/run_controller_bench.py --runs 5   # 1024 GPUs planned by 5 fresh controllers
     python benchmarks/run_controller_bench.py --large --large-runs 3   # 8192 GPUs: 3 as well
+    python benchmarks/run_controller_bench.py --release-memory   # C allocator left as it is
 
 Planner cases: a rail-optimised 400G leaf-spine (8 GPUs per host), jobs of equal size, half
 ring AllReduce and half AlltoAll, all declared to the controller, which plans them together
@@ -16,7 +17,9 @@ Targets: <= 1 s each. The time of ``Controller.plan()`` is also split into the
 controller's ``demands()``, the planner and the rest (steering, install), and its CPU time
 (user, system) and page faults are given: most of a plan's memory is new (its path sets
 and records), so where first touching a page is slow (a virtual machine) the system time
-and faults say how much of a slow run is the machine's. Building the
+and faults say how much of a slow run is the machine's. The process keeps the memory a plan
+frees for the next (``collector.keep_freed_memory``), as the service's control process
+does; ``--release-memory`` leaves the C allocator as it is. Building the
 controller (reading the fabric and making its route tables, as a controller does when it
 learns the topology) is timed apart. Then one job
 changes (an AllReduce becomes an AlltoAll) and is planned by itself
@@ -218,10 +221,19 @@ def main() -> None:
                         help="fresh controllers per case up to 1024 GPUs")
     parser.add_argument("--large-runs", type=int, default=1,
                         help="fresh controllers per 8192-GPU case (each takes 10-30 s)")
+    parser.add_argument("--release-memory", action="store_true",
+                        help="leave the C allocator as it is (freed blocks handed back to "
+                             "the system), not as the service's control process sets it")
     args = parser.parse_args()
     for flag, n in (("--runs", args.runs), ("--large-runs", args.large_runs)):
         if n < 1:
             parser.error(f"{flag} must be at least 1")
+    if not args.release_memory:  # (as the service's control process, which plans)
+        from fabricpilot.collector import keep_freed_memory
+
+        kept = keep_freed_memory()
+        print("memory freed by a plan kept for the next (as the service's control "
+              f"process does): {'yes' if kept else 'no (not glibc)'}")
     cases = [(1024, 8, "hosts"), (1024, 8, "gpus")]
     if args.large:
         cases += [(8192, 32, "hosts"), (8192, 32, "gpus")]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def test_promotion_keeps_frozen_startup_objects_frozen() -> None:
     # in a fresh interpreter: freezing is for the whole process
@@ -48,4 +50,43 @@ def test_promotion_without_frozen_objects_moves_new_objects_to_the_oldest_genera
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_kept_memory_stays_in_the_heap_after_a_large_block_is_freed() -> None:
+    # glibc's own account (mallinfo2): a 64 MiB block is a mapping of its own, gone from the
+    # process when freed; once memory is kept, it comes from the heap and stays there, free
+    code = textwrap.dedent("""
+        import ctypes, sys
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "mallinfo2"):
+            print("no glibc"); sys.exit()
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                "uordblks", "fordblks", "keepcost")]
+        libc.mallinfo2.restype = Info
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        from fabricpilot.collector import keep_freed_memory
+        size = 64 << 20
+        def block():
+            before = libc.mallinfo2()
+            p = libc.malloc(size)
+            ctypes.memset(p, 1, size)
+            mapped = libc.mallinfo2().hblkhd - before.hblkhd
+            libc.free(p)
+            return mapped, libc.mallinfo2().fordblks - before.fordblks
+        mapped, kept = block()
+        assert mapped >= size and kept < size, (mapped, kept)
+        assert keep_freed_memory() and keep_freed_memory()
+        mapped, kept = block()
+        assert mapped == 0 and kept >= size, (mapped, kept)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "no glibc":
+        pytest.skip("the C library is not glibc")
     assert out.stdout.strip() == "ok"

@@ -511,7 +511,7 @@ def serve(
     """Run the controller as a service: REST API, dashboard and Prometheus metrics."""
     import uvicorn
 
-    from fabricpilot.collector import freeze_startup_objects
+    from fabricpilot.collector import freeze_startup_objects, keep_freed_memory
     from fabricpilot.service.auth import TokenRegistry
     from fabricpilot.service.control import ServiceSpec
     from fabricpilot.service.server import (
@@ -566,6 +566,7 @@ def serve(
         dp_token = _read_token(dataplane_token_file, "--dataplane-token-file")
         with err.status("planning the declared jobs"):
             if single_process:
+                keep_freed_memory()  # (this process plans: its memory kept between plans)
                 api, service, _, token_file = build(
                     sc, source, state_dir, tokens=tokens, twin=twin, time_scale=time_scale,
                     tick_interval_s=tick_interval, plan_interval_s=plan_interval,

@@ -1,4 +1,5 @@
-"""Control of Python's cyclic garbage collector around allocation-heavy work.
+"""Control of a process's memory housekeeping around allocation-heavy work: Python's cyclic
+garbage collector, and the C allocator's return of freed memory to the system.
 
 The planner makes hundreds of thousands of small objects that cannot form reference cycles
 (tuples of link ids, path sets); a long-lived service holds millions more (modules, the
@@ -10,6 +11,11 @@ tools keep it out of the way:
 - :func:`freeze_startup_objects`: what is alive after a server's start-up moves to the
   permanent generation, out of every later pass.
 
+A plan also allocates and frees large arrays (a million demands' columns). glibc returns a
+freed block that large to the system at once, and the next plan faults every page of it in
+again: on a virtual machine that is up to a third of a re-plan's wall time.
+:func:`keep_freed_memory` keeps that memory in the process for the next plan.
+
 Whether anything was frozen is remembered here: ``gc.get_freeze_count()`` walks the whole
 permanent generation (tens of milliseconds with the GIL held in a service), so it is not
 asked on a hot path.
@@ -17,13 +23,18 @@ asked on a hot path.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["freeze_startup_objects", "frozen", "paused"]
+__all__ = ["freeze_startup_objects", "frozen", "keep_freed_memory", "paused"]
 
 _frozen = False
+_kept = False
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
 
 
 def frozen() -> bool:
@@ -40,6 +51,31 @@ def freeze_startup_objects() -> None:
     gc.collect()
     gc.freeze()
     _frozen = True
+
+
+def keep_freed_memory() -> bool:
+    """Keep the memory a plan frees for the next one, instead of handing it back to the
+    system and faulting it in again page by page: every block from the heap (glibc's
+    ``M_MMAP_MAX`` = 0, no block in a mapping of its own, unmapped when freed) and the
+    heap's free top kept up to 2 GiB (``M_TRIM_THRESHOLD``). The process's resident size
+    then stays near its peak, as a long-lived controller's does anyway between plans.
+
+    For a process that plans until it exits (the service's control process); call it once,
+    at start-up. Whether it took effect: ``False`` where the C library is not glibc (as on
+    macOS), which is then left as it is.
+    """
+    global _kept
+    if _kept:
+        return True
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # (the process's C library)
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # (musl has a mallopt that does nothing and returns 0)
+    _kept = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    return _kept
 
 
 @contextmanager

@@ -235,11 +235,12 @@ class _Answers(asyncio.Protocol):
 def _child_main(sock: socket.socket, spec: ServiceSpec) -> None:
     """The control process: build the service, then answer requests until told to stop or
     until the API's process has gone (end of the socket)."""
-    from fabricpilot.collector import freeze_startup_objects
+    from fabricpilot.collector import freeze_startup_objects, keep_freed_memory
     from fabricpilot.service.server import build_service, configure_logging
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the API's process stops us
     configure_logging(spec.log_level)
+    keep_freed_memory()  # (it plans until it exits: its memory kept between plans)
     try:
         service = build_service(spec)
     except FabricpilotError as err:

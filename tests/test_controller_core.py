@@ -162,6 +162,50 @@ def test_a_replan_of_the_same_jobs_on_the_same_links_reuses_their_demands() -> N
                for p in d.full_candidates)
 
 
+def test_a_re_plan_of_unchanged_jobs_hands_the_planner_the_columns_of_the_last_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # no job changed: the planner gets the columns it compiled last time (and reads what it
+    # compiled from them), and the plan installs the sets of a fresh controller's plan; a
+    # job changed: new columns
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller import core
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8,
+                                     rail_optimized=True))
+    order = np.random.default_rng(7).permutation(64).tolist()
+    intents = [Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 2),)),
+               Intent("b", "t", tuple(order[32:]), (CommCall("alltoall", 1 << 22, 900.0, 0),))]
+    seen: list[object] = []
+    plan_greedy = core.plan_greedy
+
+    def spy(demands, *args, columns=None, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(columns)
+        return plan_greedy(demands, *args, columns=columns, **kwargs)
+
+    monkeypatch.setattr(core, "plan_greedy", spy)
+
+    def controller() -> Controller:
+        ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
+        for i in intents:
+            ctl.declare(i)
+        return ctl
+
+    ctl = controller()
+    ctl.plan()
+    ctl.plan()
+    assert len(seen) == 2 and seen[0] is not None and seen[1] is seen[0]
+    assert "commodities" in seen[0].memo  # type: ignore[attr-defined]
+    fresh = controller()
+    fresh.plan()
+    assert ({k: tuple(v) for k, v in ctl._installed.items()}
+            == {k: tuple(v) for k, v in fresh._installed.items()})
+    ctl.declare(replace(intents[1], calls=(CommCall("alltoall", 1 << 23, 900.0, 0),)))
+    ctl.plan()
+    assert seen[-1] is not None and seen[-1] is not seen[0]
+
+
 def test_the_columns_handed_to_the_planner_are_those_of_the_demands(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # a whole plan's demands go to the planner with their fields as columns, made with them

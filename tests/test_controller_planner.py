@@ -1238,3 +1238,41 @@ def test_demands_of_more_candidates_than_a_byte_holds_plan_as_in_the_reference()
     assert plan.paths == paths and (plan.max_utilization, plan.moves) == (lam, moves)
     assert lam == pytest.approx(0.2) and sorted(load.tolist()) == [20.0] * 130
     assert plan.parts is not None and plan.parts.choice.dtype == np.int16
+
+
+def test_a_plan_of_the_same_columns_reuses_what_it_compiled_and_plans_alike() -> None:
+    # columns planned again over the same links (other capacities, another background):
+    # their compiled arrays are the ones made the first time, and equal to those compiled
+    # from a fresh copy of the columns, with the new capacities; the plans alike too. Over
+    # other links, the columns are compiled anew.
+    from fabricpilot.controller.planner import DemandColumns, _Commodities
+
+    demands, cap = rail_demands(3, n=400, factored=True, whole_every=5)
+    cols = DemandColumns.of(demands)
+    assert cols is not None
+    first = _Commodities(demands, cap, None, columns=cols)
+    cap2 = {lk: c * (0.5 if lk % 3 == 0 else 1.0) for lk, c in cap.items()}
+    bg = {lk: 0.1 * c for lk, c in cap2.items() if lk % 4 == 1}
+    again = _Commodities(demands, cap2, bg, columns=cols)
+    fresh = _Commodities(demands, cap2, bg, columns=DemandColumns.of(demands))
+    assert again.grp is first.grp and again.fix_idx is first.fix_idx
+    assert fresh.grp is not first.grp
+    names = set(vars(fresh)) - {"demands"}
+    assert names == set(vars(again)) - {"demands"} and {"cap", "bg", "c_idx"} <= names
+    for name in sorted(names):
+        a, b = getattr(again, name), getattr(fresh, name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        elif name != "u_obj":  # (the same tuples, by identity: a list each)
+            assert a == b, name
+    assert again.cap.tolist() == [cap2[lk] for lk in sorted(cap2)]
+    assert again.bg.tolist() == [bg.get(lk, 0.0) for lk in sorted(cap2)]
+    kw = {"background": bg, "split": 4}
+    p_again = plan_greedy(demands, cap2, columns=cols, **kw)
+    p_fresh = plan_greedy(demands, cap2, columns=DemandColumns.of(demands), **kw)
+    assert p_again.max_utilization == p_fresh.max_utilization
+    assert p_again.paths == p_fresh.paths
+    # a link more: compiled anew
+    other = _Commodities(demands, {**cap, max(cap) + 1: 100.0}, None, columns=cols)
+    assert other.grp is not first.grp and np.array_equal(other.grp, first.grp)
+    assert len(other.cap) == len(cap) + 1

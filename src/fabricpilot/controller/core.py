@@ -301,32 +301,12 @@ def _kept_columns(keys: list[str], n_per_key: NDArray[np.int64], col: PathColumn
         return None
     if not len(batch.keys):
         return np.full(n, -1, np.int64)
-    has = at >= 0
-    src = np.where(has, at, 0)
-    o_count = np.diff(batch.first)[src]
-    ok = has & (o_count == n_per_key) & (np.array(batch.caps, np.float64)[src]
-                                         == np.array(caps, np.float64))
-    first = _offsets(n_per_key)
-    cand = np.flatnonzero(ok)
-    cnt = n_per_key[cand]
-    oq, nq = _ranges(batch.first[at[cand]], cnt), _ranges(first[cand], cnt)
-    owner = np.repeat(np.arange(len(cand), dtype=np.int64), cnt)
-    o_len, n_len = np.diff(old.off)[oq], np.diff(col.off)[nq]
-    w_old = np.array(batch.weights, np.float64)[oq]
     rules = batch.rules
-    ruled = np.fromiter(map(bool, rules), np.bool_, len(rules))[oq]
-    same = (o_len == n_len) & (w_old == weights[nq]) & ~ruled
-    alike = np.flatnonzero(same)
-    diff = old.flat[_ranges(old.off[oq[alike]], o_len[alike])] != col.flat[
-        _ranges(col.off[nq[alike]], o_len[alike])]
-    bad = np.zeros(len(oq), np.bool_)
-    bad[~same] = True
-    bad[alike[np.flatnonzero(np.bincount(np.repeat(np.arange(len(alike)), o_len[alike]),
-                                         weights=diff, minlength=len(alike)))]] = True
-    off_keys = np.zeros(len(cand), np.bool_)
-    off_keys[owner[bad]] = True
-    keep = np.zeros(n, np.bool_)
-    keep[cand[~off_keys]] = True
+    keep = planner.same_qps(
+        np.asarray(at, np.int64), np.asarray(n_per_key, np.int64), batch.first,
+        np.array(batch.caps, np.float64), np.array(caps, np.float64), old.off, old.flat,
+        col.off, col.flat, np.array(batch.weights, np.float64), np.asarray(weights, np.float64),
+        np.fromiter(map(bool, rules), np.bool_, len(rules)))
     if skip:
         off = [i for i, k in enumerate(keys) if k in skip]
         if off:
@@ -1233,6 +1213,8 @@ class Controller:
         # the last whole demands() made: its list, their fields as columns and their pairs'
         # GPUs as rows (None: not known), for the plan (see _solve)
         self._demand_cols: _MadeColumns | None = None
+        # every job's demand columns in the last whole plan, and them joined
+        self._joined: tuple[list[DemandColumns], DemandColumns] | None = None
         # no candidate path is slower than this (ns): an SLA at least this long needs no
         # path's delay checked. A fewest-hop path climbs to the top tier and back, with an
         # NVLink hop at each end at most: 2 x tiers + 4 links, a switch between two
@@ -1871,7 +1853,15 @@ class Controller:
             self._demand = out  # (not changed here after)
             # (the demands' fields as columns, for the planner: if every job's are known)
             if col_parts and all(c is not None for c in col_parts):
-                cols = DemandColumns.join(col_parts)  # type: ignore[arg-type]
+                # (every job's columns as in the last plan: the columns joined then, with
+                # what the planner compiled from them)
+                last = self._joined
+                if last is not None and len(last[0]) == len(col_parts) and all(
+                        map(operator.is_, last[0], col_parts)):
+                    cols = last[1]
+                else:
+                    cols = DemandColumns.join(col_parts)  # type: ignore[arg-type]
+                    self._joined = (col_parts, cols)  # type: ignore[assignment]
                 if len(cols.keys) == len(made_list):
                     self._demand_cols = (made_list, cols, np.concatenate(end_parts)
                                          if len(end_parts) == len(col_parts) else None)

@@ -117,7 +117,9 @@ class DemandColumns:
     ``whole``, ``parts`` and ``priority`` per demand; each demand's candidates
     ``tuples[tup[i]]`` (the very tuple object of the demand); its head and tail link, -1
     where it has none (a demand with more than one has no columns). ``by_key``, if known:
-    the rows in the order of their keys (as ``sorted`` orders the strings).
+    the rows in the order of their keys (as ``sorted`` orders the strings). ``memo``: what
+    the planner compiled from these columns, for the next plan of the same columns (a
+    controller re-planning jobs that did not change).
 
     >>> ds = [Demand("a", 100, ((5,), (6,)), 2.0, (1,), (2,)), Demand("b", 50, ((7,),))]
     >>> c = DemandColumns.of(ds)
@@ -138,6 +140,7 @@ class DemandColumns:
     head: NDArray[np.int64]
     tail: NDArray[np.int64]
     by_key: NDArray[np.int64] | None = None
+    memo: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, demands: Sequence[Demand]) -> DemandColumns | None:
@@ -819,6 +822,11 @@ def _ends_may_repeat(factored: NDArray[np.int64], hptr: NDArray[np.int64],
 
 
 # ----------------------------------------------------------------------- the commodities
+# what a plan of the same columns compiles anew (:class:`_Commodities`): the demands (read
+# one by one as the caller has them) and the links' capacity and background
+_PER_PLAN = frozenset({"demands", "cap", "bg"})
+
+
 class _Commodities:
     """Demands as compiled arrays, with the candidates of demands that differ only by the
     links common to all of them stored once.
@@ -849,6 +857,13 @@ class _Commodities:
         self.links = (cap_arrays.ids.astype(np.int64) if cap_arrays is not None
                       else np.array(sorted(capacity), np.int64))
         n_links = len(self.links)
+        # (the same columns over the same links compiled before: their arrays as they were)
+        kept = columns.memo.get("commodities") if columns is not None and aggregate else None
+        if (isinstance(kept, tuple) and len(kept[0]) == n_links
+                and np.array_equal(kept[0], self.links)):
+            self.__dict__.update(kept[1])
+            self._capacity_arrays(capacity, cap_arrays, background)
+            return
         # (the demands in key order, if the caller knows it)
         self.by_key = columns.by_key if columns is not None and aggregate else None
         if columns is not None and aggregate:  # the demands' fields as the caller had them
@@ -895,19 +910,7 @@ class _Commodities:
             self.head1[one_h] = ids[n_c + _offsets(hl)[one_h]]
             self.tail1[one_t] = ids[n_c + n_h + _offsets(tl)[one_t]]
         del ids
-        if cap_arrays is not None:
-            self.cap = cap_arrays.values.astype(np.float64)
-        else:
-            self.cap = np.array([float(capacity[lk]) for lk in self.links.tolist()])
-        if (self.cap <= 0).any():
-            raise ValueError("link capacities must be > 0")
-        if (cap_arrays is not None and isinstance(background, LinkValues)
-                and background.ids is cap_arrays.ids):
-            self.bg = background.values.astype(np.float64)
-        elif not background:
-            self.bg = np.zeros(n_links)
-        else:
-            self.bg = np.array([float(background.get(lk, 0.0)) for lk in self.links.tolist()])
+        self._capacity_arrays(capacity, cap_arrays, background)
         self.rate = np.array(rates, np.float64)
         self.weight = np.array(weights, np.float64)
         self.whole = np.array(wholes, np.bool_)
@@ -1039,6 +1042,26 @@ class _Commodities:
         self.c_ptr = c_ptr
         self.c_idx = c_idx.astype(np.int64, copy=False)
         self.n_groups = n_groups
+        if columns is not None and aggregate:  # (for a plan of the same columns: all but
+            columns.memo["commodities"] = (  # the demands and the links' values)
+                self.links, {k: v for k, v in vars(self).items() if k not in _PER_PLAN})
+
+    def _capacity_arrays(self, capacity: Mapping[int, float], cap_arrays: LinkValues | None,
+                         background: Mapping[int, float] | None) -> None:
+        """The links' capacity ``cap`` and background ``bg`` as arrays over ``links``."""
+        if cap_arrays is not None:
+            self.cap = cap_arrays.values.astype(np.float64)
+        else:
+            self.cap = np.array([float(capacity[lk]) for lk in self.links.tolist()])
+        if (self.cap <= 0).any():
+            raise ValueError("link capacities must be > 0")
+        if (cap_arrays is not None and isinstance(background, LinkValues)
+                and background.ids is cap_arrays.ids):
+            self.bg = background.values.astype(np.float64)
+        elif not background:
+            self.bg = np.zeros(len(self.links))
+        else:
+            self.bg = np.array([float(background.get(lk, 0.0)) for lk in self.links.tolist()])
 
     def n_parts(self, split: int) -> NDArray[np.int64]:
         """Every demand's number of parts in a plan of ``split`` parts per demand: 1 if
@@ -2400,6 +2423,54 @@ def _path_kinds_of(choice: NDArray[np.int64], head1: NDArray[np.int64],
             rest[k] = d
             k += 1
     return one_path, fast, rest
+
+
+@numba.njit(cache=True, nogil=True)
+def same_qps(at: NDArray[np.int64], n_per_key: NDArray[np.int64], o_first: NDArray[np.int64],
+             o_caps: NDArray[np.float64], caps: NDArray[np.float64], o_off: NDArray[np.int64],
+             o_flat: NDArray[np.integer], off: NDArray[np.int64], flat: NDArray[np.integer],
+             o_weights: NDArray[np.float64], weights: NDArray[np.float64],
+             o_ruled: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Per key ``k`` of a plan (its QPs ``first[k]:first[k + 1]``, ``first`` the running sum
+    of ``n_per_key``; QP ``q``'s links ``flat[off[q]:off[q + 1]]``, share ``weights[q]``;
+    rate cap ``caps[k]``), whether it is set ``at[k]`` of an installed batch as it is (-1:
+    none): as many QPs, the same cap, and QP by QP the same links and share, none pinned
+    by an explicit rule (``o_ruled``). The batch's columns are the ``o_`` ones alike.
+
+    >>> one = np.array([0, 1]); w = np.ones(1); no = np.zeros(1, np.bool_)
+    >>> same_qps(np.array([0]), np.array([1]), one, w, w, np.array([0, 2]), np.array([4, 5]),
+    ...          np.array([0, 2]), np.array([4, 5]), w, w, no).tolist()
+    [True]
+    >>> same_qps(np.array([0]), np.array([1]), one, w, w, np.array([0, 2]), np.array([4, 5]),
+    ...          np.array([0, 2]), np.array([4, 6]), w, w, no).tolist()
+    [False]
+    """
+    n = len(at)
+    keep = np.zeros(n, np.bool_)
+    q = 0  # (the key's first QP in the plan)
+    for k in range(n):
+        cnt = n_per_key[k]
+        r = at[k]
+        q0 = q
+        q += cnt
+        if r < 0 or o_first[r + 1] - o_first[r] != cnt or o_caps[r] != caps[k]:
+            continue
+        same = True
+        for j in range(cnt):
+            oq, nq = o_first[r] + j, q0 + j
+            lo, hi, lo2 = o_off[oq], o_off[oq + 1], off[nq]
+            if (o_ruled[oq] or o_weights[oq] != weights[nq]
+                    or off[nq + 1] - lo2 != hi - lo):
+                same = False
+                break
+            for i in range(hi - lo):
+                if o_flat[lo + i] != flat[lo2 + i]:
+                    same = False
+                    break
+            if not same:
+                break
+        keep[k] = same
+    return keep
 
 
 @numba.njit(cache=True, nogil=True)

@@ -2900,3 +2900,32 @@ def test_the_service_twin_counts_on_across_runs_of_its_scenario() -> None:
     assert all(d.interval_ns == 1_500_000 for d in first)
     sent[5] += 3e6
     assert report() == {5: 3e6}
+
+
+def test_switch_paths_hold_one_int_object_per_link_id() -> None:
+    # a fabric of more links than Python's cached small ints: every switch path's links,
+    # made for many switch pairs together or for one, are the controller's one int object
+    # per link id (a million paths hold no new ints of their own), of the link ids rows
+    # give; ids beyond the table are made as ints of their own, equal all the same
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.controller.core import _row_tuples
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=64, gpus_per_host=8, nics_per_leaf=8,
+                                     rail_optimized=True))
+    ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)))
+    ints = ctl._link_ints
+    leaves = sorted({info.src for info in ctl.view.links.values()
+                     if info.src.startswith("leaf")})
+    pairs = [(a, b) for a in leaves for b in leaves if a != b]
+    together = ctl._switch_paths_of(pairs[:-1])
+    alone = ctl._switch_paths(*pairs[-1])
+    links = [lk for hit in [*together, alone] for p in hit for lk in p]
+    assert len(links) > 1000 and max(links) > 256
+    assert all(lk is ints[lk] for lk in links)
+    rows = np.array([[300, 299], [len(ints) + 5, 7]])
+    got = _row_tuples(rows, ints)
+    assert got == [(300, 299), (len(ints) + 5, 7)] and got[0][0] is not ints[300]
+    got = _row_tuples(rows[:1], ints)
+    assert got[0][0] is ints[300] and got[0][1] is ints[299]

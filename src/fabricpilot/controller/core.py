@@ -549,6 +549,25 @@ _RETIRED_MAX = 64  # heals whose replaced records wait for a control period to b
 _MEMO_MAX = 1 << 16
 
 
+def _row_tuples(rows: NDArray[np.int64], ints: NDArray[np.object_]) -> list[tuple[int, ...]]:
+    """The rows of link ids ``rows`` as tuples (a column's ids zipped row by row: each made
+    once, no list between), their ids the very objects of ``ints`` (one per id, indexed by
+    it) where it holds them all: a million paths share their links' ints rather than each
+    holding new ones.
+
+    >>> ints = np.arange(5).astype(object)
+    >>> _row_tuples(np.array([[3, 1], [0, 4]]), ints), _row_tuples(np.array([[7]]), ints)
+    ([(3, 1), (0, 4)], [(7,)])
+    >>> _row_tuples(np.zeros((2, 0), np.int64), ints)
+    [(), ()]
+    """
+    if not rows.shape[1]:
+        return [()] * rows.shape[0]
+    if rows.size and int(rows.min()) >= 0 and int(rows.max()) < len(ints):
+        return list(zip(*ints[rows.T].tolist(), strict=True))
+    return list(zip(*rows.T.tolist(), strict=True))
+
+
 def _pair_columns(pairs: list[tuple[int, int, float]]
                   ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
     """GPU pairs ``(source, destination, share)`` as columns.
@@ -1398,10 +1417,10 @@ class Controller:
             at, arrays = by_len.setdefault(rows[0].shape[1], ([], []))
             at.append(j)
             arrays.append(rows[0])
+        ints = self._link_ints
         for at, arrays in by_len.values():
             rows_all = np.concatenate(arrays)
-            flat = (list(zip(*rows_all.T.tolist(), strict=True)) if rows_all.shape[1]
-                    else list(map(tuple, rows_all.tolist())))
+            flat = _row_tuples(rows_all, ints)
             ends = _offsets(np.fromiter(map(len, arrays), np.int64, len(arrays))).tolist()
             made = [tuple(flat[lo:hi]) for lo, hi in itertools.pairwise(ends)]
             planner.remember_flat_rows(made, rows_all)  # (a plan reads them as arrays)
@@ -1438,9 +1457,7 @@ class Controller:
         """The switch paths ``paths`` (rows of link ids, sorted) of the switch pair ``key``
         as tuples; where some of them (``off``) avoid the spines kept for mice, those alone
         (and all of them in ``_sw_paths_all``)."""
-        # (a column's ids zipped row by row: each path a tuple made once, no list between)
-        hit = (tuple(zip(*paths.T.tolist(), strict=True)) if paths.shape[1]
-               else tuple(map(tuple, paths.tolist())))
+        hit = tuple(_row_tuples(paths, self._link_ints))
         if off is not None:
             n_off = int(off.sum())
             if 0 < n_off < len(hit):
@@ -2132,6 +2149,13 @@ class Controller:
             arr[ids] = np.fromiter(cap.values(), np.float64, len(cap))
         self._cap_array = arr
         return arr
+
+    @functools.cached_property
+    def _link_ints(self) -> NDArray[np.object_]:
+        """One int object per link id, indexed by it (as :meth:`_dense_capacity`; empty if
+        the ids are too sparse): the links of the switch paths made of rows
+        (:func:`_row_tuples`)."""
+        return np.arange(len(self._dense_capacity())).astype(object)
 
     def _steering_table(self) -> SteeringTable:
         """The steering table of the view (made at first use; it keeps the hash decisions

@@ -1257,8 +1257,8 @@ def test_a_plan_of_the_same_columns_reuses_what_it_compiled_and_plans_alike() ->
     fresh = _Commodities(demands, cap2, bg, columns=DemandColumns.of(demands))
     assert again.grp is first.grp and again.fix_idx is first.fix_idx
     assert fresh.grp is not first.grp
-    names = set(vars(fresh)) - {"demands"}
-    assert names == set(vars(again)) - {"demands"} and {"cap", "bg", "c_idx"} <= names
+    names = set(vars(fresh)) - {"demands", "memo"}
+    assert names == set(vars(again)) - {"demands", "memo"} and {"cap", "bg", "c_idx"} <= names
     for name in sorted(names):
         a, b = getattr(again, name), getattr(fresh, name)
         if isinstance(b, np.ndarray):
@@ -1272,6 +1272,19 @@ def test_a_plan_of_the_same_columns_reuses_what_it_compiled_and_plans_alike() ->
     p_fresh = plan_greedy(demands, cap2, columns=DemandColumns.of(demands), **kw)
     assert p_again.max_utilization == p_fresh.max_utilization
     assert p_again.paths == p_fresh.paths
+    # placed alike again: the link index of the last plan; placed otherwise: a new one, the
+    # one a fresh plan makes
+    p_same = plan_greedy(demands, cap2, columns=cols, **kw)
+    assert p_same.paths == p_again.paths and p_same.link_index() is p_again.link_index()
+    hot = {lk: 0.9 * c for lk, c in cap2.items() if lk % 2 == 0}
+    p_hot = plan_greedy(demands, cap2, columns=cols, background=hot, split=4)
+    p_hot_fresh = plan_greedy(demands, cap2, columns=DemandColumns.of(demands),
+                              background=hot, split=4)
+    assert p_hot.paths != p_again.paths and p_hot.paths == p_hot_fresh.paths
+    a, b = p_hot.link_index(), p_hot_fresh.link_index()
+    assert a is not None and b is not None and a is not p_again.link_index()
+    assert (a.keys, a.links.tolist(), a.ptr.tolist(), a.owner.tolist()) == (
+        b.keys, b.links.tolist(), b.ptr.tolist(), b.owner.tolist())
     # a link more: compiled anew
     other = _Commodities(demands, {**cap, max(cap) + 1: 100.0}, None, columns=cols)
     assert other.grp is not first.grp and np.array_equal(other.grp, first.grp)

@@ -824,7 +824,7 @@ def _ends_may_repeat(factored: NDArray[np.int64], hptr: NDArray[np.int64],
 # ----------------------------------------------------------------------- the commodities
 # what a plan of the same columns compiles anew (:class:`_Commodities`): the demands (read
 # one by one as the caller has them) and the links' capacity and background
-_PER_PLAN = frozenset({"demands", "cap", "bg"})
+_PER_PLAN = frozenset({"demands", "cap", "bg", "memo"})
 
 
 class _Commodities:
@@ -859,6 +859,8 @@ class _Commodities:
         n_links = len(self.links)
         # (the same columns over the same links compiled before: their arrays as they were)
         kept = columns.memo.get("commodities") if columns is not None and aggregate else None
+        # (and the memo of those columns, where a plan of them keeps what it made of them)
+        self.memo = columns.memo if columns is not None and aggregate else None
         if (isinstance(kept, tuple) and len(kept[0]) == n_links
                 and np.array_equal(kept[0], self.links)):
             self.__dict__.update(kept[1])
@@ -1369,10 +1371,17 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
     keys = com.keys
     by_key = (com.by_key if com.by_key is not None and len(com.by_key) == n
               else _key_order(keys))
-    neg = -com.weight * com.rate
-    order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
-    if n:  # (within a weight: the demands of one candidate structure together)
-        order = _class_runs(order, neg, _structure_classes(com)[com.grp])
+    # (the order of the same columns compiled as in the last plan of them: as it was then)
+    last = com.memo.get("order") if com.memo is not None else None
+    if isinstance(last, tuple) and last[0] is com.grp and len(last[1]) == n:
+        order = last[1].copy()
+    else:
+        neg = -com.weight * com.rate
+        order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
+        if n:  # (within a weight: the demands of one candidate structure together)
+            order = _class_runs(order, neg, _structure_classes(com)[com.grp])
+        if com.memo is not None:
+            com.memo["order"] = (com.grp, order.copy())
     made: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
 
     def link_groups(rounds: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -2157,8 +2166,17 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     util = load / com.cap
     # (a large plan's link index is made by a compiled pass on the worker thread, while
     # the caller goes on with the paths: steering them, as a rule)
-    key_links = (_WORKER.submit(_key_links, com, choice) if len(choice) >= _BACKGROUND_ROWS
-                 else _key_links(com, choice))
+    # (the same columns compiled alike and placed alike as in the last plan of them: the
+    # same index, as that plan made it)
+    last = com.memo.get("key_links") if com.memo is not None else None
+    if (isinstance(last, tuple) and last[1] is com.grp and last[0].shape == choice.shape
+            and np.array_equal(last[0], choice)):
+        key_links = last[2]
+    else:
+        key_links = (_WORKER.submit(_key_links, com, choice)
+                     if len(choice) >= _BACKGROUND_ROWS else _key_links(com, choice))
+        if com.memo is not None:
+            com.memo["key_links"] = (choice.copy(), com.grp, key_links)
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
                 columns=Columns.of(com), key_links=key_links)

@@ -69,7 +69,7 @@ def keep_freed_memory() -> bool:
         return True
     try:
         mallopt = ctypes.CDLL(None).mallopt  # (the process's C library)
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # (TypeError: no such handle on Windows)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int

@@ -493,8 +493,14 @@ def test_a_plans_port_search_in_two_halves_finds_the_ports_of_one_pass(
     halves = []
 
     def counted(fn, n):  # type: ignore[no-untyped-def]
-        out = planner.in_halves(fn, n)
-        halves.append(out[1] is not None)
+        calls = []  # (the rows of each pass: one, or the two halves)
+
+        def rows(lo, hi):  # type: ignore[no-untyped-def]
+            calls.append((lo, hi))
+            return fn(lo, hi)
+
+        out = planner.in_halves(rows, n)
+        halves.append(sorted(calls) == [(0, n // 2), (n // 2, n)])
         return out
 
     monkeypatch.setattr(entropy, "in_halves", counted)

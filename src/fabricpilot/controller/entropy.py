@@ -322,14 +322,29 @@ def _search_indexed(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_
     port the scan would stop at; a request with no such port, or a constraint without a
     table, is scanned port by port."""
     n = start.shape[0]
+    best = np.empty(n, np.int64)
+    n_miss = np.empty(n, np.int64)
+    _search_indexed_into(src, dst, start, mid, c_ptr, c_term, c_rot, c_size, c_want, a_term,
+                         b_term, p_term, max_tries, c_tab, t_order, t_start, best, n_miss)
+    return best, n_miss
+
+
+@numba.njit(cache=True, nogil=True)
+def _search_indexed_into(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray,
+                         c_ptr: NDArray, c_term: NDArray, c_rot: NDArray, c_size: NDArray,
+                         c_want: NDArray, a_term: NDArray, b_term: NDArray, p_term: NDArray,
+                         max_tries: int, c_tab: NDArray, t_order: NDArray, t_start: NDArray,
+                         best: NDArray, n_miss: NDArray) -> None:  # pragma: no cover - compiled
+    """:func:`_search_indexed`, its results written into ``best`` and ``n_miss`` (one row
+    per request: the two halves of a plan's requests write theirs into one array each)."""
+    n = start.shape[0]
     n_ports = p_term.shape[0]
     tries = min(max_tries, n_ports)
-    best = np.empty(n, np.int64)
-    n_miss = np.zeros(n, np.int64)
     for r in range(n):
         lo, hi = c_ptr[mid[r]], c_ptr[mid[r] + 1]
         s0 = start[r] % n_ports
         best[r] = s0
+        n_miss[r] = 0
         if hi == lo:
             continue
         found = -1
@@ -373,7 +388,6 @@ def _search_indexed(src: NDArray, dst: NDArray, start: NDArray, mid: NDArray, c_
             best[r], n_miss[r] = _scan_ports(r, src, dst, start, mid, c_ptr, c_term, c_rot,
                                              c_size, c_want, a_term, b_term, p_term,
                                              max_tries)
-    return best, n_miss
 
 
 @numba.njit(cache=True, nogil=True)
@@ -673,6 +687,8 @@ class SteeringTable:
         self.cache = cache
         self.ids: dict[tuple[int, ...], int] = {}
         self.ports, self.port_term = _port_terms(spec.source_port_entropy)
+        # (the ports as int objects, one per port: a million QPs' ports share them)
+        self._port_ints = self.ports.astype(object)
         # the switches (by index): name, hash term and rotation
         self._sw_names = list(spec.switch_index)
         self._sw_ix = {sw: i for i, sw in enumerate(self._sw_names)}
@@ -942,16 +958,19 @@ class SteeringTable:
         s_row, d_row, a_term, b_term = _gpu_rows(src, dst)
         c_tab, t_order, t_start = self._port_tables(rot, size)
 
-        def search_rows(lo: int, hi: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-            return _search_indexed(s_row[lo:hi], d_row[lo:hi], start[lo:hi], mid[lo:hi], ptr,
-                                   term, rot, size, want, a_term, b_term, self.port_term,
-                                   max_tries, c_tab, t_order, t_start)
+        best = np.empty(len(start), np.int64)
+        n_miss = np.empty(len(start), np.int64)
 
-        # (a whole plan's requests in two halves, one on the planner's worker thread)
-        first, second = in_halves(search_rows, len(start))
-        best, n_miss = first if second is None else (
-            np.concatenate((first[0], second[0])), np.concatenate((first[1], second[1])))
-        ports = self.ports[best].tolist()
+        def search_rows(lo: int, hi: int) -> None:
+            _search_indexed_into(s_row[lo:hi], d_row[lo:hi], start[lo:hi], mid[lo:hi], ptr,
+                                 term, rot, size, want, a_term, b_term, self.port_term,
+                                 max_tries, c_tab, t_order, t_start, best[lo:hi],
+                                 n_miss[lo:hi])
+
+        # (a whole plan's requests in two halves, one on the planner's worker thread, each
+        # writing its rows of the results)
+        in_halves(search_rows, len(start))
+        ports = self._port_ints[best].tolist()
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         rows = np.flatnonzero(n_miss)
         if len(rows):

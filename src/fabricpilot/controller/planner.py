@@ -2153,19 +2153,8 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
     split = choice.shape[1]
     acc = _shares(split)
     com.keys = made_keys(com.keys)  # (here, before the worker thread reads them too)
-    paths: MutableMapping[str, list[tuple[tuple[int, ...], float]]]
-    if columnar:
-        rows = _path_rows(com, choice, acc, stop)
-        if rows is None:
-            return None
-        paths = BatchMap(rows, rows.value)
-    else:
-        paths = {}
-        if not _fill_paths(com, choice, paths, acc, stop):
-            return None
-    util = load / com.cap
-    # (a large plan's link index is made by a compiled pass on the worker thread, while
-    # the caller goes on with the paths: steering them, as a rule)
+    # (a large plan's link index is made by a compiled pass on the worker thread while the
+    # caller writes the paths: the worker is then free again when they are steered)
     # (the same columns compiled alike and placed alike as in the last plan of them: the
     # same index, as that plan made it)
     last = com.memo.get("key_links") if com.memo is not None else None
@@ -2177,6 +2166,17 @@ def _package(com: _Commodities, choice: NDArray[np.int64], load: NDArray[np.floa
                      if len(choice) >= _BACKGROUND_ROWS else _key_links(com, choice))
         if com.memo is not None:
             com.memo["key_links"] = (choice.copy(), com.grp, key_links)
+    paths: MutableMapping[str, list[tuple[tuple[int, ...], float]]]
+    if columnar:
+        rows = _path_rows(com, choice, acc, stop)
+        if rows is None:
+            return None
+        paths = BatchMap(rows, rows.value)
+    else:
+        paths = {}
+        if not _fill_paths(com, choice, paths, acc, stop):
+            return None
+    util = load / com.cap
     return Plan(paths, dict(zip(com.links.tolist(), (load - com.bg).tolist(), strict=True)),
                 float(util.max()) if len(util) else 0.0, solver, moves,
                 columns=Columns.of(com), key_links=key_links)

@@ -162,21 +162,19 @@ def test_a_replan_of_the_same_jobs_on_the_same_links_reuses_their_demands() -> N
                for p in d.full_candidates)
 
 
-def test_a_re_plan_of_unchanged_jobs_hands_the_planner_the_columns_of_the_last_plan(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # no job changed: the planner gets the columns it compiled last time (and reads what it
-    # compiled from them), and the plan installs the sets of a fresh controller's plan; a
-    # job changed: new columns
-    from fabricpilot.balancing import PolicyContext
-    from fabricpilot.balancing.task_aware import TaskAware
-    from fabricpilot.controller import core
+def _rail_fabric_64():  # type: ignore[no-untyped-def]
+    """A rail-optimised leaf-spine of 8 hosts of 8 GPUs, compiled."""
     from fabricpilot.topology import compile_topology, leaf_spine
 
-    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8,
-                                     rail_optimized=True))
-    order = np.random.default_rng(7).permutation(64).tolist()
-    intents = [Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 2),)),
-               Intent("b", "t", tuple(order[32:]), (CommCall("alltoall", 1 << 22, 900.0, 0),))]
+    return compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8,
+                                       rail_optimized=True))
+
+
+def _columns_seen(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The demand columns the controller hands the planner, plan by plan (``None``: none),
+    as the planner is called from now on."""
+    from fabricpilot.controller import core
+
     seen: list[object] = []
     plan_greedy = core.plan_greedy
 
@@ -185,6 +183,22 @@ def test_a_re_plan_of_unchanged_jobs_hands_the_planner_the_columns_of_the_last_p
         return plan_greedy(demands, *args, columns=columns, **kwargs)
 
     monkeypatch.setattr(core, "plan_greedy", spy)
+    return seen
+
+
+def test_a_re_plan_of_unchanged_jobs_hands_the_planner_the_columns_of_the_last_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # no job changed: the planner gets the columns it compiled last time (and reads what it
+    # compiled from them), and the plan installs the sets of a fresh controller's plan; a
+    # job changed: new columns
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+
+    ct = _rail_fabric_64()
+    order = np.random.default_rng(7).permutation(64).tolist()
+    intents = [Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 2),)),
+               Intent("b", "t", tuple(order[32:]), (CommCall("alltoall", 1 << 22, 900.0, 0),))]
+    seen = _columns_seen(monkeypatch)
 
     def controller() -> Controller:
         ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
@@ -213,25 +227,15 @@ def test_the_columns_handed_to_the_planner_are_those_of_the_demands(
     # field what reading every demand gives, and the plan the same as without them
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
-    from fabricpilot.controller import core
     from fabricpilot.controller.planner import DemandColumns
-    from fabricpilot.topology import compile_topology, leaf_spine
 
-    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8,
-                                     rail_optimized=True))
+    ct = _rail_fabric_64()
     order = np.random.default_rng(5).permutation(64).tolist()
     intents = [Intent("a", "t", tuple(order[:32]), (CommCall("alltoall", 1 << 24, 900.0, 2),)),
                Intent("b", "t", tuple(order[32:48]), (CommCall("allreduce", 1 << 24, 900.0, 0),
                                                       CommCall("alltoall", 1 << 20, 900.0, 1))),
                Intent("c", "t", tuple(order[48:]), (CommCall("allgather", 1 << 22, 900.0, 0),))]
-    seen: list[object] = []
-    plan_greedy = core.plan_greedy
-
-    def spy(demands, *args, columns=None, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(columns)
-        return plan_greedy(demands, *args, columns=columns, **kwargs)
-
-    monkeypatch.setattr(core, "plan_greedy", spy)
+    seen = _columns_seen(monkeypatch)
     plans = []
     for with_columns in (True, False):
         ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))

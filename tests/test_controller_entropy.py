@@ -53,6 +53,26 @@ def _twin_path(ctx: PolicyContext, src: int, dst: int, port: int) -> tuple[int, 
     return tuple(int(x) for x in p if x >= 0)
 
 
+def _paths_and_detour(ctx: PolicyContext, step: int, mul: int, add: int, k: int
+                      ) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Paths and their destination GPUs: the first ``k`` inter-pod candidates from every
+    ``step``-th GPU ``g`` of 128 to GPU ``(g * mul + add) % 128``, then gpu0 -> gpu4 (same
+    pod, another edge) up to a core and back, through an aggregation whose group towards
+    edge0_1 does not hold its core uplink."""
+    view = fabric_view(ctx)
+    paths: list[tuple[int, ...]] = []
+    dst: list[int] = []
+    for g in range(0, 128, step):
+        h = (g * mul + add) % 128
+        for p in _inter_pod_candidates(ctx, g, h)[:k]:
+            paths.append(p)
+            dst.append(h)
+    hops = ["gpu0", "edge0_0", "agg0_0", "core0", "agg0_0", "edge0_1", "gpu4"]
+    paths.append(tuple(view.link_between(a, b) for a, b in pairwise(hops)))
+    dst.append(4)
+    return paths, dst
+
+
 def _inter_pod_candidates(ctx: PolicyContext, src: int, dst: int) -> list[tuple[int, ...]]:
     ctl = Controller(TaskAware(ctx), ctx.controller)
     return ctl.candidates(src, dst)
@@ -358,19 +378,10 @@ def test_a_table_derives_the_constraints_of_many_new_paths_at_once() -> None:
 
     ctx = _ctx(per_switch=True)
     view = fabric_view(ctx)
-    paths: list[tuple[int, ...]] = []
-    dst: list[int] = []
-    for g in range(0, 128, 9):
-        h = (g * 5 + 17) % 128
-        for p in _inter_pod_candidates(ctx, g, h)[:6]:
-            paths.append(p)
-            dst.append(h)
-    # gpu0 -> gpu4 (same pod, another edge) up to a core and back: the aggregation's
-    # group towards edge0_1 does not hold its core uplink
-    hops = ["gpu0", "edge0_0", "agg0_0", "core0", "agg0_0", "edge0_1", "gpu4"]
-    detour = tuple(view.link_between(a, b) for a, b in pairwise(hops))
-    paths += [detour, detour]
-    dst += [4, 4]
+    paths, dst = _paths_and_detour(ctx, 9, 5, 17, 6)
+    detour = paths[-1]
+    paths.append(detour)
+    dst.append(4)
     table = SteeringTable(view)
     ids = table.intern(paths, dst).tolist()
     assert ids[-1] == ids[-2] and len(table.ids) == len(set(ids))
@@ -400,16 +411,7 @@ def test_the_compiled_constraints_look_a_link_up_as_scanning_its_group_would() -
 
     ctx = _ctx(per_switch=True)
     view = fabric_view(ctx)
-    paths: list[tuple[int, ...]] = []
-    dst: list[int] = []
-    for g in range(0, 128, 5):
-        h = (g * 7 + 29) % 128
-        for p in _inter_pod_candidates(ctx, g, h)[:8]:
-            paths.append(p)
-            dst.append(h)
-    hops = ["gpu0", "edge0_0", "agg0_0", "core0", "agg0_0", "edge0_1", "gpu4"]
-    paths.append(tuple(view.link_between(a, b) for a, b in pairwise(hops)))
-    dst.append(4)
+    paths, dst = _paths_and_detour(ctx, 5, 7, 29, 8)
     compiled = SteeringTable(view)._compiled_view()
     assert compiled is not None
     link_sw, grp, g_ptr, g_links, _, l_grp, l_pos = compiled

@@ -2632,6 +2632,75 @@ def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
         assert m.ends_array.tolist() == rows[task].tolist() == want
 
 
+@pytest.mark.parametrize("rails", [True, False])
+def test_pairs_made_at_once_with_links_avoided_are_those_made_one_by_one(
+        monkeypatch: pytest.MonkeyPatch, rails: bool) -> None:
+    """With links to avoid (the hottest cable down, a fabric link and GPU ``x``'s NIC link
+    out gray, GPU ``y``'s NIC link out down), a call's pairs are still made at once, on the
+    switch paths that avoid those links (through the gray ones where nothing else is left),
+    but for the pairs of one host (both ways: each is weighed by itself) and the pairs that
+    leave by an avoided NIC link (their whole paths checked: through ``x``'s gray link, as
+    no other is left; none for ``y``, whose job is told its GPUs are cut off). The demands,
+    the jobs cut off and their reasons are those the pair-by-pair way gives."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8 if rails else 16,
+                                     rail_optimized=rails))
+    order = np.random.default_rng(7).permutation(64).tolist()
+    a2a, ring = order[:40], order[40:]
+    x, y = a2a[0], ring[0]
+
+    def controller() -> Controller:
+        ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)), ControllerParams(parts=4))
+        ctl.declare(Intent("a", "t", tuple(a2a), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
+        ctl.declare(Intent("b", "t", tuple(ring), (CommCall("allreduce", 1 << 24, 900.0, 0),)))
+        ctl.plan()
+        return ctl
+
+    def nic_out(ctl: Controller, g: int) -> int:
+        node = ctl.view.gpu_node[g]
+        return next(lk for lk, li in ctl.view.links.items()
+                    if li.src == node and li.kind == "nic")
+
+    def made_with_links_avoided(ctl: Controller) -> tuple[list, dict, dict]:
+        ctl.on_links_changed([*sorted(_hottest_cable(ctl)), nic_out(ctl, y)], [])
+        ctl.degraded |= {_hottest(ctl), nic_out(ctl, x)}
+        got = [(d.key, d.rate_gbps, d.candidates, d.weight, d.head, d.tail, d.whole, d.parts)
+               for d in ctl.demands()]
+        return got, dict(ctl.partitioned), dict(ctl.sla_unmet)
+
+    made: list[int] = []
+    at_once = Controller._call_demands
+
+    def spy(self: Controller, *args: object) -> object:
+        out = at_once(self, *args)  # type: ignore[arg-type]
+        made.append(sum(d is not None for d in getattr(out, "rows", out)))
+        return out
+
+    monkeypatch.setattr(Controller, "_call_demands", spy)
+    ctl = controller()
+    made.clear()
+    fast = made_with_links_avoided(ctl)
+    host = ctl.view.gpu_node
+
+    def apart(a: int, b: int) -> bool:  # (8 GPUs per host, "gpu<i>")
+        return int(host[a][3:]) // 8 != int(host[b][3:]) // 8
+
+    pairs_a = [(a, b) for a in a2a for b in a2a if a != b]
+    pairs_b = list(zip(ring, ring[1:] + ring[:1], strict=True))
+    assert made == [sum(apart(a, b) and a != x for a, b in pairs_a),
+                    sum(apart(a, b) and a != y for a, b in pairs_b)]
+    assert made[0] > len(pairs_a) // 2
+    demands, cut, unmet = fast
+    assert set(cut) == {"b"} and not unmet
+    assert sorted(k for k, *_ in demands) == sorted(rule_key("a", a, b) for a, b in pairs_a)
+    monkeypatch.setattr(Controller, "_call_demands",
+                        lambda self, task, pairs, *a: [None] * len(pairs[0]))
+    assert made_with_links_avoided(controller()) == fast
+
+
 def test_a_job_refused_on_a_strict_call_is_told_alike_however_its_pairs_are_made(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """GPUs 0, 1 on leaf0 and 2, 3 on leaf1 (one GPU per host): an L1 AllGather (ring

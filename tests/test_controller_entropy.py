@@ -25,7 +25,7 @@ from fabricpilot.controller.entropy import (
 )
 from fabricpilot.controller.intents import CommCall, Intent
 from fabricpilot.controller.params import ControllerParams
-from fabricpilot.controller.southbound import PathSet
+from fabricpilot.controller.southbound import BatchMap, PathSet
 from fabricpilot.net.hashing import ROCE_UDP_PORT, gpu_ip, switch_hash
 from fabricpilot.topology import compile_topology
 from fabricpilot.topology.builders import fat_tree
@@ -647,6 +647,45 @@ def test_a_replan_steers_again_the_sets_steering_did_not_make() -> None:
     fresh.plan(background={})
     assert installed(ctl) == installed(fresh)
     assert all(down not in p for s in ctl._installed.values() for p in s.paths)
+
+
+def test_a_whole_plan_after_a_heal_keeps_the_sets_the_heal_left(monkeypatch) -> None:
+    """A heal changes the sets of the pairs on the dead cable, and the installed sets, still
+    one batch, know which. The next whole plan steers those again (and the pairs whose
+    planned paths changed), keeps the others as they are, and sends only the sets that
+    differ from the installed ones: the sets of a controller that planned from scratch
+    with the cable down."""
+    from fabricpilot.controller import core
+
+    def installed(ctl: Controller) -> dict:
+        return {k: (s.paths, s.weights, s.ports, s.rules) for k, s in ctl._installed.items()}
+
+    ctx = _ctx(per_switch=True)
+    _, ctl = _alltoall_controller(ctx)
+    ctl.plan(background={})
+    load, view = ctl.current.link_load_gbps, ctl.view
+    hot = max((lk for lk, li in view.links.items() if li.kind == "fabric"),
+              key=lambda lk: (load.get(lk, 0.0), -lk))
+    cable = [hot, view.link_between(view.links[hot].dst, view.links[hot].src)]
+    assert ctl.on_links_changed(cable, []).installed > 0
+    assert isinstance(ctl._installed, BatchMap)
+    healed = set(ctl._installed.changed_keys())
+    held = installed(ctl)
+    assert healed and all(cable[0] not in p for k in healed for p in held[k][0])
+    compared: list[set[str]] = []
+    real = core._changed_sets
+    monkeypatch.setattr(core, "_changed_sets", lambda sets, old: compared.append(
+        {s.key for s in sets}) or real(sets, old))
+    rep = ctl.plan(background={})
+    (steered,) = compared  # (the sets made anew: only those are compared and sent)
+    _, fresh = _alltoall_controller(ctx)
+    fresh.on_links_changed(cable, [])
+    fresh.plan(background={})
+    now = installed(ctl)
+    assert now == installed(fresh)
+    assert healed <= steered and len(steered) < len(held)
+    assert all(now[k] == held[k] for k in set(held) - steered)
+    assert rep.installed == sum(now[k] != held.get(k) for k in now) > 0
 
 
 def test_a_plan_interns_the_switch_paths_of_its_tuples_once(monkeypatch) -> None:

@@ -1185,8 +1185,9 @@ class Controller:
         self._load_rows: NDArray[np.float64] | None = None
         # keys whose installed paths are not the plan's (a path left to its hash)
         self._spilled: dict[str, int] = {}  # key -> its QPs left to the hash
-        # every installed set is as a whole plan's steering made it (a heal, a job planned
-        # by itself or sets adopted since say no): a re-plan may keep them (steer_plan)
+        # every installed set is as a whole plan's steering made it, but for the keys the
+        # batch they are held in says changed since (_note_sets_changed): a re-plan may keep
+        # them (steer_plan)
         self._steered_whole = False
         # the last plan steered with kept sets, and the places of the sets made anew in its
         # list (the others are the installed sets themselves)
@@ -1326,7 +1327,7 @@ class Controller:
         if self._slots is not None:
             self._slots.mark_stale(ps.key for ps in sets)
         self._installed.update({ps.key: ps for ps in sets})
-        self._steered_whole = False
+        self._note_sets_changed()
 
     def withdraw(self, task_id: str) -> None:
         self.intents.pop(task_id, None)
@@ -1697,10 +1698,11 @@ class Controller:
                 # the common case, every pair at once (then only the others one by one;
                 # all of them if a stricter call gave some pair its scope already)
                 made = None
-                if (not (call.pairs or pending or avoid or scope_of) and level == "L3"
+                if (not (call.pairs or pending or scope_of) and level == "L3"
                         and call.sla_us * 1000.0 >= self._slowest_path_ns):
                     made = self._call_demands(task, cols if cols is not None
-                                              else _pair_columns(pairs or []), cap, heat, prio)
+                                              else _pair_columns(pairs or []), cap, heat, prio,
+                                              avoid)
                 if isinstance(made, _CallDemands):  # (every pair: all at once)
                     if len(calls) == 1:  # (the job's demands are the call's: by key, each
                         pending = DemandTable(made.rows)  # made when read)
@@ -1960,10 +1962,10 @@ class Controller:
         gpu_node = self.view.gpu_node
         out: dict[str, Demand] = {}
         for call in intent.calls:
-            cols, pairs = self._call_pairs(intent, call, columns=not avoid)
-            # (the common case, every pair at once, as an L3 call's: nothing avoided)
-            called = (self._call_demands(task, cols if cols is not None else _pair_columns(
-                pairs or []), 1.0, heat, call.priority) if not avoid else None)
+            cols, pairs = self._call_pairs(intent, call)
+            # (the common case, every pair at once, as an L3 call's)
+            called = self._call_demands(task, cols if cols is not None else _pair_columns(
+                pairs or []), 1.0, heat, call.priority, avoid)
             made = called.rows if isinstance(called, _CallDemands) else called
             if pairs is None:
                 pairs = list(zip(*(c.tolist() for c in cols or ()), strict=True))
@@ -1991,14 +1993,18 @@ class Controller:
 
     def _call_demands(self, task: str, pairs: tuple[NDArray[np.int64], NDArray[np.int64],
                                                     NDArray[np.float64]],
-                      rate_cap: float, heat: float, priority: int = 0) -> list[Demand | None]:
+                      rate_cap: float, heat: float, priority: int = 0,
+                      avoid: frozenset[int] = frozenset()) -> list[Demand | None]:
         """The demands of a call's GPU pairs (as columns: sources, destinations, shares of
         the source's NIC; each pair once) at ``rate_cap`` of their rate, weight ``heat`` and
         ``priority``, made together, of the pairs that are :meth:`demands`'s common case: two
         GPUs of different hosts with one NIC each (one end in the component of switches all
         the call's GPUs reach, and at most one other component, as an NVLink domain, which
-        the two do not share), a fewest-hop path between their switches, and no link avoided
-        (level L3: no scope). Per pair, in order: its demand, or ``None`` (it is made by itself)."""
+        the two do not share), a fewest-hop path between their switches (level L3: no
+        scope). With links to ``avoid`` (down or gray), the switch paths are those that
+        :meth:`_live_mids` keeps, and a pair whose NIC link is avoided, that no live switch
+        path serves, or of one host reached both ways, is left to be made by itself. Per
+        pair, in order: its demand, or ``None`` (it is made by itself)."""
         a, b, share = pairs
         out: list[Demand | None] = [None] * len(a)
         if not len(a):
@@ -2036,7 +2042,7 @@ class Controller:
         # pairs of one host (NVLink and NICs both reach): by the fewer hops, as _combos
         # chooses (the other way alone if one has no path; both, if alike: one by one)
         near = both & (o_a >= 0) & (o_a == o_b) & (g_osw[0, a] >= 0) & (g_osw[1, b] >= 0)
-        if near.any():
+        if near.any() and not avoid:  # (links avoided: such pairs by themselves)
             i_near = np.flatnonzero(near)
             o_code = g_osw[0, a[i_near]] * n_last + g_osw[1, b[i_near]]
             f_n, o_n = (hop_counts(c) for c in (code[i_near], o_code))
@@ -2060,6 +2066,8 @@ class Controller:
                                                 last_of[uniq_l[i] % n_last]) for i in new])
             for i, m in zip(new, made_mids, strict=True):
                 mids_of[i] = memo[uniq_l[i]] = m
+        if avoid:  # (the paths that avoid them; none left: by itself, which says why)
+            mids_of = [self._live_mids(m, avoid) if m else m for m in mids_of]
         nic_fixed = self._nic_gbps
         nic = np.full(len(a), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
         rates = nic * share * rate_cap
@@ -2067,6 +2075,9 @@ class Controller:
         idx = np.flatnonzero(fast)
         has = np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
+        if avoid:  # (a NIC link avoided: by itself, on its whole paths)
+            avoided = np.fromiter(avoid, np.int64, len(avoid))
+            ok &= ~(np.isin(t.links[0, a[idx]], avoided) | np.isin(t.links[1, b[idx]], avoided))
         idx, inv = idx[ok], inv.ravel()[ok]
         # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those of
         # its GPUs' ends there)
@@ -2728,7 +2739,7 @@ class Controller:
         if self._slots is not None:
             self._slots.mark_stale(keys)
         installed = self._installed
-        self._steered_whole = False
+        self._note_sets_changed()
         olds = get_all(installed, keys)
         held = self._rules_held
         # (a set without a rule changes no count)
@@ -2748,7 +2759,7 @@ class Controller:
         """:meth:`_record` of sets already installed whose links changed as ``moves`` say
         (key, links it no longer uses, links it now uses; in the order of ``sets``)."""
         installed, move = self._installed, self._on_link.move
-        self._steered_whole = False
+        self._note_sets_changed()
         held = self._rules_held
         some_held = bool(+held)  # (none held: no old set has a rule)
         for r, (key, gone, taken) in zip(sets, moves, strict=True):
@@ -2760,6 +2771,16 @@ class Controller:
             if any(r.rules):
                 held.update(sw for pinned in r.rules for sw, _ in pinned)
             installed[key] = r
+
+    def _note_sets_changed(self) -> None:
+        """Take note that installed sets were set or deleted other than by a whole plan's
+        steering (a heal, a job planned by itself, sets adopted). Held as one batch, the
+        installed sets know which keys changed since (:meth:`BatchMap.changed_keys`), and a
+        re-plan still keeps the others (:meth:`steer_plan`): a heal at 8192 GPUs would
+        otherwise have the next plan steer and compare a million sets again. Held as a
+        dict, they do not: no set is kept until the next whole plan."""
+        if not isinstance(self._installed, BatchMap):
+            self._steered_whole = False
 
     def _record_all(self, sets: Sequence[PathSet], rules: bool = True,
                     links: KeyLinks | None = None) -> None:
@@ -3644,7 +3665,7 @@ class Controller:
                 if j < len(old.rules) and old.rules[j]:
                     held.subtract(sw for sw, _ in old.rules[j])
         self._installed.update(zip(whole.keys, whole_sets, strict=True))
-        self._steered_whole = False
+        self._note_sets_changed()
 
     def tick(self, now_ns: float | None = None) -> TickReport:
         """One control period, "global view + local response": fold the telemetry deltas

@@ -14,6 +14,8 @@ from fabricpilot.balancing import PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware, _due_keys
 from fabricpilot.controller.core import (
     Controller,
+    _changed_rows,
+    _changed_sets,
     _column_take,
     _kept_columns,
     _kept_rows,
@@ -392,6 +394,61 @@ def test_kept_columns_are_the_rows_kept_rows_finds(seed: int) -> None:
     got2 = _kept_columns(keys, n2, col2, w2, c2, held, skip, at)
     want2 = _kept_rows(keys, p2, c2, held, skip)
     assert got2 is not None and got2.tolist() == want2.tolist() and (got2 >= 0).any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_changed_rows_are_the_sets_changed_sets_finds(seed: int) -> None:
+    """New sets in columns against installed sets held as a batch in columns, some changed
+    (a link, a share, a port, a rule, a path more, the rate cap), some set or deleted since
+    in the installed map, some new: :func:`_changed_rows` finds exactly the sets
+    :func:`_changed_sets` finds reading them one by one, and counts the keys held."""
+    rng = random.Random(seed)
+    old, _ = _installed_in_columns(40 + seed)
+    keys, first, paths, weights, ports, rules, caps = (
+        list(old.keys), old.first, list(old.paths), list(old.weights), list(old.ports),
+        list(old.rules), list(old.caps))
+    for i in range(len(keys)):
+        q = int(first[i])
+        roll = rng.random()
+        if roll < 0.08:
+            paths[q] = (*paths[q][:-1], paths[q][-1] + 1)
+        elif roll < 0.16:
+            weights[q] /= 2
+        elif roll < 0.24:
+            ports[q] += 1
+        elif roll < 0.32:
+            rules[q] = () if rules[q] else (("s9", 1),)
+        elif roll < 0.36:
+            caps[i] = 7.0
+        elif roll < 0.42:
+            paths.insert(q, (3, 4))
+            weights.insert(q, 0.5)
+            ports.insert(q, 50000)
+            rules.insert(q, ())
+            first = np.concatenate((first[:i + 1], first[i + 1:] + 1))
+    keys.append("new:0->1")
+    first = np.concatenate((first, [first[-1] + 1]))
+    paths, weights, ports, rules = [*paths, (9,)], [*weights, 1.0], [*ports, 50001], [*rules, ()]
+    caps.append(math.inf)
+    off = np.concatenate(([0], np.cumsum([len(p) for p in paths]))).astype(np.int64)
+    col = PathColumn(np.fromiter((lk for p in paths for lk in p), np.int64), off)
+    new = PathSetBatch(keys, first, col, weights, ports, rules, caps)
+    held = BatchMap(old, old.__getitem__)
+    for k in rng.sample(old.keys, 3):
+        del held[k]
+    for k in rng.sample([k for k in old.keys if k in held], 3):
+        held[k] = held[k]  # (set since: the same set, so not changed)
+    for k in rng.sample([k for k in old.keys if k in held], 2):
+        held[k] = held[k]._replace(ports=tuple(p + 2 for p in held[k].ports))
+    at = np.array([-1 if r is None else r for r in map(held.row, keys)], np.int64)
+    for idx in (np.arange(len(keys)), np.array(sorted(rng.sample(range(len(keys)), 20)))):
+        got = _changed_rows(new, idx, at[idx], held)
+        assert got is not None
+        rows, n_held = got
+        want = _changed_sets([new[i] for i in idx.tolist()], held)
+        assert [new.keys[i] for i in idx[rows].tolist()] == [s.key for s in want]
+        assert n_held == sum(new.keys[i] in held for i in idx.tolist())
+        assert 0 < len(rows) < len(idx)
 
 
 def test_a_merged_batch_of_columns_reads_as_one_of_tuples() -> None:

@@ -1736,7 +1736,8 @@ def test_demands_with_links_down_keep_the_shared_switch_paths(
     for d in demands:
         a, b = pair_of_key(d.key)
         cands = ctl.candidates(a, b)
-        if a == order[0]:  # (its NIC link gray: every candidate crosses it)
+        if nic in cands[0]:  # (its NIC link gray: every candidate crosses it)
+            assert a == order[0] and all(nic in p for p in cands)
             general += 1
             assert d.head == () and d.tail == ()
             assert list(d.candidates) == [p for p in cands if cable.isdisjoint(p)]
@@ -1746,7 +1747,11 @@ def test_demands_with_links_down_keep_the_shared_switch_paths(
                 assert len(d.head) == 1 and len(d.tail) == 1
                 assert tuples.setdefault(id(d.candidates), d.candidates) is d.candidates
                 shared += 1
-    assert general == 47 and shared > len(demands) // 2 and len(tuples) < shared // 10
+    # (order[0]'s pairs within its host leave by NVLink: they share switch paths too)
+    in_host = sum(1 for g in order[1:48] if ctl.view.gpu_node[g] != gpu and any(
+        ctl.view.links[p[0]].src == gpu and nic not in p for p in ctl.candidates(order[0], g)))
+    assert general == 47 - in_host > 0 and in_host > 0
+    assert shared > len(demands) // 2 and len(tuples) < shared // 10
     # (the filtering kept is that of the links avoided now only: it cannot grow with every
     # failure seen)
     assert ctl._live_cache and {k[1] for k in ctl._live_cache} == {frozenset(avoid)}
@@ -2638,10 +2643,12 @@ def test_pairs_made_at_once_with_links_avoided_are_those_made_one_by_one(
     """With links to avoid (the hottest cable down, a fabric link and GPU ``x``'s NIC link
     out gray, GPU ``y``'s NIC link out down), a call's pairs are still made at once, on the
     switch paths that avoid those links (through the gray ones where nothing else is left),
-    but for the pairs of one host (both ways: each is weighed by itself) and the pairs that
-    leave by an avoided NIC link (their whole paths checked: through ``x``'s gray link, as
-    no other is left; none for ``y``, whose job is told its GPUs are cut off). The demands,
-    the jobs cut off and their reasons are those the pair-by-pair way gives."""
+    but for the pairs that leave by an avoided NIC link (their whole paths checked: through
+    ``x``'s gray link, as no other is left; none for ``y``, whose job is told its GPUs are
+    cut off). Pairs of one host take NVLink on rail-optimised hosts (made at once, ``x``'s
+    too: they leave by NVLink); with a host's GPUs on one leaf both ways are candidates and
+    they are made one by one, as without links avoided. The demands, the jobs cut off and
+    their reasons are those the pair-by-pair way gives."""
     from fabricpilot.balancing import PolicyContext
     from fabricpilot.balancing.task_aware import TaskAware
     from fabricpilot.topology import compile_topology, leaf_spine
@@ -2690,8 +2697,12 @@ def test_pairs_made_at_once_with_links_avoided_are_those_made_one_by_one(
 
     pairs_a = [(a, b) for a in a2a for b in a2a if a != b]
     pairs_b = list(zip(ring, ring[1:] + ring[:1], strict=True))
-    assert made == [sum(apart(a, b) and a != x for a, b in pairs_a),
-                    sum(apart(a, b) and a != y for a, b in pairs_b)]
+
+    def together(a: int, b: int, cut: int) -> bool:  # (made at once)
+        return (a != cut and apart(a, b)) or (rails and not apart(a, b))
+
+    assert made == [sum(together(a, b, x) for a, b in pairs_a),
+                    sum(together(a, b, y) for a, b in pairs_b)]
     assert made[0] > len(pairs_a) // 2
     demands, cut, unmet = fast
     assert set(cut) == {"b"} and not unmet

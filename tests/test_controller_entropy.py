@@ -673,9 +673,9 @@ def test_a_whole_plan_after_a_heal_keeps_the_sets_the_heal_left(monkeypatch) -> 
     held = installed(ctl)
     assert healed and all(cable[0] not in p for k in healed for p in held[k][0])
     compared: list[set[str]] = []
-    real = core._changed_sets
-    monkeypatch.setattr(core, "_changed_sets", lambda sets, old: compared.append(
-        {s.key for s in sets}) or real(sets, old))
+    real = core._changed_rows
+    monkeypatch.setattr(core, "_changed_rows", lambda sets, idx, at, old: compared.append(
+        {sets.keys[i] for i in idx.tolist()}) or real(sets, idx, at, old))
     rep = ctl.plan(background={})
     (steered,) = compared  # (the sets made anew: only those are compared and sent)
     _, fresh = _alltoall_controller(ctx)

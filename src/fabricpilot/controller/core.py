@@ -133,6 +133,10 @@ _chain = itertools.chain.from_iterable
 _KEY = operator.attrgetter("key")
 _PATHS = operator.attrgetter("paths")
 _RULES = operator.attrgetter("rules")
+# (no path set: what a batch of only kept rows takes its new sets from)
+_NO_SETS = PathSetBatch([], np.zeros(1, np.int64), PathColumn(np.zeros(0, np.int64),
+                                                              np.zeros(1, np.int64)),
+                        [], [], [], [])
 _HEAD, _TAIL, _CANDIDATES = (operator.attrgetter(f) for f in ("head", "tail", "candidates"))
 # a GPU node's ends: (bit mask of their switches' components, component bit -> its ends as
 # (switch, link id, (link id,)))
@@ -387,6 +391,70 @@ def _changed_sets(sets: Iterable[PathSet], installed: Mapping[str, PathSet]
     sets = list(sets)
     return [r for r, old in zip(sets, get_all(installed, map(_KEY, sets)), strict=True)
             if old != r]
+
+
+def _changed_rows(new: PathSetBatch, idx: NDArray[np.int64], at: NDArray[np.int64],
+                  installed: BatchMap[PathSet]) -> tuple[NDArray[np.int64], int] | None:
+    """:func:`_changed_sets` of the sets at rows ``idx`` of batch ``new``, read column to
+    column against the batch the installed sets are held in: ``at[i]`` is the row of that
+    batch that holds the set of key ``idx[i]`` (-1: none, or one set or deleted since).
+    Gives the rows of ``idx`` whose set ``installed`` does not hold as it is, and how many
+    of the keys of ``idx`` it holds; ``None`` if either batch's paths are no column. Keys
+    with no row, and sets with an explicit rule on either side, are compared as sets.
+
+    >>> old = PathSetBatch(["a", "b", "c"], np.array([0, 1, 2, 3]),
+    ...                    PathColumn(np.array([1, 2, 3]), np.array([0, 1, 2, 3])),
+    ...                    [1.0] * 3, [7, 8, 9], [(), (), (("s", 1),)], [math.inf] * 3)
+    >>> held = BatchMap(old, old.__getitem__)
+    >>> new = PathSetBatch(["a", "b", "c", "d"], np.array([0, 1, 2, 3, 4]),
+    ...                    PathColumn(np.array([1, 2, 3, 4]), np.array([0, 1, 2, 3, 4])),
+    ...                    [1.0] * 4, [7, 5, 9, 6], [(), (), (("s", 1),), ()], [math.inf] * 4)
+    >>> rows, n_held = _changed_rows(new, np.arange(4), np.array([0, 1, 2, -1]), held)
+    >>> rows.tolist(), n_held  # (b: another port; c: the same, rule and all; d: new)
+    ([1, 3], 3)
+    """
+    old = installed.batch
+    if not len(idx):
+        return np.zeros(0, np.int64), 0
+    if (not isinstance(old, PathSetBatch) or not isinstance(old.paths, PathColumn)
+            or not isinstance(new.paths, PathColumn) or old.paths.overlaid
+            or new.paths.overlaid):
+        return None
+    n_new = (new.first[1:] - new.first[:-1])[idx]
+    qp = _ranges(new.first[:-1][idx], n_new)  # (the QPs of the keys compared, in order)
+    col = _column_take(new.paths, qp)
+    o_ruled = np.fromiter(map(bool, old.rules), np.bool_, len(old.rules))
+    n_ruled = np.fromiter(map(bool, new.rules), np.bool_, len(new.rules))[qp]
+    same = planner.same_qps(
+        at, n_new, old.first, np.array(old.caps, np.float64),
+        np.array(new.caps, np.float64)[idx], old.paths.off, old.paths.flat, col.off, col.flat,
+        np.array(old.weights, np.float64), np.array(new.weights, np.float64)[qp], o_ruled)
+    # (the same QPs, links and shares: the same ports too, QP by QP)
+    k_same = np.flatnonzero(same)
+    cnt = n_new[k_same]
+    o_qp = _ranges(old.first[:-1][at[k_same]], cnt)
+    n_qp = _ranges(_offsets(n_new)[:-1][k_same], cnt)
+    other = np.asarray(old.ports, np.int64)[o_qp] != np.asarray(new.ports, np.int64)[qp][n_qp]
+    other |= n_ruled[n_qp]  # (a rule now where there was none: sent)
+    same[k_same[np.unique(np.repeat(np.arange(len(k_same)), cnt)[other])]] = False
+    # (no row, or a rule on either side: as sets)
+    n_cum = np.concatenate(([0], np.cumsum(n_ruled)))
+    bounds = _offsets(n_new)
+    ruled_new = n_cum[bounds[1:]] - n_cum[bounds[:-1]]
+    o_cum = np.concatenate(([0], np.cumsum(o_ruled)))
+    has = at >= 0
+    o_cnt = np.zeros(len(idx), np.int64)
+    o_cnt[has] = o_cum[old.first[at[has] + 1]] - o_cum[old.first[at[has]]]
+    loose = np.flatnonzero(~has | (has & ~same & ((ruled_new > 0) | (o_cnt > 0))))
+    changed = ~same
+    held = int(has.sum())
+    if len(loose):
+        idx_l = idx[loose].tolist()
+        olds = get_all(installed, [new.keys[i] for i in idx_l])
+        changed[loose] = [o is None or o != new[i] for o, i in zip(olds, idx_l, strict=True)]
+        held += sum(o is not None for o, h in zip(olds, has[loose].tolist(), strict=True)
+                    if not h)
+    return np.flatnonzero(changed), held
 
 
 def _merge_pieces(paths: Sequence[tuple[int, ...]], weights: Sequence[float],
@@ -1191,7 +1259,8 @@ class Controller:
         self._steered_whole = False
         # the last plan steered with kept sets, and the places of the sets made anew in its
         # list (the others are the installed sets themselves)
-        self._made_at: tuple[weakref.ref[Plan], list[int]] | None = None
+        self._made_at: tuple[weakref.ref[Plan], list[int], NDArray[np.int64] | None
+                             ] | None = None
         # installed path sets forgotten since the data plane was last told (see _forget)
         self._forgotten: list[str] = []
         # what heals replaced in the records (old paths and path sets), one entry per heal:
@@ -1785,8 +1854,12 @@ class Controller:
                                 if rate >= 0 else
                                 Demand(key, rate, mids, heat, head, tail, whole, pp, qps))
                             continue
-                    elif common and not avoid:  # (none in common: no combination)
+                    elif common:  # (none in common: no combination)
                         combos = self._combos(na, nb)
+                        if len(combos) == 1 and avoid:  # (the end links alive: the
+                            up, mids, down = combos[0]  # switch paths that avoid links)
+                            combos = ([(up, self._live_mids(mids, avoid), down)]
+                                      if up not in avoid and down not in avoid else [])
                         if len(combos) == 1:
                             up, mids, down = combos[0]
                             mids = self._scoped(mids, up, down, lv)
@@ -2002,9 +2075,9 @@ class Controller:
         the call's GPUs reach, and at most one other component, as an NVLink domain, which
         the two do not share), a fewest-hop path between their switches (level L3: no
         scope). With links to ``avoid`` (down or gray), the switch paths are those that
-        :meth:`_live_mids` keeps, and a pair whose NIC link is avoided, that no live switch
-        path serves, or of one host reached both ways, is left to be made by itself. Per
-        pair, in order: its demand, or ``None`` (it is made by itself)."""
+        :meth:`_live_mids` keeps, and a pair whose end link (NIC or NVLink) is avoided, or
+        that no live switch path serves, is left to be made by itself. Per pair, in order:
+        its demand, or ``None`` (it is made by itself)."""
         a, b, share = pairs
         out: list[Demand | None] = [None] * len(a)
         if not len(a):
@@ -2042,7 +2115,7 @@ class Controller:
         # pairs of one host (NVLink and NICs both reach): by the fewer hops, as _combos
         # chooses (the other way alone if one has no path; both, if alike: one by one)
         near = both & (o_a >= 0) & (o_a == o_b) & (g_osw[0, a] >= 0) & (g_osw[1, b] >= 0)
-        if near.any() and not avoid:  # (links avoided: such pairs by themselves)
+        if near.any():
             i_near = np.flatnonzero(near)
             o_code = g_osw[0, a[i_near]] * n_last + g_osw[1, b[i_near]]
             f_n, o_n = (hop_counts(c) for c in (code[i_near], o_code))
@@ -2075,21 +2148,24 @@ class Controller:
         idx = np.flatnonzero(fast)
         has = np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
-        if avoid:  # (a NIC link avoided: by itself, on its whole paths)
+        # (the links each pair leaves and enters by: its NICs', or, through NVLink, those
+        # of its GPUs' ends there)
+        h_link, t_link = t.links[0, a[idx]], t.links[1, b[idx]]
+        by_nvl = np.isin(idx, other) if len(other) else None
+        if by_nvl is not None:
+            h_link[by_nvl] = t.o_links[0, a[idx[by_nvl]]]
+            t_link[by_nvl] = t.o_links[1, b[idx[by_nvl]]]
+        if avoid:  # (an end link avoided: by itself, on its whole paths)
             avoided = np.fromiter(avoid, np.int64, len(avoid))
-            ok &= ~(np.isin(t.links[0, a[idx]], avoided) | np.isin(t.links[1, b[idx]], avoided))
+            ok &= ~(np.isin(h_link, avoided) | np.isin(t_link, avoided))
         idx, inv = idx[ok], inv.ravel()[ok]
-        # (the ends each pair leaves and enters by: its NICs', or, through NVLink, those of
-        # its GPUs' ends there)
+        h_link, t_link = h_link[ok], t_link[ok]
         ia, ib = a[idx], b[idx]
         ha, tb = heads[ia], tails[ib]
-        h_link, t_link = t.links[0, ia], t.links[1, ib]
-        if len(other):
-            by_nvl = np.isin(idx, other)
+        if by_nvl is not None:
+            by_nvl = by_nvl[ok]
             ha[by_nvl] = o_heads[ia[by_nvl]]
             tb[by_nvl] = o_tails[ib[by_nvl]]
-            h_link[by_nvl] = t.o_links[0, ia[by_nvl]]
-            t_link[by_nvl] = t.o_links[1, ib[by_nvl]]
         q_idx = qps[idx]
         if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
             q_list = itertools.repeat(int(q_idx[0]))  # rule)
@@ -2606,16 +2682,39 @@ class Controller:
         plan.max_utilization = self._fabric_lambda(plan.link_load_gbps, background or {})
         installed = self._installed
         made_at, self._made_at = self._made_at, None
-        if made_at is not None and made_at[0]() is plan:
+        changed: Sequence[PathSet] | None = None
+        held = -1
+        fresh = made_at[1] if made_at is not None and made_at[0]() is plan else None
+        if (isinstance(sets, PathSetBatch) and isinstance(installed, BatchMap)
+                and len(installed)):
+            # (the sets made anew, or all: compared column to column with the installed
+            # batch, the changed ones sent as a batch of their own)
+            at = made_at[2] if fresh is not None and made_at is not None else None
+            if at is None:
+                at = self._batch_rows(sets.keys, installed)
+            idx = (np.array(fresh, np.int64) if fresh is not None
+                   else np.arange(len(sets), dtype=np.int64))
+            got = _changed_rows(sets, idx, at[idx], installed)
+            if got is not None:
+                rows = idx[got[0]]
+                if len(rows) != len(sets):
+                    sets_keys, caps = sets.keys, sets.caps
+                    changed = _merged_batch(
+                        sets, rows, _NO_SETS, [sets_keys[i] for i in rows.tolist()],
+                        [caps[i] for i in rows.tolist()])
+                else:
+                    changed = sets
+                if fresh is not None:
+                    held = len(sets) - len(fresh) + got[1]
+        if changed is None and fresh is not None:
             # (steering kept the other sets: the installed ones themselves, unchanged)
-            made = [sets[i] for i in made_at[1]]
+            made = [sets[i] for i in fresh]
             changed = _changed_sets(made, installed)
             # (the installed keys the plan has: the kept ones, and the made ones installed
             # before; all of them, if as many as the installed keys)
             held = len(sets) - len(made) + sum(1 for r in made if r.key in installed)
-        else:
+        elif changed is None:
             changed = _changed_sets(sets, installed)
-            held = -1
         # the sets of pairs this plan no longer has (jobs gone or not planned now) are
         # withdrawn first: their rules free room for the new ones
         if installed and held != len(installed):
@@ -3986,6 +4085,7 @@ class Controller:
         kept: list[PathSet | None] | None = None
         # (or, where the installed sets are one batch: the rows of it kept, -1 where none)
         kept_rows: NDArray[np.int64] | None = None
+        rows_at: NDArray[np.int64] | None = None  # (each key's row in that batch, if read)
         n_kept = 0
         all_keys, all_caps = keys, caps
         if not reuse and self._steered_whole and self._steering is not None:
@@ -3997,9 +4097,11 @@ class Controller:
                 # and its set, if the same, is not sent)
                 same = not installed.changed and (installed.batch.keys is keys
                                                   or installed.batch.keys == keys)
+                rows_at = (np.arange(len(keys), dtype=np.int64) if same
+                           else self._batch_rows(keys, installed) if cols is not None
+                           else None)
                 found = (_kept_columns(keys, n_per_key, col, q_weights, caps, installed,
-                                       self._spilled,
-                                       None if same else self._batch_rows(keys, installed))
+                                       self._spilled, None if same else rows_at)
                          if cols is not None else None)
                 if found is None:
                     if shares_of is None:
@@ -4141,12 +4243,13 @@ class Controller:
             for i, made in zip(fresh_at, sets, strict=True):
                 kept[i] = made
             sets = kept  # type: ignore[assignment]
-            self._made_at = (weakref.ref(plan), fresh_at)
+            self._made_at = (weakref.ref(plan), fresh_at, None)
         elif kept_rows is not None:  # (the same, as one batch of the kept rows and new ones)
             assert isinstance(self._installed, BatchMap)
             sets = _merged_batch(self._installed.batch, kept_rows, sets,  # type: ignore[arg-type]
                                  all_keys, all_caps)
-            self._made_at = (weakref.ref(plan), fresh_at)
+            # (with each key's row in the installed batch, where known: see _install)
+            self._made_at = (weakref.ref(plan), fresh_at, rows_at)
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req + n_kept - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

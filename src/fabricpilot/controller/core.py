@@ -4029,7 +4029,8 @@ class Controller:
         for task, (off, table) in new.jobs.items():
             hit = old.jobs.get(task)
             m = len(table)
-            if hit is not None and hit[1] is table:  # (the same demands: the same keys)
+            if hit is not None and (hit[1] is table or (  # (the same demands, or demands
+                    len(hit[1]) == m and hit[1].keys_ == table.keys_)):  # of the same keys)
                 at[off:off + m] = np.arange(hit[0], hit[0] + m, dtype=np.int64)
             else:
                 at[off:off + m] = np.fromiter((get(k, -1) for k in table), np.int64, m)

@@ -132,6 +132,24 @@ class PairKeys(Keys):
         return [f"{pre}{name[x]}->{name[y]}"  # (as rule_key writes them)
                 for x, y in zip(self._src.tolist(), self._dst.tolist(), strict=True)]
 
+    def __eq__(self, other: object) -> bool:
+        """As the lists of keys compare; two of one prefix and names compare their pairs'
+        GPUs (no key made).
+
+        >>> names = ["0", "1", "2"]
+        >>> a = PairKeys("j:", names, np.array([0, 1]), np.array([1, 2]))
+        >>> b = PairKeys("j:", names, np.array([0, 1]), np.array([1, 2]))
+        >>> a == b, a.made, a == PairKeys("j:", names, np.array([0, 2]), np.array([1, 1]))
+        (True, False, False)
+        """
+        if (isinstance(other, PairKeys) and self._prefix == other._prefix
+                and (self._names is other._names or self._names == other._names)):
+            return bool(np.array_equal(self._src, other._src)
+                        and np.array_equal(self._dst, other._dst))
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
 
 class ChainedKeys(Keys):
     """The keys of ``parts`` (lists or :class:`Keys`) one after the other.

@@ -2568,6 +2568,22 @@ def test_a_heal_reads_the_slot_table_as_it_would_read_the_path_sets(
         fail(cable(_hottest(table)))
 
 
+def _count_made_at_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets, at every call of ``Controller._call_demands``, how many of the
+    call's pairs it made at once."""
+    made: list[int] = []
+    at_once = Controller._call_demands
+
+    def spy(self: Controller, *args: object) -> object:
+        out = at_once(self, *args)  # type: ignore[arg-type]
+        # (every pair made at once: its demands as rows; else one or None per pair)
+        made.append(sum(d is not None for d in getattr(out, "rows", out)))
+        return out
+
+    monkeypatch.setattr(Controller, "_call_demands", spy)
+    return made
+
+
 @pytest.mark.parametrize("rails", [True, False])
 def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
         monkeypatch: pytest.MonkeyPatch, rails: bool) -> None:
@@ -2589,16 +2605,7 @@ def test_the_pairs_of_a_call_made_at_once_are_those_made_one_by_one(
     order = np.random.default_rng(3).permutation(64).tolist()
     ctl.declare(Intent("a", "t", tuple(order[:40]), (CommCall("alltoall", 1 << 24, 900.0, 0),)))
     ctl.declare(Intent("b", "t", tuple(order[40:]), (CommCall("allreduce", 1 << 24, 900.0, 0),)))
-    made: list[int] = []
-    at_once = Controller._call_demands
-
-    def spy(self: Controller, *args: object) -> object:
-        out = at_once(self, *args)  # type: ignore[arg-type]
-        # (every pair made at once: its demands as rows; else one or None per pair)
-        made.append(sum(d is not None for d in getattr(out, "rows", out)))
-        return out
-
-    monkeypatch.setattr(Controller, "_call_demands", spy)
+    made = _count_made_at_once(monkeypatch)
     fast = ctl.demands()
     rows = {t: m.ends_array for t, m in ctl._made.items()}
     host = {g: ctl.view.gpu_node[g] for g in range(64)}
@@ -2678,15 +2685,7 @@ def test_pairs_made_at_once_with_links_avoided_are_those_made_one_by_one(
                for d in ctl.demands()]
         return got, dict(ctl.partitioned), dict(ctl.sla_unmet)
 
-    made: list[int] = []
-    at_once = Controller._call_demands
-
-    def spy(self: Controller, *args: object) -> object:
-        out = at_once(self, *args)  # type: ignore[arg-type]
-        made.append(sum(d is not None for d in getattr(out, "rows", out)))
-        return out
-
-    monkeypatch.setattr(Controller, "_call_demands", spy)
+    made = _count_made_at_once(monkeypatch)
     ctl = controller()
     made.clear()
     fast = made_with_links_avoided(ctl)

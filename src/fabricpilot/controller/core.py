@@ -432,14 +432,14 @@ def _changed_rows(new: PathSetBatch, idx: NDArray[np.int64], at: NDArray[np.int6
     # (the same QPs, links and shares: the same ports too, QP by QP)
     k_same = np.flatnonzero(same)
     cnt = n_new[k_same]
+    bounds = _offsets(n_new)  # (each compared key's QPs in ``qp``)
     o_qp = _ranges(old.first[:-1][at[k_same]], cnt)
-    n_qp = _ranges(_offsets(n_new)[:-1][k_same], cnt)
+    n_qp = _ranges(bounds[:-1][k_same], cnt)
     other = np.asarray(old.ports, np.int64)[o_qp] != np.asarray(new.ports, np.int64)[qp][n_qp]
     other |= n_ruled[n_qp]  # (a rule now where there was none: sent)
     same[k_same[np.unique(np.repeat(np.arange(len(k_same)), cnt)[other])]] = False
     # (no row, or a rule on either side: as sets)
     n_cum = np.concatenate(([0], np.cumsum(n_ruled)))
-    bounds = _offsets(n_new)
     ruled_new = n_cum[bounds[1:]] - n_cum[bounds[:-1]]
     o_cum = np.concatenate(([0], np.cumsum(o_ruled)))
     has = at >= 0
@@ -4251,6 +4251,8 @@ class Controller:
                                  all_keys, all_caps)
             # (with each key's row in the installed batch, where known: see _install)
             self._made_at = (weakref.ref(plan), fresh_at, rows_at)
+        elif rows_at is not None:  # (none kept: every set made anew, the rows read kept)
+            self._made_at = (weakref.ref(plan), list(range(len(keys))), rows_at)
         pinned = len(needy) - unpinned
         return sets, PlanReport(plan, len(sets), 0, n_req + n_kept - pinned - unpinned, pinned,
                                 unpinned, dict(used), spilled=spilled)

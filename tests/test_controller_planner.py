@@ -531,6 +531,29 @@ def test_cheapest_candidate_by_excess_then_peak_then_squares() -> None:
     assert cheapest([0.4 + 1e-13, 0.4], [0.1, 0.2], [0.0] * 2) == 0  # (peaks tie: squares)
 
 
+
+def test_tournament_finds_the_cheapest_candidate_as_the_scan_does() -> None:
+    # the placement keeps its candidates in a tournament and plays only the matches of a
+    # candidate whose cost changed: the winner must be the scan's, ties (within 1e-12: the
+    # first) included, on costs drawn from few values so that ties are common
+    from fabricpilot.controller.planner import _cheapest, _tree_build, _tree_update
+
+    rng = np.random.default_rng(7)
+    for k_c in (1, 2, 3, 5, 8, 13, 64):
+        width = 1 << max(k_c - 1, 0).bit_length()
+        tree = np.zeros(2 * width, np.int64)
+        mx, sq = rng.integers(0, 3, k_c) / 4, rng.integers(0, 3, k_c) / 4
+        ex = np.where(rng.random(k_c) < 0.2, 0.1, 0.0)
+        _tree_build(tree, width, k_c, mx, sq, ex)
+        assert tree[1] == _cheapest(k_c, mx, sq, ex)
+        for _ in range(200):
+            c = int(rng.integers(k_c))
+            mx[c] = rng.integers(0, 3) / 4 + rng.choice([0.0, 1e-13])
+            sq[c] = rng.integers(0, 3) / 4
+            ex[c] = 0.1 if rng.random() < 0.2 else 0.0
+            _tree_update(tree, width, c, mx, sq, ex)
+            assert tree[1] == _cheapest(k_c, mx, sq, ex)
+
 def test_sweeps_run_only_as_far_as_their_budget_of_scored_link_loads(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # a sweep scores every part on every candidate: per part, the links of each candidate

@@ -1545,11 +1545,49 @@ def _place_in(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[np.in
               load: NDArray[np.float64], split: int, sweeps: int, lg_ptr: NDArray[np.int64],
               lg_idx: NDArray[np.int64], stop: NDArray[np.bool_], limit: NDArray[np.float64],
               protect: bool) -> NDArray[np.int64]:
-    """:func:`_place` of the demands ``order`` of ``com`` (``load`` updated in place)."""
-    return _place(order, com.grp, com.rate, nparts, com.fix_ptr, com.fix_idx, com.g_col0,
-                  com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load, split,
-                  sweeps, lg_ptr, lg_idx, stop, limit, protect,
+    """:func:`_place` of the demands ``order`` of ``com`` (``load`` updated in place), their
+    fields read in that order (:func:`_in_order`)."""
+    return _place(order, *_in_order(order, com.grp, com.rate, nparts, com.fix_ptr,
+                                    com.fix_idx),
+                  com.g_col0, com.g_ncand, com.g_disjoint, com.c_ptr, com.c_idx, com.cap, load,
+                  split, sweeps, lg_ptr, lg_idx, stop, limit, protect,
                   np.full((len(com.grp), split), -1, com.choice_dtype))
+
+
+@numba.njit(cache=True, nogil=True)
+def _in_order(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.float64],
+              nparts: NDArray[np.int64], fix_ptr: NDArray[np.int64], fix_idx: NDArray[np.int64],
+              ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64],
+                         NDArray[np.int64], NDArray[np.int64]]:
+    """The group, rate, parts and fixed links (offsets, links) of the demands ``order``, in
+    that order: a placement reads them one after the other, not a million scattered reads
+    (the order groups the demands by candidate structure, not by their place).
+
+    >>> g, r, n, fp, fi = _in_order(np.array([1, 0]), np.array([5, 6]), np.array([1.0, 2.0]),
+    ...                             np.array([1, 2]), np.array([0, 1, 3]), np.array([7, 8, 9]))
+    >>> g.tolist(), r.tolist(), n.tolist(), fp.tolist(), fi.tolist()
+    ([6, 5], [2.0, 1.0], [2, 1], [0, 2, 3], [8, 9, 7])
+    """
+    m = order.shape[0]
+    grp_o = np.empty(m, np.int64)
+    rate_o = np.empty(m, np.float64)
+    nparts_o = np.empty(m, np.int64)
+    fix_ptr_o = np.empty(m + 1, np.int64)
+    fix_ptr_o[0] = 0
+    for i in range(m):
+        d = order[i]
+        grp_o[i] = grp[d]
+        rate_o[i] = rate[d]
+        nparts_o[i] = nparts[d]
+        fix_ptr_o[i + 1] = fix_ptr_o[i] + fix_ptr[d + 1] - fix_ptr[d]
+    fix_idx_o = np.empty(fix_ptr_o[m], np.int64)
+    for i in range(m):
+        d = order[i]
+        at = fix_ptr_o[i]
+        for q in range(fix_ptr[d], fix_ptr[d + 1]):
+            fix_idx_o[at] = fix_idx[q]
+            at += 1
+    return grp_o, rate_o, nparts_o, fix_ptr_o, fix_idx_o
 
 
 def _fixed_lambda(com: _Commodities) -> float:
@@ -1665,8 +1703,10 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
            choice: NDArray[np.integer],
            ) -> NDArray[np.integer]:
     """Greedy placement and re-insertion sweeps (see :func:`plan_greedy`) of the demands
-    ``order``; ``load`` is updated in place; fills and returns ``choice`` (all -1, of an
-    integer type that holds the most candidates a demand has): every slot's candidate (within its
+    ``order``, whose ``grp``, ``rate``, ``nparts`` and fixed links (``fix_ptr``,
+    ``fix_idx``) are given in that order (:func:`_in_order`); ``load`` is updated in place;
+    fills and returns ``choice`` (by demand, all -1, of an integer type that holds the most
+    candidates a demand has): every slot's candidate (within its
     demand: a demand of ``nparts`` parts has ``split / nparts`` slots in a row per part,
     which get the part's candidate; -1 for the demands not in ``order``).
 
@@ -1678,7 +1718,10 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
     (the group's columns): (largest utilisation after adding the part, sum of squares). Between two
     parts of one demand, and two demands of one group and part rate placed one after the
     other, only the columns whose load changed are costed again when the group's columns
-    are link-disjoint (the others' costs are unchanged).
+    are link-disjoint (the others' costs are unchanged), and the cheapest is found again
+    along their paths in a tournament over the candidates (:func:`_tree_build`; as
+    :func:`_cheapest` would find it, in a handful of comparisons rather than one per
+    candidate: a leaf pair has 64 spine paths in a large fabric).
 
     From the second sweep on, a demand is skipped when no part has moved on its group's
     columns since it was last placed (``lg_ptr`` / ``lg_idx``: the groups whose columns
@@ -1691,13 +1734,18 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
     # a part last moved on one of its columns, per demand the count when it was placed
     moves = 0
     g_moved = np.zeros(g_ncand.shape[0], np.int64)
-    d_seen = np.full(grp.shape[0], -1, np.int64)
+    d_seen = np.full(order.shape[0], -1, np.int64)
     k_max = 1
     for g in range(g_ncand.shape[0]):
         k_max = max(k_max, g_ncand[g])
     c_mx = np.empty(k_max)
     c_sq = np.empty(k_max)
     c_ex = np.zeros(k_max)
+    # (the tournament over the candidates: ``tree[1]`` the cheapest, see _tree_build)
+    width = 1
+    while width < k_max:
+        width *= 2
+    tree = np.full(2 * width, -1, np.int64)
     # c_mx / c_sq / c_ex hold the costs of a part of rate prev_part on the columns of group
     # prev_g (when ``cached``), but for the columns dirty_a and dirty_b, whose loads changed
     cached = False
@@ -1708,16 +1756,17 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
     for rnd in range(sweeps + 1):
         moved = False
         cached = False
-        for d in order:
+        for i in range(order.shape[0]):
             if stop[0]:
                 return choice
-            g = grp[d]
-            if rnd > 1 and g_moved[g] <= d_seen[d]:
+            d = order[i]
+            g = grp[i]
+            if rnd > 1 and g_moved[g] <= d_seen[i]:
                 continue  # (nothing moved on its columns since: its parts would stay)
             if rnd > 0:
-                d_seen[d] = moves
+                d_seen[i] = moves
             k_c = g_ncand[g]
-            n_parts, blk, part, col0, f0, f1 = _parts_of(d, nparts, split, rate, grp, g_col0,
+            n_parts, blk, part, col0, f0, f1 = _parts_of(i, nparts, split, rate, grp, g_col0,
                                                          fix_ptr)
             if g != prev_g or part != prev_part:
                 cached = False  # (the costs held are another group's or another rate's)
@@ -1737,14 +1786,17 @@ def _place(order: NDArray[np.int64], grp: NDArray[np.int64], rate: NDArray[np.fl
                         if dirty_a >= 0:
                             _cost_into(dirty_a, col0, c_ptr, c_idx, load, cap, part, protect,
                                        limit, c_mx, c_sq, c_ex)
+                            _tree_update(tree, width, dirty_a, c_mx, c_sq, c_ex)
                         if dirty_b >= 0 and dirty_b != dirty_a:
                             _cost_into(dirty_b, col0, c_ptr, c_idx, load, cap, part, protect,
                                        limit, c_mx, c_sq, c_ex)
+                            _tree_update(tree, width, dirty_b, c_mx, c_sq, c_ex)
                     else:
                         for c in range(k_c):
                             _cost_into(c, col0, c_ptr, c_idx, load, cap, part, protect,
                                        limit, c_mx, c_sq, c_ex)
-                    best = _cheapest(k_c, c_mx, c_sq, c_ex)
+                        _tree_build(tree, width, k_c, c_mx, c_sq, c_ex)
+                    best = tree[1]
                     cached = g_disjoint[g]
                 if best != old:
                     moved = True
@@ -1810,6 +1862,60 @@ def _cheapest(k_c: int, c_mx: NDArray[np.float64], c_sq: NDArray[np.float64],
                 mx < best_max - 1e-12 or (mx <= best_max + 1e-12 and sq < best_sq - 1e-12))):
             best, best_ex, best_max, best_sq = c, ex, mx, sq
     return best
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _cheaper(b: int, a: int, c_mx: NDArray[np.float64], c_sq: NDArray[np.float64],
+             c_ex: NDArray[np.float64]) -> bool:
+    """Whether candidate ``b`` (-1: none) is cheaper than ``a`` (-1: none; ``a`` before
+    ``b``), as :func:`_cheapest` compares them: by ``c_ex``, then ``c_mx``, then ``c_sq``,
+    each lower by more than 1e-12 (within it, the first stays)."""
+    if b < 0:
+        return False
+    if a < 0:
+        return True
+    ex, mx, sq = c_ex[b], c_mx[b], c_sq[b]
+    a_ex, a_mx, a_sq = c_ex[a], c_mx[a], c_sq[a]
+    return ex < a_ex - 1e-12 or (ex <= a_ex + 1e-12 and (
+        mx < a_mx - 1e-12 or (mx <= a_mx + 1e-12 and sq < a_sq - 1e-12)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _tree_build(tree: NDArray[np.int64], width: int, k_c: int, c_mx: NDArray[np.float64],
+                c_sq: NDArray[np.float64], c_ex: NDArray[np.float64]) -> None:
+    """A tournament over candidates ``0 .. k_c - 1`` (``width``: a power of two at least
+    ``k_c``): leaf ``width + c`` holds candidate ``c`` (-1 past ``k_c``), every node the
+    winner of its two children (:func:`_cheaper`: the left one, of the lower candidates,
+    unless the right is cheaper), so ``tree[1]`` is what :func:`_cheapest` finds: of peaks
+    0.5, 0.4 and 0.4 and squares 1.0, 0.3 and 0.2, candidate 2.
+
+    >>> tree = np.zeros(8, np.int64)
+    >>> mx, sq = np.array([0.5, 0.4, 0.4]), np.array([1.0, 0.3, 0.2])
+    >>> _tree_build(tree, 4, 3, mx, sq, np.zeros(3))
+    >>> int(tree[1]), tree[4:].tolist()
+    (2, [0, 1, 2, -1])
+    >>> mx[2] = 0.6; _tree_update(tree, 4, 2, mx, sq, np.zeros(3)); int(tree[1])
+    1
+    """
+    for c in range(width):
+        tree[width + c] = c if c < k_c else -1
+    for i in range(width - 1, 0, -1):
+        a = tree[2 * i]
+        b = tree[2 * i + 1]
+        tree[i] = b if _cheaper(b, a, c_mx, c_sq, c_ex) else a
+
+
+@numba.njit(cache=True, nogil=True)
+def _tree_update(tree: NDArray[np.int64], width: int, c: int, c_mx: NDArray[np.float64],
+                 c_sq: NDArray[np.float64], c_ex: NDArray[np.float64]) -> None:
+    """The tournament of :func:`_tree_build` after candidate ``c``'s cost changed: the
+    matches on its way to the top played again."""
+    i = (width + c) >> 1
+    while i >= 1:
+        a = tree[2 * i]
+        b = tree[2 * i + 1]
+        tree[i] = b if _cheaper(b, a, c_mx, c_sq, c_ex) else a
+        i >>= 1
 
 
 def _local_search(com: _Commodities, order: NDArray[np.int64], choice: NDArray[np.int64],

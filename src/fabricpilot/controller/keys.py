@@ -128,9 +128,20 @@ class PairKeys(Keys):
         return f"{self._prefix}{name[int(self._src[i])]}->{name[int(self._dst[i])]}"
 
     def _make(self) -> list[str]:
-        name, pre = self._names, self._prefix
-        return [f"{pre}{name[x]}->{name[y]}"  # (as rule_key writes them)
-                for x, y in zip(self._src.tolist(), self._dst.tolist(), strict=True)]
+        # (as rule_key writes them: each source's "task:source->" made once, then joined to
+        # the destinations' names element-wise, in C: half the time of a format per key)
+        name, pre, src = self._names, self._prefix, self._src
+        if not len(src):
+            return []
+        seen = np.zeros(len(name), np.bool_)
+        seen[src] = True
+        used = np.flatnonzero(seen)
+        heads = np.empty(len(name), object)
+        heads[used] = [f"{pre}{name[x]}->" for x in used.tolist()]
+        tails = np.empty(len(name), object)
+        tails[:] = name
+        out: list[str] = (heads[src] + tails[self._dst]).tolist()
+        return out
 
     def __eq__(self, other: object) -> bool:
         """As the lists of keys compare; two of one prefix and names compare their pairs'

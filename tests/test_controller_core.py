@@ -3012,3 +3012,37 @@ def test_switch_paths_hold_one_int_object_per_link_id() -> None:
     assert got == [(300, 299), (len(ints) + 5, 7)] and got[0][0] is not ints[300]
     got = _row_tuples(rows[:1], ints)
     assert got[0][0] is ints[300] and got[0][1] is ints[299]
+
+
+def test_switch_pairs_found_by_their_places_in_the_route_tables_are_those_a_sort_finds(
+        ) -> None:
+    """The route tables make the switch paths of every pair of leaves GPUs send into and
+    are reached from; a call's (first, last) switch codes are looked up there by place, and
+    those outside them (pairs of one host over their NVSwitch) through the memo: the
+    distinct codes, ascending, each with its fewest-hop switch paths, and every code's
+    place among them, are what ``np.unique`` and the switch paths pair by pair give."""
+    from fabricpilot.balancing import PolicyContext
+    from fabricpilot.balancing.task_aware import TaskAware
+    from fabricpilot.topology import compile_topology, leaf_spine
+
+    ct = compile_topology(leaf_spine(hosts=8, gpus_per_host=8, nics_per_leaf=8,
+                                     rail_optimized=True))
+    ctl = Controller(TaskAware(PolicyContext(ct, 1, 600)))
+    (t,) = ctl._gpu_ends_of.values()
+    names = t.switches
+    n = len(names)
+    leaves = sorted({names[s] for s in t.sw[0, t.ok].tolist()})
+    assert t.route_at is not None and len(leaves) == 8
+    assert len(t.route_mids) == len(leaves) ** 2
+    rng = np.random.default_rng(5)
+    on_leaves = t.route_codes[rng.integers(len(t.route_codes), size=300)]
+    gpus = np.flatnonzero(t.osw[0] >= 0)
+    assert len(gpus) == 64
+    g, h = rng.choice(gpus, 40), rng.choice(gpus, 40)
+    over_nvlink = t.osw[0, g] * n + t.osw[1, h]
+    assert (t.route_at[over_nvlink] < 0).all()
+    for codes in (on_leaves, rng.permutation(np.concatenate((on_leaves, over_nvlink)))):
+        mids, inv = ctl._mids_of_codes(t, codes)
+        uniq, want = np.unique(codes, return_inverse=True)
+        assert inv.tolist() == want.tolist()
+        assert mids == [ctl._switch_paths(names[c // n], names[c % n]) for c in uniq.tolist()]

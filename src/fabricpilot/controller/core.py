@@ -615,6 +615,14 @@ _RETIRED_MAX = 64  # heals whose replaced records wait for a control period to b
 # starts again: each holds its tuple alive, and tuples of demands long gone would pile up
 # in a controller that runs for weeks (a memo of tuples that are alive refills as used)
 _MEMO_MAX = 1 << 16
+# switch paths the route tables make as tuples for the pairs of switches GPUs send into and
+# are reached from, at most (some 70 bytes each: a 2-tier fabric of 128 leaves and 16
+# spines has 260 000, the 8192-GPU one of 1024 hosts a million; larger fabrics make theirs
+# as calls meet them)
+_ROUTE_PATHS_MAX = 1 << 21
+# (first, last) switch codes whose place among those paths a table holds, at most (4 bytes
+# each: a fabric of 1 152 switches, 1.3 million)
+_ROUTE_CODES_MAX = 1 << 23
 
 
 def _row_tuples(rows: NDArray[np.int64], ints: NDArray[np.object_]) -> list[tuple[int, ...]]:
@@ -685,6 +693,11 @@ class _GpuEnds:
     mids: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)  # (each GPU id as text, for rule keys)
     _name_rank: NDArray[np.int64] | None = None
+    # those the route tables made (Controller._end_switch_paths), in code order, and each
+    # code's place among them (-1: not made there; None: no such table)
+    route_mids: list[tuple[tuple[int, ...], ...]] = field(default_factory=list)
+    route_codes: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    route_at: NDArray[np.int32] | None = None
 
     def pair_order(self, a: NDArray[np.int64], b: NDArray[np.int64]
                    ) -> NDArray[np.int64] | None:
@@ -708,10 +721,13 @@ class _GpuEnds:
             rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
             self._name_rank = rank
         rank = self._name_rank
-        # (each pair once: the codes are distinct, and any sort orders them alike; the
-        # stable one merges the runs a call's pairs come in, a third of quicksort's time)
-        return np.argsort(rank[a] * max(len(names), 1) + rank[b], kind="stable").astype(
-            np.int64)
+        # (each pair once: the codes are distinct, and any sort orders them alike)
+        if len(names) <= 1 << 16:  # (by destination, then source, each a radix sort of
+            lo = rank[b].astype(np.uint16)  # 16-bit ranks: half a sort of the codes)
+            by_lo = np.argsort(lo, kind="stable")
+            return by_lo[np.argsort(rank[a].astype(np.uint16)[by_lo], kind="stable")].astype(
+                np.int64, copy=False)
+        return np.argsort(rank[a] * len(names) + rank[b], kind="stable").astype(np.int64)
 
 
 @dataclass
@@ -1357,7 +1373,7 @@ class Controller:
         # every GPU's ends in the component all GPUs reach (a fabric's leaves and spines)
         common = functools.reduce(operator.and_, self._gpu_masks.values(), -1)
         if common > 0 and not common & (common - 1):
-            self._gpu_ends(common)
+            self._end_switch_paths(self._gpu_ends(common))
         # the links' capacities as the planner and the heals read them, and the fabric's
         # ECMP groups as the entropy steering reads them
         self._link_values()
@@ -1367,6 +1383,35 @@ class Controller:
         if self.view.ecmp is not None:
             self._steering_table().compile()
         self.host_of  # noqa: B018 (the hosts, as the patterns of every call read them)
+
+    def _end_switch_paths(self, t: _GpuEnds) -> None:
+        """The fewest-hop switch paths of every (first, last) pair of the switches GPUs send
+        into and are reached from in ``t``'s component, made as :meth:`_call_demands` reads
+        them (``t.mids``), if they number at most :data:`_ROUTE_PATHS_MAX` paths: part of
+        the route tables, not of the first plan that meets them (a call over GPUs scattered
+        across a rail-optimised fabric meets nearly every leaf pair; a fabric with more
+        paths than that makes them as calls meet them)."""
+        names = t.switches
+        firsts = np.unique(t.sw[0, t.ok]).tolist()
+        lasts = np.unique(t.sw[1, t.ok]).tolist()
+        n_paths = 0
+        for f in firsts:
+            reach = self._reach.get(names[f])
+            if reach is None:
+                return  # (a first switch the route tables lack: made when met)
+            n_paths += sum(len(hit[0]) for hit in map(reach.get, (names[x] for x in lasts))
+                           if hit is not None)
+            if n_paths > _ROUTE_PATHS_MAX:
+                return
+        n_last = max(len(names), 1)
+        codes = [f * n_last + x for f in firsts for x in lasts]  # (ascending)
+        made = self._switch_paths_of([(names[c // n_last], names[c % n_last]) for c in codes])
+        t.mids.update(zip(codes, made, strict=True))
+        if n_last * n_last <= _ROUTE_CODES_MAX:  # (and each code's place among them)
+            t.route_mids = made
+            t.route_codes = np.array(codes, np.int64)
+            t.route_at = np.full(n_last * n_last, -1, np.int32)
+            t.route_at[codes] = np.arange(len(codes), dtype=np.int32)
 
     # --------------------------------------------------------------- intents
     @functools.cached_property
@@ -2127,18 +2172,8 @@ class Controller:
             fast[other] = True
         else:
             other = np.zeros(0, np.int64)
-        # the switch paths of each (first, last) switch pair met
-        uniq, inv = ids_inverse(code[fast])
-        memo = t.mids
-        uniq_l = uniq.tolist()
-        mids_of = list(map(memo.get, uniq_l))
-        new = list(itertools.compress(range(len(mids_of)),  # (those not met before)
-                                      map(operator.is_, mids_of, itertools.repeat(None))))
-        if new:
-            made_mids = self._switch_paths_of([(first_of[uniq_l[i] // n_last],
-                                                last_of[uniq_l[i] % n_last]) for i in new])
-            for i, m in zip(new, made_mids, strict=True):
-                mids_of[i] = memo[uniq_l[i]] = m
+        # the switch paths of each (first, last) switch pair met, in code order
+        mids_of, inv = self._mids_of_codes(t, code[fast])
         if avoid:  # (the paths that avoid them; none left: by itself, which says why)
             mids_of = [self._live_mids(m, avoid) if m else m for m in mids_of]
         nic_fixed = self._nic_gbps
@@ -2167,11 +2202,6 @@ class Controller:
             ha[by_nvl] = o_heads[ia[by_nvl]]
             tb[by_nvl] = o_tails[ib[by_nvl]]
         q_idx = qps[idx]
-        if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
-            q_list = itertools.repeat(int(q_idx[0]))  # rule)
-            wholes = itertools.repeat(bool(q_idx[0] == 1))
-        else:
-            q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
         # (as rule_key writes them; made when read whole: a whole plan makes them while
         # its placement runs)
         keys = PairKeys(f"{task}:", t.names, ia, ib)
@@ -2183,6 +2213,11 @@ class Controller:
                 np.full(n, int(priority), np.int64), mids_of, inv.astype(np.int64), h_link,
                 t_link, t.pair_order(ia, ib))
             return _CallDemands(DemandRows(cols, ha, tb), np.column_stack((a[idx], b[idx])))
+        if len(q_idx) and (q_idx == q_idx[0]).all():  # (one value for a call's pairs, as a
+            q_list = itertools.repeat(int(q_idx[0]))  # rule)
+            wholes = itertools.repeat(bool(q_idx[0] == 1))
+        else:
+            q_list, wholes = q_idx.tolist(), (q_idx == 1).tolist()
         made = list(map(_demand_of, zip(keys, r_idx.tolist(),
                                         map(mids_of.__getitem__, inv.tolist()),
                                         itertools.repeat(heat),
@@ -2191,6 +2226,57 @@ class Controller:
         for i, d in zip(idx.tolist(), made, strict=True):
             out[i] = d
         return out
+
+    def _mids_of_codes(self, t: _GpuEnds, codes: NDArray[np.int64],
+                       ) -> tuple[list[tuple[tuple[int, ...], ...]], NDArray[np.int64]]:
+        """The distinct (first, last) switch pairs of ``codes`` (of ``t``), ascending, as
+        their fewest-hop switch paths, and each code's place among them: as
+        ``np.unique(codes, return_inverse=True)`` gives them, found by their places in
+        the route tables (:meth:`_end_switch_paths`: no sort of the codes), the few codes
+        outside them (as pairs of one host over NVLink) by a sort, and through the memo
+        ``t.mids``."""
+        route_at = t.route_at
+        n_route = len(t.route_mids)
+        if route_at is None or not len(codes):
+            uniq, inv = ids_inverse(codes)
+            return self._mids_memo(t, uniq.tolist()), inv
+        at = route_at[codes].astype(np.int64)
+        miss = np.flatnonzero(at < 0)
+        extra: list[int] = []
+        if len(miss):  # (places past the route tables': the distinct codes outside them)
+            u_miss, inv_miss = ids_inverse(codes[miss])
+            at[miss] = n_route + inv_miss
+            extra = u_miss.tolist()
+        met = np.zeros(n_route + len(extra), np.bool_)
+        met[at] = True
+        places = np.flatnonzero(met)
+        place_of = np.cumsum(met) - 1
+        routed = places[places < n_route].tolist()
+        mids_of = [*map(t.route_mids.__getitem__, routed), *self._mids_memo(t, extra)]
+        if extra:  # (in code order: the codes outside among those in them)
+            in_code = np.argsort(np.array([*(t.route_codes[routed].tolist()), *extra]),
+                                 kind="stable")
+            mids_of = [mids_of[i] for i in in_code.tolist()]
+            rank = np.empty(len(in_code), np.int64)
+            rank[in_code] = np.arange(len(in_code), dtype=np.int64)
+            return mids_of, rank[place_of[at]]
+        return mids_of, place_of[at]
+
+    def _mids_memo(self, t: _GpuEnds, codes: list[int]) -> list[tuple[tuple[int, ...], ...]]:
+        """The fewest-hop switch paths of each (first, last) switch pair ``codes`` name
+        (of ``t``), through the memo ``t.mids`` (those not met before made together)."""
+        memo = t.mids
+        n_last = max(len(t.switches), 1)
+        mids_of = list(map(memo.get, codes))
+        new = list(itertools.compress(range(len(mids_of)),  # (those not met before)
+                                      map(operator.is_, mids_of, itertools.repeat(None))))
+        if new:
+            names = t.switches
+            made_mids = self._switch_paths_of([(names[codes[i] // n_last],
+                                                names[codes[i] % n_last]) for i in new])
+            for i, m in zip(new, made_mids, strict=True):
+                mids_of[i] = memo[codes[i]] = m
+        return mids_of
 
     def _capacity(self) -> dict[int, float]:
         """Capacity (Gb/s) of every link of the view (a copy of a cached table)."""

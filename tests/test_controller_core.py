@@ -3042,7 +3042,8 @@ def test_switch_pairs_found_by_their_places_in_the_route_tables_are_those_a_sort
     over_nvlink = t.osw[0, g] * n + t.osw[1, h]
     assert (t.route_at[over_nvlink] < 0).all()
     for codes in (on_leaves, rng.permutation(np.concatenate((on_leaves, over_nvlink)))):
-        mids, inv = ctl._mids_of_codes(t, codes)
+        mids, inv, has = ctl._mids_of_codes(t, codes)
         uniq, want = np.unique(codes, return_inverse=True)
         assert inv.tolist() == want.tolist()
         assert mids == [ctl._switch_paths(names[c // n], names[c % n]) for c in uniq.tolist()]
+        assert has.tolist() == [bool(m) for m in mids]

@@ -697,6 +697,8 @@ class _GpuEnds:
     # code's place among them (-1: not made there; None: no such table)
     route_mids: list[tuple[tuple[int, ...], ...]] = field(default_factory=list)
     route_codes: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    route_has: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
+    route_obj: NDArray[np.object_] = field(default_factory=lambda: np.zeros(0, object))
     route_at: NDArray[np.int32] | None = None
 
     def pair_order(self, a: NDArray[np.int64], b: NDArray[np.int64]
@@ -1410,6 +1412,8 @@ class Controller:
         if n_last * n_last <= _ROUTE_CODES_MAX:  # (and each code's place among them)
             t.route_mids = made
             t.route_codes = np.array(codes, np.int64)
+            t.route_has = np.fromiter(map(bool, made), np.bool_, len(made))
+            t.route_obj = np.fromiter(made, object, len(made))  # (each tuple as it is)
             t.route_at = np.full(n_last * n_last, -1, np.int32)
             t.route_at[codes] = np.arange(len(codes), dtype=np.int32)
 
@@ -2173,15 +2177,16 @@ class Controller:
         else:
             other = np.zeros(0, np.int64)
         # the switch paths of each (first, last) switch pair met, in code order
-        mids_of, inv = self._mids_of_codes(t, code[fast])
+        mids_of, inv, has_u = self._mids_of_codes(t, code[fast])
         if avoid:  # (the paths that avoid them; none left: by itself, which says why)
             mids_of = [self._live_mids(m, avoid) if m else m for m in mids_of]
+            has_u = np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))
         nic_fixed = self._nic_gbps
         nic = np.full(len(a), nic_fixed) if nic_fixed is not None else self._nic_rates[a]
         rates = nic * share * rate_cap
         qps = pair_qps(share, self.parts)
         idx = np.flatnonzero(fast)
-        has = np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))[inv.ravel()]
+        has = has_u[inv.ravel()]
         ok = has & (rates[idx] >= 0)  # (no path, a bad rate: by itself, which says why)
         # (the links each pair leaves and enters by: its NICs', or, through NVLink, those
         # of its GPUs' ends there)
@@ -2228,39 +2233,50 @@ class Controller:
         return out
 
     def _mids_of_codes(self, t: _GpuEnds, codes: NDArray[np.int64],
-                       ) -> tuple[list[tuple[tuple[int, ...], ...]], NDArray[np.int64]]:
+                       ) -> tuple[list[tuple[tuple[int, ...], ...]], NDArray[np.int64],
+                                  NDArray[np.bool_]]:
         """The distinct (first, last) switch pairs of ``codes`` (of ``t``), ascending, as
-        their fewest-hop switch paths, and each code's place among them: as
-        ``np.unique(codes, return_inverse=True)`` gives them, found by their places in
-        the route tables (:meth:`_end_switch_paths`: no sort of the codes), the few codes
-        outside them (as pairs of one host over NVLink) by a sort, and through the memo
-        ``t.mids``."""
+        their fewest-hop switch paths, each code's place among them (as
+        ``np.unique(codes, return_inverse=True)`` gives them) and whether each has a path:
+        found by their places in the route tables (:meth:`_end_switch_paths`: no sort of
+        the codes), the few codes outside them (as pairs of one host over NVLink) by a
+        sort, and through the memo ``t.mids``."""
         route_at = t.route_at
-        n_route = len(t.route_mids)
         if route_at is None or not len(codes):
             uniq, inv = ids_inverse(codes)
-            return self._mids_memo(t, uniq.tolist()), inv
+            mids_of = self._mids_memo(t, uniq.tolist())
+            return mids_of, inv, np.fromiter(map(bool, mids_of), np.bool_, len(mids_of))
         at = route_at[codes].astype(np.int64)
         miss = np.flatnonzero(at < 0)
-        extra: list[int] = []
-        if len(miss):  # (places past the route tables': the distinct codes outside them)
-            u_miss, inv_miss = ids_inverse(codes[miss])
-            at[miss] = n_route + inv_miss
-            extra = u_miss.tolist()
-        met = np.zeros(n_route + len(extra), np.bool_)
-        met[at] = True
+        met = np.zeros(len(t.route_mids), np.bool_)
+        met[at[at >= 0] if len(miss) else at] = True
         places = np.flatnonzero(met)
+        mids_of = (list(t.route_mids) if len(places) == len(met)
+                   else t.route_obj[places].tolist())
+        has = t.route_has[places]
         place_of = np.cumsum(met) - 1
-        routed = places[places < n_route].tolist()
-        mids_of = [*map(t.route_mids.__getitem__, routed), *self._mids_memo(t, extra)]
-        if extra:  # (in code order: the codes outside among those in them)
-            in_code = np.argsort(np.array([*(t.route_codes[routed].tolist()), *extra]),
-                                 kind="stable")
-            mids_of = [mids_of[i] for i in in_code.tolist()]
-            rank = np.empty(len(in_code), np.int64)
-            rank[in_code] = np.arange(len(in_code), dtype=np.int64)
-            return mids_of, rank[place_of[at]]
-        return mids_of, place_of[at]
+        if not len(miss):
+            return mids_of, place_of[at], has
+        # the codes outside them, ascending, and where each comes among those in them
+        extra, inv_x = ids_inverse(codes[miss])
+        x_mids = self._mids_memo(t, extra.tolist())
+        into = np.searchsorted(t.route_codes[places], extra)
+        new_x = into + np.arange(len(extra), dtype=np.int64)  # (their places in all)
+        inv = np.empty(len(codes), np.int64)
+        hit = np.flatnonzero(at >= 0)
+        routed = place_of[at[hit]]
+        inv[hit] = (np.arange(len(places), dtype=np.int64)
+                    + np.searchsorted(extra, t.route_codes[places]))[routed]
+        inv[miss] = new_x[inv_x]
+        out: list[tuple[tuple[int, ...], ...]] = []
+        lo = 0
+        for k, m in zip(into.tolist(), x_mids, strict=True):
+            out.extend(mids_of[lo:k])
+            out.append(m)
+            lo = k
+        out.extend(mids_of[lo:])
+        has_all = np.insert(has, into, np.fromiter(map(bool, x_mids), np.bool_, len(x_mids)))
+        return out, inv, has_all
 
     def _mids_memo(self, t: _GpuEnds, codes: list[int]) -> list[tuple[tuple[int, ...], ...]]:
         """The fewest-hop switch paths of each (first, last) switch pair ``codes`` name

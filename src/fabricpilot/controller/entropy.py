@@ -516,9 +516,10 @@ def _path_constraints(flat: NDArray, path_ptr: NDArray, path_leaf: NDArray, link
     its switch, group size and wanted member."""
     n = path_ptr.shape[0] - 1
     count = np.zeros(n, np.int64)
-    out_sw = np.empty(flat.shape[0], np.int64)
-    out_size = np.empty(flat.shape[0], np.int64)
-    out_want = np.empty(flat.shape[0], np.int64)
+    most = path_ptr[n] - path_ptr[0] if n > 0 else 0  # (a constraint per link at most)
+    out_sw = np.empty(most, np.int64)
+    out_size = np.empty(most, np.int64)
+    out_want = np.empty(most, np.int64)
     q = 0
     for r in range(n):
         leaf = path_leaf[r]
@@ -616,9 +617,20 @@ class _CompiledView(NamedTuple):
 
     def constraints(self, rows: tuple[NDArray, NDArray, NDArray],
                     ) -> tuple[NDArray, NDArray, NDArray, NDArray]:
-        """:func:`_path_constraints` of paths as :func:`_path_rows` gives them."""
-        return _path_constraints(*rows, self.link_sw, self.grp, self.g_ptr, self.g_links,
-                                 self.link_grp, self.link_pos)
+        """:func:`_path_constraints` of paths as :func:`_path_rows` gives them (a whole
+        plan's in two halves at once: :func:`~fabricpilot.controller.planner.in_halves`)."""
+        flat, ptr, leaf = rows
+
+        def part(lo: int, hi: int) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+            return _path_constraints(flat, ptr[lo:hi + 1], leaf[lo:hi], self.link_sw,
+                                     self.grp, self.g_ptr, self.g_links, self.link_grp,
+                                     self.link_pos)
+
+        first, second = in_halves(part, len(leaf))
+        if second is None:
+            return first
+        return tuple(np.concatenate(pair) for pair in zip(first, second,  # type: ignore[return-value]
+                                                         strict=True))
 
 
 def _path_rows(paths: Sequence[tuple[int, ...]], dst: NDArray[np.int64],

@@ -1312,3 +1312,19 @@ def test_a_plan_of_the_same_columns_reuses_what_it_compiled_and_plans_alike() ->
     other = _Commodities(demands, {**cap, max(cap) + 1: 100.0}, None, columns=cols)
     assert other.grp is not first.grp and np.array_equal(other.grp, first.grp)
     assert len(other.cap) == len(cap) + 1
+
+
+def test_placement_order_by_runs_is_the_stable_sort() -> None:
+    # the demands' order by weight and rate, from their key order, moved run by run where
+    # the values come in long runs (a job's demands): that of a stable sort, with ties
+    # (two jobs of one weight) kept in key order; and with short runs, the sort itself
+    from fabricpilot.controller.planner import _stable_order
+
+    rng = np.random.default_rng(11)
+    for n, n_values, run in ((5_000, 4, 300), (5_000, 3, 1), (1, 1, 1), (64, 2, 64)):
+        vals = np.repeat(-rng.integers(1, n_values + 1, -(-n // run)).astype(float), run)[:n]
+        by_key = rng.permutation(n)
+        neg = np.empty(n)
+        neg[by_key] = vals
+        want = by_key[np.argsort(neg[by_key], kind="stable")]
+        assert _stable_order(neg, by_key).tolist() == want.tolist()

@@ -827,6 +827,96 @@ def _ends_may_repeat(factored: NDArray[np.int64], hptr: NDArray[np.int64],
 _PER_PLAN = frozenset({"demands", "cap", "bg", "memo"})
 
 
+class _TupleShapes(NamedTuple):
+    """The candidate structure of unique candidate tuples (:func:`_tuple_shapes`): their
+    paths' link rows (path ``ustart[u] + c`` is candidate ``c`` of tuple ``u``, its rows
+    ``crow[pstart[p]:pstart[p] + plen[p]]``), each tuple's group (-1: irregular), whether
+    its paths are in increasing order, and per group its columns
+    (``g_ncand`` from column ``g_col0``; column ``c``'s links ``c_idx[c_ptr[c]:c_ptr[c + 1]]``,
+    ``c_len`` of them), whether they are link-disjoint, and each tuple's fixed links (rows
+    ``ufix_idx[ufix_ptr[u]:ufix_ptr[u + 1]]``, ``ufix_len`` of them)."""
+
+    crow: NDArray[np.int32]
+    pstart: NDArray[np.int64]
+    ustart: NDArray[np.int64]
+    plen: NDArray[np.int64]
+    u_grp: NDArray[np.int64]
+    ordered: NDArray[np.bool_]
+    g_ncand: NDArray[np.int64]
+    g_col0: NDArray[np.int64]
+    c_len: NDArray[np.int64]
+    c_ptr: NDArray[np.int64]
+    c_idx: NDArray[np.int64]
+    g_disjoint: NDArray[np.bool_]
+    ufix_len: NDArray[np.int64]
+    ufix_ptr: NDArray[np.int64]
+    ufix_idx: NDArray[np.int64]
+    n_groups: int
+
+
+def _unique_shapes(tuples: list[tuple[tuple[int, ...], ...]], links: NDArray[np.int64],
+                   aggregate: bool) -> tuple[NDArray[np.int64], list[tuple[tuple[int, ...],
+                                                                            ...]],
+                                             _TupleShapes]:
+    """The distinct ``tuples`` by identity (:func:`_unique_objects`) and their structure
+    (:func:`_tuple_shapes`)."""
+    u_tup, uobj = _unique_objects(tuples)
+    return u_tup, uobj, _tuple_shapes(uobj, links, aggregate)
+
+
+def _tuple_shapes(uobj: Sequence[tuple[tuple[int, ...], ...]], links: NDArray[np.int64],
+                  aggregate: bool) -> _TupleShapes:
+    """The candidate structure of the unique candidate tuples ``uobj`` over ``links``
+    (sorted link ids; see :class:`_Commodities`): regular tuples (paths of one length, no
+    link repeated) have their links at the positions where all paths agree fixed and the
+    rest, path by path, as their group's columns (with ``aggregate``, tuples of the same
+    columns share a group); a tuple whose columns share a link, or repeat one, has none."""
+    n_u = len(uobj)
+    n_links = len(links)
+    ku, plen, flat = _flat_tuples(uobj)  # type: ignore[arg-type]
+    crow = _link_rows(flat, links)
+    del flat
+    pstart = _offsets(plen)   # link offset of every path of the unique tuples
+    ustart = _offsets(ku)     # path offset of every unique tuple
+    ok, length, mask, n_fixed, h1, h2, ordered = _scan_tuples(crow, pstart, ustart, plen)
+    reg_u = np.flatnonzero(ok)
+    u_grp = np.full(n_u, -1, np.int64)
+    if aggregate and len(reg_u):
+        by = np.lexsort((reg_u, h2[reg_u], h1[reg_u], mask[reg_u], length[reg_u],
+                         ku[reg_u]))
+        su = reg_u[by]
+        new = np.ones(len(su), bool)
+        new[1:] = ((h1[su[1:]] != h1[su[:-1]]) | (h2[su[1:]] != h2[su[:-1]])
+                   | (mask[su[1:]] != mask[su[:-1]]) | (length[su[1:]] != length[su[:-1]])
+                   | (ku[su[1:]] != ku[su[:-1]]))
+        cls = np.cumsum(new) - 1
+        rep_u = su[new]
+        same = _same_rest(crow, pstart, ustart, length, mask, su, rep_u[cls])
+        if not same.all():  # a hash collision: those tuples get groups of their own
+            cls[~same] = len(rep_u) + np.arange(int((~same).sum()))
+            rep_u = np.concatenate((rep_u, su[~same]))
+        u_grp[su] = cls
+    else:
+        rep_u = reg_u
+        u_grp[reg_u] = np.arange(len(reg_u))
+    g_ncand = ku[rep_u]
+    g_col0 = _offsets(g_ncand)[:-1]
+    c_len = np.repeat(length[rep_u] - n_fixed[rep_u], g_ncand)
+    c_ptr = _offsets(c_len)
+    c_idx = np.zeros(int(c_ptr[-1]), np.int64)
+    g_ok, g_disjoint = _fill_groups(crow, pstart, ustart, length, mask, rep_u, g_col0,
+                                    c_ptr, c_idx, n_links)
+    if not g_ok.all():  # a link on all columns, or twice on one: the exact route
+        u_grp[np.isin(u_grp, np.flatnonzero(~g_ok))] = -1
+    ufix_len = np.where(u_grp >= 0, n_fixed, 0)
+    ufix_ptr = _offsets(ufix_len)
+    ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
+    _fill_fixed(crow, pstart, ustart, length, mask, np.flatnonzero(u_grp >= 0), ufix_ptr,
+                ufix_idx)
+    return _TupleShapes(crow, pstart, ustart, plen, u_grp, ordered, g_ncand, g_col0, c_len,
+                        c_ptr, c_idx, g_disjoint, ufix_len, ufix_ptr, ufix_idx, len(rep_u))
+
+
 class _Commodities:
     """Demands as compiled arrays, with the candidates of demands that differ only by the
     links common to all of them stored once.
@@ -868,13 +958,18 @@ class _Commodities:
             return
         # (the demands in key order, if the caller knows it)
         self.by_key = columns.by_key if columns is not None and aggregate else None
+        shapes: Future[tuple[NDArray[np.int64], list[tuple[tuple[int, ...], ...]],
+                             _TupleShapes]] | None = None
         if columns is not None and aggregate:  # the demands' fields as the caller had them
             keys: Sequence[str] = columns.keys
             rates, weights = columns.rate, columns.weight
             wholes, prios, parts_l = columns.whole, columns.priority, columns.parts
-            # unique candidate tuples (by identity: demands may share one)
-            u_tup, uobj = _unique_objects(columns.tuples)
-            u_of = u_tup[columns.tup] if n else np.zeros(0, np.int64)
+            # unique candidate tuples (by identity: demands may share one) and their shapes,
+            # a large plan's on the worker thread while the demands' columns are read here
+            if n >= _BACKGROUND_ROWS:
+                shapes = _WORKER.submit(_unique_shapes, columns.tuples, self.links, aggregate)
+            else:
+                u_tup, uobj, sh = _unique_shapes(columns.tuples, self.links, aggregate)
             hl, tl = (columns.head >= 0).astype(np.int64), (columns.tail >= 0).astype(np.int64)
             end_links = np.concatenate((columns.head[columns.head >= 0],
                                         columns.tail[columns.tail >= 0]))
@@ -891,12 +986,13 @@ class _Commodities:
             tl = np.fromiter(map(len, tails), np.int64, n)
             end_links = np.fromiter(itertools.chain(_chain(heads), _chain(tails)), np.int64,
                                     int(hl.sum() + tl.sum()))
-        n_u = len(uobj)
-        ku, plen, flat = _flat_tuples(uobj)
-        n_c, n_h = int(plen.sum()), int(hl.sum())
-        ids = np.concatenate((flat, end_links))
-        del flat
-        rows = _link_rows(ids, self.links)
+        n_h = int(hl.sum())
+        try:
+            e_rows = _link_rows(end_links, self.links)
+        except ValueError:
+            if shapes is not None:
+                shapes.result()
+            raise
         # each demand's head and tail link when it has exactly one (-1 otherwise)
         # (whether they are all of its head and tail links: a demand's are then read from
         # them, with its candidates, without making the demand)
@@ -909,9 +1005,9 @@ class _Commodities:
             self.head1 = np.full(n, -1, np.int64)
             self.tail1 = np.full(n, -1, np.int64)
             one_h, one_t = np.flatnonzero(hl == 1), np.flatnonzero(tl == 1)
-            self.head1[one_h] = ids[n_c + _offsets(hl)[one_h]]
-            self.tail1[one_t] = ids[n_c + n_h + _offsets(tl)[one_t]]
-        del ids
+            self.head1[one_h] = end_links[_offsets(hl)[one_h]]
+            self.tail1[one_t] = end_links[n_h + _offsets(tl)[one_t]]
+        del end_links
         self._capacity_arrays(capacity, cap_arrays, background)
         self.rate = np.array(rates, np.float64)
         self.weight = np.array(weights, np.float64)
@@ -920,55 +1016,25 @@ class _Commodities:
         self.priority = np.array(prios, np.int64)
         self.keys: Sequence[str] = keys
         del rates, weights, wholes, prios, parts_l
-        crow = rows[:n_c]
-        hrow = rows[n_c:n_c + n_h].astype(np.int64)
-        trow = rows[n_c + n_h:].astype(np.int64)
-        pstart = _offsets(plen)   # link offset of every path of the unique tuples
-        ustart = _offsets(ku)     # path offset of every unique tuple
-
-        # ---- regular tuples (paths of one length, no link repeated): the links at the
-        # positions where all paths agree are fixed; the rest, path by path, is the group
-        ok, length, mask, n_fixed, h1, h2, ordered = _scan_tuples(crow, pstart, ustart, plen)
-        reg_u = np.flatnonzero(ok)
-        u_grp = np.full(n_u, -1, np.int64)
-        if aggregate and len(reg_u):
-            by = np.lexsort((reg_u, h2[reg_u], h1[reg_u], mask[reg_u], length[reg_u],
-                             ku[reg_u]))
-            su = reg_u[by]
-            new = np.ones(len(su), bool)
-            new[1:] = ((h1[su[1:]] != h1[su[:-1]]) | (h2[su[1:]] != h2[su[:-1]])
-                       | (mask[su[1:]] != mask[su[:-1]]) | (length[su[1:]] != length[su[:-1]])
-                       | (ku[su[1:]] != ku[su[:-1]]))
-            cls = np.cumsum(new) - 1
-            rep_u = su[new]
-            same = _same_rest(crow, pstart, ustart, length, mask, su, rep_u[cls])
-            if not same.all():  # a hash collision: those tuples get groups of their own
-                cls[~same] = len(rep_u) + np.arange(int((~same).sum()))
-                rep_u = np.concatenate((rep_u, su[~same]))
-            u_grp[su] = cls
+        hrow = e_rows[:n_h].astype(np.int64)
+        trow = e_rows[n_h:].astype(np.int64)
+        if shapes is not None:
+            u_tup, uobj, sh = shapes.result()
+        if columns is not None and aggregate:
+            u_of = u_tup[columns.tup] if n else np.zeros(0, np.int64)
         else:
-            rep_u = reg_u
-            u_grp[reg_u] = np.arange(len(reg_u))
-        g_ncand = ku[rep_u]
-        g_col0 = _offsets(g_ncand)[:-1]
-        c_len = np.repeat(length[rep_u] - n_fixed[rep_u], g_ncand)
-        c_ptr = _offsets(c_len)
-        c_idx = np.zeros(int(c_ptr[-1]), np.int64)
-        g_ok, g_disjoint = _fill_groups(crow, pstart, ustart, length, mask, rep_u, g_col0,
-                                        c_ptr, c_idx, n_links)
-        if not g_ok.all():  # a link on all columns, or twice on one: the exact route
-            u_grp[np.isin(u_grp, np.flatnonzero(~g_ok))] = -1
+            sh = _tuple_shapes(uobj, self.links, aggregate)
+        u_grp, ordered = sh.u_grp, sh.ordered
+        g_ncand, g_col0, c_len, c_ptr, c_idx = (sh.g_ncand, sh.g_col0, sh.c_len, sh.c_ptr,
+                                                sh.c_idx)
+        g_disjoint, ufix_len, ufix_ptr, ufix_idx = (sh.g_disjoint, sh.ufix_len, sh.ufix_ptr,
+                                                    sh.ufix_idx)
+        n_groups = sh.n_groups
         self.u_obj, self.u_grp = uobj, u_grp  # unique candidate tuples and their groups
         self.u_of = u_of  # each demand's unique tuple
         # the unique tuples' paths as link rows: path ``ustart[u] + c`` is candidate ``c``
         # of tuple ``u``, its rows ``crow[pstart[p]:pstart[p] + plen[p]]``
-        self.crow, self.pstart, self.ustart, self.plen = crow, pstart, ustart, plen
-        ufix_len = np.where(u_grp >= 0, n_fixed, 0)
-        ufix_ptr = _offsets(ufix_len)
-        ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
-        _fill_fixed(crow, pstart, ustart, length, mask, np.flatnonzero(u_grp >= 0), ufix_ptr,
-                    ufix_idx)
-        n_groups = len(rep_u)
+        self.crow, self.pstart, self.ustart, self.plen = sh.crow, sh.pstart, sh.ustart, sh.plen
         self.ufix_ptr, self.ufix_idx = ufix_ptr, ufix_idx
 
         # ---- demands: regular ones take their tuple's group; head / tail links join the
@@ -1069,7 +1135,10 @@ class _Commodities:
         """Every demand's number of parts in a plan of ``split`` parts per demand: 1 if
         ``whole``, else its ``parts`` or, if 0, ``split``; each divides ``split``."""
         n = np.where(self.whole, 1, np.where(self.parts > 0, self.parts, split))
-        bad = np.flatnonzero(split % n != 0)
+        # (which counts divide ``split``, looked up; a count above it does not)
+        divides = np.zeros(split + 2, np.bool_)
+        divides[1:split + 1] = split % np.arange(1, split + 1) == 0
+        bad = np.flatnonzero(~divides[np.minimum(n, split + 1)])
         if len(bad):
             d = self.demands[int(bad[0])]
             raise ValueError(f"demand {d.key!r}: parts {d.parts} must divide split {split}")
@@ -1377,9 +1446,9 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         order = last[1].copy()
     else:
         neg = -com.weight * com.rate
-        order = by_key[np.argsort(neg[by_key], kind="stable")] if n else by_key
+        order = _stable_order(neg, by_key) if n else by_key
         if n:  # (within a weight: the demands of one candidate structure together)
-            order = _class_runs(order, neg, _structure_classes(com)[com.grp])
+            order = _class_runs(order, neg, _structure_classes(com), com.grp)
         if com.memo is not None:
             com.memo["order"] = (com.grp, order.copy())
     made: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
@@ -1495,22 +1564,43 @@ def _group_hashes(g_col0: NDArray[np.int64], g_ncand: NDArray[np.int64],
     return out
 
 
+def _stable_order(neg: NDArray[np.float64], by_key: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``by_key`` sorted by ``neg`` (stable: within equal values, as ``by_key`` lists
+    them): ``by_key[np.argsort(neg[by_key], kind="stable")]``, by runs where ``neg`` in
+    that order takes few values in long runs (a job's demands, in key order, share their
+    weight and rate: a run per job), each run moved whole.
+
+    >>> _stable_order(np.array([-1.0, -2, -2, -1, -3]), np.array([4, 0, 3, 1, 2])).tolist()
+    [4, 1, 2, 0, 3]
+    """
+    vals = neg[by_key]
+    n = len(vals)
+    starts = np.flatnonzero(vals[1:] != vals[:-1]) + 1
+    if len(starts) > n // 64:  # (short runs: a sort of the values)
+        return by_key[np.argsort(vals, kind="stable")]
+    starts = np.concatenate((np.zeros(1, np.int64), starts))
+    lens = np.diff(np.append(starts, n))
+    runs = np.argsort(vals[starts], kind="stable")  # (equal values: in their order)
+    return by_key[_ranges(starts[runs], lens[runs])]
+
+
 @numba.njit(cache=True, nogil=True)
 def _class_runs(order: NDArray[np.int64], neg: NDArray[np.float64],
-                cls: NDArray[np.int64]) -> NDArray[np.int64]:
+                g_cls: NDArray[np.int64], grp: NDArray[np.int64]) -> NDArray[np.int64]:
     """``order`` with, within each run of equal ``neg`` (as the demands ``order`` lists
-    come, one run per weight), the demands of each class ``cls`` together: the classes in
-    the order they first come, each class's demands in their order.
+    come, one run per weight), the demands of each class together (a demand's class:
+    ``g_cls`` of its group ``grp``): the classes in the order they first come, each class's
+    demands in their order.
 
     >>> _class_runs(np.arange(6), np.array([-2.0, -2, -2, -2, -1, -1]),
-    ...             np.array([5, 3, 5, 3, 3, 5])).tolist()
+    ...             np.array([5, 3]), np.array([0, 1, 0, 1, 1, 0])).tolist()
     [0, 2, 1, 3, 4, 5]
     """
     n = order.shape[0]
     out = np.empty(n, np.int64)
     n_cls = 0
-    for i in range(n):
-        n_cls = max(n_cls, cls[i] + 1)
+    for g in range(g_cls.shape[0]):
+        n_cls = max(n_cls, g_cls[g] + 1)
     stamp = np.full(n_cls, -1, np.int64)  # (the run in which a class last came)
     slot = np.zeros(n_cls, np.int64)      # (its place among the classes of that run)
     at = np.zeros(n_cls, np.int64)        # (per place: its count, then where it writes)
@@ -1521,7 +1611,7 @@ def _class_runs(order: NDArray[np.int64], neg: NDArray[np.float64],
             e += 1
         m = 0
         for i in range(s, e):
-            c = cls[order[i]]
+            c = g_cls[grp[order[i]]]
             if stamp[c] != s:
                 stamp[c] = s
                 slot[c] = m
@@ -1534,7 +1624,7 @@ def _class_runs(order: NDArray[np.int64], neg: NDArray[np.float64],
             at[j] = acc
             acc += t
         for i in range(s, e):
-            j = slot[cls[order[i]]]
+            j = slot[g_cls[grp[order[i]]]]
             out[at[j]] = order[i]
             at[j] += 1
         s = e
@@ -1654,7 +1744,10 @@ def _sweeps_within(com: _Commodities, order: NDArray[np.int64], nparts: NDArray[
     if not sweeps or not len(order):
         return sweeps
     col_links = com.c_ptr[com.g_col0 + com.g_ncand] - com.c_ptr[com.g_col0]
-    per_round = int((nparts[order] * col_links[com.grp[order]]).sum())
+    if len(order) == len(com.grp):  # (every demand, each once: in any order)
+        per_round = int((nparts * col_links[com.grp]).sum())
+    else:
+        per_round = int((nparts[order] * col_links[com.grp[order]]).sum())
     return min(sweeps, _SWEEP_BUDGET // max(per_round, 1))
 
 

@@ -2409,8 +2409,14 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
     >>> kl.links.tolist(), kl.ptr.tolist(), kl.owner.tolist()
     ([5, 6, 7, 9], [0, 2, 4, 6, 7], [0, 0, 0, 1, 0, 1, 0])
     """
+    # (each demand's first column's links, gathered at once: the pass below then reads
+    # them in order rather than a million columns scattered over memory)
+    first = com.g_col0[com.grp] + choice[:, 0] if len(choice) else np.zeros(0, np.int64)
+    lo = com.c_ptr[first]
+    n_first = com.c_ptr[first + 1] - lo
     ptr, owner = _key_link_csr(choice, com.n_parts(choice.shape[1]), com.grp, com.g_col0,
-                               com.c_ptr, com.c_idx, com.fix_ptr, com.fix_idx, len(com.links))
+                               com.c_ptr, com.c_idx, com.fix_ptr, com.fix_idx, len(com.links),
+                               _offsets(n_first), com.c_idx[_ranges(lo, n_first)])
     used = np.flatnonzero(ptr[1:] > ptr[:-1])
     return KeyLinks(list(com.keys), com.links[used], np.r_[ptr[used], ptr[-1]], owner)
 
@@ -2419,23 +2425,30 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
 def _key_link_csr(choice: NDArray[np.int64], nparts: NDArray[np.int64], grp: NDArray[np.int64],
                   g_col0: NDArray[np.int64], c_ptr: NDArray[np.int64],
                   c_idx: NDArray[np.int64], fix_ptr: NDArray[np.int64],
-                  fix_idx: NDArray[np.int64], n_rows: int,
+                  fix_idx: NDArray[np.int64], n_rows: int, first_ptr: NDArray[np.int64],
+                  first_idx: NDArray[np.int64],
                   ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """:func:`_key_links` by link row (a counting sort): the demands on row ``r`` are
     ``owner[ptr[r]:ptr[r + 1]]``, in this order: every demand on it by a fixed link
     (``fix_idx``), demand by demand, then, demand by demand, each on it by the column of a
     run of equal slots in its row of ``choice`` (a part's slots, or a whole demand's; a
     demand of ``nparts`` parts has its slots in that many blocks of equal slots, so only
-    the first slot of each block is read)."""
+    the first slot of each block is read). The links of each demand's first block's column
+    are given (``first_idx[first_ptr[d]:first_ptr[d + 1]]``); the other blocks' (a demand
+    split over several columns) are read here."""
     n, split = choice.shape
     ptr = np.zeros(n_rows + 1, np.int64)
     for x in range(fix_idx.shape[0]):
         ptr[fix_idx[x] + 1] += 1
+    for x in range(first_idx.shape[0]):
+        ptr[first_idx[x] + 1] += 1
     for d in range(n):
-        col0 = g_col0[grp[d]]
         blk = split // nparts[d]
-        for k in range(0, split, blk):
-            if k == 0 or choice[d, k] != choice[d, k - blk]:
+        if blk == split:
+            continue
+        col0 = g_col0[grp[d]]
+        for k in range(blk, split, blk):
+            if choice[d, k] != choice[d, k - blk]:
                 col = col0 + choice[d, k]
                 for x in range(c_ptr[col], c_ptr[col + 1]):
                     ptr[c_idx[x] + 1] += 1
@@ -2449,10 +2462,16 @@ def _key_link_csr(choice: NDArray[np.int64], nparts: NDArray[np.int64], grp: NDA
             owner[at[r]] = d
             at[r] += 1
     for d in range(n):
-        col0 = g_col0[grp[d]]
+        for x in range(first_ptr[d], first_ptr[d + 1]):
+            r = first_idx[x]
+            owner[at[r]] = d
+            at[r] += 1
         blk = split // nparts[d]
-        for k in range(0, split, blk):
-            if k == 0 or choice[d, k] != choice[d, k - blk]:
+        if blk == split:
+            continue
+        col0 = g_col0[grp[d]]
+        for k in range(blk, split, blk):
+            if choice[d, k] != choice[d, k - blk]:
                 col = col0 + choice[d, k]
                 for x in range(c_ptr[col], c_ptr[col + 1]):
                     r = c_idx[x]

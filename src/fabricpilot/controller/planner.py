@@ -2823,10 +2823,12 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     r_paths = [p for m in made for p, _ in m]
     r_len = np.fromiter(map(len, r_paths), np.int64, len(r_paths))
     r_flat = np.fromiter(_chain(r_paths), np.int64, int(r_len.sum()))
-    row_len = np.fromiter((sum(len(p) for p, _ in m) for m in made), np.int64, len(made))
+    n_paths = np.fromiter(map(len, made), np.int64, len(made))
+    row_len = (np.add.reduceat(r_len, _offsets(n_paths)[:-1]) if len(made)
+               else np.zeros(0, np.int64))  # (every rest demand has a path)
     flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
                              com.pstart, com.crow, com.links, com.head1, com.tail1,
-                             rest_idx, row_len, r_flat)
+                             rest_idx, row_len, r_flat, *_tuple_lengths(com))
     return PathRows(list(com.keys), flat, off, acc[split],
                     dict(zip(rest_idx.tolist(), made, strict=True)))
 
@@ -2896,24 +2898,61 @@ def _rest_paths(com: _Commodities, choice: NDArray[np.int64], rest_idx: NDArray[
     return not stop[0]
 
 
+def _tuple_lengths(com: _Commodities) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Per unique candidate tuple of ``com``, the length its paths all have (-1 if they
+    differ) and the offset of its first path's links (kept for the next plan of the same
+    columns).
+
+    >>> com = _Commodities([Demand("a", 1.0, ((1, 2), (3, 4))), Demand("b", 1.0, ((5,), (6, 7)))],
+    ...                    dict.fromkeys(range(1, 8), 1.0), None)
+    >>> [a.tolist() for a in _tuple_lengths(com)]
+    [[2, -1], [0, 4]]
+    """
+    memo = com.memo
+    hit = memo.get("tuple_lengths") if memo is not None else None
+    if isinstance(hit, tuple) and hit[0] is com.plen:
+        return hit[1], hit[2]
+    first = com.ustart[:-1]
+    if len(first):
+        lo = np.minimum.reduceat(com.plen, first)
+        hi = np.maximum.reduceat(com.plen, first)
+        u_len = np.where(lo == hi, lo, -1).astype(np.int64)
+    else:
+        u_len = np.zeros(0, np.int64)
+    u_pstart = com.pstart[first]
+    if memo is not None:
+        memo["tuple_lengths"] = (com.plen, u_len, u_pstart)
+    return u_len, u_pstart
+
+
 @numba.njit(cache=True, nogil=True)
 def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
                  ustart: NDArray[np.int64], u_of: NDArray[np.int64], plen: NDArray[np.int64],
                  pstart: NDArray[np.int64], crow: NDArray[np.int32], links: NDArray[np.int64],
                  head1: NDArray[np.int64], tail1: NDArray[np.int64],
                  rest_idx: NDArray[np.int64], rest_len: NDArray[np.int64],
-                 rest_flat: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+                 rest_flat: NDArray[np.int64], u_len: NDArray[np.int64],
+                 u_pstart: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """The paths of :func:`_single_paths` written one after the other in demand order:
     ``flat[off[d]:off[d + 1]]`` is demand ``d``'s path (head link, candidate ``cand[i]``'s
     links, tail link) for ``d = idx[i]``; for ``d = rest_idx[j]`` the next ``rest_len[j]``
     links of ``rest_flat`` (its paths' links, one path after the other); empty for the
-    other demands of the ``n``."""
-    path = np.empty(len(idx), np.int64)
+    other demands of the ``n``. A candidate of a tuple whose paths are all ``u_len`` long
+    has its links at ``u_pstart`` plus that many per candidate before it (not read from
+    the paths' offsets, scattered over memory)."""
+    at = np.empty(len(idx), np.int64)  # (where each one's candidate's links start)
     off = np.zeros(n + 1, np.int64)
     for i in range(len(idx)):
         d = idx[i]
-        path[i] = ustart[u_of[d]] + cand[i]
-        off[d + 1] = plen[path[i]] + 2
+        u = u_of[d]
+        k = u_len[u]
+        if k >= 0:
+            at[i] = u_pstart[u] + cand[i] * k
+        else:
+            p = ustart[u] + cand[i]
+            k = plen[p]
+            at[i] = pstart[p]
+        off[d + 1] = k + 2
     for j in range(len(rest_idx)):
         off[rest_idx[j] + 1] = rest_len[j]
     for d in range(n):
@@ -2921,12 +2960,12 @@ def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
     flat = np.empty(off[n], np.int64)
     for i in range(len(idx)):
         d = idx[i]
-        p = path[i]
         o = off[d]
-        k = plen[p]
+        k = off[d + 1] - o - 2
+        a = at[i]
         flat[o] = head1[d]
         for j in range(k):
-            flat[o + 1 + j] = links[crow[pstart[p] + j]]
+            flat[o + 1 + j] = links[crow[a + j]]
         flat[o + 1 + k] = tail1[d]
     at = 0
     for j in range(len(rest_idx)):

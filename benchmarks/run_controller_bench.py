@@ -18,8 +18,9 @@ controller's ``demands()``, the planner and the rest (steering, install), and it
 (user, system) and page faults are given: most of a plan's memory is new (its path sets
 and records), so where first touching a page is slow (a virtual machine) the system time
 and faults say how much of a slow run is the machine's. The process keeps the memory a plan
-frees for the next (``collector.keep_freed_memory``), as the service's control process
-does; ``--release-memory`` leaves the C allocator as it is. Building the
+frees for the next and faults numpy's arrays in small pages
+(``collector.keep_freed_memory``), as the service's control process does;
+``--release-memory`` leaves the C allocator and numpy as they are. Building the
 controller (reading the fabric and making its route tables, as a controller does when it
 learns the topology) is timed apart. Then one job
 changes (an AllReduce becomes an AlltoAll) and is planned by itself
@@ -223,7 +224,8 @@ def main() -> None:
                         help="fresh controllers per 8192-GPU case (each takes 10-30 s)")
     parser.add_argument("--release-memory", action="store_true",
                         help="leave the C allocator as it is (freed blocks handed back to "
-                             "the system), not as the service's control process sets it")
+                             "the system) and numpy asking for huge pages, not as the "
+                             "service's control process sets them")
     args = parser.parse_args()
     for flag, n in (("--runs", args.runs), ("--large-runs", args.large_runs)):
         if n < 1:
@@ -232,8 +234,8 @@ def main() -> None:
         from fabricpilot.collector import keep_freed_memory
 
         kept = keep_freed_memory()
-        print("memory freed by a plan kept for the next (as the service's control "
-              f"process does): {'yes' if kept else 'no (not glibc)'}")
+        print("memory freed by a plan kept for the next, arrays faulted in small pages (as "
+              f"the service's control process does): {'yes' if kept else 'no (not glibc)'}")
     cases = [(1024, 8, "hosts"), (1024, 8, "gpus")]
     if args.large:
         cases += [(8192, 32, "hosts"), (8192, 32, "gpus")]

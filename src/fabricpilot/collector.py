@@ -14,7 +14,8 @@ tools keep it out of the way:
 A plan also allocates and frees large arrays (a million demands' columns). glibc returns a
 freed block that large to the system at once, and the next plan faults every page of it in
 again: on a virtual machine that is up to a third of a re-plan's wall time.
-:func:`keep_freed_memory` keeps that memory in the process for the next plan.
+:func:`keep_freed_memory` keeps that memory in the process for the next plan, and has new
+memory faulted in small pages (:func:`small_pages`).
 
 Whether anything was frozen is remembered here: ``gc.get_freeze_count()`` walks the whole
 permanent generation (tens of milliseconds with the GIL held in a service), so it is not
@@ -28,7 +29,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["freeze_startup_objects", "frozen", "keep_freed_memory", "paused"]
+__all__ = ["freeze_startup_objects", "frozen", "keep_freed_memory", "paused", "small_pages"]
 
 _frozen = False
 _kept = False
@@ -58,7 +59,8 @@ def keep_freed_memory() -> bool:
     system and faulting it in again page by page: every block from the heap (glibc's
     ``M_MMAP_MAX`` = 0, no block in a mapping of its own, unmapped when freed) and the
     heap's free top kept up to 2 GiB (``M_TRIM_THRESHOLD``). The process's resident size
-    then stays near its peak, as a long-lived controller's does anyway between plans.
+    then stays near its peak, as a long-lived controller's does anyway between plans. New
+    memory is faulted in small pages (:func:`small_pages`).
 
     For a process that plans until it exits (the service's control process); call it once,
     at start-up. Whether it took effect: ``False`` where the C library is not glibc (as on
@@ -67,6 +69,7 @@ def keep_freed_memory() -> bool:
     global _kept
     if _kept:
         return True
+    small_pages()
     try:
         mallopt = ctypes.CDLL(None).mallopt  # (the process's C library)
     except (OSError, AttributeError, TypeError):  # (TypeError: no such handle on Windows)
@@ -76,6 +79,25 @@ def keep_freed_memory() -> bool:
     # (musl has a mallopt that does nothing and returns 0)
     _kept = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
     return _kept
+
+
+def small_pages() -> bool:
+    """Have numpy's large arrays faulted in the kernel's small pages: numpy asks for
+    transparent huge pages on every array of 4 MiB or more (``madvise``), and where the
+    kernel serves those asks (its ``transparent_hugepage`` in ``madvise`` mode, as many
+    distributions ship) each first touch of 2 MiB zeroes it, after compacting memory to
+    find it if it must. On a virtual machine that cost a first plan of a million demands a
+    second of system time, five times what small pages cost (a latency-sensitive process
+    is better without huge-page stalls, as databases advise). Returns whether numpy took
+    the setting (``False`` on a numpy without it)."""
+    import numpy as np
+
+    mod = getattr(np, "_core", None) or getattr(np, "core", None)
+    setter = getattr(getattr(mod, "multiarray", None), "_set_madvise_hugepage", None)
+    if setter is None:
+        return False
+    setter(False)
+    return True
 
 
 @contextmanager

@@ -625,6 +625,21 @@ _ROUTE_PATHS_MAX = 1 << 21
 _ROUTE_CODES_MAX = 1 << 23
 
 
+def _share_list(shares: NDArray[np.float64]) -> list[float]:
+    """``shares.tolist()``, the shares of 1.0 (a QP that carries its pair whole: nearly
+    every one of a plan's million) all one object, the others made one by one.
+
+    >>> _share_list(np.array([1.0, 0.25, 1.0]))
+    [1.0, 0.25, 1.0]
+    """
+    whole = shares == 1.0
+    out = [1.0] * len(shares)
+    rest = np.flatnonzero(~whole)
+    for i, v in zip(rest.tolist(), shares[rest].tolist(), strict=True):
+        out[i] = v
+    return out
+
+
 def _row_tuples(rows: NDArray[np.int64], ints: NDArray[np.object_]) -> list[tuple[int, ...]]:
     """The rows of link ids ``rows`` as tuples (a column's ids zipped row by row: each made
     once, no list between), their ids the very objects of ``ints`` (one per id, indexed by
@@ -2191,7 +2206,12 @@ class Controller:
         # (the links each pair leaves and enters by: its NICs', or, through NVLink, those
         # of its GPUs' ends there)
         h_link, t_link = t.links[0, a[idx]], t.links[1, b[idx]]
-        by_nvl = np.isin(idx, other) if len(other) else None
+        if len(other):  # (the pairs through NVLink, among those of ``idx``)
+            nvl = np.zeros(len(a), np.bool_)
+            nvl[other] = True
+            by_nvl: NDArray[np.bool_] | None = nvl[idx]
+        else:
+            by_nvl = None
         if by_nvl is not None:
             h_link[by_nvl] = t.o_links[0, a[idx[by_nvl]]]
             t_link[by_nvl] = t.o_links[1, b[idx[by_nvl]]]
@@ -4238,7 +4258,7 @@ class Controller:
         paths: Sequence[tuple[int, ...]]
         if cols is not None:  # (the QPs' paths stay in their column)
             paths = all_paths = col
-            all_weights = q_weights.tolist()
+            all_weights = _share_list(q_weights)
         else:
             assert shares_of is not None
             n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))

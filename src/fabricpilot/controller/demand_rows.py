@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-from fabricpilot.controller.keys import part_item, part_offsets
+from fabricpilot.controller.keys import made, part_item, part_offsets
 from fabricpilot.controller.planner import Demand, DemandColumns, _demand_of
 from fabricpilot.controller.southbound import OverlayMap
 
@@ -281,8 +281,14 @@ class JobDemands(OverlayMap[Demand]):
         if (self._over or self._gone or len(keys) != self._len
                 or not all(isinstance(t, DemandTable) for t in tables.values())):
             return None
-        if keys != list(itertools.chain.from_iterable(tables.values())):
-            return None
+        off = 0  # (job by job: each job's keys against its stretch of ``keys``)
+        for table in tables.values():
+            job_keys = made(table.keys_)  # type: ignore[attr-defined]
+            n = len(job_keys)
+            if keys[off:off + n] != (job_keys if isinstance(job_keys, list)
+                                     else list(job_keys)):
+                return None
+            off += n
         return JobRows(tables)  # type: ignore[arg-type]
 
 

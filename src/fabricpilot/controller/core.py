@@ -708,12 +708,12 @@ class _GpuEnds:
     mids: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)  # (each GPU id as text, for rule keys)
     _name_rank: NDArray[np.int64] | None = None
-    # those the route tables made (Controller._end_switch_paths), in code order, and each
-    # code's place among them (-1: not made there; None: no such table)
-    route_mids: list[tuple[tuple[int, ...], ...]] = field(default_factory=list)
+    # those the route tables made (Controller._end_switch_paths), in code order (the
+    # tuples, their codes, whether each has a path), and each code's place among them (-1:
+    # not made there; None: no such table)
+    route_mids: NDArray[np.object_] = field(default_factory=lambda: np.zeros(0, object))
     route_codes: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     route_has: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
-    route_obj: NDArray[np.object_] = field(default_factory=lambda: np.zeros(0, object))
     route_at: NDArray[np.int32] | None = None
 
     def pair_order(self, a: NDArray[np.int64], b: NDArray[np.int64]
@@ -1425,10 +1425,9 @@ class Controller:
         made = self._switch_paths_of([(names[c // n_last], names[c % n_last]) for c in codes])
         t.mids.update(zip(codes, made, strict=True))
         if n_last * n_last <= _ROUTE_CODES_MAX:  # (and each code's place among them)
-            t.route_mids = made
+            t.route_mids = np.fromiter(made, object, len(made))  # (each tuple as it is)
             t.route_codes = np.array(codes, np.int64)
             t.route_has = np.fromiter(map(bool, made), np.bool_, len(made))
-            t.route_obj = np.fromiter(made, object, len(made))  # (each tuple as it is)
             t.route_at = np.full(n_last * n_last, -1, np.int32)
             t.route_at[codes] = np.arange(len(codes), dtype=np.int32)
 
@@ -2271,8 +2270,7 @@ class Controller:
         met = np.zeros(len(t.route_mids), np.bool_)
         met[at[at >= 0] if len(miss) else at] = True
         places = np.flatnonzero(met)
-        mids_of = (list(t.route_mids) if len(places) == len(met)
-                   else t.route_obj[places].tolist())
+        mids_of = (t.route_mids if len(places) == len(met) else t.route_mids[places]).tolist()
         has = t.route_has[places]
         place_of = np.cumsum(met) - 1
         if not len(miss):
@@ -2280,13 +2278,14 @@ class Controller:
         # the codes outside them, ascending, and where each comes among those in them
         extra, inv_x = ids_inverse(codes[miss])
         x_mids = self._mids_memo(t, extra.tolist())
-        into = np.searchsorted(t.route_codes[places], extra)
+        met_codes = t.route_codes[places]
+        into = np.searchsorted(met_codes, extra)
         new_x = into + np.arange(len(extra), dtype=np.int64)  # (their places in all)
         inv = np.empty(len(codes), np.int64)
         hit = np.flatnonzero(at >= 0)
         routed = place_of[at[hit]]
         inv[hit] = (np.arange(len(places), dtype=np.int64)
-                    + np.searchsorted(extra, t.route_codes[places]))[routed]
+                    + np.searchsorted(extra, met_codes))[routed]
         inv[miss] = new_x[inv_x]
         out: list[tuple[tuple[int, ...], ...]] = []
         lo = 0

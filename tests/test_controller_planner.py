@@ -1102,7 +1102,6 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
         _path_kinds,
         _single_paths,
         _single_rows,
-        _tuple_lengths,
     )
 
     demands, cap = rail_demands(seed, n=400, factored=True, odd=True)
@@ -1111,8 +1110,8 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
     choice = np.repeat(rng.integers(0, com.g_ncand[com.grp])[:, None], 2, axis=1)
     _, fast, _ = _path_kinds(com, choice)
     none = np.zeros(0, np.int64)
-    u_len, u_pstart = _tuple_lengths(com)
-    assert (u_len >= 0).any() and (u_len < 0).any()  # (tuples of one path length, and not)
+    u_len = com.u_len
+    assert (u_len >= 0).any() and (u_len < 0).any()  # (regular tuples, and not)
     want = {int(d): row.tolist() for idx, rows in _single_paths(com, fast, choice[fast, 0])
             for d, row in zip(idx, rows, strict=True)}
     assert 0 < len(want) < len(demands)
@@ -1120,7 +1119,7 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
     for lengths in (u_len, np.full_like(u_len, -1)):
         flat, off = _single_rows(len(demands), fast, choice[fast, 0], com.ustart, com.u_of,
                                  com.plen, com.pstart, com.crow, com.links, com.head1,
-                                 com.tail1, none, none, none, lengths, u_pstart)
+                                 com.tail1, none, none, none, lengths)
         assert {d: flat[off[d]:off[d + 1]].tolist() for d in range(len(demands))
                 if off[d + 1] > off[d]} == want
         assert off[0] == 0 and off[-1] == len(flat)
@@ -1134,7 +1133,7 @@ def test_single_path_rows_hold_each_demands_path_in_demand_order(seed: int) -> N
     _, fast, rest = _path_kinds(com, choice)
     flat, off = _single_rows(3, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
                              com.pstart, com.crow, com.links, com.head1, com.tail1,
-                             rest, np.array([2]), np.array([30, 31]), *_tuple_lengths(com))
+                             rest, np.array([2]), np.array([30, 31]), com.u_len)
     assert fast.tolist() == [0, 1] and rest.tolist() == [2]
     assert flat.tolist() == [1, 12, 13, 2, 3, 20, 4, 30, 31]
     assert off.tolist() == [0, 4, 7, 9]

@@ -830,7 +830,8 @@ _PER_PLAN = frozenset({"demands", "cap", "bg", "memo"})
 class _TupleShapes(NamedTuple):
     """The candidate structure of unique candidate tuples (:func:`_tuple_shapes`): their
     paths' link rows (path ``ustart[u] + c`` is candidate ``c`` of tuple ``u``, its rows
-    ``crow[pstart[p]:pstart[p] + plen[p]]``), each tuple's group (-1: irregular), whether
+    ``crow[pstart[p]:pstart[p] + plen[p]]``; ``u_len``: a regular tuple's path length, -1
+    for the others), each tuple's group (-1: irregular), whether
     its paths are in increasing order, and per group its columns
     (``g_ncand`` from column ``g_col0``; column ``c``'s links ``c_idx[c_ptr[c]:c_ptr[c + 1]]``,
     ``c_len`` of them), whether they are link-disjoint, and each tuple's fixed links (rows
@@ -840,6 +841,7 @@ class _TupleShapes(NamedTuple):
     pstart: NDArray[np.int64]
     ustart: NDArray[np.int64]
     plen: NDArray[np.int64]
+    u_len: NDArray[np.int64]
     u_grp: NDArray[np.int64]
     ordered: NDArray[np.bool_]
     g_ncand: NDArray[np.int64]
@@ -913,8 +915,9 @@ def _tuple_shapes(uobj: Sequence[tuple[tuple[int, ...], ...]], links: NDArray[np
     ufix_idx = np.zeros(int(ufix_ptr[-1]), np.int64)
     _fill_fixed(crow, pstart, ustart, length, mask, np.flatnonzero(u_grp >= 0), ufix_ptr,
                 ufix_idx)
-    return _TupleShapes(crow, pstart, ustart, plen, u_grp, ordered, g_ncand, g_col0, c_len,
-                        c_ptr, c_idx, g_disjoint, ufix_len, ufix_ptr, ufix_idx, len(rep_u))
+    return _TupleShapes(crow, pstart, ustart, plen, np.where(ok, length, -1), u_grp, ordered,
+                        g_ncand, g_col0, c_len, c_ptr, c_idx, g_disjoint, ufix_len, ufix_ptr,
+                        ufix_idx, len(rep_u))
 
 
 class _Commodities:
@@ -1035,6 +1038,9 @@ class _Commodities:
         # the unique tuples' paths as link rows: path ``ustart[u] + c`` is candidate ``c``
         # of tuple ``u``, its rows ``crow[pstart[p]:pstart[p] + plen[p]]``
         self.crow, self.pstart, self.ustart, self.plen = sh.crow, sh.pstart, sh.ustart, sh.plen
+        # (a regular tuple's path length, -1 for the others: its candidate ``c``'s links
+        # start at its first path's plus ``c`` times that)
+        self.u_len = sh.u_len
         self.ufix_ptr, self.ufix_idx = ufix_ptr, ufix_idx
 
         # ---- demands: regular ones take their tuple's group; head / tail links join the
@@ -2828,7 +2834,7 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
                else np.zeros(0, np.int64))  # (every rest demand has a path)
     flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
                              com.pstart, com.crow, com.links, com.head1, com.tail1,
-                             rest_idx, row_len, r_flat, *_tuple_lengths(com))
+                             rest_idx, row_len, r_flat, com.u_len)
     return PathRows(list(com.keys), flat, off, acc[split],
                     dict(zip(rest_idx.tolist(), made, strict=True)))
 
@@ -2898,33 +2904,6 @@ def _rest_paths(com: _Commodities, choice: NDArray[np.int64], rest_idx: NDArray[
     return not stop[0]
 
 
-def _tuple_lengths(com: _Commodities) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Per unique candidate tuple of ``com``, the length its paths all have (-1 if they
-    differ) and the offset of its first path's links (kept for the next plan of the same
-    columns).
-
-    >>> com = _Commodities([Demand("a", 1.0, ((1, 2), (3, 4))), Demand("b", 1.0, ((5,), (6, 7)))],
-    ...                    dict.fromkeys(range(1, 8), 1.0), None)
-    >>> [a.tolist() for a in _tuple_lengths(com)]
-    [[2, -1], [0, 4]]
-    """
-    memo = com.memo
-    hit = memo.get("tuple_lengths") if memo is not None else None
-    if isinstance(hit, tuple) and hit[0] is com.plen:
-        return hit[1], hit[2]
-    first = com.ustart[:-1]
-    if len(first):
-        lo = np.minimum.reduceat(com.plen, first)
-        hi = np.maximum.reduceat(com.plen, first)
-        u_len = np.where(lo == hi, lo, -1).astype(np.int64)
-    else:
-        u_len = np.zeros(0, np.int64)
-    u_pstart = com.pstart[first]
-    if memo is not None:
-        memo["tuple_lengths"] = (com.plen, u_len, u_pstart)
-    return u_len, u_pstart
-
-
 @numba.njit(cache=True, nogil=True)
 def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
                  ustart: NDArray[np.int64], u_of: NDArray[np.int64], plen: NDArray[np.int64],
@@ -2932,14 +2911,14 @@ def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
                  head1: NDArray[np.int64], tail1: NDArray[np.int64],
                  rest_idx: NDArray[np.int64], rest_len: NDArray[np.int64],
                  rest_flat: NDArray[np.int64], u_len: NDArray[np.int64],
-                 u_pstart: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """The paths of :func:`_single_paths` written one after the other in demand order:
     ``flat[off[d]:off[d + 1]]`` is demand ``d``'s path (head link, candidate ``cand[i]``'s
     links, tail link) for ``d = idx[i]``; for ``d = rest_idx[j]`` the next ``rest_len[j]``
     links of ``rest_flat`` (its paths' links, one path after the other); empty for the
     other demands of the ``n``. A candidate of a tuple whose paths are all ``u_len`` long
-    has its links at ``u_pstart`` plus that many per candidate before it (not read from
-    the paths' offsets, scattered over memory)."""
+    has its links at its first path's plus that many per candidate before it (not read
+    from the paths' offsets, scattered over memory)."""
     at = np.empty(len(idx), np.int64)  # (where each one's candidate's links start)
     off = np.zeros(n + 1, np.int64)
     for i in range(len(idx)):
@@ -2947,7 +2926,7 @@ def _single_rows(n: int, idx: NDArray[np.int64], cand: NDArray[np.int64],
         u = u_of[d]
         k = u_len[u]
         if k >= 0:
-            at[i] = u_pstart[u] + cand[i] * k
+            at[i] = pstart[ustart[u]] + cand[i] * k
         else:
             p = ustart[u] + cand[i]
             k = plen[p]

@@ -83,6 +83,50 @@ def test_a_batch_reads_as_the_sets_its_columns_describe(seed: int) -> None:
         PathSetBatch(cols[0][:-1], *cols[1:])
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_of_array_columns_reads_as_the_one_of_lists(seed: int) -> None:
+    """Shares and ports as arrays (as a whole plan's steering leaves them): set by set,
+    iterated, pickled and merged, the sets of the same columns as lists, their shares and
+    ports Python floats and ints (a set goes to the data plane, and to JSON, as it is)."""
+    import pickle
+
+    cols = _columns(seed, 40)
+    keys, first, paths, weights, ports, rules, caps = cols
+    want = _by_hand(cols)
+    arrays = (keys, first, paths, np.array(weights), np.array(ports, np.int64), rules, caps)
+    for got in (PathSetBatch(*arrays)[i] for i in range(40)):
+        assert got == want[keys.index(got.key)]
+        assert all(type(w) is float for w in got.weights)
+        assert all(type(p) is int for p in got.ports)
+    whole = list(PathSetBatch(*arrays))
+    assert whole == want
+    assert {type(x) for s in whole for x in (*s.weights, *s.ports)} == {float, int}
+    assert list(pickle.loads(pickle.dumps(PathSetBatch(*arrays)))) == want
+    # merged: kept rows and new sets, both batches of arrays, give an array batch that
+    # reads as the merge of the batches of lists
+    other = _columns(seed + 10, 10)
+    rows = np.array([3, -1, 0, -1, 39, 12, -1, -1], np.int64)
+    m_keys = [f"m{i}" for i in range(len(rows))]
+    m_caps = [1.0] * len(rows)
+    n_new = int((rows < 0).sum())
+    cut = int(other[1][n_new])
+    fresh_l = (other[0][:n_new], other[1][:n_new + 1], other[2][:cut], other[3][:cut],
+               other[4][:cut], other[5][:cut], other[6][:n_new])
+    fresh_a = (*fresh_l[:3], np.array(fresh_l[3]), np.array(fresh_l[4], np.int64),
+               *fresh_l[5:])
+    as_lists = _merged_batch(PathSetBatch(*cols), rows, PathSetBatch(*fresh_l), m_keys,
+                             m_caps)
+    as_arrays = _merged_batch(PathSetBatch(*arrays), rows, PathSetBatch(*fresh_a), m_keys,
+                              m_caps)
+    assert isinstance(as_arrays.ports, np.ndarray) and isinstance(as_arrays.weights,
+                                                                  np.ndarray)
+    assert list(as_arrays) == list(as_lists)
+    # one batch of arrays, one of lists: lists
+    mixed = _merged_batch(PathSetBatch(*arrays), rows, PathSetBatch(*fresh_l), m_keys,
+                          m_caps)
+    assert list(mixed) == list(as_lists) and isinstance(mixed.ports, list)
+
+
 def _ops(seed: int, keys: list[str], values: list[PathSet], n: int
          ) -> list[tuple[str, object]]:
     """A random sequence of dict operations over the batch's keys and some new ones."""

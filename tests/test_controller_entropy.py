@@ -541,9 +541,9 @@ def test_a_replan_steers_only_the_pairs_whose_paths_moved(
     steered: list[int] = []
     real = SteeringTable.steer_paths
 
-    def spy(self, src, dst, start, paths, tries):  # type: ignore[no-untyped-def]
+    def spy(self, src, dst, start, paths, tries, **kw):  # type: ignore[no-untyped-def]
         steered.append(len(paths))
-        return real(self, src, dst, start, paths, tries)
+        return real(self, src, dst, start, paths, tries, **kw)
 
     monkeypatch.setattr(SteeringTable, "steer_paths", spy)
     _, ctl = _alltoall_controller(_ctx(per_switch, entropy, rules))

@@ -86,6 +86,7 @@ from fabricpilot.controller.southbound import (
     PathSet,
     PathSetBatch,
     PortDelta,
+    as_list,
     get_all,
 )
 
@@ -309,7 +310,7 @@ def _kept_columns(keys: list[str], n_per_key: NDArray[np.int64], col: PathColumn
     keep = planner.same_qps(
         np.asarray(at, np.int64), np.asarray(n_per_key, np.int64), batch.first,
         np.array(batch.caps, np.float64), np.array(caps, np.float64), old.off, old.flat,
-        col.off, col.flat, np.array(batch.weights, np.float64), np.asarray(weights, np.float64),
+        col.off, col.flat, np.asarray(batch.weights, np.float64), np.asarray(weights, np.float64),
         np.fromiter(map(bool, rules), np.bool_, len(rules)))
     if skip:
         off = [i for i, k in enumerate(keys) if k in skip]
@@ -354,9 +355,12 @@ def _merged_batch(old: PathSetBatch, rows: NDArray[np.int64], fresh: PathSetBatc
     at_arr = _ranges(start, count)
     at = at_arr.tolist()
 
-    def pick(col_old: Sequence[Any], col_new: Sequence[Any]) -> list[Any]:
-        """The entries ``at`` of the two columns one after the other."""
-        return list(map((*col_old, *col_new).__getitem__, at))
+    def pick(col_old: Sequence[Any], col_new: Sequence[Any]) -> Sequence[Any]:
+        """The entries ``at`` of the two columns one after the other (an array if both
+        are arrays, as a whole plan's shares and ports are)."""
+        if isinstance(col_old, np.ndarray) and isinstance(col_new, np.ndarray):
+            return np.concatenate((col_old, col_new))[at_arr]
+        return list(map((*as_list(col_old), *as_list(col_new)).__getitem__, at))
 
     paths: Sequence[tuple[int, ...]]
     if (isinstance(old.paths, PathColumn) and isinstance(fresh.paths, PathColumn)
@@ -623,21 +627,6 @@ _ROUTE_PATHS_MAX = 1 << 21
 # (first, last) switch codes whose place among those paths a table holds, at most (4 bytes
 # each: a fabric of 1 152 switches, 1.3 million)
 _ROUTE_CODES_MAX = 1 << 23
-
-
-def _share_list(shares: NDArray[np.float64]) -> list[float]:
-    """``shares.tolist()``, the shares of 1.0 (a QP that carries its pair whole: nearly
-    every one of a plan's million) all one object, the others made one by one.
-
-    >>> _share_list(np.array([1.0, 0.25, 1.0]))
-    [1.0, 0.25, 1.0]
-    """
-    whole = shares == 1.0
-    out = [1.0] * len(shares)
-    rest = np.flatnonzero(~whole)
-    for i, v in zip(rest.tolist(), shares[rest].tolist(), strict=True):
-        out[i] = v
-    return out
 
 
 def _row_tuples(rows: NDArray[np.int64], ints: NDArray[np.object_]) -> list[tuple[int, ...]]:
@@ -4255,9 +4244,10 @@ class Controller:
                 caps = [caps[i] for i in fresh_at]
                 rows = rows[fresh_rows]
         paths: Sequence[tuple[int, ...]]
-        if cols is not None:  # (the QPs' paths stay in their column)
+        all_weights: Sequence[float]
+        if cols is not None:  # (the QPs' paths and shares stay in their columns)
             paths = all_paths = col
-            all_weights = _share_list(q_weights)
+            all_weights = q_weights  # type: ignore[assignment]
         else:
             assert shares_of is not None
             n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))
@@ -4283,8 +4273,9 @@ class Controller:
         tries = self.params.steer_tries
         rules: list[tuple[tuple[str, int], ...]] = [()] * n_req
         got_rules: dict[int, tuple[tuple[str, int], ...]] = {}
+        ports: list[int] | NDArray[np.int64]  # (a whole plan's as one array)
         if not n_req:
-            ports: list[int] = []
+            ports = []
         elif known:
             fresh = np.array([r for r in range(n_req) if r not in known], np.int64)
             f_paths = [paths[r] for r in fresh.tolist()]
@@ -4304,7 +4295,8 @@ class Controller:
         else:
             # (a whole plan's hash decisions derived from its paths at once; a view steering
             # cannot read as arrays, path by path)
-            got = table.steer_paths(src, dst, start, paths, tries)
+            # (the ports as one array: a batch keeps them so)
+            got = table.steer_paths(src, dst, start, paths, tries, as_array=True)
             if got is None:
                 mids = (_switch_path_ids(table, plan.parts, paths, dst, n_per_key)
                         if kept is None else table.intern(paths, dst))
@@ -4350,7 +4342,7 @@ class Controller:
                         load[lk] -= gbps
             new_ports, new_paths = best_hashed_ports(
                 self.view, src[hashed].tolist(), dst[hashed].tolist(),
-                [ports[r] for r in hashed], share, load, self._link_capacity(),
+                [int(ports[r]) for r in hashed], share, load, self._link_capacity(),
                 self._shunned(), tries=self.params.spill_port_tries)
             for r, port, p in zip(hashed, new_ports, new_paths, strict=True):
                 ports[r] = port

@@ -43,6 +43,11 @@ from fabricpilot.net.hashing import (
 PORT_LO, PORT_HI = 0xC000, 0xFFFF  # the RoCE source-port range NICs draw from
 
 
+# what steering gives: each request's source port (a list, or one array where asked) and
+# the explicit rules of the requests that need some (request -> (switch, link) rules)
+Steered = tuple[list[int] | NDArray[np.int64], dict[int, tuple[tuple[str, int], ...]]]
+
+
 @dataclass(frozen=True, slots=True)
 class SteerRequest:
     """Put the QP of GPU ``src`` -> ``dst`` on ``path`` (link ids, GPU to GPU); ``start``
@@ -895,7 +900,7 @@ class SteeringTable:
 
     def steer(self, src: NDArray[np.int64], dst: NDArray[np.int64], start: NDArray[np.int64],
               mid: NDArray[np.int64], paths: list[tuple[int, ...]], max_tries: int,
-              ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]]:
+              ) -> Steered:
         """Source ports that land requests (``src``, ``dst``, search ``start``, switch-path
         id ``mid`` from :meth:`intern`, full path) on their paths, and the rules still needed
         by the requests that need some (request -> ``(switch, link)`` rules)."""
@@ -904,13 +909,15 @@ class SteeringTable:
 
     def steer_paths(self, src: NDArray[np.int64], dst: NDArray[np.int64],
                     start: NDArray[np.int64], paths: Sequence[tuple[int, ...]], max_tries: int,
-                    ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]] | None:
+                    as_array: bool = False,
+                    ) -> Steered | None:
         """:meth:`steer` of requests whose hash decisions are derived from their own paths
         at once (compiled, over the flattened paths), not looked up per switch path: no
         switch path is interned, so a fresh table costs what a known one does (a whole
         plan's paths, most of them new to a fresh controller). ``None`` if the view is not
         compiled (see :meth:`_compiled_view`) or a path leaves it: :meth:`intern` and
-        :meth:`steer` do then.
+        :meth:`steer` do then. With ``as_array``, the ports come as an integer array (a
+        whole plan's million stay one array, not a million ints), else as a list.
 
         >>> v = _two_spine_view()
         >>> paths = [(0, 1, 3, 5), (0, 2, 4, 5)]
@@ -932,7 +939,7 @@ class SteeringTable:
         count, c_sw, c_size, c_want = compiled.constraints(rows)
         arrays = (_offsets(count), self._sw_term[c_sw], self._sw_rot[c_sw], c_size, c_want)
         return self._search(src, dst, start, np.arange(len(paths), dtype=np.int64), paths,
-                            max_tries, arrays, c_sw)
+                            max_tries, arrays, c_sw, as_array)
 
     def _port_tables(self, rot: NDArray[np.int64], size: NDArray[np.int64],
                      ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
@@ -962,10 +969,11 @@ class SteeringTable:
                 start: NDArray[np.int64], mid: NDArray[np.int64],
                 paths: Sequence[tuple[int, ...]],
                 max_tries: int, arrays: tuple[NDArray, ...], c_sw: NDArray[np.int64],
-                ) -> tuple[list[int], dict[int, tuple[tuple[str, int], ...]]]:
+                as_array: bool = False,
+                ) -> Steered:
         """:meth:`steer` over constraint arrays ``arrays`` (offsets per switch path ``mid``
         indexes, switch term, rotation, group size, wanted member) and each constraint's
-        switch ``c_sw``."""
+        switch ``c_sw``; the ports as an array with ``as_array``, else as a list."""
         ptr, term, rot, size, want = arrays
         s_row, d_row, a_term, b_term = _gpu_rows(src, dst)
         c_tab, t_order, t_start = self._port_tables(rot, size)
@@ -982,7 +990,7 @@ class SteeringTable:
         # (a whole plan's requests in two halves, one on the planner's worker thread, each
         # writing its rows of the results)
         in_halves(search_rows, len(start))
-        ports = self._port_ints[best].tolist()
+        ports = self.ports[best] if as_array else self._port_ints[best].tolist()
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         rows = np.flatnonzero(n_miss)
         if len(rows):

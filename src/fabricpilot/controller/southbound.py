@@ -165,6 +165,16 @@ _path_set_of = functools.partial(tuple.__new__, PathSet)
 _chain = itertools.chain.from_iterable
 
 
+def as_list(column: Sequence[Any]) -> Sequence[Any]:
+    """A batch's column as Python values: an array's as a list (of ints, floats), any
+    other as it is.
+
+    >>> as_list(np.array([7, 8])), as_list((1.0,))
+    ([7, 8], (1.0,))
+    """
+    return column.tolist() if isinstance(column, np.ndarray) else column
+
+
 def _picker(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """A function that picks the items ``at`` of a sequence, as a tuple (in one C call).
 
@@ -275,7 +285,8 @@ class PathSetBatch(Sequence[PathSet]):
     """Path sets in columns, each made a :class:`PathSet` only when read (once: every read
     gives the same object). Set ``i`` is key ``keys[i]`` with the paths
     ``first[i]:first[i + 1]`` of ``paths``, their ``weights``, ``ports`` and ``rules``, and
-    rate cap ``caps[i]``.
+    rate cap ``caps[i]``. ``weights`` and ``ports`` may be arrays (a whole plan's, as its
+    steering made them); a set read has them as Python numbers all the same.
 
     A whole plan's sets go to the data plane so: one set per GPU pair is a million at
     thousands of GPUs, and a data plane that takes the batch as it is (the twin) reads the
@@ -341,8 +352,8 @@ rate_cap_gbps=5.0)
                 i += len(self.keys)
             lo, hi = int(self.first[i]), int(self.first[i + 1])
             made = self._made[i] = _path_set_of((
-                self.keys[i], tuple(self.paths[lo:hi]), tuple(self.weights[lo:hi]),
-                tuple(self.ports[lo:hi]), tuple(self.rules[lo:hi]), self.caps[i]))
+                self.keys[i], tuple(self.paths[lo:hi]), tuple(as_list(self.weights[lo:hi])),
+                tuple(as_list(self.ports[lo:hi])), tuple(self.rules[lo:hi]), self.caps[i]))
         return made
 
     def __iter__(self) -> Iterator[PathSet]:
@@ -408,7 +419,8 @@ rate_cap_gbps=5.0)
         """Every set, made from the columns in bulk (the keys of one path, most, in one
         pass: their fields 1-tuples)."""
         keys, first, caps = self.keys, self.first, self.caps
-        paths, weights, ports, rules = self.paths, self.weights, self.ports, self.rules
+        paths, rules = self.paths, self.rules
+        weights, ports = as_list(self.weights), as_list(self.ports)
         if isinstance(paths, PathColumn):  # (its tuples made in one pass)
             paths = tuple(paths)
         n = len(keys)

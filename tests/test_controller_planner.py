@@ -1162,7 +1162,14 @@ def test_path_kinds_are_the_rows_of_one_candidate_and_their_ends(dtype: type) ->
 def test_paths_of_demands_read_from_columns_are_those_of_the_demands(seed: int) -> None:
     # a plan's paths of demands of several paths, their ends read from the columns (no
     # demand made) or from each demand: the same paths and shares, in the same order
-    from fabricpilot.controller.planner import DemandColumns, _Commodities, _path_rows, _shares
+    from fabricpilot.controller.core import _qp_columns
+    from fabricpilot.controller.planner import (
+        DemandColumns,
+        RestPaths,
+        _Commodities,
+        _path_rows,
+        _shares,
+    )
 
     demands, cap = rail_demands(seed, n=300, factored=True, whole_every=5)
     demands = [d._replace(head=()) if i % 7 == 0 else d for i, d in enumerate(demands)]
@@ -1178,8 +1185,16 @@ def test_paths_of_demands_read_from_columns_are_those_of_the_demands(seed: int) 
     com.ends_exact = False
     by_demand = _path_rows(com, choice, acc)
     assert exact is not None and by_demand is not None
+    # (read from the columns, compiled: the lists made when read, as the demands give them)
+    assert isinstance(exact.rest, RestPaths) and isinstance(by_demand.rest, dict)
     assert exact.rest == by_demand.rest and len(exact.rest) > 50
+    assert list(exact.rest) == sorted(by_demand.rest)
+    assert all(exact.value(r) == by_demand.value(r) for r in range(len(demands)))
     assert exact.flat.tolist() == by_demand.flat.tolist()
+    assert exact.off.tolist() == by_demand.off.tolist()
+    # the plan's QPs read from the arrays: those read from the lists
+    for a, b in zip(_qp_columns(exact), _qp_columns(by_demand), strict=True):
+        assert list(a) == list(b)
     # a demand of no head link: its paths start at its candidate's first link
     no_head = next(r for r in exact.rest if not demands[r].head)
     first_links = {p[0] for p in demands[no_head].candidates}

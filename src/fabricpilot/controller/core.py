@@ -245,14 +245,18 @@ def _qp_columns(rows: PathRows) -> tuple[NDArray[np.int64], PathColumn, NDArray[
     n = len(rows.keys)
     n_per_key = np.ones(n, np.int64)
     rest = rows.rest
-    r_rows = sorted(rest)
-    if not r_rows:  # (every key one path: the rows' own links)
+    if not len(rest):  # (every key one path: the rows' own links)
         return n_per_key, PathColumn(rows.flat, rows.off), np.full(n, float(rows.whole))
-    r_at = np.array(r_rows, np.int64)
-    n_per_key[r_at] = [len(rest[r]) for r in r_rows]
-    r_len = np.fromiter((len(p) for r in r_rows for p, _ in rest[r]), np.int64,
-                        int(n_per_key[r_at].sum()))
-    r_weights = np.array([w for r in r_rows for _, w in rest[r]], np.float64)
+    if isinstance(rest, planner.RestPaths):  # (in arrays already: no list read)
+        r_at, r_len, r_weights = rest.rows, rest.q_len, rest.q_share
+        n_per_key[r_at] = rest.count
+    else:
+        r_rows = sorted(rest)
+        r_at = np.array(r_rows, np.int64)
+        n_per_key[r_at] = [len(rest[r]) for r in r_rows]
+        r_len = np.fromiter((len(p) for r in r_rows for p, _ in rest[r]), np.int64,
+                            int(n_per_key[r_at].sum()))
+        r_weights = np.array([w for r in r_rows for _, w in rest[r]], np.float64)
     is_rest = np.zeros(n, np.bool_)
     is_rest[r_at] = True
     q_off, weights, bad = planner.qp_offsets(rows.off, float(rows.whole), n_per_key, is_rest,

@@ -2759,6 +2759,55 @@ def qp_offsets(off: NDArray[np.int64], whole: float, n_per_key: NDArray[np.int64
     return q_off, weights, bad
 
 
+class RestPaths(Mapping[int, list[tuple[tuple[int, ...], float]]]):
+    """The paths and shares of a plan's demands not of one path with one head and one tail
+    link, by row, kept as arrays (:class:`PathRows` ``rest``, as :func:`_path_rows` makes
+    it): the rows, ascending; each one's number of QPs (``count``); every QP's path length
+    (``q_len``) and share (``q_share``), row after row; the paths' links are the rows'
+    links of the plan (``flat[off[r]:off[r + 1]]``, one path after the other). A row's
+    list is made when read (once: every read gives the same list).
+
+    >>> rest = RestPaths(np.array([1]), np.array([2]), np.array([1, 2]), np.array([0.5, 0.5]),
+    ...                  np.array([7, 1, 9, 2, 3, 4]), np.array([0, 3, 6]))
+    >>> rest[1], rest.get(0), list(rest), len(rest), rest[1] is rest[1]
+    ([((2,), 0.5), ((3, 4), 0.5)], None, [1], 1, True)
+    """
+
+    __slots__ = ("_first", "_flat", "_made", "_off", "count", "q_len", "q_share", "rows")
+
+    def __init__(self, rows: NDArray[np.int64], count: NDArray[np.int64],
+                 q_len: NDArray[np.int64], q_share: NDArray[np.float64],
+                 flat: NDArray[np.int64], off: NDArray[np.int64]) -> None:
+        self.rows = rows
+        self.count = count
+        self.q_len = q_len
+        self.q_share = q_share
+        self._flat, self._off = flat, off
+        self._first = _offsets(count)  # (each row's first QP)
+        self._made: dict[int, list[tuple[tuple[int, ...], float]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rows.tolist())
+
+    def __getitem__(self, row: int) -> list[tuple[tuple[int, ...], float]]:
+        got = self._made.get(row)
+        if got is not None:
+            return got
+        j = int(np.searchsorted(self.rows, row))
+        if j == len(self.rows) or int(self.rows[j]) != row:
+            raise KeyError(row)
+        lo, hi = int(self._first[j]), int(self._first[j + 1])
+        links = self._flat[int(self._off[row]):int(self._off[row + 1])].tolist()
+        ends = np.cumsum(self.q_len[lo:hi]).tolist()
+        got = self._made[row] = [
+            (tuple(links[a:b]), share) for a, b, share in
+            zip([0, *ends[:-1]], ends, self.q_share[lo:hi].tolist(), strict=True)]
+        return got
+
+
 class PathRows:
     """A plan's paths in columns, demand by demand in the plan's order (``keys``): a demand
     of one path with one head and one tail link (most) has its path as the links
@@ -2777,7 +2826,8 @@ class PathRows:
     __slots__ = ("_made", "_row_of", "flat", "keys", "off", "rest", "whole")
 
     def __init__(self, keys: list[str], flat: NDArray[np.int64], off: NDArray[np.int64],
-                 whole: float, rest: dict[int, list[tuple[tuple[int, ...], float]]]) -> None:
+                 whole: float, rest: Mapping[int, list[tuple[tuple[int, ...], float]]],
+                 ) -> None:
         self.keys = keys
         self.flat = flat
         self.off = off
@@ -2822,6 +2872,19 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     split = choice.shape[1]
     n = len(com.demands)
     one_path, fast, rest_idx = _path_kinds(com, choice)
+    if com.ends_exact and (com.ordered[rest_idx] | one_path[rest_idx]).all():
+        # (each the runs of its sorted row, in increasing path order: their QPs in arrays,
+        # compiled, each demand's list made when read)
+        if stop[0]:
+            return None
+        count, row_len, q_len, q_share, r_flat = _rest_qps(
+            rest_idx, np.ascontiguousarray(choice), com.u_of, com.ustart, com.pstart,
+            com.plen, com.crow, com.links, com.head1, com.tail1, np.array(acc, np.float64))
+        flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
+                                 com.pstart, com.crow, com.links, com.head1, com.tail1,
+                                 rest_idx, row_len, r_flat, com.u_len)
+        return PathRows(list(com.keys), flat, off, acc[split],
+                        RestPaths(rest_idx, count, q_len, q_share, flat, off))
     made: list[list[tuple[tuple[int, ...], float]]] = []
     if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
         return None
@@ -2837,6 +2900,65 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
                              rest_idx, row_len, r_flat, com.u_len)
     return PathRows(list(com.keys), flat, off, acc[split],
                     dict(zip(rest_idx.tolist(), made, strict=True)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _rest_qps(rest_idx: NDArray[np.int64], choice: NDArray[np.integer],
+              u_of: NDArray[np.int64], ustart: NDArray[np.int64], pstart: NDArray[np.int64],
+              plen: NDArray[np.int64], crow: NDArray[np.int32], links: NDArray[np.int64],
+              head1: NDArray[np.int64], tail1: NDArray[np.int64], acc: NDArray[np.float64],
+              ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                         NDArray[np.float64], NDArray[np.int64]]:
+    """The QPs of demands ``rest_idx`` as :func:`_rest_paths` lists those of ordered
+    tuples: per run of a demand's sorted row of candidates (a candidate and its ``m``
+    parts), one QP on its path (head link if any, the candidate's links, tail link if
+    any) with share ``acc[m]``. Per demand its QP count and links; per QP its path length
+    and share; the links of every path, one after the other."""
+    n_r = rest_idx.shape[0]
+    split = choice.shape[1]
+    srt = np.empty((n_r, split), np.int64)
+    count = np.zeros(n_r, np.int64)
+    row_len = np.zeros(n_r, np.int64)
+    n_q = 0
+    for j in range(n_r):
+        d = rest_idx[j]
+        for i in range(split):
+            srt[j, i] = choice[d, i]
+        srt[j].sort()
+        ends = (head1[d] >= 0) + (tail1[d] >= 0)
+        for i in range(split):
+            if i == 0 or srt[j, i] != srt[j, i - 1]:
+                count[j] += 1
+                row_len[j] += plen[ustart[u_of[d]] + srt[j, i]] + ends
+        n_q += count[j]
+    q_len = np.empty(n_q, np.int64)
+    q_share = np.empty(n_q, np.float64)
+    flat = np.empty(row_len.sum(), np.int64)
+    q = o = 0
+    for j in range(n_r):
+        d = rest_idx[j]
+        i = 0
+        while i < split:
+            c = srt[j, i]
+            m = 1
+            while i + m < split and srt[j, i + m] == c:
+                m += 1
+            p = ustart[u_of[d]] + c
+            start = o
+            if head1[d] >= 0:
+                flat[o] = head1[d]
+                o += 1
+            for x in range(pstart[p], pstart[p] + plen[p]):
+                flat[o] = links[crow[x]]
+                o += 1
+            if tail1[d] >= 0:
+                flat[o] = tail1[d]
+                o += 1
+            q_len[q] = o - start
+            q_share[q] = acc[m]
+            q += 1
+            i += m
+    return count, row_len, q_len, q_share, flat
 
 
 def _rest_paths(com: _Commodities, choice: NDArray[np.int64], rest_idx: NDArray[np.int64],

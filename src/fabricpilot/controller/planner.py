@@ -973,9 +973,13 @@ class _Commodities:
                 shapes = _WORKER.submit(_unique_shapes, columns.tuples, self.links, aggregate)
             else:
                 u_tup, uobj, sh = _unique_shapes(columns.tuples, self.links, aggregate)
-            hl, tl = (columns.head >= 0).astype(np.int64), (columns.tail >= 0).astype(np.int64)
-            end_links = np.concatenate((columns.head[columns.head >= 0],
-                                        columns.tail[columns.tail >= 0]))
+            h_has, t_has = columns.head >= 0, columns.tail >= 0
+            hl, tl = h_has.astype(np.int64), t_has.astype(np.int64)
+            # (as a rule every demand has both: the columns themselves, none picked out)
+            end_links = (np.concatenate((columns.head, columns.tail))
+                         if h_has.all() and t_has.all() else
+                         np.concatenate((columns.head[h_has], columns.tail[t_has])))
+            del h_has, t_has
         else:
             # the demands' fields as columns (a demand is a tuple: one transposition, in C)
             (keys, rates, cands, weights, heads, tails, wholes, prios, parts_l) = (
@@ -1002,8 +1006,8 @@ class _Commodities:
         self.ends_exact = columns is not None and aggregate
         if self.ends_exact:  # (the columns': at most one each, -1 none)
             assert columns is not None
-            self.head1 = columns.head.astype(np.int64)
-            self.tail1 = columns.tail.astype(np.int64)
+            self.head1 = columns.head.astype(np.int64, copy=False)
+            self.tail1 = columns.tail.astype(np.int64, copy=False)
         else:
             self.head1 = np.full(n, -1, np.int64)
             self.tail1 = np.full(n, -1, np.int64)
@@ -1012,11 +1016,12 @@ class _Commodities:
             self.tail1[one_t] = end_links[n_h + _offsets(tl)[one_t]]
         del end_links
         self._capacity_arrays(capacity, cap_arrays, background)
-        self.rate = np.array(rates, np.float64)
-        self.weight = np.array(weights, np.float64)
-        self.whole = np.array(wholes, np.bool_)
-        self.parts = np.array(parts_l, np.int64)
-        self.priority = np.array(prios, np.int64)
+        # (the columns' arrays as they are, where they are of these types: read only)
+        self.rate = np.asarray(rates, np.float64)
+        self.weight = np.asarray(weights, np.float64)
+        self.whole = np.asarray(wholes, np.bool_)
+        self.parts = np.asarray(parts_l, np.int64)
+        self.priority = np.asarray(prios, np.int64)
         self.keys: Sequence[str] = keys
         del rates, weights, wholes, prios, parts_l
         hrow = e_rows[:n_h].astype(np.int64)
@@ -2883,7 +2888,7 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
         flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
                                  com.pstart, com.crow, com.links, com.head1, com.tail1,
                                  rest_idx, row_len, r_flat, com.u_len)
-        return PathRows(list(com.keys), flat, off, acc[split],
+        return PathRows(_key_list(com.keys), flat, off, acc[split],
                         RestPaths(rest_idx, count, q_len, q_share, flat, off))
     made: list[list[tuple[tuple[int, ...], float]]] = []
     if not _rest_paths(com, choice, rest_idx, one_path, acc, stop, made):
@@ -2898,8 +2903,14 @@ def _path_rows(com: _Commodities, choice: NDArray[np.int64], acc: list[float],
     flat, off = _single_rows(n, fast, choice[fast, 0], com.ustart, com.u_of, com.plen,
                              com.pstart, com.crow, com.links, com.head1, com.tail1,
                              rest_idx, row_len, r_flat, com.u_len)
-    return PathRows(list(com.keys), flat, off, acc[split],
+    return PathRows(_key_list(com.keys), flat, off, acc[split],
                     dict(zip(rest_idx.tolist(), made, strict=True)))
+
+
+def _key_list(keys: Sequence[str]) -> list[str]:
+    """``keys`` as a list: the list itself if it is one (keys are never changed in place),
+    else a list of them."""
+    return keys if isinstance(keys, list) else list(keys)
 
 
 @numba.njit(cache=True, nogil=True)

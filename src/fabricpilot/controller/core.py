@@ -4248,10 +4248,10 @@ class Controller:
                 caps = [caps[i] for i in fresh_at]
                 rows = rows[fresh_rows]
         paths: Sequence[tuple[int, ...]]
-        all_weights: Sequence[float]
+        all_weights: Sequence[float] | NDArray[np.float64]  # (a whole plan's: its column)
         if cols is not None:  # (the QPs' paths and shares stay in their columns)
             paths = all_paths = col
-            all_weights = q_weights  # type: ignore[assignment]
+            all_weights = q_weights
         else:
             assert shares_of is not None
             n_per_key = np.fromiter(map(len, shares_of), np.int64, len(keys))

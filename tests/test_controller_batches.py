@@ -13,6 +13,7 @@ import pytest
 from fabricpilot.balancing import PolicyContext
 from fabricpilot.balancing.task_aware import TaskAware, _due_keys
 from fabricpilot.controller.core import (
+    _NO_SETS,
     Controller,
     _changed_rows,
     _changed_sets,
@@ -125,6 +126,14 @@ def test_a_batch_of_array_columns_reads_as_the_one_of_lists(seed: int) -> None:
     mixed = _merged_batch(PathSetBatch(*arrays), rows, PathSetBatch(*fresh_l), m_keys,
                           m_caps)
     assert list(mixed) == list(as_lists) and isinstance(mixed.ports, list)
+    # kept rows only (the new sets an empty batch of lists, as an install's changed rows
+    # take them): the rows of the arrays, still arrays
+    kept = np.array([5, 0, 39, 12], np.int64)
+    only = _merged_batch(PathSetBatch(*arrays), kept, _NO_SETS, [keys[r] for r in kept],
+                         [caps[r] for r in kept])
+    assert isinstance(only.ports, np.ndarray) and isinstance(only.weights, np.ndarray)
+    assert only.ports.dtype == np.int64
+    assert list(only) == [want[r] for r in kept.tolist()]
 
 
 def _ops(seed: int, keys: list[str], values: list[PathSet], n: int

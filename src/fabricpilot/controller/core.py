@@ -360,10 +360,13 @@ def _merged_batch(old: PathSetBatch, rows: NDArray[np.int64], fresh: PathSetBatc
     at = at_arr.tolist()
 
     def pick(col_old: Sequence[Any], col_new: Sequence[Any]) -> Sequence[Any]:
-        """The entries ``at`` of the two columns one after the other (an array if both
-        are arrays, as a whole plan's shares and ports are)."""
-        if isinstance(col_old, np.ndarray) and isinstance(col_new, np.ndarray):
-            return np.concatenate((col_old, col_new))[at_arr]
+        """The entries ``at`` of the two columns one after the other: an array if each is
+        an array (as a whole plan's shares and ports are) or empty (as the columns of
+        :data:`_NO_SETS`, whose rows are none), else a list."""
+        arrays = [c for c in (col_old, col_new) if isinstance(c, np.ndarray)]
+        if arrays and all(isinstance(c, np.ndarray) or not len(c) for c in (col_old, col_new)):
+            dtype = arrays[0].dtype
+            return np.concatenate((np.asarray(col_old, dtype), np.asarray(col_new, dtype)))[at_arr]
         return list(map((*as_list(col_old), *as_list(col_new)).__getitem__, at))
 
     paths: Sequence[tuple[int, ...]]

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-from fabricpilot.controller.keys import made, part_item, part_offsets
+from fabricpilot.controller.keys import key_index, made, part_item, part_offsets
 from fabricpilot.controller.planner import Demand, DemandColumns, _demand_of
 from fabricpilot.controller.southbound import OverlayMap
 
@@ -131,15 +131,14 @@ class DemandTable(Mapping[str, Demand]):
 
     def __init__(self, rows: DemandRows) -> None:
         self.rows = rows
-        self._row_of: dict[str, int] | None = None
+        self._row_of: Mapping[str, int] | None = None
 
     @property
-    def row_of(self) -> dict[str, int]:
+    def row_of(self) -> Mapping[str, int]:
         """Each key's row (made when first read, or by :meth:`JobDemands.index`: a whole
         plan makes them while its placement runs)."""
         if self._row_of is None:
-            keys = self.rows.columns.keys
-            self._row_of = dict(zip(keys, range(len(keys)), strict=True))
+            self._row_of = key_index(self.rows.columns.keys)
         return self._row_of
 
     @property

@@ -4,7 +4,9 @@ placement runs on another core (see :func:`~fabricpilot.controller.planner.plan_
 ``meanwhile``) rather than before it.
 
 - :class:`PairKeys`: the keys of a call's GPU pairs, from the GPUs' names;
-- :class:`ChainedKeys`: sequences of keys one after the other.
+- :class:`ChainedKeys`: sequences of keys one after the other;
+- :func:`key_index`: each key's row, which for a call's pairs (:class:`PairRows`) is read
+  from a table of the pairs' GPUs rather than a dict of a million key strings.
 
 Both read as the list of their keys would (a key by its place, a slice, iteration,
 equality with a list); the list is made the first time they are read whole or iterated,
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any, TypeVar, overload
 
 import numpy as np
@@ -205,3 +207,107 @@ def unmade(keys: Any) -> bool:
     (False, True)
     """
     return isinstance(keys, Keys) and not keys.made
+
+
+class PairRows(Mapping[str, int]):
+    """Each key's row in :class:`PairKeys` whose GPU names are their ids as text (as a
+    call's keys are), read as the dict of them would be: a key's two GPU ids are parsed
+    and its row read from a table of the call's pairs (its GPUs numbered ``0..m-1``; row
+    ``-1`` where no pair is), so no key string is hashed or kept in a dict. A job of 256
+    GPUs has 65 280 AlltoAll pairs and a table of 256 x 256 rows; the dict of its keys
+    took 6 ms to make, the table takes a fraction of one. A row found is checked against
+    its key, so a text that only parses to a pair's ids (``"j:07->1"``) is not its key.
+    Made by :func:`key_index`, which falls back to the dict where the table does not
+    serve (see :meth:`of`).
+
+    >>> k = PairKeys("j:", ["0", "1", "2", "3"], np.array([0, 3, 1]), np.array([3, 1, 0]))
+    >>> r = PairRows.of(k)
+    >>> type(r).__name__, r["j:3->1"], r.get("j:1->3"), "j:1->0" in r, r.get("j:01->0")
+    ('PairRows', 1, None, True, None)
+    >>> r.get("k:0->3"), r.get("j:0-3"), r.get("j:-1->0"), len(r), list(r) == list(k)
+    (None, None, None, 3, True)
+    """
+
+    __slots__ = ("_at", "_keys", "_local", "_m", "_n_pre", "_pre")
+
+    def __init__(self, keys: PairKeys, local: dict[int, int], at: NDArray[np.int32]) -> None:
+        self._keys, self._local, self._at = keys, local, at
+        self._m = len(local)
+        self._pre = keys._prefix
+        self._n_pre = len(self._pre)
+
+    @classmethod
+    def of(cls, keys: PairKeys) -> Mapping[str, int]:
+        """The rows of ``keys``: a :class:`PairRows` if its GPUs' names are their ids as
+        text, its pairs are distinct and its table has no more than 4 rows per key (plus
+        65 536: an AlltoAll's has about one; a ring's of many GPUs would be mostly empty);
+        else the dict of its keys (a repeated key: its last row, as the dict keeps it).
+
+        >>> PairRows.of(PairKeys("j:", ["a", "b"], np.array([0]), np.array([1])))
+        {'j:a->b': 0}
+        >>> PairRows.of(PairKeys("j:", ["0", "1"], np.array([0, 0]), np.array([1, 1])))
+        {'j:0->1': 1}
+        """
+        src, dst, names = keys._src, keys._dst, keys._names
+        n = len(src)
+        seen = np.zeros(len(names), np.bool_)  # (the call's GPUs)
+        seen[src] = True
+        seen[dst] = True
+        used = np.flatnonzero(seen)
+        m = len(used)
+        if (m * m <= 4 * n + 65_536 and n < 2**31
+                and all(names[g] == str(g) for g in used.tolist())):
+            local = np.zeros(len(names), np.int64)
+            local[used] = np.arange(m)
+            code = local[src] * m + local[dst]
+            at = np.full(m * m, -1, np.int32)
+            rows = np.arange(n, dtype=np.int32)
+            at[code] = rows
+            if np.array_equal(at[code], rows):  # (every pair once: each its own row)
+                return cls(keys, dict(zip(used.tolist(), range(m), strict=True)), at)
+        return dict(zip(keys, range(n), strict=True))
+
+    def get(self, key: object, default: Any = None) -> Any:
+        if not isinstance(key, str) or not key.startswith(self._pre):
+            return default
+        a, _, b = key[self._n_pre:].partition("->")
+        try:
+            la, lb = self._local.get(int(a)), self._local.get(int(b))
+        except ValueError:
+            return default
+        if la is None or lb is None:
+            return default
+        r = self._at.item(la * self._m + lb)
+        if r < 0:
+            return default
+        made = self._keys._list
+        return r if (made[r] if made is not None else self._keys._one(r)) == key else default
+
+    def __getitem__(self, key: str) -> int:
+        r = self.get(key)
+        if r is None:
+            raise KeyError(key)
+        return r  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def key_index(keys: Sequence[str]) -> Mapping[str, int]:
+    """Each of ``keys``'s row (its place in them; a repeated key: its last): for
+    :class:`PairKeys`, their :class:`PairRows` where it serves, else the dict.
+
+    >>> key_index(["a", "b"])
+    {'a': 0, 'b': 1}
+    >>> key_index(PairKeys("j:", ["0", "1"], np.array([1]), np.array([0])))["j:1->0"]
+    0
+    """
+    if isinstance(keys, PairKeys):
+        return PairRows.of(keys)
+    return dict(zip(keys, range(len(keys)), strict=True))

@@ -484,28 +484,32 @@ def test_a_whole_plan_is_steered_as_interning_its_switch_paths_would(
 
 
 @pytest.mark.parametrize(("per_switch", "rules"), [(True, 4096), (False, 32)])
-def test_a_plans_port_search_in_two_halves_finds_the_ports_of_one_pass(
+def test_a_plans_port_search_in_parts_finds_the_ports_of_one_pass(
         monkeypatch, per_switch: bool, rules: int) -> None:
-    """A large plan's port search runs in two halves, one on the planner's worker thread:
-    the same ports, rules and paths as one pass (a plan past the threshold made small
-    here), with per-switch seeds and with one seed for every switch (some QPs missing
-    their path: rules and paths left to the hash)."""
+    """A large plan's hash constraints and port search run in parts that this thread and
+    the planner's worker thread take in turn: the same ports, rules and paths as one pass
+    (a plan past the threshold made small here), with per-switch seeds and with one seed
+    for every switch (some QPs missing their path: rules and paths left to the hash)."""
     from fabricpilot.controller import entropy, planner
 
-    halves = []
+    parted = []
 
     def counted(fn, n):  # type: ignore[no-untyped-def]
-        calls = []  # (the rows of each pass: one, or the two halves)
+        calls = []  # (the rows of each pass: one, or the parts)
 
         def rows(lo, hi):  # type: ignore[no-untyped-def]
             calls.append((lo, hi))
             return fn(lo, hi)
 
-        out = planner.in_halves(rows, n)
-        halves.append(sorted(calls) == [(0, n // 2), (n // 2, n)])
+        out = planner.in_parts(rows, n)
+        calls.sort()  # (each row in one part: the parts tile 0:n)
+        assert calls[0][0] == 0 and calls[-1][1] == n
+        assert all(a[1] == b[0] for a, b in pairwise(calls))
+        parted.append(len(calls) > 1)
         return out
 
-    monkeypatch.setattr(entropy, "in_halves", counted)
+    monkeypatch.setattr(entropy, "in_parts", counted)
+    monkeypatch.setattr(planner, "_PART_ROWS", 1000)
     got = []
     for rows in (1 << 30, 64):
         monkeypatch.setattr(planner, "_BACKGROUND_ROWS", rows)
@@ -514,7 +518,7 @@ def test_a_plans_port_search_in_two_halves_finds_the_ports_of_one_pass(
         got.append(({k: (s.paths, s.ports, s.rules) for k, s in ctl._installed.items()},
                     report.pinned, report.unpinned))
     assert got[0] == got[1] and len(got[0][0]) == 64 * 63
-    assert halves[0] is False and halves[-1] is True
+    assert parted[0] is False and parted[-1] is True
     assert (got[0][1] > 0) == (not per_switch)
 
 

@@ -647,49 +647,53 @@ def test_an_error_meanwhile_is_raised_once_the_placement_is_done(
     assert done.is_set()
 
 
-def test_work_in_halves_is_shared_with_the_worker_or_done_here_if_it_is_busy(
+def test_work_in_parts_is_shared_with_the_worker_or_done_here_if_it_is_busy(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # rows 0:n in two halves: the second on the worker thread while the first runs here
-    # (it waits until the other has started: were they run one after the other, it would
-    # time out); with the worker busy, both here, never waiting for it; small n: one pass
+    # rows 0:n in parts that this thread and the worker take in turn: each thread's first
+    # part waits until the other thread is in one too (were they run one after the other,
+    # it would time out); with the worker busy, every part here, never waiting for it, and
+    # nothing left for the worker once it is free; small n: one pass
     import threading
 
-    from fabricpilot.controller.planner import in_halves
+    from fabricpilot.controller.planner import in_parts
 
     monkeypatch.setattr(planner, "_BACKGROUND_ROWS", 10)
-    started = threading.Event()
-    seen: dict[tuple[int, int], tuple[int, bool]] = {}
+    monkeypatch.setattr(planner, "_PART_ROWS", 10)
+    both: threading.Barrier | None = threading.Barrier(2, timeout=10)
+    seen: dict[tuple[int, int], int] = {}
 
     def rows(lo: int, hi: int) -> list[int]:
-        if lo:
-            started.set()
-        seen[(lo, hi)] = (threading.get_ident(), lo > 0 or started.wait(10))
+        me = threading.get_ident()
+        if both is not None and me not in seen.values():
+            both.wait()
+        seen[(lo, hi)] = me
         return list(range(lo, hi))
 
-    first, second = in_halves(rows, 21)
-    assert first + second == list(range(21))
+    parts = [(0, 10), (10, 20), (20, 30), (30, 40), (40, 45)]
+    got = in_parts(rows, 45)
+    assert got == [list(range(lo, hi)) for lo, hi in parts] and sorted(seen) == parts
     here = threading.get_ident()
-    assert seen[(0, 10)] == (here, True) and seen[(10, 21)][0] != here
-    # the worker busy until released: both halves here, and the worker's queue left empty
+    assert len(set(seen.values())) == 2 and here in seen.values()
+    # the worker busy until released: every part here, none left for it afterwards
+    both = None
     seen.clear()
     release = threading.Event()
     busy = planner._WORKER.submit(release.wait, 10)
     try:
-        started.clear()
-        started.set()  # (the first half does not wait for the second now)
-        first, second = in_halves(rows, 21)
+        got = in_parts(rows, 45)
     finally:
         release.set()
     busy.result()
-    assert first + second == list(range(21))
-    assert {t for t, _ in seen.values()} == {here}
-    assert in_halves(rows, 9) == (list(range(9)), None)
+    planner._WORKER.submit(lambda: None).result()  # (the worker's queue, run to its end)
+    assert got == [list(range(lo, hi)) for lo, hi in parts]
+    assert sorted(seen) == parts and set(seen.values()) == {here}
+    assert in_parts(rows, 9) == [list(range(9))]
 
     def fails(lo: int, hi: int) -> list[int]:
         raise RuntimeError(f"rows {lo}:{hi} failed")
 
-    with pytest.raises(RuntimeError, match="rows 0:10 failed"):
-        in_halves(fails, 21)
+    with pytest.raises(RuntimeError, match=r"rows \d+:\d+ failed"):
+        in_parts(fails, 45)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -29,7 +29,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.controller.planner import _offsets, _ranges, in_halves
+from fabricpilot.controller.planner import _offsets, _ranges, in_parts
 from fabricpilot.controller.southbound import FabricView, PathColumn
 from fabricpilot.net.hashing import (
     CRC32_TABLE,
@@ -623,7 +623,7 @@ class _CompiledView(NamedTuple):
     def constraints(self, rows: tuple[NDArray, NDArray, NDArray],
                     ) -> tuple[NDArray, NDArray, NDArray, NDArray]:
         """:func:`_path_constraints` of paths as :func:`_path_rows` gives them (a whole
-        plan's in two halves at once: :func:`~fabricpilot.controller.planner.in_halves`)."""
+        plan's in parts on both threads: :func:`~fabricpilot.controller.planner.in_parts`)."""
         flat, ptr, leaf = rows
 
         def part(lo: int, hi: int) -> tuple[NDArray, NDArray, NDArray, NDArray]:
@@ -631,11 +631,10 @@ class _CompiledView(NamedTuple):
                                      self.grp, self.g_ptr, self.g_links, self.link_grp,
                                      self.link_pos)
 
-        first, second = in_halves(part, len(leaf))
-        if second is None:
-            return first
-        return tuple(np.concatenate(pair) for pair in zip(first, second,  # type: ignore[return-value]
-                                                         strict=True))
+        got = in_parts(part, len(leaf))
+        if len(got) == 1:
+            return got[0]
+        return tuple(np.concatenate(arrays) for arrays in zip(*got, strict=True))  # type: ignore[return-value]
 
 
 def _path_rows(paths: Sequence[tuple[int, ...]], dst: NDArray[np.int64],
@@ -987,9 +986,9 @@ class SteeringTable:
                                  max_tries, c_tab, t_order, t_start, best[lo:hi],
                                  n_miss[lo:hi])
 
-        # (a whole plan's requests in two halves, one on the planner's worker thread, each
-        # writing its rows of the results)
-        in_halves(search_rows, len(start))
+        # (a whole plan's requests in parts on both threads, each writing its rows of the
+        # results)
+        in_parts(search_rows, len(start))
         ports = self.ports[best] if as_array else self._port_ints[best].tolist()
         rules: dict[int, tuple[tuple[str, int], ...]] = {}
         rows = np.flatnonzero(n_miss)

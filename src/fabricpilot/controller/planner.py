@@ -27,10 +27,11 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numba
 import numpy as np
@@ -2501,6 +2502,9 @@ _SWEEP_BUDGET = 8_000_000
 # worker thread (a pass that takes tens of milliseconds there; below, the thread's
 # hand-over would cost more than it gives)
 _BACKGROUND_ROWS = 1 << 16
+# the rows of a part :func:`in_parts` hands to one thread or the other (a few ms of a
+# compiled pass: the most one thread waits for the other at the end)
+_PART_ROWS = 1 << 16
 
 
 def _new_worker() -> ThreadPoolExecutor:
@@ -2519,31 +2523,49 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_worker_after_fork)
 
 
-def in_halves(fn: Callable[[int, int], T], n: int) -> tuple[T, T | None]:
-    """``fn(0, n // 2)`` here and ``fn(n // 2, n)`` on the planner's worker thread at once
-    (``fn`` a compiled pass over rows ``lo:hi`` that holds no GIL), for ``n`` of at least
-    :data:`_BACKGROUND_ROWS`; if the worker has not started its half when this one is
-    done (busy with other work), the second half is done here too, so the two take no
-    longer than one pass would. Returns both halves' results, the second ``None`` when
-    ``n`` is smaller (the first is then ``fn(0, n)``).
+def in_parts(fn: Callable[[int, int], T], n: int) -> list[T]:
+    """``fn(lo, hi)`` over rows ``0:n`` in parts of :data:`_PART_ROWS`, taken one at a time
+    by this thread and the planner's worker thread at once (``fn`` a compiled pass over
+    its rows that holds no GIL), for ``n`` of at least :data:`_BACKGROUND_ROWS`: whichever
+    is free takes the next part, so a worker still busy with other work (a plan's link
+    index) leaves the parts to this thread, and this one waits at most for the part the
+    worker has in hand. Returns the parts' results in row order (one part, ``fn(0, n)``,
+    when ``n`` is smaller).
 
-    >>> in_halves(lambda lo, hi: hi - lo, 10)
-    (10, None)
-    >>> in_halves(lambda lo, hi: (lo, hi), 1 << 17)
-    ((0, 65536), (65536, 131072))
+    >>> in_parts(lambda lo, hi: hi - lo, 10)
+    [10]
+    >>> got = in_parts(lambda lo, hi: (lo, hi), 3 * _PART_ROWS + 5)
+    >>> len(got), got[0], got[-1] == (3 * _PART_ROWS, 3 * _PART_ROWS + 5)
+    (4, (0, 65536), True)
     """
     if n < _BACKGROUND_ROWS:
-        return fn(0, n), None
-    h = n // 2
-    other = _WORKER.submit(fn, h, n)
+        return [fn(0, n)]
+    bounds = [*range(0, n, _PART_ROWS), n]
+    out: list[Any] = [None] * (len(bounds) - 1)
+    todo = iter(range(len(out)))
+    lock = threading.Lock()
+
+    def take() -> int | None:
+        with lock:
+            return next(todo, None)
+
+    def run() -> None:
+        while (i := take()) is not None:
+            out[i] = fn(bounds[i], bounds[i + 1])
+
+    other = _WORKER.submit(run)
     try:
-        first = fn(0, h)
+        run()
     except BaseException:
+        with lock:  # (no part left for the worker: it stops after the one it has)
+            for _ in todo:
+                pass
         other.cancel()
         raise
-    if other.cancel():  # (the worker is still busy: the second half here as well)
-        return first, fn(h, n)
-    return first, other.result()
+    if not other.cancel():  # (started: wait for the part it has in hand)
+        other.result()
+    return out
+
 
 # trial link loads (links x trials) the local search may score in pairs, in all
 _PAIR_BUDGET = 5_000_000

@@ -94,6 +94,44 @@ def test_kept_memory_stays_in_the_heap_after_a_large_block_is_freed() -> None:
     assert out.stdout.strip() == "ok"
 
 
+def test_kept_memory_holds_what_another_thread_frees() -> None:
+    # a block a worker thread allocates and frees (the planner's link index) stays in the
+    # process, free, once memory is kept: the worker allocates from the one heap, whose
+    # free top is kept, rather than from a heap of its own that is unmapped when empty
+    code = textwrap.dedent("""
+        import ctypes, sys, threading
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "mallinfo2"):
+            print("no glibc"); sys.exit()
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                "uordblks", "fordblks", "keepcost")]
+        libc.mallinfo2.restype = Info
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        from fabricpilot.collector import keep_freed_memory
+        assert keep_freed_memory()
+        size = 48 << 20  # (below a thread heap's most, 64 MiB)
+        before = libc.mallinfo2()
+        def block():
+            p = libc.malloc(size)
+            ctypes.memset(p, 1, size)
+            libc.free(p)
+        t = threading.Thread(target=block)
+        t.start(); t.join()
+        kept = libc.mallinfo2().fordblks - before.fordblks
+        assert kept >= size - (1 << 20), kept
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "no glibc":
+        pytest.skip("the C library is not glibc")
+    assert out.stdout.strip() == "ok"
+
+
 def test_a_planning_process_has_numpy_fault_its_arrays_in_small_pages() -> None:
     # numpy asks the kernel for huge pages on large arrays unless told not to; a process
     # set up to plan (keep_freed_memory) tells it not to, in a process of its own here

@@ -36,6 +36,7 @@ _kept = False
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
 
 
 def frozen() -> bool:
@@ -58,9 +59,12 @@ def keep_freed_memory() -> bool:
     """Keep the memory a plan frees for the next one, instead of handing it back to the
     system and faulting it in again page by page: every block from the heap (glibc's
     ``M_MMAP_MAX`` = 0, no block in a mapping of its own, unmapped when freed) and the
-    heap's free top kept up to 2 GiB (``M_TRIM_THRESHOLD``). The process's resident size
-    then stays near its peak, as a long-lived controller's does anyway between plans. New
-    memory is faulted in small pages (:func:`small_pages`).
+    heap's free top kept up to 2 GiB (``M_TRIM_THRESHOLD``), and one heap for every thread
+    (``M_ARENA_MAX`` = 1: a worker thread's arrays would come from a heap of its own,
+    unmapped when freed whole, so the planner's worker faulted its link index, some 33 MB
+    at 8192 GPUs, in again at every plan). The process's resident size then stays near
+    its peak, as a long-lived controller's does anyway between plans. New memory is
+    faulted in small pages (:func:`small_pages`).
 
     For a process that plans until it exits (the service's control process); call it once,
     at start-up. Whether it took effect: ``False`` where the C library is not glibc (as on
@@ -77,7 +81,8 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     # (musl has a mallopt that does nothing and returns 0)
-    _kept = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    _kept = (mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+             and mallopt(_M_ARENA_MAX, 1) == 1)
     return _kept
 
 

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from fabricpilot.controller.core import rule_key
-from fabricpilot.controller.keys import ChainedKeys, Keys, PairKeys, made, unmade
+from fabricpilot.controller.keys import (
+    ChainedKeys,
+    Keys,
+    PairKeys,
+    PairRows,
+    key_index,
+    made,
+    unmade,
+)
 
 
 def _pairs(seed: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -55,6 +63,55 @@ def test_chained_keys_read_as_their_parts_one_after_the_other() -> None:
     with pytest.raises(ValueError, match="source and destination"):
         PairKeys("a:", names, src, dst[:3])
     assert isinstance(chained, Keys) and ChainedKeys([]) == []
+
+
+@pytest.mark.parametrize(("seed", "made_first"), [(0, False), (1, True), (2, False)])
+def test_a_pair_keys_index_finds_each_row_as_the_dict_of_its_keys(seed: int,
+                                                                  made_first: bool) -> None:
+    """A job's key index (a table of its pairs' rows, no dict of key strings) finds every
+    key's row and no other text's, as the dict of the keys does: texts that parse to a
+    pair's GPU ids but are not its key (leading zeros, a sign, an underscore, spaces), a
+    pair the job lacks, another job's prefix, a GPU the job lacks or the fabric lacks."""
+    rng = np.random.default_rng(seed)
+    names = [str(g) for g in range(300)]
+    gpus = rng.choice(300, 24, replace=False)  # (an AlltoAll of 24 of them, most pairs)
+    a, b = np.meshgrid(gpus, gpus, indexing="ij")
+    keep = (a != b).ravel() & (rng.random(24 * 24) < 0.8)
+    src, dst = a.ravel()[keep], b.ravel()[keep]
+    keys = PairKeys("job7:", names, src, dst)
+    if made_first:
+        keys.list()
+    rows = key_index(keys)
+    assert isinstance(rows, PairRows) and len(rows) == len(src)
+    want = {rule_key("job7", int(x), int(y)): i for i, (x, y) in enumerate(zip(src, dst,
+                                                                               strict=True))}
+    assert all(rows[k] == i for k, i in want.items()) and list(rows) == list(want)
+    x, y = (int(g) for g in gpus[:2])
+    outside = int(np.setdiff1d(np.arange(300), gpus)[0])
+    texts = [f"job7:0{x}->{y}", f"job7:+{x}->{y}", f"job7: {x}->{y}", f"job7:{x}->{y} ",
+             f"job7:{x}_0->{y}", f"job7:{x}->{x}", f"job7:{x}->{outside}", f"job7:{x}->300",
+             f"job7:{x}-{y}", f"job7:{x}->", f"job:{x}->{y}", f"job70:{x}->{y}", "job7:",
+             *(rule_key("job7", int(p), int(q)) for p, q in zip(gpus, gpus[::-1],
+                                                                  strict=True))]
+    for text in texts:
+        assert rows.get(text) == want.get(text), text
+        assert (text in rows) == (text in want), text
+    with pytest.raises(KeyError):
+        rows[f"job7:0{x}->{y}"]
+    assert rows.get(7) is None and 7 not in rows
+
+
+def test_a_pair_keys_index_is_the_dict_where_a_table_does_not_serve() -> None:
+    """Names that are not the GPUs' ids, a repeated pair (the dict keeps its last row) and
+    a ring over many GPUs (a table mostly empty) are indexed by the dict of their keys."""
+    ring = np.arange(2000)
+    cases = [PairKeys("j:", ["a", "b", "c"], np.array([0, 1]), np.array([1, 2])),
+             PairKeys("j:", ["0", "1", "2"], np.array([0, 1, 0]), np.array([1, 2, 1])),
+             PairKeys("j:", [str(g) for g in range(2000)], ring, np.roll(ring, -1))]
+    for keys in cases:
+        got = key_index(keys)
+        assert type(got) is dict and got == {k: i for i, k in enumerate(keys)}
+    assert key_index(cases[1])["j:0->1"] == 2
 
 
 def test_a_whole_plan_makes_its_keys_while_its_placement_runs() -> None:

@@ -3,6 +3,7 @@ the same keys would be, and made by a whole plan while its placement runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -139,3 +140,58 @@ def test_a_whole_plan_makes_its_keys_while_its_placement_runs() -> None:
     assert ctl.current is not None and sorted(ctl.current.paths) == want
     assert sorted(ctl._installed) == want and sorted(ctl._demand) == want
     assert all(ctl._demand[k].key == k for k in want)
+
+
+@pytest.mark.parametrize("bulk", [3, 10_000])
+def test_many_keys_at_once_are_found_as_one_by_one(monkeypatch, bulk: int) -> None:
+    """The jobs' rows looked up many at once (past ``BULK_KEYS``: through the dicts of the
+    jobs looked up, made then) are those found one by one, misses included; and a job's
+    demands' membership the same. Only the jobs whose keys were looked up at once have
+    their table of pairs replaced by the dict."""
+    from fabricpilot.controller import demand_rows
+    from fabricpilot.controller.demand_rows import (
+        DemandRows,
+        DemandTable,
+        JobDemands,
+        JobRows,
+    )
+    from fabricpilot.controller.planner import Demand, DemandColumns
+    from fabricpilot.controller.southbound import BatchMap
+
+    monkeypatch.setattr(demand_rows, "BULK_KEYS", bulk)
+    names = [str(g) for g in range(20)]
+    tables, jobs = {}, JobDemands()
+    for j, gpus in enumerate(([1, 4, 7, 9], [2, 3, 5], [0, 11, 13, 17, 19])):
+        src, dst = (np.array(x) for x in zip(*[(a, b) for a in gpus for b in gpus if a != b],
+                                              strict=True))
+        keys = PairKeys(f"j{j}:", names, src, dst)
+        cols = dataclasses.replace(DemandColumns.of([Demand(k, 1.0, ((5,),)) for k in keys]),
+                                   keys=keys)
+        n = len(src)
+        tables[f"j{j}"] = DemandTable(DemandRows(cols, [()] * n, [()] * n))
+        jobs.add_job(f"j{j}", tables[f"j{j}"])
+    rows = JobRows(tables)
+    every = [k for t in tables.values() for k in t]
+    asked = [*(k for k in every if k.startswith(("j0:", "j2:"))), "j0:1->2", "j5:1->4",
+             "j2:0->11", "x", "j2:11->11"]
+    want = [rows.get(k) for k in asked]
+    assert want == [every.index(k) if k in every else None for k in asked]
+    assert want[-5:] == [None, None, every.index("j2:0->11"), None, None]
+    assert all(type(t.row_of) is PairRows for t in tables.values())
+    assert rows.get_many(asked) == want
+    assert jobs._in_base_many(asked) == [k in every for k in asked]
+    made_dict = {t: type(tables[t].row_of) is dict for t in tables}
+    assert made_dict == {"j0": bulk == 3, "j1": False, "j2": bulk == 3}
+    # a batch whose rows are the jobs' reads them so, values and all, and a batch of keys
+    # added since (one set again: counted once) counts the new ones
+    class Bulk:
+        keys, row_of = every, rows
+
+        def __len__(self) -> int:
+            return len(every)
+
+    batch = BatchMap(Bulk(), lambda r: f"value {r}")
+    assert batch.get_all(asked) == [None if r is None else f"value {r}" for r in want]
+    batch.update((k, "new") for k in asked)
+    assert len(batch) == len(every) + len({k for k in asked if k not in every}) == 42
+    assert batch.get_all(asked) == ["new"] * len(asked)

@@ -20,7 +20,14 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-from fabricpilot.controller.keys import key_index, made, part_item, part_offsets
+from fabricpilot.controller.keys import (
+    BULK_KEYS,
+    PairRows,
+    key_index,
+    made,
+    part_item,
+    part_offsets,
+)
 from fabricpilot.controller.planner import Demand, DemandColumns, _demand_of
 from fabricpilot.controller.southbound import OverlayMap
 
@@ -141,6 +148,15 @@ class DemandTable(Mapping[str, Demand]):
             self._row_of = key_index(self.rows.columns.keys)
         return self._row_of
 
+    def rows_for_many(self) -> Mapping[str, int]:
+        """:attr:`row_of`, for many keys looked up at once: a dict (a table of pairs'
+        rows, :class:`~fabricpilot.controller.keys.PairRows`, is replaced by the dict of
+        its keys, kept from then on)."""
+        rows = self.row_of
+        if isinstance(rows, PairRows):
+            rows = self._row_of = rows.as_dict()
+        return rows
+
     @property
     def keys_(self) -> Sequence[str]:
         """The keys, in the rows' order."""
@@ -221,6 +237,23 @@ class JobDemands(OverlayMap[Demand]):
     def _base_keys(self) -> Iterable[str]:
         return itertools.chain.from_iterable(list(self.tables.values()))
 
+    def _in_base_many(self, keys: list[str]) -> list[bool]:
+        """:meth:`_in_base` of each of ``keys``; many at once through each job's dict of
+        its keys (:meth:`DemandTable.rows_for_many`)."""
+        if len(keys) < BULK_KEYS:
+            return list(map(self._in_base, keys))
+        tables = self.tables
+        out = []
+        task, rows = None, None
+        for k in keys:
+            t = _task(k)
+            if t != task:
+                task, table = t, tables.get(t)
+                rows = (table.rows_for_many() if isinstance(table, DemandTable)
+                        else table)
+            out.append(rows is not None and k in rows)
+        return out
+
     def __getitem__(self, key: str) -> Demand:
         d = self._over.get(key, _ABSENT)
         if d is _ABSENT:
@@ -250,9 +283,11 @@ class JobDemands(OverlayMap[Demand]):
         items: list[tuple[str, Demand]] = list(other.items() if hasattr(other, "items")
                                                else other)
         items.extend(kw.items())
-        over, gone, in_base = self._over, self._gone, self._in_base
+        over, gone = self._over, self._gone
         # (the keys new to the table: neither set since nor a live key of a job)
-        new = [k for k, _ in items if k not in over and (k in gone or not in_base(k))]
+        based = self._in_base_many([k for k, _ in items])
+        new = [k for (k, _), b in zip(items, based, strict=True)
+               if k not in over and (k in gone or not b)]
         if len(new) > 1:
             new = list(dict.fromkeys(new))  # (a key given twice counts once)
         over.update(items)
@@ -321,6 +356,33 @@ class JobRows(Mapping[str, int]):
             return default
         r = hit[1].row_of.get(key)
         return default if r is None else hit[0] + r
+
+    def get_many(self, keys: Sequence[str]) -> list[int | None]:
+        """Each of ``keys``'s row (``None``: none), as ``map(self.get, keys)``; many at
+        once (:data:`~fabricpilot.controller.keys.BULK_KEYS`) through the dicts of their
+        jobs' keys (:meth:`DemandTable.rows_for_many`: a job planned by itself looks its
+        65 280 keys up several times over, where a parsed key costs several times a dict's
+        lookup).
+
+        >>> t = [DemandTable(DemandRows(DemandColumns.of([Demand(k, 1.0, ((5,),))]), [()],
+        ...                             [()])) for k in ("a:1", "b:1")]
+        >>> JobRows({"a": t[0], "b": t[1]}).get_many(["b:1", "a:2", "c:1", "a:1"])
+        [1, None, None, 0]
+        """
+        if len(keys) < BULK_KEYS:
+            return list(map(self.get, keys))
+        jobs = self.jobs
+        out: list[int | None] = []
+        task, first, rows = None, 0, None
+        for k in keys:
+            t = _task(k)
+            if t != task:
+                task, hit = t, jobs.get(t)
+                rows = None if hit is None else hit[1].rows_for_many()
+                first = 0 if hit is None else hit[0]
+            r = None if rows is None else rows.get(k)
+            out.append(None if r is None else first + r)
+        return out
 
     def __getitem__(self, key: str) -> int:
         r = self.get(key)

@@ -6,7 +6,9 @@ placement runs on another core (see :func:`~fabricpilot.controller.planner.plan_
 - :class:`PairKeys`: the keys of a call's GPU pairs, from the GPUs' names;
 - :class:`ChainedKeys`: sequences of keys one after the other;
 - :func:`key_index`: each key's row, which for a call's pairs (:class:`PairRows`) is read
-  from a table of the pairs' GPUs rather than a dict of a million key strings.
+  from a table of the pairs' GPUs rather than a dict of a million key strings;
+  :func:`get_many` looks many keys up at once (through the dict of a job's keys, made
+  then: a job planned by itself reads its 65 280 keys several times over).
 
 Both read as the list of their keys would (a key by its place, a slice, iteration,
 equality with a list); the list is made the first time they are read whole or iterated,
@@ -24,6 +26,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 T = TypeVar("T")
+
+# keys looked up at once from which an index reads them through the dict of a job's keys
+# (:meth:`PairRows.as_dict`, made then and kept); fewer (a heal's) are parsed one by one
+BULK_KEYS = 4096
 
 
 def part_offsets(parts: Sequence[Sized]) -> list[int]:
@@ -218,7 +224,8 @@ class PairRows(Mapping[str, int]):
     took 6 ms to make, the table takes a fraction of one. A row found is checked against
     its key, so a text that only parses to a pair's ids (``"j:07->1"``) is not its key.
     Made by :func:`key_index`, which falls back to the dict where the table does not
-    serve (see :meth:`of`).
+    serve (see :meth:`of`). A key is parsed in a few hundred ns, a dict finds it in a
+    hundred or so: many keys at once are looked up in the dict (:meth:`as_dict`).
 
     >>> k = PairKeys("j:", ["0", "1", "2", "3"], np.array([0, 3, 1]), np.array([3, 1, 0]))
     >>> r = PairRows.of(k)
@@ -283,6 +290,14 @@ class PairRows(Mapping[str, int]):
         made = self._keys._list
         return r if (made[r] if made is not None else self._keys._one(r)) == key else default
 
+    def as_dict(self) -> dict[str, int]:
+        """The dict of the keys' rows (made now: for many keys looked up at once).
+
+        >>> PairRows.of(PairKeys("j:", ["0", "1"], np.array([1]), np.array([0]))).as_dict()
+        {'j:1->0': 0}
+        """
+        return dict(zip(self._keys, range(len(self._keys)), strict=True))
+
     def __getitem__(self, key: str) -> int:
         r = self.get(key)
         if r is None:
@@ -311,3 +326,17 @@ def key_index(keys: Sequence[str]) -> Mapping[str, int]:
     if isinstance(keys, PairKeys):
         return PairRows.of(keys)
     return dict(zip(keys, range(len(keys)), strict=True))
+
+
+def get_many(index: Mapping[str, int], keys: Sequence[str]) -> list[int | None]:
+    """Each of ``keys``'s row in ``index`` (``None``: not there), as ``map(index.get,
+    keys)``; through the index's own ``get_many`` if it has one (the jobs' rows: many keys
+    at once are read through the dicts of their jobs' keys).
+
+    >>> get_many({"a": 0, "b": 1}, ["b", "c"])
+    [1, None]
+    """
+    many = getattr(index, "get_many", None)
+    if many is not None:
+        return many(keys)  # type: ignore[no-any-return]
+    return list(map(index.get, keys))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.controller.keys import get_many
 from fabricpilot.controller.planner import Columns, PartChoice, _ranges
 from fabricpilot.controller.southbound import PathSet, PathSetBatch, key_rows
 
@@ -156,8 +157,8 @@ class SlotTable:
 
     def mark_stale(self, keys: Iterable[str]) -> None:
         """These keys' sets or demands changed otherwise than by :meth:`moved`."""
-        row_of = self.row_of.get
-        rows = [r for r in map(row_of, keys) if r is not None]
+        rows = [r for r in get_many(self.row_of, keys if isinstance(keys, list) else list(keys))
+                if r is not None]
         if rows:
             self.stale[rows] = True
 

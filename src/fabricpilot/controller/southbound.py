@@ -29,6 +29,8 @@ import networkx as nx
 import numpy as np
 from numpy.typing import NDArray
 
+from fabricpilot.controller.keys import get_many
+
 
 @dataclass(frozen=True, slots=True)
 class LinkInfo:
@@ -595,13 +597,15 @@ class BatchMap(OverlayMap[V]):
         """Each key's value (``None`` where it has none), as ``map(self.get, keys)`` in one
         pass."""
         over, gone, value = self._over, self._gone, self._value
-        get = (self._rows or self._row_of()).get
+        keys = keys if isinstance(keys, list) else list(keys)
+        found = get_many(self._rows or self._row_of(), keys)
         if over:
-            return [over[k] if k in over else
-                    None if (r := get(k)) is None or k in gone else value(r) for k in keys]
+            return [over[k] if k in over else None if r is None or k in gone else value(r)
+                    for k, r in zip(keys, found, strict=True)]
         if gone:
-            return [None if (r := get(k)) is None or k in gone else value(r) for k in keys]
-        return [None if r is None else value(r) for r in map(get, keys)]
+            return [None if r is None or k in gone else value(r)
+                    for k, r in zip(keys, found, strict=True)]
+        return [None if r is None else value(r) for r in found]
 
     def pop_all(self, keys: list[str]) -> list[V]:
         """Delete ``keys`` (each held, each once) and give their values, in one pass."""
@@ -639,9 +643,10 @@ class BatchMap(OverlayMap[V]):
         items = list(other.items() if hasattr(other, "items") else other)
         items.extend(kw.items())
         over, gone = self._over, self._gone
-        rows = self._rows or self._row_of()
         # (the keys new to the table: neither set since nor a live key of the batch)
-        new = [k for k, _ in items if k not in over and (k not in rows or k in gone)]
+        found = get_many(self._rows or self._row_of(), [k for k, _ in items])
+        new = [k for (k, _), r in zip(items, found, strict=True)
+               if k not in over and (r is None or k in gone)]
         if len(new) > 1:
             new = list(dict.fromkeys(new))  # (a key given twice counts once)
         over.update(items)

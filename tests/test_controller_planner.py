@@ -625,6 +625,44 @@ def test_work_meanwhile_runs_on_the_callers_thread_while_the_placement_runs(
         want.paths, want.link_load_gbps, want.max_utilization)
 
 
+def test_work_meanwhile_in_steps_starts_while_the_candidates_compile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # given as steps, the work starts while the worker compiles the candidates' structure
+    # (which waits here until the first step has run: were it run after, it would time
+    # out), every step runs on the caller's thread, in order, and the plan is the one made
+    # without
+    import threading
+
+    from fabricpilot.controller.planner import DemandColumns
+
+    monkeypatch.setattr(planner, "_BACKGROUND_ROWS", 10)  # (the structure on the worker)
+    demands, cap = rail_demands(3, n=300, factored=True)
+    want = plan_greedy(demands, cap, split=4, columns=DemandColumns.of(demands))
+    first = threading.Event()
+    seen: dict[str, object] = {}
+    real = planner._unique_shapes
+
+    def compiling(*args):  # type: ignore[no-untyped-def]
+        seen["after_first_step"] = first.wait(10)
+        seen["compiler"] = threading.get_ident()
+        return real(*args)
+
+    def steps():  # type: ignore[no-untyped-def]
+        for i in range(4):
+            seen.setdefault("steps", []).append((i, threading.get_ident()))  # type: ignore[attr-defined]
+            first.set()
+            yield
+
+    monkeypatch.setattr(planner, "_unique_shapes", compiling)
+    got = plan_greedy(demands, cap, split=4, columns=DemandColumns.of(demands),
+                      meanwhile=steps())
+    here = threading.get_ident()
+    assert seen["after_first_step"] is True and seen["compiler"] != here
+    assert seen["steps"] == [(i, here) for i in range(4)]
+    assert (got.paths, got.link_load_gbps, got.max_utilization) == (
+        want.paths, want.link_load_gbps, want.max_utilization)
+
+
 def test_an_error_meanwhile_is_raised_once_the_placement_is_done(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import threading

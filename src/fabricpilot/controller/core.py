@@ -48,8 +48,7 @@ from fabricpilot.controller.entropy import (
 )
 from fabricpilot.controller.health import Debouncer, GrayDetector
 from fabricpilot.controller.intents import LEVELS, CommCall, Intent
-from fabricpilot.controller.keys import PairKeys, unmade
-from fabricpilot.controller.keys import made as made_keys
+from fabricpilot.controller.keys import PairKeys, key_steps, unmade
 from fabricpilot.controller.params import ControllerParams
 from fabricpilot.controller.patterns import (
     alltoall_pairs,
@@ -2722,22 +2721,25 @@ class Controller:
                                                       else None))
         return plan, made
 
-    def _index_work(self, keys: Sequence[str] | None = None) -> Callable[[], None] | None:
-        """What to do while a placement runs on the planner's thread, if anything: make
-        the demands' keys (``keys``, if not made yet: :mod:`~fabricpilot.controller.keys`)
-        and the jobs' key indexes not made yet (a heal looks keys up in them)."""
+    def _index_work(self, keys: Sequence[str] | None = None) -> Iterator[None] | None:
+        """What to do while the planner's worker thread compiles the candidates and places
+        the demands, if anything, in steps of a few ms: make the demands' keys (``keys``,
+        if not made yet: :mod:`~fabricpilot.controller.keys`), a call's at a time, and the
+        jobs' key indexes not made yet (a heal looks keys up in them)."""
         table = self._demand
         jobs = table if isinstance(table, JobDemands) and table.unindexed() else None
         if jobs is None and not unmade(keys):
             return None
 
-        def work() -> None:
+        def work() -> Iterator[None]:
             if keys is not None:
-                made_keys(keys)
+                yield from key_steps(keys)
             if jobs is not None:
-                jobs.index()
+                for job in jobs.unindexed():
+                    job.row_of  # noqa: B018 (made when read)
+                    yield
 
-        return work
+        return work()
 
     def _steer_whole(self, plan: Plan, made: _MadeColumns | None, demands: Sequence[Demand],
                      background: dict[int, float] | None,

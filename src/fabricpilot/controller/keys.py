@@ -206,6 +206,27 @@ def made(keys: Sequence[str]) -> Sequence[str]:
     return keys.list() if isinstance(keys, Keys) else keys
 
 
+def key_steps(keys: Sequence[str]) -> Iterator[None]:
+    """Make ``keys``'s list (if they are :class:`Keys` not made yet) in steps: one per
+    part of :class:`ChainedKeys` (a call's keys), then the whole.
+
+    >>> parts = [PairKeys("j:", ["0", "1"], np.array([0]), np.array([1])), ["k:1->0"]]
+    >>> c = ChainedKeys(parts)
+    >>> steps = key_steps(c)
+    >>> next(steps), parts[0].made, c.made, list(steps), c.made
+    (None, True, False, [None], True)
+    """
+    if not unmade(keys):
+        return
+    if isinstance(keys, ChainedKeys):
+        for part in keys._parts:
+            if unmade(part):
+                made(part)
+                yield
+    made(keys)
+    yield
+
+
 def unmade(keys: Any) -> bool:
     """Whether ``keys`` are :class:`Keys` whose list is not made yet.
 

@@ -939,7 +939,9 @@ class _Commodities:
 
     def __init__(self, demands: Sequence[Demand], capacity: Mapping[int, float],
                  background: Mapping[int, float] | None, aggregate: bool = True,
-                 columns: DemandColumns | None = None) -> None:
+                 columns: DemandColumns | None = None,
+                 idle: Iterator[None] | None = None) -> None:
+        # (``idle``: steps of the caller's work, taken while this waits for the worker)
         # (with columns, the demands are read only one by one: a sequence that makes each
         # when read is kept as it is)
         self.demands: Sequence[Demand] = (
@@ -1028,7 +1030,7 @@ class _Commodities:
         hrow = e_rows[:n_h].astype(np.int64)
         trow = e_rows[n_h:].astype(np.int64)
         if shapes is not None:
-            u_tup, uobj, sh = shapes.result()
+            u_tup, uobj, sh = _while_waiting(shapes, idle)
         if columns is not None and aggregate:
             u_of = u_tup[columns.tup] if n else np.zeros(0, np.int64)
         else:
@@ -1338,7 +1340,7 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
                 aggregate: bool = True, checkpoint: Callable[[], None] | None = None,
                 stop: NDArray[np.bool_] | None = None,
                 columns: DemandColumns | None = None, columnar: bool = False,
-                meanwhile: Callable[[], None] | None = None) -> Plan:
+                meanwhile: Callable[[], None] | Iterator[None] | None = None) -> Plan:
     """Place every demand (in ``split`` equal parts, or its own ``parts``) on its candidates,
     heaviest first (of one weight, those whose candidates differ by the same links, as the
     pairs of one leaf pair, one after another: in the order their first comes in key order,
@@ -1371,7 +1373,10 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     ``meanwhile``, if given, is called once on the caller's thread while the (first)
     placement runs on the planner's worker thread: work of the caller's that does not need
     the plan (the compiled placement holds no interpreter lock, so the two run at once on
-    two cores). Its exception, if any, is raised once the placement is done.
+    two cores). Its exception, if any, is raised once the placement is done. Given as an
+    iterator of steps (each a few ms of work), its first steps are taken while the
+    candidates' structure is compiled on the worker thread, if the demands are read
+    before that is done, and the rest while the placement runs.
 
     ``checkpoint``, if given, is called between the stages (compiled candidates,
     placement, local search): it may raise to abandon the plan. ``stop``, if given, is a
@@ -1441,9 +1446,10 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
                  max_moves: int | None, restarts: int, aggregate: bool,
                  checkpoint: Callable[[], None], stop: NDArray[np.bool_],
                  columns: DemandColumns | None = None, columnar: bool = False,
-                 meanwhile: Callable[[], None] | None = None) -> Plan:
+                 meanwhile: Callable[[], None] | Iterator[None] | None = None) -> Plan:
     """:func:`plan_greedy` (arguments checked)."""
-    com = _Commodities(demands, capacity, background, aggregate, columns)
+    steps = _work_steps(meanwhile)
+    com = _Commodities(demands, capacity, background, aggregate, columns, steps)
     nparts = com.n_parts(split)
     checkpoint()
     n = len(com.demands)
@@ -1492,13 +1498,14 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         before = load.copy() if multi else load
         rounds = _sweeps_within(com, sub, nparts, sweeps)
         args = (com, sub, nparts, load, split, rounds, *link_groups(rounds), stop, limit, i > 0)
-        if meanwhile is not None:  # (the placement on the worker thread, and it here)
+        if steps is not None:  # (the placement on the worker thread, the rest of it here)
             placing = _WORKER.submit(_place_in, *args)
             try:
-                meanwhile()
+                for _ in steps:
+                    pass
             finally:
                 got = placing.result()
-            meanwhile = None
+            steps = None
         else:
             got = _place_in(*args)
         if multi:
@@ -2521,6 +2528,48 @@ def _worker_after_fork() -> None:
 _WORKER = _new_worker()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_worker_after_fork)
+
+
+def _while_waiting(future: Future[T], steps: Iterator[None] | None) -> T:
+    """``future``'s result, taking ``steps`` (the caller's work, each a few ms) one after
+    the other until it is done (or they are).
+
+    >>> from concurrent.futures import Future
+    >>> f, done = Future(), []
+    >>> def steps():
+    ...     done.append(1); yield
+    ...     f.set_result("ready"); done.append(2); yield
+    ...     done.append(3); yield
+    >>> it = steps()
+    >>> _while_waiting(f, it), done
+    ('ready', [1, 2])
+    >>> next(it), done
+    (None, [1, 2, 3])
+    """
+    if steps is not None:
+        while not future.done() and next(steps, _DONE) is not _DONE:
+            pass
+    return future.result()
+
+
+def _work_steps(work: Callable[[], None] | Iterator[None] | None) -> Iterator[None] | None:
+    """``work`` as steps: a callable is one step, an iterator its own.
+
+    >>> list(_work_steps(lambda: print("done")))
+    done
+    [None]
+    """
+    if work is None or not callable(work):
+        return work
+
+    def one() -> Iterator[None]:
+        work()
+        yield
+
+    return one()
+
+
+_DONE = object()
 
 
 def in_parts(fn: Callable[[int, int], T], n: int) -> list[T]:

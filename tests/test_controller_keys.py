@@ -140,6 +140,10 @@ def test_a_whole_plan_makes_its_keys_while_its_placement_runs() -> None:
     assert ctl.current is not None and sorted(ctl.current.paths) == want
     assert sorted(ctl._installed) == want and sorted(ctl._demand) == want
     assert all(ctl._demand[k].key == k for k in want)
+    # every job's keys indexed once the plan is made (in time or after its placement)
+    assert not ctl._demand.unindexed()
+    assert all(ctl._demand.tables[t].row_of.get(k) == i for t in ("a", "b")
+               for i, k in enumerate(ctl._demand.tables[t]))
 
 
 @pytest.mark.parametrize("bulk", [3, 10_000])

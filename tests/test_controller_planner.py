@@ -629,38 +629,58 @@ def test_work_meanwhile_in_steps_starts_while_the_candidates_compile(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # given as steps, the work starts while the worker compiles the candidates' structure
     # (which waits here until the first step has run: were it run after, it would time
-    # out), every step runs on the caller's thread, in order, and the plan is the one made
-    # without
+    # out) and goes on while the placement runs (which waits until the third has run);
+    # every step taken runs on the caller's thread, in order; those left when the
+    # placement is done are not taken (steps without end: the plan still returns); the
+    # plan is the one made without
+    import itertools
     import threading
+    import time
 
     from fabricpilot.controller.planner import DemandColumns
 
     monkeypatch.setattr(planner, "_BACKGROUND_ROWS", 10)  # (the structure on the worker)
     demands, cap = rail_demands(3, n=300, factored=True)
     want = plan_greedy(demands, cap, split=4, columns=DemandColumns.of(demands))
-    first = threading.Event()
+    first, third = threading.Event(), threading.Event()
     seen: dict[str, object] = {}
-    real = planner._unique_shapes
+    shapes, place = planner._unique_shapes, planner._place_in
 
     def compiling(*args):  # type: ignore[no-untyped-def]
         seen["after_first_step"] = first.wait(10)
         seen["compiler"] = threading.get_ident()
-        return real(*args)
+        return shapes(*args)
 
-    def steps():  # type: ignore[no-untyped-def]
-        for i in range(4):
-            seen.setdefault("steps", []).append((i, threading.get_ident()))  # type: ignore[attr-defined]
+    def placing(*args):  # type: ignore[no-untyped-def]
+        seen["after_third_step"] = third.wait(10)
+        return place(*args)
+
+    taken: list[tuple[int, int]] = []
+
+    def steps(n: int | None):  # type: ignore[no-untyped-def]
+        for i in itertools.count() if n is None else range(n):
+            taken.append((i, threading.get_ident()))
             first.set()
+            if i == 2:
+                third.set()
+            if n is None:
+                time.sleep(0.001)
             yield
 
     monkeypatch.setattr(planner, "_unique_shapes", compiling)
-    got = plan_greedy(demands, cap, split=4, columns=DemandColumns.of(demands),
-                      meanwhile=steps())
+    monkeypatch.setattr(planner, "_place_in", placing)
     here = threading.get_ident()
-    assert seen["after_first_step"] is True and seen["compiler"] != here
-    assert seen["steps"] == [(i, here) for i in range(4)]
-    assert (got.paths, got.link_load_gbps, got.max_utilization) == (
-        want.paths, want.link_load_gbps, want.max_utilization)
+    for n in (4, None):
+        first.clear()
+        third.clear()
+        taken.clear()
+        got = plan_greedy(demands, cap, split=4, columns=DemandColumns.of(demands),
+                          meanwhile=steps(n))
+        assert seen["after_first_step"] is True and seen["after_third_step"] is True
+        assert seen["compiler"] != here
+        assert len(taken) >= 3 and taken == [(i, here) for i in range(len(taken))]
+        assert (got.paths, got.link_load_gbps, got.max_utilization) == (
+            want.paths, want.link_load_gbps, want.max_utilization)
 
 
 def test_an_error_meanwhile_is_raised_once_the_placement_is_done(

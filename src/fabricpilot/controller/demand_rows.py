@@ -148,6 +148,12 @@ class DemandTable(Mapping[str, Demand]):
             self._row_of = key_index(self.rows.columns.keys)
         return self._row_of
 
+    @property
+    def for_many(self) -> bool:
+        """Whether :attr:`row_of` is a dict (:meth:`rows_for_many` made it, or the keys are
+        not a call's pairs)."""
+        return isinstance(self._row_of, dict)
+
     def rows_for_many(self) -> Mapping[str, int]:
         """:attr:`row_of`, for many keys looked up at once: a dict (a table of pairs'
         rows, :class:`~fabricpilot.controller.keys.PairRows`, is replaced by the dict of

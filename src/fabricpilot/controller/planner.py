@@ -1030,7 +1030,8 @@ class _Commodities:
         hrow = e_rows[:n_h].astype(np.int64)
         trow = e_rows[n_h:].astype(np.int64)
         if shapes is not None:
-            u_tup, uobj, sh = _while_waiting(shapes, idle)
+            _steps_until(shapes, idle)
+            u_tup, uobj, sh = shapes.result()
         if columns is not None and aggregate:
             u_of = u_tup[columns.tup] if n else np.zeros(0, np.int64)
         else:
@@ -1376,7 +1377,8 @@ def plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float], *,
     two cores). Its exception, if any, is raised once the placement is done. Given as an
     iterator of steps (each a few ms of work), its first steps are taken while the
     candidates' structure is compiled on the worker thread, if the demands are read
-    before that is done, and the rest while the placement runs.
+    before that is done, and the next ones while the placement runs; those left when it
+    is done are not taken (work a head start, which the caller does when it needs it).
 
     ``checkpoint``, if given, is called between the stages (compiled candidates,
     placement, local search): it may raise to abandon the plan. ``stop``, if given, is a
@@ -1501,8 +1503,11 @@ def _plan_greedy(demands: Sequence[Demand], capacity: Mapping[int, float],
         if steps is not None:  # (the placement on the worker thread, the rest of it here)
             placing = _WORKER.submit(_place_in, *args)
             try:
-                for _ in steps:
-                    pass
+                if callable(meanwhile):  # (called once, to its end)
+                    for _ in steps:
+                        pass
+                else:  # (steps until the placement is done; the rest left undone)
+                    _steps_until(placing, steps)
             finally:
                 got = placing.result()
             steps = None
@@ -2530,9 +2535,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_worker_after_fork)
 
 
-def _while_waiting(future: Future[T], steps: Iterator[None] | None) -> T:
-    """``future``'s result, taking ``steps`` (the caller's work, each a few ms) one after
-    the other until it is done (or they are).
+def _steps_until(future: Future[Any], steps: Iterator[None] | None) -> None:
+    """Take ``steps`` (the caller's work, each a few ms) one after the other until
+    ``future`` is done (or they are).
 
     >>> from concurrent.futures import Future
     >>> f, done = Future(), []
@@ -2541,15 +2546,14 @@ def _while_waiting(future: Future[T], steps: Iterator[None] | None) -> T:
     ...     f.set_result("ready"); done.append(2); yield
     ...     done.append(3); yield
     >>> it = steps()
-    >>> _while_waiting(f, it), done
-    ('ready', [1, 2])
+    >>> _steps_until(f, it), done
+    (None, [1, 2])
     >>> next(it), done
     (None, [1, 2, 3])
     """
     if steps is not None:
         while not future.done() and next(steps, _DONE) is not _DONE:
             pass
-    return future.result()
 
 
 def _work_steps(work: Callable[[], None] | Iterator[None] | None) -> Iterator[None] | None:

@@ -54,10 +54,8 @@ def test_promotion_without_frozen_objects_moves_new_objects_to_the_oldest_genera
     assert out.stdout.strip() == "ok"
 
 
-def test_kept_memory_stays_in_the_heap_after_a_large_block_is_freed() -> None:
-    # glibc's own account (mallinfo2): a 64 MiB block is a mapping of its own, gone from the
-    # process when freed; once memory is kept, it comes from the heap and stays there, free
-    code = textwrap.dedent("""
+# (a child process's view of glibc's heap: mallinfo2, malloc and free; no glibc: says so)
+_MALLINFO = textwrap.dedent("""
         import ctypes, sys
         libc = ctypes.CDLL(None)
         if not hasattr(libc, "mallinfo2"):
@@ -69,6 +67,13 @@ def test_kept_memory_stays_in_the_heap_after_a_large_block_is_freed() -> None:
         libc.mallinfo2.restype = Info
         libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
+""")
+
+
+def test_kept_memory_stays_in_the_heap_after_a_large_block_is_freed() -> None:
+    # glibc's own account (mallinfo2): a 64 MiB block is a mapping of its own, gone from the
+    # process when freed; once memory is kept, it comes from the heap and stays there, free
+    code = _MALLINFO + textwrap.dedent("""
         from fabricpilot.collector import keep_freed_memory
         size = 64 << 20
         def block():
@@ -99,18 +104,8 @@ def test_kept_memory_holds_what_another_thread_frees() -> None:
     # stay in the process, free, once memory is kept: the worker allocates from the one
     # heap, whose free top is kept, rather than from heaps of its own of at most 64 MiB
     # each, the later ones unmapped when they are empty
-    code = textwrap.dedent("""
-        import ctypes, sys, threading
-        libc = ctypes.CDLL(None)
-        if not hasattr(libc, "mallinfo2"):
-            print("no glibc"); sys.exit()
-        class Info(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                "uordblks", "fordblks", "keepcost")]
-        libc.mallinfo2.restype = Info
-        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-        libc.free.argtypes = [ctypes.c_void_p]
+    code = _MALLINFO + textwrap.dedent("""
+        import threading
         from fabricpilot.collector import keep_freed_memory
         assert keep_freed_memory()
         size, n = 40 << 20, 3  # (each in a thread heap of its own, were there any)

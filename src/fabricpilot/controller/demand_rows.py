@@ -23,6 +23,7 @@ from typing import Any, overload
 from fabricpilot.controller.keys import (
     BULK_KEYS,
     PairRows,
+    RowIndex,
     key_index,
     made,
     part_item,
@@ -332,7 +333,7 @@ class JobDemands(OverlayMap[Demand]):
         return JobRows(tables)  # type: ignore[arg-type]
 
 
-class JobRows(Mapping[str, int]):
+class JobRows(RowIndex):
     """Each key's row in the keys of ``tables`` one after the other: its job's first row
     plus its row in its job's table (no index of every key made).
 
@@ -341,8 +342,8 @@ class JobRows(Mapping[str, int]):
     >>> a, b = (DemandTable(DemandRows(DemandColumns.of(rows[s]), [()] * n, [()] * n))
     ...         for s, n in ((slice(0, 2), 2), (slice(2, 3), 1)))
     >>> r = JobRows({"a": a, "b": b})
-    >>> r["b:1"], r.get("a:2"), r.get("c:1"), "a:3" in r, list(r), len(r)
-    (2, 1, None, False, ['a:1', 'a:2', 'b:1'], 3)
+    >>> r["b:1"], r.get("a:2"), r.get("c:1"), "a:3" in r, 3 in r, list(r), len(r)
+    (2, 1, None, False, False, ['a:1', 'a:2', 'b:1'], 3)
     """
 
     __slots__ = ("_len", "jobs")
@@ -356,8 +357,8 @@ class JobRows(Mapping[str, int]):
             off += len(table)
         self._len = off
 
-    def get(self, key: str, default: Any = None) -> Any:
-        hit = self.jobs.get(_task(key))
+    def get(self, key: object, default: Any = None) -> Any:
+        hit = self.jobs.get(_task(key)) if isinstance(key, str) else None
         if hit is None:
             return default
         r = hit[1].row_of.get(key)
@@ -389,15 +390,6 @@ class JobRows(Mapping[str, int]):
             r = None if rows is None else rows.get(k)
             out.append(None if r is None else first + r)
         return out
-
-    def __getitem__(self, key: str) -> int:
-        r = self.get(key)
-        if r is None:
-            raise KeyError(key)
-        return r  # type: ignore[no-any-return]
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key) is not None
 
     def __iter__(self) -> Iterator[str]:
         return itertools.chain.from_iterable(t for _, t in self.jobs.values())

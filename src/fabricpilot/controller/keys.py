@@ -236,7 +236,26 @@ def unmade(keys: Any) -> bool:
     return isinstance(keys, Keys) and not keys.made
 
 
-class PairRows(Mapping[str, int]):
+class RowIndex(Mapping[str, int]):
+    """Rows of keys read through :meth:`get` (``None``: no such key), which a subclass
+    defines; the rest of a mapping's reads follow from it."""
+
+    __slots__ = ()
+
+    def get(self, key: object, default: Any = None) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> int:
+        r = self.get(key)
+        if r is None:
+            raise KeyError(key)
+        return r  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+
+class PairRows(RowIndex):
     """Each key's row in :class:`PairKeys` whose GPU names are their ids as text (as a
     call's keys are), read as the dict of them would be: a key's two GPU ids are parsed
     and its row read from a table of the call's pairs (its GPUs numbered ``0..m-1``; row
@@ -318,15 +337,6 @@ class PairRows(Mapping[str, int]):
         {'j:1->0': 0}
         """
         return dict(zip(self._keys, range(len(self._keys)), strict=True))
-
-    def __getitem__(self, key: str) -> int:
-        r = self.get(key)
-        if r is None:
-            raise KeyError(key)
-        return r  # type: ignore[no-any-return]
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)

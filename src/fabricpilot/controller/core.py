@@ -2728,9 +2728,9 @@ class Controller:
         the demands, if anything, in steps of a few ms, as far as the placement leaves time
         (the planner drops the steps left; see :meth:`_index_jobs`): make the demands'
         keys (``keys``, if not made yet: :mod:`~fabricpilot.controller.keys`), a call's at a
-        time; the jobs' key indexes (tables of their pairs, a few ms in all); then, a job
-        at a time, the dict of each job's keys (a heal looks a few hundred keys up, which
-        the dict finds in a third of the time; 6 ms per 65 280 keys)."""
+        time; then, a job at a time, the dict of each job's keys (a heal looks a few hundred
+        keys up, which the dict finds in a third of the time a table of the job's pairs
+        does; 6 ms per 65 280 keys)."""
         table = self._demand
         jobs = table if isinstance(table, JobDemands) else None
         if not unmade(keys) and (jobs is None or all(
@@ -2741,8 +2741,6 @@ class Controller:
             if keys is not None:
                 yield from key_steps(keys)
             if jobs is not None:
-                jobs.index()
-                yield
                 for job in jobs.tables.values():
                     if isinstance(job, DemandTable):
                         job.rows_for_many()
@@ -2752,7 +2750,8 @@ class Controller:
 
     def _index_jobs(self) -> None:
         """The jobs' key indexes a plan's :meth:`_index_work` did not make before its
-        placement was done (tables of their pairs: a heal does not make them)."""
+        placement was done, as tables of their pairs (a few ms in all: a heal does not make
+        them)."""
         if isinstance(self._demand, JobDemands):
             self._demand.index()
 

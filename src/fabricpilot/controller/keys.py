@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, TypeVar, overload
 
 import numpy as np
@@ -206,6 +206,15 @@ def made(keys: Sequence[str]) -> Sequence[str]:
     return keys.list() if isinstance(keys, Keys) else keys
 
 
+def key_rows(keys: Sequence[T]) -> dict[T, int]:
+    """Each key's row (its place in ``keys``; a repeated key: its last).
+
+    >>> key_rows(["a", "b"])
+    {'a': 0, 'b': 1}
+    """
+    return dict(zip(keys, range(len(keys)), strict=True))
+
+
 def key_steps(keys: Sequence[str]) -> Iterator[None]:
     """Make ``keys``'s list (if they are :class:`Keys` not made yet) in steps: one per
     part of :class:`ChainedKeys` (a call's keys), then the whole.
@@ -311,8 +320,8 @@ class PairRows(RowIndex):
             rows = np.arange(n, dtype=np.int32)
             at[code] = rows
             if np.array_equal(at[code], rows):  # (every pair once: each its own row)
-                return cls(keys, dict(zip(used.tolist(), range(m), strict=True)), at)
-        return dict(zip(keys, range(n), strict=True))
+                return cls(keys, key_rows(used.tolist()), at)
+        return key_rows(keys)
 
     def get(self, key: object, default: Any = None) -> Any:
         if not isinstance(key, str) or not key.startswith(self._pre):
@@ -336,7 +345,7 @@ class PairRows(RowIndex):
         >>> PairRows.of(PairKeys("j:", ["0", "1"], np.array([1]), np.array([0]))).as_dict()
         {'j:1->0': 0}
         """
-        return dict(zip(self._keys, range(len(self._keys)), strict=True))
+        return key_rows(self._keys)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
@@ -356,10 +365,10 @@ def key_index(keys: Sequence[str]) -> Mapping[str, int]:
     """
     if isinstance(keys, PairKeys):
         return PairRows.of(keys)
-    return dict(zip(keys, range(len(keys)), strict=True))
+    return key_rows(keys)
 
 
-def get_many(index: Mapping[str, int], keys: Sequence[str]) -> list[int | None]:
+def get_many(index: Mapping[str, int], keys: Iterable[str]) -> list[int | None]:
     """Each of ``keys``'s row in ``index`` (``None``: not there), as ``map(index.get,
     keys)``; through the index's own ``get_many`` if it has one (the jobs' rows: many keys
     at once are read through the dicts of their jobs' keys).
@@ -369,5 +378,5 @@ def get_many(index: Mapping[str, int], keys: Sequence[str]) -> list[int | None]:
     """
     many = getattr(index, "get_many", None)
     if many is not None:
-        return many(keys)  # type: ignore[no-any-return]
+        return many(keys if isinstance(keys, Sequence) else list(keys))  # type: ignore[no-any-return]
     return list(map(index.get, keys))

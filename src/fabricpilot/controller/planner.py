@@ -41,9 +41,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from fabricpilot.arrays import distinct
 from fabricpilot.collector import paused as _gc_paused
-from fabricpilot.controller.keys import ChainedKeys, unmade
+from fabricpilot.controller.keys import ChainedKeys, key_rows, unmade
 from fabricpilot.controller.keys import made as made_keys
-from fabricpilot.controller.southbound import BatchMap, KeyRows, key_rows
+from fabricpilot.controller.southbound import BatchMap, KeyRows
 
 T = TypeVar("T")
 _chain = itertools.chain.from_iterable
@@ -2442,7 +2442,7 @@ def _key_links(com: _Commodities, choice: NDArray[np.int64]) -> KeyLinks:
                                com.c_ptr, com.c_idx, com.fix_ptr, com.fix_idx, len(com.links),
                                _offsets(n_first), com.c_idx[_ranges(lo, n_first)])
     used = np.flatnonzero(ptr[1:] > ptr[:-1])
-    return KeyLinks(list(com.keys), com.links[used], np.r_[ptr[used], ptr[-1]], owner)
+    return KeyLinks(_key_list(com.keys), com.links[used], np.r_[ptr[used], ptr[-1]], owner)
 
 
 @numba.njit(cache=True, nogil=True)

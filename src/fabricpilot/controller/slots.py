@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.controller.keys import get_many
+from fabricpilot.controller.keys import get_many, key_rows
 from fabricpilot.controller.planner import Columns, PartChoice, _ranges
-from fabricpilot.controller.southbound import PathSet, PathSetBatch, key_rows
+from fabricpilot.controller.southbound import PathSet, PathSetBatch
 
 
 @dataclass
@@ -157,8 +157,7 @@ class SlotTable:
 
     def mark_stale(self, keys: Iterable[str]) -> None:
         """These keys' sets or demands changed otherwise than by :meth:`moved`."""
-        rows = [r for r in get_many(self.row_of, keys if isinstance(keys, list) else list(keys))
-                if r is not None]
+        rows = [r for r in get_many(self.row_of, keys) if r is not None]
         if rows:
             self.stale[rows] = True
 

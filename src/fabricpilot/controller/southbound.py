@@ -29,7 +29,7 @@ import networkx as nx
 import numpy as np
 from numpy.typing import NDArray
 
-from fabricpilot.controller.keys import get_many
+from fabricpilot.controller.keys import get_many, key_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,15 +199,6 @@ def _singles(items: Sequence[Any]) -> Iterable[tuple[Any]]:
     if items and items.count(items[0]) == len(items):
         return itertools.repeat((items[0],), len(items))
     return zip(items)
-
-
-def key_rows(keys: list[str]) -> dict[str, int]:
-    """Each key's row (its place in ``keys``).
-
-    >>> key_rows(["a", "b"])
-    {'a': 0, 'b': 1}
-    """
-    return dict(zip(keys, range(len(keys)), strict=True))
 
 
 class PathColumn(Sequence[tuple[int, ...]]):
